@@ -1,0 +1,223 @@
+"""The wire: the versioned event envelope, its msgpack codec and its validation.
+
+One module owns the format so the client, the daemon, replay and every test agree on it.
+See docs/protocol.md for the field table and the limits.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable
+
+import msgpack
+
+SCHEMA_VERSION = 1
+
+#: Envelope fields, in the order the client writes them and the JSONL sink keeps them.
+FIELDS: tuple[str, ...] = (
+    "v", "run", "rank", "local_rank", "world_size", "host", "seq", "ts",
+    "type", "step", "epoch", "stage", "data",
+)
+_FIELD_SET = frozenset(FIELDS)
+
+#: Known event types; a new type is a schema change.
+EVENT_TYPES = frozenset({"hello", "params", "metrics", "lifecycle", "stats"})
+
+MAX_FRAME_BYTES = 1 << 20  # one ZeroMQ message, also enforced with ZMQ_MAXMSGSIZE
+MAX_NAME_LEN = 256  # data keys, stage, host
+MAX_DEPTH = 8  # nesting of data maps/lists
+MAX_RANK = 1 << 24
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+
+
+class FrameError(ValueError):
+    """A frame or event that breaks the protocol; ``reason`` is a short stable label for counters."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def valid_run_id(run: str) -> bool:
+    """Run ids name files in the JSONL directory layout, so they are bounded and path-safe."""
+    return isinstance(run, str) and RUN_ID_RE.match(run) is not None
+
+
+def _default(obj: Any) -> Any:
+    """Turn numpy/torch scalars and other strays into msgpack types instead of losing the event."""
+    item = getattr(obj, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except (TypeError, ValueError):
+            pass
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+
+def encode_event(event: dict[str, Any]) -> bytes:
+    """Encode one event (a msgpack map); batches are these bytes behind an array header."""
+    return msgpack.packb(event, default=_default, use_bin_type=True)
+
+
+def encode_batch(encoded_events: list[bytes]) -> bytes:
+    """Join already-encoded events into one frame: a msgpack array of maps."""
+    n = len(encoded_events)
+    if n < 16:
+        header = bytes((0x90 | n,))
+    elif n < 1 << 16:
+        header = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        header = b"\xdd" + n.to_bytes(4, "big")
+    return header + b"".join(encoded_events)
+
+
+def encode_frame(events: Iterable[dict[str, Any]]) -> bytes:
+    """Encode events into one frame (tests, raw senders and the benchmarks use this)."""
+    return encode_batch([encode_event(e) for e in events])
+
+
+def decode_frame(frame: bytes) -> list[dict[str, Any]]:
+    """Decode and validate one frame: a single event map or an array of them.
+
+    Raises FrameError with a reason label; a frame is accepted or rejected whole, so a client
+    never sees half a batch acknowledged.
+    """
+    if len(frame) > MAX_FRAME_BYTES:
+        raise FrameError("oversize", f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    try:
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
+    except UnicodeDecodeError as exc:
+        raise FrameError("bad_utf8", str(exc)) from None
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as exc:
+        raise FrameError("undecodable", f"{type(exc).__name__}: {exc}") from None
+    if type(obj) is dict:
+        events = [obj]
+    elif type(obj) is list:
+        events = obj
+        if not events:
+            raise FrameError("empty", "frame holds an empty batch")
+    else:
+        raise FrameError("not_event", f"frame decodes to {type(obj).__name__}, not a map or array of maps")
+    for event in events:
+        validate_event(event)
+    return events
+
+
+def validate_event(ev: Any) -> None:
+    """Check one decoded event against the schema; raise FrameError naming what is wrong."""
+    if type(ev) is not dict:
+        raise FrameError("not_event", f"batch element is {type(ev).__name__}, not a map")
+    if ev.keys() != _FIELD_SET:
+        missing = _FIELD_SET.difference(ev)
+        if missing:
+            raise FrameError("missing_field", f"missing {sorted(missing)}")
+        raise FrameError("unknown_field", f"unknown {sorted(map(str, set(ev) - _FIELD_SET))}")
+    if type(ev["v"]) is not int or ev["v"] != SCHEMA_VERSION:
+        raise FrameError("bad_version", f"schema version {ev['v']!r}, this relay speaks {SCHEMA_VERSION}")
+    run = ev["run"]
+    if type(run) is not str or RUN_ID_RE.match(run) is None:
+        raise FrameError("bad_run", f"run id {str(run)[:64]!r} must match {RUN_ID_RE.pattern}")
+    for key in ("rank", "local_rank", "world_size"):
+        val = ev[key]
+        if type(val) is not int or not 0 <= val < MAX_RANK:
+            raise FrameError("bad_type", f"{key} must be an int in [0, {MAX_RANK}), got {val!r}")
+    if ev["world_size"] < 1:
+        raise FrameError("bad_type", "world_size must be >= 1")
+    seq = ev["seq"]
+    if type(seq) is not int or seq < 0:
+        raise FrameError("bad_type", f"seq must be a non-negative int, got {seq!r}")
+    ts = ev["ts"]
+    if type(ts) is not float and type(ts) is not int:
+        raise FrameError("bad_type", f"ts must be a number, got {type(ts).__name__}")
+    if ev["type"] not in EVENT_TYPES:
+        raise FrameError("bad_event_type", f"type {str(ev['type'])[:64]!r} is not one of {sorted(EVENT_TYPES)}")
+    host = ev["host"]
+    if type(host) is not str or len(host) > MAX_NAME_LEN:
+        raise FrameError("bad_type", f"host must be a string of at most {MAX_NAME_LEN} chars")
+    step = ev["step"]
+    if step is not None and (type(step) is not int or step < 0):
+        raise FrameError("bad_type", f"step must be a non-negative int or nil, got {step!r}")
+    epoch = ev["epoch"]
+    if epoch is not None and type(epoch) is not float and type(epoch) is not int:
+        raise FrameError("bad_type", f"epoch must be a number or nil, got {type(epoch).__name__}")
+    stage = ev["stage"]
+    if stage is not None and (type(stage) is not str or len(stage) > MAX_NAME_LEN):
+        raise FrameError("bad_type", f"stage must be a string of at most {MAX_NAME_LEN} chars or nil")
+    data = ev["data"]
+    if type(data) is not dict:
+        raise FrameError("bad_type", f"data must be a map, got {type(data).__name__}")
+    _check_map(data, 1)
+
+
+_SCALARS = (float, int, str, bool, type(None))
+
+
+def _check_map(obj: dict, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise FrameError("too_deep", f"data nested deeper than {MAX_DEPTH} levels")
+    for key, val in obj.items():
+        if type(key) is not str:
+            raise FrameError("bad_type", f"data key {key!r} is not a string")
+        if len(key) > MAX_NAME_LEN:
+            raise FrameError("name_too_long", f"data key of {len(key)} chars exceeds {MAX_NAME_LEN}")
+        _check_value(val, depth)
+
+
+def _check_value(val: Any, depth: int) -> None:
+    kind = type(val)
+    if kind in _SCALARS:
+        return
+    if kind is dict:
+        _check_map(val, depth + 1)
+    elif kind is list:
+        if depth + 1 > MAX_DEPTH:
+            raise FrameError("too_deep", f"data nested deeper than {MAX_DEPTH} levels")
+        for item in val:
+            _check_value(item, depth + 1)
+    else:
+        raise FrameError("bad_type", f"data value of type {kind.__name__} is not allowed")
+
+
+def encode_ack(acks: list[tuple[str, int, int]]) -> bytes:
+    """Relay -> client: cumulative acks, each (run, rank, next_seq): every seq below is durable."""
+    return msgpack.packb({"ack": acks}, use_bin_type=True)
+
+
+def decode_ack(frame: bytes) -> list[tuple[str, int, int]]:
+    """Client side of encode_ack; raises FrameError on anything else."""
+    try:
+        obj = msgpack.unpackb(frame, raw=False)
+        return [(str(r), int(k), int(n)) for r, k, n in obj["ack"]]
+    except Exception as exc:  # any malformed ack is one counted protocol error for the caller
+        raise FrameError("bad_ack", f"{type(exc).__name__}: {exc}") from None
+
+
+NONFINITE_JSON = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def json_safe(obj: Any) -> Any:
+    """Replace non-finite floats by the strings "NaN", "Infinity", "-Infinity" (as protobuf's JSON
+    mapping does), so JSON lines stay valid for jq while keeping the signal."""
+    kind = type(obj)
+    if kind is float:
+        if math.isfinite(obj):
+            return obj
+        return "NaN" if obj != obj else ("Infinity" if obj > 0 else "-Infinity")
+    if kind is dict:
+        return {k: json_safe(v) for k, v in obj.items()}
+    if kind is list:
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def from_json_metrics(data: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of json_safe for metric values read back from JSONL (replay): "NaN" -> nan."""
+    return {k: (NONFINITE_JSON[v] if type(v) is str and v in NONFINITE_JSON else
+                from_json_metrics(v) if type(v) is dict else v) for k, v in data.items()}
