@@ -1,0 +1,54 @@
+"""Where the relay listens: parsing, the loopback check, and failing fast when the address is taken."""
+from __future__ import annotations
+
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+
+class AddressInUse(Exception):
+    """Another process (most likely another relay) already listens on this address."""
+
+
+class BadAddress(ValueError):
+    """Not an address ZeroMQ can bind."""
+
+
+def check_bind_address(address: str) -> str:
+    """Validate a bind address and return its transport (``tcp`` or ``ipc``)."""
+    scheme, _, rest = address.partition("://")
+    if scheme not in ("tcp", "ipc") or not rest:
+        raise BadAddress(f"address {address!r} must look like tcp://HOST:PORT or ipc:///path/relay.sock")
+    if scheme == "tcp":
+        host, _, port = rest.rpartition(":")
+        if not host or not (port == "*" or port.isdigit()):
+            raise BadAddress(f"address {address!r} needs a host and a port (or '*' for any free port)")
+    return scheme
+
+
+def is_loopback(address: str) -> bool:
+    """ipc:// sockets and loopback TCP stay on this machine; anything else is reachable from outside."""
+    if address.startswith("ipc://"):
+        return True
+    host = urlsplit(address.replace("*", "0")).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def ensure_ipc_free(address: str) -> None:
+    """ZeroMQ silently steals an ipc path from a live listener; refuse instead if one answers."""
+    path = address[len("ipc://"):]
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        return  # nothing there, or a stale socket file left by a dead relay
+    except OSError as exc:
+        raise BadAddress(f"cannot use {address}: {exc.strerror}") from None
+    finally:
+        probe.close()
+    raise AddressInUse(f"{address} is already served by another process")

@@ -1,0 +1,372 @@
+"""The publisher client every rank uses: non-blocking publish, bounded buffer, acks and resend.
+
+publish() only builds a dict and appends it to a deque, so the training loop pays about a
+microsecond and never blocks or raises. A background thread owns the ZeroMQ DEALER socket: it
+assigns per-(run, rank) sequence numbers, encodes and sends small batches, keeps every event
+until the relay acknowledges it (cumulatively), resends after a reconnect or when acks stall,
+and drops the oldest events, counted, when the bounds are reached. Drop counts travel to the
+relay as ``stats`` events so the loss is visible in every sink.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Mapping
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from relay import schema
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADDRESS = "tcp://127.0.0.1:5557"
+ADDRESS_ENV = "RELAY_ADDRESS"
+CURVE_SERVER_KEY_ENV = "RELAY_CURVE_SERVER_KEY"
+
+MAX_BATCH_EVENTS = 512
+MAX_BATCH_BYTES = 256 << 10
+
+
+def resolve_address(address: str | None = None) -> str:
+    """Argument first, then $RELAY_ADDRESS (torchrun workers inherit it), then the default."""
+    return address or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+
+
+class Publisher:
+    """One rank's connection to the relay.
+
+    Memory is bounded twice over: at most ``max_events`` events wait to be encoded, and at most
+    ``max_events`` events / ``max_bytes`` bytes wait for an acknowledgement.
+    """
+
+    def __init__(
+        self,
+        run: str,
+        rank: int = 0,
+        *,
+        local_rank: int | None = None,
+        world_size: int = 1,
+        host: str | None = None,
+        address: str | None = None,
+        max_events: int = 50_000,
+        max_bytes: int = 64 << 20,
+        send_interval: float = 0.01,
+        resend_after: float = 2.0,
+        curve_server_key: str | None = None,
+    ) -> None:
+        if not schema.valid_run_id(run):
+            raise ValueError(f"run id {run!r} must match {schema.RUN_ID_RE.pattern}")
+        for name, val in (("rank", rank), ("world_size", world_size), ("max_events", max_events)):
+            if not isinstance(val, int) or val < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {val!r}")
+        self.run = run
+        self.rank = rank
+        self.address = resolve_address(address)
+        self._base = {
+            "v": schema.SCHEMA_VERSION, "run": run, "rank": rank,
+            "local_rank": rank if local_rank is None else local_rank,
+            "world_size": max(world_size, 1), "host": (host or socket.gethostname())[: schema.MAX_NAME_LEN],
+        }
+        self._max_events = max_events
+        self._max_bytes = max_bytes
+        self._interval = send_interval
+        self._resend_after = resend_after
+        self._curve_server_key = curve_server_key or os.environ.get(CURVE_SERVER_KEY_ENV)
+
+        self._pending: collections.deque[dict[str, Any]] = collections.deque()
+        self._closed = False
+        self._flush_requested = False
+        self._published = 0
+        self._dropped_full = 0  # by publish(): pending queue full
+        self._dropped_closed = 0  # by publish(): after close()
+        self._dropped_error = 0  # by publish(): could not even build the event
+        # Owned by the background thread:
+        self._unacked: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._unacked_bytes = 0
+        self._next_seq = 0
+        self._next_send = 0  # first seq in _unacked not yet handed to the socket
+        self._acked = 0
+        self._resent = 0
+        self._dropped_unacked = 0
+        self._dropped_upto = -1
+        self._dropped_bad = 0  # unencodable or oversized events
+        self._reported_drops = 0
+        self._last_report = 0.0
+        self._protocol_errors = 0
+
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"relay-publisher-{rank}", daemon=True)
+        self.publish("hello", {
+            "pid": os.getpid(), "address": self.address, "python": sys.version.split()[0],
+            "pyzmq": zmq.__version__, "max_events": max_events,
+        })
+        self._thread.start()
+        self._ready.wait(5.0)
+
+    # -- caller side ---------------------------------------------------------------------------
+
+    def publish(self, type: str, data: Mapping[str, Any], *, step: int | None = None,
+                epoch: float | None = None, stage: str | None = None) -> None:
+        """Queue one event; never blocks, never raises (problems are counted as drops)."""
+        try:
+            if self._closed:
+                self._dropped_closed += 1
+                return
+            pending = self._pending
+            if len(pending) >= self._max_events:
+                pending.popleft()
+                self._dropped_full += 1
+            event = self._base.copy()
+            event["seq"] = 0
+            event["ts"] = time.time()
+            event["type"] = type
+            event["step"] = step
+            event["epoch"] = epoch
+            event["stage"] = stage
+            event["data"] = data
+            pending.append(event)
+            self._published += 1
+        except Exception:  # noqa: BLE001 - never raise into training; counted below
+            self._dropped_error += 1
+
+    def flush(self, timeout: float = 5.0) -> int:
+        """Wait until every event is acknowledged or ``timeout`` passes; return how many are not."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        self._flush_requested = True
+        while True:
+            left = self.unacknowledged
+            if left == 0 or time.monotonic() >= deadline or not self._thread.is_alive():
+                return left
+            time.sleep(min(self._interval, 0.005))
+
+    def close(self, timeout: float = 5.0) -> int:
+        """Flush, stop the background thread and release the socket; returns the unacked count."""
+        if self._closed:
+            return self.unacknowledged
+        self.publish("stats", {})  # the final cumulative counts, whatever happened before
+        left = self.flush(timeout)
+        self._closed = True
+        self._stop.set()
+        self._thread.join(max(timeout, 1.0))
+        if left:
+            log.warning("relay %s: %d events of run %s rank %d were never acknowledged",
+                        self.address, left, self.run, self.rank)
+        return left
+
+    @property
+    def unacknowledged(self) -> int:
+        """Events published but not yet acknowledged by the relay (queued, in flight or unsent)."""
+        return len(self._pending) + len(self._unacked)
+
+    @property
+    def dropped(self) -> int:
+        """Events this client gave up on, for any reason."""
+        return (self._dropped_full + self._dropped_closed + self._dropped_error
+                + self._dropped_unacked + self._dropped_bad)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters for logs and tests."""
+        return {
+            "published": self._published, "acked": self._acked, "unacked": self.unacknowledged,
+            "resent": self._resent, "dropped": self.dropped, "dropped_full": self._dropped_full,
+            "dropped_unacked": self._dropped_unacked, "dropped_bad": self._dropped_bad,
+            "dropped_closed": self._dropped_closed, "dropped_error": self._dropped_error,
+            "protocol_errors": self._protocol_errors,
+        }
+
+    def __enter__(self) -> "Publisher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- background thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 1000)
+        sock.setsockopt(zmq.RCVHWM, 1000)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        if self._curve_server_key:
+            public, secret = zmq.curve_keypair()
+            sock.curve_serverkey = self._curve_server_key.encode()
+            sock.curve_publickey = public
+            sock.curve_secretkey = secret
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        try:
+            sock.connect(self.address)
+        except zmq.ZMQError as exc:
+            log.error("cannot connect to relay %s: %s; events will be counted as dropped", self.address, exc)
+            self._closed = True
+            self._ready.set()
+            sock.close(0)
+            monitor.close(0)
+            ctx.term()
+            return
+        self._ready.set()
+        backoff = self._resend_after
+        last_progress = time.monotonic()
+        connects = 0
+        try:
+            while True:
+                stopping = self._stop.is_set()
+                for s, _ in poller.poll(0 if stopping else self._interval * 1000):
+                    if s is sock:
+                        if self._read_acks(sock):
+                            last_progress = time.monotonic()
+                            backoff = self._resend_after
+                    else:
+                        connects += self._read_monitor(monitor)
+                        if connects > 1:
+                            self._rewind("reconnect")
+                if stopping:
+                    break
+                self._take_pending()
+                self._report_drops()
+                now = time.monotonic()
+                if self._flush_requested:  # someone is waiting: retry soon, not after a long backoff
+                    self._flush_requested = False
+                    backoff = min(backoff, self._resend_after)
+                if now - last_progress > backoff and self._unacked and self._next_send > self._unacked[0][0]:
+                    self._rewind("no acknowledgement for %.1f s" % backoff)
+                    last_progress = now
+                    backoff = min(backoff * 2, 30.0)
+                self._send(sock)
+        finally:
+            sock.disable_monitor()
+            monitor.close(0)
+            sock.close(0)
+            ctx.term()
+
+    def _read_acks(self, sock: zmq.Socket) -> bool:
+        progressed = False
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return progressed
+            try:
+                acks = schema.decode_ack(frame)
+            except schema.FrameError as exc:
+                self._protocol_errors += 1
+                log.warning("ignoring malformed message from relay %s: %s", self.address, exc)
+                continue
+            for run, rank, upto in acks:
+                if run != self.run or rank != self.rank:
+                    continue
+                unacked = self._unacked
+                while unacked and unacked[0][0] < upto:
+                    self._unacked_bytes -= len(unacked.popleft()[1])
+                    self._acked += 1
+                    progressed = True
+                if self._next_send < upto:
+                    self._next_send = upto
+
+    @staticmethod
+    def _read_monitor(monitor: zmq.Socket) -> int:
+        connects = 0
+        while True:
+            try:
+                msg = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return connects
+            if msg["event"] == zmq.EVENT_CONNECTED:
+                connects += 1
+
+    def _rewind(self, why: str) -> None:
+        if self._unacked and self._next_send > self._unacked[0][0]:
+            self._resent += self._next_send - self._unacked[0][0]
+            log.debug("resending %d unacknowledged events (%s)", self._next_send - self._unacked[0][0], why)
+        if self._unacked:
+            self._next_send = self._unacked[0][0]
+
+    def _take_pending(self) -> None:
+        pending = self._pending
+        unacked = self._unacked
+        limit = schema.MAX_FRAME_BYTES - 8
+        while pending:
+            event = pending.popleft()
+            event["seq"] = self._next_seq
+            try:
+                blob = schema.encode_event(event)
+            except Exception as exc:  # noqa: BLE001 - an unencodable event is counted, not raised
+                self._drop_bad(f"cannot encode {event['type']} event: {exc}")
+                continue
+            if len(blob) > limit:
+                self._drop_bad(f"{event['type']} event of {len(blob)} bytes exceeds {limit}")
+                continue
+            unacked.append((self._next_seq, blob))
+            self._unacked_bytes += len(blob)
+            self._next_seq += 1
+            while len(unacked) > self._max_events or self._unacked_bytes > self._max_bytes:
+                seq, old = unacked.popleft()
+                self._unacked_bytes -= len(old)
+                self._dropped_unacked += 1
+                self._dropped_upto = seq
+                if self._next_send <= seq:
+                    self._next_send = seq + 1
+
+    def _drop_bad(self, why: str) -> None:
+        self._dropped_bad += 1
+        if self._dropped_bad == 1 or self._dropped_bad % 1000 == 0:
+            log.warning("dropped event (%d so far): %s", self._dropped_bad, why)
+
+    def _report_drops(self) -> None:
+        """Queue a cumulative ``stats`` event whenever the drop count moved."""
+        dropped = self.dropped
+        now = time.monotonic()
+        if dropped == self._reported_drops or now - self._last_report < 1.0:
+            return
+        self._reported_drops = dropped
+        self._last_report = now
+        event = self._base.copy()
+        event.update(seq=0, ts=time.time(), type="stats", step=None, epoch=None, stage="client",
+                     data=self._drop_report())
+        self._pending.append(event)
+        self._take_pending()
+
+    def _drop_report(self) -> dict[str, int]:
+        return {
+            "dropped": self.dropped, "dropped_full": self._dropped_full,
+            "dropped_unacked": self._dropped_unacked, "dropped_bad": self._dropped_bad,
+            "dropped_closed": self._dropped_closed, "dropped_error": self._dropped_error,
+            "dropped_upto": self._dropped_upto, "published": self._published, "resent": self._resent,
+        }
+
+    def _send(self, sock: zmq.Socket) -> None:
+        unacked = self._unacked
+        if not unacked or self._next_send > unacked[-1][0]:
+            return
+        blobs: list[bytes] = []
+        size = 0
+        for seq, blob in itertools.islice(unacked, self._next_send - unacked[0][0], None):
+            if blobs and (len(blobs) >= MAX_BATCH_EVENTS or size + len(blob) > MAX_BATCH_BYTES):
+                if not self._send_batch(sock, blobs, seq):
+                    return
+                blobs, size = [], 0
+            blobs.append(blob)
+            size += len(blob)
+        self._send_batch(sock, blobs, unacked[-1][0] + 1)
+
+    def _send_batch(self, sock: zmq.Socket, blobs: list[bytes], next_send: int) -> bool:
+        try:
+            sock.send(schema.encode_batch(blobs), zmq.NOBLOCK)
+        except zmq.Again:
+            return False  # not connected yet or HWM reached: keep them, retry next round
+        self._next_send = next_send
+        return True

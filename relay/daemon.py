@@ -1,0 +1,311 @@
+"""The relay daemon: receive, validate, de-duplicate, journal, acknowledge, fan out.
+
+One ingest thread owns the ROUTER socket and the journal (the durable JSONL sink). Every
+``flush_interval`` it appends the new events to the journal in one write, then acknowledges
+cumulatively per (run, rank), then hands the same batch to each other sink's worker thread.
+Acks therefore mean "in the journal", and no other sink can slow ingest down.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from relay import schema
+from relay.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_loopback
+from relay.deadletter import DeadLetters
+from relay.dedupe import Dedupe, RankState
+from relay.fanout import SinkWorker
+from relay.stats import Counters, log_stats, write_stats
+from sinks.base import Sink, SinkContext
+from sinks.jsonl import JsonlSink
+
+log = logging.getLogger("relay")
+
+RECV_BURST = 2000  # messages read per poll before the loop checks its timers
+MAX_UNJOURNALED = 200_000  # stop reading (clients keep their events) while the journal is failing
+
+
+@dataclass
+class RelayConfig:
+    address: str
+    flush_interval: float = 0.05
+    stats_interval: float = 30.0
+    sink_queue: int = 200_000
+    ready_file: Path | None = None
+    watch_pid: int | None = None
+    curve_secret_key: str | None = None
+    shutdown_timeout: float = 10.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Relay:
+    def __init__(self, config: RelayConfig, journal: JsonlSink, sinks: list[Sink]) -> None:
+        self.config = config
+        self.journal = journal
+        self.sinks = sinks
+        self.counters = Counters()
+        self.dedupe = Dedupe()
+        self.deadletters = DeadLetters(journal.sidecar("_deadletter.jsonl"))
+        self.stats_path: Path = journal.sidecar("_stats.json")
+        self.workers: list[SinkWorker] = []
+        self.address = config.address
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self._stop = False
+        self._batch: list[dict[str, Any]] = []
+        self._acks_due: set[tuple[str, int]] = set()
+        self._routes: dict[tuple[str, int], bytes] = {}
+        self._journal_backoff = 0.0
+        self._journal_retry_at = 0.0
+
+    # -- setup -----------------------------------------------------------------------------------
+
+    def bind(self) -> str:
+        """Bind the socket; raises AddressInUse or BadAddress. Returns the actual endpoint."""
+        transport = check_bind_address(self.config.address)
+        if transport == "ipc":
+            ensure_ipc_free(self.config.address)
+        self._ctx = zmq.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.MAXMSGSIZE, schema.MAX_FRAME_BYTES)
+        sock.setsockopt(zmq.RCVHWM, 10_000)
+        sock.setsockopt(zmq.SNDHWM, 10_000)
+        sock.setsockopt(zmq.LINGER, 1000)
+        if self.config.curve_secret_key:
+            sock.curve_server = True
+            sock.curve_secretkey = self.config.curve_secret_key.encode()
+        elif not is_loopback(self.config.address):
+            log.warning("listening on %s without authentication: anyone who can reach it can publish; "
+                        "use --curve-secret-key (see docs/security.md)", self.config.address)
+        try:
+            sock.bind(self.config.address)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            if exc.errno == errno.EADDRINUSE:
+                raise AddressInUse(f"{self.config.address} is already in use (another relay?)") from None
+            raise BadAddress(f"cannot bind {self.config.address}: {exc}") from None
+        self._sock = sock
+        self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        return self.address
+
+    def open_sinks(self) -> None:
+        """Open the journal, then the others; a SinkError from any of them is a config error."""
+        context = SinkContext(journal=self.journal.path, extra=self.config.extra)
+        self.journal.open(context)
+        for sink in self.sinks:
+            sink.open(context)
+            worker = SinkWorker(sink, self.config.sink_queue)
+            worker.start()
+            self.workers.append(worker)
+
+    def write_ready_file(self) -> None:
+        path = self.config.ready_file
+        if path is None:
+            return
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"address": self.address, "pid": os.getpid()}))
+        os.replace(tmp, path)
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def request_stop(self, *_: object) -> None:
+        self._stop = True
+
+    def serve(self) -> None:
+        """Run until SIGINT/SIGTERM (or the watched process ends), then flush, ack and close."""
+        assert self._sock is not None, "bind() first"
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        self.write_ready_file()
+        log.info("relay listening on %s, journal %s, sinks: %s", self.address,
+                 self.journal.path,
+                 ", ".join([self.journal.name] + [s.name for s in self.sinks]))
+        sock = self._sock
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        interval = self.config.flush_interval
+        next_flush = time.monotonic() + interval
+        next_stats = time.monotonic() + self.config.stats_interval
+        next_watch = time.monotonic() + 1.0
+        while not self._stop:
+            now = time.monotonic()
+            reading = len(self._batch) < MAX_UNJOURNALED
+            timeout = max(0.0, min(next_flush, next_watch) - now)
+            if reading:
+                if poller.poll(timeout * 1000):
+                    self._receive(sock)
+            else:
+                time.sleep(timeout)
+            now = time.monotonic()
+            if now >= next_flush:
+                self._commit()
+                next_flush = now + interval
+            if now >= next_stats:
+                snap = self.snapshot()
+                log_stats(snap)
+                write_stats(self.stats_path, snap)
+                next_stats = now + self.config.stats_interval
+            if now >= next_watch:
+                next_watch = now + 1.0
+                if self.config.watch_pid and not _alive(self.config.watch_pid):
+                    log.info("watched process %d is gone; shutting down", self.config.watch_pid)
+                    self._stop = True
+        self._shutdown()
+
+    def _receive(self, sock: zmq.Socket) -> None:
+        counters = self.counters
+        batch = self._batch
+        acks_due = self._acks_due
+        routes = self._routes
+        for _ in range(RECV_BURST):
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            counters.frames += 1
+            if len(parts) != 2:
+                self._reject("multipart", f"{len(parts) - 1} message parts, expected 1", b"".join(parts[1:]), parts[0])
+                continue
+            peer, frame = parts
+            try:
+                events = schema.decode_frame(frame)
+            except schema.FrameError as exc:
+                self._reject(exc.reason, exc.detail, frame, peer)
+                continue
+            counters.events += len(events)
+            for event in events:
+                key = (event["run"], event["rank"])
+                state = self.dedupe.ranks.get(key) or self._new_rank(*key)
+                if state.take(event["seq"]):
+                    batch.append(event)
+                    if event["type"] == "stats":
+                        self._client_drops(key, state, event["data"])
+                else:
+                    counters.duplicates += 1
+                acks_due.add(key)
+                routes[key] = peer
+
+    def _new_rank(self, run: str, rank: int) -> RankState:
+        """First event of a (run, rank) since start: learn what the journal already holds."""
+        if run not in self.dedupe.runs:
+            recovered = 0
+            for seen_rank, seq in self.journal.seen(run):
+                state = self.dedupe.state(run, seen_rank) or self.dedupe.add_state(run, seen_rank)
+                state.take(seq)
+                recovered += 1
+            if recovered:
+                log.info("run %s: %d events already in the journal will not be written again", run, recovered)
+        return self.dedupe.state(run, rank) or self.dedupe.add_state(run, rank)
+
+    def _client_drops(self, key: tuple[str, int], state: RankState, data: dict[str, Any]) -> None:
+        dropped = data.get("dropped")
+        if type(dropped) is int and dropped > self.counters.client_dropped.get(key, 0):
+            log.warning("run %s rank %d reports %d events dropped in the client", key[0], key[1], dropped)
+            self.counters.client_dropped[key] = dropped
+        upto = data.get("dropped_upto")
+        if type(upto) is int and upto >= 0:
+            state.skip_to(upto + 1)
+
+    def _reject(self, reason: str, detail: str, frame: bytes, peer: bytes) -> None:
+        self.counters.rejected[reason] += 1
+        total = sum(self.counters.rejected.values())
+        if total <= 10 or total % 1000 == 0:
+            log.warning("rejected frame from peer %s (%d rejected so far): %s: %s", peer.hex(), total, reason, detail)
+        if not self.deadletters.add(reason, detail, frame, peer):
+            self.counters.deadletter_overflow += 1
+
+    def _commit(self) -> None:
+        """Journal the batch, acknowledge, then fan out; on a journal failure keep everything."""
+        batch = self._batch
+        if batch:
+            now = time.monotonic()
+            if now < self._journal_retry_at:
+                return
+            try:
+                self.journal.write(batch)
+                self.journal.flush()
+            except Exception as exc:  # counted and retried with backoff; no acks until it works
+                self.counters.journal_errors += 1
+                self._journal_backoff = min(max(self._journal_backoff * 2, 0.1), 5.0)
+                self._journal_retry_at = now + self._journal_backoff
+                log.error("journal write failed (%d errors, %d events waiting), retrying in %.1f s: %s: %s",
+                          self.counters.journal_errors, len(batch), self._journal_backoff, type(exc).__name__, exc)
+                return
+            self._journal_backoff = 0.0
+            self.counters.written += len(batch)
+            for worker in self.workers:
+                worker.submit(batch)
+            self._batch = []
+        self._send_acks()
+
+    def _send_acks(self) -> None:
+        if not self._acks_due:
+            return
+        per_peer: dict[bytes, list[tuple[str, int, int]]] = {}
+        for key in self._acks_due:
+            floor = self.dedupe.ranks[key].floor
+            per_peer.setdefault(self._routes[key], []).append((key[0], key[1], floor))
+        self._acks_due.clear()
+        assert self._sock is not None
+        for peer, acks in per_peer.items():
+            try:
+                self._sock.send_multipart([peer, schema.encode_ack(acks)], zmq.NOBLOCK)
+                self.counters.acks_sent += 1
+            except zmq.ZMQError:
+                pass  # peer gone or slow: it resends, and gets a fresh ack then
+
+    # -- shutdown -----------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        sinks = {w.sink.name: w.stats() for w in self.workers}
+        sinks[self.journal.name] = {"written": self.counters.written, "errors": self.counters.journal_errors,
+                                    "dropped": 0, "queued": len(self._batch)}
+        return self.counters.snapshot(sinks, len(self.dedupe.ranks))
+
+    def _shutdown(self) -> None:
+        log.info("shutting down: flushing %d events", len(self._batch))
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        self._journal_retry_at = 0.0
+        self._commit()
+        while self._batch and time.monotonic() < deadline:
+            time.sleep(min(self._journal_backoff, 0.5))
+            self._commit()
+        if self._batch:
+            log.error("shutting down with %d events the journal could not take; their clients still hold "
+                      "them and will resend to the next relay", len(self._batch))
+        for worker in self.workers:
+            worker.close(max(0.5, deadline - time.monotonic()))
+        try:
+            self.journal.close()
+        except OSError as exc:
+            self.counters.journal_errors += 1
+            log.error("journal close failed: %s", exc)
+        self.deadletters.close()
+        snap = self.snapshot()
+        log_stats(snap, final=True)
+        write_stats(self.stats_path, snap)
+        if self._sock is not None:
+            self._sock.close(linger=1000)
+        if self._ctx is not None:
+            self._ctx.term()
+        if self.config.ready_file is not None:
+            self.config.ready_file.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,47 @@
+"""Rejected frames, with their reason, kept in a bounded JSONL file next to the journal.
+
+A malformed frame is never silently thrown away: it is counted by reason and its first bytes are
+kept here for inspection; once the file reaches its bound, further frames are only counted.
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import time
+from pathlib import Path
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+KEEP_BYTES = 64 << 10
+
+
+class DeadLetters:
+    def __init__(self, path: Path, max_bytes: int = 16 << 20) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self._fd: int | None = None
+        self._size = 0
+
+    def add(self, reason: str, detail: str, frame: bytes, peer: bytes) -> bool:
+        """Record one rejected frame; False when the bound is reached and only the count remains."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._size = os.fstat(self._fd).st_size
+        line = orjson.dumps({
+            "ts": time.time(), "reason": reason, "detail": detail[:1024], "peer": peer.hex(),
+            "size": len(frame), "frame_b64": base64.b64encode(frame[:KEEP_BYTES]).decode(),
+            "truncated": len(frame) > KEEP_BYTES,
+        }) + b"\n"
+        if self._size + len(line) > self.max_bytes:
+            return False
+        os.write(self._fd, line)
+        self._size += len(line)
+        return True
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,71 @@
+"""Per-(run, rank) memory of which sequence numbers the relay already took.
+
+Clients resend everything unacknowledged after a reconnect, so duplicates are normal. State per
+rank is a contiguous floor (every seq below it was taken) plus a bounded set of seqs taken above
+it; since clients send in order the set stays tiny, and its bound keeps memory fixed per rank
+whatever a client does.
+"""
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+MAX_WINDOW = 65_536
+
+
+class RankState:
+    """Seen-set for one (run, rank); ``floor`` is also the cumulative ack the relay can give."""
+
+    __slots__ = ("floor", "above")
+
+    def __init__(self) -> None:
+        self.floor = 0
+        self.above: set[int] = set()
+
+    def take(self, seq: int) -> bool:
+        """Record ``seq``; False if it was already taken."""
+        if seq == self.floor:
+            self.floor += 1
+            above = self.above
+            if above:
+                while self.floor in above:
+                    above.remove(self.floor)
+                    self.floor += 1
+            return True
+        if seq < self.floor or seq in self.above:
+            return False
+        self.above.add(seq)
+        if len(self.above) > MAX_WINDOW:
+            self._skip_gap()
+        return True
+
+    def skip_to(self, seq: int) -> None:
+        """The client will never send anything below ``seq`` again (it dropped those, counted)."""
+        if seq > self.floor:
+            self.above = {s for s in self.above if s >= seq}
+            self.floor = seq
+            while self.floor in self.above:
+                self.above.remove(self.floor)
+                self.floor += 1
+
+    def _skip_gap(self) -> None:
+        lowest = min(self.above)
+        log.warning("gap below seq %d held open for %d events; treating it as lost", lowest, MAX_WINDOW)
+        self.skip_to(lowest)
+
+
+class Dedupe:
+    """All ranks of all runs, keyed by (run, rank)."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[tuple[str, int], RankState] = {}
+        self.runs: set[str] = set()
+
+    def state(self, run: str, rank: int) -> RankState | None:
+        return self.ranks.get((run, rank))
+
+    def add_state(self, run: str, rank: int) -> RankState:
+        state = self.ranks[(run, rank)] = RankState()
+        self.runs.add(run)
+        return state

@@ -1,0 +1,1 @@
+"""metrics-relay sinks: the interface, the entry-point registry and the built-in sinks."""
