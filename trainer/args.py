@@ -1,0 +1,306 @@
+"""Command line and programmatic arguments of the SFT entry point, and their validation.
+
+Everything a user can get wrong is checked here, before any model is loaded, so a typo costs
+seconds rather than a model load; every failure is a :class:`UsageError` with one clear line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    import datasets
+    from trl import SFTConfig
+
+TRACKERS = ("jsonl", "aim", "none")
+ADDRESS_RE = re.compile(r"(tcp://[^\s]+:\d+|ipc://[^\s]+)\Z")
+
+#: Flags of the seed's command line that transformers 5 renamed: old flag -> (new flag, note).
+RENAMED_FLAGS = {
+    "--evaluation_strategy": "--eval_strategy",
+    "--warmup_ratio": "--warmup_steps",  # transformers 5: warmup_steps < 1 is a ratio
+    "--max_seq_length": "--max_length",  # trl 1.x name
+}
+
+DEMO_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "demo_instructions.jsonl")
+DEMO_RESPONSE_TEMPLATE = "\n### Response:"
+
+#: What --demo means; any flag given on the command line overrides these.
+DEMO_DEFAULTS = [
+    "--data_path", DEMO_DATA,
+    "--dataset_text_field", "output",
+    "--response_template", DEMO_RESPONSE_TEMPLATE,
+    "--use_peft", "True",
+    "--max_length", "96",
+    "--per_device_train_batch_size", "8",
+    "--num_train_epochs", "1",
+    "--max_steps", "30",
+    "--learning_rate", "1e-2",
+    "--logging_steps", "5",
+    "--save_strategy", "no",
+    "--report_to", "none",
+    "--dataloader_num_workers", "0",
+    "--use_cpu", "True",
+    "--activation_checkpointing", "False",  # recomputation only slows a model this small
+]
+
+
+class UsageError(ValueError):
+    """A bad flag or input, reported as one line and exit status 2 before any model loads."""
+
+
+@dataclass
+class ModelArguments:
+    """Which model and tokenizer to fine-tune, and how (LoRA or full)."""
+
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Model folder or hub id."})
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder or hub id (default: the model's)."}
+    )
+    use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
+    lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA path."})
+    target_modules: list[str] | None = field(
+        default=None,
+        metadata={"help": "Modules that get LoRA adapters, space or comma separated (default: peft's choice "
+                          "for the architecture), e.g. q_proj v_proj."},
+    )
+    demo: bool = field(
+        default=False,
+        metadata={"help": "Build the bundled tiny offline model, tokenizer and data set into "
+                          "<output_dir>/demo-model and fine-tune it with LoRA on the CPU."},
+    )
+
+
+@dataclass
+class DataArguments:
+    """Where the instruction data is and which part of each text the loss is computed on."""
+
+    data_path: str | None = field(default=None, metadata={"help": "Training data: a JSON or JSONL file."})
+    validation_data_path: str | None = field(
+        default=None, metadata={"help": "Evaluation data (default: --validation_split of the training data)."}
+    )
+    validation_split: float = field(
+        default=0.1,
+        metadata={"help": "Fraction of the training data held out for evaluation when evaluation is on and "
+                          "no --validation_data_path is given."},
+    )
+    response_template: str | None = field(
+        default=None,
+        metadata={"help": "Marker after which the response starts; the loss covers only what follows it. "
+                          "Backslash escapes (\\n, \\t, \\\\) are interpreted, as shells pass them literally."},
+    )
+
+
+@dataclass
+class TrackingArguments:
+    """Where metrics and run metadata go: an embedded relay by default, or one run beside the job."""
+
+    tracker: str = field(
+        default="jsonl",
+        metadata={"help": "Sinks of the embedded relay: jsonl (always on unless none), aim; comma separated "
+                          "or repeated; none disables tracking."},
+    )
+    aim_repo: str | None = field(default=None, metadata={"help": "Aim repository (default: <output_dir>/aim)."})
+    experiment: str | None = field(default=None, metadata={"help": "Aim experiment name."})
+    relay_address: str | None = field(
+        default=None,
+        metadata={"help": "Publish to this running relay (tcp://host:port or ipc://path) instead of starting "
+                          "one beside the job."},
+    )
+    exp_metadata: str | None = field(
+        default=None, metadata={"help": "Run metadata: a JSON object, or the path of a JSON file holding one."}
+    )
+    relay_flush_timeout: float = field(
+        default=30.0,
+        metadata={"help": "Seconds the job waits at the end for the relay to acknowledge every event."},
+    )
+    relay_start_timeout: float = field(
+        default=60.0, metadata={"help": "Seconds to wait for the embedded relay to come up."}
+    )
+
+
+@dataclass
+class RunPlan:
+    """Validated arguments plus what validation derived from them (data sets, sinks, metadata)."""
+
+    model: ModelArguments
+    data: DataArguments
+    tracking: TrackingArguments
+    training: "SFTConfig"
+    trackers: list[str]
+    exp_metadata: dict[str, Any] | None
+    train_dataset: "datasets.Dataset"
+    eval_dataset: "datasets.Dataset | None"
+
+    @property
+    def tracking_on(self) -> bool:
+        return self.trackers != ["none"]
+
+
+def rewrite_argv(argv: list[str]) -> list[str]:
+    """Map the seed's renamed flags, merge repeated --tracker flags and apply --demo defaults."""
+    out: list[str] = []
+    trackers: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in RENAMED_FLAGS:
+            name = RENAMED_FLAGS[name]
+            arg = name + eq + value
+        if name == "--tracker":
+            if eq:
+                trackers.append(value)
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                trackers.append(argv[i + 1])
+                i += 1
+            else:
+                raise UsageError("argument --tracker: expected a value (jsonl, aim or none)")
+        else:
+            out.append(arg)
+        i += 1
+    if trackers:
+        out += ["--tracker", ",".join(trackers)]
+    if "--demo" in out or any(a.startswith("--demo=") for a in out):
+        out = DEMO_DEFAULTS + out
+    return out
+
+
+def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, TrackingArguments, "SFTConfig"]:
+    """Parse a command line into the four argument dataclasses; raise UsageError on any bad flag."""
+    from transformers import HfArgumentParser
+    from trl import SFTConfig
+
+    class _Parser(HfArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise UsageError(message)
+
+    # trl's SFTConfig still sets the old name by default, so transformers warns on every run.
+    warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
+    parser = _Parser((ModelArguments, DataArguments, TrackingArguments, SFTConfig), prog="metrics-relay-train")
+    try:
+        model, data, tracking, training, rest = parser.parse_args_into_dataclasses(
+            args=rewrite_argv(argv), return_remaining_strings=True
+        )
+    except (ValueError, TypeError) as exc:
+        raise UsageError(_one_line(exc)) from None
+    if rest:
+        raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
+    return model, data, tracking, training
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def parse_trackers(spec: str) -> list[str]:
+    """``"jsonl,aim"`` -> ``["jsonl", "aim"]``; jsonl is always kept since it is the source of truth."""
+    names = [n.strip().lower() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--tracker: empty; use jsonl, aim or none")
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown:
+        raise UsageError(f"--tracker: unknown tracker {unknown[0]!r}; known trackers: {', '.join(TRACKERS)}")
+    if "none" in names:
+        if len(set(names)) > 1:
+            raise UsageError("--tracker: 'none' cannot be combined with other trackers")
+        return ["none"]
+    return ["jsonl"] + (["aim"] if "aim" in names else [])
+
+
+def load_exp_metadata(spec: str | None) -> dict[str, Any] | None:
+    """--exp_metadata is inline JSON or a path to a JSON file; either way it must be an object."""
+    if spec is None:
+        return None
+    text, where = spec, "--exp_metadata"
+    if not spec.lstrip().startswith("{"):
+        if not os.path.isfile(spec):
+            raise UsageError(f"--exp_metadata: {spec!r} is neither a JSON object nor an existing file")
+        where = f"--exp_metadata file {spec}"
+        with open(spec, encoding="utf-8") as fh:
+            text = fh.read()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{where}: invalid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{where}: must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def unescape(text: str) -> str:
+    r"""Interpret \n, \t and \\ the way the seed's users typed them in a shell."""
+    return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith(("/", "./", "../", "~")) or os.path.exists(path)
+
+
+def validate(
+    model: ModelArguments,
+    data: DataArguments,
+    training: "SFTConfig",
+    tracking: TrackingArguments | None = None,
+) -> RunPlan:
+    """Check everything that does not need the model; load and split the data set.
+
+    ``model`` and ``data`` are filled in for --demo by the caller before this runs.
+    """
+    from trainer.data import load_sft_dataset
+
+    tracking = tracking or TrackingArguments()
+    trackers = parse_trackers(tracking.tracker)
+    exp_metadata = load_exp_metadata(tracking.exp_metadata)
+    if tracking.relay_address is not None and not ADDRESS_RE.match(tracking.relay_address):
+        raise UsageError(f"--relay_address: {tracking.relay_address!r} is not tcp://HOST:PORT or ipc://PATH")
+    for name in ("relay_flush_timeout", "relay_start_timeout"):
+        if not getattr(tracking, name) > 0:
+            raise UsageError(f"--{name} must be positive, got {getattr(tracking, name)}")
+    if training.run_name is not None:
+        from relay.schema import RUN_ID_RE, valid_run_id
+
+        if not valid_run_id(training.run_name):
+            raise UsageError(f"--run_name: {training.run_name!r} must match {RUN_ID_RE.pattern}")
+    if not model.model_name_or_path:
+        raise UsageError("--model_name_or_path is required (or use --demo)")
+    for flag in ("model_name_or_path", "tokenizer_name_or_path"):
+        path = getattr(model, flag)
+        if model.demo and flag == "model_name_or_path":
+            continue  # --demo builds it there
+        if path and _looks_local(path) and not os.path.isdir(os.path.expanduser(path)):
+            raise UsageError(f"--{flag}: {path} is not a folder")
+    if model.target_modules:
+        model.target_modules = [m for spec in model.target_modules for m in spec.split(",") if m]
+    if not model.use_peft and model.target_modules:
+        raise UsageError("--target_modules needs --use_peft")
+    if model.lora_r < 1 or model.lora_alpha < 1:
+        raise UsageError("--lora_r and --lora_alpha must be positive")
+    if not 0 < data.validation_split < 1:
+        raise UsageError(f"--validation_split must be in (0, 1), got {data.validation_split}")
+    if not data.data_path:
+        raise UsageError("--data_path is required (or use --demo)")
+    if data.response_template is not None:
+        data.response_template = unescape(data.response_template)
+        if not data.response_template:
+            raise UsageError("--response_template is empty")
+    train_ds = load_sft_dataset(data.data_path, training.dataset_text_field, data.response_template, "--data_path")
+    eval_ds = None
+    if training.eval_strategy != "no":
+        if data.validation_data_path:
+            eval_ds = load_sft_dataset(
+                data.validation_data_path, training.dataset_text_field, data.response_template,
+                "--validation_data_path",
+            )
+        else:
+            if len(train_ds) < 2:
+                raise UsageError("--data_path: evaluation needs at least 2 records to hold some out")
+            split = train_ds.train_test_split(test_size=data.validation_split, seed=training.seed)
+            train_ds, eval_ds = split["train"], split["test"]
+    return RunPlan(model, data, tracking, training, trackers, exp_metadata, train_ds, eval_ds)

@@ -1,0 +1,163 @@
+"""The thin per-rank TrainerCallback: turns Trainer events into relay events, nothing more.
+
+It runs on every rank. Global rank 0 publishes what the Trainer already reduced (train and eval
+logs, run metadata, checkpoints, the end of training); every rank adds what only it knows, its
+own step time, samples per second and peak memory, as ``stage="rank"`` metrics on each logging
+step, so a straggler shows up in the log. Each hook builds a small dict and calls ``publish``,
+which never blocks; no I/O happens here except the bounded flush at the end of training.
+"""
+from __future__ import annotations
+
+import platform
+import resource
+import sys
+import time
+from importlib import metadata
+from typing import Any, Mapping
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from relay.client import Publisher
+from trainer import tracking
+from trainer.tracking import to_wire
+
+_VERSIONED = ("metrics-relay", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "pyzmq")
+_LOG_PREFIXES = (("eval_", "eval"), ("test_", "test"))
+
+
+def library_versions() -> dict[str, str]:
+    """The versions that explain a run's numbers; read once, when the callback is made."""
+    found = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def split_logs(logs: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Trainer logs -> {stage: {name: number}}: ``eval_loss`` becomes ``loss`` in stage ``eval``.
+
+    Training summaries (``train_runtime``, ``train_loss``) keep their names so they never
+    collide with the per-step ``loss`` curve; non-numeric entries are left out.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for key, value in logs.items():
+        if key == "epoch" or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue  # the epoch travels in the envelope
+        stage, name = "train", key
+        for prefix, prefix_stage in _LOG_PREFIXES:
+            if key.startswith(prefix):
+                stage, name = prefix_stage, key[len(prefix):]
+                break
+        out.setdefault(stage, {})[name] = value
+    return out
+
+
+class RelayCallback(TrainerCallback):
+    """Publish a Trainer's metrics and lifecycle through ``publisher`` (default: tracking's)."""
+
+    def __init__(self, publisher: Publisher | None = None, *, flush_timeout: float = 30.0,
+                 run_params: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        pub = publisher or tracking.publisher()
+        if pub is None:
+            raise ValueError("no publisher: call trainer.tracking.start(...) first or pass one")
+        if not flush_timeout > 0:
+            raise ValueError(f"flush_timeout must be positive, got {flush_timeout!r}")
+        self._pub = pub
+        self._flush_timeout = flush_timeout
+        self._run_params = {"versions": library_versions(), **(run_params or {})}
+        self._samples_per_step = 1
+        self._cuda = None
+        self._reset_window()
+        self._step_start = 0.0
+        self._train_start = 0.0
+
+    def _reset_window(self) -> None:
+        self._steps = 0
+        self._busy = 0.0
+        self._slowest = 0.0
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: Any = None, **kwargs: Any) -> None:
+        self._samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        torch = sys.modules.get("torch")
+        self._cuda = torch.cuda if torch is not None and torch.cuda.is_available() else None
+        self._train_start = time.perf_counter()
+        if not state.is_world_process_zero:
+            return
+        pub = self._pub
+        pub.publish("lifecycle", {
+            "event": "train_begin", "world_size": args.world_size, "max_steps": state.max_steps,
+            "num_train_epochs": state.num_train_epochs, "train_batch_size": state.train_batch_size,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        }, step=state.global_step, epoch=state.epoch)
+        pub.publish("params", to_wire(args.to_dict()), stage="hparams")
+        if model is not None:
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model
+            config = getattr(base, "config", None)
+            if config is not None:
+                pub.publish("params", to_wire(config.to_dict()), stage="model")
+            peft_config = getattr(model, "peft_config", None)
+            if peft_config:
+                pub.publish("params", {name: to_wire(cfg.to_dict()) for name, cfg in peft_config.items()},
+                            stage="peft")
+        for name, params in self._run_params.items():
+            pub.publish("params", to_wire(params), stage=name)
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      **kwargs: Any) -> None:
+        self._step_start = time.perf_counter()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        took = time.perf_counter() - self._step_start
+        self._steps += 1
+        self._busy += took
+        self._slowest = max(self._slowest, took)
+        tracking.current_step = state.global_step
+        if control.should_log:
+            self._publish_rank_window(state)
+
+    def _publish_rank_window(self, state: TrainerState) -> None:
+        if not self._steps:
+            return
+        data = {
+            "step_time": self._busy / self._steps,
+            "step_time_max": self._slowest,
+            "samples_per_second": self._samples_per_step * self._steps / self._busy if self._busy else 0.0,
+            "steps": self._steps,
+            "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        }
+        if self._cuda is not None:
+            data["cuda_peak_allocated_mb"] = self._cuda.max_memory_allocated() / 2**20
+            data["cuda_peak_reserved_mb"] = self._cuda.max_memory_reserved() / 2**20
+        self._pub.publish("metrics", data, step=state.global_step, epoch=state.epoch, stage="rank")
+        self._reset_window()
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        if not state.is_world_process_zero or not logs:
+            return
+        for stage, metrics in split_logs(logs).items():
+            self._pub.publish("metrics", metrics, step=state.global_step, epoch=state.epoch, stage=stage)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            self._pub.publish("lifecycle", {
+                "event": "checkpoint", "path": f"{args.output_dir}/checkpoint-{state.global_step}",
+                "best_model_checkpoint": state.best_model_checkpoint,
+            }, step=state.global_step, epoch=state.epoch)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        self._publish_rank_window(state)
+        tracking.current_step = None
+        if state.is_world_process_zero:
+            self._pub.publish("lifecycle", {
+                "event": "train_end", "status": "completed", "global_step": state.global_step,
+                "wall_seconds": time.perf_counter() - self._train_start,
+            }, step=state.global_step, epoch=state.epoch)
+        self._pub.flush(self._flush_timeout)

@@ -1,0 +1,150 @@
+"""The relay started beside the job, and how the ranks of one job agree on who they are.
+
+Global rank 0 runs the ordinary ``relay`` program as a subprocess (not a thread: a sink that
+stalls or crashes cannot touch the training process), bound to a free loopback port, and tells
+the other ranks the run id and address over ``torch.distributed``. The relay watches rank 0's
+pid, so a crashed job never leaves it behind.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+JSONL_NAME = "training_logs.jsonl"
+RELAY_LOG_NAME = "relay.log"
+
+
+class RelayStartError(RuntimeError):
+    """The embedded relay did not come up; the message says why and where its log is."""
+
+
+def default_run_id(run_name: str | None = None) -> str:
+    """``--run_name``, else torchrun's rendezvous id, else a fresh time-stamped id.
+
+    An elastic restart gets its own suffix: the relay drops events whose ``(run, rank, seq)``
+    it has seen, and a restarted worker counts ``seq`` from 0 again.
+    """
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run_name:
+        base = run_name
+    elif elastic and elastic != "none":
+        base = re.sub(r"[^A-Za-z0-9._-]", "-", elastic).lstrip("._-")[:100] or "run"
+    else:
+        base = time.strftime("sft-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    return f"{base[:120]}-r{restart}" if restart else base
+
+
+def agree(value: Any) -> Any:
+    """Return global rank 0's ``value`` on every rank (identity when not distributed)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op when not distributed)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+class EmbeddedRelay:
+    """A ``relay`` subprocess writing ``<output_dir>/training_logs.jsonl`` (plus Aim when asked)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], address: str, log_path: str, workdir: str) -> None:
+        self.proc = proc
+        self.address = address
+        self.log_path = log_path
+        self._workdir = workdir
+
+    @classmethod
+    def start(cls, output_dir: str, *, aim_repo: str | None = None, experiment: str | None = None,
+              timeout: float = 60.0) -> "EmbeddedRelay":
+        """Start the relay and wait until it has bound and opened its sinks; RelayStartError if not."""
+        os.makedirs(output_dir, exist_ok=True)
+        workdir = tempfile.mkdtemp(prefix="metrics-relay-")
+        ready = os.path.join(workdir, "ready.json")
+        cmd = [
+            sys.executable, "-m", "relay", "--bind", "tcp://127.0.0.1:*",
+            "--sink", "jsonl", "--path", os.path.join(output_dir, JSONL_NAME),
+        ]
+        if aim_repo is not None:
+            cmd += ["--sink", "aim", "--repo", aim_repo]
+            if experiment:
+                cmd += ["--experiment", experiment]
+        cmd += ["--ready-file", ready, "--watch-pid", str(os.getpid()), "--log-level", "info"]
+        log_path = os.path.join(output_dir, RELAY_LOG_NAME)
+        with open(log_path, "ab") as log_file:
+            # Own session: a Ctrl-C in the terminal must not stop the relay before the ranks flush.
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                                    start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            code = proc.poll()
+            if code is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+                raise RelayStartError(f"embedded relay exited with status {code}: {_last_line(log_path)} "
+                                      f"(log: {log_path})")
+            address = _read_ready(ready)
+            if address:
+                log.info("embedded relay pid %d at %s, writing %s", proc.pid, address,
+                         os.path.join(output_dir, JSONL_NAME))
+                return cls(proc, address, log_path, workdir)
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                shutil.rmtree(workdir, ignore_errors=True)
+                raise RelayStartError(f"embedded relay not ready after {timeout:g}s (log: {log_path})")
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM (the relay flushes its sinks and exits 0); SIGKILL after ``timeout``. Returns the status."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    log.warning("embedded relay pid %d did not stop within %gs; killing it", self.proc.pid, timeout)
+                    self.proc.kill()
+                    self.proc.wait()
+            code = self.proc.returncode
+            if code != 0:
+                log.warning("embedded relay exited with status %s: %s (log: %s)", code,
+                            _last_line(self.log_path), self.log_path)
+            return code
+        finally:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def _read_ready(path: str) -> str | None:
+    """The relay writes the ready file atomically, so any file there is complete."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)["address"]
+    except FileNotFoundError:
+        return None
+
+
+def _last_line(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = [line.strip() for line in fh if line.strip()]
+    return lines[-1] if lines else "(no output)"

@@ -1,0 +1,193 @@
+"""The SFT entry point: ``train()`` for Python callers and ``main()`` for the command line.
+
+Order matters and is the point of this module: validate everything cheap first (exit 2, no
+model loaded), then connect tracking (so the model load itself is measured and recorded), then
+load, train, and at the end flush every rank before the embedded relay is stopped.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from trainer import tracking
+from trainer.args import (
+    DEMO_DATA, DEMO_RESPONSE_TEMPLATE, DataArguments, ModelArguments, RunPlan, TrackingArguments, UsageError,
+    parse_args, validate,
+)
+from trainer.embedded import JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id
+
+if TYPE_CHECKING:
+    from transformers.trainer_utils import TrainOutput
+    from trl import SFTConfig
+
+log = logging.getLogger("trainer")
+
+RUN_FILE_NAME = "tracking_run.json"
+DEMO_MODEL_DIR = "demo-model"
+#: After the callback's own end-of-training flush, closing only has to carry the final stats.
+CLOSE_TIMEOUT = 5.0
+
+
+def _apply_demo(model: ModelArguments, data: DataArguments, training: "SFTConfig") -> None:
+    """--demo: the bundled data and a model built under output_dir, unless given explicitly."""
+    if model.model_name_or_path is None:
+        model.model_name_or_path = os.path.join(training.output_dir, DEMO_MODEL_DIR)
+    if data.data_path is None:
+        data.data_path = DEMO_DATA
+        training.dataset_text_field = "output"
+        if data.response_template is None:
+            data.response_template = DEMO_RESPONSE_TEMPLATE
+
+
+def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) -> EmbeddedRelay | None:
+    """Rank 0 picks the run id and (embedded default) starts the relay; every rank connects."""
+    output_dir = plan.training.output_dir
+    address = plan.tracking.relay_address
+    relay: EmbeddedRelay | None = None
+    run_id = error = None
+    if rank == 0:
+        run_id = default_run_id(plan.training.run_name)
+        if address is None:
+            if world_size > int(os.environ.get("LOCAL_WORLD_SIZE", world_size)):
+                log.warning("the embedded relay listens on loopback, so ranks on other nodes cannot reach it; "
+                            "run a relay they can reach and pass --relay_address")
+            aim_repo = None
+            if "aim" in plan.trackers:
+                aim_repo = plan.tracking.aim_repo or os.path.join(output_dir, "aim")
+            try:
+                relay = EmbeddedRelay.start(output_dir, aim_repo=aim_repo, experiment=plan.tracking.experiment,
+                                            timeout=plan.tracking.relay_start_timeout)
+                address = relay.address
+            except RelayStartError as exc:
+                error = str(exc)
+        elif "aim" in plan.trackers:
+            log.warning("--tracker aim is ignored with --relay_address: the sinks of the relay at %s apply",
+                        address)
+    run_id, address, error = agree((run_id, address, error))
+    if error:
+        raise RelayStartError(error)
+    tracking.start(run_id, rank=rank, local_rank=local_rank, world_size=world_size, address=address)
+    if rank == 0:
+        if plan.exp_metadata is not None:
+            tracking.set_params(plan.exp_metadata, name="experiment_metadata")
+        with open(os.path.join(output_dir, RUN_FILE_NAME), "w", encoding="utf-8") as fh:
+            json.dump({"run": run_id, "address": address, "world_size": world_size,
+                       "jsonl": os.path.join(output_dir, JSONL_NAME) if relay else None}, fh)
+        log.info("tracking run %s through the relay at %s", run_id, address)
+    return relay
+
+
+def _load(plan: RunPlan, rank: int) -> tuple[object, object]:
+    """Load tokenizer and model through from_pretrained, recording the time it took."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    args = plan.model
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path or args.model_name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+    if rank == 0:
+        tracking.track({"model_load_time": time.perf_counter() - started})
+    return tokenizer, model
+
+
+def train(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: "SFTConfig",
+    tracking_args: TrackingArguments | None = None,
+) -> "TrainOutput":
+    """Fine-tune as the command line does; with no ``tracking_args``, log to ``output_dir/training_logs.jsonl``.
+
+    Raises UsageError (a ValueError) for bad arguments or data before any model is loaded, and
+    RelayStartError if the embedded relay cannot start.
+    """
+    from peft import LoraConfig
+    from trl import SFTTrainer
+
+    from trainer.callback import RelayCallback
+    from trainer.demo import build_demo
+
+    if model_args.demo:
+        _apply_demo(model_args, data_args, training_args)
+    plan = validate(model_args, data_args, training_args, tracking_args)
+    rank = training_args.process_index
+    world_size = training_args.world_size
+    relay = None
+    completed = False
+    try:
+        if plan.tracking_on:
+            relay = _start_tracking(plan, rank, training_args.local_process_index, world_size)
+        else:
+            tracking.disable()
+        if model_args.demo:
+            with training_args.main_process_first(local=True, desc="building the demo model"):
+                build_demo(model_args.model_name_or_path)
+        tokenizer, model = _load(plan, rank)
+        peft_config = None
+        if model_args.use_peft:
+            peft_config = LoraConfig(
+                r=model_args.lora_r, lora_alpha=model_args.lora_alpha, lora_dropout=model_args.lora_dropout,
+                target_modules=model_args.target_modules, task_type="CAUSAL_LM",
+            )
+        callbacks = []
+        if plan.tracking_on:
+            callbacks.append(RelayCallback(flush_timeout=plan.tracking.relay_flush_timeout))
+        trainer = SFTTrainer(
+            model=model, args=training_args, train_dataset=plan.train_dataset, eval_dataset=plan.eval_dataset,
+            processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
+        )
+        result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        trainer.save_model()
+        completed = True
+        return result
+    except BaseException as exc:
+        pub = tracking.publisher()
+        if pub is not None:
+            pub.publish("lifecycle", {"event": "train_end", "status": "failed",
+                                      "error": f"{type(exc).__name__}: {exc}"[:2000]})
+        raise
+    finally:
+        if tracking.publisher() is not None:
+            tracking.stop(CLOSE_TIMEOUT)
+        if completed:
+            barrier()  # every rank has flushed before the relay goes away
+        if relay is not None:
+            relay.stop()
+
+
+def _configure_logging() -> None:
+    rank = int(os.environ.get("RANK", "0") or 0)
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry point; returns the exit status (2: bad usage or input)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    _configure_logging()
+    if any(a == "--demo" or a.startswith("--demo=") for a in argv):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        model_args, data_args, tracking_args, training_args = parse_args(argv)
+        train(model_args, data_args, training_args, tracking_args)
+    except UsageError as exc:
+        log.error("%s", exc)
+        return 2
+    except RelayStartError as exc:
+        log.error("%s", exc)
+        return 1
+    finally:
+        _close_process_group()
+    return 0
+
+
+def _close_process_group() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
