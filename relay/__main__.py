@@ -1,3 +1,3 @@
 from relay.cli import main
 
-main()
+main(prog_name="relay")

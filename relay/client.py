@@ -151,7 +151,7 @@ class Publisher:
         """Flush, stop the background thread and release the socket; returns the unacked count."""
         if self._closed:
             return self.unacknowledged
-        self.publish("stats", {})  # the final cumulative counts, whatever happened before
+        self.publish("stats", self._drop_report(), stage="client")  # the final word on losses
         left = self.flush(timeout)
         self._closed = True
         self._stop.set()
@@ -199,12 +199,15 @@ class Publisher:
         sock.setsockopt(zmq.RCVHWM, 1000)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        # Sends fail (and events stay in our bounded buffer) while no relay is connected, so after
+        # a reconnect everything unacknowledged goes out again from the oldest, in order.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
         if self._curve_server_key:
             public, secret = zmq.curve_keypair()
             sock.curve_serverkey = self._curve_server_key.encode()
             sock.curve_publickey = public
             sock.curve_secretkey = secret
-        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED)
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -221,7 +224,6 @@ class Publisher:
         self._ready.set()
         backoff = self._resend_after
         last_progress = time.monotonic()
-        connects = 0
         try:
             while True:
                 stopping = self._stop.is_set()
@@ -230,10 +232,8 @@ class Publisher:
                         if self._read_acks(sock):
                             last_progress = time.monotonic()
                             backoff = self._resend_after
-                    else:
-                        connects += self._read_monitor(monitor)
-                        if connects > 1:
-                            self._rewind("reconnect")
+                    elif self._read_monitor(monitor):
+                        self._rewind("connection changed")
                 if stopping:
                     break
                 self._take_pending()
@@ -278,15 +278,15 @@ class Publisher:
                     self._next_send = upto
 
     @staticmethod
-    def _read_monitor(monitor: zmq.Socket) -> int:
-        connects = 0
+    def _read_monitor(monitor: zmq.Socket) -> bool:
+        """True if the connection to the relay went down or came up since the last look."""
+        changed = False
         while True:
             try:
-                msg = recv_monitor_message(monitor, zmq.NOBLOCK)
+                recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
-                return connects
-            if msg["event"] == zmq.EVENT_CONNECTED:
-                connects += 1
+                return changed
+            changed = True
 
     def _rewind(self, why: str) -> None:
         if self._unacked and self._next_send > self._unacked[0][0]:
@@ -313,6 +313,8 @@ class Publisher:
             unacked.append((self._next_seq, blob))
             self._unacked_bytes += len(blob)
             self._next_seq += 1
+            if event["type"] == "stats":
+                continue  # a loss report never causes a loss it does not report
             while len(unacked) > self._max_events or self._unacked_bytes > self._max_bytes:
                 seq, old = unacked.popleft()
                 self._unacked_bytes -= len(old)

@@ -76,7 +76,7 @@ class Relay:
             ensure_ipc_free(self.config.address)
         self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.MAXMSGSIZE, schema.MAX_FRAME_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, schema.MAX_TRANSPORT_BYTES)
         sock.setsockopt(zmq.RCVHWM, 10_000)
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.LINGER, 1000)

@@ -23,7 +23,10 @@ _FIELD_SET = frozenset(FIELDS)
 #: Known event types; a new type is a schema change.
 EVENT_TYPES = frozenset({"hello", "params", "metrics", "lifecycle", "stats"})
 
-MAX_FRAME_BYTES = 1 << 20  # one ZeroMQ message, also enforced with ZMQ_MAXMSGSIZE
+MAX_FRAME_BYTES = 1 << 20  # larger frames are rejected (counted, dead-lettered)
+#: ZMQ_MAXMSGSIZE: beyond this the transport drops the sender's connection before the relay sees
+#: anything, so a hostile peer cannot make the relay allocate without bound.
+MAX_TRANSPORT_BYTES = 4 * MAX_FRAME_BYTES
 MAX_NAME_LEN = 256  # data keys, stage, host
 MAX_DEPTH = 8  # nesting of data maps/lists
 MAX_RANK = 1 << 24

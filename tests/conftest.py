@@ -1,0 +1,142 @@
+"""Fixtures that start real relay processes and real publisher processes on loopback."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PUBLISHER = Path(__file__).resolve().parent / "publisher_proc.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class RelayProcess:
+    """A real ``python -m relay`` subprocess; ``stop()`` is SIGTERM and returns the exit code."""
+
+    def __init__(self, workdir: Path, args: list[str], address: str, env: dict | None = None) -> None:
+        self.workdir = workdir
+        self.args = args
+        self.address = address
+        self.env = env
+        self.ready = workdir / f"ready-{time.monotonic_ns()}.json"
+        self.log = workdir / "relay.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True) -> "RelayProcess":
+        self.ready.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "relay", "--bind", self.address, "--ready-file", str(self.ready), *self.args]
+        self._logfh = open(self.log, "ab")
+        self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=self._logfh, stderr=subprocess.STDOUT,
+                                     env=self.env)
+        if wait:
+            deadline = time.monotonic() + 30
+            while not self.ready.exists():
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"relay exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"relay not ready: {self.log.read_text()[-2000:]}")
+                time.sleep(0.02)
+            self.address = json.loads(self.ready.read_text())["address"]
+        return self
+
+    def stop(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout)
+        self._logfh.close()
+        return code
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+        self._logfh.close()
+
+    def stats(self, journal: Path) -> dict:
+        from sinks.jsonl import JsonlSink
+        return json.loads(JsonlSink(journal).sidecar("_stats.json").read_text())
+
+
+@pytest.fixture
+def relays(tmp_path: Path) -> Iterator[callable]:
+    """Factory: relays(args, address=None) -> started RelayProcess; all are killed at teardown."""
+    started: list[RelayProcess] = []
+
+    def make(args: list[str], address: str | None = None, start: bool = True, env: dict | None = None) -> RelayProcess:
+        relay = RelayProcess(tmp_path, args, address or f"tcp://127.0.0.1:{free_port()}", env)
+        started.append(relay)
+        return relay.start() if start else relay
+
+    yield make
+    for relay in started:
+        if relay.proc is not None and relay.proc.poll() is None:
+            relay.proc.kill()
+            relay.proc.wait(10)
+
+
+def start_publisher(address: str, run: str, rank: int, count: int, *, world_size: int = 1, rate: float = 0.0,
+                    flush_timeout: float = 30.0, extra: list[str] | None = None) -> subprocess.Popen:
+    """A real publisher process: ``count`` metrics events, then flush; prints its stats as JSON."""
+    cmd = [sys.executable, str(PUBLISHER), address, run, str(rank), str(count), str(world_size), str(rate),
+           str(flush_timeout), *(extra or [])]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> dict:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def plugin_env(tmp_path: Path) -> dict[str, str]:
+    """Environment with a throwaway distribution on PYTHONPATH that registers two sinks through
+    entry points: ``explode`` (every write raises) and ``collect`` (appends to --collect-file)."""
+    site = tmp_path / "plugins"
+    (site / "throwaway_sinks-0.1.dist-info").mkdir(parents=True)
+    (site / "throwaway_sinks-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: throwaway-sinks\nVersion: 0.1\n")
+    (site / "throwaway_sinks-0.1.dist-info" / "entry_points.txt").write_text(
+        "[metrics_relay.sinks]\nexplode = throwaway_sinks:Explode\ncollect = throwaway_sinks:Collect\n")
+    (site / "throwaway_sinks.py").write_text('''
+import click, json
+from sinks.base import Sink
+
+class Explode(Sink):
+    name = "explode"
+    def write(self, events):
+        raise RuntimeError("this sink always fails")
+
+class Collect(Sink):
+    name = "collect"
+    @classmethod
+    def options(cls):
+        return [click.Option(["--collect-file"], default="collected.jsonl")]
+    def __init__(self, collect_file):
+        self.fh = open(collect_file, "a")
+    def write(self, events):
+        for e in events:
+            self.fh.write(json.dumps({"run": e["run"], "seq": e["seq"]}) + "\\n")
+    def flush(self):
+        self.fh.flush()
+    def close(self):
+        self.fh.close()
+''')
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))

@@ -1,0 +1,18 @@
+"""Stand-in for one training rank: publish COUNT metrics events at RATE/s (0 = as fast as possible),
+flush, and print the client's counters as one JSON line."""
+import json
+import sys
+import time
+
+from relay.client import Publisher
+
+address, run, rank, count, world, rate, flush_timeout = sys.argv[1:8]
+rank, count, world, rate, flush_timeout = int(rank), int(count), int(world), float(rate), float(flush_timeout)
+pub = Publisher(run, rank, world_size=world, address=address)
+pause = 1.0 / rate if rate else 0.0
+for i in range(count):
+    pub.publish("metrics", {"i": i, "loss": 1.0 / (i + 1)}, step=i, stage="train")
+    if pause:
+        time.sleep(pause)
+left = pub.close(flush_timeout)
+print(json.dumps({**pub.stats, "left": left}))

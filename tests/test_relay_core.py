@@ -1,0 +1,221 @@
+"""End-to-end behaviour of the relay core: real relay processes, real publishers, real sockets."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+
+from conftest import finish, free_port, plugin_env, read_jsonl, start_publisher
+from relay import schema
+from relay.client import Publisher
+
+
+def assert_exactly_once(events: list[dict], expected: dict[tuple[str, int], int]) -> None:
+    """Every (run, rank) has metrics i = 0..n-1 exactly once and in order, with seqs unique."""
+    seqs: dict[tuple[str, int], list[int]] = defaultdict(list)
+    values: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for ev in events:
+        key = (ev["run"], ev["rank"])
+        seqs[key].append(ev["seq"])
+        if ev["type"] == "metrics":
+            values[key].append(ev["data"]["i"])
+    assert set(values) == set(expected)
+    for key, n in expected.items():
+        assert values[key] == list(range(n)), f"{key}: lost, duplicated or reordered events"
+        assert len(seqs[key]) == len(set(seqs[key])), f"{key}: duplicate seq"
+        assert seqs[key] == sorted(seqs[key]), f"{key}: seq order broken"
+
+
+def test_four_publisher_processes_exactly_once(relays, tmp_path):
+    out = tmp_path / "logs"
+    relay = relays(["--path", f"{out}/"])
+    procs = [start_publisher(relay.address, "job-a" if r % 2 else "job-b", r, 1500, world_size=4) for r in range(4)]
+    stats = [finish(p) for p in procs]
+    assert all(s["left"] == 0 and s["dropped"] == 0 for s in stats)
+    assert relay.stop() == 0
+    events = read_jsonl(out / "job-a.jsonl") + read_jsonl(out / "job-b.jsonl")
+    assert_exactly_once(events, {("job-b", 0): 1500, ("job-a", 1): 1500, ("job-b", 2): 1500, ("job-a", 3): 1500})
+    assert all(ev["world_size"] == 4 for ev in events)
+    counters = relay.stats(out)
+    assert counters["written"] == len(events) and counters["rejected_total"] == 0
+
+
+def test_sigkill_midstream_and_restart_loses_nothing(relays, tmp_path):
+    journal = tmp_path / "journal.jsonl"
+    relay = relays(["--path", str(journal)])
+    address = relay.address
+    procs = [start_publisher(address, "crashy", r, 3000, world_size=2, rate=1500, flush_timeout=60) for r in range(2)]
+    time.sleep(1.0)
+    relay.kill()  # SIGKILL: no flush, no goodbye
+    written_before = len(read_jsonl(journal))
+    assert 0 < written_before < 6000
+    time.sleep(1.0)
+    relay2 = relays(["--path", str(journal)], address=address)
+    stats = [finish(p) for p in procs]
+    assert all(s["left"] == 0 for s in stats), stats
+    assert relay2.stop() == 0
+    assert_exactly_once(read_jsonl(journal), {("crashy", 0): 3000, ("crashy", 1): 3000})
+
+
+def test_publish_without_relay_never_blocks_and_counts_overflow(relays, tmp_path):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    pub = Publisher("offline", 0, address=address, max_events=200)
+    worst = 0.0
+    for i in range(1000):
+        start = time.perf_counter()
+        pub.publish("metrics", {"i": i}, step=i, stage="train")
+        worst = max(worst, time.perf_counter() - start)
+    assert worst < 0.005, f"slowest publish() took {worst * 1e3:.2f} ms"
+    time.sleep(0.3)  # let the background thread move events into its bounded buffer
+    assert pub.dropped >= 800 - 1
+    journal = tmp_path / "late.jsonl"
+    relay = relays(["--path", str(journal)], address=address)
+    assert pub.close(30) == 0
+    assert relay.stop() == 0
+    events = read_jsonl(journal)
+    metrics = [ev["data"]["i"] for ev in events if ev["type"] == "metrics"]
+    assert metrics == list(range(1000 - len(metrics), 1000)), "the newest events survive, in order"
+    assert len(metrics) >= 150
+    reports = [ev["data"] for ev in events if ev["type"] == "stats"]
+    assert reports and reports[-1]["dropped"] == pub.dropped
+    assert len(metrics) + reports[-1]["dropped"] == 1001  # 1000 metrics + the hello: all accounted for
+    assert relay.stats(journal)["client_dropped"] == pub.dropped
+
+
+def _raw_event(**over) -> dict:
+    ev = {"v": 1, "run": "raw", "rank": 0, "local_rank": 0, "world_size": 1, "host": "h", "seq": 0,
+          "ts": time.time(), "type": "metrics", "step": 0, "epoch": None, "stage": "train", "data": {"x": 1.0}}
+    ev.update(over)
+    return ev
+
+
+def _deep(levels: int) -> dict:
+    d: dict = {"leaf": 1}
+    for _ in range(levels):
+        d = {"n": d}
+    return d
+
+
+def test_malformed_frames_are_rejected_with_reasons_and_valid_ones_survive(relays, tmp_path):
+    journal = tmp_path / "j.jsonl"
+    relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.connect(relay.address)
+    pub = Publisher("good", 0, address=relay.address)
+    bad_utf8 = b"\x81\xa4data\xa2\xff\xfe"  # {"data": <str with invalid UTF-8>}
+    bad_frames = {
+        "undecodable": os.urandom(64) + b"\xc1",
+        "not_event": msgpack.packb(42),
+        "missing_field": msgpack.packb({"v": 1, "run": "raw"}),
+        "bad_version": msgpack.packb(_raw_event(v=99)),
+        "bad_type": msgpack.packb(_raw_event(rank="zero")),
+        "too_deep": msgpack.packb(_raw_event(data=_deep(20))),
+        "oversize": msgpack.packb(_raw_event(data={"blob": "x" * (schema.MAX_FRAME_BYTES + 10)})),
+        "bad_utf8": bad_utf8,
+        "bad_run": msgpack.packb(_raw_event(run="../../etc/passwd")),
+        "name_too_long": msgpack.packb(_raw_event(data={"k" * 300: 1})),
+    }
+    for i, (reason, frame) in enumerate(bad_frames.items()):
+        pub.publish("metrics", {"i": i}, step=i, stage="train")
+        raw.send(frame)
+    raw.send_multipart([b"two", b"parts"])
+    hostile = ctx.socket(zmq.DEALER)  # beyond the transport bound ZeroMQ drops this connection
+    hostile.connect(relay.address)
+    hostile.send(b"\x00" * (schema.MAX_TRANSPORT_BYTES + 1))
+    raw.send(schema.encode_frame([_raw_event(seq=0, data={"ok": 1.0})]))
+    for i in range(len(bad_frames), len(bad_frames) + 50):
+        pub.publish("metrics", {"i": i}, step=i, stage="train")
+    assert pub.close(20) == 0
+    time.sleep(0.5)
+    assert relay.proc.poll() is None, "relay must survive bad input"
+    assert relay.stop() == 0
+    counters = relay.stats(journal)
+    expected = dict.fromkeys(bad_frames, 1) | {"multipart": 1}
+    assert counters["rejected"] == expected
+    dead = read_jsonl(journal.with_name("j_deadletter.jsonl"))
+    assert sorted(d["reason"] for d in dead) == sorted(expected)
+    assert all(d["detail"] and d["frame_b64"] is not None for d in dead)
+    events = read_jsonl(journal)
+    assert [e["data"]["i"] for e in events if e["run"] == "good" and e["type"] == "metrics"] == list(range(60))
+    assert [e["data"] for e in events if e["run"] == "raw"] == [{"ok": 1.0}]
+
+
+def test_non_finite_values_survive_as_valid_json(relays, tmp_path):
+    journal = tmp_path / "nan.jsonl"
+    relay = relays(["--path", str(journal)])
+    pub = Publisher("nanrun", 0, address=relay.address)
+    pub.publish("metrics", {"loss": math.nan, "grad_norm": math.inf, "lr": -math.inf, "ok": 0.5,
+                            "nested": {"x": math.nan}}, step=1, stage="train")
+    assert pub.close(10) == 0
+    assert relay.stop() == 0
+
+    def no_constants(token: str) -> None:
+        raise AssertionError(f"invalid JSON token {token}")
+
+    lines = [json.loads(line, parse_constant=no_constants) for line in journal.read_text().splitlines()]
+    data = [ev["data"] for ev in lines if ev["type"] == "metrics"][0]
+    assert data == {"loss": "NaN", "grad_norm": "Infinity", "lr": "-Infinity", "ok": 0.5, "nested": {"x": "NaN"}}
+    back = schema.from_json_metrics(data)
+    assert math.isnan(back["loss"]) and back["grad_norm"] == math.inf and back["lr"] == -math.inf
+    if shutil.which("jq"):
+        out = subprocess.run(["jq", "-c", "select(.type == \"metrics\") | .data.loss", str(journal)],
+                             capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == '"NaN"'
+
+
+def test_failing_plugin_sink_is_isolated_and_counted(relays, tmp_path):
+    env = plugin_env(tmp_path)
+    journal = tmp_path / "iso.jsonl"
+    collected = tmp_path / "collected.jsonl"
+    relay = relays(["--sink", "jsonl", "--path", str(journal), "--sink", "explode", "--sink", "collect",
+                    "--collect-file", str(collected), "--stats-interval", "0.2"], env=env)
+    finish(start_publisher(relay.address, "iso", 0, 2000))
+    time.sleep(0.5)
+    assert relay.stop() == 0
+    assert_exactly_once(read_jsonl(journal), {("iso", 0): 2000})
+    assert len(read_jsonl(collected)) == len(read_jsonl(journal))
+    sinks = relay.stats(journal)["sinks"]
+    assert sinks["explode"]["errors"] >= 1 and sinks["explode"]["written"] == 0
+    assert sinks["collect"]["errors"] == 0 and sinks["collect"]["written"] == sinks["jsonl"]["written"]
+    assert "this sink always fails" in relay.log.read_text()
+
+
+def test_sigterm_flushes_and_exits_zero(relays, tmp_path):
+    journal = tmp_path / "t.jsonl"
+    relay = relays(["--path", str(journal), "--flush-interval", "5"])
+    pub = Publisher("term", 0, address=relay.address)
+    for i in range(100):
+        pub.publish("metrics", {"i": i}, step=i, stage="train")
+    time.sleep(0.5)  # received, not yet flushed (5 s interval)
+    assert relay.stop() == 0
+    assert [e["data"]["i"] for e in read_jsonl(journal) if e["type"] == "metrics"] == list(range(100))
+    assert "final:" in relay.log.read_text()
+    pub.close(0.5)
+
+
+def test_ipc_address_and_ack_after_restart_without_duplicates(relays, tmp_path):
+    journal = tmp_path / "ipc.jsonl"
+    address = f"ipc://{tmp_path}/r.sock"
+    relay = relays(["--path", str(journal)], address=address)
+    pub = Publisher("ipcrun", 1, world_size=2, address=address)
+    for i in range(10):
+        pub.publish("metrics", {"i": i}, step=i, stage="train")
+    assert pub.flush(10) == 0
+    assert relay.stop() == 0
+    for i in range(10, 20):
+        pub.publish("metrics", {"i": i}, step=i, stage="train")
+    relay = relays(["--path", str(journal)], address=address)
+    assert pub.close(20) == 0
+    assert relay.stop() == 0
+    assert_exactly_once(read_jsonl(journal), {("ipcrun", 1): 20})
