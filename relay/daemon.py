@@ -182,17 +182,20 @@ class Relay:
                 self._reject(exc.reason, exc.detail, frame, peer)
                 continue
             counters.events += len(events)
+            last_key = None
             for event in events:
                 key = (event["run"], event["rank"])
-                state = self.dedupe.ranks.get(key) or self._new_rank(*key)
+                if key != last_key:  # a frame normally holds one rank's events: look it up once
+                    state = self.dedupe.ranks.get(key) or self._new_rank(*key)
+                    acks_due.add(key)
+                    routes[key] = peer
+                    last_key = key
                 if state.take(event["seq"]):
                     batch.append(event)
                     if event["type"] == "stats":
                         self._client_drops(key, state, event["data"])
                 else:
                     counters.duplicates += 1
-                acks_due.add(key)
-                routes[key] = peer
 
     def _new_rank(self, run: str, rank: int) -> RankState:
         """First event of a (run, rank) since start: learn what the journal already holds."""

@@ -28,10 +28,10 @@ LOCK_NAME = "_relay.lock"
 
 def encode_line(event: dict[str, Any]) -> bytes:
     """One event as one JSON line; non-finite floats become "NaN"/"Infinity"/"-Infinity"."""
-    line = orjson.dumps(event, default=str)
+    line = orjson.dumps(event, default=str, option=orjson.OPT_APPEND_NEWLINE)
     if b"null" in line:  # orjson writes NaN/inf as null; only then pay for the walk
-        line = orjson.dumps(json_safe(event), default=str)
-    return line + b"\n"
+        line = orjson.dumps(json_safe(event), default=str, option=orjson.OPT_APPEND_NEWLINE)
+    return line
 
 
 def read_events(path: Path, bad_lines: list[int] | None = None) -> Iterator[dict[str, Any]]:
