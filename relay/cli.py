@@ -97,6 +97,7 @@ def main() -> None:
     relay [serve] [--bind ADDR] [--sink NAME ...] [sink options]   run the relay (default)
     relay replay FILE.jsonl --sink NAME [sink options]              rebuild a sink from a journal
     relay tail PATH [-f]                                            follow a journal, readably
+    relay keygen DIR [--name NAME]                                  CURVE certificates for remote ranks
     """
 
 
@@ -115,15 +116,17 @@ def main() -> None:
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write {\"address\", \"pid\"} here once listening (for scripts binding port '*').")
 @click.option("--watch-pid", type=int, help="Shut down cleanly when this process is gone.")
-@click.option("--curve-secret-key", envvar="RELAY_CURVE_SECRET_KEY",
-              help="Z85 CURVE secret key: encrypt and authenticate a non-loopback relay (docs/security.md).")
+@click.option("--curve-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The relay's CURVE secret certificate (relay keygen): encrypt a non-loopback relay.")
+@click.option("--curve-clients", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Directory of client public certificates (*.key): only these may publish.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
               default="info", show_default=True)
 @_sink_options
 @click.pass_context
 def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_interval: float,
           stats_interval: float, sink_queue: int, ready_file: Path | None, watch_pid: int | None,
-          curve_secret_key: str | None, log_level: str, **sink_params: Any) -> None:
+          curve_cert: Path | None, curve_clients: Path | None, log_level: str, **sink_params: Any) -> None:
     """Run the relay until SIGINT/SIGTERM."""
     from relay.daemon import Relay, RelayConfig
 
@@ -134,7 +137,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
         _fail(EXIT_USAGE, str(exc))
     config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
                          sink_queue=sink_queue, ready_file=ready_file, watch_pid=watch_pid,
-                         curve_secret_key=curve_secret_key)
+                         curve_cert=curve_cert, curve_clients=curve_clients)
     relay = Relay(config, journal, sinks)
     try:
         relay.bind()
@@ -193,3 +196,19 @@ def tail(path: Path, follow: bool, runs: tuple[str, ...], types: tuple[str, ...]
         _fail(EXIT_USAGE, f"{path} does not exist; give the relay's --path (file or directory)")
     except KeyboardInterrupt:
         pass
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--name", default="relay", show_default=True, help="Certificate name (relay, or one per client).")
+def keygen(directory: Path, name: str) -> None:
+    """Create a CURVE certificate pair NAME.key / NAME.key_secret in DIRECTORY."""
+    from relay.curve import SERVER_KEY_ENV, generate, load_secret
+
+    try:
+        public, secret = generate(directory, name)
+    except OSError as exc:
+        _fail(EXIT_USAGE, f"cannot write certificates to {directory}: {exc.strerror}")
+    key = load_secret(secret)[0].decode()
+    click.echo(f"secret certificate: {secret} (keep it private)\npublic certificate: {public}\n"
+               f"public key: {key}\n  relay: relay --curve-cert {secret} ...\n  ranks: export {SERVER_KEY_ENV}='{key}'")

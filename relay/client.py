@@ -22,13 +22,12 @@ from typing import Any, Mapping
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from relay import schema
+from relay import curve, schema
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5557"
 ADDRESS_ENV = "RELAY_ADDRESS"
-CURVE_SERVER_KEY_ENV = "RELAY_CURVE_SERVER_KEY"
 
 MAX_BATCH_EVENTS = 512
 MAX_BATCH_BYTES = 256 << 10
@@ -60,6 +59,7 @@ class Publisher:
         send_interval: float = 0.01,
         resend_after: float = 2.0,
         curve_server_key: str | None = None,
+        curve_client_cert: str | None = None,
     ) -> None:
         if not schema.valid_run_id(run):
             raise ValueError(f"run id {run!r} must match {schema.RUN_ID_RE.pattern}")
@@ -78,7 +78,8 @@ class Publisher:
         self._max_bytes = max_bytes
         self._interval = send_interval
         self._resend_after = resend_after
-        self._curve_server_key = curve_server_key or os.environ.get(CURVE_SERVER_KEY_ENV)
+        self._curve_server_key = curve_server_key or os.environ.get(curve.SERVER_KEY_ENV)
+        self._curve_client_cert = curve_client_cert or os.environ.get(curve.CLIENT_CERT_ENV)
 
         self._pending: collections.deque[dict[str, Any]] = collections.deque()
         self._closed = False
@@ -202,18 +203,15 @@ class Publisher:
         # Sends fail (and events stay in our bounded buffer) while no relay is connected, so after
         # a reconnect everything unacknowledged goes out again from the oldest, in order.
         sock.setsockopt(zmq.IMMEDIATE, 1)
-        if self._curve_server_key:
-            public, secret = zmq.curve_keypair()
-            sock.curve_serverkey = self._curve_server_key.encode()
-            sock.curve_publickey = public
-            sock.curve_secretkey = secret
         monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
         try:
+            if self._curve_server_key:
+                curve.secure_client(sock, self._curve_server_key, self._curve_client_cert)
             sock.connect(self.address)
-        except zmq.ZMQError as exc:
+        except (zmq.ZMQError, ValueError) as exc:
             log.error("cannot connect to relay %s: %s; events will be counted as dropped", self.address, exc)
             self._closed = True
             self._ready.set()

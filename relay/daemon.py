@@ -19,7 +19,7 @@ from typing import Any
 
 import zmq
 
-from relay import schema
+from relay import curve, schema
 from relay.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_loopback
 from relay.deadletter import DeadLetters
 from relay.dedupe import Dedupe, RankState
@@ -42,7 +42,8 @@ class RelayConfig:
     sink_queue: int = 200_000
     ready_file: Path | None = None
     watch_pid: int | None = None
-    curve_secret_key: str | None = None
+    curve_cert: Path | None = None
+    curve_clients: Path | None = None
     shutdown_timeout: float = 10.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -60,6 +61,7 @@ class Relay:
         self.address = config.address
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
+        self._auth: curve.ThreadAuthenticator | None = None
         self._stop = False
         self._batch: list[dict[str, Any]] = []
         self._acks_due: set[tuple[str, int]] = set()
@@ -80,12 +82,15 @@ class Relay:
         sock.setsockopt(zmq.RCVHWM, 10_000)
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.LINGER, 1000)
-        if self.config.curve_secret_key:
-            sock.curve_server = True
-            sock.curve_secretkey = self.config.curve_secret_key.encode()
+        if self.config.curve_cert is not None:
+            try:
+                self._auth = curve.secure_server(self._ctx, sock, self.config.curve_cert, self.config.curve_clients)
+            except ValueError as exc:
+                sock.close(0)
+                raise BadAddress(str(exc)) from None
         elif not is_loopback(self.config.address):
-            log.warning("listening on %s without authentication: anyone who can reach it can publish; "
-                        "use --curve-secret-key (see docs/security.md)", self.config.address)
+            log.warning("listening on %s without encryption or authentication: anyone who can reach it can "
+                        "publish; use --curve-cert (see docs/security.md)", self.config.address)
         try:
             sock.bind(self.config.address)
         except zmq.ZMQError as exc:
@@ -298,6 +303,8 @@ class Relay:
         write_stats(self.stats_path, snap)
         if self._sock is not None:
             self._sock.close(linger=1000)
+        if self._auth is not None:
+            self._auth.stop()
         if self._ctx is not None:
             self._ctx.term()
         if self.config.ready_file is not None:

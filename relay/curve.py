@@ -1,0 +1,61 @@
+"""CURVE encryption and client authentication for relays reachable from other machines.
+
+Keys are ZeroMQ certificate files (``zmq.auth``): the relay loads its secret certificate, clients
+need only the relay's public key (``RELAY_CURVE_SERVER_KEY``) and, when the relay restricts
+clients, their own secret certificate (``RELAY_CURVE_CLIENT_CERT``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+SERVER_KEY_ENV = "RELAY_CURVE_SERVER_KEY"
+CLIENT_CERT_ENV = "RELAY_CURVE_CLIENT_CERT"
+
+
+def generate(directory: Path, name: str) -> tuple[Path, Path]:
+    """Write ``name.key`` (public, share it) and ``name.key_secret`` (keep it) into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    public, secret = zmq.auth.create_certificates(directory, name)
+    Path(secret).chmod(0o600)
+    return Path(public), Path(secret)
+
+
+def load_secret(cert: Path) -> tuple[bytes, bytes]:
+    """(public, secret) from a ``.key_secret`` file; ValueError says what is wrong with it."""
+    try:
+        public, secret = zmq.auth.load_certificate(cert)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read CURVE certificate {cert}: {exc}") from None
+    if not secret:
+        raise ValueError(f"{cert} holds no secret key; pass the .key_secret file")
+    return public, secret
+
+
+def secure_server(ctx: zmq.Context, sock: zmq.Socket, cert: Path, clients: Path | None) -> ThreadAuthenticator | None:
+    """Make ``sock`` a CURVE server; with ``clients`` (a directory of ``.key`` files) only those
+    clients may connect, otherwise any client that knows the relay's public key."""
+    public, secret = load_secret(cert)
+    auth = None
+    if clients is not None:
+        auth = ThreadAuthenticator(ctx)
+        auth.start()
+        auth.configure_curve(domain="*", location=str(clients))
+    sock.curve_publickey = public
+    sock.curve_secretkey = secret
+    sock.curve_server = True
+    return auth
+
+
+def secure_client(sock: zmq.Socket, server_key: str, client_cert: str | None) -> None:
+    """Make ``sock`` a CURVE client of the relay whose public key is ``server_key`` (Z85)."""
+    if client_cert:
+        public, secret = load_secret(Path(client_cert))
+    else:
+        public, secret = zmq.curve_keypair()
+    sock.curve_serverkey = server_key.encode()
+    sock.curve_publickey = public
+    sock.curve_secretkey = secret
