@@ -113,6 +113,9 @@ def main() -> None:
               help="Seconds between counter logs and stats-file updates.")
 @click.option("--sink-queue", type=click.IntRange(1), default=200_000, show_default=True,
               help="Events each non-journal sink may fall behind before its batches are dropped (counted).")
+@click.option("--forget-after", type=click.FloatRange(1.0), default=3600.0, show_default=True,
+              help="Seconds after which a silent run's dedupe state is dropped (rebuilt from the journal "
+                   "if it returns), so memory stays bounded on a long-lived relay.")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write {\"address\", \"pid\"} here once listening (for scripts binding port '*').")
 @click.option("--watch-pid", type=int, help="Shut down cleanly when this process is gone.")
@@ -125,7 +128,7 @@ def main() -> None:
 @_sink_options
 @click.pass_context
 def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_interval: float,
-          stats_interval: float, sink_queue: int, ready_file: Path | None, watch_pid: int | None,
+          stats_interval: float, sink_queue: int, forget_after: float, ready_file: Path | None, watch_pid: int | None,
           curve_cert: Path | None, curve_clients: Path | None, log_level: str, **sink_params: Any) -> None:
     """Run the relay until SIGINT/SIGTERM."""
     from relay.daemon import Relay, RelayConfig
@@ -136,7 +139,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
     except SinkError as exc:
         _fail(EXIT_USAGE, str(exc))
     config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
-                         sink_queue=sink_queue, ready_file=ready_file, watch_pid=watch_pid,
+                         sink_queue=sink_queue, forget_after=forget_after, ready_file=ready_file, watch_pid=watch_pid,
                          curve_cert=curve_cert, curve_clients=curve_clients)
     relay = Relay(config, journal, sinks)
     try:

@@ -45,6 +45,7 @@ class RelayConfig:
     curve_cert: Path | None = None
     curve_clients: Path | None = None
     shutdown_timeout: float = 10.0
+    forget_after: float = 3600.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -155,6 +156,7 @@ class Relay:
                 self._commit()
                 next_flush = now + interval
             if now >= next_stats:
+                self._forget_idle(now - self.config.forget_after)
                 snap = self.snapshot()
                 log_stats(snap)
                 write_stats(self.stats_path, snap)
@@ -171,6 +173,8 @@ class Relay:
         batch = self._batch
         acks_due = self._acks_due
         routes = self._routes
+        last_seen = self.dedupe.last_seen
+        now = time.monotonic()
         for _ in range(RECV_BURST):
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK)
@@ -194,6 +198,7 @@ class Relay:
                     state = self.dedupe.ranks.get(key) or self._new_rank(*key)
                     acks_due.add(key)
                     routes[key] = peer
+                    last_seen[key[0]] = now
                     last_key = key
                 if state.take(event["seq"]):
                     batch.append(event)
@@ -204,7 +209,7 @@ class Relay:
 
     def _new_rank(self, run: str, rank: int) -> RankState:
         """First event of a (run, rank) since start: learn what the journal already holds."""
-        if run not in self.dedupe.runs:
+        if run not in self.dedupe.last_seen:
             recovered = 0
             for seen_rank, seq in self.journal.seen(run):
                 state = self.dedupe.state(run, seen_rank) or self.dedupe.add_state(run, seen_rank)
@@ -213,6 +218,15 @@ class Relay:
             if recovered:
                 log.info("run %s: %d events already in the journal will not be written again", run, recovered)
         return self.dedupe.state(run, rank) or self.dedupe.add_state(run, rank)
+
+    def _forget_idle(self, before: float) -> None:
+        """Drop per-run state of runs silent since ``before``; the journal can rebuild it."""
+        for run in self.dedupe.idle_runs(before):
+            for key in [k for k in self._routes if k[0] == run]:
+                del self._routes[key]
+            self.dedupe.forget(run)
+            self.journal.release(run)
+            log.info("run %s idle for %.0f s: forgot its dedupe state", run, self.config.forget_after)
 
     def _client_drops(self, key: tuple[str, int], state: RankState, data: dict[str, Any]) -> None:
         dropped = data.get("dropped")

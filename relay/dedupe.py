@@ -56,16 +56,28 @@ class RankState:
 
 
 class Dedupe:
-    """All ranks of all runs, keyed by (run, rank)."""
+    """All ranks of all runs, keyed by (run, rank).
+
+    Runs idle for a while are forgotten so a long-lived relay's memory does not grow with every
+    job it ever served; if one comes back, its state is rebuilt from the journal.
+    """
 
     def __init__(self) -> None:
         self.ranks: dict[tuple[str, int], RankState] = {}
-        self.runs: set[str] = set()
+        self.last_seen: dict[str, float] = {}
 
     def state(self, run: str, rank: int) -> RankState | None:
         return self.ranks.get((run, rank))
 
     def add_state(self, run: str, rank: int) -> RankState:
         state = self.ranks[(run, rank)] = RankState()
-        self.runs.add(run)
+        self.last_seen.setdefault(run, 0.0)
         return state
+
+    def idle_runs(self, before: float) -> list[str]:
+        return [run for run, seen in self.last_seen.items() if seen < before]
+
+    def forget(self, run: str) -> None:
+        del self.last_seen[run]
+        for key in [k for k in self.ranks if k[0] == run]:
+            del self.ranks[key]

@@ -89,6 +89,7 @@ class JsonlSink(Sink):
         self._dirty: set[int] = set()
         self._lock_fd: int | None = None
         self._index: dict[str, dict[int, list[list[int]]]] | None = None
+        self._released: set[str] = set()
 
     # -- paths beside the journal ---------------------------------------------------------------
 
@@ -137,6 +138,15 @@ class JsonlSink(Sink):
                 os.fsync(fd)
         self._dirty.clear()
 
+    def release(self, run: str) -> None:
+        """The relay forgot an idle run: close its file, and rescan if it ever comes back."""
+        fd = self._fds.pop(run, None) if self.directory else None
+        if fd is not None:
+            self._dirty.discard(fd)
+            os.close(fd)
+        if not self.directory:
+            self._released.add(run)
+
     def close(self) -> None:
         self.flush()
         for fd in self._fds.values():
@@ -149,9 +159,12 @@ class JsonlSink(Sink):
     def seen(self, run: str) -> Iterable[tuple[int, int]]:
         if self.directory:
             index = _scan([self.file_for(run)])
+        elif self._index is None or run in self._released:
+            index = _scan([self.path])  # one pass over the shared file serves every new run
+            self._released.discard(run)
+            if self._index is None:
+                self._index = index
         else:
-            if self._index is None:  # one pass over the shared file serves every run
-                self._index = _scan([self.path])
             index = self._index
         for rank, spans in index.pop(run, {}).items():
             for start, end in spans:

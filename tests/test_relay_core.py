@@ -219,3 +219,26 @@ def test_ipc_address_and_ack_after_restart_without_duplicates(relays, tmp_path):
     assert pub.close(20) == 0
     assert relay.stop() == 0
     assert_exactly_once(read_jsonl(journal), {("ipcrun", 1): 20})
+
+
+@pytest.mark.parametrize("layout", ["file", "dir"])
+def test_idle_run_is_forgotten_and_rebuilt_from_journal(relays, tmp_path, layout):
+    path = tmp_path / ("one.jsonl" if layout == "file" else "logs")
+    relay = relays(["--path", str(path) + ("/" if layout == "dir" else ""), "--forget-after", "1",
+                    "--stats-interval", "0.2"])
+    events = [_raw_event(run="idle", seq=s, data={"i": s}) for s in range(10)]
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.connect(relay.address)
+    raw.send(schema.encode_frame(events[:6]))
+    time.sleep(2.0)  # silent for longer than --forget-after
+    assert "run idle idle for" in relay.log.read_text()
+    raw.send(schema.encode_frame(events))  # a late resend of everything, plus new ones
+    assert schema.decode_ack(raw.recv())[0][2] in (6, 10)
+    time.sleep(0.5)
+    assert relay.stop() == 0
+    journal = path if layout == "file" else path / "idle.jsonl"
+    assert [e["data"]["i"] for e in read_jsonl(journal)] == list(range(10))
+    assert relay.stats(path)["duplicates"] == 6
+    raw.close(0)
+    ctx.term()
