@@ -45,6 +45,7 @@ DEMO_DEFAULTS = [
     "--report_to", "none",
     "--dataloader_num_workers", "0",
     "--use_cpu", "True",
+    "--bf16", "False",
     "--activation_checkpointing", "False",  # recomputation only slows a model this small
 ]
 
@@ -167,9 +168,14 @@ def rewrite_argv(argv: list[str]) -> list[str]:
         i += 1
     if trackers:
         out += ["--tracker", ",".join(trackers)]
-    if "--demo" in out or any(a.startswith("--demo=") for a in out):
+    if has_flag(out, "--demo"):
         out = DEMO_DEFAULTS + out
     return out
+
+
+def has_flag(argv: list[str], flag: str) -> bool:
+    """Whether ``flag`` is on the command line, as ``--flag`` or ``--flag=value``."""
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
 def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, TrackingArguments, "SFTConfig"]:
@@ -183,10 +189,16 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Tracking
 
     # trl's SFTConfig still sets the old name by default, so transformers warns on every run.
     warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
+    argv = rewrite_argv(argv)
+    if not has_flag(argv, "--use_cpu"):
+        import torch
+
+        if not torch.accelerator.is_available():
+            argv = ["--use_cpu", "True", *argv]  # else bf16 (trl's default) refuses to start on a CPU machine
     parser = _Parser((ModelArguments, DataArguments, TrackingArguments, SFTConfig), prog="metrics-relay-train")
     try:
         model, data, tracking, training, rest = parser.parse_args_into_dataclasses(
-            args=rewrite_argv(argv), return_remaining_strings=True
+            args=argv, return_remaining_strings=True
         )
     except (ValueError, TypeError) as exc:
         raise UsageError(_one_line(exc)) from None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from trainer import tracking
 from trainer.args import (
     DEMO_DATA, DEMO_RESPONSE_TEMPLATE, DataArguments, ModelArguments, RunPlan, TrackingArguments, UsageError,
-    parse_args, validate,
+    has_flag, parse_args, validate,
 )
 from trainer.embedded import JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id
 
@@ -74,6 +74,7 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
     if rank == 0:
         if plan.exp_metadata is not None:
             tracking.set_params(plan.exp_metadata, name="experiment_metadata")
+        os.makedirs(output_dir, exist_ok=True)
         with open(os.path.join(output_dir, RUN_FILE_NAME), "w", encoding="utf-8") as fh:
             json.dump({"run": run_id, "address": address, "world_size": world_size,
                        "jsonl": os.path.join(output_dir, JSONL_NAME) if relay else None}, fh)
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command line entry point; returns the exit status (2: bad usage or input)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     _configure_logging()
-    if any(a == "--demo" or a.startswith("--demo=") for a in argv):
+    if has_flag(argv, "--demo"):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         model_args, data_args, tracking_args, training_args = parse_args(argv)

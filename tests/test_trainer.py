@@ -1,0 +1,191 @@
+"""The trainer's single-process behaviour: bad input, the tracking API, run ids, the demo, train()."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import free_port, read_jsonl
+from trainer_fixtures import DEMO_DATA, ROOT, demo_model, error_lines, run_trainer, trainer_env
+
+from trainer import set_params, track
+from trainer.callback import split_logs
+from trainer.embedded import default_run_id
+
+__all__ = ["demo_model"]  # a fixture, used by name
+TRAIN = [sys.executable, "-m", "trainer"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag 1"),
+    (["--num_train_epochs", "many"], "argument --num_train_epochs/--num-train-epochs: invalid float value: 'many'"),
+    (["--data_path", "{tmp}/missing.jsonl"], "--data_path: {tmp}/missing.jsonl does not exist"),
+    (["--response_template", "\\n### Answer:"],
+     "response template '\\n### Answer:' not found in 268 record(s), first in record 1"),
+    (["--tracker", "jsonl", "--tracker", "wandb"], "--tracker: unknown tracker 'wandb'; known trackers: jsonl, aim, none"),
+    (["--exp_metadata", "[1, 2]"], "--exp_metadata: '[1, 2]' is neither a JSON object nor an existing file"),
+    (["--exp_metadata", "{tmp}/meta.json"], "--exp_metadata file {tmp}/meta.json: must be a JSON object, got list"),
+    (["--dataset_text_field", "text"], "record 1 has no field 'text' (set --dataset_text_field)"),
+    (["--run_name", "no spaces/or slashes"], "--run_name: 'no spaces/or slashes' must match"),
+], ids=["unknown-flag", "bad-value", "missing-data", "missing-template", "unknown-tracker", "metadata-not-json",
+        "metadata-file-not-object", "missing-text-field", "bad-run-name"])
+def test_bad_input_stops_before_loading_the_model(demo_model: Path, tmp_path: Path, flags: list[str],
+                                                  message: str) -> None:
+    (tmp_path / "meta.json").write_text("[1, 2]")
+    out = tmp_path / "out"
+    base = ["--model_name_or_path", str(demo_model), "--data_path", str(DEMO_DATA), "--output_dir", str(out),
+            "--dataset_text_field", "output", "--response_template", "\\n### Response:"]
+    done = run_trainer(TRAIN + base + [f.replace("{tmp}", str(tmp_path)) for f in flags], timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = error_lines(done.stderr)
+    assert len(errors) == 1, done.stderr[-2000:]
+    assert message.replace("{tmp}", str(tmp_path)) in errors[0]
+    assert "Loading weights" not in done.stderr and not out.exists(), "validation must come before any loading"
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: track(None), "metrics must be a dict of name -> number, got NoneType"),
+    (lambda: track([("loss", 1.0)]), "metrics must be a dict"),
+    (lambda: track({}), "metrics is empty"),
+    (lambda: track({"loss": "low"}), "metric 'loss' must be a real number, got str"),
+    (lambda: track({"ok": True}), "metric 'ok' must be a real number, got bool"),
+    (lambda: track({3: 1.0}), "metric name must be a non-empty string, got 3"),
+    (lambda: track({"loss": 1.0}, stage=None), "stage must be a non-empty string, got None"),
+    (lambda: track({"loss": 1.0}, step=-1), "step must be a non-negative int or None, got -1"),
+    (lambda: set_params(None), "params must be a dict, got NoneType"),
+    (lambda: set_params("dataset=v3"), "params must be a dict, got str"),
+    (lambda: set_params({"dataset": "v3"}, name=7), "name must be a non-empty string, got 7"),
+    (lambda: set_params({"dataset": "v3"}, name=""), "name must be a non-empty string, got ''"),
+    (lambda: set_params({1: "v3"}), "param name must be a non-empty string, got 1"),
+])
+def test_tracking_api_rejects_bad_arguments(call, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        call()
+    assert message in str(err.value)
+
+
+TRACK_SCRIPT = textwrap.dedent("""
+    import sys
+    from trainer import tracking, track, set_params
+    track({"early": 1.5, "nan": float("nan")}, step=3)
+    set_params({"dataset": "v3", "nested": {"ids": {1, 2}}})
+    if sys.argv[1] != "never":
+        tracking.start("api-run", rank=0, address=sys.argv[1])
+        track({"late": 2})
+        print(tracking.stop(10))
+""")
+
+
+def test_events_tracked_before_the_connection_arrive_after_it(tmp_path: Path, relays) -> None:
+    relay = relays(["--sink", "jsonl", "--path", str(tmp_path / "api.jsonl")])
+    done = subprocess.run([sys.executable, "-c", TRACK_SCRIPT, relay.address], cwd=ROOT, env=trainer_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "0", done.stderr
+    assert relay.stop() == 0
+    events = [e for e in read_jsonl(tmp_path / "api.jsonl") if e["type"] != "stats"]
+    assert [(e["type"], e["stage"], e["step"]) for e in events] == [
+        ("hello", None, None), ("metrics", "additional_metrics", 3), ("params", "experiment_metadata", None),
+        ("metrics", "additional_metrics", None)]
+    assert events[1]["data"] == {"early": 1.5, "nan": "NaN"}
+    assert events[2]["data"] == {"dataset": "v3", "nested": {"ids": [1, 2]}}
+    assert events[3]["data"] == {"late": 2}
+
+
+def test_events_never_sent_are_reported_at_exit() -> None:
+    done = subprocess.run([sys.executable, "-c", TRACK_SCRIPT, "never"], cwd=ROOT, env=trainer_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    assert "2 tracked events were never sent (0 more dropped)" in done.stderr
+
+
+def test_run_id_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun without --rdzv_id
+    first, second = default_run_id(), default_run_id()
+    assert first != second and first.startswith("sft-")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job/42")
+    assert default_run_id() == "job-42"
+    assert default_run_id("mine") == "mine"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert default_run_id("mine") == "mine-r2", "a restarted worker must not collide with its first life"
+
+
+def test_trainer_logs_split_by_stage() -> None:
+    logs = {"loss": 1.0, "eval_loss": 2.0, "eval_runtime": 0.5, "train_loss": 1.5, "epoch": 0.5, "note": "x"}
+    assert split_logs(logs) == {"train": {"loss": 1.0, "train_loss": 1.5},
+                                "eval": {"loss": 2.0, "runtime": 0.5}}
+
+
+@pytest.mark.slow
+def test_demo_builds_and_trains_offline(tmp_path: Path) -> None:
+    out = tmp_path / "demo-output"
+    done = run_trainer(TRAIN + ["--demo", "--output_dir", str(out)], timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (out / "demo-model").iterdir()}
+    assert (out / "adapter_model.safetensors").exists(), "the LoRA adapter is saved"
+    events = read_jsonl(out / "training_logs.jsonl")
+    losses = [e["data"]["loss"] for e in events if e["stage"] == "train" and "loss" in e["data"]]
+    assert len(losses) == 6 and all(loss > 0 for loss in losses)
+    assert [e["data"]["event"] for e in events if e["type"] == "lifecycle"] == ["train_begin", "train_end"]
+
+
+@pytest.mark.slow
+def test_train_from_python_writes_training_logs(demo_model: Path, tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        from trl import SFTConfig
+        from trainer import train
+        from trainer.args import DataArguments, ModelArguments
+        train(ModelArguments(model_name_or_path={str(demo_model)!r}, use_peft=True),
+              DataArguments(data_path={str(DEMO_DATA)!r}, response_template="\\n### Response:"),
+              SFTConfig(output_dir={str(tmp_path / "out")!r}, max_steps=3, logging_steps=1, use_cpu=True,
+                        bf16=False, dataset_text_field="output", max_length=64, save_strategy="no",
+                        per_device_train_batch_size=2))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=trainer_env(), capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = read_jsonl(tmp_path / "out" / "training_logs.jsonl")
+    assert [e["step"] for e in events if e["stage"] == "train" and "loss" in e["data"]] == [1, 2, 3]
+    assert any("model_load_time" in e["data"] for e in events)
+
+
+@pytest.mark.slow
+def test_unreachable_relay_never_stops_training(demo_model: Path, tmp_path: Path) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    done = run_trainer(TRAIN + [
+        "--model_name_or_path", str(demo_model), "--data_path", str(DEMO_DATA), "--dataset_text_field", "output",
+        "--output_dir", str(tmp_path / "out"), "--max_steps", "3", "--logging_steps", "1", "--save_strategy", "no",
+        "--relay_address", address, "--relay_flush_timeout", "2", "--max_length", "64",
+    ], timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    warnings = [line for line in done.stderr.splitlines() if "never acknowledged" in line]
+    assert len(warnings) == 1 and address in warnings[0], done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_embedded_relay_that_cannot_start_is_one_clear_error(demo_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_trainer(TRAIN + [
+        "--model_name_or_path", str(demo_model), "--data_path", str(DEMO_DATA), "--dataset_text_field", "output",
+        "--output_dir", str(out), "--max_steps", "1", "--relay_start_timeout", "0.001",
+    ], timeout=180)
+    assert done.returncode == 1, done.stderr[-3000:]
+    errors = error_lines(done.stderr)
+    assert len(errors) == 1 and "embedded relay not ready after 0.001s" in errors[0], done.stderr[-3000:]
+    assert str(out / "relay.log") in errors[0]
+    assert "Loading weights" not in done.stderr
+
+
+@pytest.mark.slow
+def test_tracker_none_starts_nothing(demo_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_trainer(TRAIN + [
+        "--model_name_or_path", str(demo_model), "--data_path", str(DEMO_DATA), "--dataset_text_field", "output",
+        "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--tracker", "none",
+    ], timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (out / "training_logs.jsonl").exists() and not (out / "relay.log").exists()
+    assert "never sent" not in done.stderr

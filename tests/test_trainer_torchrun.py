@@ -1,0 +1,84 @@
+"""Real two-rank torchrun jobs (CPU, gloo) on the demo model, with real relay processes on loopback."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import free_port, read_jsonl
+from trainer_fixtures import assert_complete, demo_model, run_trainer, seed_flags, start_trainer, torchrun
+
+pytestmark = pytest.mark.slow
+__all__ = ["demo_model"]  # a fixture, used by name
+
+STEPS = 6
+
+
+def _orphans(marker: str) -> list[str]:
+    """Processes still running whose command line mentions ``marker`` (the test's own folder)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if marker in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def test_embedded_relay_records_every_rank(demo_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_trainer(torchrun(free_port()) + seed_flags(demo_model, out, steps=STEPS, eval_steps=3))
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = assert_complete(read_jsonl(out / "training_logs.jsonl"), world_size=2, steps=STEPS, eval_steps=3)
+    assert json.loads((out / "tracking_run.json").read_text())["run"] == run
+    assert not _orphans(str(out)), "the embedded relay outlived the job"
+
+    again = tmp_path / "again"
+    done = run_trainer(torchrun(free_port()) + seed_flags(demo_model, again, steps=2, eval_steps=None)
+                       + ["--tracker", "jsonl"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    other = {e["run"] for e in read_jsonl(again / "training_logs.jsonl")}
+    assert len(other) == 1 and run not in other, "two jobs must get two run ids"
+
+
+def test_external_relay_started_mid_run_loses_nothing(demo_model: Path, tmp_path: Path, relays) -> None:
+    """The relay is down when the job starts and comes up once rank 0 has logged a step."""
+    out = tmp_path / "out"
+    steps = 40
+    port = free_port()
+    relay = relays(["--sink", "jsonl", "--path", str(tmp_path / "relay.jsonl")],
+                   address=f"tcp://127.0.0.1:{port}", start=False)
+    job = start_trainer(torchrun(free_port()) + seed_flags(demo_model, out, steps=steps, eval_steps=None)
+                        + ["--relay_address", relay.address, "--run_name", "late-relay"],
+                        stderr_path=tmp_path / "job.err")
+    try:
+        for line in job.stdout:  # the Trainer prints each log dict on rank 0's stdout
+            if "'loss'" in line:
+                break
+        relay.start()
+        relay_up = time.time()
+        job.communicate(timeout=240)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    stderr = (tmp_path / "job.err").read_text()
+    assert job.returncode == 0, stderr[-3000:]
+    assert relay.stop() == 0
+    assert not (out / "training_logs.jsonl").exists(), "nothing is started beside the job with --relay_address"
+    events = read_jsonl(tmp_path / "relay.jsonl")
+    assert assert_complete(events, world_size=2, steps=steps, eval_steps=None) == "late-relay"
+    end = next(e for e in events if e["type"] == "lifecycle" and e["data"]["event"] == "train_end")
+    assert relay_up < end["ts"], "the relay came up only after training ended; the test proves less than it says"
+    assert "never acknowledged" not in stderr
+
+
+def test_external_relay_side_by_side(demo_model: Path, tmp_path: Path, relays) -> None:
+    out = tmp_path / "out"
+    relay = relays(["--sink", "jsonl", "--path", str(tmp_path / "relay.jsonl")])
+    done = run_trainer(torchrun(free_port()) + seed_flags(demo_model, out, steps=STEPS, eval_steps=3)
+                       + ["--relay_address", relay.address])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert relay.stop() == 0
+    assert_complete(read_jsonl(tmp_path / "relay.jsonl"), world_size=2, steps=STEPS, eval_steps=3)
