@@ -9,6 +9,7 @@ relay as ``stats`` events so the loss is visible in every sink.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import itertools
 import logging
@@ -111,6 +112,11 @@ class Publisher:
         })
         self._thread.start()
         self._ready.wait(5.0)
+        atexit.register(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        """A script that never called close() still gets a bounded last flush and a loss warning."""
+        self.close(timeout=float(os.environ.get("RELAY_EXIT_FLUSH_TIMEOUT", "5")))
 
     # -- caller side ---------------------------------------------------------------------------
 
@@ -152,6 +158,7 @@ class Publisher:
         """Flush, stop the background thread and release the socket; returns the unacked count."""
         if self._closed:
             return self.unacknowledged
+        atexit.unregister(self._close_at_exit)
         self.publish("stats", self._drop_report(), stage="client")  # the final word on losses
         left = self.flush(timeout)
         self._closed = True

@@ -242,3 +242,26 @@ def test_idle_run_is_forgotten_and_rebuilt_from_journal(relays, tmp_path, layout
     assert relay.stats(path)["duplicates"] == 6
     raw.close(0)
     ctx.term()
+
+
+EXIT_SCRIPT = """
+import sys
+from relay.client import Publisher
+pub = Publisher("exitrun", 0, address=sys.argv[1])
+for i in range(50):
+    pub.publish("metrics", {"i": i}, step=i, stage="train")
+"""
+
+
+def test_forgotten_close_still_flushes_at_exit_or_warns(relays, tmp_path):
+    journal = tmp_path / "exit.jsonl"
+    relay = relays(["--path", str(journal)])
+    done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, relay.address], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert relay.stop() == 0
+    assert [e["data"]["i"] for e in read_jsonl(journal) if e["type"] == "metrics"] == list(range(50))
+    env = dict(os.environ, RELAY_EXIT_FLUSH_TIMEOUT="0.5")
+    nobody = f"tcp://127.0.0.1:{free_port()}"
+    done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, nobody], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0
+    assert "52 events of run exitrun rank 0 were never acknowledged" in done.stderr
