@@ -80,7 +80,7 @@ class Relay:
         self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.MAXMSGSIZE, schema.MAX_TRANSPORT_BYTES)
-        sock.setsockopt(zmq.RCVHWM, 10_000)
+        sock.setsockopt(zmq.RCVHWM, 1000)  # per peer: bounds what ZeroMQ buffers for us
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.LINGER, 1000)
         if self.config.curve_cert is not None:
@@ -195,7 +195,7 @@ class Relay:
             for event in events:
                 key = (event["run"], event["rank"])
                 if key != last_key:  # a frame normally holds one rank's events: look it up once
-                    state = self.dedupe.ranks.get(key) or self._new_rank(*key)
+                    state = self.dedupe.ranks.get(key) or self.dedupe.lookup(key[0], key[1], self.journal)
                     acks_due.add(key)
                     routes[key] = peer
                     last_seen[key[0]] = now
@@ -206,18 +206,6 @@ class Relay:
                         self._client_drops(key, state, event["data"])
                 else:
                     counters.duplicates += 1
-
-    def _new_rank(self, run: str, rank: int) -> RankState:
-        """First event of a (run, rank) since start: learn what the journal already holds."""
-        if run not in self.dedupe.last_seen:
-            recovered = 0
-            for seen_rank, seq in self.journal.seen(run):
-                state = self.dedupe.state(run, seen_rank) or self.dedupe.add_state(run, seen_rank)
-                state.take(seq)
-                recovered += 1
-            if recovered:
-                log.info("run %s: %d events already in the journal will not be written again", run, recovered)
-        return self.dedupe.state(run, rank) or self.dedupe.add_state(run, rank)
 
     def _forget_idle(self, before: float) -> None:
         """Drop per-run state of runs silent since ``before``; the journal can rebuild it."""

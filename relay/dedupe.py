@@ -8,6 +8,10 @@ whatever a client does.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sinks.base import Sink
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +77,21 @@ class Dedupe:
         state = self.ranks[(run, rank)] = RankState()
         self.last_seen.setdefault(run, 0.0)
         return state
+
+    def lookup(self, run: str, rank: int, journal: "Sink") -> RankState:
+        """The state of (run, rank), learning first what ``journal`` already holds of a run this
+        process has not met, so events written before a crash or restart are not taken twice."""
+        state = self.ranks.get((run, rank))
+        if state is not None:
+            return state
+        if run not in self.last_seen:
+            recovered = 0
+            for seen_rank, seq in journal.seen(run):
+                (self.ranks.get((run, seen_rank)) or self.add_state(run, seen_rank)).take(seq)
+                recovered += 1
+            if recovered:
+                log.info("run %s: %d events already in %s will not be written again", run, recovered, journal.name)
+        return self.ranks.get((run, rank)) or self.add_state(run, rank)
 
     def idle_runs(self, before: float) -> list[str]:
         return [run for run, seen in self.last_seen.items() if seen < before]

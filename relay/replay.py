@@ -9,6 +9,7 @@ from typing import Iterable
 
 from relay.schema import from_json_metrics
 from sinks.base import Sink, SinkContext
+from relay.dedupe import Dedupe
 from sinks.jsonl import journal_files, read_events
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
     context = SinkContext(journal=files[0] if len(files) == 1 else None)
     for sink in sinks:
         sink.open(context)
+    targets = [_Target(sink) for sink in sinks]
     try:
         for path in files:
             result.files += 1
@@ -46,11 +48,11 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
                     event["data"] = from_json_metrics(event["data"])
                 batch.append(event)
                 if len(batch) >= BATCH:
-                    _write(sinks, batch)
+                    _write(targets, batch)
                     result.events += len(batch)
                     batch = []
             if batch:
-                _write(sinks, batch)
+                _write(targets, batch)
                 result.events += len(batch)
             if bad:
                 log.warning("%s: skipped %d unreadable lines (first at line %d)", path, len(bad), bad[0])
@@ -63,6 +65,26 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
     return result
 
 
-def _write(sinks: list[Sink], batch: list[dict]) -> None:
-    for sink in sinks:
-        sink.write(batch)
+class _Target:
+    """One sink being replayed into; a durable sink (a JSONL journal) is fed only what it lacks."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.dedupe = Dedupe() if sink.durable else None
+
+    def write(self, batch: list[dict]) -> None:
+        if self.dedupe is None:
+            self.sink.write(batch)
+            return
+        fresh = [e for e in batch if self._take(e)]
+        if fresh:
+            self.sink.write(fresh)
+
+    def _take(self, event: dict) -> bool:
+        assert self.dedupe is not None
+        return self.dedupe.lookup(event.get("run"), event.get("rank"), self.sink).take(event.get("seq", -1))
+
+
+def _write(targets: list[_Target], batch: list[dict]) -> None:
+    for target in targets:
+        target.write(batch)

@@ -265,3 +265,18 @@ def test_forgotten_close_still_flushes_at_exit_or_warns(relays, tmp_path):
     done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, nobody], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0
     assert "52 events of run exitrun rank 0 were never acknowledged" in done.stderr
+
+
+def test_replay_into_a_journal_is_idempotent(relays, tmp_path):
+    source = tmp_path / "src.jsonl"
+    relay = relays(["--path", str(source)])
+    finish(start_publisher(relay.address, "rp", 0, 300))
+    finish(start_publisher(relay.address, "rp", 1, 300))
+    assert relay.stop() == 0
+    target = tmp_path / "copy"
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-m", "relay", "replay", str(source), "--sink", "jsonl",
+                               "--path", f"{target}/"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "replayed 604 events from 1 files" in done.stderr
+    assert sorted(map(json.dumps, read_jsonl(target / "rp.jsonl"))) == sorted(map(json.dumps, read_jsonl(source)))
