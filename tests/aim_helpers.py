@@ -1,0 +1,109 @@
+"""Shared helpers for the Aim sink tests: build envelope events and read an Aim repo back through
+Aim's own API (no private state of the sink)."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from relay.schema import SCHEMA_VERSION
+
+
+class Events:
+    """Events of one training run, with per-rank seqs numbered as the publisher does."""
+
+    def __init__(self, run: str, world_size: int = 2, host: str = "node0") -> None:
+        self.run = run
+        self.world_size = world_size
+        self.host = host
+        self.seqs: dict[int, int] = {}
+
+    def __call__(self, rank: int, type_: str, data: dict[str, Any], *, step: int | None = None,
+                 epoch: float | None = None, stage: str | None = None) -> dict[str, Any]:
+        seq = self.seqs.get(rank, 0)
+        self.seqs[rank] = seq + 1
+        return {"v": SCHEMA_VERSION, "run": self.run, "rank": rank, "local_rank": rank,
+                "world_size": self.world_size, "host": self.host, "seq": seq, "ts": time.time(),
+                "type": type_, "step": step, "epoch": epoch, "stage": stage, "data": data}
+
+
+def training_events(run: str, output_dir: str | None = None, steps: int = 6, experiment: str | None = None,
+                    end: bool = True) -> list[dict[str, Any]]:
+    """What the trainer's callback publishes for a small two-rank run, in a plausible order."""
+    ev = Events(run)
+    out = [ev(0, "hello", {"pid": 100}), ev(1, "hello", {"pid": 101})]
+    out.append(ev(0, "lifecycle", {"event": "train_begin", "max_steps": steps}, step=0, epoch=0.0))
+    hparams: dict[str, Any] = {"learning_rate": 2e-5, "max_grad_norm": math.inf, "seed": 42}
+    if output_dir is not None:
+        hparams["output_dir"] = output_dir
+    out.append(ev(0, "params", hparams, stage="hparams"))
+    out.append(ev(0, "params", {"model_type": "llama", "hidden_size": 64}, stage="model"))
+    out.append(ev(0, "params", {"dataset": "v3", "owner": "team-a"}, stage="experiment_metadata"))
+    if experiment is not None:
+        out.append(ev(0, "params", {"experiment": experiment}, stage="run"))
+    out.append(ev(0, "metrics", {"model_load_time": 3.25}, stage="additional_metrics"))
+    for step in range(1, steps + 1):
+        epoch = step / steps
+        loss = math.nan if step == 3 else 2.0 / step
+        out.append(ev(0, "metrics", {"loss": loss, "grad_norm": 1.5, "learning_rate": 1e-5 * step},
+                      step=step, epoch=epoch, stage="train"))
+        for rank in (0, 1):
+            out.append(ev(rank, "metrics", {"step_time": 0.1 * (rank + 1) + step / 1000, "steps": 1},
+                          step=step, epoch=epoch, stage="rank"))
+        if step % 3 == 0:
+            out.append(ev(0, "metrics", {"loss": 1.0 / step, "runtime": 0.5}, step=step, epoch=epoch, stage="eval"))
+            out.append(ev(0, "lifecycle", {"event": "checkpoint", "path": f"ckpt-{step}"}, step=step, epoch=epoch))
+    out.append(ev(0, "metrics", {"train_loss": 0.9, "train_runtime": 12.0, "total_flos": 1e9},
+                  step=steps, epoch=1.0, stage="train"))
+    if end:
+        out.append(ev(0, "lifecycle", {"event": "train_end", "status": "completed"}, step=steps, epoch=1.0))
+    out.append(ev(0, "stats", {"dropped": 0, "published": ev.seqs[0] + 1}, stage="client"))
+    out.append(ev(1, "stats", {"dropped": 0, "published": ev.seqs[1] + 1}, stage="client"))
+    return out
+
+
+@dataclass
+class AimRunView:
+    """An Aim run as a plain value: params, experiment, and every metric as {step: value}."""
+
+    hash: str
+    name: str
+    experiment: str
+    active: bool
+    params: dict[str, Any]
+    metrics: dict[tuple[str, tuple], dict[int, float]] = field(default_factory=dict)
+    timestamps: dict[tuple[str, tuple], list[float]] = field(default_factory=dict)
+
+    def series(self, name: str, **context: Any) -> dict[int, float]:
+        return self.metrics[(name, tuple(sorted(context.items())))]
+
+
+def read_repo(path: str) -> dict[str, AimRunView]:
+    """Every run of the repo at ``path``, by its relay run id, read the way the issue asks:
+    ``Repo.list_all_runs()`` and ``Run(hash, read_only=True)``."""
+    from aim import Repo, Run
+
+    # Aim caches the directory listing for 0.5 s per repo path; a test reads right after writing.
+    Repo._all_run_hashes.cache_clear()
+    repo = Repo(path)
+    runs: dict[str, AimRunView] = {}
+    for run_hash in repo.list_all_runs():
+        run = Run(run_hash, repo=repo, read_only=True)
+        params = run.get(..., {}) or {}
+        view = AimRunView(run_hash, run.name, run.experiment, run.active, params)
+        for name, context, _ in run.iter_metrics_info():
+            metric = run.get_metric(name, context)
+            steps, (values, _epochs, times) = metric.data.items_list()
+            key = (name, tuple(sorted(context.to_dict().items())))
+            assert len(set(steps)) == len(steps), f"{key}: repeated steps {steps}"
+            view.metrics[key] = dict(zip(steps, values))
+            view.timestamps[key] = list(times)
+        run_id = params.get("relay", {}).get("run_id", run_hash)
+        assert run_id not in runs, f"two Aim runs for run id {run_id}"
+        runs[run_id] = view
+    return runs
+
+
+def same_float(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b

@@ -1,0 +1,273 @@
+"""The Aim sink called directly with constructed events, against real Aim repositories."""
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aim")
+
+from sinks.aim import AimSink, SeqSpans, _trainer_groups  # noqa: E402
+from sinks.base import SinkContext, SinkError  # noqa: E402
+from sinks.jsonl import encode_line  # noqa: E402
+from tests.aim_helpers import Events, read_repo, same_float, training_events  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_sink(repo: Path, batches: list[list[dict]], journal: Path | None = None, **options) -> AimSink:
+    sink = AimSink(repo=str(repo), **options)
+    sink.open(SinkContext(journal=journal))
+    try:
+        for batch in batches:
+            sink.write(batch)
+        sink.flush()
+    finally:
+        sink.close()
+    return sink
+
+
+def write_journal(path: Path, events: list[dict]) -> None:
+    with open(path, "ab") as fh:
+        fh.write(b"".join(encode_line(e) for e in events))
+
+
+def check_training_run(view, steps: int = 6) -> None:
+    """The content every test expects from training_events(): one place, so replay compares alike."""
+    loss = view.series("loss")
+    assert sorted(loss) == list(range(1, steps + 1))
+    assert math.isnan(loss[3]) and loss[2] == 1.0
+    assert view.series("loss", subset="eval") == {s: 1 / s for s in range(3, steps + 1, 3)}
+    assert view.series("loss", subset="train") == {steps: 0.9}
+    assert view.series("runtime", subset="train") == {steps: 12.0}
+    assert view.series("total_flos") == {steps: 1e9}
+    assert sorted(view.series("epoch")) == list(range(1, steps + 1))
+    for rank in (0, 1):
+        step_time = view.series("step_time", rank=rank)
+        assert sorted(step_time) == list(range(1, steps + 1))
+        assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
+    assert list(view.series("model_load_time", subset="additional_metrics", rank=0).values()) == [3.25]
+    assert view.params["hparams"]["learning_rate"] == 2e-5
+    assert view.params["hparams"]["max_grad_norm"] == "Infinity"  # as the JSONL journal keeps it
+    assert view.params["model"] == {"model_type": "llama", "hidden_size": 64}
+    assert view.params["experiment_metadata"] == {"dataset": "v3", "owner": "team-a"}
+    assert set(view.params["relay"]["ranks"]) == {"0", "1"}
+    assert {k: c["path"] for k, c in view.params["relay"]["checkpoints"].items()} == {
+        str(s): f"ckpt-{s}" for s in range(3, steps + 1, 3)}
+
+
+def test_mapping_of_a_two_rank_run(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    events = training_events("job-1", output_dir=str(out), experiment="sft-demo")
+    sink = run_sink(tmp_path / "aim", [events[:9], events[9:]])
+    runs = read_repo(str(tmp_path / "aim"))
+    assert list(runs) == ["job-1"]
+    view = runs["job-1"]
+    check_training_run(view)
+    assert view.experiment == "sft-demo" and view.name == "job-1"
+    assert not view.active  # closed on train_end
+    assert view.series("relay_dropped", rank=1) and view.series("relay_published", rank=0)
+    export = json.loads((out / "aim_tracker.json").read_text())
+    assert export["run_hash"] == view.hash and export["run_id"] == "job-1"
+    assert sink.counters["runs_created"] == 1 and sink.counters["skipped_values"] == 0
+
+
+def test_points_keep_the_event_time(tmp_path: Path) -> None:
+    events = training_events("job-ts")
+    for i, event in enumerate(events):
+        event["ts"] = 1_700_000_000.0 + i
+    run_sink(tmp_path / "aim", [events])
+    view = read_repo(str(tmp_path / "aim"))["job-ts"]
+    assert all(1_700_000_000 <= t < 1_700_000_100 for t in view.timestamps[("loss", ())])
+
+
+def test_trainer_metrics_are_taken_once_per_step_from_rank_0(tmp_path: Path) -> None:
+    ev = Events("job-dup")
+    batch = [ev(rank, "metrics", {"loss": 1.0 + rank}, step=1, stage="train") for rank in (0, 1)]
+    sink = run_sink(tmp_path / "aim", [batch])
+    assert read_repo(str(tmp_path / "aim"))["job-dup"].series("loss") == {1: 1.0}
+    assert sink.counters["nonzero_rank_trainer_metrics"] == 1
+
+
+def test_names_and_contexts_match_aims_callback() -> None:
+    # Raw Trainer logs (as Aim's AimCallback sees them) and logs the trainer already split.
+    raw = _trainer_groups("train", {"eval_loss": 1, "eval_runtime": 2, "loss": 3, "train_loss": 4})
+    assert raw[(("subset", "eval"),)] == ({"subset": "eval"}, {"loss": 1, "runtime": 2})
+    assert raw[()] == ({}, {"loss": 3})
+    assert raw[(("subset", "train"),)][1] == {"loss": 4}
+    several = _trainer_groups("eval", {"ds1_loss": 1, "ds1_runtime": 2})
+    assert several == {(("sub_dataset", "ds1"), ("subset", "eval")):
+                       ({"subset": "eval", "sub_dataset": "ds1"}, {"loss": 1, "runtime": 2})}
+    assert _trainer_groups("eval", {"loss": 1, "aux_loss": 2})[(("subset", "eval"),)][1] == {"loss": 1, "aux_loss": 2}
+
+
+def test_replaying_twice_adds_nothing(tmp_path: Path) -> None:
+    events = training_events("job-2", output_dir=str(tmp_path / "job"))
+    run_sink(tmp_path / "aim", [events])
+    first = read_repo(str(tmp_path / "aim"))["job-2"]
+    again = run_sink(tmp_path / "aim", [events[:20], events[20:]])
+    assert again.counters["events"] == 0 and again.counters["duplicates"] == len(events)
+    second = read_repo(str(tmp_path / "aim"))
+    assert list(second) == ["job-2"]
+    assert second["job-2"].hash == first.hash
+    assert second["job-2"].metrics.keys() == first.metrics.keys()
+    for key, series in first.metrics.items():
+        assert all(same_float(series[s], second["job-2"].metrics[key][s]) for s in series)
+        assert second["job-2"].metrics[key].keys() == series.keys()
+
+
+def test_custom_metrics_without_step_are_not_doubled_by_a_retry(tmp_path: Path) -> None:
+    ev = Events("job-auto", world_size=1)
+    batch = [ev(0, "metrics", {"tokens_seen": float(i)}, stage="additional_metrics") for i in range(3)]
+    run_sink(tmp_path / "aim", [batch, batch, batch[1:]])
+    view = read_repo(str(tmp_path / "aim"))["job-auto"]
+    assert view.series("tokens_seen", subset="additional_metrics", rank=0) == {0: 0.0, 1: 1.0, 2: 2.0}
+
+
+def test_two_runs_at_once_stay_apart(tmp_path: Path) -> None:
+    a = training_events("job-a", experiment="exp-a")
+    b = training_events("job-b", experiment="exp-b", steps=4)
+    mixed = [e for pair in zip(a, b) for e in pair] + a[len(b):]
+    run_sink(tmp_path / "aim", [mixed[i:i + 7] for i in range(0, len(mixed), 7)])
+    runs = read_repo(str(tmp_path / "aim"))
+    assert sorted(runs) == ["job-a", "job-b"]
+    check_training_run(runs["job-a"])
+    check_training_run(runs["job-b"], steps=4)
+    assert (runs["job-a"].experiment, runs["job-b"].experiment) == ("exp-a", "exp-b")
+
+
+def test_experiment_option_applies_to_runs_that_name_none(tmp_path: Path) -> None:
+    run_sink(tmp_path / "aim", [training_events("job-e")], experiment="from-option")
+    assert read_repo(str(tmp_path / "aim"))["job-e"].experiment == "from-option"
+
+
+def test_gaps_are_filled_from_the_journal(tmp_path: Path) -> None:
+    """Batches the relay dropped for this sink (queue overflow during an outage) are still in the
+    journal; the sink notices the hole in the seqs and reads them back at the next flush."""
+    journal = tmp_path / "logs"
+    journal.mkdir()
+    events = training_events("job-gap", output_dir=str(tmp_path / "job"))
+    write_journal(journal / "job-gap.jsonl", events)
+    delivered = events[:10] + events[25:]  # events 10..24 never reached the sink
+    sink = run_sink(tmp_path / "aim", [delivered], journal=journal)
+    assert sink.counters["swept_events"] == 15 and sink.counters["sweeps"] == 1
+    check_training_run(read_repo(str(tmp_path / "aim"))["job-gap"])
+
+
+def test_export_goes_next_to_the_journal_without_output_dir(tmp_path: Path) -> None:
+    journal = tmp_path / "logs"
+    journal.mkdir()
+    run_sink(tmp_path / "aim", [training_events("job-x")], journal=journal)
+    export = json.loads((journal / "job-x.aim_tracker.json").read_text())
+    assert export["run_hash"] == read_repo(str(tmp_path / "aim"))["job-x"].hash
+    single = tmp_path / "one" / "training_logs.jsonl"
+    single.parent.mkdir()
+    single.touch()
+    run_sink(tmp_path / "aim2", [training_events("job-y")], journal=single)
+    assert json.loads((single.parent / "aim_tracker.json").read_text())["run_id"] == "job-y"
+
+
+def test_a_restarted_relay_resumes_the_same_aim_run(tmp_path: Path) -> None:
+    events = training_events("job-r", end=False)
+    run_sink(tmp_path / "aim", [events[:15]])
+    more = run_sink(tmp_path / "aim", [events[10:]])
+    assert more.counters["runs_opened"] == 1 and more.counters["duplicates"] == 5
+    runs = read_repo(str(tmp_path / "aim"))
+    assert list(runs) == ["job-r"]
+    check_training_run(runs["job-r"])
+
+
+def test_seq_spans() -> None:
+    spans = SeqSpans()
+    assert spans.add(0) is False and spans.add(1) is False
+    assert spans.add(5) is True  # a hole: 2..4
+    assert spans.spans == [[0, 2], [5, 6]] and spans.holes
+    for seq in (3, 2, 4):
+        assert spans.add(seq) is False
+    assert spans.spans == [[0, 6]] and not spans.holes
+    assert 5 in spans and 6 not in spans and -1 not in spans
+    late = SeqSpans()
+    assert late.add(7) is True and late.holes
+
+
+def test_config_errors_say_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(SinkError, match="--repo"):
+        AimSink()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(SinkError, match="not usable"):
+        AimSink(repo=str(blocker / "aim")).open(SinkContext())
+    with pytest.raises(SinkError, match="aim://HOST:PORT"):
+        AimSink(repo="aim://nohost").open(SinkContext())
+
+
+def test_missing_aim_says_how_to_install(tmp_path: Path) -> None:
+    # A real interpreter in which `import aim` fails, as on a relay installed without the extra.
+    code = ("import sys; sys.modules['aim'] = None\n"
+            "from sinks.aim import AimSink\nfrom sinks.base import SinkContext, SinkError\n"
+            f"try:\n    AimSink(repo={str(tmp_path)!r}).open(SinkContext())\n"
+            "except SinkError as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert "pip install 'metrics-relay[aim]'" in out.stdout, out.stderr
+
+
+def test_works_without_pkg_resources(tmp_path: Path) -> None:
+    """setuptools >= 81 ships no pkg_resources, which Aim's default run setup imports."""
+    probe = subprocess.run([sys.executable, "-c", "import pkg_resources"], capture_output=True, timeout=60)
+    if probe.returncode == 0:
+        pytest.skip("this environment still has pkg_resources")
+    run_sink(tmp_path / "aim", [training_events("job-p")])
+    assert "job-p" in read_repo(str(tmp_path / "aim"))
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    """A real 24 MiB filesystem for the repo, to fill up mid-run (needs mount rights)."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield mnt
+    finally:
+        gc.collect()  # Aim handles dropped after the failure close their files before the unmount
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_mid_run_then_recovery(small_fs: Path, tmp_path: Path) -> None:
+    """The repo becomes unwritable (no space left) mid-run: writes fail and are retried like the
+    relay does, and once space is back the Aim run is complete, with nothing doubled."""
+    repo = small_fs / "aim"
+    events = training_events("job-full", steps=40)
+    sink = AimSink(repo=str(repo))
+    sink.open(SinkContext())
+    sink.write(events[:30])
+    filler = small_fs / "filler"
+    with open(filler, "wb") as fh:  # fill the filesystem
+        try:
+            while True:
+                fh.write(b"\0" * (1 << 20))
+                fh.flush()
+        except OSError:
+            pass
+    failures = 0
+    for _ in range(3):
+        try:
+            sink.write(events[30:])
+            break
+        except Exception:
+            failures += 1
+    assert failures == 3
+    filler.unlink()
+    sink.write(events[30:])  # the relay's retry, once the repo is writable again
+    sink.flush()
+    sink.close()
+    del sink  # with it the handles dropped after the failure, before the filesystem goes
+    check_training_run(read_repo(str(repo))["job-full"], steps=40)
