@@ -6,6 +6,10 @@ assigns per-(run, rank) sequence numbers, encodes and sends small batches, keeps
 until the relay acknowledges it (cumulatively), resends after a reconnect or when acks stall,
 and drops the oldest events, counted, when the bounds are reached. Drop counts travel to the
 relay as ``stats`` events so the loss is visible in every sink.
+
+That thread and its ZeroMQ context are shared by every Publisher of the process (``_Hub``): a
+rank has one, but a process simulating hundreds of ranks (or publishing several runs) then pays
+for one thread waking every ``send_interval``, not hundreds.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import collections
 import itertools
 import logging
 import os
+import select
 import socket
 import sys
 import threading
@@ -37,6 +42,98 @@ MAX_BATCH_BYTES = 256 << 10
 def resolve_address(address: str | None = None) -> str:
     """Argument first, then $RELAY_ADDRESS (torchrun workers inherit it), then the default."""
     return address or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+
+
+class _Hub:
+    """The process's one publisher I/O thread and ZeroMQ context, started with the first
+    Publisher and ended with the last, so a process hosting many Publishers stays cheap."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._adds: list[Publisher] = []
+        self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = self._pipe()
+
+    @staticmethod
+    def _pipe() -> tuple[int, int]:
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        return r, w
+
+    def register(self, pub: "Publisher") -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the parent's thread does not exist here
+                self._pid, self._adds, self._thread = os.getpid(), [], None
+                self._wake_r, self._wake_w = self._pipe()
+            self._adds.append(pub)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="relay-publisher", daemon=True)
+                self._thread.start()
+        self.wake()
+
+    def wake(self) -> None:
+        """Have the thread look at new, stopping or flushing Publishers now, not at its next tick."""
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # a wake-up is already pending
+
+    def _serve(self) -> None:
+        ctx = zmq.Context()
+        ctx.set(zmq.MAX_SOCKETS, 1 << 16)  # three sockets per Publisher
+        poller = zmq.Poller()
+        members: list[Publisher] = []
+        owner: dict[zmq.Socket, Publisher] = {}
+        next_tick = 0.0
+        try:
+            while True:
+                with self._lock:
+                    adds, self._adds = self._adds, []
+                    if not adds and not members:
+                        self._thread = None
+                        return
+                for pub in adds:
+                    if pub._open(ctx):
+                        members.append(pub)
+                        for s in (pub._sock, pub._monitor):
+                            owner[s] = pub
+                            poller.register(s, zmq.POLLIN)
+                interval = min(p._interval for p in members) if members else 0.0
+                # Sleep on the wake-up pipe only, then look at every socket once: polling them all
+                # whenever an ack arrives would cost O(Publishers) per ack.
+                wait = next_tick - time.monotonic()
+                if wait > 0 and select.select([self._wake_r], [], [], wait)[0]:
+                    self._drain()
+                for s, _ in poller.poll(0):
+                    owner[s]._readable(s)
+                stopping = [p for p in members if p._stop.is_set()]
+                for pub in stopping:
+                    for s in (pub._sock, pub._monitor):
+                        poller.unregister(s)
+                        del owner[s]
+                    members.remove(pub)
+                    pub._shut()
+                now = time.monotonic()
+                if now >= next_tick:
+                    for pub in members:
+                        pub._tick(now)
+                    next_tick = now + interval
+        finally:
+            for pub in members:
+                pub._shut()
+            ctx.term()
+
+    def _drain(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+
+_HUB = _Hub()
 
 
 class Publisher:
@@ -103,14 +200,20 @@ class Publisher:
         self._last_report = 0.0
         self._protocol_errors = 0
 
+        # Owned by the hub thread once registered:
+        self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._backoff = resend_after
+        self._last_progress = time.monotonic()
+
         self._stop = threading.Event()
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"relay-publisher-{rank}", daemon=True)
+        self._done = threading.Event()
         self.publish("hello", {
             "pid": os.getpid(), "address": self.address, "python": sys.version.split()[0],
             "pyzmq": zmq.__version__, "max_events": max_events,
         })
-        self._thread.start()
+        _HUB.register(self)
         self._ready.wait(5.0)
         atexit.register(self._close_at_exit)
 
@@ -150,7 +253,7 @@ class Publisher:
         self._flush_requested = True
         while True:
             left = self.unacknowledged
-            if left == 0 or time.monotonic() >= deadline or not self._thread.is_alive():
+            if left == 0 or time.monotonic() >= deadline or self._done.is_set():
                 return left
             time.sleep(min(self._interval, 0.005))
 
@@ -163,7 +266,8 @@ class Publisher:
         left = self.flush(timeout)
         self._closed = True
         self._stop.set()
-        self._thread.join(max(timeout, 1.0))
+        _HUB.wake()
+        self._done.wait(max(timeout, 1.0))
         if left:
             log.warning("relay %s: %d events of run %s rank %d were never acknowledged",
                         self.address, left, self.run, self.rank)
@@ -199,8 +303,8 @@ class Publisher:
 
     # -- background thread ---------------------------------------------------------------------
 
-    def _run(self) -> None:
-        ctx = zmq.Context()
+    def _open(self, ctx: zmq.Context) -> bool:
+        """Hub thread: create and connect the socket; False (and closed) if that is impossible."""
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 1000)
@@ -211,9 +315,6 @@ class Publisher:
         # a reconnect everything unacknowledged goes out again from the oldest, in order.
         sock.setsockopt(zmq.IMMEDIATE, 1)
         monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
         try:
             if self._curve_server_key:
                 curve.secure_client(sock, self._curve_server_key, self._curve_client_cert)
@@ -221,42 +322,49 @@ class Publisher:
         except (zmq.ZMQError, ValueError) as exc:
             log.error("cannot connect to relay %s: %s; events will be counted as dropped", self.address, exc)
             self._closed = True
-            self._ready.set()
-            sock.close(0)
-            monitor.close(0)
-            ctx.term()
-            return
-        self._ready.set()
-        backoff = self._resend_after
-        last_progress = time.monotonic()
-        try:
-            while True:
-                stopping = self._stop.is_set()
-                for s, _ in poller.poll(0 if stopping else self._interval * 1000):
-                    if s is sock:
-                        if self._read_acks(sock):
-                            last_progress = time.monotonic()
-                            backoff = self._resend_after
-                    elif self._read_monitor(monitor):
-                        self._rewind("connection changed")
-                if stopping:
-                    break
-                self._take_pending()
-                self._report_drops()
-                now = time.monotonic()
-                if self._flush_requested:  # someone is waiting: retry soon, not after a long backoff
-                    self._flush_requested = False
-                    backoff = min(backoff, self._resend_after)
-                if now - last_progress > backoff and self._unacked and self._next_send > self._unacked[0][0]:
-                    self._rewind("no acknowledgement for %.1f s" % backoff)
-                    last_progress = now
-                    backoff = min(backoff * 2, 30.0)
-                self._send(sock)
-        finally:
             sock.disable_monitor()
             monitor.close(0)
             sock.close(0)
-            ctx.term()
+            self._ready.set()
+            self._done.set()
+            return False
+        self._sock, self._monitor = sock, monitor
+        self._last_progress = time.monotonic()
+        self._ready.set()
+        return True
+
+    def _readable(self, which: zmq.Socket) -> None:
+        """Hub thread: the socket has acks, or the monitor saw the connection change."""
+        if which is self._sock:
+            if self._read_acks(which):
+                self._last_progress = time.monotonic()
+                self._backoff = self._resend_after
+        elif self._read_monitor(which):
+            self._rewind("connection changed")
+
+    def _tick(self, now: float) -> None:
+        """Hub thread, every ``send_interval``: encode what was published, resend if stalled, send."""
+        self._take_pending()
+        self._report_drops()
+        if self._flush_requested:  # someone is waiting: retry soon, not after a long backoff
+            self._flush_requested = False
+            self._backoff = min(self._backoff, self._resend_after)
+        if now - self._last_progress > self._backoff and self._unacked and self._next_send > self._unacked[0][0]:
+            self._rewind("no acknowledgement for %.1f s" % self._backoff)
+            self._last_progress = now
+            self._backoff = min(self._backoff * 2, 30.0)
+        assert self._sock is not None
+        self._send(self._sock)
+
+    def _shut(self) -> None:
+        """Hub thread: read the last acks, release the sockets, let close() return."""
+        if self._sock is not None:
+            self._readable(self._sock)
+            self._sock.disable_monitor()
+            self._monitor.close(0)
+            self._sock.close(0)
+            self._sock = self._monitor = None
+        self._done.set()
 
     def _read_acks(self, sock: zmq.Socket) -> bool:
         progressed = False
