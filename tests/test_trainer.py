@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from aim_helpers import read_repo
 from conftest import free_port, read_jsonl
 from trainer_fixtures import DEMO_DATA, ROOT, demo_model, error_lines, run_trainer, trainer_env
 
@@ -130,6 +131,20 @@ def test_demo_builds_and_trains_offline(tmp_path: Path) -> None:
     losses = [e["data"]["loss"] for e in events if e["stage"] == "train" and "loss" in e["data"]]
     assert len(losses) == 6 and all(loss > 0 for loss in losses)
     assert [e["data"]["event"] for e in events if e["type"] == "lifecycle"] == ["train_begin", "train_end"]
+
+
+@pytest.mark.slow
+def test_tracker_aim_adds_the_aim_sink(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_trainer(TRAIN + ["--demo", "--output_dir", str(out), "--max_steps", "4", "--logging_steps", "1",
+                                "--tracker", "aim", "--experiment", "sft-demo-test"], timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_id = json.loads((out / "tracking_run.json").read_text())["run"]
+    runs = read_repo(str(out / "aim"))
+    assert list(runs) == [run_id]
+    assert runs[run_id].experiment == "sft-demo-test"
+    assert sorted(runs[run_id].series("loss")) == [1, 2, 3, 4]
+    assert len(read_jsonl(out / "training_logs.jsonl")) > 0, "the JSONL journal stays on beside Aim"
 
 
 @pytest.mark.slow

@@ -65,13 +65,18 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
             except RelayStartError as exc:
                 error = str(exc)
         elif "aim" in plan.trackers:
-            log.warning("--tracker aim is ignored with --relay_address: the sinks of the relay at %s apply",
-                        address)
+            log.warning("--tracker aim does not add a sink with --relay_address: the relay at %s writes to the "
+                        "sinks it was started with (relay --sink aim ...)", address)
     run_id, address, error = agree((run_id, address, error))
     if error:
         raise RelayStartError(error)
     tracking.start(run_id, rank=rank, local_rank=local_rank, world_size=world_size, address=address)
     if rank == 0:
+        run_params = {"run_id": run_id, "output_dir": output_dir, "world_size": world_size,
+                      "relay_address": address, "trackers": plan.trackers, "embedded_relay": relay is not None}
+        if plan.tracking.experiment:
+            run_params["experiment"] = plan.tracking.experiment  # sinks that group runs (Aim) use it
+        tracking.set_params(run_params, name="run")
         if plan.exp_metadata is not None:
             tracking.set_params(plan.exp_metadata, name="experiment_metadata")
         os.makedirs(output_dir, exist_ok=True)

@@ -1,0 +1,115 @@
+"""Training overhead: the demo fine-tune with the embedded relay on against --tracker none.
+
+Both contenders are the real command (``python -m trainer --demo``) with ``--logging_steps 1``,
+run alternately in one invocation so machine drift hits both alike. The main figure is the
+Trainer's own ``train_runtime`` (the training loop, callback included); the whole process's wall
+time, which also pays for starting and stopping the relay, is reported beside it.
+
+On a shared machine the spread of whole jobs is wider than the effect, so the cost the callback
+adds to each step is also timed directly: its hooks for one logged step, driving the real
+callback and a real publisher connected to a real relay, against the demo's median step time.
+
+    python -m bench.bench_training [--steps 60] [--rounds 5] [--quick] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from bench.common import ROOT, RelayRun, Sample, alternate, machine, table
+
+
+def _run(steps: int, tracker: str, workdir: Path, wall: Sample) -> float:
+    """One demo job; returns its train_runtime and appends the process wall time to ``wall``."""
+    out = workdir / f"{tracker}-{time.monotonic_ns()}"
+    cmd = [sys.executable, "-m", "trainer", "--demo", "--output_dir", str(out), "--max_steps", str(steps),
+           "--logging_steps", "1", "--tracker", tracker, "--disable_tqdm", "True"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("RELAY_ADDRESS", None)
+    started = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    wall.values.append(time.perf_counter() - started)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    for line in done.stdout.splitlines():
+        if "'train_runtime'" in line:
+            return float(ast.literal_eval(line.strip())["train_runtime"])
+    raise RuntimeError(f"no train_runtime in the output of {' '.join(cmd)}")
+
+
+def hook_cost(steps: int, workdir: Path) -> Sample:
+    """Wall time of the callback's hooks for one logged step (step begin, step end, on_log)."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from relay.client import Publisher
+    from trainer.callback import RelayCallback
+
+    relay = RelayRun(workdir / "hooks", ["--path", str(workdir / "hooks" / "journal.jsonl")])
+    pub = Publisher("bench-hooks", 0, address=relay.address)
+    try:
+        callback = RelayCallback(pub)
+        args = TrainingArguments(output_dir=str(workdir / "hooks"), use_cpu=True, report_to="none")
+        state, control = TrainerState(max_steps=steps, is_world_process_zero=True), TrainerControl()
+        callback.on_train_begin(args, state, control)
+        logs = {"loss": 2.5, "grad_norm": 0.4, "learning_rate": 1e-3, "entropy": 6.2,
+                "mean_token_accuracy": 0.1, "num_tokens": 1000.0, "epoch": 0.1}
+        sample = Sample("callback hooks per logged step", "s")
+        for _ in range(steps):
+            started = time.perf_counter()
+            callback.on_step_begin(args, state, control)
+            state.global_step += 1
+            control.should_log = True
+            callback.on_step_end(args, state, control)
+            callback.on_log(args, state, control, logs=dict(logs))
+            sample.values.append(time.perf_counter() - started)
+        if pub.close(30) != 0:
+            raise RuntimeError("the relay did not acknowledge every benchmark event")
+    finally:
+        relay.stop()
+    return sample
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Alternate relay-on and tracking-off demo jobs; print medians, spread and the ratio."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60, help="training steps per job")
+    parser.add_argument("--rounds", type=int, default=5, help="jobs per contender")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 20 steps (a smoke test)")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    steps, rounds = (20, 2) if args.quick else (args.steps, args.rounds)
+    walls = {name: Sample(f"{name} (process wall)", "s") for name in ("tracking off", "relay on")}
+    with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
+        work = Path(tmp)
+        contenders: dict[str, Callable[[], float]] = {
+            "tracking off": lambda: _run(steps, "none", work, walls["tracking off"]),
+            "relay on": lambda: _run(steps, "jsonl", work, walls["relay on"]),
+        }
+        samples = alternate(contenders, rounds, "s")
+        hooks = hook_cost(steps * 10, work)
+    off, on = samples["tracking off"], samples["relay on"]
+    paired = Sample("relay on / tracking off, same round", "x",
+                    [b / a for a, b in zip(off.values, on.values)])
+    rows = [off.row(), on.row(off), walls["tracking off"].row(), walls["relay on"].row(walls["tracking off"])]
+    print(table(rows, f"Training overhead: demo fine-tune, {steps} steps, --logging_steps 1, train_runtime"))
+    step_time = off.median / steps
+    print(f"\noverhead of the relay on train_runtime: {(on.median / off.median - 1) * 100:+.1f}% "
+          f"(median of same-round ratios {paired.median:.3f}, range {paired.spread[0]:.3f}..{paired.spread[1]:.3f})")
+    print(f"callback hooks per logged step: median {hooks.median * 1e6:.1f} us, max {hooks.spread[1] * 1e6:.1f} us "
+          f"= {hooks.median / step_time * 100:.3f}% of the demo's median step ({step_time * 1e3:.1f} ms)")
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine(), "steps": steps, "rows": rows,
+                                         "paired": paired.row(), "hooks": hooks.row()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
