@@ -2,12 +2,14 @@
 
 ``track`` and ``set_params`` import nothing heavy, so scripts can call them before torch loads.
 """
+from typing import Any
+
 from trainer.tracking import set_params, track
 
 __all__ = ["set_params", "track", "train"]
 
 
-def __getattr__(name: str):  # train pulls in torch/transformers; load it only when asked for
+def __getattr__(name: str) -> Any:  # train pulls in torch/transformers; load it only when asked for
     if name == "train":
         from trainer.sft import train
 

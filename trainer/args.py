@@ -25,6 +25,7 @@ RENAMED_FLAGS = {
     "--warmup_ratio": "--warmup_steps",  # transformers 5: warmup_steps < 1 is a ratio
     "--max_seq_length": "--max_length",  # trl 1.x name
 }
+RENAMED_FLAGS.update({old.replace("_", "-"): new for old, new in RENAMED_FLAGS.items()})
 
 DEMO_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "demo_instructions.jsonl")
 DEMO_RESPONSE_TEMPLATE = "\n### Response:"
@@ -168,14 +169,29 @@ def rewrite_argv(argv: list[str]) -> list[str]:
         i += 1
     if trackers:
         out += ["--tracker", ",".join(trackers)]
-    if has_flag(out, "--demo"):
+    if demo_requested(out):
         out = DEMO_DEFAULTS + out
     return out
 
 
-def has_flag(argv: list[str], flag: str) -> bool:
-    """Whether ``flag`` is on the command line, as ``--flag`` or ``--flag=value``."""
-    return any(a == flag or a.startswith(flag + "=") for a in argv)
+def demo_requested(argv: list[str]) -> bool:
+    """``--demo``, ``--demo True`` or ``--demo=yes``; the last occurrence wins, as in argparse."""
+    wanted = False
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name != "--demo":
+            continue
+        if not eq:
+            following = argv[i + 1] if i + 1 < len(argv) else ""
+            value = "" if following.startswith("--") else following
+        wanted = value.lower() not in ("false", "f", "no", "n", "0")
+    return wanted
+
+
+def _has_flag(argv: list[str], flag: str) -> bool:
+    """Whether ``flag`` (or its dashed spelling) is on the command line, bare or as ``--flag=value``."""
+    names = {flag, "--" + flag[2:].replace("_", "-")}
+    return any(a.partition("=")[0] in names for a in argv)
 
 
 def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, TrackingArguments, "SFTConfig"]:
@@ -190,7 +206,7 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Tracking
     # trl's SFTConfig still sets the old name by default, so transformers warns on every run.
     warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
     argv = rewrite_argv(argv)
-    if not has_flag(argv, "--use_cpu"):
+    if not _has_flag(argv, "--use_cpu"):
         import torch
 
         if not torch.accelerator.is_available():

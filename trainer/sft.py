@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from trainer import tracking
 from trainer.args import (
     DEMO_DATA, DEMO_RESPONSE_TEMPLATE, DataArguments, ModelArguments, RunPlan, TrackingArguments, UsageError,
-    has_flag, parse_args, validate,
+    demo_requested, parse_args, validate,
 )
 from trainer.embedded import JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id
 
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command line entry point; returns the exit status (2: bad usage or input)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     _configure_logging()
-    if has_flag(argv, "--demo"):
+    if demo_requested(argv):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         model_args, data_args, tracking_args, training_args = parse_args(argv)
