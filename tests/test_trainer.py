@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import psutil
 import pytest
 from aim_helpers import read_repo
 from conftest import free_port, read_jsonl
-from trainer_fixtures import DEMO_DATA, ROOT, demo_model, error_lines, run_trainer, trainer_env
+from trainer_fixtures import DEMO_DATA, ROOT, demo_model, error_lines, run_trainer, start_trainer, trainer_env
 
 from trainer import set_params, track
 from trainer.callback import split_logs
@@ -153,7 +155,7 @@ def test_train_from_python_writes_training_logs(demo_model: Path, tmp_path: Path
         from trl import SFTConfig
         from trainer import train
         from trainer.args import DataArguments, ModelArguments
-        train(ModelArguments(model_name_or_path={str(demo_model)!r}, use_peft=True),
+        train(ModelArguments(model_name_or_path={str(demo_model)!r}, use_peft=True, target_modules=["all-linear"]),
               DataArguments(data_path={str(DEMO_DATA)!r}, response_template="\\n### Response:"),
               SFTConfig(output_dir={str(tmp_path / "out")!r}, max_steps=3, logging_steps=1, use_cpu=True,
                         bf16=False, dataset_text_field="output", max_length=64, save_strategy="no",
@@ -165,6 +167,9 @@ def test_train_from_python_writes_training_logs(demo_model: Path, tmp_path: Path
     events = read_jsonl(tmp_path / "out" / "training_logs.jsonl")
     assert [e["step"] for e in events if e["stage"] == "train" and "loss" in e["data"]] == [1, 2, 3]
     assert any("model_load_time" in e["data"] for e in events)
+    peft = next(e["data"]["default"] for e in events if e["stage"] == "peft")
+    adapted = {name.rsplit(".", 1)[-1] for name in peft["target_modules"]}
+    assert {"q_proj", "v_proj", "down_proj"} <= adapted, "all-linear reaches every linear layer"
 
 
 @pytest.mark.slow
@@ -192,6 +197,32 @@ def test_embedded_relay_that_cannot_start_is_one_clear_error(demo_model: Path, t
     assert len(errors) == 1 and "embedded relay not ready after 0.001s" in errors[0], done.stderr[-3000:]
     assert str(out / "relay.log") in errors[0]
     assert "Loading weights" not in done.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_mid_run_reports_the_end_and_stops_the_relay(demo_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    job = start_trainer(TRAIN + [
+        "--model_name_or_path", str(demo_model), "--data_path", str(DEMO_DATA), "--dataset_text_field", "output",
+        "--output_dir", str(out), "--max_steps", "100000", "--logging_steps", "1", "--save_strategy", "no",
+    ], stderr_path=tmp_path / "job.err")
+    try:
+        for line in job.stdout:
+            if "'loss'" in line:
+                break
+        job.send_signal(signal.SIGTERM)
+        job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 128 + signal.SIGTERM, (tmp_path / "job.err").read_text()[-3000:]
+    events = read_jsonl(out / "training_logs.jsonl")
+    ends = [e["data"] for e in events if e["type"] == "lifecycle" and e["data"]["event"] == "train_end"]
+    assert len(ends) == 1 and ends[0]["status"] == "failed" and "Terminated" in ends[0]["error"]
+    assert any(e["type"] == "stats" for e in events), "the publisher was closed, not abandoned"
+    relay_pid = json.loads((out / "tracking_run.json").read_text())["relay_pid"]
+    assert not psutil.pid_exists(relay_pid), "the embedded relay outlived the job"
 
 
 @pytest.mark.slow

@@ -24,9 +24,10 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def trainer_env(**extra: str) -> dict[str, str]:
-    """No network, no stray relay address, one thread per rank (two cores)."""
+    """No network, no stray relay address, one thread per rank (two cores), stdout line by line."""
     env = {k: v for k, v in os.environ.items() if k not in ("RELAY_ADDRESS", "TORCHELASTIC_RUN_ID")}
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
 

@@ -6,6 +6,7 @@ seconds rather than a model load; every failure is a :class:`UsageError` with on
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import warnings
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     import datasets
     from trl import SFTConfig
+
+log = logging.getLogger(__name__)
 
 TRACKERS = ("jsonl", "aim", "none")
 ADDRESS_RE = re.compile(r"(tcp://[^\s]+:\d+|ipc://[^\s]+)\Z")
@@ -286,6 +289,8 @@ def validate(
     tracking = tracking or TrackingArguments()
     trackers = parse_trackers(tracking.tracker)
     exp_metadata = load_exp_metadata(tracking.exp_metadata)
+    if tracking.aim_repo and "aim" not in trackers:
+        log.warning("--aim_repo %s is unused without --tracker aim", tracking.aim_repo)
     if tracking.relay_address is not None and not ADDRESS_RE.match(tracking.relay_address):
         raise UsageError(f"--relay_address: {tracking.relay_address!r} is not tcp://HOST:PORT or ipc://PATH")
     for name in ("relay_flush_timeout", "relay_start_timeout"):

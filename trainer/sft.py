@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -82,7 +83,8 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
         os.makedirs(output_dir, exist_ok=True)
         with open(os.path.join(output_dir, RUN_FILE_NAME), "w", encoding="utf-8") as fh:
             json.dump({"run": run_id, "address": address, "world_size": world_size,
-                       "jsonl": os.path.join(output_dir, JSONL_NAME) if relay else None}, fh)
+                       "jsonl": os.path.join(output_dir, JSONL_NAME) if relay else None,
+                       "relay_pid": relay.proc.pid if relay else None}, fh)
         log.info("tracking run %s through the relay at %s", run_id, address)
     return relay
 
@@ -135,9 +137,10 @@ def train(
         tokenizer, model = _load(plan, rank)
         peft_config = None
         if model_args.use_peft:
+            targets = model_args.target_modules
             peft_config = LoraConfig(
                 r=model_args.lora_r, lora_alpha=model_args.lora_alpha, lora_dropout=model_args.lora_dropout,
-                target_modules=model_args.target_modules, task_type="CAUSAL_LM",
+                target_modules="all-linear" if targets == ["all-linear"] else targets, task_type="CAUSAL_LM",
             )
         callbacks = []
         if plan.tracking_on:
@@ -157,12 +160,14 @@ def train(
                                       "error": f"{type(exc).__name__}: {exc}"[:2000]})
         raise
     finally:
-        if tracking.publisher() is not None:
-            tracking.stop(CLOSE_TIMEOUT)
-        if completed:
-            barrier()  # every rank has flushed before the relay goes away
-        if relay is not None:
-            relay.stop()
+        try:
+            if tracking.publisher() is not None:
+                tracking.stop(CLOSE_TIMEOUT)
+            if completed:
+                barrier()  # every rank has flushed before the relay goes away
+        finally:
+            if relay is not None:
+                relay.stop()
 
 
 def _configure_logging() -> None:
@@ -173,10 +178,21 @@ def _configure_logging() -> None:
     )
 
 
+class Terminated(SystemExit):
+    """SIGTERM as an exception, so a stopped job still reports its end and flushes its events."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command line entry point; returns the exit status (2: bad usage or input)."""
+    """Command line entry point; returns the exit status (2: bad usage or input, 143: SIGTERM)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     _configure_logging()
+    # torchrun stops the surviving ranks with SIGTERM when one fails; unwinding (instead of dying
+    # on the spot) lets train() publish the failure, flush, and stop the embedded relay.
+    signal.signal(signal.SIGTERM, _raise_terminated)
     if demo_requested(argv):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
