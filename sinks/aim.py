@@ -11,8 +11,11 @@ JSONL journal:
 * **Self-healing.** A gap in a rank's sequence means events did not reach this sink (its queue
   overflowed during an Aim outage, or they are still on their way); at the next flush the sink
   reads the journal from where it last looked and applies whatever it is missing.
-* **Failure-safe.** Any Aim error drops the open run handles and re-raises: the relay retries the
-  batch with backoff, the run is reopened and its applied spans reloaded, nothing is doubled.
+* **Failure-safe.** On any Aim error the applied spans fall back to what Aim last stored and the
+  error goes to the relay, which retries the batch with backoff; points already written are
+  written again with the same step, value and time, so nothing is doubled. Local run handles
+  are kept (Aim's RocksDB resumes by itself once the disk is writable again); with a remote
+  server the client and its handles are replaced, since a restarted server forgets them.
 
 Aim is imported only when the sink opens, so the relay works without the ``[aim]`` extra.
 """
@@ -23,6 +26,7 @@ import json
 import logging
 import math
 import os
+import threading
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -46,6 +50,8 @@ STATE_KEY = "metrics_relay_applied"
 #: Stages whose metrics the Trainer already reduced across ranks: taken from rank 0 only.
 TRAINER_STAGES = frozenset({"train", "eval", "test"})
 _SUBSET_PREFIXES = ("train_", "eval_", "test_")
+#: Seconds the relay's shutdown waits for an ``aim://`` server to take the last writes.
+REMOTE_CLOSE_TIMEOUT = 10.0
 
 
 class SeqSpans:
@@ -100,8 +106,11 @@ class _RunState:
     run_id: str
     handle: Any = None  # aim.Run while open
     applied: dict[int, SeqSpans] = field(default_factory=dict)
+    saved: dict[int, list[list[int]]] = field(default_factory=dict)  # spans as last stored in Aim
     loaded: bool = False  # applied spans read from the Aim run
-    dirty: bool = False  # applied spans changed since persisted
+    dirty: bool = False  # applied spans changed since saved
+    unclosable: bool = False  # close failed: keep the (still writable) handle, never close again
+    take_over: bool = False  # its remote handle was abandoned: take the run's lock over on reopen
     experiment: str | None = None
     output_dir: str | None = None
     export_due: bool = False
@@ -197,9 +206,27 @@ class AimSink(Sink):
             log.info("aim sink writing to %s", self.repo_spec)
 
     def close(self) -> None:
-        """Persist progress and close every open Aim run (errors are counted, never fatal)."""
-        for state in self._runs.values():
-            if state.handle is not None:
+        """Persist progress and close every open Aim run (errors are counted, never fatal).
+
+        Aim's remote client waits without limit for an unreachable server before a run closes,
+        so with ``aim://`` the closing gets ``REMOTE_CLOSE_TIMEOUT`` seconds, then is given up.
+        """
+        if not self.remote:
+            self._close_runs()
+        else:
+            closer = threading.Thread(target=self._close_runs, name="aim-sink-close", daemon=True)
+            closer.start()
+            closer.join(REMOTE_CLOSE_TIMEOUT)
+            if closer.is_alive():
+                self.counters["close_timeouts"] += 1
+                log.error("aim server %s unreachable: runs not closed after %.0f s; everything is in the "
+                          "journal, rebuild them with `relay replay JOURNAL --sink aim --repo %s` once it is back",
+                          self.repo_spec, REMOTE_CLOSE_TIMEOUT, self.repo_spec)
+        log.info("aim sink closed: %s", dict(sorted(self.counters.items())))
+
+    def _close_runs(self) -> None:
+        for state in list(self._runs.values()):
+            if state.handle is not None and not state.unclosable:
                 try:
                     self._persist(state)
                 except Exception as exc:  # the journal still holds it: a replay restores it
@@ -207,12 +234,11 @@ class AimSink(Sink):
                     log.error("aim sink: could not save progress of run %s: %s: %s",
                               state.run_id, type(exc).__name__, exc)
                 self._close_handle(state)
-        log.info("aim sink closed: %s", dict(sorted(self.counters.items())))
 
     # -- writing --------------------------------------------------------------------------------
 
     def write(self, events: Sequence[dict[str, Any]]) -> None:
-        """Apply a batch; on any Aim error drop the handles of the runs involved and re-raise."""
+        """Apply a batch; on any Aim error roll back to what Aim stored and re-raise (retried)."""
         touched: dict[str, _RunState] = {}
         try:
             self._ensure_repo()
@@ -222,7 +248,7 @@ class AimSink(Sink):
                 self._apply(state, event)
             self._finish(touched.values())
         except Exception:
-            self._reset(touched.values())
+            self._rollback(touched.values())
             raise
 
     def flush(self) -> None:
@@ -243,12 +269,12 @@ class AimSink(Sink):
                 state.needs_sweep = False
             self._finish(touched.values())
         except Exception:
-            self._reset(touched.values())
+            self._rollback(touched.values())
             raise
 
     def _ensure_repo(self) -> None:
         if self._repo is None:  # a remote server that was down at open
-            self._repo = _import_aim().from_path(self.repo_spec)
+            self._repo = _import_aim()(self.repo_spec)  # not from_path: that pools the old client
             log.info("aim sink connected to %s", self.repo_spec)
 
     def _finish(self, states: Any) -> None:
@@ -259,15 +285,18 @@ class AimSink(Sink):
             if state.ended:
                 self._close_handle(state)
 
-    def _reset(self, states: Any) -> None:
-        """After a failure nothing in memory is trusted: reopen and reload on the next try."""
+    def _rollback(self, states: Any) -> None:
+        """After a failure, trust only what Aim stored: the retry re-applies the rest."""
         for state in states:
-            self._close_handle(state)
-            state.applied.clear()
-            state.loaded = False
+            state.applied = {rank: SeqSpans(spans) for rank, spans in state.saved.items()}
             state.dirty = False
         if self.remote:
-            self._repo = None  # a restarted server needs a fresh client
+            # A restarted server no longer knows this client or its run handles, and Aim's client
+            # only reconnects its write queue: start over with a new client and take the runs over.
+            self._repo = None
+            for state in self._runs.values():
+                if state.handle is not None:
+                    state.handle, state.take_over = None, True
 
     # -- runs -----------------------------------------------------------------------------------
 
@@ -296,7 +325,8 @@ class AimSink(Sink):
             log.info("aim run %s created for run %s", run.hash, state.run_id)
         else:
             self._forget_listing()  # Aim refuses to resume a run missing from its listing
-            run = Run(run_hash, repo=self._repo, force_resume=self._own_stale_lock(run_hash), **quiet)
+            run = Run(run_hash, repo=self._repo, force_resume=state.take_over, **quiet)
+            state.take_over = False
             if state.experiment:
                 run.experiment = state.experiment
             self.counters["runs_opened"] += 1
@@ -305,7 +335,8 @@ class AimSink(Sink):
         if not state.loaded:
             saved = run.meta_run_tree.get(STATE_KEY, None)
             spans = orjson.loads(saved) if saved else {}
-            state.applied = {int(rank): SeqSpans(s) for rank, s in spans.items()}
+            state.saved = {int(rank): s for rank, s in spans.items()}
+            state.applied = {rank: SeqSpans(s) for rank, s in state.saved.items()}
             state.loaded = True
             state.dirty = False
 
@@ -355,37 +386,31 @@ class AimSink(Sink):
             log.warning("aim run %s not indexed yet (%s: %s); `aim up` indexes it", run_hash,
                         type(exc).__name__, exc)
 
-    def _own_stale_lock(self, run_hash: str) -> bool:
-        """True when this process itself still holds the run's lock (a handle dropped after an
-        error could not release it); any other holder keeps it and the open fails and retries."""
-        if self.remote:
-            return False
-        lock = Path(self._repo.path) / "locks" / f"{run_hash}.softlock"
-        try:
-            machine, pid, *_ = lock.read_text().split("-")
-        except (OSError, ValueError):
-            return False
-        return machine == str(uuid.getnode()) and pid == str(os.getpid())
-
     def _close_handle(self, state: _RunState) -> None:
-        run, state.handle = state.handle, None
-        if run is None:
+        """Close and index the run. Aim cannot retry a failed close, but the handle stays
+        writable, so it is kept (the run then shows as active until ``aim runs close``)."""
+        run = state.handle
+        if run is None or state.unclosable:
             return
         try:
             run.close()
-            self.counters["runs_closed"] += 1
-        except Exception as exc:  # the repo may be what failed; the lock is taken over on reopen
+        except Exception as exc:  # counted; later events of the run still go through this handle
+            state.unclosable = True
             self.counters["close_errors"] += 1
-            log.warning("aim run %s of run %s did not close cleanly: %s: %s",
-                        run.hash, state.run_id, type(exc).__name__, exc)
+            log.warning("aim run %s of run %s could not be closed (%s: %s); it stays marked active "
+                        "until `aim runs close --force %s`", run.hash, state.run_id, type(exc).__name__, exc,
+                        run.hash)
             return
+        state.handle = None
+        self.counters["runs_closed"] += 1
         if not self.remote:
             self._index(run.hash)
 
     def _persist(self, state: _RunState) -> None:
         if state.dirty and state.handle is not None:
-            spans = {str(rank): s.spans for rank, s in state.applied.items()}
-            state.handle.meta_run_tree[STATE_KEY] = orjson.dumps(spans).decode()
+            spans = {rank: [list(span) for span in s.spans] for rank, s in state.applied.items()}
+            state.handle.meta_run_tree[STATE_KEY] = orjson.dumps(spans, option=orjson.OPT_NON_STR_KEYS).decode()
+            state.saved = spans
             state.dirty = False
 
     # -- events ---------------------------------------------------------------------------------

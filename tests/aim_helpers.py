@@ -2,10 +2,17 @@
 Aim's own API (no private state of the sink)."""
 from __future__ import annotations
 
+import gc
 import math
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from relay.schema import SCHEMA_VERSION
 
@@ -107,3 +114,77 @@ def read_repo(path: str) -> dict[str, AimRunView]:
 
 def same_float(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def check_training_run(view, steps: int = 6) -> None:
+    """The content every test expects from training_events(): one place, so replay compares alike."""
+    loss = view.series("loss")
+    assert sorted(loss) == list(range(1, steps + 1))
+    assert math.isnan(loss[3]) and loss[2] == 1.0
+    assert view.series("loss", subset="eval") == {s: 1 / s for s in range(3, steps + 1, 3)}
+    assert view.series("loss", subset="train") == {steps: 0.9}
+    assert view.series("runtime", subset="train") == {steps: 12.0}
+    assert view.series("total_flos") == {steps: 1e9}
+    assert sorted(view.series("epoch")) == list(range(1, steps + 1))
+    for rank in (0, 1):
+        step_time = view.series("step_time", rank=rank)
+        assert sorted(step_time) == list(range(1, steps + 1))
+        assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
+    assert list(view.series("model_load_time", subset="additional_metrics", rank=0).values()) == [3.25]
+    assert view.params["hparams"]["learning_rate"] == 2e-5
+    assert view.params["hparams"]["max_grad_norm"] == "Infinity"  # as the JSONL journal keeps it
+    assert view.params["model"] == {"model_type": "llama", "hidden_size": 64}
+    assert view.params["experiment_metadata"] == {"dataset": "v3", "owner": "team-a"}
+    assert set(view.params["relay"]["ranks"]) == {"0", "1"}
+    assert {k: c["path"] for k, c in view.params["relay"]["checkpoints"].items()} == {
+        str(s): f"ckpt-{s}" for s in range(3, steps + 1, 3)}
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    """A real 24 MiB filesystem for the Aim repo, to fill up mid-run (needs mount rights)."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield mnt
+    finally:
+        gc.collect()  # Aim handles dropped after a failure close their files before the unmount
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(path: Path) -> None:
+    with open(path, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * (1 << 20))
+                fh.flush()
+        except OSError:
+            pass
+
+
+def publish_rank(address: str, run: str, rank: int, steps: int, experiment: str | None,
+                 output_dir: str | None, pause: float) -> dict[str, Any]:
+    """Stand-in for one training rank: publish its share of training_events() through a real
+    Publisher, ``pause`` seconds apart per step, then flush."""
+    from relay.client import Publisher
+
+    pub = Publisher(run, rank, world_size=2, address=address)
+    for event in training_events(run, output_dir, steps, experiment):
+        if event["rank"] != rank or event["type"] in ("hello", "stats"):  # the Publisher sends those
+            continue
+        pub.publish(event["type"], event["data"], step=event["step"], epoch=event["epoch"], stage=event["stage"])
+        if event["stage"] == "rank" and pause:
+            time.sleep(pause)
+    left = pub.close(60.0)
+    return {**pub.stats, "left": left}
+
+
+if __name__ == "__main__":
+    # python tests/aim_helpers.py ADDRESS RUN RANK STEPS EXPERIMENT|- OUTPUT_DIR|- PAUSE
+    addr, run_id, rank_s, steps_s, exp, out_dir, pause_s = sys.argv[1:8]
+    result = publish_rank(addr, run_id, int(rank_s), int(steps_s), None if exp == "-" else exp,
+                          None if out_dir == "-" else out_dir, float(pause_s))
+    print(__import__("json").dumps(result))

@@ -1,10 +1,7 @@
 """The Aim sink called directly with constructed events, against real Aim repositories."""
 from __future__ import annotations
 
-import gc
 import json
-import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +13,8 @@ pytest.importorskip("aim")
 from sinks.aim import AimSink, SeqSpans, _trainer_groups  # noqa: E402
 from sinks.base import SinkContext, SinkError  # noqa: E402
 from sinks.jsonl import encode_line  # noqa: E402
-from tests.aim_helpers import Events, read_repo, same_float, training_events  # noqa: E402
+from tests.aim_helpers import (Events, check_training_run, fill, read_repo, same_float, small_fs,  # noqa: E402,F401
+                               training_events)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,30 +34,6 @@ def run_sink(repo: Path, batches: list[list[dict]], journal: Path | None = None,
 def write_journal(path: Path, events: list[dict]) -> None:
     with open(path, "ab") as fh:
         fh.write(b"".join(encode_line(e) for e in events))
-
-
-def check_training_run(view, steps: int = 6) -> None:
-    """The content every test expects from training_events(): one place, so replay compares alike."""
-    loss = view.series("loss")
-    assert sorted(loss) == list(range(1, steps + 1))
-    assert math.isnan(loss[3]) and loss[2] == 1.0
-    assert view.series("loss", subset="eval") == {s: 1 / s for s in range(3, steps + 1, 3)}
-    assert view.series("loss", subset="train") == {steps: 0.9}
-    assert view.series("runtime", subset="train") == {steps: 12.0}
-    assert view.series("total_flos") == {steps: 1e9}
-    assert sorted(view.series("epoch")) == list(range(1, steps + 1))
-    for rank in (0, 1):
-        step_time = view.series("step_time", rank=rank)
-        assert sorted(step_time) == list(range(1, steps + 1))
-        assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
-    assert list(view.series("model_load_time", subset="additional_metrics", rank=0).values()) == [3.25]
-    assert view.params["hparams"]["learning_rate"] == 2e-5
-    assert view.params["hparams"]["max_grad_norm"] == "Infinity"  # as the JSONL journal keeps it
-    assert view.params["model"] == {"model_type": "llama", "hidden_size": 64}
-    assert view.params["experiment_metadata"] == {"dataset": "v3", "owner": "team-a"}
-    assert set(view.params["relay"]["ranks"]) == {"0", "1"}
-    assert {k: c["path"] for k, c in view.params["relay"]["checkpoints"].items()} == {
-        str(s): f"ckpt-{s}" for s in range(3, steps + 1, 3)}
 
 
 def test_mapping_of_a_two_rank_run(tmp_path: Path) -> None:
@@ -226,21 +200,6 @@ def test_works_without_pkg_resources(tmp_path: Path) -> None:
     assert "job-p" in read_repo(str(tmp_path / "aim"))
 
 
-@pytest.fixture
-def small_fs(tmp_path: Path):
-    """A real 24 MiB filesystem for the repo, to fill up mid-run (needs mount rights)."""
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here (needs root)")
-    try:
-        yield mnt
-    finally:
-        gc.collect()  # Aim handles dropped after the failure close their files before the unmount
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def test_full_disk_mid_run_then_recovery(small_fs: Path, tmp_path: Path) -> None:
     """The repo becomes unwritable (no space left) mid-run: writes fail and are retried like the
     relay does, and once space is back the Aim run is complete, with nothing doubled."""
@@ -250,13 +209,7 @@ def test_full_disk_mid_run_then_recovery(small_fs: Path, tmp_path: Path) -> None
     sink.open(SinkContext())
     sink.write(events[:30])
     filler = small_fs / "filler"
-    with open(filler, "wb") as fh:  # fill the filesystem
-        try:
-            while True:
-                fh.write(b"\0" * (1 << 20))
-                fh.flush()
-        except OSError:
-            pass
+    fill(filler)
     failures = 0
     for _ in range(3):
         try:

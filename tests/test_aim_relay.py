@@ -1,0 +1,190 @@
+"""The Aim sink behind a real relay process, fed by real publisher processes (one per rank)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aim")
+
+from tests.aim_helpers import check_training_run, fill, read_repo, same_float, small_fs  # noqa: E402,F401
+from tests.conftest import free_port  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
+
+
+def publish(address: str, run: str, rank: int, steps: int, experiment: str | None = None,
+            output_dir: Path | None = None, pause: float = 0.0) -> subprocess.Popen:
+    cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), experiment or "-",
+           str(output_dir) if output_dir else "-", str(pause)]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 120) -> None:
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err[-2000:]
+        assert json.loads(out.strip().splitlines()[-1])["left"] == 0
+
+
+def journal_lines(path: Path) -> int:
+    return sum(1 for line in path.read_bytes().splitlines() if line.strip()) if path.exists() else 0
+
+
+def replay(journal: Path, repo: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "relay", "replay", str(journal), "--sink", "aim", "--repo", str(repo)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def assert_same_content(a, b) -> None:
+    assert a.metrics.keys() == b.metrics.keys()
+    for key, series in a.metrics.items():
+        assert series.keys() == b.metrics[key].keys(), key
+        assert all(same_float(series[s], b.metrics[key][s]) for s in series), key
+    assert {k: v for k, v in a.params.items() if k != "relay"} == {k: v for k, v in b.params.items() if k != "relay"}
+    assert a.experiment == b.experiment
+
+
+def test_two_ranks_through_the_relay_then_replay(relays, tmp_path: Path) -> None:
+    repo, journal, job = tmp_path / "aim", tmp_path / "logs", tmp_path / "job"
+    relay = relays(["--sink", "jsonl", "--path", f"{journal}/", "--sink", "aim", "--repo", str(repo)])
+    finish([publish(relay.address, "job-live", rank, 8, "sft-demo", job) for rank in (0, 1)])
+    assert relay.stop() == 0
+    runs = read_repo(str(repo))
+    assert list(runs) == ["job-live"]
+    live = runs["job-live"]
+    check_training_run(live, steps=8)
+    assert live.experiment == "sft-demo" and not live.active
+    assert json.loads((job / "aim_tracker.json").read_text())["run_hash"] == live.hash
+
+    # Rebuild from the journal into a fresh repo: the same content; a second replay adds nothing.
+    fresh = tmp_path / "rebuilt"
+    for attempt in range(2):
+        done = replay(journal / "job-live.jsonl", fresh)
+        assert done.returncode == 0, done.stderr[-2000:]
+        rebuilt = read_repo(str(fresh))
+        assert list(rebuilt) == ["job-live"]
+        assert_same_content(live, rebuilt["job-live"])
+        if attempt == 0:
+            first_hash = rebuilt["job-live"].hash
+    assert rebuilt["job-live"].hash == first_hash
+
+
+def test_two_training_runs_at_once_through_one_relay(relays, tmp_path: Path) -> None:
+    repo = tmp_path / "aim"
+    relay = relays(["--sink", "jsonl", "--path", f"{tmp_path / 'logs'}/", "--sink", "aim", "--repo", str(repo)])
+    procs = [publish(relay.address, run, rank, steps, f"exp-{run}")
+             for run, steps in (("job-a", 6), ("job-b", 9)) for rank in (0, 1)]
+    finish(procs)
+    assert relay.stop() == 0
+    runs = read_repo(str(repo))
+    assert sorted(runs) == ["job-a", "job-b"]
+    check_training_run(runs["job-a"], steps=6)
+    check_training_run(runs["job-b"], steps=9)
+    assert (runs["job-a"].experiment, runs["job-b"].experiment) == ("exp-job-a", "exp-job-b")
+
+
+def test_repo_unwritable_mid_run(relays, small_fs: Path, tmp_path: Path) -> None:
+    """Root ignores permissions, so the real fault here is a full filesystem under the repo:
+    ingest and the journal go on, and once there is space again the Aim run is complete."""
+    repo, journal = small_fs / "aim", tmp_path / "logs"
+    relay = relays(["--sink", "jsonl", "--path", f"{journal}/", "--sink", "aim", "--repo", str(repo)])
+    procs = [publish(relay.address, "job-full", rank, 300, pause=0.02) for rank in (0, 1)]
+    time.sleep(2.0)
+    fill(small_fs / "filler")
+    before = journal_lines(journal / "job-full.jsonl")
+    time.sleep(2.0)
+    assert journal_lines(journal / "job-full.jsonl") > before  # the journal did not wait for Aim
+    (small_fs / "filler").unlink()
+    finish(procs)
+    assert relay.stop() == 0
+    log = relay.log.read_text()
+    assert "sink aim failed" in log, log[-3000:]
+    check_training_run(read_repo(str(repo))["job-full"], steps=300)
+
+
+@pytest.fixture
+def aim_server(tmp_path: Path):
+    """A real `aim server` on loopback, started by the test when it wants it up."""
+    aim = shutil.which("aim", path=str(Path(sys.executable).parent)) or shutil.which("aim")
+    repo, port = tmp_path / "served", free_port()
+    repo.mkdir()
+    subprocess.run([aim, "init"], cwd=repo, check=True, capture_output=True, timeout=60)
+
+    class Server:
+        proc: subprocess.Popen | None = None
+        url = f"aim://127.0.0.1:{port}"
+        path = repo
+
+        def start(self) -> None:
+            # `aim server` execs uvicorn as a child: its own session lets stop() end both.
+            self.proc = subprocess.Popen([aim, "server", "--repo", str(repo), "--host", "127.0.0.1", "--port", str(port)],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            deadline = time.monotonic() + 60
+            while not listening(port):
+                assert self.proc.poll() is None and time.monotonic() < deadline, "aim server did not start"
+                time.sleep(0.2)
+
+        def stop(self) -> None:
+            if self.proc is None or self.proc.returncode is not None:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(20)
+            deadline = time.monotonic() + 20
+            while listening(port):
+                assert time.monotonic() < deadline, "aim server still listening"
+                time.sleep(0.1)
+
+    server = Server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def index_like_aim_up(path: Path) -> None:
+    """`aim up` indexes the runs a remote server wrote; the test does the same before reading."""
+    from aim import Repo
+    from aim.sdk.index_manager import RepoIndexManager
+
+    repo = Repo(str(path))
+    for run_hash in repo.list_all_runs():
+        RepoIndexManager.get_index_manager(repo).index(run_hash)
+
+
+def test_remote_aim_server_down_at_start_then_up(relays, aim_server, tmp_path: Path) -> None:
+    """`--repo aim://HOST:PORT` while the server is still down: the relay starts anyway, training
+    goes on, the Aim sink retries, and once the server is up the Aim run is complete."""
+    relay = relays(["--sink", "jsonl", "--path", f"{tmp_path / 'logs'}/", "--sink", "aim", "--repo", aim_server.url])
+    procs = [publish(relay.address, "job-remote", rank, 40, "remote-exp", pause=0.05) for rank in (0, 1)]
+    time.sleep(2.0)
+    aim_server.start()
+    finish(procs)
+    assert relay.stop() == 0
+    log = relay.log.read_text()
+    assert "not reachable yet" in log and "sink aim failed" in log, log[-3000:]
+    aim_server.stop()
+    index_like_aim_up(aim_server.path)
+    runs = read_repo(str(aim_server.path))
+    assert list(runs) == ["job-remote"]
+    check_training_run(runs["job-remote"], steps=40)
+    assert runs["job-remote"].experiment == "remote-exp"
