@@ -86,7 +86,8 @@ class _Hub:
         poller = zmq.Poller()
         members: list[Publisher] = []
         owner: dict[zmq.Socket, Publisher] = {}
-        next_tick = 0.0
+        next_tick = interval = 0.0
+        woken = True
         try:
             while True:
                 with self._lock:
@@ -100,15 +101,18 @@ class _Hub:
                         for s in (pub._sock, pub._monitor):
                             owner[s] = pub
                             poller.register(s, zmq.POLLIN)
-                interval = min(p._interval for p in members) if members else 0.0
+                if adds:
+                    interval = min(p._interval for p in members) if members else 0.0
                 # Sleep on the wake-up pipe only, then look at every socket once: polling them all
                 # whenever an ack arrives would cost O(Publishers) per ack.
-                wait = next_tick - time.monotonic()
-                if wait > 0 and select.select([self._wake_r], [], [], wait)[0]:
+                wait = max(0.0, next_tick - time.monotonic())
+                if select.select([self._wake_r], [], [], wait)[0]:
                     self._drain()
+                    woken = True
                 for s, _ in poller.poll(0):
                     owner[s]._readable(s)
-                stopping = [p for p in members if p._stop.is_set()]
+                stopping = [p for p in members if p._stop.is_set()] if woken else []  # close() wakes us
+                woken = False
                 for pub in stopping:
                     for s in (pub._sock, pub._monitor):
                         poller.unregister(s)
@@ -344,17 +348,24 @@ class Publisher:
 
     def _tick(self, now: float) -> None:
         """Hub thread, every ``send_interval``: encode what was published, resend if stalled, send."""
+        unacked = self._unacked
+        if not (self._pending or unacked or self._flush_requested or self.dropped != self._reported_drops):
+            return  # an idle rank costs the shared thread next to nothing
         self._take_pending()
         self._report_drops()
         if self._flush_requested:  # someone is waiting: retry soon, not after a long backoff
             self._flush_requested = False
             self._backoff = min(self._backoff, self._resend_after)
-        if now - self._last_progress > self._backoff and self._unacked and self._next_send > self._unacked[0][0]:
+        in_flight = bool(unacked) and self._next_send > unacked[0][0]
+        if in_flight and now - self._last_progress > self._backoff:
             self._rewind("no acknowledgement for %.1f s" % self._backoff)
             self._last_progress = now
             self._backoff = min(self._backoff * 2, 30.0)
+            in_flight = False
         assert self._sock is not None
         self._send(self._sock)
+        if not in_flight and unacked and self._next_send > unacked[0][0]:
+            self._last_progress = now  # the ack timeout runs from the send, not from an idle spell
 
     def _shut(self) -> None:
         """Hub thread: read the last acks, release the sockets, let close() return."""
