@@ -22,6 +22,12 @@ __all__ = ["demo_model"]  # a fixture, used by name
 TRAIN = [sys.executable, "-m", "trainer"]
 
 
+def on_demo(model: Path, output_dir: Path, *flags: str) -> list[str]:
+    """``python -m trainer`` on the demo model and data, with ``flags``."""
+    return TRAIN + ["--model_name_or_path", str(model), "--data_path", str(DEMO_DATA), "--dataset_text_field",
+                    "output", "--output_dir", str(output_dir), *flags]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag 1"),
     (["--num_train_epochs", "many"], "argument --num_train_epochs/--num-train-epochs: invalid float value: 'many'"),
@@ -39,9 +45,8 @@ def test_bad_input_stops_before_loading_the_model(demo_model: Path, tmp_path: Pa
                                                   message: str) -> None:
     (tmp_path / "meta.json").write_text("[1, 2]")
     out = tmp_path / "out"
-    base = ["--model_name_or_path", str(demo_model), "--data_path", str(DEMO_DATA), "--output_dir", str(out),
-            "--dataset_text_field", "output", "--response_template", "\\n### Response:"]
-    done = run_trainer(TRAIN + base + [f.replace("{tmp}", str(tmp_path)) for f in flags], timeout=120)
+    done = run_trainer(on_demo(demo_model, out, "--response_template", "\\n### Response:",
+                               *[f.replace("{tmp}", str(tmp_path)) for f in flags]), timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     errors = error_lines(done.stderr)
     assert len(errors) == 1, done.stderr[-2000:]
@@ -175,11 +180,9 @@ def test_train_from_python_writes_training_logs(demo_model: Path, tmp_path: Path
 @pytest.mark.slow
 def test_unreachable_relay_never_stops_training(demo_model: Path, tmp_path: Path) -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
-    done = run_trainer(TRAIN + [
-        "--model_name_or_path", str(demo_model), "--data_path", str(DEMO_DATA), "--dataset_text_field", "output",
-        "--output_dir", str(tmp_path / "out"), "--max_steps", "3", "--logging_steps", "1", "--save_strategy", "no",
-        "--relay_address", address, "--relay_flush_timeout", "2", "--max_length", "64",
-    ], timeout=180)
+    done = run_trainer(on_demo(demo_model, tmp_path / "out", "--max_steps", "3", "--logging_steps", "1",
+                               "--save_strategy", "no", "--relay_address", address, "--relay_flush_timeout", "2",
+                               "--max_length", "64"), timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     warnings = [line for line in done.stderr.splitlines() if "never acknowledged" in line]
     assert len(warnings) == 1 and address in warnings[0], done.stderr[-3000:]
@@ -188,10 +191,7 @@ def test_unreachable_relay_never_stops_training(demo_model: Path, tmp_path: Path
 @pytest.mark.slow
 def test_embedded_relay_that_cannot_start_is_one_clear_error(demo_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = run_trainer(TRAIN + [
-        "--model_name_or_path", str(demo_model), "--data_path", str(DEMO_DATA), "--dataset_text_field", "output",
-        "--output_dir", str(out), "--max_steps", "1", "--relay_start_timeout", "0.001",
-    ], timeout=180)
+    done = run_trainer(on_demo(demo_model, out, "--max_steps", "1", "--relay_start_timeout", "0.001"), timeout=180)
     assert done.returncode == 1, done.stderr[-3000:]
     errors = error_lines(done.stderr)
     assert len(errors) == 1 and "embedded relay not ready after 0.001s" in errors[0], done.stderr[-3000:]
@@ -202,10 +202,8 @@ def test_embedded_relay_that_cannot_start_is_one_clear_error(demo_model: Path, t
 @pytest.mark.slow
 def test_sigterm_mid_run_reports_the_end_and_stops_the_relay(demo_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    job = start_trainer(TRAIN + [
-        "--model_name_or_path", str(demo_model), "--data_path", str(DEMO_DATA), "--dataset_text_field", "output",
-        "--output_dir", str(out), "--max_steps", "100000", "--logging_steps", "1", "--save_strategy", "no",
-    ], stderr_path=tmp_path / "job.err")
+    job = start_trainer(on_demo(demo_model, out, "--max_steps", "100000", "--logging_steps", "1",
+                                "--save_strategy", "no"), stderr_path=tmp_path / "job.err")
     try:
         for line in job.stdout:
             if "'loss'" in line:
@@ -228,10 +226,8 @@ def test_sigterm_mid_run_reports_the_end_and_stops_the_relay(demo_model: Path, t
 @pytest.mark.slow
 def test_tracker_none_starts_nothing(demo_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = run_trainer(TRAIN + [
-        "--model_name_or_path", str(demo_model), "--data_path", str(DEMO_DATA), "--dataset_text_field", "output",
-        "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--tracker", "none",
-    ], timeout=180)
+    done = run_trainer(on_demo(demo_model, out, "--max_steps", "2", "--save_strategy", "no", "--tracker", "none"),
+                       timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not (out / "training_logs.jsonl").exists() and not (out / "relay.log").exists()
     assert "never sent" not in done.stderr
