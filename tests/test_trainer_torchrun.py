@@ -45,7 +45,7 @@ def test_embedded_relay_records_every_rank(demo_model: Path, tmp_path: Path) -> 
 def test_external_relay_started_mid_run_loses_nothing(demo_model: Path, tmp_path: Path, relays) -> None:
     """The relay is down when the job starts and comes up once rank 0 has logged a step."""
     out = tmp_path / "out"
-    steps = 40
+    steps = 150  # long enough that the relay comes up mid-run even on a loaded machine
     port = free_port()
     relay = relays(["--sink", "jsonl", "--path", str(tmp_path / "relay.jsonl")],
                    address=f"tcp://127.0.0.1:{port}", start=False)

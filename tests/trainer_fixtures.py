@@ -33,10 +33,10 @@ def trainer_env(**extra: str) -> dict[str, str]:
 
 
 def seed_flags(model: Path, output_dir: Path, *, steps: int = 6, eval_steps: int | None = 3) -> list[str]:
-    """The seed PR's command line on the demo model, minus --fsdp/--bf16 (hardware we lack), kept tiny."""
+    """The seed PR's command line on the demo model, minus --fsdp (needs GPUs), kept tiny."""
     flags = [
         "--tokenizer_name_or_path", str(model), "--model_name_or_path", str(model),
-        "--data_path", str(DEMO_DATA), "--use_peft", "--output_dir", str(output_dir),
+        "--data_path", str(DEMO_DATA), "--use_peft", "--bf16", "True", "--output_dir", str(output_dir),
         "--num_train_epochs", "1", "--max_steps", str(steps), "--per_device_train_batch_size", "1",
         "--per_device_eval_batch_size", "1", "--gradient_accumulation_steps", "2",
         "--save_strategy", "steps", "--save_steps", "2000", "--save_total_limit", "1",
