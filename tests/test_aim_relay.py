@@ -56,8 +56,8 @@ def assert_same_content(a, b) -> None:
 
 
 def test_two_ranks_through_the_relay_then_replay(relays, tmp_path: Path) -> None:
-    repo, journal, job = tmp_path / "aim", tmp_path / "logs", tmp_path / "job"
-    relay = relays(["--sink", "jsonl", "--path", f"{journal}/", "--sink", "aim", "--repo", str(repo)])
+    repo, journal, job = tmp_path / "aim", tmp_path / "relay-logs", tmp_path / "job"
+    relay = relays(["--sink", "aim", "--repo", str(repo)])  # exactly as users type it: default journal
     finish([publish(relay.address, "job-live", rank, 8, "sft-demo", job) for rank in (0, 1)])
     assert relay.stop() == 0
     runs = read_repo(str(repo))
@@ -80,6 +80,18 @@ def test_two_ranks_through_the_relay_then_replay(relays, tmp_path: Path) -> None
     assert rebuilt["job-live"].hash == first_hash
 
 
+def test_cli_refuses_an_unusable_aim_sink(tmp_path: Path) -> None:
+    def serve(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "relay", "--bind", f"tcp://127.0.0.1:{free_port()}", *args],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+    done = serve("--sink", "aim")
+    assert done.returncode == 2 and "--sink aim needs --repo" in done.stderr, done.stderr[-2000:]
+    (tmp_path / "file").write_text("in the way")
+    done = serve("--sink", "aim", "--repo", str(tmp_path / "file" / "aim"))
+    assert done.returncode == 2 and "not usable" in done.stderr, done.stderr[-2000:]
+
+
 def test_two_training_runs_at_once_through_one_relay(relays, tmp_path: Path) -> None:
     repo = tmp_path / "aim"
     relay = relays(["--sink", "jsonl", "--path", f"{tmp_path / 'logs'}/", "--sink", "aim", "--repo", str(repo)])
@@ -96,9 +108,13 @@ def test_two_training_runs_at_once_through_one_relay(relays, tmp_path: Path) -> 
 
 def test_repo_unwritable_mid_run(relays, small_fs: Path, tmp_path: Path) -> None:
     """Root ignores permissions, so the real fault here is a full filesystem under the repo:
-    ingest and the journal go on, and once there is space again the Aim run is complete."""
+    ingest and the journal go on, and once there is space again the Aim run is complete, batches
+    the relay dropped for the Aim sink meanwhile included."""
     repo, journal = small_fs / "aim", tmp_path / "logs"
-    relay = relays(["--sink", "jsonl", "--path", f"{journal}/", "--sink", "aim", "--repo", str(repo)])
+    # A short queue for the Aim sink, so the outage also makes the relay drop batches for it:
+    # the sink must then take them from the journal.
+    relay = relays(["--sink", "jsonl", "--path", f"{journal}/", "--sink", "aim", "--repo", str(repo),
+                    "--sink-queue", "40"])
     procs = [publish(relay.address, "job-full", rank, 300, pause=0.02) for rank in (0, 1)]
     time.sleep(2.0)
     fill(small_fs / "filler")
@@ -109,7 +125,8 @@ def test_repo_unwritable_mid_run(relays, small_fs: Path, tmp_path: Path) -> None
     finish(procs)
     assert relay.stop() == 0
     log = relay.log.read_text()
-    assert "sink aim failed" in log, log[-3000:]
+    assert "sink aim failed" in log and "caught up from" in log, log[-3000:]
+    assert relay.stats(journal)["sinks"]["aim"]["dropped"] > 0
     check_training_run(read_repo(str(repo))["job-full"], steps=300)
 
 
