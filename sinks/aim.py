@@ -31,7 +31,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import click
 import orjson
@@ -277,7 +277,7 @@ class AimSink(Sink):
             self._repo = _import_aim()(self.repo_spec)  # not from_path: that pools the old client
             log.info("aim sink connected to %s", self.repo_spec)
 
-    def _finish(self, states: Any) -> None:
+    def _finish(self, states: Iterable[_RunState]) -> None:
         for state in states:
             self._persist(state)
             if state.export_due:
@@ -285,7 +285,7 @@ class AimSink(Sink):
             if state.ended:
                 self._close_handle(state)
 
-    def _rollback(self, states: Any) -> None:
+    def _rollback(self, states: Iterable[_RunState]) -> None:
         """After a failure, trust only what Aim stored: the retry re-applies the rest."""
         for state in states:
             state.applied = {rank: SeqSpans(spans) for rank, spans in state.saved.items()}
