@@ -44,12 +44,68 @@ class Sample:
 
 def alternate(contenders: dict[str, Callable[[], float]], rounds: int, unit: str) -> dict[str, Sample]:
     """Run each contender once per round, in rotating order, so drift hits them all alike."""
-    samples = {name: Sample(name, unit) for name in contenders}
+    many = alternate_many({name: (lambda f=f: {unit: f()}) for name, f in contenders.items()}, rounds)
+    return {name: Sample(name, unit, metrics[unit].values) for name, metrics in many.items()}
+
+
+def alternate_many(contenders: dict[str, Callable[[], dict[str, float]]], rounds: int) -> dict[str, dict[str, Sample]]:
+    """Like alternate() for contenders that measure several things at once ({unit: value} per round)."""
+    samples: dict[str, dict[str, Sample]] = {name: {} for name in contenders}
     names = list(contenders)
     for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
-            samples[name].values.append(contenders[name]())
+            for unit, value in contenders[name]().items():
+                samples[name].setdefault(unit, Sample(name, unit)).values.append(value)
     return samples
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+@dataclass
+class Section:
+    """One benchmark's results: tables of Sample rows, other Markdown, targets checked against the
+    figures, notes, and the raw figures for the JSON file and the plots."""
+
+    key: str
+    title: str
+    tables: list[tuple[str, list[dict]]] = field(default_factory=list)
+    markdown: list[str] = field(default_factory=list)
+    targets: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    data: dict = field(default_factory=dict)
+
+    def add_table(self, title: str, rows: list[dict]) -> None:
+        """A table of Sample rows (median, spread, ratio)."""
+        self.tables.append((title, rows))
+
+    def target(self, what: str, value: float, bound: float, higher_is_better: bool, shown: str) -> None:
+        """Record a target: ``shown`` is the figure as people read it (e.g. "1.21x")."""
+        met = value >= bound if higher_is_better else value <= bound
+        self.targets.append({"target": what, "value": value, "bound": bound, "shown": shown, "met": met})
+
+    def render(self) -> str:
+        """The section as Markdown: its tables, then targets, then notes."""
+        parts = [f"## {self.title}", *(table(rows, title) for title, rows in self.tables), *self.markdown]
+        if self.targets:
+            parts.append("\n".join(["| target | measured | met |", "|---|---|---|"] + [
+                f"| {t['target']} | {t['shown']} | {'yes' if t['met'] else '**no**'} |" for t in self.targets]))
+        if self.notes:
+            parts.append("\n".join(f"- {n}" for n in self.notes))
+        return "\n\n".join(parts)
+
+
+def cli(run: Callable[[bool], Section], doc: str | None, argv: list[str] | None) -> Section:
+    """The ``python -m bench.bench_X [--quick]`` entry point every section module shares."""
+    import argparse
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    section = run(parser.parse_args(argv).quick)
+    print(section.render())
+    return section
 
 
 def fmt(value: float, unit: str) -> str:
@@ -59,12 +115,18 @@ def fmt(value: float, unit: str) -> str:
                 return f"{value / scale:.2f} {suffix}"
     if unit == "events/s":
         return f"{value:,.0f} ev/s"
+    if unit == "values/s":
+        return f"{value:,.0f} values/s"
+    if unit == "MiB":
+        return f"{value:,.1f} MiB"
+    if unit == "%core":
+        return f"{value:.1f}% of a core"
     return f"{value:.4g} {unit}"
 
 
 def table(rows: list[dict], title: str) -> str:
     """A Markdown table: contender, median, spread, ratio to its baseline."""
-    lines = [f"### {title}", "", "| contender | median | min .. max | n | ratio |", "|---|---|---|---|---|"]
+    lines = [f"**{title}**", "", "| contender | median | min .. max | n | ratio |", "|---|---|---|---|---|"]
     for r in rows:
         ratio = f"{r['ratio']:.2f}x {r['vs']}" if "ratio" in r else "baseline"
         lines.append(f"| {r['name']} | {fmt(r['median'], r['unit'])} | {fmt(r['min'], r['unit'])} .. "
@@ -86,22 +148,59 @@ def free_port() -> int:
 
 
 class RelayRun:
-    """A real relay subprocess for benchmarks (the same program users run)."""
+    """A real relay subprocess for benchmarks (the same program users run), in its own session so
+    stop() can always take it down."""
 
-    def __init__(self, workdir: Path, args: list[str]) -> None:
+    def __init__(self, workdir: Path, args: list[str], timeout: float = 60) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.ready = workdir / "ready.json"
         self.ready.unlink(missing_ok=True)
-        self.proc = subprocess.Popen([sys.executable, "-m", "relay", "--bind", f"tcp://127.0.0.1:{free_port()}",
-                                      "--ready-file", str(self.ready), "--log-level", "warning", *args],
-                                     cwd=workdir, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
+        self.log = workdir / "relay.log"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "--bind", f"tcp://127.0.0.1:{free_port()}",
+                                          "--ready-file", str(self.ready), "--log-level", "warning", *args],
+                                         cwd=workdir, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + timeout
         while not self.ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("relay did not start")
+                self.stop(0)
+                raise RuntimeError(f"relay did not start: {self.log_tail()}")
             time.sleep(0.02)
         self.address = json.loads(self.ready.read_text())["address"]
 
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(60)
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_tail(self) -> str:
+        """The end of the relay's stderr, for error messages."""
+        return self.log.read_text(errors="replace")[-1500:]
+
+    def check_alive(self) -> None:
+        """Raise (with its log) if the relay exited while a benchmark was waiting on it."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"relay exited {self.proc.returncode} mid-benchmark: {self.log_tail()}")
+
+    def stop(self, timeout: float = 60) -> None:
+        """SIGTERM (a clean flush), then SIGKILL to the whole group if it takes longer than ``timeout``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        kill_group(self.proc)
+
+
+def spawn(cmd: list[str], **kwargs: object) -> subprocess.Popen:
+    """A benchmark helper process in its own session (killed as a group by kill_group)."""
+    return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, **kwargs)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Make sure ``proc`` and anything it started are gone (finally blocks call this)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()

@@ -1,0 +1,133 @@
+"""Every benchmark in one run: ``python -m bench`` (about 8 minutes on 2 cores).
+
+Prints each section's tables, then writes ``docs/benchmarks.md`` (regenerated completely),
+``docs/benchmarks.json`` and the plots ``docs/bench_*.png``. ``--quick`` runs tiny sizes as a
+smoke test and writes files only where ``--out`` says.
+
+    python -m bench [--quick] [--out DIR] [--only SECTION ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from bench import report
+from bench.common import ROOT, Section
+
+log = logging.getLogger("bench")
+
+
+def core(quick: bool) -> Section:
+    """Issue 2's figures: publish() against a raw send, ingest from one raw DEALER."""
+    from bench import bench_core
+
+    # the relay-down Publisher buffers 10,000 events: 5 x calls must overflow it
+    calls, rounds, events, ingest_rounds = (2_500, 3, 5_000, 1) if quick else (5_000, 15, 200_000, 3)
+    section = Section("core", "Issue 2: publish() cost and single-connection ingest")
+    publish = bench_core.publish_cost(calls, rounds)
+    ingest = bench_core.ingest_rate(events, ingest_rounds)
+    section.add_table(f"publish() wall time per call, {calls:,} calls x {rounds} rounds", publish)
+    section.add_table(f"relay ingest into JSONL from one raw DEALER, 512-event frames, {events:,} events", ingest)
+    up = publish[1]
+    section.target("publish() within 1.5x of the raw send (relay up)", up["ratio"], 1.5, False, f"{up['ratio']:.2f}x")
+    section.target("ingest >= 100,000 events/s", ingest[0]["median"], 100_000, True, f"{ingest[0]['median']:,.0f} ev/s")
+    section.notes.append("ingest here is timed by polling the relay's stats file (0.1 s period), so it reads a little "
+                         "low; the ingest section below times the journal itself.")
+    return section
+
+
+def training(quick: bool) -> Section:
+    """The trainer's own benchmark (bench/bench_training.py), read back from its JSON file."""
+    from bench import bench_training
+
+    section = Section("training", "Training overhead: demo fine-tune, tracking off vs relay on")
+    with tempfile.TemporaryDirectory(prefix="bench-training-json-") as tmp:
+        out = Path(tmp) / "training.json"
+        argv = ["--quick"] if quick else ["--rounds", "4"]
+        bench_training.main([*argv, "--json", str(out)])
+        result = json.loads(out.read_text())
+    section.add_table(f"demo fine-tune, {result['steps']} steps, --logging_steps 1 (train_runtime, then process wall)",
+                      result["rows"])
+    extra = [result[k] for k in ("paired", "hooks") if k in result]
+    if extra:
+        section.add_table("same-round ratio, and the callback's hooks per logged step", extra)
+    if "paired" in result:
+        ratio = result["paired"]["median"]
+        section.target("relay on within 2% of tracking off (train_runtime, median same-round ratio)", ratio, 1.02,
+                       False, f"{(ratio - 1) * 100:+.1f}%")
+    section.data = result
+    return section
+
+
+def aim(quick: bool) -> Section:
+    from bench import bench_aim
+    return bench_aim.run(quick)
+
+
+def hotpath(quick: bool) -> Section:
+    from bench import bench_hotpath
+    return bench_hotpath.run(quick)
+
+
+def ingest(quick: bool) -> Section:
+    from bench import bench_ingest
+    return bench_ingest.run(quick)
+
+
+def latency(quick: bool) -> Section:
+    from bench import bench_latency
+    return bench_latency.run(quick)
+
+
+def scale(quick: bool) -> Section:
+    from bench import bench_scale
+    return bench_scale.run(quick)
+
+
+SECTIONS: dict[str, Callable[[bool], Section]] = {
+    "hotpath": hotpath, "ingest": ingest, "latency": latency, "scale": scale, "training": training, "aim": aim,
+    "core": core,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a measurement")
+    parser.add_argument("--out", type=Path, help="where the Markdown, JSON and plots go (default: docs/, "
+                                                  "or nowhere with --quick)")
+    parser.add_argument("--only", nargs="+", choices=list(SECTIONS), help="run only these sections")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    out = args.out or (None if args.quick else ROOT / "docs")
+    command = "python -m bench" + (" --quick" if args.quick else "") + (
+        " --only " + " ".join(args.only) if args.only else "")
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    sections: list[Section] = []
+    for key in args.only or list(SECTIONS):
+        t0 = time.monotonic()
+        log.info("running %s (load %.2f)", key, os.getloadavg()[0])
+        section = SECTIONS[key](args.quick)
+        section.data["seconds"] = round(time.monotonic() - t0, 1)
+        print(section.render() + "\n", flush=True)
+        sections.append(section)
+    meta = report.meta(command, time.monotonic() - started, load_before, os.getloadavg())
+    missed = [f"{s.key}: {t['target']} ({t['shown']})" for s in sections for t in s.targets if not t["met"]]
+    print(report.summary(sections))
+    if out is not None:
+        report.write(out, meta, sections)
+        log.info("wrote %s", ", ".join(str(p) for p in report.outputs(out)))
+    if missed:
+        log.warning("targets missed: %s", "; ".join(missed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

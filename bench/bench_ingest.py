@@ -1,0 +1,113 @@
+"""Ingest: events/s one relay writes to its JSONL journal from 1, 4 and 16 publisher processes,
+alone and with the Aim sink attached, against a raw pyzmq PULL + orjson writer fed the same frames.
+
+Every publisher process sends the frames a Publisher would (512 metrics events of its own rank per
+frame), pre-encoded, as fast as the socket takes them, so the sink side is what is measured. The
+clock runs from the moment all publishers are released until the sink has written every event
+(both write the same JSON lines, so that is when the file reaches the size the publishers expect).
+
+    python -m bench.bench_ingest [--quick]
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from bench import procs
+from bench.common import RelayRun, Section, alternate_many, cli, kill_group
+from sinks.jsonl import JsonlSink
+
+RELAY, RELAY_AIM, RAW = "relay, JSONL", "relay, JSONL + Aim sink", "raw PULL + orjson writer"
+
+
+def _timed_feed(kind: str, address: str, run: str, publishers: int, total: int, out: Path,
+                alive: Callable[[], None]) -> float:
+    """Start the publishers, release them together, return the seconds until ``out`` holds every line
+    (``alive`` raises if the sink process died meanwhile)."""
+    feeders = [procs.start(["feed", kind, address, run, str(rank), str(total // publishers)])
+               for rank in range(publishers)]
+    try:
+        expected = sum(int(line.split()[1]) for line in procs.await_ready(feeders))
+        t0 = time.perf_counter()
+        procs.go(feeders)
+        deadline = time.monotonic() + 60
+        while not out.exists() or out.stat().st_size < expected:
+            if time.monotonic() > deadline:
+                size = out.stat().st_size if out.exists() else 0
+                raise RuntimeError(f"{out} has {size} of {expected} bytes ({total} events) after 60 s")
+            alive()
+            time.sleep(0.002)
+        return time.perf_counter() - t0
+    finally:
+        for proc in feeders:
+            kill_group(proc)
+
+
+def _relay_rate(work: Path, publishers: int, total: int, aim: bool) -> dict[str, float]:
+    journal = work / f"j{time.monotonic_ns()}.jsonl"
+    extra = ["--sink", "jsonl", "--sink", "aim", "--repo", str(work / "aim")] if aim else []
+    relay = RelayRun(work, ["--path", str(journal), "--stats-interval", "0.1", *extra])
+    try:
+        out = {"events/s": total / _timed_feed("dealer", relay.address, journal.stem, publishers, total, journal,
+                                                  relay.check_alive)}
+        if aim:
+            time.sleep(0.2)  # one stats period
+            out["aim written"] = json.loads(JsonlSink(journal).sidecar("_stats.json").read_text())["sinks"]["aim"]["written"]
+        return out
+    finally:
+        relay.stop(3.0 if aim else 30.0)  # the Aim sink would drain its backlog for up to 10 s
+
+
+def _raw_rate(work: Path, publishers: int, total: int) -> dict[str, float]:
+    out = work / f"raw{time.monotonic_ns()}.jsonl"
+    sink = procs.start(["raw-sink", str(out), str(total)])
+    try:
+        address = procs.await_ready([sink])[0]
+        def alive() -> None:
+            if sink.poll() not in (None, 0):
+                raise RuntimeError(f"raw writer exited {sink.returncode}")
+
+        return {"events/s": total / _timed_feed("push", address, "raw", publishers, total, out, alive)}
+    finally:
+        kill_group(sink)
+
+
+def run(quick: bool = False) -> Section:
+    """For each publisher count, alternate the three contenders round by round."""
+    counts, total, rounds = ((2,), 6_000, 1) if quick else ((1, 4, 16), 160_000, 3)
+    section = Section("ingest", "Ingest: events/s into the JSONL journal")
+    curve = {}
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        for n in counts:
+            work = Path(tmp) / f"p{n}"
+            contenders: dict[str, Callable[[], dict[str, float]]] = {
+                RELAY: lambda n=n, work=work: _relay_rate(work, n, total, aim=False),
+                RELAY_AIM: lambda n=n, work=work: _relay_rate(work, n, total, aim=True),
+                RAW: lambda n=n, work=work: _raw_rate(work, n, total),
+            }
+            samples = alternate_many(contenders, rounds)
+            base = samples[RAW]["events/s"]
+            rows = [base.row(), samples[RELAY]["events/s"].row(base), samples[RELAY_AIM]["events/s"].row(base)]
+            section.add_table(f"{n} publisher process{'es' if n > 1 else ''}, {total:,} events", rows)
+            relay, with_aim = samples[RELAY]["events/s"].median, samples[RELAY_AIM]["events/s"].median
+            section.target(f">= 80% of the raw writer ({n} publishers)", relay / base.median, 0.8, True,
+                           f"{relay / base.median:.0%} ({relay:,.0f} vs {base.median:,.0f} ev/s)")
+            section.target(f"JSONL rate holds with the Aim sink attached ({n} publishers, >= 90%)",
+                           with_aim / relay, 0.9, True, f"{with_aim / relay:.0%}")
+            aim_done = samples[RELAY_AIM]["aim written"].median
+            section.notes.append(f"{n} publishers: when the journal had all {total:,} events the Aim sink had "
+                                 f"written {aim_done:,.0f} of them (it catches up off the ingest path).")
+            curve[n] = {name: samples[name]["events/s"].median for name in (RELAY, RELAY_AIM, RAW)}
+            if n == 1:
+                section.target("issue 2: ingest >= 100,000 events/s", relay, 100_000, True, f"{relay:,.0f} ev/s")
+    section.data["curve"] = curve
+    section.notes.append(f"{rounds} rounds per contender, alternating; each round starts a fresh relay (or raw "
+                         "writer) and fresh publisher processes.")
+    return section
+
+
+if __name__ == "__main__":
+    cli(run, __doc__, None)

@@ -1,0 +1,27 @@
+"""`python -m bench --quick` still runs end to end and writes its report (no speed is asserted:
+benchmarks are not timed tests). The training section is left to the trainer's own tests here:
+its quick mode alone runs four demo fine-tunes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ["hotpath", "ingest", "latency", "scale", "aim", "core"]
+
+
+def test_bench_quick_writes_every_section(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path), "--only", *SECTIONS],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert [s["key"] for s in report["sections"]] == SECTIONS
+    assert all(s["targets"] for s in report["sections"])
+    page = (tmp_path / "benchmarks.md").read_text()
+    assert "python -m bench --quick" in page and "## Targets" in page
+    for plot in ("bench_hotpath.png", "bench_ingest.png", "bench_latency.png", "bench_scale.png"):
+        assert (tmp_path / plot).stat().st_size > 0
+    scale = next(s for s in report["sections"] if s["key"] == "scale")
+    assert all(p["lost"] == 0 and p["duplicated"] == 0 for p in scale["data"]["points"])  # correctness, not speed
