@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import threading
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -52,6 +53,9 @@ TRAINER_STAGES = frozenset({"train", "eval", "test"})
 _SUBSET_PREFIXES = ("train_", "eval_", "test_")
 #: Seconds the relay's shutdown waits for an ``aim://`` server to take the last writes.
 REMOTE_CLOSE_TIMEOUT = 10.0
+#: Seconds without events after which a run's Aim handle is closed (a job that died without
+#: train_end must not stay "active" in Aim, nor hold files and threads, on a long-lived relay).
+IDLE_CLOSE_S = 600.0
 
 
 class SeqSpans:
@@ -116,6 +120,7 @@ class _RunState:
     export_due: bool = False
     ended: bool = False  # rank 0 said train_end: close after every batch that touches the run
     needs_sweep: bool = False
+    last_event: float = 0.0  # time.monotonic() of its last applied event
     param_ts: dict[tuple[str, str], float] = field(default_factory=dict)  # newest value's event time
 
 
@@ -161,6 +166,7 @@ class AimSink(Sink):
         self._scanned: set[str] = set()  # Aim run hashes whose run id we read
         self._swept: dict[tuple[Path, str], int] = {}  # (journal file, run id) -> bytes swept
         self._warned: set[str] = set()
+        self.idle_close_s = IDLE_CLOSE_S
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -250,6 +256,7 @@ class AimSink(Sink):
         except Exception:
             self._rollback(touched.values())
             raise
+        self._close_idle()
 
     def flush(self) -> None:
         """Catch up from the journal for runs where some rank showed a gap, then persist."""
@@ -283,6 +290,15 @@ class AimSink(Sink):
             if state.export_due:
                 self._export(state)
             if state.ended:
+                self._close_handle(state)
+
+    def _close_idle(self) -> None:
+        """Close the runs that went quiet; a late event reopens them."""
+        quiet_since = time.monotonic() - self.idle_close_s
+        for state in self._runs.values():
+            if state.handle is not None and state.last_event < quiet_since:
+                log.info("aim run of run %s idle for %.0f s: closing it", state.run_id, self.idle_close_s)
+                self._persist(state)
                 self._close_handle(state)
 
     def _rollback(self, states: Iterable[_RunState]) -> None:
@@ -441,6 +457,7 @@ class AimSink(Sink):
         if spans.add(seq) and not swept:
             state.needs_sweep = True
         state.dirty = True
+        state.last_event = time.monotonic()
         self.counters["swept_events" if swept else "events"] += 1
         if auto_step:  # Aim numbers these itself, so applying one twice would add a point
             self._persist(state)

@@ -182,13 +182,29 @@ def test_config_errors_say_what_to_do(tmp_path: Path) -> None:
 
 
 def test_missing_aim_says_how_to_install(tmp_path: Path) -> None:
-    # A real interpreter in which `import aim` fails, as on a relay installed without the extra.
-    code = ("import sys; sys.modules['aim'] = None\n"
-            "from sinks.aim import AimSink\nfrom sinks.base import SinkContext, SinkError\n"
-            f"try:\n    AimSink(repo={str(tmp_path)!r}).open(SinkContext())\n"
-            "except SinkError as exc:\n    print(exc)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-    assert "pip install 'metrics-relay[aim]'" in out.stdout, out.stderr
+    # The relay CLI in a real interpreter where `import aim` fails, as without the [aim] extra.
+    code = ("import sys; sys.modules['aim'] = None\nfrom relay.cli import main\n"
+            f"sys.argv = ['relay', '--bind', 'tcp://127.0.0.1:0', '--sink', 'aim', '--repo', {str(tmp_path / 'aim')!r}]\n"
+            "main()\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "pip install 'metrics-relay[aim]'" in out.stderr, out.stderr[-2000:]
+
+
+def test_a_run_gone_quiet_is_closed_and_reopened_by_a_late_event(tmp_path: Path) -> None:
+    events = training_events("job-quiet", end=False)
+    sink = AimSink(repo=str(tmp_path / "aim"))
+    sink.open(SinkContext())
+    sink.idle_close_s = 0.0  # every run is idle by the end of a batch
+    try:
+        sink.write(events[:10])
+        assert sink.counters["runs_closed"] == 1
+        sink.write(events[10:])
+        assert sink.counters["runs_opened"] == 1 and sink.counters["runs_closed"] == 2
+    finally:
+        sink.close()
+    view = read_repo(str(tmp_path / "aim"))["job-quiet"]
+    assert not view.active
+    check_training_run(view)
 
 
 def test_works_without_pkg_resources(tmp_path: Path) -> None:
