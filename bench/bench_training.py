@@ -5,11 +5,14 @@ run alternately in one invocation so machine drift hits both alike. The main fig
 Trainer's own ``train_runtime`` (the training loop, callback included); the whole process's wall
 time, which also pays for starting and stopping the relay, is reported beside it.
 
-On a shared machine the spread of whole jobs is wider than the effect, so the cost the callback
-adds to each step is also timed directly: its hooks for one logged step, driving the real
-callback and a real publisher connected to a real relay, against the demo's median step time.
+On a shared machine the spread of whole jobs is wider than the effect, so two finer
+measurements follow. Interleaved blocks: one demo job whose relay callback is switched off and
+on every few steps, so drift cancels, and every step's full cycle (data, compute, callbacks,
+logging, and the competition from the publisher's I/O thread and the relay process) is timed.
+Hooks: the callback's own hooks for one logged step, driving the real callback and a real
+publisher connected to a real relay, against the demo's median step time.
 
-    python -m bench.bench_training [--steps 60] [--rounds 5] [--quick] [--json FILE]
+    python -m bench.bench_training [--steps 200] [--rounds 7] [--quick] [--json FILE]
 """
 from __future__ import annotations
 
@@ -43,6 +46,76 @@ def _run(steps: int, tracker: str, workdir: Path, wall: Sample) -> float:
         if "'train_runtime'" in line:
             return float(ast.literal_eval(line.strip())["train_runtime"])
     raise RuntimeError(f"no train_runtime in the output of {' '.join(cmd)}")
+
+
+def interleaved(steps: int, block: int, workdir: Path) -> dict[bool, Sample]:
+    """Step cycle times of one demo job whose relay callback is on in every other block of steps."""
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from relay.client import Publisher
+    from trainer.args import DEMO_DATA, DEMO_RESPONSE_TEMPLATE
+    from trainer.callback import RelayCallback
+    from trainer.data import load_sft_dataset
+    from trainer.demo import build_demo
+    from trainer.embedded import EmbeddedRelay
+
+    torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 does for the whole jobs
+    folder = workdir / "interleaved"
+    model_dir = build_demo(str(folder / "demo-model"))
+    samples = {False: Sample("tracking off (interleaved blocks)", "s"), True: Sample("relay on (interleaved blocks)", "s")}
+
+    class Gated(RelayCallback):
+        enabled = False
+
+        def on_step_begin(self, *args: object, **kwargs: object) -> None:
+            if self.enabled:
+                super().on_step_begin(*args, **kwargs)
+
+        def on_step_end(self, *args: object, **kwargs: object) -> None:
+            if self.enabled:
+                super().on_step_end(*args, **kwargs)
+
+        def on_log(self, *args: object, **kwargs: object) -> None:
+            if self.enabled:
+                super().on_log(*args, **kwargs)
+
+    class Cycle(TrainerCallback):
+        """Times begin-to-begin (the whole cycle of the previous step) and sets the next step's mode."""
+
+        last = None
+
+        def on_step_begin(self, args: object, state: object, control: object, **kwargs: object) -> None:
+            now = time.perf_counter()
+            if self.last is not None and state.global_step > 2 * block:  # first blocks: warm-up
+                samples[gated.enabled].values.append(now - self.last)
+            self.last = now
+            gated.enabled = (state.global_step // block) % 2 == 1
+
+    relay = EmbeddedRelay.start(str(folder))
+    pub = Publisher("bench-interleaved", 0, address=relay.address)
+    try:
+        gated = Gated(pub)
+        config = SFTConfig(
+            output_dir=str(folder), max_steps=steps, logging_steps=1, per_device_train_batch_size=8, max_length=96,
+            learning_rate=1e-2, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
+            activation_checkpointing=False, dataset_text_field="output", disable_tqdm=True,
+        )
+        trainer = SFTTrainer(
+            model=AutoModelForCausalLM.from_pretrained(model_dir), args=config,
+            train_dataset=load_sft_dataset(DEMO_DATA, "output", DEMO_RESPONSE_TEMPLATE),
+            processing_class=AutoTokenizer.from_pretrained(model_dir), peft_config=LoraConfig(task_type="CAUSAL_LM"),
+            callbacks=[Cycle(), gated],
+        )
+        trainer.remove_callback(PrinterCallback)  # the log dicts on stdout
+        trainer.train()
+        if pub.close(30) != 0:
+            raise RuntimeError("the relay did not acknowledge every benchmark event")
+    finally:
+        relay.stop()
+    return samples
 
 
 def hook_cost(steps: int, workdir: Path) -> Sample:
@@ -80,8 +153,8 @@ def hook_cost(steps: int, workdir: Path) -> Sample:
 def main(argv: list[str] | None = None) -> int:
     """Alternate relay-on and tracking-off demo jobs; print medians, spread and the ratio."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60, help="training steps per job")
-    parser.add_argument("--rounds", type=int, default=5, help="jobs per contender")
+    parser.add_argument("--steps", type=int, default=200, help="training steps per job (x3 for the interleaved job)")
+    parser.add_argument("--rounds", type=int, default=7, help="jobs per contender")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 20 steps (a smoke test)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
@@ -94,20 +167,28 @@ def main(argv: list[str] | None = None) -> int:
             "relay on": lambda: _run(steps, "jsonl", work, walls["relay on"]),
         }
         samples = alternate(contenders, rounds, "s")
+        blocks = interleaved(steps * 3, 10, work)
         hooks = hook_cost(steps * 10, work)
     off, on = samples["tracking off"], samples["relay on"]
     paired = Sample("relay on / tracking off, same round", "x",
                     [b / a for a, b in zip(off.values, on.values)])
     rows = [off.row(), on.row(off), walls["tracking off"].row(), walls["relay on"].row(walls["tracking off"])]
     print(table(rows, f"Training overhead: demo fine-tune, {steps} steps, --logging_steps 1, train_runtime"))
+    block_rows = [blocks[False].row(), blocks[True].row(blocks[False])]
+    print("\n" + table(block_rows, f"Interleaved: one job, {steps * 3} steps, callback off/on every 10 steps, "
+                                    "wall time per step cycle"))
+    block_mean = sum(blocks[True].values) / len(blocks[True].values) / (
+        sum(blocks[False].values) / len(blocks[False].values))
     step_time = off.median / steps
     print(f"\noverhead of the relay on train_runtime: {(on.median / off.median - 1) * 100:+.1f}% "
           f"(median of same-round ratios {paired.median:.3f}, range {paired.spread[0]:.3f}..{paired.spread[1]:.3f})")
+    print(f"interleaved step cycle, relay on / off: median {block_rows[1]['ratio']:.4f}, mean {block_mean:.4f}")
     print(f"callback hooks per logged step: median {hooks.median * 1e6:.1f} us, max {hooks.spread[1] * 1e6:.1f} us "
           f"= {hooks.median / step_time * 100:.3f}% of the demo's median step ({step_time * 1e3:.1f} ms)")
     if args.json:
         args.json.write_text(json.dumps({"machine": machine(), "steps": steps, "rows": rows,
-                                         "paired": paired.row(), "hooks": hooks.row()}, indent=2))
+                                         "paired": paired.row(), "hooks": hooks.row(),
+                                         "interleaved": block_rows, "interleaved_mean_ratio": block_mean}, indent=2))
     return 0
 
 
