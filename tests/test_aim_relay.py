@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("aim")
 
-from tests.aim_helpers import check_training_run, fill, read_repo, same_float, small_fs  # noqa: E402,F401
-from tests.conftest import free_port  # noqa: E402
+from aim_helpers import check_training_run, fill, read_repo, same_float, small_fs  # noqa: E402,F401
+from conftest import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"

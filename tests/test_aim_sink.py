@@ -13,7 +13,7 @@ pytest.importorskip("aim")
 from sinks.aim import AimSink, SeqSpans, _trainer_groups  # noqa: E402
 from sinks.base import SinkContext, SinkError  # noqa: E402
 from sinks.jsonl import encode_line  # noqa: E402
-from tests.aim_helpers import (Events, check_training_run, fill, read_repo, same_float, small_fs,  # noqa: E402,F401
+from aim_helpers import (Events, check_training_run, fill, read_repo, same_float, small_fs,  # noqa: E402,F401
                                training_events)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
