@@ -29,15 +29,16 @@ DATA = {"loss": 1.234, "grad_norm": 0.56, "learning_rate": 2e-5, "entropy": 1.9,
 
 
 def frames(run: str, rank: int, events: int) -> tuple[list[bytes], int]:
-    """The frames a Publisher would send for ``events`` metrics events of one rank, and the bytes
-    their JSON lines take in a journal (so a reader can tell exactly when they are all written)."""
+    """The frames a Publisher would send (compact batches) for ``events`` metrics events of one rank,
+    and the bytes their JSON lines take in a journal (so a reader can tell when all are written)."""
+    envelope = {"v": 1, "run": run, "rank": rank, "local_rank": rank % 8, "world_size": 16, "host": "bench"}
+    prefix = schema.compact_prefix(envelope)
     out, size = [], 0
     for start in range(0, events, FRAME_EVENTS):
-        batch = [{"v": 1, "run": run, "rank": rank, "local_rank": rank % 8, "world_size": 16, "host": "bench",
-                  "seq": s, "ts": time.time(), "type": "metrics", "step": s, "epoch": 0.5, "stage": "train",
-                  "data": DATA} for s in range(start, min(start + FRAME_EVENTS, events))]
-        out.append(schema.encode_frame(batch))
-        size += sum(len(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE)) for e in batch)
+        rows = [(s, time.time(), "metrics", s, 0.5, "train", DATA) for s in range(start, min(start + FRAME_EVENTS, events))]
+        out.append(schema.compact_frame(prefix, [schema.encode_row(*row) for row in rows]))
+        size += sum(len(orjson.dumps({**envelope, **dict(zip(schema.ROW_FIELDS, row))}, option=orjson.OPT_APPEND_NEWLINE))
+                    for row in rows)
     return out, size
 
 
@@ -62,7 +63,8 @@ def feed(kind: str, address: str, run: str, rank: int, events: int) -> None:
 
 
 def raw_sink(out: str, expected: int) -> None:
-    """The baseline writer: PULL, msgpack-decode, one orjson line per event, one write per frame."""
+    """The baseline writer: PULL, msgpack-decode (expanding compact batches as any reader must), one
+    orjson line per event, one write per frame; no validation, dedupe, acks or stats."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PULL)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
@@ -73,8 +75,11 @@ def raw_sink(out: str, expected: int) -> None:
     while written < expected and time.monotonic() < deadline:
         if not sock.poll(1000):
             continue
-        batch = msgpack.unpackb(sock.recv(), raw=False)
-        events = batch if type(batch) is list else [batch]
+        frame = msgpack.unpackb(sock.recv(), raw=False)
+        v, run, rank, local_rank, world_size, host = (frame[k] for k in schema.ENVELOPE)
+        events = [{"v": v, "run": run, "rank": rank, "local_rank": local_rank, "world_size": world_size, "host": host,
+                   "seq": seq, "ts": ts, "type": kind, "step": step, "epoch": epoch, "stage": stage, "data": data}
+                  for seq, ts, kind, step, epoch, stage, data in frame["events"]]
         os.write(fd, b"".join([orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE) for e in events]))
         written += len(events)
     os.close(fd)

@@ -171,11 +171,12 @@ class Publisher:
         self.run = run
         self.rank = rank
         self.address = resolve_address(address)
-        self._base = {
+        # Frames are compact batches: this envelope once, then one row per event (docs/protocol.md).
+        self._prefix = schema.compact_prefix({
             "v": schema.SCHEMA_VERSION, "run": run, "rank": rank,
             "local_rank": rank if local_rank is None else local_rank,
             "world_size": max(world_size, 1), "host": (host or socket.gethostname())[: schema.MAX_NAME_LEN],
-        }
+        })
         self._max_events = max_events
         self._max_bytes = max_bytes
         self._interval = send_interval
@@ -183,7 +184,8 @@ class Publisher:
         self._curve_server_key = curve_server_key or os.environ.get(curve.SERVER_KEY_ENV)
         self._curve_client_cert = curve_client_cert or os.environ.get(curve.CLIENT_CERT_ENV)
 
-        self._pending: collections.deque[dict[str, Any]] = collections.deque()
+        # (ts, type, step, epoch, stage, data) per event: the cheapest thing publish() can append.
+        self._pending: collections.deque[tuple] = collections.deque()
         self._closed = False
         self._flush_requested = False
         self._published = 0
@@ -238,15 +240,7 @@ class Publisher:
             if len(pending) >= self._max_events:
                 pending.popleft()
                 self._dropped_full += 1
-            event = self._base.copy()
-            event["seq"] = 0
-            event["ts"] = time.time()
-            event["type"] = type
-            event["step"] = step
-            event["epoch"] = epoch
-            event["stage"] = stage
-            event["data"] = data
-            pending.append(event)
+            pending.append((time.time(), type, step, epoch, stage, data))
             self._published += 1
         except Exception:  # noqa: BLE001 - never raise into training; counted below
             self._dropped_error += 1
@@ -422,22 +416,21 @@ class Publisher:
     def _take_pending(self) -> None:
         pending = self._pending
         unacked = self._unacked
-        limit = schema.MAX_FRAME_BYTES - 8
+        limit = schema.MAX_FRAME_BYTES - len(self._prefix) - 8
         while pending:
-            event = pending.popleft()
-            event["seq"] = self._next_seq
+            ts, kind, step, epoch, stage, data = pending.popleft()
             try:
-                blob = schema.encode_event(event)
+                blob = schema.encode_row(self._next_seq, ts, kind, step, epoch, stage, data)
             except Exception as exc:  # noqa: BLE001 - an unencodable event is counted, not raised
-                self._drop_bad(f"cannot encode {event['type']} event: {exc}")
+                self._drop_bad(f"cannot encode {kind} event: {exc}")
                 continue
             if len(blob) > limit:
-                self._drop_bad(f"{event['type']} event of {len(blob)} bytes exceeds {limit}")
+                self._drop_bad(f"{kind} event of {len(blob)} bytes exceeds {limit}")
                 continue
             unacked.append((self._next_seq, blob))
             self._unacked_bytes += len(blob)
             self._next_seq += 1
-            if event["type"] == "stats":
+            if kind == "stats":
                 continue  # a loss report never causes a loss it does not report
             while len(unacked) > self._max_events or self._unacked_bytes > self._max_bytes:
                 seq, old = unacked.popleft()
@@ -460,10 +453,7 @@ class Publisher:
             return
         self._reported_drops = dropped
         self._last_report = now
-        event = self._base.copy()
-        event.update(seq=0, ts=time.time(), type="stats", step=None, epoch=None, stage="client",
-                     data=self._drop_report())
-        self._pending.append(event)
+        self._pending.append((time.time(), "stats", None, None, "client", self._drop_report()))
         self._take_pending()
 
     def _drop_report(self) -> dict[str, int]:
@@ -491,7 +481,7 @@ class Publisher:
 
     def _send_batch(self, sock: zmq.Socket, blobs: list[bytes], next_send: int) -> bool:
         try:
-            sock.send(schema.encode_batch(blobs), zmq.NOBLOCK)
+            sock.send(schema.compact_frame(self._prefix, blobs), zmq.NOBLOCK)
         except zmq.Again:
             return False  # not connected yet or HWM reached: keep them, retry next round
         self._next_send = next_send

@@ -20,6 +20,10 @@ FIELDS: tuple[str, ...] = (
     "type", "step", "epoch", "stage", "data",
 )
 _FIELD_SET = frozenset(FIELDS)
+#: A compact batch names the envelope once: these keys, then ``events`` rows of ROW_FIELDS.
+ENVELOPE: tuple[str, ...] = ("v", "run", "rank", "local_rank", "world_size", "host")
+ROW_FIELDS: tuple[str, ...] = ("seq", "ts", "type", "step", "epoch", "stage", "data")
+_COMPACT_KEYS = frozenset(ENVELOPE + ("events",))
 
 #: Known event types; a new type is a schema change.
 EVENT_TYPES = frozenset({"hello", "params", "metrics", "lifecycle", "stats"})
@@ -82,6 +86,24 @@ def encode_batch(encoded_events: list[bytes]) -> bytes:
     return header + b"".join(encoded_events)
 
 
+def compact_prefix(envelope: dict[str, Any]) -> bytes:
+    """The constant head of every compact batch of one (run, rank): its envelope fields, then the
+    ``events`` key; a frame is this, an array header, and the rows (see compact_frame)."""
+    body = b"".join(msgpack.packb(k) + msgpack.packb(envelope[k], use_bin_type=True) for k in ENVELOPE)
+    return bytes((0x80 | (len(ENVELOPE) + 1),)) + body + msgpack.packb("events")
+
+
+def encode_row(seq: int, ts: float, type: str, step: int | None, epoch: float | None, stage: str | None,
+               data: Any) -> bytes:
+    """One event of a compact batch: ``[seq, ts, type, step, epoch, stage, data]``."""
+    return msgpack.packb([seq, ts, type, step, epoch, stage, data], default=_default, use_bin_type=True)
+
+
+def compact_frame(prefix: bytes, rows: list[bytes]) -> bytes:
+    """A compact batch frame: the envelope once, then the rows (half the bytes of a batch of maps)."""
+    return prefix + encode_batch(rows)
+
+
 def encode_frame(events: Iterable[dict[str, Any]]) -> bytes:
     """Encode events into one frame (tests, raw senders and the benchmarks use this)."""
     return encode_batch([encode_event(e) for e in events])
@@ -102,7 +124,7 @@ def decode_frame(frame: bytes) -> list[dict[str, Any]]:
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as exc:
         raise FrameError("undecodable", f"{type(exc).__name__}: {exc}") from None
     if type(obj) is dict:
-        events = [obj]
+        events = _expand(obj) if "events" in obj else [obj]
     elif type(obj) is list:
         events = obj
         if not events:
@@ -114,6 +136,30 @@ def decode_frame(frame: bytes) -> list[dict[str, Any]]:
     return events
 
 
+def _expand(frame: dict[str, Any]) -> list[dict[str, Any]]:
+    """A compact batch as the events it stands for; validate_event then checks each like any other."""
+    if frame.keys() != _COMPACT_KEYS:
+        missing = _COMPACT_KEYS.difference(frame)
+        if missing:
+            raise FrameError("missing_field", f"compact batch missing {sorted(missing)}")
+        raise FrameError("unknown_field", f"compact batch has unknown {sorted(map(str, set(frame) - _COMPACT_KEYS))}")
+    rows = frame["events"]
+    if type(rows) is not list:
+        raise FrameError("bad_type", f"compact batch events must be an array, got {type(rows).__name__}")
+    if not rows:
+        raise FrameError("empty", "compact batch holds no events")
+    v, run, rank, lrank, ws, host = _get_envelope(frame)
+    events = []
+    for row in rows:
+        if type(row) is not list or len(row) != len(ROW_FIELDS):
+            raise FrameError("bad_type", f"compact event must be [{', '.join(ROW_FIELDS)}]")
+        seq, ts, typ, step, epoch, stage, data = row
+        events.append({"v": v, "run": run, "rank": rank, "local_rank": lrank, "world_size": ws, "host": host,
+                       "seq": seq, "ts": ts, "type": typ, "step": step, "epoch": epoch, "stage": stage, "data": data})
+    return events
+
+
+_get_envelope = operator.itemgetter(*ENVELOPE)
 _get_fields = operator.itemgetter(*FIELDS)
 _NUMBERS = frozenset({int, float})
 _good_runs: set[str] = set()
