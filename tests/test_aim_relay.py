@@ -41,7 +41,7 @@ def journal_lines(path: Path) -> int:
     return sum(1 for line in path.read_bytes().splitlines() if line.strip()) if path.exists() else 0
 
 
-def replay(journal: Path, repo: Path) -> subprocess.CompletedProcess:
+def replay(journal: Path, repo: Path | str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "relay", "replay", str(journal), "--sink", "aim", "--repo", str(repo)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
@@ -199,6 +199,9 @@ def test_remote_aim_server_down_at_start_then_up(relays, aim_server, tmp_path: P
     assert relay.stop() == 0
     log = relay.log.read_text()
     assert "not reachable yet" in log and "sink aim failed" in log, log[-3000:]
+    # Replaying the journal through the server finds the run and adds nothing.
+    done = replay(tmp_path / "logs" / "job-remote.jsonl", aim_server.url)
+    assert done.returncode == 0, done.stderr[-2000:]
     aim_server.stop()
     index_like_aim_up(aim_server.path)
     runs = read_repo(str(aim_server.path))
