@@ -106,7 +106,7 @@ def interleaved(steps: int, block: int, workdir: Path) -> dict[bool, Sample]:
         trainer = SFTTrainer(
             model=AutoModelForCausalLM.from_pretrained(model_dir), args=config,
             train_dataset=load_sft_dataset(DEMO_DATA, "output", DEMO_RESPONSE_TEMPLATE),
-            processing_class=AutoTokenizer.from_pretrained(model_dir), peft_config=LoraConfig(task_type="CAUSAL_LM"),
+            processing_class=AutoTokenizer.from_pretrained(model_dir), peft_config=LoraConfig(target_modules="all-linear", task_type="CAUSAL_LM"),
             callbacks=[Cycle(), gated],
         )
         trainer.remove_callback(PrinterCallback)  # the log dicts on stdout

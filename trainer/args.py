@@ -39,6 +39,7 @@ DEMO_DEFAULTS = [
     "--dataset_text_field", "output",
     "--response_template", DEMO_RESPONSE_TEMPLATE,
     "--use_peft", "True",
+    "--target_modules", "all-linear",  # q/v-only adapters barely move a randomly initialised model
     "--max_length", "96",
     "--per_device_train_batch_size", "8",
     "--num_train_epochs", "1",

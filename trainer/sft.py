@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_terminated)
     if demo_requested(argv):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # a model this small only loses by spreading out
     try:
         model_args, data_args, tracking_args, training_args = parse_args(argv)
         train(model_args, data_args, training_args, tracking_args)
