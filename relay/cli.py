@@ -6,6 +6,7 @@ Exit codes: 0 clean stop, 1 runtime failure, 2 bad usage or configuration, 3 add
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -69,7 +70,7 @@ def build_sinks(names: tuple[str, ...], params: dict[str, Any], ctx: click.Conte
     wanted = list(dict.fromkeys(names or ("jsonl",)))
     classes = {name: load(name) for name in wanted}
     for name, cls in _SINK_CLASSES.items():
-        if name in classes:
+        if name in classes or name == JsonlSink.name:  # the journal is always on
             continue
         for option in cls.options():
             if ctx.get_parameter_source(option.name) is click.core.ParameterSource.COMMANDLINE:
@@ -153,6 +154,11 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
     except SinkError as exc:
         _fail(EXIT_USAGE, str(exc))
     relay.serve()
+    logging.shutdown()
+    sys.stderr.flush()
+    # Everything is flushed and closed; skip interpreter teardown, where a sink library's own
+    # exit handler (Aim's remote client waiting for a dead server) could hang a finished relay.
+    os._exit(0)
 
 
 @main.command()

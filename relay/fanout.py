@@ -50,8 +50,12 @@ class SinkWorker:
             self._queued += len(batch)
             self._cond.notify()
 
-    def stats(self) -> dict[str, int]:
-        return {"written": self.written, "errors": self.errors, "dropped": self.dropped, "queued": self._queued}
+    def stats(self) -> dict[str, Any]:
+        """The worker's counters, plus the sink's own ``counters`` mapping if it keeps one."""
+        own = getattr(self.sink, "counters", None)
+        extra = {"sink": dict(own)} if isinstance(own, dict) else {}
+        return {"written": self.written, "errors": self.errors, "dropped": self.dropped, "queued": self._queued,
+                **extra}
 
     def close(self, timeout: float) -> None:
         """Drain what is queued (retrying until ``timeout``), then close the sink."""
@@ -96,11 +100,22 @@ class SinkWorker:
                 if len(self._queue) <= 1:
                     self._flush()
                 return True
-            with self._cond:
-                if self._stopping and time.monotonic() + backoff > self._deadline:
-                    return False
-                self._cond.wait(backoff)
+            if not self._sleep(backoff):
+                return False
             backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _sleep(self, seconds: float) -> bool:
+        """Back off for ``seconds`` (new batches arriving do not cut it short); False when
+        shutting down and the drain deadline would pass first."""
+        until = time.monotonic() + seconds
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if self._stopping and until > self._deadline:
+                    return False
+                if now >= until:
+                    return True
+                self._cond.wait(until - now)
 
     def _flush(self) -> None:
         try:
@@ -110,6 +125,6 @@ class SinkWorker:
 
     def _failed(self, what: str, exc: Exception, backoff: float) -> None:
         self.errors += 1
-        if self.errors == 1 or self.errors % 100 == 0 or backoff >= BACKOFF_MAX:
+        if self.errors <= 3 or self.errors % 100 == 0:
             log.error("sink %s %s (%d errors so far), retrying in %.1f s: %s: %s",
                       self.sink.name, what, self.errors, backoff, type(exc).__name__, exc)
