@@ -114,7 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     for key in args.only or list(SECTIONS):
         t0 = time.monotonic()
         log.info("running %s (load %.2f)", key, os.getloadavg()[0])
-        section = SECTIONS[key](args.quick)
+        try:
+            section = SECTIONS[key](args.quick)
+        except Exception as exc:  # one broken section must not cost the others' figures
+            log.exception("section %s failed", key)
+            section = Section(key, f"{key}: failed")
+            section.notes.append(f"this section failed in this run: {type(exc).__name__}: {exc}")
+            section.target("section ran", 0, 1, True, "failed")
         section.data["seconds"] = round(time.monotonic() - t0, 1)
         print(section.render() + "\n", flush=True)
         sections.append(section)

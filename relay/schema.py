@@ -124,7 +124,9 @@ def decode_frame(frame: bytes) -> list[dict[str, Any]]:
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as exc:
         raise FrameError("undecodable", f"{type(exc).__name__}: {exc}") from None
     if type(obj) is dict:
-        events = _expand(obj) if "events" in obj else [obj]
+        if "events" in obj:
+            return _expand(obj)  # validated as it is expanded
+        events = [obj]
     elif type(obj) is list:
         events = obj
         if not events:
@@ -137,7 +139,8 @@ def decode_frame(frame: bytes) -> list[dict[str, Any]]:
 
 
 def _expand(frame: dict[str, Any]) -> list[dict[str, Any]]:
-    """A compact batch as the events it stands for; validate_event then checks each like any other."""
+    """A compact batch as the events it stands for, each checked by validate_event's rules: the
+    first in full, the others only in their own fields (they share the first one's envelope)."""
     if frame.keys() != _COMPACT_KEYS:
         missing = _COMPACT_KEYS.difference(frame)
         if missing:
@@ -149,13 +152,24 @@ def _expand(frame: dict[str, Any]) -> list[dict[str, Any]]:
     if not rows:
         raise FrameError("empty", "compact batch holds no events")
     v, run, rank, lrank, ws, host = _get_envelope(frame)
-    events = []
+    events: list[dict[str, Any]] = []
     for row in rows:
         if type(row) is not list or len(row) != len(ROW_FIELDS):
             raise FrameError("bad_type", f"compact event must be [{', '.join(ROW_FIELDS)}]")
         seq, ts, typ, step, epoch, stage, data = row
-        events.append({"v": v, "run": run, "rank": rank, "local_rank": lrank, "world_size": ws, "host": host,
-                       "seq": seq, "ts": ts, "type": typ, "step": step, "epoch": epoch, "stage": stage, "data": data})
+        event = {"v": v, "run": run, "rank": rank, "local_rank": lrank, "world_size": ws, "host": host,
+                 "seq": seq, "ts": ts, "type": typ, "step": step, "epoch": epoch, "stage": stage, "data": data}
+        if not events:
+            validate_event(event)
+        elif (type(seq) is int and seq >= 0 and type(ts) in _NUMBERS and type(typ) is str and typ in EVENT_TYPES
+              and (step is None or (type(step) is int and step >= 0))
+              and (epoch is None or type(epoch) in _NUMBERS)
+              and (stage is None or (type(stage) is str and len(stage) <= MAX_NAME_LEN))
+              and type(data) is dict):
+            _check_map(data, 1)
+        else:
+            _explain(event)
+        events.append(event)
     return events
 
 

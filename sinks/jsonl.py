@@ -123,14 +123,19 @@ class JsonlSink(Sink):
             self._fd(None)
 
     def write(self, events: Sequence[dict[str, Any]]) -> None:
+        self.write_lines([(e["run"], encode_line(e)) for e in events])
+
+    def write_lines(self, lines: Sequence[tuple[str, bytes]]) -> None:
+        """Append (run, encode_line(event)) pairs with one write per file: the relay encodes each
+        line as its event arrives, while the event is still in the CPU's cache."""
         if not self.directory:
-            self._append(self._fd(None), b"".join([encode_line(e) for e in events]))
+            self._append(self._fd(None), b"".join([line for _, line in lines]))
             return
         per_run: dict[str, list[bytes]] = {}
-        for event in events:
-            per_run.setdefault(event["run"], []).append(encode_line(event))
-        for run, lines in per_run.items():
-            self._append(self._fd(run), b"".join(lines))
+        for run, line in lines:
+            per_run.setdefault(run, []).append(line)
+        for run, chunk in per_run.items():
+            self._append(self._fd(run), b"".join(chunk))
 
     def flush(self) -> None:
         if self.fsync:

@@ -42,3 +42,14 @@ def test_bad_compact_batches_are_rejected_whole(over: dict, reason: str) -> None
     with pytest.raises(schema.FrameError) as err:
         schema.decode_frame(_frame(**over))
     assert err.value.reason == reason
+
+
+def test_a_bad_row_after_good_ones_rejects_the_whole_frame() -> None:
+    rows = _rows(3) + [schema.encode_row(3, 1.0, "metrics", -1, None, "train", {})]
+    with pytest.raises(schema.FrameError) as err:
+        schema.decode_frame(schema.compact_frame(schema.compact_prefix(ENVELOPE), rows))
+    assert err.value.reason == "bad_type"
+    deep = _rows(2) + [schema.encode_row(2, 1.0, "metrics", 1, None, "train", {"k" * 300: 1})]
+    with pytest.raises(schema.FrameError) as err:
+        schema.decode_frame(schema.compact_frame(schema.compact_prefix(ENVELOPE), deep))
+    assert err.value.reason == "name_too_long"
