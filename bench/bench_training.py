@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench.common import ROOT, RelayRun, Sample, alternate, machine, table
+from trainer.tracking import SEND_INTERVAL
 
 
 def _run(steps: int, tracker: str, workdir: Path, wall: Sample) -> float:
@@ -95,7 +96,7 @@ def interleaved(steps: int, block: int, workdir: Path) -> dict[bool, Sample]:
             gated.enabled = (state.global_step // block) % 2 == 1
 
     relay = EmbeddedRelay.start(str(folder))
-    pub = Publisher("bench-interleaved", 0, address=relay.address)
+    pub = Publisher("bench-interleaved", 0, address=relay.address, send_interval=SEND_INTERVAL)
     try:
         gated = Gated(pub)
         config = SFTConfig(
@@ -126,7 +127,7 @@ def hook_cost(steps: int, workdir: Path) -> Sample:
     from trainer.callback import RelayCallback
 
     relay = RelayRun(workdir / "hooks", ["--path", str(workdir / "hooks" / "journal.jsonl")])
-    pub = Publisher("bench-hooks", 0, address=relay.address)
+    pub = Publisher("bench-hooks", 0, address=relay.address, send_interval=SEND_INTERVAL)
     try:
         callback = RelayCallback(pub)
         args = TrainingArguments(output_dir=str(workdir / "hooks"), use_cpu=True, report_to="none")

@@ -112,8 +112,14 @@ def set_params(params: Mapping[str, Any], name: str = "experiment_metadata") -> 
     _emit("params", to_wire(params), None, name)
 
 
+#: How often the publisher ships what was published. A logged training step yields a couple of
+#: events; sending them in fewer, larger frames costs the relay (on the same cores) less per
+#: step, and 0.1 s is still immediate for ``tail -f``.
+SEND_INTERVAL = 0.1
+
+
 def start(run: str, *, rank: int = 0, local_rank: int = 0, world_size: int = 1,
-          address: str | None = None) -> Publisher:
+          address: str | None = None, send_interval: float = SEND_INTERVAL) -> Publisher:
     """Connect this process to the relay and hand over everything queued so far.
 
     Raises ValueError for a bad run id or rank, and RuntimeError if a connection already exists.
@@ -122,7 +128,8 @@ def start(run: str, *, rank: int = 0, local_rank: int = 0, world_size: int = 1,
     with _lock:
         if _publisher is not None:
             raise RuntimeError(f"tracking already started for run {_publisher.run!r}")
-        pub = Publisher(run, rank, local_rank=local_rank, world_size=world_size, address=address)
+        pub = Publisher(run, rank, local_rank=local_rank, world_size=world_size, address=address,
+                        send_interval=send_interval)
         if _queue_dropped:
             pub.publish("metrics", {"tracking_queue_dropped": _queue_dropped}, stage="additional_metrics")
         while _queued:
