@@ -50,18 +50,25 @@ def training(quick: bool) -> Section:
     section = Section("training", "Training overhead: demo fine-tune, tracking off vs relay on")
     with tempfile.TemporaryDirectory(prefix="bench-training-json-") as tmp:
         out = Path(tmp) / "training.json"
-        argv = ["--quick"] if quick else ["--rounds", "4"]
-        bench_training.main([*argv, "--json", str(out)])
+        bench_training.main([*(["--quick"] if quick else ["--steps", "60", "--rounds", "3"]), "--json", str(out)])
         result = json.loads(out.read_text())
-    section.add_table(f"demo fine-tune, {result['steps']} steps, --logging_steps 1 (train_runtime, then process wall)",
+    steps = result["steps"]
+    section.add_table(f"whole demo jobs, {steps} steps, --logging_steps 1: train_runtime, then process wall",
                       result["rows"])
-    extra = [result[k] for k in ("paired", "hooks") if k in result]
-    if extra:
-        section.add_table("same-round ratio, and the callback's hooks per logged step", extra)
-    if "paired" in result:
-        ratio = result["paired"]["median"]
-        section.target("relay on within 2% of tracking off (train_runtime, median same-round ratio)", ratio, 1.02,
-                       False, f"{(ratio - 1) * 100:+.1f}%")
+    if "interleaved" in result:
+        section.add_table(f"one job, {steps * 3} steps, callback off/on every 10 steps: wall time per step cycle",
+                          result["interleaved"])
+        ratio = result["interleaved"][1]["ratio"]
+        section.target("relay on within 2% of tracking off (interleaved step cycle, median)", ratio, 1.02, False,
+                       f"{(ratio - 1) * 100:+.1f}%")
+    section.add_table("same-round job ratio, and the callback's hooks per logged step",
+                      [result["paired"], result["hooks"]])
+    job = result["paired"]["median"]
+    section.target("relay on within 2% of tracking off (whole jobs, median same-round ratio)", job, 1.02, False,
+                   f"{(job - 1) * 100:+.1f}%")
+    section.notes.append("Whole jobs on a shared 2-core machine spread more than the effect; the interleaved job "
+                         "(callback switched off and on every 10 steps of one run) cancels that drift. Aim's "
+                         "in-process callback is not a contender here yet.")
     section.data = result
     return section
 
