@@ -32,8 +32,8 @@ from sinks.jsonl import JsonlSink, encode_line
 log = logging.getLogger("relay")
 
 RECV_BURST = 2000  # messages read per poll before the loop checks its timers
-MAX_UNJOURNALED = 200_000
-GC_THRESHOLD = 50_000  # allocations between young collections (Python's default: 700)  # stop reading (clients keep their events) while the journal is failing
+MAX_UNJOURNALED = 200_000  # stop reading (clients keep their events) while the journal is failing
+GC_THRESHOLD = 50_000  # allocations between young collections (Python's default: 700)
 
 
 @dataclass
@@ -254,10 +254,12 @@ class Relay:
             now = time.monotonic()
             if now < self._journal_retry_at:
                 return
+            before = len(lines)
             try:
                 self.journal.write_lines(lines)
                 self.journal.flush()
             except Exception as exc:  # counted and retried with backoff; no acks until it works
+                self.counters.written += before - len(lines)  # files that did take their part
                 self.counters.journal_errors += 1
                 self._journal_backoff = min(max(self._journal_backoff * 2, 0.1), 5.0)
                 self._journal_retry_at = now + self._journal_backoff

@@ -26,7 +26,15 @@ class DeadLetters:
         self._size = 0
 
     def add(self, reason: str, detail: str, frame: bytes, peer: bytes) -> bool:
-        """Record one rejected frame; False when the bound is reached and only the count remains."""
+        """Record one rejected frame; False when it could not be kept (bound reached, disk full)
+        and only the count remains."""
+        try:
+            return self._add(reason, detail, frame, peer)
+        except OSError as exc:
+            log.warning("cannot write dead letter to %s: %s", self.path, exc.strerror)
+            return False
+
+    def _add(self, reason: str, detail: str, frame: bytes, peer: bytes) -> bool:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             self._size = os.fstat(self._fd).st_size

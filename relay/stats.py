@@ -50,10 +50,15 @@ class Counters:
 
 
 def write_stats(path: Path, snapshot: dict[str, Any]) -> None:
-    """Replace the stats file atomically so a reader never sees a partial document."""
+    """Replace the stats file atomically so a reader never sees a partial document. A full or
+    read-only disk must not stop the relay: the failure is logged and the counters live on."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(snapshot, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(snapshot, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("cannot write stats file %s: %s", path, exc.strerror)
+        tmp.unlink(missing_ok=True)
 
 
 def log_stats(snapshot: dict[str, Any], final: bool = False) -> None:

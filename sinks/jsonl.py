@@ -125,17 +125,26 @@ class JsonlSink(Sink):
     def write(self, events: Sequence[dict[str, Any]]) -> None:
         self.write_lines([(e["run"], encode_line(e)) for e in events])
 
-    def write_lines(self, lines: Sequence[tuple[str, bytes]]) -> None:
+    def write_lines(self, lines: list[tuple[str, bytes]]) -> None:
         """Append (run, encode_line(event)) pairs with one write per file: the relay encodes each
-        line as its event arrives, while the event is still in the CPU's cache."""
+        line as its event arrives, while the event is still in the CPU's cache.
+
+        All or nothing per file: a failed append is cut back off, and when this raises, ``lines``
+        keeps only the pairs not yet written, so a retry writes nothing twice."""
         if not self.directory:
             self._append(self._fd(None), b"".join([line for _, line in lines]))
             return
         per_run: dict[str, list[bytes]] = {}
         for run, line in lines:
             per_run.setdefault(run, []).append(line)
-        for run, chunk in per_run.items():
-            self._append(self._fd(run), b"".join(chunk))
+        done: set[str] = set()
+        try:
+            for run, chunk in per_run.items():
+                self._append(self._fd(run), b"".join(chunk))
+                done.add(run)
+        except Exception:
+            lines[:] = [pair for pair in lines if pair[0] not in done]
+            raise
 
     def flush(self) -> None:
         if self.fsync:
@@ -192,9 +201,14 @@ class JsonlSink(Sink):
         return fd
 
     def _append(self, fd: int, blob: bytes) -> None:
+        start = os.lseek(fd, 0, os.SEEK_END)
         view = memoryview(blob)
-        while view:
-            view = view[os.write(fd, view):]
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:
+            os.ftruncate(fd, start)  # never leave half a batch (or half a line) behind
+            raise
         self._dirty.add(fd)
 
 

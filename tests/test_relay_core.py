@@ -282,3 +282,33 @@ def test_replay_into_a_journal_is_idempotent(relays, tmp_path):
         assert done.returncode == 0, done.stderr
         assert "replayed 604 events from 1 files" in done.stderr
     assert sorted(map(json.dumps, read_jsonl(target / "rp.jsonl"))) == sorted(map(json.dumps, read_jsonl(source)))
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 1 MiB tmpfs, so the journal can run out of space for real (needs root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root?)")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_full_disk_holds_acks_then_recovers_without_loss_or_torn_lines(relays, tmp_path, tiny_disk):
+    journal = tiny_disk / "full.jsonl"
+    filler = tiny_disk / "filler"
+    filler.write_bytes(b"x" * (1024 * 1024 - 16 * 1024))  # leaves ~16 KiB: room for a few dozen lines
+    relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
+    proc = start_publisher(relay.address, "disk", 0, 2000, flush_timeout=60)
+    deadline = time.monotonic() + 30
+    while "journal write failed" not in relay.log.read_text():
+        assert time.monotonic() < deadline, "the journal never failed"
+        time.sleep(0.2)
+    assert proc.poll() is None, "the client must still be waiting for acks"
+    filler.unlink()
+    stats = finish(proc)
+    assert stats["left"] == 0 and stats["dropped"] == 0
+    assert relay.stop() == 0
+    assert_exactly_once(read_jsonl(journal), {("disk", 0): 2000})
+    assert relay.stats(journal)["journal_errors"] >= 1
