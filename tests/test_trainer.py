@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -115,10 +116,12 @@ def test_run_id_sources(monkeypatch: pytest.MonkeyPatch) -> None:
     first, second = default_run_id(), default_run_id()
     assert first != second and first.startswith("sft-")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job/42")
-    assert default_run_id() == "job-42"
-    assert default_run_id("mine") == "mine"
+    assert re.fullmatch(r"job-42-[0-9a-f]{6}", default_run_id())
+    mine = default_run_id("mine")
+    assert re.fullmatch(r"mine-[0-9a-f]{6}", mine)
+    assert default_run_id("mine") != mine, "two jobs reusing a --run_name must not share a run id"
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
-    assert default_run_id("mine") == "mine-r2", "a restarted worker must not collide with its first life"
+    assert re.fullmatch(r"mine-[0-9a-f]{6}-r2", default_run_id("mine")), "a restarted worker gets a new life"
 
 
 def test_trainer_logs_split_by_stage() -> None:

@@ -31,20 +31,24 @@ class RelayStartError(RuntimeError):
 
 
 def default_run_id(run_name: str | None = None) -> str:
-    """``--run_name``, else torchrun's rendezvous id, else a fresh time-stamped id.
+    """``--run_name``, else torchrun's rendezvous id, else ``sft-<time>``; always followed by a
+    random suffix, so that no two jobs share an id.
 
-    An elastic restart gets its own suffix: the relay drops events whose ``(run, rank, seq)``
-    it has seen, and a restarted worker counts ``seq`` from 0 again.
+    The relay drops events whose ``(run, rank, seq)`` it has already journaled and every job counts
+    ``seq`` from 0, so a second job (or an elastic restart, which also gets ``-r<N>``) under a reused
+    id would have its events taken for duplicates. Names are for people; ids must be unique, as in
+    every tracker's notion of a run name.
     """
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
     if run_name:
         base = run_name
     elif elastic and elastic != "none":
-        base = re.sub(r"[^A-Za-z0-9._-]", "-", elastic).lstrip("._-")[:100] or "run"
+        base = re.sub(r"[^A-Za-z0-9._-]", "-", elastic).lstrip("._-") or "run"
     else:
-        base = time.strftime("sft-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-    return f"{base[:120]}-r{restart}" if restart else base
+        base = time.strftime("sft-%Y%m%d-%H%M%S")
+    run_id = f"{base[:110]}-{secrets.token_hex(3)}"
+    return f"{run_id}-r{restart}" if restart else run_id
 
 
 def agree(value: Any) -> Any:

@@ -73,7 +73,8 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
         raise RelayStartError(error)
     tracking.start(run_id, rank=rank, local_rank=local_rank, world_size=world_size, address=address)
     if rank == 0:
-        run_params = {"run_id": run_id, "output_dir": output_dir, "world_size": world_size,
+        run_params = {"run_id": run_id, "run_name": plan.training.run_name, "world_size": world_size,
+                      "output_dir": os.path.abspath(output_dir),  # the relay may run elsewhere
                       "relay_address": address, "trackers": plan.trackers, "embedded_relay": relay is not None}
         if plan.tracking.experiment:
             run_params["experiment"] = plan.tracking.experiment  # sinks that group runs (Aim) use it
