@@ -72,6 +72,7 @@ class Relay:
         self._batch: list[dict[str, Any]] = []
         self._acks_due: set[tuple[str, int]] = set()
         self._routes: dict[tuple[str, int], bytes] = {}
+        self._hellos: dict[tuple[str, int], float] = {}  # ts of each rank's hello, to spot reused run ids
         self._journal_backoff = 0.0
         self._journal_retry_at = 0.0
 
@@ -218,14 +219,27 @@ class Relay:
                         batch.append(event)
                     if event["type"] == "stats":
                         self._client_drops(key, state, event["data"])
+                    elif event["type"] == "hello":
+                        self._hellos[key] = event["ts"]
                 else:
                     counters.duplicates += 1
+                    if event["type"] == "hello" and self._hellos.get(key, event["ts"]) != event["ts"]:
+                        self._reused_run(key)
+
+    def _reused_run(self, key: tuple[str, int]) -> None:
+        """Another process started publishing under a (run, rank) that already has events: its
+        events look like duplicates, so say so loudly instead of dropping them quietly."""
+        self.counters.reused_run_ids += 1
+        log.error("run %s rank %d was started again by another process (a new hello at seq 0): its events "
+                  "repeat seqs already journaled and are dropped as duplicates; give every job its own run id",
+                  key[0], key[1])
 
     def _forget_idle(self, before: float) -> None:
         """Drop per-run state of runs silent since ``before``; the journal can rebuild it."""
         for run in self.dedupe.idle_runs(before):
             for key in [k for k in self._routes if k[0] == run]:
                 del self._routes[key]
+                self._hellos.pop(key, None)
             self.dedupe.forget(run)
             self.journal.release(run)
             log.info("run %s idle for %.0f s: forgot its dedupe state", run, self.config.forget_after)

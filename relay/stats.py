@@ -29,6 +29,7 @@ class Counters:
         self.rejected: collections.Counter[str] = collections.Counter()
         self.deadletter_overflow = 0
         self.journal_errors = 0
+        self.reused_run_ids = 0
         self.client_dropped: dict[tuple[str, int], int] = {}
 
     def snapshot(self, sinks: dict[str, dict[str, int]], ranks: int) -> dict[str, Any]:
@@ -43,6 +44,7 @@ class Counters:
             "rejected_total": sum(self.rejected.values()),
             "deadletter_overflow": self.deadletter_overflow,
             "journal_errors": self.journal_errors,
+            "reused_run_ids": self.reused_run_ids,
             "client_dropped": sum(self.client_dropped.values()),
             "ranks": ranks,
             "sinks": sinks,

@@ -312,3 +312,14 @@ def test_full_disk_holds_acks_then_recovers_without_loss_or_torn_lines(relays, t
     assert relay.stop() == 0
     assert_exactly_once(read_jsonl(journal), {("disk", 0): 2000})
     assert relay.stats(journal)["journal_errors"] >= 1
+
+
+def test_reused_run_id_is_reported_not_silently_merged(relays, tmp_path):
+    journal = tmp_path / "reuse.jsonl"
+    relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
+    finish(start_publisher(relay.address, "same-id", 0, 20))
+    second = finish(start_publisher(relay.address, "same-id", 0, 20, flush_timeout=3))
+    assert second["left"] == 0  # acknowledged as duplicates ...
+    assert relay.stop() == 0
+    assert relay.stats(journal)["reused_run_ids"] == 1  # ... but counted and logged as an error
+    assert "was started again by another process" in relay.log.read_text()
