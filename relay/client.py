@@ -194,6 +194,7 @@ class Publisher:
         self._dropped_error = 0  # by publish(): could not even build the event
         # Owned by the background thread:
         self._unacked: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._pack_row = schema.row_packer().pack
         self._unacked_bytes = 0
         self._next_seq = 0
         self._next_send = 0  # first seq in _unacked not yet handed to the socket
@@ -420,7 +421,7 @@ class Publisher:
         while pending:
             ts, kind, step, epoch, stage, data = pending.popleft()
             try:
-                blob = schema.encode_row(self._next_seq, ts, kind, step, epoch, stage, data)
+                blob = self._pack_row((self._next_seq, ts, kind, step, epoch, stage, data))
             except Exception as exc:  # noqa: BLE001 - an unencodable event is counted, not raised
                 self._drop_bad(f"cannot encode {kind} event: {exc}")
                 continue
