@@ -125,8 +125,11 @@ def run(quick: bool = False) -> Section:
         up = Publisher("bench-hotpath", 0, address=relay.address)
         down = Publisher("bench-down", 0, address=f"tcp://127.0.0.1:{free_port()}", max_events=1000)
         raw = RawSend(relay.address)
-        # log_system_params=False: Aim lists installed packages through pkg_resources, absent here
-        aim = AimCallback(repo=f"{tmp}/aim", experiment="bench-hotpath", log_system_params=False)
+        # log_system_params=False: Aim lists installed packages through pkg_resources, absent here.
+        # No system tracking or terminal capture: their threads would tax every contender of this
+        # process, and without them Aim's own figure can only be lower (the ratios conservative).
+        aim = AimCallback(repo=f"{tmp}/aim", experiment="bench-hotpath", log_system_params=False,
+                          system_tracking_interval=None, capture_terminal_logs=False)
         try:
             hf = (TrainingArguments(output_dir=tmp, report_to="none", use_cpu=True),
                   TrainerState(is_world_process_zero=True), TrainerControl())
