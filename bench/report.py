@@ -37,7 +37,8 @@ HISTORY = """## What moved the figures
   kept only when another sink needs them; a compact batch's envelope is validated once; start-up
   objects are frozen out of the cyclic GC and young collections are rarer. One publisher: about
   67,000 -> 110,000 events/s (quieter moments; see the table for this run). At 1,024 ranks its peak
-  RSS, which is frames queued in ZeroMQ while it is behind, went from 938 MiB to about 480 MiB.
+  RSS, which is frames queued in ZeroMQ while it is behind, went from 938 MiB to 120-480 MiB
+  (depending on the machine's load).
 - **Reused row encoder**: the shared publisher thread packs rows with one msgpack `Packer` instead of
   `packb` per event: 1.1 -> 0.4 us of GIL time per event taken from the training thread.
 """
