@@ -36,22 +36,42 @@ def library_versions() -> dict[str, str]:
     return found
 
 
+_STAGE_OF: dict[str, tuple[str, str]] = {}  # log key -> (stage, name): Trainer keys repeat every step
+
+
+def _stage_of(key: str) -> tuple[str, str]:
+    hit = _STAGE_OF.get(key)
+    if hit is None:
+        hit = ("train", key)
+        for prefix, prefix_stage in _LOG_PREFIXES:
+            if key.startswith(prefix):
+                hit = (prefix_stage, key[len(prefix):])
+                break
+        if len(_STAGE_OF) < 4096:
+            _STAGE_OF[key] = hit
+    return hit
+
+
 def split_logs(logs: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     """Trainer logs -> {stage: {name: number}}: ``eval_loss`` becomes ``loss`` in stage ``eval``.
 
     Training summaries (``train_runtime``, ``train_loss``) keep their names so they never
-    collide with the per-step ``loss`` curve; non-numeric entries are left out.
+    collide with the per-step ``loss`` curve; non-numeric entries are left out. This runs on
+    rank 0's training thread at every log, so the per-key work is a cached lookup.
     """
     out: dict[str, dict[str, float]] = {}
     for key, value in logs.items():
-        if key == "epoch" or isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = type(value)
+        if kind is not float and kind is not int:
+            if kind is bool or not isinstance(value, (int, float)):
+                continue
+        if key == "epoch":
             continue  # the epoch travels in the envelope
-        stage, name = "train", key
-        for prefix, prefix_stage in _LOG_PREFIXES:
-            if key.startswith(prefix):
-                stage, name = prefix_stage, key[len(prefix):]
-                break
-        out.setdefault(stage, {})[name] = value
+        stage, name = _STAGE_OF.get(key) or _stage_of(key)
+        metrics = out.get(stage)
+        if metrics is None:
+            metrics = out[stage] = {}
+        metrics[name] = value
     return out
 
 
