@@ -232,7 +232,10 @@ class Publisher:
 
     def publish(self, type: str, data: Mapping[str, Any], *, step: int | None = None,
                 epoch: float | None = None, stage: str | None = None) -> None:
-        """Queue one event; never blocks, never raises (problems are counted as drops)."""
+        """Queue one event; never blocks, never raises (problems are counted as drops).
+
+        ``data`` is encoded later, on the I/O thread: hand over a dict you will not change.
+        """
         try:
             if self._closed:
                 self._dropped_closed += 1
