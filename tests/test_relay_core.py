@@ -110,12 +110,13 @@ def test_malformed_frames_are_rejected_with_reasons_and_valid_ones_survive(relay
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
     ctx = zmq.Context()
+    ctx.setsockopt(zmq.LINGER, 0)  # the hostile frame below is never delivered: don't wait for it at exit
     raw = ctx.socket(zmq.DEALER)
     raw.connect(relay.address)
     pub = Publisher("good", 0, address=relay.address)
     bad_utf8 = b"\x81\xa4data\xa2\xff\xfe"  # {"data": <str with invalid UTF-8>}
     bad_frames = {
-        "undecodable": os.urandom(64) + b"\xc1",
+        "undecodable": b"\x93\x01\x02\xc1",  # an array whose third item is the never-used byte 0xc1
         "not_event": msgpack.packb(42),
         "missing_field": msgpack.packb({"v": 1, "run": "raw"}),
         "bad_version": msgpack.packb(_raw_event(v=99)),
@@ -129,6 +130,10 @@ def test_malformed_frames_are_rejected_with_reasons_and_valid_ones_survive(relay
     for i, (reason, frame) in enumerate(bad_frames.items()):
         pub.publish("metrics", {"i": i}, step=i, stage="train")
         raw.send(frame)
+    noise = os.urandom(64)  # random bytes: whichever rule they break, it is recorded as such
+    with pytest.raises(schema.FrameError) as noise_reason:
+        schema.decode_frame(noise)
+    raw.send(noise)
     raw.send_multipart([b"two", b"parts"])
     hostile = ctx.socket(zmq.DEALER)  # beyond the transport bound ZeroMQ drops this connection
     hostile.connect(relay.address)
@@ -142,13 +147,15 @@ def test_malformed_frames_are_rejected_with_reasons_and_valid_ones_survive(relay
     assert relay.stop() == 0
     counters = relay.stats(journal)
     expected = dict.fromkeys(bad_frames, 1) | {"multipart": 1}
+    expected[noise_reason.value.reason] = expected.get(noise_reason.value.reason, 0) + 1
     assert counters["rejected"] == expected
     dead = read_jsonl(journal.with_name("j_deadletter.jsonl"))
-    assert sorted(d["reason"] for d in dead) == sorted(expected)
+    assert sorted(d["reason"] for d in dead) == sorted(r for r, n in expected.items() for _ in range(n))
     assert all(d["detail"] and d["frame_b64"] is not None for d in dead)
     events = read_jsonl(journal)
     assert [e["data"]["i"] for e in events if e["run"] == "good" and e["type"] == "metrics"] == list(range(60))
     assert [e["data"] for e in events if e["run"] == "raw"] == [{"ok": 1.0}]
+    ctx.destroy()
 
 
 def test_non_finite_values_survive_as_valid_json(relays, tmp_path):
