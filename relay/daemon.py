@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,6 @@ class RelayConfig:
     curve_clients: Path | None = None
     shutdown_timeout: float = 10.0
     forget_after: float = 3600.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Relay:
@@ -111,7 +110,7 @@ class Relay:
 
     def open_sinks(self) -> None:
         """Open the journal, then the others; a SinkError from any of them is a config error."""
-        context = SinkContext(journal=self.journal.path, extra=self.config.extra)
+        context = SinkContext(journal=self.journal.path)
         self.journal.open(context)
         for sink in self.sinks:
             sink.open(context)
@@ -208,7 +207,7 @@ class Relay:
             for event in events:
                 key = (event["run"], event["rank"])
                 if key != last_key:  # a frame normally holds one rank's events: look it up once
-                    state = self.dedupe.ranks.get(key) or self.dedupe.lookup(key[0], key[1], self.journal)
+                    state = self.dedupe.lookup(key[0], key[1], self.journal)
                     acks_due.add(key)
                     routes[key] = peer
                     last_seen[key[0]] = now

@@ -70,9 +70,6 @@ class Dedupe:
         self.ranks: dict[tuple[str, int], RankState] = {}
         self.last_seen: dict[str, float] = {}
 
-    def state(self, run: str, rank: int) -> RankState | None:
-        return self.ranks.get((run, rank))
-
     def add_state(self, run: str, rank: int) -> RankState:
         state = self.ranks[(run, rank)] = RankState()
         self.last_seen.setdefault(run, 0.0)

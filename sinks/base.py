@@ -8,7 +8,7 @@ thread-safe.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Sequence
 
@@ -31,7 +31,6 @@ class SinkContext:
     """
 
     journal: Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Sink(abc.ABC):
