@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from relay.dedupe import Dedupe, RankState
 from relay.fanout import SinkWorker
 from relay.stats import Counters, log_stats, write_stats
 from sinks.base import Sink, SinkContext
-from sinks.jsonl import JsonlSink, encode_line
+from sinks.jsonl import JsonlSink, encode_line, encode_lines
 
 log = logging.getLogger("relay")
 
@@ -65,9 +66,11 @@ class Relay:
         self._sock: zmq.Socket | None = None
         self._auth: curve.ThreadAuthenticator | None = None
         self._stop = False
-        # Accepted events as journal lines, encoded on arrival while they are still in the CPU's cache;
-        # the events themselves are kept only when another sink will want them.
+        self._ingest_idle = threading.Event()  # set while the ingest thread waits; sinks write then
+        # Accepted events as (run, journal lines) chunks, encoded on arrival while they are still in
+        # the CPU's cache; the events themselves are kept only when another sink will want them.
         self._lines: list[tuple[str, bytes]] = []
+        self._pending = 0  # events in self._lines
         self._batch: list[dict[str, Any]] = []
         self._acks_due: set[tuple[str, int]] = set()
         self._routes: dict[tuple[str, int], bytes] = {}
@@ -114,7 +117,7 @@ class Relay:
         self.journal.open(context)
         for sink in self.sinks:
             sink.open(context)
-            worker = SinkWorker(sink, self.config.sink_queue)
+            worker = SinkWorker(sink, self.config.sink_queue, self._ingest_idle)
             worker.start()
             self.workers.append(worker)
 
@@ -154,13 +157,15 @@ class Relay:
         next_watch = time.monotonic() + 1.0
         while not self._stop:
             now = time.monotonic()
-            reading = len(self._lines) < MAX_UNJOURNALED
+            reading = self._pending < MAX_UNJOURNALED
             timeout = max(0.0, min(next_flush, next_watch) - now)
             if reading:
-                if poller.poll(timeout * 1000):
+                if self._wait_for_frames(poller, timeout):
                     self._receive(sock)
             else:
+                self._ingest_idle.set()
                 time.sleep(timeout)
+                self._ingest_idle.clear()
             now = time.monotonic()
             if now >= next_flush:
                 self._commit()
@@ -177,6 +182,17 @@ class Relay:
                     log.info("watched process %d is gone; shutting down", self.config.watch_pid)
                     self._stop = True
         self._shutdown()
+
+    def _wait_for_frames(self, poller: zmq.Poller, timeout: float) -> bool:
+        """Poll; while it would block, let the other sinks' threads write (see relay.fanout)."""
+        assert self._sock is not None
+        if not self.workers or self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return bool(poller.poll(timeout * 1000))
+        self._ingest_idle.set()
+        try:
+            return bool(poller.poll(timeout * 1000))
+        finally:
+            self._ingest_idle.clear()
 
     def _receive(self, sock: zmq.Socket) -> None:
         counters = self.counters
@@ -198,11 +214,23 @@ class Relay:
                 continue
             peer, frame = parts
             try:
-                events = schema.decode_frame(frame)
+                events, first_seq = schema.decode(frame)
             except schema.FrameError as exc:
                 self._reject(exc.reason, exc.detail, frame, peer)
                 continue
             counters.events += len(events)
+            if first_seq is not None:  # one rank's plain events, seqs without a gap: maybe all new
+                key = (events[0]["run"], events[0]["rank"])
+                state = self.dedupe.lookup(key[0], key[1], self.journal)
+                acks_due.add(key)
+                routes[key] = peer
+                last_seen[key[0]] = now
+                if state.take_run(first_seq, len(events)):
+                    lines.append((key[0], encode_lines(events)))
+                    self._pending += len(events)
+                    if keep:
+                        batch.extend(events)
+                    continue
             last_key = None
             for event in events:
                 key = (event["run"], event["rank"])
@@ -214,6 +242,7 @@ class Relay:
                     last_key = key
                 if state.take(event["seq"]):
                     lines.append((key[0], encode_line(event)))
+                    self._pending += 1
                     if keep:
                         batch.append(event)
                     if event["type"] == "stats":
@@ -267,23 +296,24 @@ class Relay:
             now = time.monotonic()
             if now < self._journal_retry_at:
                 return
-            before = len(lines)
             try:
                 self.journal.write_lines(lines)
                 self.journal.flush()
             except Exception as exc:  # counted and retried with backoff; no acks until it works
-                self.counters.written += before - len(lines)  # files that did take their part
+                left = sum(chunk.count(b"\n") for _, chunk in lines)  # one newline per event
+                self.counters.written += self._pending - left  # files that did take their part
+                self._pending = left
                 self.counters.journal_errors += 1
                 self._journal_backoff = min(max(self._journal_backoff * 2, 0.1), 5.0)
                 self._journal_retry_at = now + self._journal_backoff
                 log.error("journal write failed (%d errors, %d events waiting), retrying in %.1f s: %s: %s",
-                          self.counters.journal_errors, len(lines), self._journal_backoff, type(exc).__name__, exc)
+                          self.counters.journal_errors, self._pending, self._journal_backoff, type(exc).__name__, exc)
                 return
             self._journal_backoff = 0.0
-            self.counters.written += len(lines)
+            self.counters.written += self._pending
             for worker in self.workers:
                 worker.submit(self._batch)
-            self._lines, self._batch = [], []
+            self._lines, self._batch, self._pending = [], [], 0
         self._send_acks()
 
     def _send_acks(self) -> None:
@@ -307,11 +337,11 @@ class Relay:
     def snapshot(self) -> dict[str, Any]:
         sinks = {w.sink.name: w.stats() for w in self.workers}
         sinks[self.journal.name] = {"written": self.counters.written, "errors": self.counters.journal_errors,
-                                    "dropped": 0, "queued": len(self._lines)}
+                                    "dropped": 0, "queued": self._pending}
         return self.counters.snapshot(sinks, len(self.dedupe.ranks))
 
     def _shutdown(self) -> None:
-        log.info("shutting down: flushing %d events", len(self._lines))
+        log.info("shutting down: flushing %d events", self._pending)
         deadline = time.monotonic() + self.config.shutdown_timeout
         self._journal_retry_at = 0.0
         self._commit()
@@ -320,7 +350,8 @@ class Relay:
             self._commit()
         if self._lines:
             log.error("shutting down with %d events the journal could not take; their clients still hold "
-                      "them and will resend to the next relay", len(self._lines))
+                      "them and will resend to the next relay", self._pending)
+        self._ingest_idle.set()  # for good: the sinks drain what they have
         for worker in self.workers:
             worker.close(max(0.5, deadline - time.monotonic()))
         try:

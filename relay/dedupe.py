@@ -44,6 +44,14 @@ class RankState:
             self._skip_gap()
         return True
 
+    def take_run(self, first: int, count: int) -> bool:
+        """Record seqs ``first`` .. ``first + count - 1`` at once if they are exactly the next ones
+        (the common case: a client's next frame); False, recording nothing, otherwise."""
+        if first != self.floor or self.above:
+            return False
+        self.floor += count
+        return True
+
     def skip_to(self, seq: int) -> None:
         """The client will never send anything below ``seq`` again (it dropped those, counted)."""
         if seq > self.floor:

@@ -34,6 +34,14 @@ def encode_line(event: dict[str, Any]) -> bytes:
     return line
 
 
+def encode_lines(events: list[dict[str, Any]]) -> bytes:
+    """encode_line for a batch of events, joined: one scan for non-finite floats instead of one per event."""
+    chunk = b"".join([orjson.dumps(e, default=str, option=orjson.OPT_APPEND_NEWLINE) for e in events])
+    if b"null" in chunk:
+        return b"".join([encode_line(e) for e in events])
+    return chunk
+
+
 def read_events(path: Path, bad_lines: list[int] | None = None) -> Iterator[dict[str, Any]]:
     """Events of one JSONL file in file order; unparsable lines are skipped and their line
     numbers appended to ``bad_lines`` so callers can report them."""
@@ -126,8 +134,9 @@ class JsonlSink(Sink):
         self.write_lines([(e["run"], encode_line(e)) for e in events])
 
     def write_lines(self, lines: list[tuple[str, bytes]]) -> None:
-        """Append (run, encode_line(event)) pairs with one write per file: the relay encodes each
-        line as its event arrives, while the event is still in the CPU's cache.
+        """Append (run, lines) pairs, each one or more encoded lines of one run (encode_line,
+        encode_lines), with one write per file: the relay encodes lines as their events arrive,
+        while the events are still in the CPU's cache.
 
         All or nothing per file: a failed append is cut back off, and when this raises, ``lines``
         keeps only the pairs not yet written, so a retry writes nothing twice."""

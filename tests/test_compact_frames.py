@@ -2,6 +2,8 @@
 of maps would, and is rejected with the same reasons when it breaks the schema."""
 from __future__ import annotations
 
+import random
+
 import msgpack
 import pytest
 
@@ -53,3 +55,72 @@ def test_a_bad_row_after_good_ones_rejects_the_whole_frame() -> None:
     with pytest.raises(schema.FrameError) as err:
         schema.decode_frame(schema.compact_frame(schema.compact_prefix(ENVELOPE), deep))
     assert err.value.reason == "name_too_long"
+
+
+GOOD_COLUMNS = ([0], [1.5, 2], ["metrics", "params", "lifecycle"], [None, 0, 7], [None, 0.5, 1], [None, "train", ""],
+                [{"loss": 1.0, "ok": True, "note": None, "name": "x"}, {}])
+BAD_COLUMNS = ([-1, "0", 1.5, True, None], ["x", None, True], ["nope", 3, b"metrics", None],
+               [-1, 1.5, True, "1"], ["e", True, [1]], ["s" * 300, 3, b"x"],
+               [[], {"k" * 300: 1}, {"a": b"x"}, {b"k": 1}, {"a": msgpack.ExtType(1, b"x")}, 5])
+NESTED = [{"a": {"b": [1, {"c": 2}]}}, {"d": [[[[[[[[[[1]]]]]]]]]]}, {"a": {"k" * 300: 1}}]
+
+
+def _random_rows(rng: random.Random) -> list:
+    rows = []
+    for seq in range(rng.randint(1, 12)):
+        row = [rng.choice(column) for column in GOOD_COLUMNS]
+        row[0] = seq
+        if rng.random() < 0.1:
+            column = rng.randrange(len(ROW))
+            row[column] = rng.choice(BAD_COLUMNS[column])
+        if rng.random() < 0.05:
+            row[6] = rng.choice(NESTED)
+        if rng.random() < 0.03:
+            row = rng.choice([row[:6], tuple(row), "row", 7, {"seq": seq}])
+        rows.append(row)
+    return msgpack.unpackb(msgpack.packb(rows, use_bin_type=True), raw=False, strict_map_key=True)
+
+
+ROW = schema.ROW_FIELDS
+
+
+def test_column_checks_accept_exactly_what_the_row_checks_accept() -> None:
+    """The relay trusts the column pass; a frame it lets through that a row check would refuse (or a
+    plain valid frame it sends down the slow path) is a bug this finds."""
+    rng = random.Random(1234)
+    outcomes = {"accepted": 0, "rejected": 0, "nested": 0}
+    for _ in range(3000):
+        rows = _random_rows(rng)
+        try:
+            expected = schema._expand_checked(rows, *ENVELOPE.values())
+        except schema.FrameError:
+            expected = None
+        fast = schema._columns_ok(rows)
+        nested = expected is not None and any(type(v) in (dict, list) for e in expected for v in e["data"].values())
+        if expected is None:
+            assert fast is None, rows
+            outcomes["rejected"] += 1
+        elif nested:
+            assert fast is None, rows  # nested data is checked row by row
+            outcomes["nested"] += 1
+        else:
+            assert fast is not None, rows
+            assert schema.decode(schema.compact_frame(schema.compact_prefix(ENVELOPE),
+                                                      [msgpack.packb(r) for r in rows])).events == expected
+            outcomes["accepted"] += 1
+    assert min(outcomes.values()) > 50, outcomes  # every kind was exercised
+
+
+def test_first_seq_marks_only_gapless_plain_runs() -> None:
+    def first_seq(rows: list[tuple]) -> int | None:
+        frame = schema.compact_frame(schema.compact_prefix(ENVELOPE), [schema.encode_row(*r) for r in rows])
+        return schema.decode(frame).first_seq
+
+    row = (0, 1.0, "metrics", 1, None, "train", {"x": 1})
+    assert first_seq([(s, *row[1:]) for s in (5, 6, 7)]) == 5
+    assert first_seq([(s, *row[1:]) for s in (5, 7, 8)]) is None  # a gap
+    assert first_seq([(s, *row[1:]) for s in (6, 5)]) is None  # out of order
+    assert first_seq([(0, 1.0, "hello", None, None, None, {}), (1, *row[1:])]) is None  # hello: acted on one by one
+    assert first_seq([(0, *row[1:]), (1, 1.0, "stats", None, None, None, {"dropped": 1})]) is None
+    assert schema.decode(schema.encode_frame([{**ENVELOPE, "seq": 0, "ts": 1.0, "type": "metrics", "step": 1,
+                                               "epoch": None, "stage": None, "data": {}}])).first_seq is None

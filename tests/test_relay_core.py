@@ -188,7 +188,10 @@ def test_failing_plugin_sink_is_isolated_and_counted(relays, tmp_path):
     relay = relays(["--sink", "explode", "--sink", "collect", "--path", str(journal),  # journal implied
                     "--collect-file", str(collected), "--stats-interval", "0.2"], env=env)
     finish(start_publisher(relay.address, "iso", 0, 2000))
-    time.sleep(0.5)
+    deadline = time.monotonic() + 10  # other sinks write while ingest is idle, not only at shutdown
+    while collected.read_text().count("\n") < 2000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert collected.read_text().count("\n") >= 2000
     assert relay.stop() == 0
     assert_exactly_once(read_jsonl(journal), {("iso", 0): 2000})
     assert len(read_jsonl(collected)) == len(read_jsonl(journal))
