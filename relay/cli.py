@@ -15,7 +15,8 @@ import click
 
 from relay.address import AddressInUse, BadAddress
 from relay.client import ADDRESS_ENV, DEFAULT_ADDRESS
-from sinks.base import Sink, SinkError
+from relay.sinkproc import SinkSpec
+from sinks.base import SinkError
 from sinks.jsonl import JsonlSink
 from sinks.registry import load, load_all
 
@@ -64,9 +65,11 @@ def _sink_options(func: Callable) -> Callable:
     return func
 
 
-def build_sinks(names: tuple[str, ...], params: dict[str, Any], ctx: click.Context) -> tuple[JsonlSink, list[Sink]]:
-    """The journal (always present: ``--sink jsonl`` is implied) and the other sinks, each given
-    only its own options; an option given for a sink that was not asked for is a usage error."""
+def build_sinks(names: tuple[str, ...], params: dict[str, Any], ctx: click.Context,
+                log_level: str = "info") -> tuple[JsonlSink, list[SinkSpec]]:
+    """The journal (always present: ``--sink jsonl`` is implied) and what each other sink's process
+    needs to build it: its name and only its own options. An option given for a sink that was not
+    asked for is a usage error, and so is an unknown sink."""
     wanted = list(dict.fromkeys(names or ("jsonl",)))
     classes = {name: load(name) for name in wanted}
     for name, cls in _SINK_CLASSES.items():
@@ -75,18 +78,20 @@ def build_sinks(names: tuple[str, ...], params: dict[str, Any], ctx: click.Conte
         for option in cls.options():
             if ctx.get_parameter_source(option.name) is click.core.ParameterSource.COMMANDLINE:
                 raise click.UsageError(f"{option.opts[0]} belongs to the {name} sink; add --sink {name}")
-    sinks: list[Sink] = []
-    journal: JsonlSink | None = None
-    for name, cls in classes.items():
-        kwargs = {o.name: params[o.name] for o in cls.options() if o.name in params}
-        sink = cls(**kwargs)
-        if isinstance(sink, JsonlSink) and journal is None:
-            journal = sink
-        else:
-            sinks.append(sink)
-    if journal is None:
-        journal = JsonlSink(**{o.name: params[o.name] for o in JsonlSink.options()})
-    return journal, sinks
+    journal = JsonlSink(**{o.name: params[o.name] for o in JsonlSink.options()})
+    specs = [SinkSpec(name, {o.name: _jsonable(params[o.name]) for o in cls.options() if o.name in params},
+                      log_level=log_level)
+             for name, cls in classes.items() if name != JsonlSink.name]
+    return journal, specs
+
+
+def _jsonable(value: Any) -> Any:
+    """An option value as the sink process receives it (its click type converts it back)."""
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
 
 
 @click.group(cls=_ServeByDefault, context_settings={"help_option_names": ["-h", "--help"]})
@@ -136,7 +141,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
 
     _setup_logging(log_level)
     try:
-        journal, sinks = build_sinks(sink_names, sink_params, ctx)
+        journal, sinks = build_sinks(sink_names, sink_params, ctx, log_level)
     except SinkError as exc:
         _fail(EXIT_USAGE, str(exc))
     config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,

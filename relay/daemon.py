@@ -2,8 +2,8 @@
 
 One ingest thread owns the ROUTER socket and the journal (the durable JSONL sink). Every
 ``flush_interval`` it appends the new events to the journal in one write, then acknowledges
-cumulatively per (run, rank), then hands the same batch to each other sink's worker thread.
-Acks therefore mean "in the journal", and no other sink can slow ingest down.
+cumulatively per (run, rank), then hands the same lines to each other sink's process
+(relay/sinkproc.py). Acks therefore mean "in the journal", and no other sink can slow ingest down.
 """
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import json
 import logging
 import os
 import signal
-import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,9 @@ from relay import curve, schema
 from relay.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_loopback
 from relay.deadletter import DeadLetters
 from relay.dedupe import Dedupe, RankState
-from relay.fanout import SinkWorker
+from relay.sinkproc import SinkProcess, SinkSpec
 from relay.stats import Counters, log_stats, write_stats
-from sinks.base import Sink, SinkContext
+from sinks.base import SinkContext
 from sinks.jsonl import JsonlSink, encode_line, encode_lines
 
 log = logging.getLogger("relay")
@@ -52,7 +51,7 @@ class RelayConfig:
 
 
 class Relay:
-    def __init__(self, config: RelayConfig, journal: JsonlSink, sinks: list[Sink]) -> None:
+    def __init__(self, config: RelayConfig, journal: JsonlSink, sinks: list[SinkSpec]) -> None:
         self.config = config
         self.journal = journal
         self.sinks = sinks
@@ -60,18 +59,16 @@ class Relay:
         self.dedupe = Dedupe()
         self.deadletters = DeadLetters(journal.sidecar("_deadletter.jsonl"))
         self.stats_path: Path = journal.sidecar("_stats.json")
-        self.workers: list[SinkWorker] = []
+        self.workers: list[SinkProcess] = []
         self.address = config.address
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
         self._auth: curve.ThreadAuthenticator | None = None
         self._stop = False
-        self._ingest_idle = threading.Event()  # set while the ingest thread waits; sinks write then
         # Accepted events as (run, journal lines) chunks, encoded on arrival while they are still in
-        # the CPU's cache; the events themselves are kept only when another sink will want them.
+        # the CPU's cache; the other sinks get the same lines.
         self._lines: list[tuple[str, bytes]] = []
         self._pending = 0  # events in self._lines
-        self._batch: list[dict[str, Any]] = []
         self._acks_due: set[tuple[str, int]] = set()
         self._routes: dict[tuple[str, int], bytes] = {}
         self._hellos: dict[tuple[str, int], float] = {}  # ts of each rank's hello, to spot reused run ids
@@ -112,12 +109,12 @@ class Relay:
         return self.address
 
     def open_sinks(self) -> None:
-        """Open the journal, then the others; a SinkError from any of them is a config error."""
-        context = SinkContext(journal=self.journal.path)
-        self.journal.open(context)
-        for sink in self.sinks:
-            sink.open(context)
-            worker = SinkWorker(sink, self.config.sink_queue, self._ingest_idle)
+        """Open the journal, then start the others' processes; a SinkError from any of them (the
+        journal, or a sink that cannot open) is a config error."""
+        self.journal.open(SinkContext(journal=self.journal.path))
+        for spec in self.sinks:
+            worker = SinkProcess(replace(spec, journal=str(self.journal.path), max_events=self.config.sink_queue,
+                                         drain_timeout=self.config.shutdown_timeout))
             worker.start()
             self.workers.append(worker)
 
@@ -160,12 +157,10 @@ class Relay:
             reading = self._pending < MAX_UNJOURNALED
             timeout = max(0.0, min(next_flush, next_watch) - now)
             if reading:
-                if self._wait_for_frames(poller, timeout):
+                if poller.poll(timeout * 1000):
                     self._receive(sock)
             else:
-                self._ingest_idle.set()
                 time.sleep(timeout)
-                self._ingest_idle.clear()
             now = time.monotonic()
             if now >= next_flush:
                 self._commit()
@@ -183,22 +178,9 @@ class Relay:
                     self._stop = True
         self._shutdown()
 
-    def _wait_for_frames(self, poller: zmq.Poller, timeout: float) -> bool:
-        """Poll; while it would block, let the other sinks' threads write (see relay.fanout)."""
-        assert self._sock is not None
-        if not self.workers or self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            return bool(poller.poll(timeout * 1000))
-        self._ingest_idle.set()
-        try:
-            return bool(poller.poll(timeout * 1000))
-        finally:
-            self._ingest_idle.clear()
-
     def _receive(self, sock: zmq.Socket) -> None:
         counters = self.counters
-        batch = self._batch
         lines = self._lines
-        keep = bool(self.workers)
         acks_due = self._acks_due
         routes = self._routes
         last_seen = self.dedupe.last_seen
@@ -228,8 +210,6 @@ class Relay:
                 if state.take_run(first_seq, len(events)):
                     lines.append((key[0], encode_lines(events)))
                     self._pending += len(events)
-                    if keep:
-                        batch.extend(events)
                     continue
             last_key = None
             for event in events:
@@ -243,8 +223,6 @@ class Relay:
                 if state.take(event["seq"]):
                     lines.append((key[0], encode_line(event)))
                     self._pending += 1
-                    if keep:
-                        batch.append(event)
                     if event["type"] == "stats":
                         self._client_drops(key, state, event["data"])
                     elif event["type"] == "hello":
@@ -311,9 +289,11 @@ class Relay:
                 return
             self._journal_backoff = 0.0
             self.counters.written += self._pending
-            for worker in self.workers:
-                worker.submit(self._batch)
-            self._lines, self._batch, self._pending = [], [], 0
+            if self.workers:
+                joined = b"".join([chunk for _, chunk in lines])
+                for worker in self.workers:
+                    worker.submit(joined, self._pending)
+            self._lines, self._pending = [], 0
         self._send_acks()
 
     def _send_acks(self) -> None:
@@ -335,7 +315,7 @@ class Relay:
     # -- shutdown -----------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        sinks = {w.sink.name: w.stats() for w in self.workers}
+        sinks = {w.name: w.stats() for w in self.workers}
         sinks[self.journal.name] = {"written": self.counters.written, "errors": self.counters.journal_errors,
                                     "dropped": 0, "queued": self._pending}
         return self.counters.snapshot(sinks, len(self.dedupe.ranks))
@@ -351,7 +331,6 @@ class Relay:
         if self._lines:
             log.error("shutting down with %d events the journal could not take; their clients still hold "
                       "them and will resend to the next relay", self._pending)
-        self._ingest_idle.set()  # for good: the sinks drain what they have
         for worker in self.workers:
             worker.close(max(0.5, deadline - time.monotonic()))
         try:

@@ -1,12 +1,7 @@
-"""Runs each non-durable sink in its own thread, so a slow or failing sink never holds up ingest,
-acknowledgements or the journal.
+"""Inside a sink's process (relay/sinkproc.py), the thread that writes to the sink, so reading
+the relay's lines never waits for a slow or failing sink.
 
-Batches are cut into chunks of at most CHUNK events. A sink writes a chunk only while the ingest
-thread is idle (waiting for frames): threads share one interpreter lock, and a sink busy in Python
-(Aim is) would otherwise take up to half of it from ingest. So under a burst the journal keeps its
-full rate and the other sinks catch up as soon as it ends.
-
-A failed chunk is retried, whole and in order, with exponential backoff; the queue is bounded by
+A failed batch is retried, whole and in order, with exponential backoff; the queue is bounded by
 events, and what does not fit is counted as dropped for that sink (it stays in the journal, from
 which ``relay replay`` rebuilds the sink).
 """
@@ -24,16 +19,11 @@ log = logging.getLogger(__name__)
 
 BACKOFF_START = 0.1
 BACKOFF_MAX = 30.0
-#: Events per sink write: bounds how long a sink holds the interpreter once ingest has work again.
-CHUNK = 64
 
 
 class SinkWorker:
-    def __init__(self, sink: Sink, max_events: int = 200_000, ingest_idle: threading.Event | None = None) -> None:
-        """``ingest_idle``, when given, is set while the ingest thread waits for frames; chunks are
-        written only then (and at shutdown, when the caller sets it for good)."""
+    def __init__(self, sink: Sink, max_events: int = 200_000) -> None:
         self.sink = sink
-        self.ingest_idle = ingest_idle
         self.max_events = max_events
         self.written = 0
         self.errors = 0
@@ -56,7 +46,7 @@ class SinkWorker:
                     log.warning("sink %s is %d events behind; dropped %d so far (replay the journal to "
                                 "rebuild it)", self.sink.name, self._queued, self.dropped)
                 return
-            self._queue.extend([batch[i:i + CHUNK] for i in range(0, len(batch), CHUNK)])
+            self._queue.append(batch)
             self._queued += len(batch)
             self._cond.notify()
 
@@ -92,18 +82,11 @@ class SinkWorker:
                 if not self._queue:
                     return
                 batch = self._queue[0]
-            if self.ingest_idle is not None:
-                self._await_idle_ingest()
             if not self._deliver(batch):
                 return
             with self._cond:
                 self._queue.popleft()
                 self._queued -= len(batch)
-
-    def _await_idle_ingest(self) -> None:
-        idle = self.ingest_idle
-        while not idle.is_set():  # re-checked: a wait can end on a set that was already undone
-            idle.wait()
 
     def _deliver(self, batch: Sequence[dict[str, Any]]) -> bool:
         backoff = BACKOFF_START

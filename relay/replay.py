@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from relay.schema import from_json_metrics
+from relay.schema import from_journal
 from sinks.base import Sink, SinkContext
 from relay.dedupe import Dedupe
 from sinks.jsonl import journal_files, read_events
@@ -44,9 +44,7 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
             for event in read_events(path, bad):
                 if runs and event.get("run") not in runs:
                     continue
-                if event.get("type") == "metrics" and type(event.get("data")) is dict:
-                    event["data"] = from_json_metrics(event["data"])
-                batch.append(event)
+                batch.append(from_journal(event))
                 if len(batch) >= BATCH:
                     _write(targets, batch)
                     result.events += len(batch)

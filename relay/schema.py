@@ -393,6 +393,14 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+def from_journal(event: dict[str, Any]) -> dict[str, Any]:
+    """An event read back from its journal line as the relay took it: non-finite metrics restored.
+    What replay and the sink processes hand to sinks, so live and replayed sinks see the same."""
+    if event.get("type") == "metrics" and type(event.get("data")) is dict:
+        event["data"] = from_json_metrics(event["data"])
+    return event
+
+
 def from_json_metrics(data: dict[str, Any]) -> dict[str, Any]:
     """Inverse of json_safe for metric values read back from JSONL (replay): "NaN" -> nan."""
     return {k: (NONFINITE_JSON[v] if type(v) is str and v in NONFINITE_JSON else

@@ -107,16 +107,18 @@ def finish(proc: subprocess.Popen, timeout: float = 120) -> dict:
 
 
 def plugin_env(tmp_path: Path) -> dict[str, str]:
-    """Environment with a throwaway distribution on PYTHONPATH that registers two sinks through
-    entry points: ``explode`` (every write raises) and ``collect`` (appends to --collect-file)."""
+    """Environment with a throwaway distribution on PYTHONPATH that registers three sinks through
+    entry points: ``explode`` (every write raises), ``collect`` (appends to --collect-file) and
+    ``crashonce`` (kills its own process at its first write, then appends to --crash-file)."""
     site = tmp_path / "plugins"
     (site / "throwaway_sinks-0.1.dist-info").mkdir(parents=True)
     (site / "throwaway_sinks-0.1.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: throwaway-sinks\nVersion: 0.1\n")
     (site / "throwaway_sinks-0.1.dist-info" / "entry_points.txt").write_text(
-        "[metrics_relay.sinks]\nexplode = throwaway_sinks:Explode\ncollect = throwaway_sinks:Collect\n")
+        "[metrics_relay.sinks]\nexplode = throwaway_sinks:Explode\ncollect = throwaway_sinks:Collect\n"
+        "crashonce = throwaway_sinks:CrashOnce\n")
     (site / "throwaway_sinks.py").write_text('''
-import click, json
+import click, json, os
 from sinks.base import Sink
 
 class Explode(Sink):
@@ -138,5 +140,19 @@ class Collect(Sink):
         self.fh.flush()
     def close(self):
         self.fh.close()
+
+class CrashOnce(Collect):
+    name = "crashonce"
+    @classmethod
+    def options(cls):
+        return [click.Option(["--crash-file"], default="crashed.jsonl")]
+    def __init__(self, crash_file):
+        super().__init__(crash_file)
+        self.marker = crash_file + ".crashed"
+    def write(self, events):
+        if not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(7)
+        super().write(events)
 ''')
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))

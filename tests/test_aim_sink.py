@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -182,11 +183,14 @@ def test_config_errors_say_what_to_do(tmp_path: Path) -> None:
 
 
 def test_missing_aim_says_how_to_install(tmp_path: Path) -> None:
-    # The relay CLI in a real interpreter where `import aim` fails, as without the [aim] extra.
-    code = ("import sys; sys.modules['aim'] = None\nfrom relay.cli import main\n"
-            f"sys.argv = ['relay', '--bind', 'tcp://127.0.0.1:0', '--sink', 'aim', '--repo', {str(tmp_path / 'aim')!r}]\n"
-            "main()\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    # The relay (and the Aim sink's own process) where `import aim` fails, as without the [aim] extra.
+    shadow = tmp_path / "no-aim" / "aim"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'aim'\")\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-m", "relay", "--bind", "tcp://127.0.0.1:0", "--sink", "aim",
+                          "--repo", str(tmp_path / "aim")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 2 and "pip install 'metrics-relay[aim]'" in out.stderr, out.stderr[-2000:]
 
 
