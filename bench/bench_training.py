@@ -1,16 +1,20 @@
-"""Training overhead: the demo fine-tune with the embedded relay on against --tracker none.
+"""Training overhead: the demo fine-tune with tracking off, with the embedded relay, and with Aim's
+own in-process ``AimCallback`` instead.
 
-Both contenders are the real command (``python -m trainer --demo``) with ``--logging_steps 1``,
-run alternately in one invocation so machine drift hits both alike. The main figure is the
-Trainer's own ``train_runtime`` (the training loop, callback included); the whole process's wall
-time, which also pays for starting and stopping the relay, is reported beside it.
+The contenders are the real command (``torchrun --nproc_per_node 2 -m trainer --demo``, two CPU
+ranks) with ``--logging_steps 1``; for Aim, the same job with ``AimCallback`` added and
+``--tracker none`` (bench/aim_job.py). They run alternately in one invocation so machine drift
+hits all alike. The main figure is the Trainer's own ``train_runtime`` (the training loop,
+callbacks included); the whole process's wall time, which also pays for starting and stopping
+the relay, is reported beside it.
 
 On a shared machine the spread of whole jobs is wider than the effect, so two finer
-measurements follow. Interleaved blocks: one demo job whose relay callback is switched off and
-on every few steps, so drift cancels, and every step's full cycle (data, compute, callbacks,
-logging, and the competition from the publisher's I/O thread and the relay process) is timed.
-Hooks: the callback's own hooks for one logged step, driving the real callback and a real
-publisher connected to a real relay, against the demo's median step time.
+measurements follow. Interleaved blocks: one demo job whose tracking is switched between off,
+our relay callback and AimCallback every few steps, so drift cancels, and every step's full cycle
+(data, compute, callbacks, logging, and the competition from the publisher's I/O thread, the relay
+process, or Aim's threads) is timed. Hooks: our callback's own hooks for one logged step, driving
+the real callback and a real publisher connected to a real relay, against the demo's median step
+time.
 
     python -m bench.bench_training [--steps 200] [--rounds 7] [--quick] [--json FILE]
 """
@@ -31,11 +35,23 @@ from bench.common import ROOT, RelayRun, Sample, alternate, machine, table
 from trainer.tracking import SEND_INTERVAL
 
 
-def _run(steps: int, tracker: str, workdir: Path, wall: Sample) -> float:
-    """One demo job; returns its train_runtime and appends the process wall time to ``wall``."""
-    out = workdir / f"{tracker}-{time.monotonic_ns()}"
-    cmd = [sys.executable, "-m", "trainer", "--demo", "--output_dir", str(out), "--max_steps", str(steps),
-           "--logging_steps", "1", "--tracker", tracker, "--disable_tqdm", "True"]
+OFF, RELAY, AIM = "tracking off", "relay on", "AimCallback in-process"
+OFF_AGAIN = "tracking off again (A/A: the noise floor)"
+INTERLEAVED = 10  # the interleaved job runs this many times --steps
+#: The job each contender runs (after torchrun's own flags), given its output folder.
+JOBS: dict[str, Callable[[Path], list[str]]] = {
+    OFF: lambda out: ["-m", "trainer", "--tracker", "none"],
+    RELAY: lambda out: ["-m", "trainer", "--tracker", "jsonl"],
+    AIM: lambda out: ["-m", "bench.aim_job", str(out / "aim"), "--tracker", "none"],
+}
+
+
+def _run(steps: int, contender: str, workdir: Path, wall: Sample) -> float:
+    """One demo job on two CPU ranks; returns its train_runtime and appends the process wall time to ``wall``."""
+    out = workdir / f"{contender.split()[0]}-{time.monotonic_ns()}"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", *JOBS[contender](out),
+           "--demo", "--output_dir", str(out), "--max_steps", str(steps), "--logging_steps", "1",
+           "--disable_tqdm", "True"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env.pop("RELAY_ADDRESS", None)
     started = time.perf_counter()
@@ -49,9 +65,11 @@ def _run(steps: int, tracker: str, workdir: Path, wall: Sample) -> float:
     raise RuntimeError(f"no train_runtime in the output of {' '.join(cmd)}")
 
 
-def interleaved(steps: int, block: int, workdir: Path) -> dict[bool, Sample]:
-    """Step cycle times of one demo job whose relay callback is on in every other block of steps."""
+def interleaved(steps: int, block: int, workdir: Path) -> dict[str, Sample]:
+    """Step cycle times of one demo job whose tracking goes off, relay, off, Aim, off, ... every ``block``
+    steps; the second "off" is an A/A control that shows how far two identical modes drift apart."""
     import torch
+    from aim.hugging_face import AimCallback
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import SFTConfig, SFTTrainer
@@ -66,21 +84,26 @@ def interleaved(steps: int, block: int, workdir: Path) -> dict[bool, Sample]:
     torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 does for the whole jobs
     folder = workdir / "interleaved"
     model_dir = build_demo(str(folder / "demo-model"))
-    samples = {False: Sample("tracking off (interleaved blocks)", "s"), True: Sample("relay on (interleaved blocks)", "s")}
+    modes = (OFF, RELAY, OFF_AGAIN, AIM)
+    samples = {mode: Sample(f"{mode} (interleaved blocks)", "s") for mode in modes}
+    current = [OFF]
 
-    class Gated(RelayCallback):
-        enabled = False
-
+    class GatedRelay(RelayCallback):
         def on_step_begin(self, *args: object, **kwargs: object) -> None:
-            if self.enabled:
+            if current[0] == RELAY:
                 super().on_step_begin(*args, **kwargs)
 
         def on_step_end(self, *args: object, **kwargs: object) -> None:
-            if self.enabled:
+            if current[0] == RELAY:
                 super().on_step_end(*args, **kwargs)
 
         def on_log(self, *args: object, **kwargs: object) -> None:
-            if self.enabled:
+            if current[0] == RELAY:
+                super().on_log(*args, **kwargs)
+
+    class GatedAim(AimCallback):
+        def on_log(self, *args: object, **kwargs: object) -> None:
+            if current[0] == AIM:
                 super().on_log(*args, **kwargs)
 
     class Cycle(TrainerCallback):
@@ -90,25 +113,28 @@ def interleaved(steps: int, block: int, workdir: Path) -> dict[bool, Sample]:
 
         def on_step_begin(self, args: object, state: object, control: object, **kwargs: object) -> None:
             now = time.perf_counter()
-            if self.last is not None and state.global_step > 2 * block:  # first blocks: warm-up
-                samples[gated.enabled].values.append(now - self.last)
+            if self.last is not None and state.global_step > len(modes) * block:  # first round: warm-up
+                samples[current[0]].values.append(now - self.last)
             self.last = now
-            gated.enabled = (state.global_step // block) % 2 == 1
+            current[0] = modes[(state.global_step // block) % len(modes)]
 
     relay = EmbeddedRelay.start(str(folder))
     pub = Publisher("bench-interleaved", 0, address=relay.address, send_interval=SEND_INTERVAL)
     try:
-        gated = Gated(pub)
         config = SFTConfig(
-            output_dir=str(folder), max_steps=steps, logging_steps=1, per_device_train_batch_size=8, max_length=96,
+            output_dir=str(folder), max_steps=steps, logging_steps=1, per_device_train_batch_size=8, max_length=64,
             learning_rate=1e-2, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
             activation_checkpointing=False, dataset_text_field="output", disable_tqdm=True,
+            # Every batch the same shape (the demo's rows differ in length), so that a step's cost does
+            # not depend on which rows it drew and the modes compare like with like.
+            packing=True, packing_strategy="wrapped",
         )
         trainer = SFTTrainer(
             model=AutoModelForCausalLM.from_pretrained(model_dir), args=config,
             train_dataset=load_sft_dataset(DEMO_DATA, "output", DEMO_RESPONSE_TEMPLATE),
             processing_class=AutoTokenizer.from_pretrained(model_dir), peft_config=LoraConfig(target_modules="all-linear", task_type="CAUSAL_LM"),
-            callbacks=[Cycle(), gated],
+            callbacks=[Cycle(), GatedRelay(pub), GatedAim(repo=str(folder / "aim"), experiment="bench-interleaved",
+                                                          log_system_params=False)],
         )
         trainer.remove_callback(PrinterCallback)  # the log dicts on stdout
         trainer.train()
@@ -152,44 +178,46 @@ def hook_cost(steps: int, workdir: Path) -> Sample:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Alternate relay-on and tracking-off demo jobs; print medians, spread and the ratio."""
+    """Alternate the three contenders' demo jobs; print medians, spread and the ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200, help="training steps per job (x3 for the interleaved job)")
+    parser.add_argument("--steps", type=int, default=200,
+                        help=f"training steps per job (x{INTERLEAVED} for the interleaved job)")
     parser.add_argument("--rounds", type=int, default=7, help="jobs per contender")
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 20 steps (a smoke test)")
+    parser.add_argument("--quick", action="store_true", help="1 round of 10 steps (a smoke test)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
-    steps, rounds = (20, 2) if args.quick else (args.steps, args.rounds)
-    walls = {name: Sample(f"{name} (process wall)", "s") for name in ("tracking off", "relay on")}
+    steps, rounds = (10, 1) if args.quick else (args.steps, args.rounds)
+    walls = {name: Sample(f"{name} (process wall)", "s") for name in JOBS}
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         work = Path(tmp)
         contenders: dict[str, Callable[[], float]] = {
-            "tracking off": lambda: _run(steps, "none", work, walls["tracking off"]),
-            "relay on": lambda: _run(steps, "jsonl", work, walls["relay on"]),
-        }
+            name: (lambda name=name: _run(steps, name, work, walls[name])) for name in JOBS}
         samples = alternate(contenders, rounds, "s")
-        blocks = interleaved(steps * 3, 10, work)
+        blocks = interleaved(steps * INTERLEAVED, 2 if args.quick else 10, work)
         hooks = hook_cost(steps * 10, work)
-    off, on = samples["tracking off"], samples["relay on"]
-    paired = Sample("relay on / tracking off, same round", "x",
-                    [b / a for a, b in zip(off.values, on.values)])
-    rows = [off.row(), on.row(off), walls["tracking off"].row(), walls["relay on"].row(walls["tracking off"])]
-    print(table(rows, f"Training overhead: demo fine-tune, {steps} steps, --logging_steps 1, train_runtime"))
-    block_rows = [blocks[False].row(), blocks[True].row(blocks[False])]
-    print("\n" + table(block_rows, f"Interleaved: one job, {steps * 3} steps, callback off/on every 10 steps, "
-                                    "wall time per step cycle"))
-    block_mean = sum(blocks[True].values) / len(blocks[True].values) / (
-        sum(blocks[False].values) / len(blocks[False].values))
-    step_time = off.median / steps
-    print(f"\noverhead of the relay on train_runtime: {(on.median / off.median - 1) * 100:+.1f}% "
-          f"(median of same-round ratios {paired.median:.3f}, range {paired.spread[0]:.3f}..{paired.spread[1]:.3f})")
-    print(f"interleaved step cycle, relay on / off: median {block_rows[1]['ratio']:.4f}, mean {block_mean:.4f}")
+    off = samples[OFF]
+    paired = {name: Sample(f"{name} / tracking off, same round", "x",
+                           [b / a for a, b in zip(off.values, samples[name].values)]) for name in (RELAY, AIM)}
+    rate = {name: Sample(f"{name}: steps/s", "steps/s", [steps / t for t in samples[name].values]) for name in JOBS}
+    rows = [off.row(), samples[RELAY].row(off), samples[AIM].row(off),
+            rate[OFF].row(), rate[RELAY].row(rate[OFF]), rate[AIM].row(rate[OFF]),
+            walls[OFF].row(), walls[RELAY].row(walls[OFF]), walls[AIM].row(walls[OFF])]
+    print(table(rows, f"Training overhead: demo fine-tune on 2 CPU ranks, {steps} steps, --logging_steps 1, "
+                      "train_runtime"))
+    block_rows = [blocks[OFF].row(), *(blocks[mode].row(blocks[OFF]) for mode in (RELAY, AIM, OFF_AGAIN))]
+    print("\n" + table(block_rows, f"Interleaved: one job, {steps * INTERLEAVED} steps, tracking off / relay / Aim "
+                                    "in turn every few steps, wall time per step cycle"))
+    step_time = blocks[OFF].median
+    for name in (RELAY, AIM):
+        print(f"whole jobs, {name} / off: median of same-round ratios {paired[name].median:.3f}, "
+              f"range {paired[name].spread[0]:.3f}..{paired[name].spread[1]:.3f}")
     print(f"callback hooks per logged step: median {hooks.median * 1e6:.1f} us, max {hooks.spread[1] * 1e6:.1f} us "
           f"= {hooks.median / step_time * 100:.3f}% of the demo's median step ({step_time * 1e3:.1f} ms)")
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine(), "steps": steps, "rows": rows,
-                                         "paired": paired.row(), "hooks": hooks.row(),
-                                         "interleaved": block_rows, "interleaved_mean_ratio": block_mean}, indent=2))
+        args.json.write_text(json.dumps({"machine": machine(), "steps": steps, "interleaved_steps": steps * INTERLEAVED,
+                                         "rows": rows,
+                                         "paired": {name: sample.row() for name, sample in paired.items()},
+                                         "hooks": hooks.row(), "interleaved": block_rows}, indent=2))
     return 0
 
 

@@ -1,6 +1,5 @@
 """`python -m bench --quick` still runs end to end and writes its report (no speed is asserted:
-benchmarks are not timed tests). The training section is left to the trainer's own tests here:
-its quick mode alone runs four demo fine-tunes."""
+benchmarks are not timed tests)."""
 from __future__ import annotations
 
 import json
@@ -25,3 +24,15 @@ def test_bench_quick_writes_every_section(tmp_path: Path) -> None:
         assert (tmp_path / plot).stat().st_size > 0
     scale = next(s for s in report["sections"] if s["key"] == "scale")
     assert all(p["lost"] == 0 and p["duplicated"] == 0 for p in scale["data"]["points"])  # correctness, not speed
+
+
+def test_bench_quick_training_section_runs_all_three_contenders(tmp_path: Path) -> None:
+    """Three two-rank demo jobs (off, relay, AimCallback) and the interleaved job, at 10 steps each."""
+    done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path), "--only", "training"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (section,) = json.loads((tmp_path / "benchmarks.json").read_text())["sections"]
+    interleaved = [row["name"] for row in section["data"]["interleaved"]]
+    assert len(interleaved) == 4 and any("AimCallback" in name for name in interleaved)
+    assert [row["n"] for row in section["data"]["rows"]] == [1] * 9
+    assert len(section["targets"]) == 2

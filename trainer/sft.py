@@ -22,6 +22,7 @@ from trainer.args import (
 from trainer.embedded import JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id
 
 if TYPE_CHECKING:
+    from transformers import TrainerCallback
     from transformers.trainer_utils import TrainOutput
     from trl import SFTConfig
 
@@ -108,8 +109,11 @@ def train(
     data_args: DataArguments,
     training_args: "SFTConfig",
     tracking_args: TrackingArguments | None = None,
+    callbacks: list["TrainerCallback"] | None = None,
 ) -> "TrainOutput":
     """Fine-tune as the command line does; with no ``tracking_args``, log to ``output_dir/training_logs.jsonl``.
+
+    ``callbacks`` are added to the Trainer beside ours (another tracker to compare against, say).
 
     Raises UsageError (a ValueError) for bad arguments or data before any model is loaded, and
     RelayStartError if the embedded relay cannot start.
@@ -143,7 +147,7 @@ def train(
                 r=model_args.lora_r, lora_alpha=model_args.lora_alpha, lora_dropout=model_args.lora_dropout,
                 target_modules="all-linear" if targets == ["all-linear"] else targets, task_type="CAUSAL_LM",
             )
-        callbacks = []
+        callbacks = list(callbacks or [])
         if plan.tracking_on:
             callbacks.append(RelayCallback(flush_timeout=plan.tracking.relay_flush_timeout))
         trainer = SFTTrainer(
@@ -187,8 +191,9 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated(128 + signum)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line entry point; returns the exit status (2: bad usage or input, 143: SIGTERM)."""
+def main(argv: list[str] | None = None, callbacks: list["TrainerCallback"] | None = None) -> int:
+    """Command line entry point; returns the exit status (2: bad usage or input, 143: SIGTERM).
+    ``callbacks``: as for train()."""
     argv = sys.argv[1:] if argv is None else list(argv)
     _configure_logging()
     # torchrun stops the surviving ranks with SIGTERM when one fails; unwinding (instead of dying
@@ -199,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # a model this small only loses by spreading out
     try:
         model_args, data_args, tracking_args, training_args = parse_args(argv)
-        train(model_args, data_args, training_args, tracking_args)
+        train(model_args, data_args, training_args, tracking_args, callbacks)
     except UsageError as exc:
         log.error("%s", exc)
         return 2
