@@ -51,7 +51,7 @@ def training(quick: bool) -> Section:
                                   "AimCallback")
     with tempfile.TemporaryDirectory(prefix="bench-training-json-") as tmp:
         out = Path(tmp) / "training.json"
-        bench_training.main([*(["--quick"] if quick else ["--steps", "100", "--rounds", "3"]), "--json", str(out)])
+        bench_training.main([*(["--quick"] if quick else ["--steps", "60", "--rounds", "3"]), "--json", str(out)])
         result = json.loads(out.read_text())
     steps = result["steps"]
     section.add_table(f"whole demo jobs (torchrun, 2 CPU ranks), {steps} steps, --logging_steps 1: train_runtime, "

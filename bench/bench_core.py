@@ -16,8 +16,8 @@ from pathlib import Path
 import msgpack
 import zmq
 
+from bench import procs
 from bench.common import RelayRun, Sample, alternate, free_port, machine, table
-from relay import schema
 from relay.client import Publisher
 from sinks.jsonl import JsonlSink
 
@@ -73,20 +73,15 @@ def publish_cost(calls: int, rounds: int) -> list[dict]:
     return [base.row(), samples["publish(), relay up"].row(base), samples["publish(), relay down"].row(base)]
 
 
-def ingest_rate(events: int, rounds: int, batch: int = 512) -> list[dict]:
-    """Events/s a relay writes to JSONL, fed pre-encoded batches by raw DEALER sockets."""
+def ingest_rate(events: int, rounds: int) -> list[dict]:
+    """Events/s a relay writes to JSONL, fed pre-encoded batches by a raw DEALER socket."""
     sample = Sample("relay ingest into JSONL", "events/s")
     for r in range(rounds):
         with tempfile.TemporaryDirectory() as tmp:
             journal = Path(tmp) / "j.jsonl"
             relay = RelayRun(Path(tmp), ["--path", str(journal), "--stats-interval", "0.1"])
             stats_path = JsonlSink(journal).sidecar("_stats.json")
-            frames = []
-            for start in range(0, events, batch):
-                frames.append(schema.encode_frame(
-                    {"v": 1, "run": f"ingest{r}", "rank": 0, "local_rank": 0, "world_size": 1, "host": "h",
-                     "seq": s, "ts": time.time(), "type": "metrics", "step": s, "epoch": 0.5, "stage": "train",
-                     "data": LOG} for s in range(start, min(start + batch, events))))
+            frames, _ = procs.frames(f"ingest{r}", 0, events)  # what a Publisher sends: compact batches
             ctx = zmq.Context()
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.SNDHWM, 0)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench import procs
-from bench.common import RelayRun, Section, alternate_many, cli, kill_group
+from bench.common import RelayRun, Sample, Section, alternate_many, cli, kill_group
 from sinks.jsonl import JsonlSink
 
 RELAY, RELAY_AIM, RAW = "relay, JSONL", "relay, JSONL + Aim sink", "raw PULL + orjson writer"
@@ -77,7 +77,7 @@ def _raw_rate(work: Path, publishers: int, total: int) -> dict[str, float]:
 
 def run(quick: bool = False) -> Section:
     """For each publisher count, alternate the three contenders round by round."""
-    counts, total, rounds = ((2,), 6_000, 1) if quick else ((1, 4, 16), 120_000, 3)
+    counts, total, rounds = ((2,), 6_000, 1) if quick else ((1, 4, 16), 240_000, 3)
     section = Section("ingest", "Ingest: events/s into the JSONL journal")
     curve = {}
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
@@ -92,11 +92,14 @@ def run(quick: bool = False) -> Section:
             base = samples[RAW]["events/s"]
             rows = [base.row(), samples[RELAY]["events/s"].row(base), samples[RELAY_AIM]["events/s"].row(base)]
             section.add_table(f"{n} publisher process{'es' if n > 1 else ''}, {total:,} events", rows)
-            relay, with_aim = samples[RELAY]["events/s"].median, samples[RELAY_AIM]["events/s"].median
+            relay = samples[RELAY]["events/s"].median
             section.target(f">= 80% of the raw writer ({n} publishers)", relay / base.median, 0.8, True,
                            f"{relay / base.median:.0%} ({relay:,.0f} vs {base.median:,.0f} ev/s)")
-            section.target(f"JSONL rate holds with the Aim sink attached ({n} publishers, >= 90%)",
-                           with_aim / relay, 0.9, True, f"{with_aim / relay:.0%}")
+            held = Sample("with Aim / without, same round", "x", [a / b for a, b in zip(
+                samples[RELAY_AIM]["events/s"].values, samples[RELAY]["events/s"].values)])
+            section.target(f"JSONL rate holds with the Aim sink attached ({n} publishers, >= 90%, median same-round "
+                           "ratio)", held.median, 0.9, True,
+                           f"{held.median:.0%} (rounds {', '.join(f'{v:.0%}' for v in held.values)})")
             aim_done = samples[RELAY_AIM]["aim written"].median
             section.notes.append(f"{n} publishers: when the journal had all {total:,} events the Aim sink had "
                                  f"written {aim_done:,.0f} of them (it catches up off the ingest path).")

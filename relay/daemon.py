@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -65,6 +66,7 @@ class Relay:
         self._sock: zmq.Socket | None = None
         self._auth: curve.ThreadAuthenticator | None = None
         self._stop = False
+        self._ingest_idle = threading.Event()  # set while ingest waits for frames: the sinks get lines then
         # Accepted events as (run, journal lines) chunks, encoded on arrival while they are still in
         # the CPU's cache; the other sinks get the same lines.
         self._lines: list[tuple[str, bytes]] = []
@@ -114,7 +116,7 @@ class Relay:
         self.journal.open(SinkContext(journal=self.journal.path))
         for spec in self.sinks:
             worker = SinkProcess(replace(spec, journal=str(self.journal.path), max_events=self.config.sink_queue,
-                                         drain_timeout=self.config.shutdown_timeout))
+                                         drain_timeout=self.config.shutdown_timeout), self._ingest_idle)
             worker.start()
             self.workers.append(worker)
 
@@ -157,10 +159,12 @@ class Relay:
             reading = self._pending < MAX_UNJOURNALED
             timeout = max(0.0, min(next_flush, next_watch) - now)
             if reading:
-                if poller.poll(timeout * 1000):
+                if self._wait_for_frames(poller, timeout):
                     self._receive(sock)
             else:
+                self._ingest_idle.set()
                 time.sleep(timeout)
+                self._ingest_idle.clear()
             now = time.monotonic()
             if now >= next_flush:
                 self._commit()
@@ -177,6 +181,18 @@ class Relay:
                     log.info("watched process %d is gone; shutting down", self.config.watch_pid)
                     self._stop = True
         self._shutdown()
+
+    def _wait_for_frames(self, poller: zmq.Poller, timeout: float) -> bool:
+        """Poll; while that blocks, the other sinks' lines go to their processes. Under a burst the
+        journal, the acks and the relay's CPU are all ingest's, and the sinks catch up after it."""
+        assert self._sock is not None
+        if not self.workers or self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return bool(poller.poll(timeout * 1000))
+        self._ingest_idle.set()
+        try:
+            return bool(poller.poll(timeout * 1000))
+        finally:
+            self._ingest_idle.clear()
 
     def _receive(self, sock: zmq.Socket) -> None:
         counters = self.counters
@@ -331,6 +347,7 @@ class Relay:
         if self._lines:
             log.error("shutting down with %d events the journal could not take; their clients still hold "
                       "them and will resend to the next relay", self._pending)
+        self._ingest_idle.set()  # for good: the sinks drain what they have
         for worker in self.workers:
             worker.close(max(0.5, deadline - time.monotonic()))
         try:

@@ -16,6 +16,7 @@ own stdout: ``{"ready": true}`` or ``{"error": MESSAGE}`` once, then its counter
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import logging
 import os
@@ -43,6 +44,8 @@ STATS_PERIOD = 0.5
 START_TIMEOUT = 120.0  # importing and opening a sink (Aim: creating a repository) on a busy machine
 RESTART_MAX = 30.0  # seconds between attempts to start a crashed sink again, at most
 READ_SIZE = 1 << 20
+PIPE_SIZE = 1 << 20
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 
 
 @dataclass
@@ -60,8 +63,11 @@ class SinkSpec:
 class SinkProcess:
     """The relay's side of one child: ``submit`` never blocks ingest, counters merge the child's."""
 
-    def __init__(self, spec: SinkSpec) -> None:
+    def __init__(self, spec: SinkSpec, ingest_idle: threading.Event | None = None) -> None:
+        """``ingest_idle``, when given, is set while the relay's ingest thread waits for frames: lines
+        go to the child only then (and at shutdown, when the relay sets it for good)."""
         self.spec = spec
+        self.ingest_idle = ingest_idle
         self.name = spec.name
         self.dropped = 0  # here: queue full, or unconfirmed when a child died
         self.restarts = 0
@@ -138,6 +144,7 @@ class SinkProcess:
         spec = json.dumps(asdict(self.spec))
         proc = subprocess.Popen([sys.executable, "-m", "relay.sinkproc", spec], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE)
+        _widen(proc.stdin)
         self._proc, self._child, self._sent = proc, {}, 0
         self._first_line.clear()
         self._reader = threading.Thread(target=self._read, args=(proc.stdout,), name=f"sink-{self.name}-stats",
@@ -186,6 +193,9 @@ class SinkProcess:
                     return
                 backoff = min(backoff * 2, RESTART_MAX)
                 continue
+            idle = self.ingest_idle
+            while idle is not None and not idle.is_set():  # re-checked: a wait can end on a set already undone
+                idle.wait()
             try:
                 self._proc.stdin.write(lines)  # a pipe: blocks (without the GIL) while the child is busy
                 self._proc.stdin.flush()
@@ -237,6 +247,15 @@ class SinkProcess:
             self.dropped += unconfirmed
             log.error("sink %s's process exited %s (code %s); up to %d events it had not confirmed are dropped "
                       "for it (they are in the journal: relay replay rebuilds it)", self.name, how, code, unconfirmed)
+
+
+def _widen(pipe: IO[bytes]) -> None:
+    """Make the pipe to the child hold up to PIPE_SIZE: each write then moves thousands of lines, and
+    the feeding thread takes the interpreter lock from ingest a few times a second, not hundreds."""
+    try:
+        fcntl.fcntl(pipe.fileno(), F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError as exc:  # a lower system limit (fs.pipe-max-size): the default size still works
+        log.debug("could not widen the pipe to a sink process: %s", exc)
 
 
 # -- inside the child ------------------------------------------------------------------------------
