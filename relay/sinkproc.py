@@ -39,7 +39,7 @@ from sinks.base import SinkContext, SinkError
 
 log = logging.getLogger(__name__)
 
-NICE = 10  # added to the relay's niceness: ingest first
+NICE = 19  # added to the relay's niceness (capped at 19): ingest first
 STATS_PERIOD = 0.5
 START_TIMEOUT = 120.0  # importing and opening a sink (Aim: creating a repository) on a busy machine
 RESTART_MAX = 30.0  # seconds between attempts to start a crashed sink again, at most
