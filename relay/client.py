@@ -316,7 +316,7 @@ class Publisher:
         # Sends fail (and events stay in our bounded buffer) while no relay is connected, so after
         # a reconnect everything unacknowledged goes out again from the oldest, in order.
         sock.setsockopt(zmq.IMMEDIATE, 1)
-        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         try:
             if self._curve_server_key:
                 curve.secure_client(sock, self._curve_server_key, self._curve_client_cert)
@@ -342,7 +342,7 @@ class Publisher:
                 self._last_progress = time.monotonic()
                 self._backoff = self._resend_after
         elif self._read_monitor(which):
-            self._rewind("connection changed")
+            self._rewind("connection lost")
 
     def _tick(self, now: float) -> None:
         """Hub thread, every ``send_interval``: encode what was published, resend if stalled, send."""
@@ -401,14 +401,17 @@ class Publisher:
 
     @staticmethod
     def _read_monitor(monitor: zmq.Socket) -> bool:
-        """True if the connection to the relay went down or came up since the last look."""
-        changed = False
+        """True if the connection to the relay went down since the last look: what was in flight on
+        it may be lost. (Not when it comes up: with ZMQ_IMMEDIATE nothing was sent while it was down,
+        and what went out since it came up is on the new connection; resending that too only made
+        the relay count the first frame of every publisher as duplicates.)"""
+        lost = False
         while True:
             try:
-                recv_monitor_message(monitor, zmq.NOBLOCK)
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
-                return changed
-            changed = True
+                return lost
+            lost = lost or event["event"] == zmq.EVENT_DISCONNECTED
 
     def _rewind(self, why: str) -> None:
         if self._unacked and self._next_send > self._unacked[0][0]:

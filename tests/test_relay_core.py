@@ -333,3 +333,30 @@ def test_reused_run_id_is_reported_not_silently_merged(relays, tmp_path):
     assert relay.stop() == 0
     assert relay.stats(journal)["reused_run_ids"] == 1  # ... but counted and logged as an error
     assert "was started again by another process" in relay.log.read_text()
+
+
+
+
+def test_only_a_lost_connection_makes_the_publisher_resend():
+    """Resends follow a lost connection (or a stalled ack), never the connection coming up: on the
+    way up nothing was sent (ZMQ_IMMEDIATE), so rewinding then only sent every publisher's first
+    frame twice. Real sockets, real monitor events."""
+    ctx = zmq.Context()
+    relay_side, client = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    port = relay_side.bind_to_random_port("tcp://127.0.0.1")
+    monitor = client.get_monitor_socket()  # every event, as a test of the filter in _read_monitor
+    try:
+        client.connect(f"tcp://127.0.0.1:{port}")
+        assert monitor.poll(5000)
+        time.sleep(0.2)  # let the connection's events (connect delayed, connected, handshake) all arrive
+        assert Publisher._read_monitor(monitor) is False
+        relay_side.close(0)
+        assert monitor.poll(5000)
+        time.sleep(0.2)
+        assert Publisher._read_monitor(monitor) is True
+    finally:
+        client.disable_monitor()
+        monitor.close(0)
+        client.close(0)
+        relay_side.close(0)
+        ctx.term()
