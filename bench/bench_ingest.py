@@ -77,7 +77,7 @@ def _raw_rate(work: Path, publishers: int, total: int) -> dict[str, float]:
 
 def run(quick: bool = False) -> Section:
     """For each publisher count, alternate the three contenders round by round."""
-    counts, total, rounds = ((2,), 6_000, 1) if quick else ((1, 4, 16), 200_000, 4)
+    counts, total, rounds = ((2,), 6_000, 1) if quick else ((1, 4, 16), 200_000, 5)
     section = Section("ingest", "Ingest: events/s into the JSONL journal")
     curve = {}
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
