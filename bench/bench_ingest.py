@@ -37,13 +37,26 @@ def _timed_feed(kind: str, address: str, run: str, publishers: int, total: int, 
         while not out.exists() or out.stat().st_size < expected:
             if time.monotonic() > deadline:
                 size = out.stat().st_size if out.exists() else 0
-                raise RuntimeError(f"{out} has {size} of {expected} bytes ({total} events) after 60 s")
+                left = [f"rank {rank}: exit {proc.poll()}" for rank, proc in enumerate(feeders)
+                        if proc.poll() != 0]
+                raise RuntimeError(f"{out} has {size} of {expected} bytes ({total} events) after 60 s; publishers "
+                                   f"not done: {', '.join(left) or 'none'}; {_relay_counters(out)}")
             alive()
             time.sleep(0.002)
         return time.perf_counter() - t0
     finally:
         for proc in feeders:
             kill_group(proc)
+
+
+def _relay_counters(journal: Path) -> str:
+    """The relay's own counters beside ``journal`` (what a stalled round needs to be understood)."""
+    try:
+        stats = json.loads(JsonlSink(journal).sidecar("_stats.json").read_text())
+    except (OSError, ValueError):
+        return "no relay stats"
+    keys = ("frames", "events", "written", "duplicates", "rejected", "journal_errors")
+    return "relay stats: " + ", ".join(f"{key} {stats.get(key)}" for key in keys)
 
 
 def _relay_rate(work: Path, publishers: int, total: int, aim: bool) -> dict[str, float]:
