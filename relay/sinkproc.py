@@ -80,7 +80,8 @@ class SinkProcess:
         self._done = {"written": 0, "errors": 0, "dropped": 0}  # earlier children's
         self._sink_counters: dict[str, Any] | None = None  # the sink's own, as its child last said
         self._sent = 0  # events the running child was given
-        self._first_line: collections.deque[dict[str, Any]] = collections.deque()
+        self._answer: dict[str, Any] = {}  # the running child's first message: ready, or why not
+        self._answered = threading.Event()  # set on that message, or when the child closed its output
         self._reader: threading.Thread | None = None
         self._feeder = threading.Thread(target=self._feed, name=f"sink-{self.name}", daemon=True)
 
@@ -146,14 +147,13 @@ class SinkProcess:
                                 stdout=subprocess.PIPE)
         _widen(proc.stdin)
         self._proc, self._child, self._sent = proc, {}, 0
-        self._first_line.clear()
+        self._answer = {}
+        self._answered.clear()
         self._reader = threading.Thread(target=self._read, args=(proc.stdout,), name=f"sink-{self.name}-stats",
                                          daemon=True)
         self._reader.start()
-        deadline = time.monotonic() + START_TIMEOUT
-        while not self._first_line and self._reader.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        first = self._first_line[0] if self._first_line else {}
+        self._answered.wait(START_TIMEOUT)
+        first = self._answer
         if first.get("ready"):
             return
         if proc.poll() is None:
@@ -166,17 +166,21 @@ class SinkProcess:
 
     def _read(self, stream: IO[bytes]) -> None:
         """The child's messages: the first answers start(), the rest are its counters."""
-        for line in stream:
-            try:
-                message = json.loads(line)
-            except ValueError:
-                log.warning("sink %s: unreadable message from its process: %r", self.name, line[:200])
-                continue
-            if not self._first_line:
-                self._first_line.append(message)
-            else:
-                self._child = message
-                self._sink_counters = message.get("sink", self._sink_counters)
+        try:
+            for line in stream:
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    log.warning("sink %s: unreadable message from its process: %r", self.name, line[:200])
+                    continue
+                if not self._answered.is_set():
+                    self._answer = message
+                    self._answered.set()
+                else:
+                    self._child = message
+                    self._sink_counters = message.get("sink", self._sink_counters)
+        finally:
+            self._answered.set()  # the child is gone: start() stops waiting
 
     def _feed(self) -> None:
         """Write queued lines to the child; start it again (with backoff) whenever it died."""
