@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# An hour of ranks, a hostile client and relay restarts; figures in docs/reliability.md (not CI).
+SOAK_SECONDS ?= 3600
+soak: $(STAMP)
+	$(PY) -m bench.soak --seconds $(SOAK_SECONDS) --report docs/reliability.md
 
 clean:
 	rm -rf $(VENV) demo-output
