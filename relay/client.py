@@ -5,7 +5,9 @@ microsecond and never blocks or raises. A background thread owns the ZeroMQ DEAL
 assigns per-(run, rank) sequence numbers, encodes and sends small batches, keeps every event
 until the relay acknowledges it (cumulatively), resends after a reconnect or when acks stall,
 and drops the oldest events, counted, when the bounds are reached. Drop counts travel to the
-relay as ``stats`` events so the loss is visible in every sink.
+relay as ``stats`` events so the loss is visible in every sink. Given a spool directory, a
+Publisher that closes with events the relay never acknowledged writes them there in the journal's
+own format, for ``relay replay`` to deliver later.
 
 That thread and its ZeroMQ context are shared by every Publisher of the process (``_Hub``): a
 rank has one, but a process simulating hundreds of ranks (or publishing several runs) then pays
@@ -19,12 +21,14 @@ import itertools
 import logging
 import os
 import select
+import shlex
 import socket
 import sys
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
+import msgpack
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -37,6 +41,8 @@ ADDRESS_ENV = "RELAY_ADDRESS"
 
 MAX_BATCH_EVENTS = 512
 MAX_BATCH_BYTES = 256 << 10
+#: What the replay command of the close warning names when the relay's journal is not known here.
+UNKNOWN_JOURNAL = "YOUR_JOURNAL"
 
 
 def resolve_address(address: str | None = None) -> str:
@@ -162,7 +168,11 @@ class Publisher:
         resend_after: float = 2.0,
         curve_server_key: str | None = None,
         curve_client_cert: str | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        spool_journal: str | os.PathLike[str] | None = None,
     ) -> None:
+        """``spool_dir``: where close() writes what the relay never acknowledged (None: nowhere, it is
+        only counted); ``spool_journal``: the relay's journal, named in the replay command it logs."""
         if not schema.valid_run_id(run):
             raise ValueError(f"run id {run!r} must match {schema.RUN_ID_RE.pattern}")
         for name, val in (("rank", rank), ("world_size", world_size), ("max_events", max_events)):
@@ -172,11 +182,18 @@ class Publisher:
         self.rank = rank
         self.address = resolve_address(address)
         # Frames are compact batches: this envelope once, then one row per event (docs/protocol.md).
-        self._prefix = schema.compact_prefix({
+        # The spool adds it to every row again, as the relay does.
+        self.envelope: dict[str, Any] = {
             "v": schema.SCHEMA_VERSION, "run": run, "rank": rank,
             "local_rank": rank if local_rank is None else local_rank,
             "world_size": max(world_size, 1), "host": (host or socket.gethostname())[: schema.MAX_NAME_LEN],
-        })
+        }
+        self._prefix = schema.compact_prefix(self.envelope)
+        self.spool_path = (None if spool_dir is None
+                           else os.path.join(os.fspath(spool_dir), f"{run}.rank{rank}.spool.jsonl"))
+        self._spool_journal = None if spool_journal is None else os.fspath(spool_journal)
+        self._spooled = 0  # written to the spool at close: not acknowledged, not lost either
+        self._dropped_spool = 0  # meant for the spool, which could not be written
         self._max_events = max_events
         self._max_bytes = max_bytes
         self._interval = send_interval
@@ -260,20 +277,102 @@ class Publisher:
             time.sleep(min(self._interval, 0.005))
 
     def close(self, timeout: float = 5.0) -> int:
-        """Flush, stop the background thread and release the socket; returns the unacked count."""
-        if self._closed:
+        """Flush, stop the background thread and release the socket; returns how many events the
+        relay never acknowledged (written to the spool, when there is one, and logged in one line)."""
+        if self._stop.is_set():
             return self.unacknowledged
         atexit.unregister(self._close_at_exit)
         self.publish("stats", self._drop_report(), stage="client")  # the final word on losses
-        left = self.flush(timeout)
+        self.flush(timeout)
         self._closed = True
         self._stop.set()
         _HUB.wake()
         self._done.wait(max(timeout, 1.0))
-        if left:
+        left = self.unacknowledged
+        if not left:
+            return 0
+        if self.spool_path is None:
             log.warning("relay %s: %d events of run %s rank %d were never acknowledged",
                         self.address, left, self.run, self.rank)
+        elif not self._done.is_set():
+            log.error("relay %s: %d events of run %s rank %d were never acknowledged and are not spooled: the "
+                      "publisher thread did not stop", self.address, left, self.run, self.rank)
+        else:
+            self._spool()
         return left
+
+    def _spool(self) -> None:
+        """close(), once the I/O thread has let go of this Publisher: append what the relay never
+        acknowledged to the spool as the relay would have journaled it, so that ``relay replay``
+        (which skips what the journal already holds) delivers exactly the missing events."""
+        from sinks.jsonl import encode_line  # only a Publisher that has to spool pays for this import
+
+        events = [event for event in map(self._spool_event, self._spool_rows()) if event is not None]
+        self._pending.clear()
+        self._unacked.clear()
+        self._unacked_bytes = 0
+        path = self.spool_path
+        assert path is not None, "close() spools only with a spool_dir"
+        if not events:
+            return
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                start = os.lseek(fd, 0, os.SEEK_END)
+                view = memoryview(b"".join([encode_line(event) for event in events]))
+                try:
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                except OSError:
+                    os.ftruncate(fd, start)  # no half line for replay to trip over
+                    raise
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._dropped_spool += len(events)
+            log.error("relay %s: %d events of run %s rank %d were never acknowledged and are lost: cannot write "
+                      "the spool %s: %s", self.address, len(events), self.run, self.rank, path, exc)
+            return
+        self._spooled += len(events)
+        if self._spool_journal is None:
+            where, journal = f"the journal of the relay at {self.address}", UNKNOWN_JOURNAL
+        else:
+            where, journal = "the journal", shlex.quote(self._spool_journal)
+        log.warning("relay %s: %d events of run %s rank %d were never acknowledged; spooled, deliver them to %s "
+                    "with: relay replay %s --sink jsonl --path %s", self.address, len(events), self.run, self.rank,
+                    where, shlex.quote(path), journal)
+
+    def _spool_rows(self) -> Iterator[bytes]:
+        """Every unacknowledged event as its encoded row: those already numbered, then the ones
+        still queued, numbered on from where the I/O thread stopped (as _take_pending would)."""
+        for _, blob in self._unacked:
+            yield blob
+        limit = schema.MAX_FRAME_BYTES - len(self._prefix) - 8
+        for ts, kind, step, epoch, stage, data in self._pending:
+            try:
+                blob = self._pack_row((self._next_seq, ts, kind, step, epoch, stage, data))
+            except Exception as exc:  # noqa: BLE001 - an unencodable event is counted, not raised
+                self._drop_bad(f"cannot encode {kind} event: {exc}")
+                continue
+            if len(blob) > limit:
+                self._drop_bad(f"{kind} event of {len(blob)} bytes exceeds {limit}")
+                continue
+            self._next_seq += 1
+            yield blob
+
+    def _spool_event(self, blob: bytes) -> dict[str, Any] | None:
+        """One row as the relay would journal it: decoded as the relay decodes, the envelope added,
+        and checked by the relay's rules (it would reject an invalid event: so does the spool)."""
+        try:
+            row = msgpack.unpackb(blob, raw=False, strict_map_key=True, use_list=True)
+            event = {**self.envelope, **dict(zip(schema.ROW_FIELDS, row))}
+            schema.validate_event(event)
+        except ValueError as exc:  # FrameError, a non-string map key: what the relay rejects too
+            self._drop_bad(f"event not spooled, the relay would reject it: {exc}")
+            return None
+        return event
 
     @property
     def unacknowledged(self) -> int:
@@ -284,7 +383,7 @@ class Publisher:
     def dropped(self) -> int:
         """Events this client gave up on, for any reason."""
         return (self._dropped_full + self._dropped_closed + self._dropped_error
-                + self._dropped_unacked + self._dropped_bad)
+                + self._dropped_unacked + self._dropped_bad + self._dropped_spool)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -294,7 +393,7 @@ class Publisher:
             "resent": self._resent, "dropped": self.dropped, "dropped_full": self._dropped_full,
             "dropped_unacked": self._dropped_unacked, "dropped_bad": self._dropped_bad,
             "dropped_closed": self._dropped_closed, "dropped_error": self._dropped_error,
-            "protocol_errors": self._protocol_errors,
+            "dropped_spool": self._dropped_spool, "spooled": self._spooled, "protocol_errors": self._protocol_errors,
         }
 
     def __enter__(self) -> "Publisher":

@@ -93,6 +93,9 @@ class RelayCallback(TrainerCallback):
         self._reset_window()
         self._step_start = 0.0
         self._train_start = 0.0
+        #: Seconds of ``flush_timeout`` the end-of-training flush left unused (None until it ran):
+        #: closing the publisher gets only these, so the whole wait stays within ``flush_timeout``.
+        self.flush_time_left: float | None = None
 
     def _reset_window(self) -> None:
         self._steps = 0
@@ -180,4 +183,6 @@ class RelayCallback(TrainerCallback):
                 "event": "train_end", "status": "completed", "global_step": state.global_step,
                 "wall_seconds": time.perf_counter() - self._train_start,
             }, step=state.global_step, epoch=state.epoch)
+        started = time.monotonic()
         self._pub.flush(self._flush_timeout)
+        self.flush_time_left = max(0.0, self._flush_timeout - (time.monotonic() - started))

@@ -30,7 +30,9 @@ log = logging.getLogger("trainer")
 
 RUN_FILE_NAME = "tracking_run.json"
 DEMO_MODEL_DIR = "demo-model"
-#: After the callback's own end-of-training flush, closing only has to carry the final stats.
+#: Where each rank writes, at the end, what the relay never acknowledged (for ``relay replay``).
+SPOOL_DIR_NAME = "relay-spool"
+#: The last flush when training did not complete (the end-of-training flush never ran).
 CLOSE_TIMEOUT = 5.0
 
 
@@ -72,7 +74,9 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
     run_id, address, error = agree((run_id, address, error))
     if error:
         raise RelayStartError(error)
-    tracking.start(run_id, rank=rank, local_rank=local_rank, world_size=world_size, address=address)
+    journal = os.path.join(output_dir, JSONL_NAME) if plan.tracking.relay_address is None else None
+    tracking.start(run_id, rank=rank, local_rank=local_rank, world_size=world_size, address=address,
+                   spool_dir=os.path.join(output_dir, SPOOL_DIR_NAME), spool_journal=journal)
     if rank == 0:
         run_params = {"run_id": run_id, "run_name": plan.training.run_name, "world_size": world_size,
                       "output_dir": os.path.abspath(output_dir),  # the relay may run elsewhere
@@ -130,6 +134,7 @@ def train(
     rank = training_args.process_index
     world_size = training_args.world_size
     relay = None
+    relay_callback = None
     completed = False
     try:
         if plan.tracking_on:
@@ -149,7 +154,8 @@ def train(
             )
         callbacks = list(callbacks or [])
         if plan.tracking_on:
-            callbacks.append(RelayCallback(flush_timeout=plan.tracking.relay_flush_timeout))
+            relay_callback = RelayCallback(flush_timeout=plan.tracking.relay_flush_timeout)
+            callbacks.append(relay_callback)
         trainer = SFTTrainer(
             model=model, args=training_args, train_dataset=plan.train_dataset, eval_dataset=plan.eval_dataset,
             processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
@@ -167,7 +173,9 @@ def train(
     finally:
         try:
             if tracking.publisher() is not None:
-                tracking.stop(CLOSE_TIMEOUT)
+                # --relay_flush_timeout bounds the whole wait: closing gets what the callback's flush left.
+                left = None if relay_callback is None else relay_callback.flush_time_left
+                tracking.stop(CLOSE_TIMEOUT if left is None else left)
             if completed:
                 barrier()  # every rank has flushed before the relay goes away
         finally:
