@@ -34,6 +34,11 @@ DEMO_MODEL_DIR = "demo-model"
 SPOOL_DIR_NAME = "relay-spool"
 #: The last flush when training did not complete (the end-of-training flush never ran).
 CLOSE_TIMEOUT = 5.0
+#: How long a rank other than 0 waits, after an error that stops the job, for the launcher to stop
+#: it: rank 0 reads the same command line (or made the error), reports it once and exits, and
+#: torchrun then stops the others. Only an error rank 0 did not hit (a path missing on one node)
+#: is reported by its own rank.
+PEER_ERROR_WAIT = 10.0
 
 
 def _apply_demo(model: ModelArguments, data: DataArguments, training: "SFTConfig") -> None:
@@ -200,8 +205,8 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None, callbacks: list["TrainerCallback"] | None = None) -> int:
-    """Command line entry point; returns the exit status (2: bad usage or input, 143: SIGTERM).
-    ``callbacks``: as for train()."""
+    """Command line entry point; returns the exit status (2: bad usage or input, 143: SIGTERM; 0 on
+    a rank that torchrun stopped after rank 0 reported the job's error). ``callbacks``: as for train()."""
     argv = sys.argv[1:] if argv is None else list(argv)
     _configure_logging()
     # torchrun stops the surviving ranks with SIGTERM when one fails; unwinding (instead of dying
@@ -214,14 +219,56 @@ def main(argv: list[str] | None = None, callbacks: list["TrainerCallback"] | Non
         model_args, data_args, tracking_args, training_args = parse_args(argv)
         train(model_args, data_args, training_args, tracking_args, callbacks)
     except UsageError as exc:
-        log.error("%s", exc)
-        return 2
+        return _fail(str(exc), 2, rank0_has_it=False)
     except RelayStartError as exc:
-        log.error("%s", exc)
-        return 1
+        return _fail(str(exc), 1, rank0_has_it=True)  # rank 0 made it and sent it to every rank
     finally:
         _close_process_group()
     return 0
+
+
+def _fail(message: str, status: int, *, rank0_has_it: bool) -> int:
+    """Report an error that stops the job in one line for the whole job, not one per rank.
+
+    Rank 0 logs it and hands it to torchrun, whose failure summary then shows it instead of "To
+    enable traceback see ...". Another rank first gives rank 0 time to fail: if torchrun stops it
+    meanwhile (SIGTERM), rank 0 has reported, and it exits 0 so that the summary lists rank 0 alone;
+    if the error came from rank 0, it exits quietly with ``status``; it speaks only when the error
+    is its own.
+    """
+    rank = int(os.environ.get("RANK", "0") or 0)
+    if rank != 0:
+        if _stopped_within(PEER_ERROR_WAIT):
+            return 0
+        if rank0_has_it:
+            return status
+        message = f"rank {rank}: {message}"
+    log.error("%s", message)
+    _write_error_file(message, status)
+    return status
+
+
+def _stopped_within(seconds: float) -> bool:
+    """Whether SIGTERM (the launcher stopping the job) arrives within ``seconds``."""
+    try:
+        time.sleep(seconds)
+    except Terminated:
+        return True
+    return False
+
+
+def _write_error_file(message: str, status: int) -> None:
+    """Under torchrun (TORCHELASTIC_ERROR_FILE set), leave ``message`` where its failure summary
+    looks for the cause, in the format of torch.distributed.elastic's own ErrorHandler."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": message, "errorCode": status, "extraInfo": {"timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+    except OSError as exc:
+        log.warning("cannot write torchrun's error file %s: %s", path, exc)
 
 
 def _close_process_group() -> None:

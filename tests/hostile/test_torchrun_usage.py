@@ -1,0 +1,51 @@
+"""A bad flag under torchrun: one ERROR line for the whole job (rank 0's), not one per rank, and
+torchrun's failure summary names rank 0 alone, with that line as its cause."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+from trainer_fixtures import error_lines, run_trainer, torchrun
+
+from trainer.sft import PEER_ERROR_WAIT
+
+MESSAGE = "unrecognized arguments: --bogus_flag x"
+
+
+@pytest.mark.parametrize("flags, message, status", [
+    (["--bogus_flag", "x"], MESSAGE, 2),
+    (["--relay_start_timeout", "0.001"], "embedded relay not ready after 0.001s (log: {out}/relay.log)", 1),
+], ids=["bad-flag", "relay-cannot-start"])
+def test_error_under_torchrun_is_reported_once(tmp_path: Path, flags: list[str], message: str, status: int) -> None:
+    out = tmp_path / "out"
+    message = message.format(out=out)
+    done = run_trainer(torchrun(free_port()) + ["--demo", *flags, "--output_dir", str(out)], timeout=120)
+    output = done.stdout + done.stderr
+    errors = error_lines(output)
+    assert len(errors) == 1 and errors[0].endswith(f"ERROR trainer: {message}"), output[-3000:]
+    # torchrun exits 1 whenever a worker fails, whatever its status (it raises ChildFailedError):
+    # the worker's status is in its summary, with rank 0 alone and the line above as the cause.
+    assert done.returncode == 1, output[-3000:]
+    summary = output[output.index("Root Cause (first observed failure):"):]
+    assert "rank      : 0 (local_rank: 0)" in summary and f"exitcode  : {status} " in summary, output[-3000:]
+    assert f"traceback : {message}" in summary
+    assert "Failures:\n  <NO_OTHER_FAILURES>" in output, "rank 1 is not listed as a failure of its own"
+    assert output.count(message) == 2  # the ERROR line, and torchrun's summary
+    assert "Loading weights" not in output
+
+
+def test_usage_error_of_another_rank_alone_is_still_reported(tmp_path: Path) -> None:
+    """Rank 1 hits an error and nobody stops it (rank 0 did not hit it): after PEER_ERROR_WAIT it
+    reports the error itself, naming its rank. (A bad value, as it stops the parse before the
+    training arguments are built, which would look for rank 0.)"""
+    started = time.monotonic()
+    done = run_trainer([sys.executable, "-m", "trainer", "--demo", "--num_train_epochs", "many", "--output_dir",
+                        str(tmp_path / "out")], timeout=120, RANK="1", WORLD_SIZE="2")
+    assert time.monotonic() - started >= PEER_ERROR_WAIT, "it gave rank 0 time to report first"
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = error_lines(done.stderr)
+    message = "rank 1: argument --num_train_epochs/--num-train-epochs: invalid float value: 'many'"
+    assert len(errors) == 1 and errors[0].endswith(f"ERROR trainer: {message}"), done.stderr[-3000:]
