@@ -122,6 +122,15 @@ def main() -> None:
 @click.option("--forget-after", type=click.FloatRange(1.0), default=3600.0, show_default=True,
               help="Seconds after which a silent run's dedupe state is dropped (rebuilt from the journal "
                    "if it returns), so memory stays bounded on a long-lived relay.")
+@click.option("--run-rate", type=click.FloatRange(1.0), default=60.0, show_default=True,
+              help="New run ids one connection may start per minute (and at once); frames starting more are "
+                   "refused (counted, not acknowledged: a real client sends them again later).")
+@click.option("--max-runs", type=click.IntRange(1), default=10_000, show_default=True,
+              help="Runs whose dedupe state is kept in memory; past it the least recently active one is "
+                   "forgotten (rebuilt from the journal if it returns).")
+@click.option("--max-memory", type=click.IntRange(0), default=1024, show_default=True, metavar="MIB",
+              help="Resident memory at which every connection is dropped to free what ZeroMQ holds (clients "
+                   "reconnect and resend); 0: never.")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write {\"address\", \"pid\"} here once listening (for scripts binding port '*').")
 @click.option("--watch-pid", type=int, help="Shut down cleanly when this process is gone.")
@@ -134,7 +143,8 @@ def main() -> None:
 @_sink_options
 @click.pass_context
 def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_interval: float,
-          stats_interval: float, sink_queue: int, forget_after: float, ready_file: Path | None, watch_pid: int | None,
+          stats_interval: float, sink_queue: int, forget_after: float, run_rate: float, max_runs: int,
+          max_memory: int, ready_file: Path | None, watch_pid: int | None,
           curve_cert: Path | None, curve_clients: Path | None, log_level: str, **sink_params: Any) -> None:
     """Run the relay until SIGINT/SIGTERM."""
     from relay.daemon import Relay, RelayConfig
@@ -145,7 +155,8 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
     except SinkError as exc:
         _fail(EXIT_USAGE, str(exc))
     config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
-                         sink_queue=sink_queue, forget_after=forget_after, ready_file=ready_file, watch_pid=watch_pid,
+                         sink_queue=sink_queue, forget_after=forget_after, run_rate=run_rate, max_runs=max_runs,
+                         max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
                          curve_cert=curve_cert, curve_clients=curve_clients)
     relay = Relay(config, journal, sinks)
     try:

@@ -490,6 +490,9 @@ class Publisher:
             for run, rank, upto in acks:
                 if run != self.run or rank != self.rank:
                     continue
+                if upto > self._next_seq:  # an ack for seqs this client never numbered: not our relay's word
+                    self._protocol_errors += 1
+                    upto = self._next_seq
                 unacked = self._unacked
                 while unacked and unacked[0][0] < upto:
                     self._unacked_bytes -= len(unacked.popleft()[1])

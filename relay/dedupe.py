@@ -4,6 +4,13 @@ Clients resend everything unacknowledged after a reconnect, so duplicates are no
 rank is a contiguous floor (every seq below it was taken) plus a bounded set of seqs taken above
 it; since clients send in order the set stays tiny, and its bound keeps memory fixed per rank
 whatever a client does.
+
+A client that had to drop events says so (``dropped_upto`` in its ``stats`` event), and the floor
+moves past the gap so acknowledgements go on. Such a claim binds only the connection that made it:
+the seqs it skipped are remembered (``DropClaim``), a later event in that range from any other
+connection is still taken, and that other connection is acknowledged only as far as it really is
+durable. So a peer that lies about drops cannot make the relay discard another peer's events, nor
+make a real client believe events were journaled that were not.
 """
 from __future__ import annotations
 
@@ -16,19 +23,47 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_WINDOW = 65_536
+MAX_CLAIMS = 16  # drop claims remembered per rank; the oldest is forgotten first
+
+
+class DropClaim:
+    """Seqs ``[low, high)`` one connection said it dropped, less those the relay had taken then or
+    took since from another connection (``seen``); ``filled`` is how far from ``low`` they run on
+    without a gap, which is as far as another connection may be acknowledged."""
+
+    __slots__ = ("low", "high", "peer", "seen", "filled")
+
+    def __init__(self, low: int, high: int, peer: bytes, seen: set[int]) -> None:
+        self.low, self.high, self.peer, self.seen = low, high, peer, seen
+        self.filled = low
+        self._advance()
+
+    def take(self, seq: int) -> bool:
+        if seq in self.seen:
+            return False
+        self.seen.add(seq)
+        self._advance()
+        return True
+
+    def _advance(self) -> None:
+        while self.filled in self.seen:
+            self.seen.remove(self.filled)  # below ``filled`` the frontier stands for them
+            self.filled += 1
 
 
 class RankState:
-    """Seen-set for one (run, rank); ``floor`` is also the cumulative ack the relay can give."""
+    """Seen-set for one (run, rank); ``floor`` is also the cumulative ack the relay can give (but
+    see ``ack_for`` once a drop claim exists)."""
 
-    __slots__ = ("floor", "above")
+    __slots__ = ("floor", "above", "claims")
 
     def __init__(self) -> None:
         self.floor = 0
         self.above: set[int] = set()
+        self.claims: list[DropClaim] | None = None  # None: the common case pays nothing
 
-    def take(self, seq: int) -> bool:
-        """Record ``seq``; False if it was already taken."""
+    def take(self, seq: int, peer: bytes = b"") -> bool:
+        """Record ``seq`` sent by connection ``peer``; False if it was already taken."""
         if seq == self.floor:
             self.floor += 1
             above = self.above
@@ -37,7 +72,9 @@ class RankState:
                     above.remove(self.floor)
                     self.floor += 1
             return True
-        if seq < self.floor or seq in self.above:
+        if seq < self.floor:
+            return self.claims is not None and self._rescue(seq, peer)
+        if seq in self.above:
             return False
         self.above.add(seq)
         if len(self.above) > MAX_WINDOW:
@@ -52,14 +89,45 @@ class RankState:
         self.floor += count
         return True
 
-    def skip_to(self, seq: int) -> None:
-        """The client will never send anything below ``seq`` again (it dropped those, counted)."""
-        if seq > self.floor:
-            self.above = {s for s in self.above if s >= seq}
-            self.floor = seq
-            while self.floor in self.above:
-                self.above.remove(self.floor)
-                self.floor += 1
+    def skip_to(self, seq: int, peer: bytes | None = None) -> None:
+        """Connection ``peer`` will never send anything below ``seq`` again (it dropped those,
+        counted); ``peer=None`` is the relay's own decision and binds every connection."""
+        if seq <= self.floor:
+            return
+        taken = {s for s in self.above if s < seq}
+        if peer is not None and len(taken) < seq - self.floor:
+            claims = self.claims if self.claims is not None else []
+            claims.append(DropClaim(self.floor, seq, peer, taken))
+            self.claims = claims[-MAX_CLAIMS:]
+        self.above.difference_update(taken)
+        self.floor = seq
+        while self.floor in self.above:
+            self.above.remove(self.floor)
+            self.floor += 1
+
+    def ack_for(self, peer: bytes) -> int:
+        """The cumulative ack for ``peer``: the floor, except that a range another connection claimed
+        to have dropped is durable for ``peer`` only as far as the relay really took it."""
+        ack = self.floor
+        if self.claims is None:
+            return ack
+        for claim in self.claims:
+            if claim.peer != peer and claim.filled < claim.high:
+                ack = min(ack, claim.filled)
+        return ack
+
+    def _rescue(self, seq: int, peer: bytes) -> bool:
+        """``seq`` lies below the floor: new only if a drop claim of another connection skipped it."""
+        for claim in self.claims or ():
+            if claim.low <= seq < claim.high:
+                if claim.peer == peer:
+                    return False  # it said it dropped this one
+                if len(claim.seen) >= MAX_WINDOW:
+                    log.warning("seq %d falls in a drop claim holding %d scattered seqs; taken as a duplicate",
+                                seq, MAX_WINDOW)
+                    return False
+                return claim.take(seq)
+        return False
 
     def _skip_gap(self) -> None:
         lowest = min(self.above)
@@ -71,17 +139,28 @@ class Dedupe:
     """All ranks of all runs, keyed by (run, rank).
 
     Runs idle for a while are forgotten so a long-lived relay's memory does not grow with every
-    job it ever served; if one comes back, its state is rebuilt from the journal.
+    job it ever served; if one comes back, its state is rebuilt from the journal. ``last_seen`` is
+    kept in order of activity (``touch``), so the least recently active run is found in O(1).
     """
 
     def __init__(self) -> None:
         self.ranks: dict[tuple[str, int], RankState] = {}
         self.last_seen: dict[str, float] = {}
+        self.run_ranks: dict[str, list[int]] = {}
 
     def add_state(self, run: str, rank: int) -> RankState:
         state = self.ranks[(run, rank)] = RankState()
+        self.run_ranks.setdefault(run, []).append(rank)
         self.last_seen.setdefault(run, 0.0)
         return state
+
+    def touch(self, run: str, now: float) -> None:
+        """Mark ``run`` active now, moving it to the end of ``last_seen``."""
+        self.last_seen.pop(run, None)
+        self.last_seen[run] = now
+
+    def least_recent(self) -> str | None:
+        return next(iter(self.last_seen), None)
 
     def lookup(self, run: str, rank: int, journal: "Sink") -> RankState:
         """The state of (run, rank), learning first what ``journal`` already holds of a run this
@@ -89,7 +168,7 @@ class Dedupe:
         state = self.ranks.get((run, rank))
         if state is not None:
             return state
-        if run not in self.last_seen:
+        if run not in self.run_ranks:
             recovered = 0
             for seen_rank, seq in journal.seen(run):
                 (self.ranks.get((run, seen_rank)) or self.add_state(run, seen_rank)).take(seq)
@@ -101,7 +180,10 @@ class Dedupe:
     def idle_runs(self, before: float) -> list[str]:
         return [run for run, seen in self.last_seen.items() if seen < before]
 
-    def forget(self, run: str) -> None:
-        del self.last_seen[run]
-        for key in [k for k in self.ranks if k[0] == run]:
-            del self.ranks[key]
+    def forget(self, run: str) -> list[int]:
+        """Drop ``run``'s state; returns the ranks it had."""
+        self.last_seen.pop(run, None)
+        ranks = self.run_ranks.pop(run, [])
+        for rank in ranks:
+            del self.ranks[(run, rank)]
+        return ranks

@@ -36,6 +36,11 @@ MAX_TRANSPORT_BYTES = 4 * MAX_FRAME_BYTES
 MAX_NAME_LEN = 256  # data keys, stage, host
 MAX_DEPTH = 8  # nesting of data maps/lists
 MAX_RANK = 1 << 24
+#: seq and step stay below this, so the relay's ack (seq + 1) and every sink's int64 step fit.
+MAX_SEQ = (1 << 63) - 1
+#: ts is unix seconds in [0, MAX_TS] (the end of year 9999), so every reader can turn it into a date.
+MAX_TS = 253402300799.0
+MAX_EPOCH = 1e15  # finite, and exact as a float
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 
 
@@ -198,9 +203,10 @@ def _expand_checked(rows: list[Any], v: Any, run: Any, rank: Any, lrank: Any, ws
                  "seq": seq, "ts": ts, "type": typ, "step": step, "epoch": epoch, "stage": stage, "data": data}
         if not events:
             validate_event(event)
-        elif (type(seq) is int and seq >= 0 and type(ts) in _NUMBERS and type(typ) is str and typ in EVENT_TYPES
-              and (step is None or (type(step) is int and step >= 0))
-              and (epoch is None or type(epoch) in _NUMBERS)
+        elif (type(seq) is int and 0 <= seq <= MAX_SEQ and type(ts) in _NUMBERS and 0 <= ts <= MAX_TS
+              and type(typ) is str and typ in EVENT_TYPES
+              and (step is None or (type(step) is int and 0 <= step <= MAX_SEQ))
+              and (epoch is None or (type(epoch) in _NUMBERS and -MAX_EPOCH <= epoch <= MAX_EPOCH))
               and (stage is None or (type(stage) is str and len(stage) <= MAX_NAME_LEN))
               and type(data) is dict):
             _check_map(data, 1)
@@ -227,11 +233,13 @@ def _columns_ok(rows: list[Any]) -> int | None:
     if set(map(type, rows)) != {list} or set(map(len, rows)) != {len(ROW_FIELDS)}:
         return None
     seqs, tss, types, steps, epochs, stages, datas = zip(*rows)
-    if not (set(map(type, seqs)) == {int} and min(seqs) >= 0
-            and set(map(type, tss)) <= _NUMBERS
+    if not (set(map(type, seqs)) == {int} and min(seqs) >= 0 and max(seqs) <= MAX_SEQ
+            and set(map(type, tss)) <= _NUMBERS and _in_range(tss, 0, MAX_TS)
             and set(map(type, types)) == {str} and EVENT_TYPES.issuperset(types)
             and set(map(type, steps)) <= _STEP_TYPES and min(filter(None, steps), default=1) > 0
+            and max(filter(None, steps), default=0) <= MAX_SEQ
             and set(map(type, epochs)) <= _EPOCH_TYPES
+            and _in_range(list(filter(None, epochs)), -MAX_EPOCH, MAX_EPOCH)
             and set(map(type, stages)) <= _STAGE_TYPES
             and max(map(len, filter(None, stages)), default=0) <= MAX_NAME_LEN
             and set(map(type, datas)) == {dict}):
@@ -246,6 +254,16 @@ def _columns_ok(rows: list[Any]) -> int | None:
     return -1
 
 
+def _in_range(values: Any, low: float, high: float) -> bool:
+    """Every one of ``values`` (a column: a tuple or list of numbers) within [low, high], NaN never;
+    three passes in C, as min() and max() alone can step over a NaN."""
+    if not values:
+        return True
+    lowest, highest = min(values), max(values)
+    return low <= lowest <= highest <= high and all(map(_isfinite, values))
+
+
+_isfinite = math.isfinite
 _get_envelope = operator.itemgetter(*ENVELOPE)
 _get_fields = operator.itemgetter(*FIELDS)
 _NUMBERS = frozenset({int, float})
@@ -273,11 +291,11 @@ def validate_event(ev: Any) -> None:
                 and type(run) is str and (run in _good_runs or _run_ok(run))
                 and type(rank) is int and type(lrank) is int and type(ws) is int
                 and 0 <= rank < MAX_RANK and 0 <= lrank < MAX_RANK and 0 < ws < MAX_RANK
-                and type(seq) is int and seq >= 0 and type(ts) in _NUMBERS
+                and type(seq) is int and 0 <= seq <= MAX_SEQ and type(ts) in _NUMBERS and 0 <= ts <= MAX_TS
                 and type(typ) is str and typ in EVENT_TYPES
                 and type(host) is str and len(host) <= MAX_NAME_LEN
-                and (step is None or (type(step) is int and step >= 0))
-                and (epoch is None or type(epoch) in _NUMBERS)
+                and (step is None or (type(step) is int and 0 <= step <= MAX_SEQ))
+                and (epoch is None or (type(epoch) in _NUMBERS and -MAX_EPOCH <= epoch <= MAX_EPOCH))
                 and (stage is None or (type(stage) is str and len(stage) <= MAX_NAME_LEN))
                 and type(data) is dict):
             _check_map(data, 1)
@@ -308,9 +326,13 @@ def _explain(ev: Any) -> None:
     seq = ev["seq"]
     if type(seq) is not int or seq < 0:
         raise FrameError("bad_type", f"seq must be a non-negative int, got {seq!r}")
+    if seq > MAX_SEQ:
+        raise FrameError("bad_value", f"seq {seq} exceeds {MAX_SEQ}")
     ts = ev["ts"]
     if type(ts) is not float and type(ts) is not int:
         raise FrameError("bad_type", f"ts must be a number, got {type(ts).__name__}")
+    if not 0 <= ts <= MAX_TS:
+        raise FrameError("bad_value", f"ts {ts!r} is not unix seconds in [0, {MAX_TS:.0f}]")
     if type(ev["type"]) is not str or ev["type"] not in EVENT_TYPES:
         raise FrameError("bad_event_type", f"type {str(ev['type'])[:64]!r} is not one of {sorted(EVENT_TYPES)}")
     host = ev["host"]
@@ -319,9 +341,13 @@ def _explain(ev: Any) -> None:
     step = ev["step"]
     if step is not None and (type(step) is not int or step < 0):
         raise FrameError("bad_type", f"step must be a non-negative int or nil, got {step!r}")
+    if step is not None and step > MAX_SEQ:
+        raise FrameError("bad_value", f"step {step} exceeds {MAX_SEQ}")
     epoch = ev["epoch"]
     if epoch is not None and type(epoch) is not float and type(epoch) is not int:
         raise FrameError("bad_type", f"epoch must be a number or nil, got {type(epoch).__name__}")
+    if epoch is not None and not -MAX_EPOCH <= epoch <= MAX_EPOCH:
+        raise FrameError("bad_value", f"epoch {epoch!r} is not a finite number within +-{MAX_EPOCH:g}")
     stage = ev["stage"]
     if stage is not None and (type(stage) is not str or len(stage) > MAX_NAME_LEN):
         raise FrameError("bad_type", f"stage must be a string of at most {MAX_NAME_LEN} chars or nil")

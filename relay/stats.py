@@ -30,7 +30,15 @@ class Counters:
         self.deadletter_overflow = 0
         self.journal_errors = 0
         self.reused_run_ids = 0
+        self.runs_evicted = 0  # forgotten to stay within --max-runs
+        self.memory_resets = 0  # every connection dropped to stay within --max-memory
+        self.bad_drop_reports = 0  # client loss reports naming seqs they cannot have dropped
         self.client_dropped: dict[tuple[str, int], int] = {}
+        self._client_dropped_forgotten = 0  # of runs whose state was forgotten
+
+    def forget_client_drops(self, key: tuple[str, int]) -> None:
+        """Keep a forgotten rank's drop count in the total without keeping the rank."""
+        self._client_dropped_forgotten += self.client_dropped.pop(key, 0)
 
     def snapshot(self, sinks: dict[str, dict[str, int]], ranks: int) -> dict[str, Any]:
         return {
@@ -45,7 +53,10 @@ class Counters:
             "deadletter_overflow": self.deadletter_overflow,
             "journal_errors": self.journal_errors,
             "reused_run_ids": self.reused_run_ids,
-            "client_dropped": sum(self.client_dropped.values()),
+            "runs_evicted": self.runs_evicted,
+            "memory_resets": self.memory_resets,
+            "bad_drop_reports": self.bad_drop_reports,
+            "client_dropped": sum(self.client_dropped.values()) + self._client_dropped_forgotten,
             "ranks": ranks,
             "sinks": sinks,
         }

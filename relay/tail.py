@@ -14,7 +14,7 @@ from sinks.jsonl import journal_files
 
 def format_event(ev: dict[str, Any]) -> str:
     """``HH:MM:SS run rank type stage step  k=v ...`` with short numbers."""
-    when = datetime.fromtimestamp(float(ev.get("ts", 0))).strftime("%H:%M:%S")
+    when = _clock(ev.get("ts"))
     head = f"{when} {ev.get('run')} r{ev.get('rank')} {ev.get('type')}"
     if ev.get("stage"):
         head += f"/{ev['stage']}"
@@ -23,6 +23,14 @@ def format_event(ev: dict[str, Any]) -> str:
     data = ev.get("data") or {}
     body = " ".join(f"{k}={_short(v)}" for k, v in data.items()) if isinstance(data, dict) else str(data)
     return f"{head}  {body}"
+
+
+def _clock(ts: Any) -> str:
+    """HH:MM:SS of a unix time; a journal written by an older relay may hold anything there."""
+    try:
+        return datetime.fromtimestamp(float(ts)).strftime("%H:%M:%S")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return f"ts={str(ts)[:20]}"
 
 
 def _short(value: Any) -> str:

@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "relay-logs/"
 LOCK_NAME = "_relay.lock"
+#: Run files kept open at once in the directory layout; the least recently written is closed first,
+#: so thousands of run ids cost descriptors for only the active few.
+MAX_OPEN_FILES = 128
+MAX_RELEASED = 4096  # forgotten runs of a shared file remembered before its index is dropped whole
 
 
 def encode_line(event: dict[str, Any]) -> bytes:
@@ -93,7 +97,8 @@ class JsonlSink(Sink):
         self.directory = is_directory_layout(path)
         self.path = Path(path)
         self.fsync = fsync
-        self._fds: dict[str, int] = {}
+        self._fds: dict[str, int] = {}  # in order of use: the first is the least recently written
+        self._cut: set[str] = set()  # files whose torn tail was already cut in this process
         self._dirty: set[int] = set()
         self._lock_fd: int | None = None
         self._index: dict[str, dict[int, list[list[int]]]] | None = None
@@ -163,12 +168,13 @@ class JsonlSink(Sink):
 
     def release(self, run: str) -> None:
         """The relay forgot an idle run: close its file, and rescan if it ever comes back."""
-        fd = self._fds.pop(run, None) if self.directory else None
-        if fd is not None:
-            self._dirty.discard(fd)
-            os.close(fd)
-        if not self.directory:
+        if self.directory:
+            self._close_fd(run)
+            self._cut.discard(run)
+        elif len(self._released) < MAX_RELEASED:
             self._released.add(run)
+        else:  # a shared file: rescanning it once serves every run that comes back
+            self._index, self._released = None, set()
 
     def close(self) -> None:
         self.flush()
@@ -198,16 +204,31 @@ class JsonlSink(Sink):
 
     def _fd(self, run: str | None) -> int:
         key = run or ""
-        fd = self._fds.get(key)
+        fds = self._fds
+        fd = fds.pop(key, None)
         if fd is None:
+            while len(fds) >= MAX_OPEN_FILES:
+                self._close_fd(next(iter(fds)))
             path = self.file_for(run) if run else self.path
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             except OSError as exc:
                 raise SinkError(f"cannot write {path}: {exc.strerror}; choose a writable --path") from None
-            _cut_torn_tail(fd, path)
-            self._fds[key] = fd
+            if key not in self._cut:
+                _cut_torn_tail(fd, path)
+                self._cut.add(key)
+        fds[key] = fd  # (re)inserted last: the most recently used
         return fd
+
+    def _close_fd(self, key: str) -> None:
+        fd = self._fds.pop(key, None)
+        if fd is None:
+            return
+        if fd in self._dirty:
+            self._dirty.discard(fd)
+            if self.fsync:
+                os.fsync(fd)
+        os.close(fd)
 
     def _append(self, fd: int, blob: bytes) -> None:
         start = os.lseek(fd, 0, os.SEEK_END)

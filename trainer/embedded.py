@@ -1,9 +1,11 @@
 """The relay started beside the job, and how the ranks of one job agree on who they are.
 
 Global rank 0 runs the ordinary ``relay`` program as a subprocess (not a thread: a sink that
-stalls or crashes cannot touch the training process), bound to a free loopback port, and tells
-the other ranks the run id and address over ``torch.distributed``. The relay watches rank 0's
-pid, so a crashed job never leaves it behind.
+stalls or crashes cannot touch the training process), listening on an ``ipc://`` socket inside a
+fresh 0700 directory, and tells the other ranks the run id and address over ``torch.distributed``.
+Only the job's own user can reach that socket, so no other process on the node can write into
+the job's run or spoof its ranks (a loopback TCP port is open to every local user). The relay
+watches rank 0's pid, so a crashed job never leaves it behind.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ log = logging.getLogger(__name__)
 
 JSONL_NAME = "training_logs.jsonl"
 RELAY_LOG_NAME = "relay.log"
+SOCKET_NAME = "relay.sock"
+#: Unix socket paths are limited to 107 bytes; a longer $TMPDIR falls back to /tmp.
+MAX_SOCKET_PATH = 100
 
 
 class RelayStartError(RuntimeError):
@@ -84,10 +89,10 @@ class EmbeddedRelay:
               timeout: float = 60.0) -> "EmbeddedRelay":
         """Start the relay and wait until it has bound and opened its sinks; RelayStartError if not."""
         os.makedirs(output_dir, exist_ok=True)
-        workdir = tempfile.mkdtemp(prefix="metrics-relay-")
+        workdir = _private_dir()
         ready = os.path.join(workdir, "ready.json")
         cmd = [
-            sys.executable, "-m", "relay", "--bind", "tcp://127.0.0.1:*",
+            sys.executable, "-m", "relay", "--bind", f"ipc://{os.path.join(workdir, SOCKET_NAME)}",
             "--sink", "jsonl", "--path", os.path.join(output_dir, JSONL_NAME),
         ]
         if aim_repo is not None:
@@ -137,6 +142,15 @@ class EmbeddedRelay:
             return code
         finally:
             shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def _private_dir() -> str:
+    """A new directory only this user can enter (mkdtemp makes it 0700), short enough for a socket."""
+    workdir = tempfile.mkdtemp(prefix="metrics-relay-")
+    if len(os.path.join(workdir, SOCKET_NAME)) > MAX_SOCKET_PATH:
+        os.rmdir(workdir)
+        workdir = tempfile.mkdtemp(prefix="metrics-relay-", dir="/tmp")
+    return workdir
 
 
 def _read_ready(path: str) -> str | None:
