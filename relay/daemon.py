@@ -185,7 +185,7 @@ class Relay:
                 self._ingest_idle.clear()
             now = time.monotonic()
             if now >= next_flush:
-                self._commit()
+                self.commit()
                 next_flush = now + interval
                 if self._guard_memory():
                     poller = zmq.Poller()
@@ -359,7 +359,7 @@ class Relay:
     def _forget(self, run: str) -> bool:
         """Drop ``run``'s state; False (kept) while events it vouches for cannot be journaled."""
         if any((run, rank) in self._acks_due for rank in self.dedupe.run_ranks.get(run, ())):
-            self._commit()  # journal its last events before the state that deduplicated them goes
+            self.commit()  # journal its last events before the state that deduplicated them goes
             if self._lines:
                 return False
         for rank in self.dedupe.forget(run):
@@ -425,8 +425,9 @@ class Relay:
         _trim_heap()
         return True
 
-    def _commit(self) -> None:
-        """Journal the batch, acknowledge, then fan out; on a journal failure keep everything."""
+    def commit(self) -> None:
+        """Journal the batch, acknowledge, then fan out; on a journal failure keep everything.
+        (Before bind() there is no one to acknowledge: the fuzz tests drive ingest that way.)"""
         lines = self._lines
         if lines:
             now = time.monotonic()
@@ -463,7 +464,8 @@ class Relay:
             peer = routes[key]
             per_peer.setdefault(peer, []).append((key[0], key[1], ranks[key].ack_for(peer)))
         self._acks_due.clear()
-        assert self._sock is not None
+        if self._sock is None:
+            return
         for peer, acks in per_peer.items():
             try:
                 self._sock.send_multipart([peer, schema.encode_ack(acks)], zmq.NOBLOCK)
@@ -483,10 +485,10 @@ class Relay:
         log.info("shutting down: flushing %d events", self._pending)
         deadline = time.monotonic() + self.config.shutdown_timeout
         self._journal_retry_at = 0.0
-        self._commit()
+        self.commit()
         while self._lines and time.monotonic() < deadline:
             time.sleep(min(self._journal_backoff, 0.5))
-            self._commit()
+            self.commit()
         if self._lines:
             log.error("shutting down with %d events the journal could not take; their clients still hold "
                       "them and will resend to the next relay", self._pending)

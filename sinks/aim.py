@@ -50,6 +50,7 @@ PARAMS_KEY = "relay"
 STATE_KEY = "metrics_relay_applied"
 #: Stages whose metrics the Trainer already reduced across ranks: taken from rank 0 only.
 TRAINER_STAGES = frozenset({"train", "eval", "test"})
+INT64 = range(-(1 << 63), 1 << 63)  # what Aim can store as an int (``in`` a range is O(1))
 _SUBSET_PREFIXES = ("train_", "eval_", "test_")
 #: Seconds the relay's shutdown waits for an ``aim://`` server to take the last writes.
 REMOTE_CLOSE_TIMEOUT = 10.0
@@ -448,7 +449,7 @@ class AimSink(Sink):
             self._params(state, event)
         elif kind == "hello":
             info = {"host": event["host"], "local_rank": event["local_rank"], **event["data"]}
-            run.set((PARAMS_KEY, "ranks", str(rank)), json_safe(info), strict=False)
+            run.set((PARAMS_KEY, "ranks", str(rank)), _storable(info), strict=False)
             run.set((PARAMS_KEY, "world_size"), event["world_size"], strict=False)
         elif kind == "lifecycle":
             self._lifecycle(state, event)
@@ -491,8 +492,10 @@ class AimSink(Sink):
         out: dict[str, float | int] = {}
         for name, value in values.items():
             kind = type(value)
-            if kind is float or kind is int:
+            if kind is float or (kind is int and value in INT64):
                 out[name] = value
+            elif kind is int:
+                out[name] = float(value)  # Aim keeps ints as int64
             elif kind is str and value in NONFINITE_JSON:
                 out[name] = NONFINITE_JSON[value]
             else:
@@ -504,7 +507,7 @@ class AimSink(Sink):
         return out
 
     def _params(self, state: _RunState, event: dict[str, Any]) -> None:
-        name, data, ts = event["stage"] or "params", json_safe(event["data"]), event["ts"]
+        name, data, ts = event["stage"] or "params", _storable(event["data"]), event["ts"]
         run = state.handle
         for key, value in data.items():
             if state.param_ts.get((name, key), -math.inf) > ts:
@@ -523,7 +526,7 @@ class AimSink(Sink):
                 state.export_due = True
 
     def _lifecycle(self, state: _RunState, event: dict[str, Any]) -> None:
-        data = json_safe(event["data"])
+        data = _storable(event["data"])
         what = data.get("event")
         record = {**data, "step": event["step"], "ts": event["ts"]}
         if what == "checkpoint":  # keyed by step, so a late catch-up cannot reorder them
@@ -609,6 +612,19 @@ class AimSink(Sink):
         self._swept[(path, run_id)] = pos
         self.counters["sweeps"] += 1
         log.info("aim sink: run %s caught up from %s (%d events read)", run_id, path, count)
+
+
+def _storable(obj: Any) -> Any:
+    """A param value Aim can store: non-finite floats as json_safe writes them, ints beyond int64
+    (which Aim's encoder refuses) as their decimal string, so the value is kept exactly."""
+    kind = type(obj)
+    if kind is int:
+        return obj if obj in INT64 else str(obj)
+    if kind is dict:
+        return {k: _storable(v) for k, v in obj.items()}
+    if kind is list:
+        return [_storable(v) for v in obj]
+    return json_safe(obj)
 
 
 def _trainer_groups(stage: str, data: dict[str, Any]) -> dict[tuple, tuple[dict, dict]]:
