@@ -103,6 +103,11 @@ def latency(quick: bool) -> Section:
     return bench_latency.run(quick)
 
 
+def transport(quick: bool) -> Section:
+    from bench import bench_transport
+    return bench_transport.run(quick)
+
+
 def scale(quick: bool) -> Section:
     from bench import bench_scale
     return bench_scale.run(quick)
@@ -110,7 +115,7 @@ def scale(quick: bool) -> Section:
 
 SECTIONS: dict[str, Callable[[bool], Section]] = {
     "hotpath": hotpath, "ingest": ingest, "latency": latency, "scale": scale, "training": training, "aim": aim,
-    "core": core,
+    "core": core, "transport": transport,
 }
 
 

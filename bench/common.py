@@ -151,13 +151,13 @@ class RelayRun:
     """A real relay subprocess for benchmarks (the same program users run), in its own session so
     stop() can always take it down."""
 
-    def __init__(self, workdir: Path, args: list[str], timeout: float = 60) -> None:
+    def __init__(self, workdir: Path, args: list[str], timeout: float = 60, bind: str | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.ready = workdir / "ready.json"
         self.ready.unlink(missing_ok=True)
         self.log = workdir / "relay.log"
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "--bind", f"tcp://127.0.0.1:{free_port()}",
+            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "--bind", bind or f"tcp://127.0.0.1:{free_port()}",
                                           "--ready-file", str(self.ready), "--log-level", "warning", *args],
                                          cwd=workdir, stderr=log, start_new_session=True)
         deadline = time.monotonic() + timeout

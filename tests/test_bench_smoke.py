@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ["hotpath", "ingest", "latency", "scale", "aim", "core"]
+SECTIONS = ["hotpath", "ingest", "latency", "scale", "aim", "core", "transport"]
 
 
 def test_bench_quick_writes_every_section(tmp_path: Path) -> None:
