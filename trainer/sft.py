@@ -62,7 +62,7 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
         run_id = default_run_id(plan.training.run_name)
         if address is None:
             if world_size > int(os.environ.get("LOCAL_WORLD_SIZE", world_size)):
-                log.warning("the embedded relay listens on loopback, so ranks on other nodes cannot reach it; "
+                log.warning("the embedded relay listens on a socket local to this node, so ranks on other nodes cannot reach it; "
                             "run a relay they can reach and pass --relay_address")
             aim_repo = None
             if "aim" in plan.trackers:
