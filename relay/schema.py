@@ -13,21 +13,15 @@ from typing import Any, Iterable, NamedTuple
 
 import msgpack
 
+from sinks.events import EVENT_TYPES, FIELDS, NONFINITE_JSON, from_journal, from_json_metrics, json_safe  # noqa: F401 - the wire's own names
+
 SCHEMA_VERSION = 1
 
-#: Envelope fields, in the order the client writes them and the JSONL sink keeps them.
-FIELDS: tuple[str, ...] = (
-    "v", "run", "rank", "local_rank", "world_size", "host", "seq", "ts",
-    "type", "step", "epoch", "stage", "data",
-)
 _FIELD_SET = frozenset(FIELDS)
 #: A compact batch names the envelope once: these keys, then ``events`` rows of ROW_FIELDS.
 ENVELOPE: tuple[str, ...] = ("v", "run", "rank", "local_rank", "world_size", "host")
 ROW_FIELDS: tuple[str, ...] = ("seq", "ts", "type", "step", "epoch", "stage", "data")
 _COMPACT_KEYS = frozenset(ENVELOPE + ("events",))
-
-#: Known event types; a new type is a schema change.
-EVENT_TYPES = frozenset({"hello", "params", "metrics", "lifecycle", "stats"})
 
 MAX_FRAME_BYTES = 1 << 20  # larger frames are rejected (counted, dead-lettered)
 #: ZMQ_MAXMSGSIZE: beyond this the transport drops the sender's connection before the relay sees
@@ -399,35 +393,3 @@ def decode_ack(frame: bytes) -> list[tuple[str, int, int]]:
         return [(str(r), int(k), int(n)) for r, k, n in obj["ack"]]
     except Exception as exc:  # any malformed ack is one counted protocol error for the caller
         raise FrameError("bad_ack", f"{type(exc).__name__}: {exc}") from None
-
-
-NONFINITE_JSON = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def json_safe(obj: Any) -> Any:
-    """Replace non-finite floats by the strings "NaN", "Infinity", "-Infinity" (as protobuf's JSON
-    mapping does), so JSON lines stay valid for jq while keeping the signal."""
-    kind = type(obj)
-    if kind is float:
-        if math.isfinite(obj):
-            return obj
-        return "NaN" if obj != obj else ("Infinity" if obj > 0 else "-Infinity")
-    if kind is dict:
-        return {k: json_safe(v) for k, v in obj.items()}
-    if kind is list:
-        return [json_safe(v) for v in obj]
-    return obj
-
-
-def from_journal(event: dict[str, Any]) -> dict[str, Any]:
-    """An event read back from its journal line as the relay took it: non-finite metrics restored.
-    What replay and the sink processes hand to sinks, so live and replayed sinks see the same."""
-    if event.get("type") == "metrics" and type(event.get("data")) is dict:
-        event["data"] = from_json_metrics(event["data"])
-    return event
-
-
-def from_json_metrics(data: dict[str, Any]) -> dict[str, Any]:
-    """Inverse of json_safe for metric values read back from JSONL (replay): "NaN" -> nan."""
-    return {k: (NONFINITE_JSON[v] if type(v) is str and v in NONFINITE_JSON else
-                from_json_metrics(v) if type(v) is dict else v) for k, v in data.items()}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence
 
 import click
 
@@ -22,15 +22,29 @@ class SinkError(Exception):
     """
 
 
+class PermanentError(Exception):
+    """Raised by ``write()`` when retrying cannot help: the tool refuses what it was given (a value
+    it cannot store, a name it forbids), not that it is unreachable for now.
+
+    Any other exception is taken as transient: the batch is retried with backoff. On this one the
+    relay narrows the batch down (it writes halves, then quarters...) to the events that fail on
+    their own, sends those to the sink's dead-letter file with this message (counted as
+    ``dead_lettered``) and writes the rest, so one bad event never blocks a sink.
+    """
+
+
 @dataclass
 class SinkContext:
     """What the relay tells every sink when it opens.
 
     ``journal`` is the JSONL source of truth (file or directory, see docs/jsonl.md); sinks that
-    can fall behind read it to catch up, and sinks that export files put them next to it.
+    export files put them next to it. ``journal_events(run)`` yields that run's events from the
+    journal, as the live sink gets them, from where the previous call for that run stopped: what a
+    sink that fell behind reads to catch up (None where there is no journal to read).
     """
 
     journal: Path | None = None
+    journal_events: Callable[[str], Iterator[dict[str, Any]]] | None = None
 
 
 class Sink(abc.ABC):

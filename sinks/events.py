@@ -1,0 +1,47 @@
+"""What a sink may rely on about events, and nothing else: the event types and the JSON form of
+non-finite numbers. The one module of this package that the relay's wire format shares, so the
+imports run one way (relay -> sinks) and a sink never needs the relay's code.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: Known event types (docs/protocol.md); a new type is a schema change.
+EVENT_TYPES = frozenset({"hello", "params", "metrics", "lifecycle", "stats"})
+#: Envelope fields, in the order the client writes them and the journal keeps them.
+FIELDS: tuple[str, ...] = (
+    "v", "run", "rank", "local_rank", "world_size", "host", "seq", "ts",
+    "type", "step", "epoch", "stage", "data",
+)
+
+NONFINITE_JSON = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def json_safe(obj: Any) -> Any:
+    """Replace non-finite floats by the strings "NaN", "Infinity", "-Infinity" (as protobuf's JSON
+    mapping does), so JSON lines stay valid for jq while keeping the signal."""
+    kind = type(obj)
+    if kind is float:
+        if math.isfinite(obj):
+            return obj
+        return "NaN" if obj != obj else ("Infinity" if obj > 0 else "-Infinity")
+    if kind is dict:
+        return {k: json_safe(v) for k, v in obj.items()}
+    if kind is list:
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def from_journal(event: dict[str, Any]) -> dict[str, Any]:
+    """An event read back from its journal line as the relay took it: non-finite metrics restored.
+    What replay and the sink processes hand to sinks, so live and replayed sinks see the same."""
+    if event.get("type") == "metrics" and type(event.get("data")) is dict:
+        event["data"] = from_json_metrics(event["data"])
+    return event
+
+
+def from_json_metrics(data: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of json_safe for metric values read back from JSONL (replay): "NaN" -> nan."""
+    return {k: (NONFINITE_JSON[v] if type(v) is str and v in NONFINITE_JSON else
+                from_json_metrics(v) if type(v) is dict else v) for k, v in data.items()}
