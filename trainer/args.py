@@ -13,6 +13,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from trainer.errors import UsageError
+
 if TYPE_CHECKING:
     import datasets
     from trl import SFTConfig
@@ -53,10 +55,6 @@ DEMO_DEFAULTS = [
     "--bf16", "False",
     "--activation_checkpointing", "False",  # recomputation only slows a model this small
 ]
-
-
-class UsageError(ValueError):
-    """A bad flag or input, reported as one line and exit status 2 before any model loads."""
 
 
 @dataclass

@@ -11,7 +11,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Iterator
 
-from trainer.args import UsageError
+from trainer.errors import UsageError
 
 if TYPE_CHECKING:
     import datasets
