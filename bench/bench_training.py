@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench.common import ROOT, RelayRun, Sample, alternate, machine, table
+from relay.address import ADDRESS_ENV
 from trainer.tracking import SEND_INTERVAL
 
 
@@ -53,7 +54,7 @@ def _run(steps: int, contender: str, workdir: Path, wall: Sample) -> float:
            "--demo", "--output_dir", str(out), "--max_steps", str(steps), "--logging_steps", "1",
            "--disable_tqdm", "True"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    env.pop("RELAY_ADDRESS", None)
+    env.pop(ADDRESS_ENV, None)
     started = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     wall.values.append(time.perf_counter() - started)

@@ -63,7 +63,7 @@ def run(address: str, run_id: str, rank: int, world: int, rate: float, seed: int
             pub.publish("lifecycle", {"event": "checkpoint", "step": step}, step=step)
     pub.publish("lifecycle", {"event": "train_end", "steps": step}, step=step)
     left = pub.close(CLOSE_TIMEOUT)
-    return {**pub.stats, "left": left, "next_seq": pub._next_seq, "steps": step}
+    return {**pub.stats, "left": left, "next_seq": pub._window.next_seq, "steps": step}
 
 
 def main(argv: list[str]) -> None:

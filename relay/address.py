@@ -1,9 +1,14 @@
-"""Where the relay listens: parsing, the loopback check, and failing fast when the address is taken."""
+"""Where the relay listens: the default, parsing, the loopback check, and failing fast when the
+address is taken. The relay, its command line and every Publisher take the default from here."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from urllib.parse import urlsplit
+
+DEFAULT_ADDRESS = "tcp://127.0.0.1:5557"
+ADDRESS_ENV = "RELAY_ADDRESS"
 
 
 class AddressInUse(Exception):
@@ -12,6 +17,11 @@ class AddressInUse(Exception):
 
 class BadAddress(ValueError):
     """Not an address ZeroMQ can bind."""
+
+
+def resolve_address(address: str | None = None) -> str:
+    """Argument first, then $RELAY_ADDRESS (torchrun workers inherit it), then the default."""
+    return address or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
 
 
 def check_bind_address(address: str) -> str:

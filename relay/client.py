@@ -1,149 +1,42 @@
 """The publisher client every rank uses: non-blocking publish, bounded buffer, acks and resend.
 
-publish() only builds a dict and appends it to a deque, so the training loop pays about a
-microsecond and never blocks or raises. A background thread owns the ZeroMQ DEALER socket: it
-assigns per-(run, rank) sequence numbers, encodes and sends small batches, keeps every event
-until the relay acknowledges it (cumulatively), resends after a reconnect or when acks stall,
-and drops the oldest events, counted, when the bounds are reached. Drop counts travel to the
-relay as ``stats`` events so the loss is visible in every sink. Given a spool directory, a
-Publisher that closes with events the relay never acknowledged writes them there in the journal's
-own format, for ``relay replay`` to deliver later.
-
-That thread and its ZeroMQ context are shared by every Publisher of the process (``_Hub``): a
-rank has one, but a process simulating hundreds of ranks (or publishing several runs) then pays
-for one thread waking every ``send_interval``, not hundreds.
+publish() only appends a tuple to a deque, so the training loop pays about a microsecond and never
+blocks or raises. The process's one I/O thread (relay/hub.py) encodes and numbers the events; each
+Publisher's SendWindow (relay/window.py) keeps them until the relay acknowledges them, resends and
+drops the oldest, counted, past the bounds. Drop counts travel to the relay as ``stats`` events, so
+the loss shows in every sink. Given a spool directory, close() writes what the relay never
+acknowledged there, for ``relay replay`` to deliver later (relay/spool.py).
 """
 from __future__ import annotations
 
 import atexit
 import collections
-import itertools
 import logging
 import os
-import select
 import shlex
 import socket
 import sys
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping, Sequence
 
-import msgpack
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
-from relay import curve, schema
+from relay import curve, schema, spool
+from relay.address import ADDRESS_ENV, DEFAULT_ADDRESS, resolve_address
+from relay.hub import Hub, Link, read_monitor
+from relay.window import SendWindow
+
+# The address names are re-exported: relay.cli and user code import them from here.
+__all__ = ["ADDRESS_ENV", "DEFAULT_ADDRESS", "Publisher", "UNKNOWN_JOURNAL", "resolve_address"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ADDRESS = "tcp://127.0.0.1:5557"
-ADDRESS_ENV = "RELAY_ADDRESS"
-
-MAX_BATCH_EVENTS = 512
-MAX_BATCH_BYTES = 256 << 10
 #: What the replay command of the close warning names when the relay's journal is not known here.
 UNKNOWN_JOURNAL = "YOUR_JOURNAL"
 
 
-def resolve_address(address: str | None = None) -> str:
-    """Argument first, then $RELAY_ADDRESS (torchrun workers inherit it), then the default."""
-    return address or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
-
-
-class _Hub:
-    """The process's one publisher I/O thread and ZeroMQ context, started with the first
-    Publisher and ended with the last, so a process hosting many Publishers stays cheap."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._adds: list[Publisher] = []
-        self._thread: threading.Thread | None = None
-        self._wake_r, self._wake_w = self._pipe()
-
-    @staticmethod
-    def _pipe() -> tuple[int, int]:
-        r, w = os.pipe()
-        os.set_blocking(r, False)
-        os.set_blocking(w, False)
-        return r, w
-
-    def register(self, pub: "Publisher") -> None:
-        with self._lock:
-            if self._pid != os.getpid():  # forked: the parent's thread does not exist here
-                self._pid, self._adds, self._thread = os.getpid(), [], None
-                self._wake_r, self._wake_w = self._pipe()
-            self._adds.append(pub)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="relay-publisher", daemon=True)
-                self._thread.start()
-        self.wake()
-
-    def wake(self) -> None:
-        """Have the thread look at new, stopping or flushing Publishers now, not at its next tick."""
-        try:
-            os.write(self._wake_w, b"x")
-        except BlockingIOError:
-            pass  # a wake-up is already pending
-
-    def _serve(self) -> None:
-        ctx = zmq.Context()
-        ctx.set(zmq.MAX_SOCKETS, 1 << 16)  # three sockets per Publisher
-        poller = zmq.Poller()
-        members: list[Publisher] = []
-        owner: dict[zmq.Socket, Publisher] = {}
-        next_tick = interval = 0.0
-        woken = True
-        try:
-            while True:
-                with self._lock:
-                    adds, self._adds = self._adds, []
-                    if not adds and not members:
-                        self._thread = None
-                        return
-                for pub in adds:
-                    if pub._open(ctx):
-                        members.append(pub)
-                        for s in (pub._sock, pub._monitor):
-                            owner[s] = pub
-                            poller.register(s, zmq.POLLIN)
-                if adds:
-                    interval = min(p._interval for p in members) if members else 0.0
-                # Sleep on the wake-up pipe only, then look at every socket once: polling them all
-                # whenever an ack arrives would cost O(Publishers) per ack.
-                wait = max(0.0, next_tick - time.monotonic())
-                if select.select([self._wake_r], [], [], wait)[0]:
-                    self._drain()
-                    woken = True
-                for s, _ in poller.poll(0):
-                    owner[s]._readable(s)
-                stopping = [p for p in members if p._stop.is_set()] if woken else []  # close() wakes us
-                woken = False
-                for pub in stopping:
-                    for s in (pub._sock, pub._monitor):
-                        poller.unregister(s)
-                        del owner[s]
-                    members.remove(pub)
-                    pub._shut()
-                now = time.monotonic()
-                if now >= next_tick:
-                    for pub in members:
-                        pub._tick(now)
-                    next_tick = now + interval
-        finally:
-            for pub in members:
-                pub._shut()
-            ctx.term()
-
-    def _drain(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
-
-
-_HUB = _Hub()
+_HUB = Hub()
 
 
 class Publisher:
@@ -195,9 +88,7 @@ class Publisher:
         self._spooled = 0  # written to the spool at close: not acknowledged, not lost either
         self._dropped_spool = 0  # meant for the spool, which could not be written
         self._max_events = max_events
-        self._max_bytes = max_bytes
         self._interval = send_interval
-        self._resend_after = resend_after
         self._curve_server_key = curve_server_key or os.environ.get(curve.SERVER_KEY_ENV)
         self._curve_client_cert = curve_client_cert or os.environ.get(curve.CLIENT_CERT_ENV)
 
@@ -210,25 +101,14 @@ class Publisher:
         self._dropped_closed = 0  # by publish(): after close()
         self._dropped_error = 0  # by publish(): could not even build the event
         # Owned by the background thread:
-        self._unacked: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._window = SendWindow(max_events=max_events, max_bytes=max_bytes, resend_after=resend_after,
+                                  now=time.monotonic())
         self._pack_row = schema.row_packer().pack
-        self._unacked_bytes = 0
-        self._next_seq = 0
-        self._next_send = 0  # first seq in _unacked not yet handed to the socket
-        self._acked = 0
-        self._resent = 0
-        self._dropped_unacked = 0
-        self._dropped_upto = -1
         self._dropped_bad = 0  # unencodable or oversized events
         self._reported_drops = 0
         self._last_report = 0.0
-        self._protocol_errors = 0
-
-        # Owned by the hub thread once registered:
-        self._sock: zmq.Socket | None = None
-        self._monitor: zmq.Socket | None = None
-        self._backoff = resend_after
-        self._last_progress = time.monotonic()
+        self._malformed_acks = 0
+        self._link: Link | None = None
 
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -303,33 +183,20 @@ class Publisher:
 
     def _spool(self) -> None:
         """close(), once the I/O thread has let go of this Publisher: append what the relay never
-        acknowledged to the spool as the relay would have journaled it, so that ``relay replay``
-        (which skips what the journal already holds) delivers exactly the missing events."""
-        from sinks.jsonl import encode_line  # only a Publisher that has to spool pays for this import
-
-        events = [event for event in map(self._spool_event, self._spool_rows()) if event is not None]
-        self._pending.clear()
-        self._unacked.clear()
-        self._unacked_bytes = 0
+        acknowledged to the spool (relay/spool.py), and log the command that delivers it."""
+        self._take_pending(bounded=False)  # numbered on from where the I/O thread stopped, none dropped
+        events = []
+        for blob in self._window.take_all():
+            try:
+                events.append(spool.row_event(self.envelope, blob))
+            except ValueError as exc:  # FrameError, a non-string map key: what the relay rejects too
+                self._drop_bad(f"event not spooled, the relay would reject it: {exc}")
         path = self.spool_path
         assert path is not None, "close() spools only with a spool_dir"
         if not events:
             return
         try:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                start = os.lseek(fd, 0, os.SEEK_END)
-                view = memoryview(b"".join([encode_line(event) for event in events]))
-                try:
-                    while view:
-                        view = view[os.write(fd, view):]
-                    os.fsync(fd)
-                except OSError:
-                    os.ftruncate(fd, start)  # no half line for replay to trip over
-                    raise
-            finally:
-                os.close(fd)
+            spool.append(path, events)
         except OSError as exc:
             self._dropped_spool += len(events)
             log.error("relay %s: %d events of run %s rank %d were never acknowledged and are lost: cannot write "
@@ -344,56 +211,28 @@ class Publisher:
                     "with: relay replay %s --sink jsonl --path %s", self.address, len(events), self.run, self.rank,
                     where, shlex.quote(path), journal)
 
-    def _spool_rows(self) -> Iterator[bytes]:
-        """Every unacknowledged event as its encoded row: those already numbered, then the ones
-        still queued, numbered on from where the I/O thread stopped (as _take_pending would)."""
-        for _, blob in self._unacked:
-            yield blob
-        limit = schema.MAX_FRAME_BYTES - len(self._prefix) - 8
-        for ts, kind, step, epoch, stage, data in self._pending:
-            try:
-                blob = self._pack_row((self._next_seq, ts, kind, step, epoch, stage, data))
-            except Exception as exc:  # noqa: BLE001 - an unencodable event is counted, not raised
-                self._drop_bad(f"cannot encode {kind} event: {exc}")
-                continue
-            if len(blob) > limit:
-                self._drop_bad(f"{kind} event of {len(blob)} bytes exceeds {limit}")
-                continue
-            self._next_seq += 1
-            yield blob
-
-    def _spool_event(self, blob: bytes) -> dict[str, Any] | None:
-        """One row as the relay would journal it: decoded as the relay decodes, the envelope added,
-        and checked by the relay's rules (it would reject an invalid event: so does the spool)."""
-        try:
-            row = msgpack.unpackb(blob, raw=False, strict_map_key=True, use_list=True)
-            event = {**self.envelope, **dict(zip(schema.ROW_FIELDS, row))}
-            schema.validate_event(event)
-        except ValueError as exc:  # FrameError, a non-string map key: what the relay rejects too
-            self._drop_bad(f"event not spooled, the relay would reject it: {exc}")
-            return None
-        return event
-
     @property
     def unacknowledged(self) -> int:
         """Events published but not yet acknowledged by the relay (queued, in flight or unsent)."""
-        return len(self._pending) + len(self._unacked)
+        return len(self._pending) + len(self._window.unacked)
 
     @property
     def dropped(self) -> int:
         """Events this client gave up on, for any reason."""
         return (self._dropped_full + self._dropped_closed + self._dropped_error
-                + self._dropped_unacked + self._dropped_bad + self._dropped_spool)
+                + self._window.dropped_unacked + self._dropped_bad + self._dropped_spool)
 
     @property
     def stats(self) -> dict[str, int]:
         """Counters for logs and tests."""
+        w = self._window
         return {
-            "published": self._published, "acked": self._acked, "unacked": self.unacknowledged,
-            "resent": self._resent, "dropped": self.dropped, "dropped_full": self._dropped_full,
-            "dropped_unacked": self._dropped_unacked, "dropped_bad": self._dropped_bad,
+            "published": self._published, "acked": w.acked, "unacked": self.unacknowledged,
+            "resent": w.resent, "dropped": self.dropped, "dropped_full": self._dropped_full,
+            "dropped_unacked": w.dropped_unacked, "dropped_bad": self._dropped_bad,
             "dropped_closed": self._dropped_closed, "dropped_error": self._dropped_error,
-            "dropped_spool": self._dropped_spool, "spooled": self._spooled, "protocol_errors": self._protocol_errors,
+            "dropped_spool": self._dropped_spool, "spooled": self._spooled,
+            "protocol_errors": self._malformed_acks + w.protocol_errors,
         }
 
     def __enter__(self) -> "Publisher":
@@ -402,152 +241,81 @@ class Publisher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- background thread ---------------------------------------------------------------------
+    # -- background thread (relay.hub.Member) --------------------------------------------------
 
-    def _open(self, ctx: zmq.Context) -> bool:
-        """Hub thread: create and connect the socket; False (and closed) if that is impossible."""
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 1000)
-        sock.setsockopt(zmq.RCVHWM, 1000)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        # Sends fail (and events stay in our bounded buffer) while no relay is connected, so after
-        # a reconnect everything unacknowledged goes out again from the oldest, in order.
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    _read_monitor = staticmethod(read_monitor)  # where tests find the monitor filter
+
+    def _open(self, ctx: zmq.Context) -> Sequence[zmq.Socket]:
+        """Create and connect the socket; none (and closed) if that is impossible."""
         try:
-            if self._curve_server_key:
-                curve.secure_client(sock, self._curve_server_key, self._curve_client_cert)
-            sock.connect(self.address)
+            self._link = Link(ctx, self.address, self._curve_server_key, self._curve_client_cert)
         except (zmq.ZMQError, ValueError) as exc:
             log.error("cannot connect to relay %s: %s; events will be counted as dropped", self.address, exc)
             self._closed = True
-            sock.disable_monitor()
-            monitor.close(0)
-            sock.close(0)
             self._ready.set()
             self._done.set()
-            return False
-        self._sock, self._monitor = sock, monitor
-        self._last_progress = time.monotonic()
+            return ()
+        self._window.last_progress = time.monotonic()
         self._ready.set()
-        return True
+        return self._link.sock, self._link.monitor
 
     def _readable(self, which: zmq.Socket) -> None:
-        """Hub thread: the socket has acks, or the monitor saw the connection change."""
-        if which is self._sock:
-            if self._read_acks(which):
-                self._last_progress = time.monotonic()
-                self._backoff = self._resend_after
-        elif self._read_monitor(which):
-            self._rewind("connection lost")
+        """The socket has acks, or the monitor saw the connection change."""
+        assert self._link is not None
+        if which is self._link.sock:
+            self._read_acks(self._link)
+        elif self._link.lost():
+            self._window.rewind("connection lost")
 
     def _tick(self, now: float) -> None:
-        """Hub thread, every ``send_interval``: encode what was published, resend if stalled, send."""
-        unacked = self._unacked
-        if not (self._pending or unacked or self._flush_requested or self.dropped != self._reported_drops):
+        """Every ``send_interval``: encode what was published, resend if stalled, send."""
+        if not (self._pending or self._window.unacked or self._flush_requested
+                or self.dropped != self._reported_drops):
             return  # an idle rank costs the shared thread next to nothing
         self._take_pending()
         self._report_drops()
-        if self._flush_requested:  # someone is waiting: retry soon, not after a long backoff
+        if self._flush_requested:
             self._flush_requested = False
-            self._backoff = min(self._backoff, self._resend_after)
-        in_flight = bool(unacked) and self._next_send > unacked[0][0]
-        if in_flight and now - self._last_progress > self._backoff:
-            self._rewind("no acknowledgement for %.1f s" % self._backoff)
-            self._last_progress = now
-            self._backoff = min(self._backoff * 2, 30.0)
-            in_flight = False
-        assert self._sock is not None
-        self._send(self._sock)
-        if not in_flight and unacked and self._next_send > unacked[0][0]:
-            self._last_progress = now  # the ack timeout runs from the send, not from an idle spell
+            self._window.hurry()
+        self._window.pump(now, self._send_batch)
 
     def _shut(self) -> None:
-        """Hub thread: read the last acks, release the sockets, let close() return."""
-        if self._sock is not None:
-            self._readable(self._sock)
-            self._sock.disable_monitor()
-            self._monitor.close(0)
-            self._sock.close(0)
-            self._sock = self._monitor = None
+        """Read the last acks, release the sockets, let close() return."""
+        if self._link is not None:
+            self._read_acks(self._link)
+            self._link.close()
+            self._link = None
         self._done.set()
 
-    def _read_acks(self, sock: zmq.Socket) -> bool:
-        progressed = False
-        while True:
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return progressed
+    def _read_acks(self, link: Link) -> None:
+        now = time.monotonic()
+        while (frame := link.recv()) is not None:
             try:
                 acks = schema.decode_ack(frame)
             except schema.FrameError as exc:
-                self._protocol_errors += 1
+                self._malformed_acks += 1
                 log.warning("ignoring malformed message from relay %s: %s", self.address, exc)
                 continue
             for run, rank, upto in acks:
-                if run != self.run or rank != self.rank:
-                    continue
-                if upto > self._next_seq:  # an ack for seqs this client never numbered: not our relay's word
-                    self._protocol_errors += 1
-                    upto = self._next_seq
-                unacked = self._unacked
-                while unacked and unacked[0][0] < upto:
-                    self._unacked_bytes -= len(unacked.popleft()[1])
-                    self._acked += 1
-                    progressed = True
-                if self._next_send < upto:
-                    self._next_send = upto
+                if run == self.run and rank == self.rank:
+                    self._window.ack(upto, now)
 
-    @staticmethod
-    def _read_monitor(monitor: zmq.Socket) -> bool:
-        """True if the connection to the relay went down since the last look: what was in flight on
-        it may be lost. (Not when it comes up: with ZMQ_IMMEDIATE nothing was sent while it was down,
-        and what went out since it came up is on the new connection; resending that too only made
-        the relay count the first frame of every publisher as duplicates.)"""
-        lost = False
-        while True:
-            try:
-                event = recv_monitor_message(monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return lost
-            lost = lost or event["event"] == zmq.EVENT_DISCONNECTED
-
-    def _rewind(self, why: str) -> None:
-        if self._unacked and self._next_send > self._unacked[0][0]:
-            self._resent += self._next_send - self._unacked[0][0]
-            log.debug("resending %d unacknowledged events (%s)", self._next_send - self._unacked[0][0], why)
-        if self._unacked:
-            self._next_send = self._unacked[0][0]
-
-    def _take_pending(self) -> None:
-        pending = self._pending
-        unacked = self._unacked
+    def _take_pending(self, bounded: bool = True) -> None:
+        """Encode and number what publish() queued; past the bounds the oldest are dropped, unless
+        not ``bounded`` (close() spools everything) or the event is a loss report."""
+        pending, window = self._pending, self._window
         limit = schema.MAX_FRAME_BYTES - len(self._prefix) - 8
         while pending:
             ts, kind, step, epoch, stage, data = pending.popleft()
             try:
-                blob = self._pack_row((self._next_seq, ts, kind, step, epoch, stage, data))
+                blob = self._pack_row((window.next_seq, ts, kind, step, epoch, stage, data))
             except Exception as exc:  # noqa: BLE001 - an unencodable event is counted, not raised
                 self._drop_bad(f"cannot encode {kind} event: {exc}")
                 continue
             if len(blob) > limit:
                 self._drop_bad(f"{kind} event of {len(blob)} bytes exceeds {limit}")
                 continue
-            unacked.append((self._next_seq, blob))
-            self._unacked_bytes += len(blob)
-            self._next_seq += 1
-            if kind == "stats":
-                continue  # a loss report never causes a loss it does not report
-            while len(unacked) > self._max_events or self._unacked_bytes > self._max_bytes:
-                seq, old = unacked.popleft()
-                self._unacked_bytes -= len(old)
-                self._dropped_unacked += 1
-                self._dropped_upto = seq
-                if self._next_send <= seq:
-                    self._next_send = seq + 1
+            window.push(blob, droppable=bounded and kind != "stats")
 
     def _drop_bad(self, why: str) -> None:
         self._dropped_bad += 1
@@ -566,32 +334,14 @@ class Publisher:
         self._take_pending()
 
     def _drop_report(self) -> dict[str, int]:
+        w = self._window
         return {
             "dropped": self.dropped, "dropped_full": self._dropped_full,
-            "dropped_unacked": self._dropped_unacked, "dropped_bad": self._dropped_bad,
+            "dropped_unacked": w.dropped_unacked, "dropped_bad": self._dropped_bad,
             "dropped_closed": self._dropped_closed, "dropped_error": self._dropped_error,
-            "dropped_upto": self._dropped_upto, "published": self._published, "resent": self._resent,
+            "dropped_upto": w.dropped_upto, "published": self._published, "resent": w.resent,
         }
 
-    def _send(self, sock: zmq.Socket) -> None:
-        unacked = self._unacked
-        if not unacked or self._next_send > unacked[-1][0]:
-            return
-        blobs: list[bytes] = []
-        size = 0
-        for seq, blob in itertools.islice(unacked, self._next_send - unacked[0][0], None):
-            if blobs and (len(blobs) >= MAX_BATCH_EVENTS or size + len(blob) > MAX_BATCH_BYTES):
-                if not self._send_batch(sock, blobs, seq):
-                    return
-                blobs, size = [], 0
-            blobs.append(blob)
-            size += len(blob)
-        self._send_batch(sock, blobs, unacked[-1][0] + 1)
-
-    def _send_batch(self, sock: zmq.Socket, blobs: list[bytes], next_send: int) -> bool:
-        try:
-            sock.send(schema.compact_frame(self._prefix, blobs), zmq.NOBLOCK)
-        except zmq.Again:
-            return False  # not connected yet or HWM reached: keep them, retry next round
-        self._next_send = next_send
-        return True
+    def _send_batch(self, blobs: list[bytes]) -> bool:
+        assert self._link is not None
+        return self._link.send(schema.compact_frame(self._prefix, blobs))

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from relay.address import ADDRESS_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_DATA = ROOT / "trainer" / "data" / "demo_instructions.jsonl"
 EXP_METADATA = {"dataset": "demo-v1", "purpose": "trainer tests"}
@@ -25,7 +27,7 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def trainer_env(**extra: str) -> dict[str, str]:
     """No network, no stray relay address, one thread per rank (two cores), stdout line by line."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RELAY_ADDRESS", "TORCHELASTIC_RUN_ID")}
+    env = {k: v for k, v in os.environ.items() if k not in (ADDRESS_ENV, "TORCHELASTIC_RUN_ID")}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONUNBUFFERED="1")
     env.update(extra)

@@ -1,0 +1,41 @@
+"""The spool's format: what a closing Publisher (relay/client.py) writes when the relay never
+acknowledged some events, line for line what the relay would have journaled, so that ``relay
+replay`` (which skips what the journal already holds) delivers exactly the missing ones."""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import msgpack
+
+from relay import schema
+
+
+def row_event(envelope: Mapping[str, Any], blob: bytes) -> dict[str, Any]:
+    """One encoded row as the relay would journal it: decoded as the relay decodes, the envelope
+    added, and checked by the relay's rules; ValueError where the relay would reject it."""
+    row = msgpack.unpackb(blob, raw=False, strict_map_key=True, use_list=True)
+    event = {**envelope, **dict(zip(schema.ROW_FIELDS, row))}
+    schema.validate_event(event)
+    return event
+
+
+def append(path: str, events: list[dict[str, Any]]) -> None:
+    """Append the events' journal lines to ``path`` and fsync, all or nothing: no half line for
+    replay to trip over. Raises OSError."""
+    from sinks.jsonl import encode_line  # only a Publisher that has to spool pays for this import
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        view = memoryview(b"".join([encode_line(event) for event in events]))
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
