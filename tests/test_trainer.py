@@ -35,12 +35,15 @@ def on_demo(model: Path, output_dir: Path, *flags: str) -> list[str]:
     (["--data_path", "{tmp}/missing.jsonl"], "--data_path: {tmp}/missing.jsonl does not exist"),
     (["--response_template", "\\n### Answer:"],
      "response template '\\n### Answer:' not found in 268 record(s), first in record 1"),
-    (["--tracker", "jsonl", "--tracker", "wandb"], "--tracker: unknown tracker 'wandb'; known trackers: jsonl, aim, none"),
+    (["--tracker", "jsonl", "--tracker", "comet"],
+     "--tracker: unknown tracker 'comet'; known trackers: jsonl, aim, mlflow, tensorboard, wandb, clearml, none"),
+    (["--tracker", "wandb", "--wandb_mode", "disabled"], "--wandb_mode: 'disabled' must be offline or online"),
     (["--exp_metadata", "[1, 2]"], "--exp_metadata: '[1, 2]' is neither a JSON object nor an existing file"),
     (["--exp_metadata", "{tmp}/meta.json"], "--exp_metadata file {tmp}/meta.json: must be a JSON object, got list"),
     (["--dataset_text_field", "text"], "record 1 has no field 'text' (set --dataset_text_field)"),
     (["--run_name", "no spaces/or slashes"], "--run_name: 'no spaces/or slashes' must match"),
-], ids=["unknown-flag", "bad-value", "missing-data", "missing-template", "unknown-tracker", "metadata-not-json",
+], ids=["unknown-flag", "bad-value", "missing-data", "missing-template", "unknown-tracker", "bad-wandb-mode",
+         "metadata-not-json",
         "metadata-file-not-object", "missing-text-field", "bad-run-name"])
 def test_bad_input_stops_before_loading_the_model(demo_model: Path, tmp_path: Path, flags: list[str],
                                                   message: str) -> None:

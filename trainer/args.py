@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer.errors import UsageError
+from trainer.trackers import TRACKERS
 
 if TYPE_CHECKING:
     import datasets
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TRACKERS = ("jsonl", "aim", "none")
 ADDRESS_RE = re.compile(r"(tcp://[^\s]+:\d+|ipc://[^\s]+)\Z")
 
 #: Flags of the seed's command line that transformers 5 renamed: old flag -> (new flag, note).
@@ -107,11 +107,27 @@ class TrackingArguments:
 
     tracker: str = field(
         default="jsonl",
-        metadata={"help": "Sinks of the embedded relay: jsonl (always on unless none), aim; comma separated "
-                          "or repeated; none disables tracking."},
+        metadata={"help": "Sinks of the embedded relay: jsonl (always on unless none), aim, mlflow, tensorboard, "
+                          "wandb, clearml; comma separated or repeated; none disables tracking."},
     )
     aim_repo: str | None = field(default=None, metadata={"help": "Aim repository (default: <output_dir>/aim)."})
-    experiment: str | None = field(default=None, metadata={"help": "Aim experiment name."})
+    experiment: str | None = field(default=None, metadata={"help": "Aim experiment name (and MLflow's, unless "
+                                                                   "--mlflow_experiment)."})
+    mlflow_tracking_uri: str | None = field(
+        default=None, metadata={"help": "MLflow tracking URI: a folder, sqlite:///path.db or http://host:port "
+                                        "(default: sqlite:///<output_dir>/mlflow.db)."})
+    mlflow_experiment: str | None = field(default=None, metadata={"help": "MLflow experiment (default: "
+                                                                          "--experiment, else fms-hf-tuning)."})
+    tensorboard_logdir: str | None = field(
+        default=None, metadata={"help": "TensorBoard log dir (default: $TENSORBOARD_LOGGING_DIR, else "
+                                        "<output_dir>/runs)."})
+    wandb_project: str | None = field(default=None, metadata={"help": "W&B project (default: fms-hf-tuning)."})
+    wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity (team or user)."})
+    wandb_mode: str = field(default="offline", metadata={"help": "W&B mode: offline (default; `wandb sync` "
+                                                                  "uploads later) or online."})
+    clearml_project: str | None = field(default=None, metadata={"help": "ClearML project (default: "
+                                                                        "fms-hf-tuning)."})
+    clearml_task: str | None = field(default=None, metadata={"help": "ClearML task name (default: SFTTrainer)."})
     relay_address: str | None = field(
         default=None,
         metadata={"help": "Publish to this running relay (tcp://host:port or ipc://path) instead of starting "
@@ -165,7 +181,7 @@ def rewrite_argv(argv: list[str]) -> list[str]:
                 trackers.append(argv[i + 1])
                 i += 1
             else:
-                raise UsageError("argument --tracker: expected a value (jsonl, aim or none)")
+                raise UsageError(f"argument --tracker: expected a value ({', '.join(TRACKERS)})")
         else:
             out.append(arg)
         i += 1
@@ -230,10 +246,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def parse_trackers(spec: str) -> list[str]:
-    """``"jsonl,aim"`` -> ``["jsonl", "aim"]``; jsonl is always kept since it is the source of truth."""
+    """``"aim,mlflow"`` -> ``["jsonl", "aim", "mlflow"]``: jsonl is always kept, since it is the source of truth."""
     names = [n.strip().lower() for n in spec.split(",") if n.strip()]
     if not names:
-        raise UsageError("--tracker: empty; use jsonl, aim or none")
+        raise UsageError(f"--tracker: empty; use {', '.join(TRACKERS)}")
     unknown = [n for n in names if n not in TRACKERS]
     if unknown:
         raise UsageError(f"--tracker: unknown tracker {unknown[0]!r}; known trackers: {', '.join(TRACKERS)}")
@@ -241,7 +257,7 @@ def parse_trackers(spec: str) -> list[str]:
         if len(set(names)) > 1:
             raise UsageError("--tracker: 'none' cannot be combined with other trackers")
         return ["none"]
-    return ["jsonl"] + (["aim"] if "aim" in names else [])
+    return ["jsonl"] + [n for n in dict.fromkeys(names) if n != "jsonl"]
 
 
 def load_exp_metadata(spec: str | None) -> dict[str, Any] | None:
@@ -290,6 +306,8 @@ def validate(
     exp_metadata = load_exp_metadata(tracking.exp_metadata)
     if tracking.aim_repo and "aim" not in trackers:
         log.warning("--aim_repo %s is unused without --tracker aim", tracking.aim_repo)
+    if tracking.wandb_mode not in ("offline", "online"):
+        raise UsageError(f"--wandb_mode: {tracking.wandb_mode!r} must be offline or online")
     if tracking.relay_address is not None and not ADDRESS_RE.match(tracking.relay_address):
         raise UsageError(f"--relay_address: {tracking.relay_address!r} is not tcp://HOST:PORT or ipc://PATH")
     for name in ("relay_flush_timeout", "relay_start_timeout"):

@@ -85,8 +85,7 @@ class EmbeddedRelay:
         self._workdir = workdir
 
     @classmethod
-    def start(cls, output_dir: str, *, aim_repo: str | None = None, experiment: str | None = None,
-              timeout: float = 60.0) -> "EmbeddedRelay":
+    def start(cls, output_dir: str, *, sink_args: list[str] | None = None, timeout: float = 60.0) -> "EmbeddedRelay":
         """Start the relay and wait until it has bound and opened its sinks; RelayStartError if not."""
         os.makedirs(output_dir, exist_ok=True)
         workdir = _private_dir()
@@ -95,10 +94,7 @@ class EmbeddedRelay:
             sys.executable, "-m", "relay", "--bind", f"ipc://{os.path.join(workdir, SOCKET_NAME)}",
             "--sink", "jsonl", "--path", os.path.join(output_dir, JSONL_NAME),
         ]
-        if aim_repo is not None:
-            cmd += ["--sink", "aim", "--repo", aim_repo]
-            if experiment:
-                cmd += ["--experiment", experiment]
+        cmd += sink_args or []  # the other trackers' sinks (trainer/trackers.py)
         cmd += ["--ready-file", ready, "--watch-pid", str(os.getpid()), "--log-level", "info"]
         log_path = os.path.join(output_dir, RELAY_LOG_NAME)
         with open(log_path, "ab") as log_file:

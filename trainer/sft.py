@@ -20,6 +20,7 @@ from trainer.args import (
     demo_requested, parse_args, validate,
 )
 from trainer.embedded import JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id
+from trainer.trackers import sink_args
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -64,18 +65,15 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
             if world_size > int(os.environ.get("LOCAL_WORLD_SIZE", world_size)):
                 log.warning("the embedded relay listens on a socket local to this node, so ranks on other nodes cannot reach it; "
                             "run a relay they can reach and pass --relay_address")
-            aim_repo = None
-            if "aim" in plan.trackers:
-                aim_repo = plan.tracking.aim_repo or os.path.join(output_dir, "aim")
             try:
-                relay = EmbeddedRelay.start(output_dir, aim_repo=aim_repo, experiment=plan.tracking.experiment,
+                relay = EmbeddedRelay.start(output_dir, sink_args=sink_args(plan.trackers, plan.tracking, output_dir),
                                             timeout=plan.tracking.relay_start_timeout)
                 address = relay.address
             except RelayStartError as exc:
                 error = str(exc)
-        elif "aim" in plan.trackers:
-            log.warning("--tracker aim does not add a sink with --relay_address: the relay at %s writes to the "
-                        "sinks it was started with (relay --sink aim ...)", address)
+        elif len(plan.trackers) > 1:
+            log.warning("--tracker %s adds no sink with --relay_address: the relay at %s writes to the sinks it was "
+                        "started with (relay --sink NAME ...)", ",".join(plan.trackers[1:]), address)
     run_id, address, error = agree((run_id, address, error))
     if error:
         raise RelayStartError(error)

@@ -1,0 +1,57 @@
+"""``--tracker`` names and the relay sinks they stand for.
+
+Each tracker of the seed's (and fms-hf-tuning's) command line is a sink of the embedded relay;
+its options keep the names fms-hf-tuning's tracker configs use (``--mlflow_tracking_uri``,
+``--wandb_project``, ``--clearml_task`` ...) and become that sink's relay options here. Defaults put
+everything under ``--output_dir``, so a job needs no server and nothing leaves the machine.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from trainer.args import TrackingArguments
+
+#: What ``--tracker`` accepts; jsonl (the journal) is always on unless ``none``.
+TRACKERS = ("jsonl", "aim", "mlflow", "tensorboard", "wandb", "clearml", "none")
+DEFAULT_PROJECT = "fms-hf-tuning"  # fms-hf-tuning's default experiment / project name
+
+
+def _aim(t: "TrackingArguments", out: str) -> list[str]:
+    args = ["--repo", t.aim_repo or os.path.join(out, "aim")]
+    return args + (["--experiment", t.experiment] if t.experiment else [])
+
+
+def _mlflow(t: "TrackingArguments", out: str) -> list[str]:
+    uri = t.mlflow_tracking_uri or f"sqlite:///{os.path.abspath(os.path.join(out, 'mlflow.db'))}"
+    return ["--mlflow-tracking-uri", uri, "--mlflow-experiment", t.mlflow_experiment or t.experiment or DEFAULT_PROJECT]
+
+
+def _tensorboard(t: "TrackingArguments", out: str) -> list[str]:
+    return ["--logdir", t.tensorboard_logdir or os.environ.get("TENSORBOARD_LOGGING_DIR") or os.path.join(out, "runs")]
+
+
+def _wandb(t: "TrackingArguments", out: str) -> list[str]:
+    args = ["--wandb-project", t.wandb_project or DEFAULT_PROJECT, "--wandb-mode", t.wandb_mode,
+            "--wandb-dir", os.path.join(out, "wandb-relay")]
+    return args + (["--wandb-entity", t.wandb_entity] if t.wandb_entity else [])
+
+
+def _clearml(t: "TrackingArguments", out: str) -> list[str]:
+    return ["--clearml-project", t.clearml_project or DEFAULT_PROJECT, "--clearml-task", t.clearml_task or "SFTTrainer",
+            "--clearml-dir", os.path.join(out, "clearml-relay")]
+
+
+SINK_ARGS: dict[str, Callable[["TrackingArguments", str], list[str]]] = {
+    "aim": _aim, "mlflow": _mlflow, "tensorboard": _tensorboard, "wandb": _wandb, "clearml": _clearml,
+}
+
+
+def sink_args(trackers: list[str], tracking: "TrackingArguments", output_dir: str) -> list[str]:
+    """The embedded relay's ``--sink NAME [options]`` for every tracker but the journal."""
+    args: list[str] = []
+    for name in trackers:
+        if name in SINK_ARGS:
+            args += ["--sink", name, *SINK_ARGS[name](tracking, output_dir)]
+    return args
