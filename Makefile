@@ -25,6 +25,12 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench
 
+FUZZ_SECONDS ?= 600
+
+.PHONY: fuzz
+fuzz: $(STAMP)
+	$(PY) -m tests.fuzz --seconds $(FUZZ_SECONDS)
+
 # An hour of ranks, a hostile client and relay restarts; figures in docs/reliability.md (not CI).
 SOAK_SECONDS ?= 3600
 soak: $(STAMP)

@@ -1,0 +1,271 @@
+"""The properties the fuzzer checks, one per stage an outside input goes through.
+
+Each check takes the bytes a strategy produced (or a corpus file holds) and raises on a bug: the
+code under test's own exception (a crash), or a Violation naming a broken invariant. Documented
+outcomes (a frame rejected with FrameError, a replay refused with SinkError over a foreign line)
+are not bugs.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import resource
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import msgpack
+import orjson
+from hypothesis import strategies as st
+
+from relay import schema
+from relay.replay import replay_files
+from relay.tail import format_event, tail_journal
+from relay.journal import Journal, encode_lines, journal_files, read_events
+from sinks.base import SinkError
+
+from . import strategies
+
+#: File descriptors a check may open beyond those already open: the usual default ``ulimit -n``,
+#: so a relay or replay that keeps one file per run open fails here as it would in the field.
+FD_BUDGET = 1024
+
+
+class Violation(AssertionError):
+    """An invariant broken without the code under test raising; ``label`` names which one."""
+
+    def __init__(self, label: str, detail: str) -> None:
+        super().__init__(f"{label}: {detail}")
+        self.label = label
+
+
+@contextlib.contextmanager
+def fd_budget(extra: int = FD_BUDGET) -> Iterator[None]:
+    """Lower the soft RLIMIT_NOFILE to what is open now plus ``extra`` while a check runs."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        limit = len(os.listdir("/proc/self/fd")) + extra
+    except OSError:  # no /proc: run with the limit as it is
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, limit), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# -- a: frame decoding and validation, then the journal path of what was accepted ----------------
+
+
+def check_decode(frame: bytes) -> None:
+    """A frame is rejected with FrameError or accepted; every accepted event must pass the slow
+    validator too, journal as one JSON line that reads back as the same valid event and prints
+    with ``relay tail``, and be acknowledgeable (the relay acks seq + 1)."""
+    try:
+        decoded = schema.decode(frame)
+    except schema.FrameError:
+        return
+    events = decoded.events
+    for event in events:
+        try:
+            schema.validate_event(event)
+        except schema.FrameError as exc:
+            raise Violation("accepted_invalid", f"decode() took an event validate_event() refuses: {exc}") from None
+    if decoded.first_seq is not None:
+        _check_first_seq(decoded)
+    lines = encode_lines(events).split(b"\n")
+    if lines.pop() != b"" or len(lines) != len(events):
+        raise Violation("journal_lines", f"{len(events)} events encoded as {len(lines)} lines")
+    for line, event in zip(lines, events):
+        _check_journaled(orjson.loads(line))
+        schema.encode_ack([(event["run"], event["rank"], event["seq"] + 1)])
+
+
+def _check_first_seq(decoded: schema.Frame) -> None:
+    """first_seq lets the relay take a frame whole: it must mean one rank's gapless plain events."""
+    first = decoded.first_seq
+    events = decoded.events
+    if ([e["seq"] for e in events] != list(range(first, first + len(events)))
+            or any(e["type"] in ("hello", "stats") for e in events)
+            or len({(e["run"], e["rank"]) for e in events}) != 1):
+        raise Violation("first_seq", f"first_seq={first} on a frame that is not one rank's gapless plain events")
+
+
+def _check_journaled(line: Any) -> None:
+    """A journal line, as replay and the sink processes read it back, is still the event."""
+    if type(line) is not dict or list(line) != list(schema.FIELDS):
+        raise Violation("journal_fields", f"journal line is not an event with the envelope fields: {line!r:.200}")
+    event = schema.from_journal(line)
+    format_event(event)
+    try:
+        schema.validate_event(event)
+    except schema.FrameError as exc:
+        raise Violation("journal_roundtrip", f"an accepted event reads back from the journal invalid: {exc}") from None
+
+
+# -- b: ingest (dedupe, drops, acks) through a socketless Relay ----------------------------------
+
+
+def ingest_available() -> bool:
+    """The socketless ingest API (take_frame, commit) this target drives."""
+    from relay.daemon import Relay
+
+    return hasattr(Relay, "take_frame") and hasattr(Relay, "commit")
+
+
+def check_ingest(session: bytes) -> None:
+    """Several peers' frames into one relay, then into a restarted one that meets the same journal
+    and gets every frame again (clients resend what they hold): nothing escapes take_frame, the
+    journal holds each (run, rank, seq) once, the counters add up, and every ack is sendable."""
+    layout, ops = msgpack.unpackb(session, raw=False)
+    frames = [op for op in ops if op is not None]
+    with tempfile.TemporaryDirectory(prefix="fuzz-ingest-") as tmp, fd_budget():
+        path = os.path.join(tmp, "journal") + (os.sep if layout == "dir" else ".jsonl")
+        written = 0
+        for session_ops in (ops, frames):
+            relay = _open_relay(path)
+            try:
+                for op in session_ops:
+                    if op is None:
+                        relay.commit()
+                    else:
+                        relay.take_frame(op[0], op[1])
+                relay.commit()
+                written += relay.counters.written
+                _check_relay(relay, Path(path), written)
+            finally:
+                relay.journal.close()
+                relay.deadletters.close()
+
+
+def _open_relay(path: str) -> Any:
+    from relay.daemon import Relay, RelayConfig
+
+    relay = Relay(RelayConfig(address="tcp://127.0.0.1:0"), Journal(path), [])
+    relay.open_sinks()  # with no other sinks: only opens the journal
+    return relay
+
+
+def _check_relay(relay: Any, path: Path, written: int) -> None:
+    counters = relay.counters
+    if counters.rejected.get("internal_error"):
+        detail = _last_deadletter(relay)
+        raise Violation(f"internal_error ({detail.split(':', 1)[0]})", f"take_frame swallowed an exception: {detail}")
+    if counters.journal_errors:
+        raise Violation("journal_error", f"{counters.journal_errors} journal writes failed with a writable journal")
+    if counters.events != counters.written + counters.duplicates + relay._pending:
+        raise Violation("counters", f"events {counters.events} != written {counters.written} + duplicates "
+                                    f"{counters.duplicates} + pending {relay._pending}")
+    seqs: dict[tuple[str, int], set[int]] = {}
+    drops: dict[tuple[str, int], set[int]] = {}
+    events = [event for file in journal_files(path) for event in read_events(file)]
+    if len(events) != written:
+        raise Violation("journal_count", f"journal holds {len(events)} lines, relays counted {written} written")
+    for event in events:
+        key = (event["run"], event["rank"])
+        if event["seq"] in seqs.setdefault(key, set()):
+            raise Violation("journal_duplicate", f"{key} seq {event['seq']} is in the journal twice")
+        seqs[key].add(event["seq"])
+        upto = event["data"].get("dropped_upto") if event["type"] == "stats" else None
+        if type(upto) is int and upto < event["seq"]:  # a client gives up only seqs it numbered before
+            drops.setdefault(key, set()).add(upto)
+    for key, state in relay.dedupe.ranks.items():
+        bound = 1 + max(seqs.get(key, set()) | drops.get(key, set()), default=-1)
+        if state.floor > bound:
+            raise Violation("floor", f"{key} floor {state.floor} beyond its highest accepted seq or plausible "
+                                     f"claimed drop ({bound - 1}): later events of the rank count as duplicates")
+        schema.encode_ack([(key[0], key[1], state.floor)])
+    for event in events:  # last: target decode covers these lines too, so their bugs mask less here
+        _check_journaled(event)
+
+
+def _last_deadletter(relay: Any) -> str:
+    try:
+        *_, last = relay.deadletters.path.read_bytes().splitlines()
+        return orjson.loads(last)["detail"]
+    except (OSError, ValueError, KeyError):
+        return "(no dead letter)"
+
+
+# -- c: the journal readers: read_events, relay tail, replay, a restarted relay's scan -----------
+
+
+def check_journal(journal: bytes) -> None:
+    """Any journal bytes: read_events skips what it cannot parse, ``relay tail`` prints every event
+    line, replay into a JSONL directory writes only inside it, each (run, rank, seq) once, and
+    adds nothing when run again, and a relay meeting the journal again can scan it."""
+    with tempfile.TemporaryDirectory(prefix="fuzz-journal-") as tmp, fd_budget():
+        root = Path(tmp)
+        source = root / "in" / "run-a.jsonl"
+        source.parent.mkdir()
+        source.write_bytes(journal)
+        events = list(read_events(source, []))
+        with contextlib.redirect_stdout(io.StringIO()):
+            tail_journal(source, follow=False, runs=set(), types=set(), last=len(events) + 1)
+        out = root / "out"
+        _replay(source, out, events)
+        before = _tree(root)
+        _replay(source, out, events)
+        if _tree(root) != before:
+            raise Violation("replay_not_idempotent", "a second replay into the same journal added to it")
+        strays = [p for p in before if p.split(os.sep, 1)[0] not in ("in", "out")]
+        if strays:
+            raise Violation("replay_outside", f"replay wrote outside its journal directory: {strays[:3]}")
+        _check_unique(out)
+        for journal, run in ((Journal(source), "run-a"), (Journal(str(source.parent) + os.sep), "run-a")):
+            journal.open()
+            try:
+                for other in {run} | {e.get("run") for e in events if schema.valid_run_id(e.get("run"))}:
+                    list(journal.seen(other))
+            finally:
+                journal.close()
+
+
+def _replay(source: Path, out: Path, events: list[dict[str, Any]]) -> None:
+    """replay_files into a JSONL directory; SinkError is its documented refusal, fair only for a
+    line whose run id cannot name a file (the relay never writes one)."""
+    try:
+        replay_files([source], [], journal=Journal(str(out) + os.sep))
+    except SinkError as exc:
+        if all(schema.valid_run_id(e.get("run")) for e in events):
+            raise Violation("replay_sink_error", f"replay of valid run ids refused: {exc}") from exc
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` but lock files, by relative path, with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.name.endswith(".lock")}
+
+
+def _check_unique(out: Path) -> None:
+    seen: set[Any] = set()
+    for file in journal_files(out) if out.exists() else []:
+        for event in read_events(file):
+            key = (event.get("run"), event.get("rank"), event.get("seq"))
+            try:
+                new = key not in seen
+            except TypeError:  # an unhashable field: replay would have failed on it already
+                continue
+            if not new:
+                raise Violation("replay_duplicate", f"replay wrote {key!r:.120} twice")
+            seen.add(key)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A named property with the strategy for its input; ``alias`` is its letter in the issue."""
+
+    name: str
+    alias: str
+    strategy: st.SearchStrategy[bytes]
+    check: Callable[[bytes], None]
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    Target("decode", "a", strategies.frames, check_decode),
+    Target("ingest", "b", strategies.ingest_sessions(), check_ingest),
+    Target("journal", "c", strategies.journals(), check_journal),
+)}
