@@ -293,16 +293,19 @@ def ingest_sessions(draw: st.DrawFn) -> bytes:
 def journal_lines(draw: st.DrawFn) -> bytes:
     """One journal line: as the relay writes it (from a valid event), or a JSON object it did not
     write (a hand edit, another tool), or bytes that are not JSON at all."""
-    kind = draw(st.integers(0, 5))
+    kind = draw(st.integers(0, 6))
     if kind <= 2:
         return encode_line(draw(events(broken=False)))
-    if kind == 3:
-        event = draw(events(broken=False))
+    event = draw(events(broken=False))
+    if kind == 3:  # the run id names the file replay writes: a foreign one must not escape the directory
+        event["run"] = draw(st.one_of(st.sampled_from(STR_EDGES), strings, json_values))
+        return orjson.dumps(event, default=str) + b"\n"
+    if kind == 4:
         event = {k: v for k, v in event.items() if not rarely(draw, 12)}
         for key in draw(st.lists(st.sampled_from(schema.FIELDS), max_size=2)):
             event[key] = draw(json_values)
         return orjson.dumps(event, default=str) + b"\n"
-    if kind == 4:
+    if kind == 5:
         return orjson.dumps(draw(json_values), default=str) + b"\n"
     return draw(st.binary(max_size=40)) + b"\n"
 
