@@ -1,0 +1,386 @@
+"""The ClearML sink: offline sessions written by ClearML's own code, read back the same way (its
+offline ``Task.get_task`` for task.json, and ``Metrics.report_offline_session``, the parser that
+``Task.import_offline_session`` runs, with a session that keeps the requests instead of sending them)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("clearml")
+
+from aim_helpers import Events, fill, small_fs, training_events  # noqa: E402,F401
+from conftest import free_port  # noqa: E402
+from sinks.base import SinkContext  # noqa: E402
+from sinks.clearml import ClearmlSink  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
+SUMMARY = -(2 ** 31)
+
+
+@pytest.fixture(autouse=True)
+def clearml_env(monkeypatch, tmp_path: Path) -> None:
+    """The sink sets these for its process; here they are put back after each test, and nothing
+    lands in ~/.clearml."""
+    monkeypatch.setenv("CLEARML_CACHE_DIR", str(tmp_path / "clearml-default"))
+    monkeypatch.setenv("CLEARML_OFFLINE_MODE", "1")
+
+
+@dataclass
+class TaskView:
+    """An offline session as plain values: what an import would create on a ClearML server."""
+
+    task_id: str
+    name: str
+    project: str
+    tags: list[str]
+    params: dict[str, Any]
+    model_config: dict[str, Any] | None
+    scalars: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)
+    timestamps: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    requests: int = 0
+    zip_names: set[str] = field(default_factory=set)
+
+
+class _KeepRequests:
+    """Stands in for the ClearML API session of an import: keeps what would be sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def send(self, request: Any) -> None:
+        self.sent.append(request)
+
+
+def read_sessions(cache_dir: Path) -> dict[str, TaskView]:
+    """Every offline session under ``cache_dir``, by its relay run id, read with ClearML's code."""
+    from clearml import Task
+    from clearml.backend_interface.metrics import Metrics
+
+    os.environ["CLEARML_CACHE_DIR"] = str(cache_dir)
+    Task.set_offline(True)
+    views: dict[str, TaskView] = {}
+    for folder in sorted(p for p in (cache_dir / "offline").glob("offline-*") if p.is_dir()):
+        task = Task.get_task(task_id=folder.name)
+        params = task.get_parameters_as_dict()
+        stored = task.get_configuration_object("Model Configuration")
+        view = TaskView(task.id, task.name, task.data.project_name, task.get_tags(), params,
+                        json.loads(stored) if stored else None)
+        keep = _KeepRequests()
+        Metrics.report_offline_session(task, str(folder), remote_url="file:///not-sent", only_with_id=task.id,
+                                       session=keep)
+        for batch in keep.sent:
+            for point in batch.requests:
+                key, step = (point["metric"], point["variant"]), point["iter"]
+                series = view.scalars.setdefault(key, {})
+                assert step == SUMMARY or step not in series, f"{key} step {step} written twice"
+                series[step] = point["value"]  # a single value: the last one wins, as on a server
+                view.timestamps.setdefault(key, []).append(point["timestamp"])
+                view.requests += 1
+        archive = folder.with_name(folder.name + ".zip")
+        if archive.exists():
+            with zipfile.ZipFile(archive) as zf:
+                view.zip_names = set(zf.namelist())
+                assert zf.read("metrics.jsonl") == (folder / "metrics.jsonl").read_bytes(), "zip is stale"
+        run_id = params["relay"]["run_id"]
+        assert run_id not in views, f"two tasks for run {run_id}"
+        views[run_id] = view
+    return views
+
+
+def check_training_run(view: TaskView, steps: int = 6) -> None:
+    """What training_events() must look like in ClearML, named as transformers' ClearMLCallback."""
+    loss = view.scalars[("train", "loss")]
+    assert sorted(loss) == list(range(1, steps + 1))
+    assert loss[3] == 0.0 and loss[2] == 1.0  # NaN: ClearML reports it as 0.0 (its default)
+    assert view.scalars[("train", "grad_norm")] == {s: 1.5 for s in range(1, steps + 1)}
+    assert view.scalars[("eval", "loss")] == {s: 1 / s for s in range(3, steps + 1, 3)}
+    assert view.scalars[("eval", "runtime")] == {s: 0.5 for s in range(3, steps + 1, 3)}
+    summary = {series: values[SUMMARY] for (title, series), values in view.scalars.items() if title == "Summary"}
+    assert summary == {"train_loss": 0.9, "train_runtime": 12.0, "total_flos": 1e9, "epoch": 1.0,
+                       "model_load_time": 3.25}
+    for rank in (0, 1):
+        step_time = view.scalars[("rank/step_time", f"rank {rank}")]
+        assert sorted(step_time) == list(range(1, steps + 1))
+        assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
+    assert view.params["Transformers"] == {"learning_rate": "2e-05", "max_grad_norm": "Infinity", "seed": "42"}
+    assert view.model_config == {"model_type": "llama", "hidden_size": 64}
+    assert view.params["experiment_metadata"] == {"dataset": "v3", "owner": "team-a"}
+    relay = view.params["relay"]
+    assert set(relay["ranks"]) == {"0", "1"} and relay["ranks"]["1"]["pid"].isdigit()
+    checkpoints = {s: c["path"] for s, c in relay["checkpoints"].items()}
+    assert checkpoints == {str(s): f"ckpt-{s}" for s in range(3, steps + 1, 3)}
+    assert "completed" in view.tags and relay["lifecycle"]["train_end"]["status"] == "completed"
+    assert {"task.json", "metrics.jsonl"} <= view.zip_names
+
+
+def run_sink(cache_dir: Path, batches: list[list[dict]], **options: Any) -> ClearmlSink:
+    sink = ClearmlSink(clearml_project=options.pop("project", "relay-tests"), clearml_dir=str(cache_dir), **options)
+    sink.open(SinkContext())
+    try:
+        for batch in batches:
+            sink.write(batch)
+        sink.flush()
+    finally:
+        sink.close()
+    return sink
+
+
+def metrics_bytes(cache_dir: Path) -> dict[str, int]:
+    return {p.parent.name: p.stat().st_size for p in (cache_dir / "offline").glob("offline-*/metrics.jsonl")}
+
+
+# -- the sink on its own --------------------------------------------------------------------------
+
+
+def test_a_training_run_reads_back_with_clearml_names(tmp_path: Path) -> None:
+    events = training_events("job-1")
+    sink = run_sink(tmp_path / "cml", [events[:17], events[17:]], clearml_task="SFTTrainer")
+    views = read_sessions(tmp_path / "cml")
+    assert list(views) == ["job-1"]
+    view = views["job-1"]
+    check_training_run(view)
+    assert (view.name, view.project) == ("SFTTrainer", "relay-tests")
+    # Every point carries the time its rank published it, not the time the sink wrote it.
+    published = {int(e["ts"] * 1000) for e in events if e["type"] == "metrics" and e["stage"] == "train"}
+    assert set(view.timestamps[("train", "loss")]) <= published
+    assert sink.counters["nonfinite_values"] == 1 and sink.counters["runs_created"] == 1
+
+
+def test_replay_and_a_new_process_add_nothing(tmp_path: Path) -> None:
+    """The same journal again (relay replay, or a restarted relay) resumes the same offline task
+    and skips what it holds; a run that was half written is completed, nothing doubled."""
+    cache, events = tmp_path / "cml", training_events("job-r")
+    run_sink(cache, [events[:12]])
+    half = metrics_bytes(cache)
+    again = run_sink(cache, [events])  # a new sink instance reads the state the first one saved
+    assert again.counters["runs_resumed"] == 1 and again.counters["duplicates"] == 12
+    full = metrics_bytes(cache)
+    assert full.keys() == half.keys() and all(full[k] > half[k] for k in full)
+    third = run_sink(cache, [events[i:i + 5] for i in range(0, len(events), 5)])
+    assert third.counters["events"] == 0 and metrics_bytes(cache) == full
+    check_training_run(read_sessions(cache)["job-r"])
+
+
+def test_points_written_but_not_recorded_are_cut_and_redone(tmp_path: Path, monkeypatch) -> None:
+    """A crash between appending to metrics.jsonl and saving the spans (here: the state file
+    cannot be replaced) leaves points the spans do not cover; the next process cuts them off and
+    applies those events again, so each point is there exactly once."""
+    cache, events = tmp_path / "cml", training_events("job-c")
+    sink = ClearmlSink(clearml_project="relay-tests", clearml_dir=str(cache))
+    sink.open(SinkContext())
+    sink.write(events[:10])
+    real_replace = os.replace
+
+    def broken_replace(src: Any, dst: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        sink.write(events[10:20])
+    monkeypatch.setattr(os, "replace", real_replace)
+    sink._lock_fh.close()  # the process "dies": no close(), no zip
+    restarted = run_sink(cache, [events])
+    assert restarted.counters["truncated_bytes"] > 0 and restarted.counters["duplicates"] == 10
+    check_training_run(read_sessions(cache)["job-c"])
+
+
+def test_two_runs_interleaved_in_one_process(tmp_path: Path) -> None:
+    """Task.init allows one task per process; the sink keeps any number of offline tasks apart."""
+    a, b = training_events("job-a"), training_events("job-b", steps=9)
+    mixed = [e for pair in zip(a, b) for e in pair] + b[len(a):]
+    run_sink(tmp_path / "cml", [mixed[i:i + 7] for i in range(0, len(mixed), 7)])
+    views = read_sessions(tmp_path / "cml")
+    assert sorted(views) == ["job-a", "job-b"] and views["job-a"].task_id != views["job-b"].task_id
+    check_training_run(views["job-a"])
+    check_training_run(views["job-b"], steps=9)
+
+
+def test_failed_run_and_a_late_event_after_train_end(tmp_path: Path) -> None:
+    """The status is a tag (an offline task has none); an event after train_end reopens the task,
+    and the zip is written again so the import takes it too."""
+    ev = Events("job-f")
+    events = [ev(0, "metrics", {"loss": 1.0}, step=1, stage="train"),
+              ev(0, "lifecycle", {"event": "train_end", "status": "failed"}, step=1)]
+    late = [ev(1, "metrics", {"step_time": 0.5}, step=1, stage="rank"),
+            ev(1, "metrics", {"model_load_time": 2.0}, stage="additional_metrics"),
+            ev(0, "metrics", {"eval_loss": 0.7}, step=1, stage="eval")]
+    sink = run_sink(tmp_path / "cml", [events, late])
+    view = read_sessions(tmp_path / "cml")["job-f"]
+    assert "failed" in view.tags and sink.counters["tasks_closed"] == 2
+    assert view.scalars[("rank/step_time", "rank 1")] == {1: 0.5}
+    assert view.scalars[("Summary", "model_load_time/rank 1")] == {SUMMARY: 2.0}
+    assert view.scalars[("eval", "loss")] == {1: 0.7}
+
+
+def test_several_eval_sets_and_custom_stages_keep_their_names(tmp_path: Path) -> None:
+    ev = Events("job-n")
+    events = [ev(0, "metrics", {"eval_alpaca_loss": 0.5, "eval_alpaca_runtime": 2.0}, step=4, stage="eval"),
+              ev(0, "metrics", {"test_loss": 0.25}, step=4, stage="test"),
+              ev(0, "metrics", {"tokens": 10.0}, step=4, stage="data"),
+              ev(0, "metrics", {"train_steps_per_second": 3.0, "train_custom": 1.0}, step=4, stage="train")]
+    run_sink(tmp_path / "cml", [events])
+    scalars = read_sessions(tmp_path / "cml")["job-n"].scalars
+    assert scalars[("eval", "alpaca_loss")] == {4: 0.5} and scalars[("eval", "alpaca_runtime")] == {4: 2.0}
+    assert scalars[("test", "loss")] == {4: 0.25}
+    assert scalars[("Summary", "data.tokens")] == {SUMMARY: 10.0}
+    assert scalars[("Summary", "train_steps_per_second")] == {SUMMARY: 3.0}
+    assert scalars[("train", "train_custom")] == {4: 1.0}
+
+
+def test_nothing_tries_the_network(tmp_path: Path, monkeypatch) -> None:
+    attempts: list[Any] = []
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        attempts.append(args)
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    run_sink(tmp_path / "cml", [training_events("job-offline")])
+    assert attempts == []
+    check_training_run(read_sessions(tmp_path / "cml")["job-offline"])
+
+
+def test_one_writer_per_directory(tmp_path: Path) -> None:
+    """A second process on the same sessions (a restarted relay while the old sink process still
+    drains) fails its writes, as transient errors, until the first lets go."""
+    cache, events = tmp_path / "cml", training_events("job-l")
+    first = ClearmlSink(clearml_project="relay-tests", clearml_dir=str(cache))
+    first.open(SinkContext())
+    second = ClearmlSink(clearml_project="relay-tests", clearml_dir=str(cache))
+    second.open(SinkContext())
+    try:
+        first.write(events[:10])
+        with pytest.raises(RuntimeError, match="in use by another process"):
+            second.write(events)
+        first.close()
+        second.write(events)
+    finally:
+        second.close()
+    assert second.counters["duplicates"] == 10
+    check_training_run(read_sessions(cache)["job-l"])
+
+
+def test_full_disk_mid_run_then_recovery(small_fs: Path) -> None:
+    """The filesystem under the sessions fills up mid-run: writes fail and are retried as the relay
+    does, and once there is space again every point is there once, no line half-written."""
+    cache, events = small_fs / "cml", training_events("job-full", steps=40)
+    sink = ClearmlSink(clearml_project="relay-tests", clearml_dir=str(cache))
+    sink.open(SinkContext())
+    failures = 0
+    try:
+        sink.write(events[:30])
+        fill(small_fs / "filler")
+        for i in range(30, len(events), 10):
+            try:
+                sink.write(events[i:i + 10])
+            except OSError:
+                failures += 1
+                break
+        (small_fs / "filler").unlink()
+        sink.write(events[30:])
+    finally:
+        sink.close()
+    assert failures == 1
+    check_training_run(read_sessions(cache)["job-full"], steps=40)
+
+
+def test_cli_refuses_an_unusable_clearml_sink(tmp_path: Path) -> None:
+    def serve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "relay", "--bind", f"tcp://127.0.0.1:{free_port()}",
+                               "--sink", "clearml", *args], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    done = serve()
+    assert done.returncode == 2 and "--sink clearml needs --clearml-project" in done.stderr, done.stderr[-2000:]
+    (tmp_path / "file").write_text("in the way")
+    done = serve("--clearml-project", "p", "--clearml-dir", str(tmp_path / "file" / "cml"))
+    assert done.returncode == 2 and "is not usable" in done.stderr, done.stderr[-2000:]
+    shadow = tmp_path / "no-clearml" / "clearml"  # `import clearml` fails, as without the extra
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'clearml'\")\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
+    done = serve("--clearml-project", "p", "--clearml-dir", str(tmp_path / "cml"), env=env)
+    assert done.returncode == 2 and "pip install 'metrics-relay[clearml]'" in done.stderr, done.stderr[-2000:]
+
+
+# -- through a real relay -----------------------------------------------------------------------
+
+
+def publish(address: str, run: str, rank: int, steps: int, pause: float = 0.0) -> subprocess.Popen:
+    """A real Publisher for one rank (tests/aim_helpers.py's stand-in for a training rank)."""
+    cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-", "-", str(pause)]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 120) -> None:
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err[-2000:]
+        assert json.loads(out.strip().splitlines()[-1])["left"] == 0
+
+
+def replay(journal: Path, cache: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "relay", "replay", str(journal), "--sink", "clearml",
+                           "--clearml-project", "relay-tests", "--clearml-dir", str(cache)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def same_points(a: TaskView, b: TaskView) -> None:
+    assert a.scalars.keys() == b.scalars.keys()
+    for key, series in a.scalars.items():
+        assert series == b.scalars[key], key
+    assert a.params == b.params and a.model_config == b.model_config and a.tags == b.tags
+
+
+def test_two_ranks_through_the_relay_then_replay_twice(relays, tmp_path: Path) -> None:
+    cache, journal = tmp_path / "cml", tmp_path / "relay-logs"
+    relay = relays(["--sink", "clearml", "--clearml-project", "relay-tests", "--clearml-dir", str(cache)])
+    finish([publish(relay.address, "job-live", rank, 8) for rank in (0, 1)])
+    assert relay.stop() == 0
+    live = read_sessions(cache)
+    assert list(live) == ["job-live"]
+    check_training_run(live["job-live"], steps=8)
+
+    fresh = tmp_path / "rebuilt"
+    replay(journal / "job-live.jsonl", fresh)
+    first = read_sessions(fresh)["job-live"]
+    same_points(live["job-live"], first)
+    size = metrics_bytes(fresh)
+    replay(journal / "job-live.jsonl", fresh)
+    second = read_sessions(fresh)
+    assert list(second) == ["job-live"] and second["job-live"].task_id == first.task_id
+    assert metrics_bytes(fresh) == size and second["job-live"].requests == first.requests
+
+
+def test_relay_sigkill_mid_run_then_restart_exactly_once(relays, tmp_path: Path) -> None:
+    """SIGKILL the relay mid-run and start it again on the same journal and address: the ranks
+    resend, the old sink process drains while the new one waits for the sessions' lock, and every
+    point is in the task once."""
+    cache, journal = tmp_path / "cml", tmp_path / "logs"
+    args = ["--path", f"{journal}/", "--sink", "clearml", "--clearml-project", "relay-tests",
+            "--clearml-dir", str(cache)]
+    relay = relays(args)
+    procs = [publish(relay.address, "job-kill", rank, 60, pause=0.03) for rank in (0, 1)]
+    time.sleep(1.5)
+    relay.kill()
+    written = len((journal / "job-kill.jsonl").read_text().splitlines())
+    time.sleep(0.5)
+    relay = relays(args, address=relay.address)
+    finish(procs)
+    assert relay.stop() == 0
+    assert 0 < written < len((journal / "job-kill.jsonl").read_text().splitlines())  # killed mid-run
+    check_training_run(read_sessions(cache)["job-kill"], steps=60)  # every step once (read_sessions checks)
