@@ -1,0 +1,395 @@
+"""The W&B sink: one Weights & Biases run per training run, offline by default (docs/sinks/wandb.md).
+
+On the sink-author API (sinks/tracker.py); what is W&B's own:
+
+* **Names** as W&B's Hugging Face callback writes them (``train/loss``, ``eval/loss``, x-axis
+  ``train/global_step``, end-of-training scalars in the summary); per rank ``rank/<n>/<name>``.
+* **Steps.** W&B drops a row below its last ``_step``, and the relay hands points out of order, so
+  each row carries its own x value and takes the run's next ``_step``, saved with the applied spans:
+  a retried batch logs the same rows at the same ``_step``s (W&B drops those it has), and a later
+  process goes on after the last one, in a new directory that ``wandb sync`` uploads as a resumed
+  instance of the same run. A replay that adds nothing opens no W&B run.
+* **State** in ``<dir>/wandb/relay-applied/<run>.json`` (spans, next ``_step``, the directory being
+  written), with a lock file that keeps two processes (a restarted relay's sink and the old one,
+  still draining) off one run.
+* **No silent loss.** wandb-core drops records on a write error (full disk) without telling the
+  caller, and if it dies every call fails. On either, the sink exits; the relay starts it again, and
+  the new process moves the open directory to ``relay-discarded/`` and applies its part again from
+  the journal.
+
+The module runs over 350 lines because all of that is W&B's own: a run's life across processes
+(lock, resumed instances, discarded directories) and wandb-core's silent failure modes. wandb is
+imported only when the sink opens, so the relay works without the ``[wandb]`` extra.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import click
+
+from sinks.base import PermanentError, SinkContext, SinkError
+from sinks.tracker import INT64, Spans, TrackerSink
+
+log = logging.getLogger(__name__)
+
+STEP_KEY = "train/global_step"  # the x-axis of W&B's own Hugging Face callback
+SEQ_KEY = "relay/seq"  # the x-axis of the clients' counters (``stats`` events)
+SUMMARY_ONLY = frozenset({"total_flos"})  # with ``train_*``: what W&B's HF callback keeps as summary
+RESERVED = frozenset({"", "_step", "_runtime", "_timestamp", "_wandb"})  # W&B drops or overwrites these
+STATE_DIR, DISCARD_DIR = "relay-applied", "relay-discarded"
+LOCK_WAIT_S = 30.0  # a restarted relay's sink waits this long for the old one to finish the run
+ENDED_CLOSE_S = 30.0  # quiet seconds after rank 0's train_end before the W&B run is finished
+IDLE_CLOSE_S = 600.0  # quiet seconds before a run that never ended is finished (as failed)
+EXIT_DATA_LOST = 75  # the process exits with it when W&B may have lost points (the relay restarts it)
+CORE_WRITE_ERROR = b"failed to save record"  # what wandb-core logs when the .wandb file fails
+
+
+class _WbRun:
+    """One relay run's W&B side in this process: handle, lock, ``_step``s and what is saved."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.handle: Any = None  # wandb Run while open
+        self.lock: Any = None  # the locked file while this process owns the run
+        self.step = self.saved_step = self.logged_step = 0  # next _step: now, as saved, as sent
+        self.saved_spans: Spans = {}
+        self.open: dict[str, Any] | None = None  # {"dir", "spans", "step"} of the directory being written
+        self.exit_code: int | None = None  # from rank 0's train_end
+        self.last_event = 0.0
+        self.defined: set[str] = set()
+        self.core_log_at = 0  # bytes of wandb-core's log already checked
+
+
+def _import_wandb() -> Any:
+    """Import wandb, or say how to get it: the sink is optional and so is the ``[wandb]`` extra."""
+    try:
+        import wandb
+        from wandb.sdk.mailbox import MailboxClosedError
+    except ImportError as exc:
+        raise SinkError(f"the wandb sink needs wandb, which is not importable ({exc}): "
+                        "pip install 'metrics-relay[wandb]'") from None
+    return wandb, (ConnectionError, MailboxClosedError)
+
+
+class WandbSink(TrackerSink):
+    """Write relay events into W&B runs: offline directories (``wandb sync`` later) or online."""
+
+    name = "wandb"
+
+    @classmethod
+    def options(cls) -> list[click.Option]:
+        """W&B's own settings, prefixed; project and entity also from W&B's environment variables."""
+        return [
+            click.Option(["--wandb-project"], metavar="NAME", envvar="WANDB_PROJECT", help="W&B project."),
+            click.Option(["--wandb-entity"], metavar="NAME", envvar="WANDB_ENTITY", help="W&B user or team."),
+            click.Option(["--wandb-mode"], type=click.Choice(["offline", "online"]), default="offline",
+                         show_default=True, help="offline: local files for `wandb sync`; online: also stream."),
+            click.Option(["--wandb-dir"], metavar="PATH", default=None,
+                         help="Where W&B's wandb/ folder goes (default: beside the journal, else the cwd)."),
+        ]
+
+    def __init__(self, wandb_project: str | None = None, wandb_entity: str | None = None,
+                 wandb_mode: str = "offline", wandb_dir: str | None = None) -> None:
+        if not wandb_project:
+            raise SinkError("--sink wandb needs --wandb-project NAME (or $WANDB_PROJECT)")
+        self.project, self.entity, self.mode, self.dir_option = wandb_project, wandb_entity, wandb_mode, wandb_dir
+        self.idle_close_s, self.ended_close_s = IDLE_CLOSE_S, ENDED_CLOSE_S
+        self._wb: dict[str, _WbRun] = {}
+        self._lock = threading.RLock()  # the relay's writer thread and this sink's closer thread
+        self._stop = threading.Event()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def open(self, context: SinkContext) -> None:
+        """Import wandb, check the directory (and credentials, online); SinkError if unusable."""
+        super().open(context)
+        # A wandb-core inherited through $WANDB_SERVICE (a relay started by a process using W&B)
+        # dies with that process and keeps the runs of a sink that died: use this process's own.
+        os.environ.pop("WANDB_SERVICE", None)
+        self._wandb, self._core_gone = _import_wandb()
+        journal = context.journal
+        base = Path(self.dir_option) if self.dir_option else (
+            (journal if journal.is_dir() else journal.parent) if journal is not None else Path.cwd())
+        self.root = base.expanduser().resolve()
+        self.state_dir = self.root / "wandb" / STATE_DIR
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.state_dir / f".write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise SinkError(f"W&B directory {self.root} is not usable: {exc.strerror or exc}: "
+                            "pass a writable --wandb-dir") from None
+        if self.mode == "online":
+            try:
+                self._wandb.login(verify=False)
+            except Exception as exc:  # wandb words it; every case means "no credentials here"
+                raise SinkError(f"--wandb-mode online needs W&B credentials ({exc}): run `wandb login` "
+                                "or set WANDB_API_KEY, or use --wandb-mode offline and `wandb sync` later") from None
+        threading.Thread(target=self._close_quiet_loop, name="wandb-sink-closer", daemon=True).start()
+        log.info("wandb sink writing %s runs of project %s under %s/wandb", self.mode, self.project, self.root)
+
+    def close(self) -> None:
+        """Finish every open W&B run (exit code 1 for runs that did not end) and log the counters."""
+        self._stop.set()
+        with self._lock:
+            for wb in list(self._wb.values()):
+                if wb.handle is not None:
+                    self._finish(wb)
+                self._release(wb)
+        log.info("wandb sink closed: %s", dict(sorted(self.counters.items())))
+
+    def write(self, events: Sequence[dict[str, Any]]) -> None:
+        with self._lock:
+            self._guarded(super().write, events)
+
+    def flush(self) -> None:
+        """Catch up from the journal (sinks/tracker.py), then check wandb-core wrote what it got."""
+        with self._lock:
+            self._guarded(super().flush)
+            for wb in self._wb.values():
+                if wb.handle is not None:
+                    self._check_core(wb, wb.handle)
+
+    def _guarded(self, call: Callable[..., None], *args: Any) -> None:
+        """On an error the ``_step`` counters fall back with the spans (the retry logs the same
+        rows at the same steps); a dead wandb-core cannot be recovered in this process."""
+        try:
+            call(*args)
+        except self._core_gone as exc:
+            self._data_lost(f"wandb-core is gone ({type(exc).__name__}: {exc})")
+        except Exception:
+            for wb in self._wb.values():
+                wb.step = wb.saved_step
+            raise
+
+    # -- the sink-author API ----------------------------------------------------------------------
+
+    def start_run(self, run: str, params: dict[str, Any]) -> None:
+        self._wb.setdefault(run, _WbRun(run))
+
+    def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
+                    context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
+        row, summary, x_key = {}, {}, STEP_KEY
+        subset, sub_set = context.get("subset"), context.get("sub_dataset")
+        for name, value in values.items():
+            if name in RESERVED:
+                raise PermanentError(f"W&B reserves the metric name {name!r}")
+            if rank is None:  # the Trainer's series, named as W&B's HF callback's rewrite_logs does
+                if subset == "train" or (subset is None and name in SUMMARY_ONLY):
+                    summary[name if subset is None else f"train_{name}"] = value
+                elif subset is None:
+                    row[f"train/{name}"] = value
+                else:
+                    row[f"{subset}/{sub_set}_{name}" if sub_set else f"{subset}/{name}"] = value
+            elif subset is None:  # per-rank figures, and the clients' counters stepped by seq
+                row[f"rank/{rank}/{name}"] = value
+                if name.startswith("relay_"):
+                    x_key = SEQ_KEY
+            elif rank == 0:  # custom metrics: fms-hf-tuning's plain names (``track()`` from rank 0)
+                row[name if subset == "additional_metrics" else f"{subset}/{name}"] = value
+            else:  # another rank's: beside its per-rank figures, never in their way
+                row[f"rank/{rank}/{subset}/{name}"] = value
+        wb = self._handle(run)
+        if summary:
+            wb.handle.summary.update(summary)
+        if not row:
+            return
+        if x_key == SEQ_KEY:
+            for key in row.keys() - wb.defined:
+                wb.handle.define_metric(key, step_metric=SEQ_KEY, step_sync=False)
+                wb.defined.add(key)
+        if step is not None:
+            row[x_key] = step
+        row["_timestamp"] = ts  # the event's own time: a late or replayed row looks like a live one
+        wb.handle.log(row, step=wb.step, commit=True)
+        wb.step += 1
+        wb.logged_step = max(wb.logged_step, wb.step)
+
+    def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
+        # hparams at the top, as W&B's HF callback has them; other groups one flat key per value,
+        # so a resumed instance (or `wandb sync` of it) never replaces a sibling it did not see.
+        prefix = "" if name == "hparams" else f"{name}."
+        self._handle(run).handle.config.update({f"{prefix}{k}": _storable(v) for k, v in params.items()},
+                                               allow_val_change=True)
+
+    def finish_run(self, run: str, status: str) -> None:
+        self._wb[run].exit_code = 0 if status == "completed" else 1
+
+    def load_applied(self, run: str) -> Spans:
+        """Take the run's lock (waiting for a process still finishing it), then its saved state; a
+        directory left open by a process that died is moved aside and its part applied again."""
+        wb = self._wb.setdefault(run, _WbRun(run))
+        self._acquire(wb)
+        path = self.state_dir / f"{run}.json"
+        state = json.loads(path.read_text()) if path.exists() else {}
+        wb.exit_code = state.get("exit_code")
+        left_open = state.get("open")
+        if left_open:  # out of `wandb sync`'s way, which looks one level down only
+            run_dir = Path(left_open["dir"])
+            target = self.root / "wandb" / DISCARD_DIR / run_dir.name
+            if run_dir.is_dir() and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(run_dir, target)
+                self.counters["discarded_dirs"] += 1
+                log.warning("W&B directory %s left incomplete: moved to %s, its points are applied again",
+                            run_dir, target)
+            state = left_open
+        wb.saved_spans = {int(r): s for r, s in state.get("spans", {}).items()}
+        wb.step = wb.saved_step = wb.logged_step = state.get("step", 0)
+        if left_open:
+            self._write_state(wb)
+        return wb.saved_spans
+
+    def save_applied(self, run: str, spans: Spans) -> None:
+        wb = self._wb[run]
+        saved = wb.saved_spans, wb.saved_step
+        wb.saved_spans, wb.saved_step = spans, wb.step
+        try:
+            self._write_state(wb)
+        except OSError as exc:
+            wb.saved_spans, wb.saved_step = saved
+            if wb.handle is not None:  # the same disk holds the .wandb file wandb-core is buffering
+                self._data_lost(f"W&B run {run}: cannot save the sink's state ({exc})")
+            raise
+
+    def _write_state(self, wb: _WbRun) -> None:
+        path = self.state_dir / f"{wb.run_id}.json"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"spans": wb.saved_spans, "step": wb.saved_step, "open": wb.open,
+                                   "exit_code": wb.exit_code}))
+        os.replace(tmp, path)
+
+    # -- W&B runs -------------------------------------------------------------------------------
+
+    def _handle(self, run: str) -> _WbRun:
+        """The run's open W&B run, made (or resumed, as a new instance) on demand."""
+        wb = self._wb[run]
+        wb.last_event = time.monotonic()
+        if wb.handle is not None:
+            return wb
+        settings = self._wandb.Settings(
+            mode=self.mode, reinit="create_new", silent=True, console="off", x_disable_stats=True,
+            x_disable_meta=True, x_disable_machine_info=True, disable_code=True, disable_git=True,
+            save_code=False, x_save_requirements=False)
+        try:
+            handle = self._wandb.init(project=self.project, entity=self.entity, id=run, name=run,
+                                      resume="allow", dir=str(self.root), settings=settings)
+        except self._core_gone as exc:
+            self._data_lost(f"wandb-core is gone ({type(exc).__name__}: {exc})")
+        except Exception as exc:  # transient for the relay: the batch is retried with backoff
+            self.counters["init_errors"] += 1
+            raise RuntimeError(f"wandb.init for run {run} failed: {type(exc).__name__}: {exc}") from exc
+        handle.define_metric(STEP_KEY)
+        handle.define_metric("*", step_metric=STEP_KEY, step_sync=False)
+        handle.define_metric(SEQ_KEY)
+        wb.handle, wb.defined, wb.core_log_at = handle, set(), 0
+        # Marked open before its first point: if this process dies, the next one discards the
+        # directory and applies again what came after the run's earlier directories.
+        wb.open = {"dir": str(Path(handle.dir).parent), "spans": wb.saved_spans, "step": wb.saved_step}
+        try:
+            self._write_state(wb)
+        except OSError as exc:
+            self._data_lost(f"W&B run {run}: cannot save the sink's state ({exc})")
+        self.counters["wandb_runs_opened"] += 1
+        log.info("W&B run %s opened in %s", run, wb.open["dir"])
+        return wb
+
+    def _finish(self, wb: _WbRun) -> None:
+        """Finish the W&B run; its directory counts as complete only if wandb-core wrote it all."""
+        handle, wb.handle = wb.handle, None
+        try:
+            handle.finish(exit_code=1 if wb.exit_code is None else wb.exit_code)
+        except Exception as exc:  # wandb-core is gone: the directory stays marked open, to rebuild
+            self.counters["finish_errors"] += 1
+            log.error("W&B run %s not finished (%s: %s); the next process rebuilds it from the journal",
+                      wb.run_id, type(exc).__name__, exc)
+            return
+        self.counters["wandb_runs_finished"] += 1
+        if wb.logged_step > wb.saved_step:  # a failed batch was never retried: rebuild instead
+            log.warning("W&B run %s finished with points not confirmed; the next process rebuilds it", wb.run_id)
+            return
+        self._check_core(wb, handle)
+        wb.open = None
+        try:
+            self._write_state(wb)
+        except OSError as exc:  # the directory stays marked open: the next process rebuilds it
+            self.counters["state_errors"] += 1
+            log.error("W&B run %s finished but the sink's state was not saved: %s", wb.run_id, exc)
+
+    def _close_quiet_loop(self) -> None:
+        """Finish runs gone quiet, so a long-lived relay leaves complete directories to sync."""
+        while not self._stop.wait(1.0):
+            with self._lock:
+                now = time.monotonic()
+                for wb in list(self._wb.values()):
+                    quiet = now - wb.last_event
+                    if wb.handle is not None and wb.logged_step <= wb.saved_step and (
+                            quiet >= self.idle_close_s or (wb.exit_code is not None and quiet >= self.ended_close_s)):
+                        self._finish(wb)
+                        self._release(wb)
+
+    def _acquire(self, wb: _WbRun) -> None:
+        """Own the run across processes: a restarted relay's sink waits for the old one to finish."""
+        fh = open(self.state_dir / f"{wb.run_id}.lock", "a+")
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                wb.lock = fh
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    fh.close()
+                    raise RuntimeError(f"W&B run {wb.run_id} is still written by another process "
+                                       f"(lock {fh.name}); retrying") from None
+                time.sleep(0.1)
+
+    def _release(self, wb: _WbRun) -> None:
+        """Let another process take the run; a later event here reloads its state (and the lock).
+        The base class has no call to forget a run, hence ``_runs``."""
+        if wb.lock is not None:
+            wb.lock.close()
+            wb.lock = None
+        self._wb.pop(wb.run_id, None)
+        self._runs.pop(wb.run_id, None)
+
+    def _check_core(self, wb: _WbRun, handle: Any) -> None:
+        """wandb-core reports a failed write of the .wandb file only in its own log."""
+        try:
+            with open(handle.settings.log_internal, "rb") as fh:
+                fh.seek(wb.core_log_at)
+                seen = fh.read()
+        except OSError:
+            return
+        wb.core_log_at += len(seen)
+        if CORE_WRITE_ERROR in seen:
+            self._data_lost(f"W&B run {wb.run_id}: wandb-core failed to write {handle.settings.sync_file}")
+
+    def _data_lost(self, why: str) -> None:
+        """W&B may lack points this sink counts as applied: start again, from a clean slate."""
+        self.counters["data_lost_exits"] += 1
+        log.critical("wandb sink: %s; exiting, so that the relay starts this sink again, which moves the "
+                     "open directory to wandb/%s/ and applies its points again", why, DISCARD_DIR)
+        logging.shutdown()
+        os._exit(EXIT_DATA_LOST)
+
+
+
+def _storable(obj: Any) -> Any:
+    """A config value W&B keeps exactly: ints beyond int64 (W&B makes them floats) as strings."""
+    kind = type(obj)
+    if kind is int:
+        return obj if obj in INT64 else str(obj)
+    if kind is dict:
+        return {k: _storable(v) for k, v in obj.items()}
+    if kind is list:
+        return [_storable(v) for v in obj]
+    return obj

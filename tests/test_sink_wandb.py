@@ -1,0 +1,329 @@
+"""The W&B sink against real offline W&B runs, read back with W&B's own transaction-log reader
+(``wandb leet inspect --json``, wandb-core's reader of ``.wandb`` files): directly with constructed
+events, through real relays with real publishers (SIGKILL and restart mid-run), and replayed."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("wandb")
+
+from aim_helpers import Events, fill, small_fs, training_events  # noqa: E402,F401
+from conftest import free_port  # noqa: E402
+from relay.journal import JournalReader, encode_line  # noqa: E402
+from sinks.base import PermanentError, SinkContext  # noqa: E402
+from sinks.wandb import SEQ_KEY, STEP_KEY, WandbSink  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
+WANDB = str(Path(sys.executable).parent / "wandb")
+NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+@dataclass
+class WandbView:
+    """One W&B run id as ``wandb sync`` would upload it: its directories (resumed instances) in
+    start order, merged config and summary, and every series as {x: value} (x = its step metric)."""
+
+    instances: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    series: dict[str, dict[Any, float]] = field(default_factory=dict)
+    seen: set[tuple[str, Any, float]] = field(default_factory=set)  # (key, x, the event's time)
+    unstepped: dict[str, list[float]] = field(default_factory=dict)
+
+    def points(self) -> set[tuple[str, Any]]:
+        return {(k, x) for k, s in self.series.items() for x in s}
+
+
+def inspect(path: Path) -> list[dict[str, Any]]:
+    """Every record of a .wandb file, decoded by wandb-core."""
+    out = subprocess.run([WANDB, "leet", "inspect", "--json", str(path)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def read_wandb(root: Path) -> dict[str, WandbView]:
+    """The runs under ``root/wandb`` that ``wandb sync root/wandb`` would find (one level down)."""
+    files = []
+    for path in {p.resolve() for p in (root / "wandb").glob("*/*.wandb")}:  # latest-run is a link
+        records = inspect(path)
+        run = next(r["run"] for r in records if r["type"] == "run")
+        files.append((run["start_time"], run["run_id"], path, records))
+    views: dict[str, WandbView] = {}
+    for start, run_id, path, records in sorted(files):
+        view = views.setdefault(run_id, WandbView())
+        instance = {"dir": path.parent.name, "start": start, "exit_code": None, "steps": []}
+        x_of: dict[str, str] = {}
+        for record in records:
+            kind, body = record["type"], record.get(record["type"], {})
+            if kind == "run":
+                view.config.update(body.get("config", {}).get("update", {}))
+            elif kind == "config":
+                view.config.update(body["update"])
+            elif kind == "summary":
+                view.summary.update({k: v for k, v in body["update"].items() if not k.startswith("_")})
+            elif kind == "metric" and "name" in body and "step_metric" in body:
+                x_of[body["name"]] = body["step_metric"]
+            elif kind == "history":
+                item = body["item"]
+                instance["steps"].append(item["_step"])
+                for key, value in item.items():
+                    if key.startswith("_") or key in (STEP_KEY, SEQ_KEY):
+                        continue
+                    value = NONFINITE.get(value, value)
+                    x = item.get(x_of.get(key, STEP_KEY))
+                    point = (key, x, item["_timestamp"])  # the same point twice has the same time
+                    assert point not in view.seen, f"{key} at {x} twice (in {path.parent.name})"
+                    view.seen.add(point)
+                    if x is None:
+                        view.unstepped.setdefault(key, []).append(value)
+                    else:
+                        view.series.setdefault(key, {})[x] = value
+            elif kind == "exit":
+                instance["exit_code"] = body.get("exit_code", 0)
+        view.instances.append(instance)
+    for view in views.values():  # `wandb sync` appends instances in start order: _step must go on
+        steps = [s for instance in view.instances for s in instance["steps"]]
+        assert steps == sorted(set(steps)), "W&B _step not increasing across the run's directories"
+    view.config.pop("_wandb", None)
+    return views
+
+
+def check_training_run(view: WandbView, steps: int = 6) -> None:
+    """What every test expects from aim_helpers.training_events(), in W&B's HF-callback names."""
+    loss = view.series["train/loss"]
+    assert sorted(loss) == list(range(1, steps + 1))
+    assert math.isnan(loss[3]) and loss[2] == 1.0
+    assert view.series["eval/loss"] == {s: 1 / s for s in range(3, steps + 1, 3)}
+    assert view.series["eval/runtime"] == {s: 0.5 for s in range(3, steps + 1, 3)}
+    assert sorted(view.series["train/epoch"]) == list(range(1, steps + 1))
+    assert view.series["train/learning_rate"][2] == pytest.approx(2e-5)
+    for rank in (0, 1):
+        step_time = view.series[f"rank/{rank}/step_time"]
+        assert sorted(step_time) == list(range(1, steps + 1))
+        assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
+        assert set(view.series[f"rank/{rank}/relay_dropped"].values()) == {0}  # the clients' counters
+    assert view.unstepped["model_load_time"] == [3.25]
+    assert {k: view.summary[k] for k in ("train_loss", "train_runtime", "total_flos")} == {
+        "train_loss": 0.9, "train_runtime": 12.0, "total_flos": 1e9}
+    assert view.config["learning_rate"] == 2e-5 and view.config["seed"] == 42
+    assert view.config["max_grad_norm"] == "Infinity"  # as the JSONL journal keeps it
+    assert view.config["model.model_type"] == "llama" and view.config["model.hidden_size"] == 64
+    assert view.config["experiment_metadata.dataset"] == "v3"
+    assert all(view.config[f"relay.ranks.{r}"]["local_rank"] == r for r in (0, 1))
+    assert {k for k in view.config if k.startswith("relay.checkpoints.")} == {
+        f"relay.checkpoints.{s}" for s in range(3, steps + 1, 3)}
+
+
+def run_sink(root: Path, batches: list[list[dict]], journal: Path | None = None) -> WandbSink:
+    sink = WandbSink(wandb_project="relay-tests", wandb_dir=str(root))
+    sink.open(SinkContext(journal=journal, journal_events=JournalReader(journal) if journal else None))
+    try:
+        for batch in batches:
+            sink.write(batch)
+        sink.flush()
+    finally:
+        sink.close()
+    return sink
+
+
+def run_dirs(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "wandb").glob("*run-*") if p.is_dir())
+
+
+def test_mapping_replay_and_resume(tmp_path: Path) -> None:
+    """Names as W&B's HF callback, a second process resuming the run as a new instance with the
+    next _steps, and a replay of everything adding nothing (not even a directory)."""
+    events = training_events("job-1", output_dir=str(tmp_path / "job"))
+    first = run_sink(tmp_path, [events[:9], events[9:25]])
+    assert first.counters["wandb_runs_opened"] == 1
+    second = run_sink(tmp_path, [events[20:]])  # a restarted relay: some events come again
+    assert second.counters["duplicates"] == 5 and second.counters["events"] == len(events) - 25
+    dirs = run_dirs(tmp_path)
+    again = run_sink(tmp_path, [events])
+    assert again.counters["events"] == 0 and again.counters["duplicates"] == len(events)
+    assert run_dirs(tmp_path) == dirs and len(dirs) == 2
+    view = read_wandb(tmp_path)["job-1"]
+    check_training_run(view)
+    assert [i["exit_code"] for i in view.instances] == [1, 0]  # cut short, then train_end "completed"
+    state = json.loads((tmp_path / "wandb" / "relay-applied" / "job-1.json").read_text())
+    assert state["open"] is None and state["spans"] == {"0": [[0, 25]], "1": [[0, 8]]}
+
+
+def test_a_retried_batch_adds_nothing_and_a_refused_name_is_permanent(tmp_path: Path) -> None:
+    ev = Events("job-retry", world_size=1)
+    batch = [ev(0, "metrics", {"loss": 1.0 / s}, step=s, stage="train") for s in range(1, 5)]
+    bad = ev(0, "metrics", {"_step": 1.0}, step=5, stage="additional_metrics")
+    tail = [ev(0, "metrics", {"loss": 0.1}, step=6, stage="train")]
+    sink = WandbSink(wandb_project="relay-tests", wandb_dir=str(tmp_path))
+    sink.open(SinkContext())
+    try:
+        with pytest.raises(PermanentError, match="reserves"):
+            sink.write(batch + [bad] + tail)  # the first four rows reached W&B before the refusal
+        sink.write(batch)  # what the relay does next: halves, down to the event that fails alone
+        with pytest.raises(PermanentError):
+            sink.write([bad])
+        sink.write(tail)
+    finally:
+        sink.close()
+    view = read_wandb(tmp_path)["job-retry"]
+    assert view.series["train/loss"] == {1: 1.0, 2: 0.5, 3: 1 / 3, 4: 0.25, 6: 0.1}
+
+
+def test_an_ended_run_is_finished_when_quiet_and_late_events_resume_it(tmp_path: Path) -> None:
+    """A long-lived relay finishes a run soon after train_end, so `wandb sync` finds it complete;
+    the clients' last counters, arriving later, go to a resumed instance that keeps the status."""
+    events = training_events("job-late")
+    sink = WandbSink(wandb_project="relay-tests", wandb_dir=str(tmp_path))
+    sink.open(SinkContext())
+    sink.ended_close_s = 0.0
+    try:
+        sink.write(events[:-2])  # up to train_end
+        deadline = time.monotonic() + 20
+        while sink.counters["wandb_runs_finished"] < 1:
+            assert time.monotonic() < deadline, "the run was not finished after train_end"
+            time.sleep(0.1)
+        sink.write(events[-2:])  # the clients' stats, after the job ended
+    finally:
+        sink.close()
+    view = read_wandb(tmp_path)["job-late"]
+    assert [i["exit_code"] for i in view.instances] == [0, 0]
+    check_training_run(view)
+
+
+CRASH = """
+import os, sys
+sys.path[:0] = [{root!r}, {tests!r}]
+from aim_helpers import training_events
+from sinks.base import SinkContext
+from sinks.wandb import WandbSink
+sink = WandbSink(wandb_project="relay-tests", wandb_dir={dir!r})
+sink.open(SinkContext())
+sink.write(training_events("job-crash")[:20])
+os._exit(9)  # the sink's process dies with its W&B run open
+"""
+
+
+def test_a_directory_left_open_by_a_dead_process_is_rebuilt_from_the_journal(tmp_path: Path) -> None:
+    journal = tmp_path / "logs"
+    journal.mkdir()
+    events = training_events("job-crash")
+    (journal / "job-crash.jsonl").write_bytes(b"".join(encode_line(e) for e in events))
+    script = CRASH.format(root=str(ROOT), tests=str(HELPERS.parent), dir=str(tmp_path))
+    assert subprocess.run([sys.executable, "-c", script], timeout=120).returncode == 9
+    (dead,) = run_dirs(tmp_path)
+    sink = run_sink(tmp_path, [events[30:]], journal=journal)  # the restarted sink's next events
+    assert sink.counters["discarded_dirs"] == 1 and sink.counters["sweeps"] == 1
+    assert (tmp_path / "wandb" / "relay-discarded" / dead).is_dir()
+    views = read_wandb(tmp_path)  # the discarded directory is out of `wandb sync wandb/`'s way
+    assert len(views["job-crash"].instances) == 1
+    check_training_run(views["job-crash"])
+
+
+def publish(address: str, run: str, rank: int, steps: int, pause: float) -> subprocess.Popen:
+    cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-", "-", str(pause)]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def replay(journal: Path, target: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "relay", "replay", str(journal), "--sink", "wandb",
+                           "--wandb-project", "relay-tests", "--wandb-dir", str(target)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_two_ranks_through_a_relay_killed_mid_run_then_replayed_twice(relays, tmp_path: Path) -> None:
+    """Real publishers for two ranks; the relay is SIGKILLed mid-run and started again on the same
+    journal and address; every point lands once. Then the journal is replayed twice elsewhere."""
+    journal = tmp_path / "relay-logs"
+    args = ["--path", f"{journal}/", "--sink", "wandb", "--wandb-project", "relay-tests"]
+    relay = relays(args)
+    steps = 40
+    procs = [publish(relay.address, "job-live", rank, steps, 0.05) for rank in (0, 1)]
+    time.sleep(1.5)
+    relay.kill()
+    time.sleep(0.5)
+    relay = relays(args, address=relay.address)
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and json.loads(out.splitlines()[-1])["left"] == 0, err[-2000:]
+    assert relay.stop() == 0
+    live = read_wandb(journal)["job-live"]  # W&B's folder goes beside the journal by default
+    check_training_run(live, steps=steps)
+    assert len(live.instances) >= 2 and live.instances[-1]["exit_code"] == 0
+
+    fresh = tmp_path / "rebuilt"
+    for attempt in range(2):
+        done = replay(journal / "job-live.jsonl", fresh)
+        assert done.returncode == 0, done.stderr[-2000:]
+        if attempt == 0:
+            dirs = run_dirs(fresh)
+    assert run_dirs(fresh) == dirs and len(dirs) == 1  # the second replay opened no W&B run at all
+    rebuilt = read_wandb(fresh)["job-live"]
+    assert rebuilt.points() == live.points()
+    for key, series in live.series.items():
+        assert all(series[x] == rebuilt.series[key][x] or math.isnan(series[x]) for x in series), key
+    assert {k: v for k, v in rebuilt.config.items() if not k.startswith("relay.")} == \
+        {k: v for k, v in live.config.items() if not k.startswith("relay.")}
+
+
+def test_full_disk_mid_run_loses_nothing(relays, small_fs: Path, tmp_path: Path) -> None:
+    """The W&B directory's filesystem fills up mid-run. wandb-core would drop records silently; the
+    sink notices, exits, and each new sink process the relay starts moves the suspect directory
+    aside; once there is space again, the run is complete, every point once."""
+    journal = tmp_path / "logs"
+    relay = relays(["--path", f"{journal}/", "--sink", "wandb", "--wandb-project", "relay-tests",
+                    "--wandb-dir", str(small_fs)])
+    procs = [publish(relay.address, "job-full", rank, 60, 0.05) for rank in (0, 1)]
+    time.sleep(2.0)
+    fill(small_fs / "filler")
+    time.sleep(2.0)
+    (small_fs / "filler").unlink()
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+    lines = [json.loads(line) for line in (journal / "job-full.jsonl").read_text().splitlines()]
+    everything = {str(r): [[0, sum(e["rank"] == r for e in lines)]] for r in (0, 1)}
+    state = small_fs / "wandb" / "relay-applied" / "job-full.json"
+    deadline = time.monotonic() + 90  # the last restarted sink catches up from the journal
+    while not state.exists() or json.loads(state.read_text())["spans"] != everything:
+        assert time.monotonic() < deadline, relay.log.read_text()[-3000:]
+        time.sleep(0.5)
+    assert relay.stop() == 0
+    log = relay.log.read_text()
+    assert "exiting, so that the relay starts this sink again" in log, log[-3000:]
+    view = read_wandb(small_fs)["job-full"]
+    check_training_run(view, steps=60)
+    assert list((small_fs / "wandb" / "relay-discarded").iterdir())
+
+
+def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "relay", "--bind", f"tcp://127.0.0.1:{free_port()}", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_cli_says_what_to_do(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    done = serve(tmp_path, "--sink", "wandb", env=env)
+    assert done.returncode == 2 and "--sink wandb needs --wandb-project" in done.stderr, done.stderr[-2000:]
+    home = tmp_path / "home"  # no ~/.netrc, no WANDB_API_KEY: no credentials for online mode
+    home.mkdir()
+    done = serve(tmp_path, "--sink", "wandb", "--wandb-project", "p", "--wandb-mode", "online",
+                 env={**env, "HOME": str(home)})
+    assert done.returncode == 2 and "wandb login" in done.stderr, done.stderr[-2000:]
+    # Where `import wandb` fails, as without the [wandb] extra.
+    shadow = tmp_path / "no-wandb" / "wandb"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'wandb'\")\n")
+    done = serve(tmp_path, "--sink", "wandb", "--wandb-project", "p",
+                 env={**env, "PYTHONPATH": os.pathsep.join([str(shadow.parent), env.get("PYTHONPATH", "")])})
+    assert done.returncode == 2 and "pip install 'metrics-relay[wandb]'" in done.stderr, done.stderr[-2000:]
