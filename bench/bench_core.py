@@ -19,7 +19,7 @@ import zmq
 from bench import procs
 from bench.common import RelayRun, Sample, alternate, free_port, machine, table
 from relay.client import Publisher
-from sinks.jsonl import JsonlSink
+from relay.journal import Journal
 
 LOG = {"loss": 1.234, "grad_norm": 0.56, "learning_rate": 2e-5, "epoch": 0.5, "entropy": 1.9,
        "mean_token_accuracy": 0.61, "num_tokens": 123456.0}
@@ -80,7 +80,7 @@ def ingest_rate(events: int, rounds: int) -> list[dict]:
         with tempfile.TemporaryDirectory() as tmp:
             journal = Path(tmp) / "j.jsonl"
             relay = RelayRun(Path(tmp), ["--path", str(journal), "--stats-interval", "0.1"])
-            stats_path = JsonlSink(journal).sidecar("_stats.json")
+            stats_path = Journal(journal).sidecar("_stats.json")
             frames, _ = procs.frames(f"ingest{r}", 0, events)  # what a Publisher sends: compact batches
             ctx = zmq.Context()
             sock = ctx.socket(zmq.DEALER)

@@ -18,7 +18,7 @@ from typing import Callable
 
 from bench import procs
 from bench.common import RelayRun, Sample, Section, alternate_many, cli, kill_group
-from sinks.jsonl import JsonlSink
+from relay.journal import Journal
 
 RELAY, RELAY_AIM, RAW = "relay, JSONL", "relay, JSONL + Aim sink", "raw PULL + orjson writer"
 
@@ -52,7 +52,7 @@ def _timed_feed(kind: str, address: str, run: str, publishers: int, total: int, 
 def _relay_counters(journal: Path) -> str:
     """The relay's own counters beside ``journal`` (what a stalled round needs to be understood)."""
     try:
-        stats = json.loads(JsonlSink(journal).sidecar("_stats.json").read_text())
+        stats = json.loads(Journal(journal).sidecar("_stats.json").read_text())
     except (OSError, ValueError):
         return "no relay stats"
     keys = ("frames", "events", "written", "duplicates", "rejected", "journal_errors")
@@ -68,7 +68,7 @@ def _relay_rate(work: Path, publishers: int, total: int, aim: bool) -> dict[str,
                                                   relay.check_alive)}
         if aim:
             time.sleep(0.2)  # one stats period
-            out["aim written"] = json.loads(JsonlSink(journal).sidecar("_stats.json").read_text())["sinks"]["aim"]["written"]
+            out["aim written"] = json.loads(Journal(journal).sidecar("_stats.json").read_text())["sinks"]["aim"]["written"]
         return out
     finally:
         relay.stop(3.0 if aim else 30.0)  # the Aim sink would drain its backlog for up to 10 s

@@ -43,7 +43,7 @@ import psutil
 
 from bench.common import ROOT, free_port, kill_group, machine
 from bench.soak_hostile import HOST as HOSTILE_HOST, KINDS, KINDS_SENT
-from sinks.jsonl import read_events
+from relay.journal import read_events
 
 log = logging.getLogger("bench.soak")
 

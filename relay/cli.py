@@ -9,22 +9,23 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import click
 
 from relay.address import AddressInUse, BadAddress
 from relay.client import ADDRESS_ENV, DEFAULT_ADDRESS
-from relay.sinkproc import SinkSpec
+from relay.journal import Journal
+from relay.sink_process import SinkSpec
 from sinks.base import SinkError
-from sinks.jsonl import JsonlSink
-from sinks.registry import load, load_all
 
 log = logging.getLogger("relay")
 
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 EXIT_ADDRESS_IN_USE = 3
+_SINKS = "relay.sinks"  # ctx.meta: name -> (what to load, class) of the sinks named on the command line
+_SINK_PARAMS = "relay.sink_params"  # ctx.meta: their options, added to the command's own
 
 
 class _ServeByDefault(click.Group):
@@ -36,7 +37,109 @@ class _ServeByDefault(click.Group):
         return super().parse_args(ctx, args)
 
 
-def _fail(code: int, message: str) -> None:
+class _SinkCommand(click.Command):
+    """A command that takes the options of the sinks named on its command line (``--sink NAME``)
+    and of no other, so a plugin is imported only when asked for (``relay --sink aim --help``
+    shows Aim's options). The journal's options are always there where it is (``serve``)."""
+
+    def __init__(self, *args: Any, journal_always: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.journal_always = journal_always
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            classes = _load_sinks(_named_sinks(args))
+        except SinkError as exc:
+            _fail(EXIT_USAGE, str(exc))
+        if self.journal_always:
+            classes.setdefault(Journal.name, (Journal.name, Journal))
+        ctx.meta[_SINKS] = classes
+        ctx.meta[_SINK_PARAMS] = self._sink_params(classes)
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            owner = _owner(exc.option_name, classes)
+            if owner is not None:
+                raise click.UsageError(f"{exc.option_name} belongs to the {owner} sink; add --sink {owner}",
+                                       ctx) from None
+            raise
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        params = [*self.params, *ctx.meta.get(_SINK_PARAMS, ())]
+        help_option = self.get_help_option(ctx)
+        return params + [help_option] if help_option is not None else params
+
+    def _sink_params(self, classes: dict[str, tuple[str, type]]) -> list[click.Parameter]:
+        """The named sinks' options (the first declaration of a name wins)."""
+        owners: dict[str, str] = {p.name: "relay" for p in self.params if p.name}
+        params = []
+        for name, (_, cls) in classes.items():
+            for option in cls.options():
+                if option.name in owners:
+                    log.warning("sink %s option %s clashes with %s; ignored", name, option.opts[0], owners[option.name])
+                    continue
+                owners[option.name] = name
+                option.help = f"[{name} sink] {option.help or ''}"
+                params.append(option)
+        return params
+
+
+def _named_sinks(args: list[str]) -> list[str]:
+    """The ``--sink NAME`` / ``--sink=NAME`` values of a command line, in order, once each."""
+    names, words = [], iter(args)
+    for word in words:
+        if word == "--":
+            break
+        if word == "--sink":
+            names.append(next(words, ""))
+        elif word.startswith("--sink="):
+            names.append(word[len("--sink="):])
+    return list(dict.fromkeys(name for name in names if name))
+
+
+def _load_sinks(names: list[str]) -> dict[str, tuple[str, type]]:
+    """Display name -> (what a sink process loads, class), for the named sinks; ``jsonl`` is the
+    journal. SinkError for an unknown or broken sink, or two that go by the same name."""
+    from sinks.registry import available, load
+
+    classes: dict[str, tuple[str, type]] = {}
+    for given in names:
+        if given == Journal.name:
+            name, cls = Journal.name, Journal
+        elif ":" not in given and given not in available():
+            installed = sorted({Journal.name, *available()})
+            raise SinkError(f"unknown sink {given!r}; installed sinks: {', '.join(installed)} "
+                            "(or give package.module:Class)")
+        else:
+            cls = load(given)
+            name = getattr(cls, "name", None) or cls.__name__.lower()
+        if name in classes:
+            raise SinkError(f"--sink {given}: a sink named {name!r} was already given; name each sink once")
+        classes[name] = (given, cls)
+    return classes
+
+
+def _owner(option: str, named: dict[str, tuple[str, type]]) -> str | None:
+    """The sink, not named on the command line, that declares ``option`` (only now are the other
+    installed sinks imported: this is the path of a usage error)."""
+    from sinks.registry import available, load
+
+    candidates: dict[str, Callable[[], type]] = {Journal.name: lambda: Journal}
+    for name in sorted(available()):
+        candidates.setdefault(name, lambda name=name: load(name))
+    for name, get in candidates.items():
+        if name in named:
+            continue
+        try:
+            cls = get()
+        except SinkError:
+            continue
+        if any(option in o.opts or option in o.secondary_opts for o in cls.options()):
+            return name
+    return None
+
+
+def _fail(code: int, message: str) -> NoReturn:
     click.echo(f"relay: error: {message}", err=True)
     sys.exit(code)
 
@@ -46,42 +149,14 @@ def _setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-_SINK_CLASSES = load_all()
-
-
-def _sink_options(func: Callable) -> Callable:
-    """Add every registered sink's own options (first declaration of a name wins)."""
-    owners: dict[str, str] = {}
-    params = getattr(func, "__click_params__", [])
-    for name, cls in _SINK_CLASSES.items():
-        for option in cls.options():
-            if option.name in owners:
-                log.warning("sink %s option %s clashes with sink %s; ignored", name, option.opts[0], owners[option.name])
-                continue
-            owners[option.name] = name
-            option.help = f"[{name} sink] {option.help or ''}"
-            params.append(option)
-    func.__click_params__ = params  # type: ignore[attr-defined]
-    return func
-
-
-def build_sinks(names: tuple[str, ...], params: dict[str, Any], ctx: click.Context,
-                log_level: str = "info") -> tuple[JsonlSink, list[SinkSpec]]:
+def build_sinks(ctx: click.Context, params: dict[str, Any], log_level: str = "info") -> tuple[Journal, list[SinkSpec]]:
     """The journal (always present: ``--sink jsonl`` is implied) and what each other sink's process
-    needs to build it: its name and only its own options. An option given for a sink that was not
-    asked for is a usage error, and so is an unknown sink."""
-    wanted = list(dict.fromkeys(names or ("jsonl",)))
-    classes = {name: load(name) for name in wanted}
-    for name, cls in _SINK_CLASSES.items():
-        if name in classes or name == JsonlSink.name:  # the journal is always on
-            continue
-        for option in cls.options():
-            if ctx.get_parameter_source(option.name) is click.core.ParameterSource.COMMANDLINE:
-                raise click.UsageError(f"{option.opts[0]} belongs to the {name} sink; add --sink {name}")
-    journal = JsonlSink(**{o.name: params[o.name] for o in JsonlSink.options()})
+    needs to build it: its name, what to load, and only its own options."""
+    classes: dict[str, tuple[str, type]] = ctx.meta[_SINKS]
+    journal = Journal(**{o.name: params[o.name] for o in Journal.options()})
     specs = [SinkSpec(name, {o.name: _jsonable(params[o.name]) for o in cls.options() if o.name in params},
-                      log_level=log_level)
-             for name, cls in classes.items() if name != JsonlSink.name]
+                      source=source, log_level=log_level)
+             for name, (source, cls) in classes.items() if cls is not Journal]
     return journal, specs
 
 
@@ -107,12 +182,13 @@ def main() -> None:
     """
 
 
-@main.command()
+@main.command(cls=_SinkCommand, journal_always=True)
 @click.option("--bind", "--address", "address", envvar=ADDRESS_ENV, default=DEFAULT_ADDRESS, show_default=True,
               help=f"Where to listen: tcp://HOST:PORT (port '*' picks a free one) or ipc:///path.sock. "
                    f"Also ${ADDRESS_ENV}.")
 @click.option("--sink", "sink_names", multiple=True, metavar="NAME",
-              help="A sink to write to (repeatable). The jsonl journal is always on.")
+              help="A sink to write to (repeatable): an installed sink's name, or package.module:Class. "
+                   "The jsonl journal is always on. Its options show with it: relay --sink NAME --help.")
 @click.option("--flush-interval", type=click.FloatRange(0.001, 10.0), default=0.05, show_default=True,
               help="Seconds between journal flushes (and acknowledgements).")
 @click.option("--stats-interval", type=click.FloatRange(0.1), default=30.0, show_default=True,
@@ -140,7 +216,6 @@ def main() -> None:
               help="Directory of client public certificates (*.key): only these may publish.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
               default="info", show_default=True)
-@_sink_options
 @click.pass_context
 def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_interval: float,
           stats_interval: float, sink_queue: int, forget_after: float, run_rate: float, max_runs: int,
@@ -151,7 +226,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
 
     _setup_logging(log_level)
     try:
-        journal, sinks = build_sinks(sink_names, sink_params, ctx, log_level)
+        journal, sinks = build_sinks(ctx, sink_params, log_level)
     except SinkError as exc:
         _fail(EXIT_USAGE, str(exc))
     config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
@@ -177,14 +252,13 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
     os._exit(0)
 
 
-@main.command()
+@main.command(cls=_SinkCommand)
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--sink", "sink_names", multiple=True, required=True, metavar="NAME",
-              help="A sink to rebuild (repeatable).")
+              help="A sink to rebuild (repeatable); jsonl: a journal (--path), given only what it lacks.")
 @click.option("--run", "runs", multiple=True, help="Only these run ids (repeatable).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
               default="info", show_default=True)
-@_sink_options
 @click.pass_context
 def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, ...], runs: tuple[str, ...],
            log_level: str, **sink_params: Any) -> None:
@@ -192,15 +266,25 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
     from relay.replay import replay_files
 
     _setup_logging(log_level)
+    classes: dict[str, tuple[str, type]] = ctx.meta[_SINKS]
+    journal, sinks = None, []
     try:
-        classes = {name: load(name) for name in dict.fromkeys(sink_names)}
-        sinks = [cls(**{o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params})
-                 for cls in classes.values()]
-        result = replay_files(files, sinks, set(runs))
+        for _, cls in classes.values():
+            options = {o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params}
+            if cls is Journal:
+                journal = Journal(**options)
+            else:
+                sinks.append(cls(**options))
+        result = replay_files(files, sinks, set(runs), journal)
     except SinkError as exc:
         _fail(EXIT_USAGE, str(exc))
-    click.echo(f"replayed {result.events} events from {result.files} files into "
-               f"{', '.join(classes)}; {result.bad_lines} unreadable lines skipped", err=True)
+    done = []
+    if journal is not None:
+        done.append(f"{result.new} new in the journal {journal.path}, {result.events - result.new} it held already")
+    if sinks:
+        done.append("replayed into " + ", ".join(name for name, (_, cls) in classes.items() if cls is not Journal))
+    click.echo(f"read {result.events} events from {result.files} files: {'; '.join(done)}; "
+               f"{result.bad_lines} unreadable lines skipped", err=True)
     if result.bad_lines:
         sys.exit(EXIT_RUNTIME)
 

@@ -1,20 +1,22 @@
 """The relay daemon: receive, validate, de-duplicate, journal, acknowledge, fan out.
 
-One ingest thread owns the ROUTER socket and the journal (the durable JSONL sink). Every
+One ingest thread owns the ROUTER socket and the journal (relay/journal.py). Every
 ``flush_interval`` it appends the new events to the journal in one write, then acknowledges
 cumulatively per (run, rank), then hands the same lines to each other sink's process
-(relay/sinkproc.py). Acks therefore mean "in the journal", and no other sink can slow ingest down.
+(relay/sink_process.py). Acks therefore mean "in the journal", and no other sink can slow ingest down.
+
+It runs over 350 lines because what is here is the one ingest thread's state (routes, dedupe,
+pending lines, acks due) and every step that touches it per frame or per flush; the parts that
+stand alone are in relay/limits.py (run budget, memory, descriptors), relay/journal.py and
+relay/dedupe.py.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import gc
 import json
 import logging
 import os
-import resource
 import signal
 import threading
 import time
@@ -28,10 +30,10 @@ from relay import curve, schema
 from relay.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_loopback
 from relay.deadletter import KEEP_BYTES, DeadLetters
 from relay.dedupe import Dedupe, RankState
-from relay.sinkproc import SinkProcess, SinkSpec
+from relay.journal import Journal, encode_line, encode_lines
+from relay.limits import MemoryProbe, RunBudget, alive, raise_file_limit, trim_heap
+from relay.sink_process import SinkProcess, SinkSpec
 from relay.stats import Counters, log_stats, write_stats
-from sinks.base import SinkContext
-from sinks.jsonl import JsonlSink, encode_line, encode_lines
 
 log = logging.getLogger("relay")
 
@@ -39,7 +41,6 @@ RECV_BURST = 2000  # messages read per poll before the loop checks its timers
 MAX_UNJOURNALED = 200_000  # stop reading (clients keep their events) while the journal is failing
 GC_THRESHOLD = 50_000  # allocations between young collections (Python's default: 700)
 REBIND_TIMEOUT = 5.0  # seconds to get the address back after dropping every connection
-MAX_PEERS = 65_536  # connections whose new-run budget is remembered; the least recent are forgotten
 
 
 @dataclass
@@ -63,7 +64,7 @@ class RelayConfig:
 
 
 class Relay:
-    def __init__(self, config: RelayConfig, journal: JsonlSink, sinks: list[SinkSpec]) -> None:
+    def __init__(self, config: RelayConfig, journal: Journal, sinks: list[SinkSpec]) -> None:
         self.config = config
         self.journal = journal
         self.sinks = sinks
@@ -85,10 +86,10 @@ class Relay:
         self._acks_due: set[tuple[str, int]] = set()
         self._routes: dict[tuple[str, int], bytes] = {}
         self._hellos: dict[tuple[str, int], float] = {}  # ts of each rank's hello, to spot reused run ids
-        self._run_budget: dict[bytes, tuple[float, float]] = {}  # peer -> (new runs it may start, as of when)
+        self._run_budget = RunBudget(config.run_rate)  # new runs each connection may start
         self._journal_backoff = 0.0
         self._journal_retry_at = 0.0
-        self._memory = _MemoryProbe()
+        self._memory = MemoryProbe()
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -131,9 +132,13 @@ class Relay:
     def open_sinks(self) -> None:
         """Open the journal, then start the others' processes; a SinkError from any of them (the
         journal, or a sink that cannot open) is a config error."""
-        self.journal.open(SinkContext(journal=self.journal.path))
+        journal = self.journal
+        journal.open()
+        where = str(journal.path) + (os.sep if journal.directory else "")
         for spec in self.sinks:
-            worker = SinkProcess(replace(spec, journal=str(self.journal.path), max_events=self.config.sink_queue,
+            deadletter = journal.sidecar(f"_deadletter_{spec.name}.jsonl")
+            worker = SinkProcess(replace(spec, journal=where, deadletter=str(deadletter),
+                                         max_events=self.config.sink_queue,
                                          drain_timeout=self.config.shutdown_timeout), self._ingest_idle)
             worker.start()
             self.workers.append(worker)
@@ -156,7 +161,7 @@ class Relay:
         assert self._sock is not None, "bind() first"
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
-        _raise_file_limit()
+        raise_file_limit()
         self.write_ready_file()
         log.info("relay listening on %s, journal %s, sinks: %s", self.address,
                  self.journal.path,
@@ -198,7 +203,7 @@ class Relay:
                 next_stats = now + self.config.stats_interval
             if now >= next_watch:
                 next_watch = now + 1.0
-                if self.config.watch_pid and not _alive(self.config.watch_pid):
+                if self.config.watch_pid and not alive(self.config.watch_pid):
                     log.info("watched process %d is gone; shutting down", self.config.watch_pid)
                     self._stop = True
         self._shutdown()
@@ -274,7 +279,7 @@ class Relay:
                 return
         else:
             new = {e["run"] for e in events}.difference(self.dedupe.run_ranks)
-            if new and not self._admit(peer, len(new), now):
+            if new and not self._run_budget.admit(peer, len(new), now):
                 self._refuse_runs(peer, sorted(new), events)
                 return
             counters.events += len(events)
@@ -305,7 +310,7 @@ class Relay:
         state = dedupe.ranks.get(key)
         if state is None:
             if run not in dedupe.run_ranks:
-                if not admitted and not self._admit(peer, 1, now):
+                if not admitted and not self._run_budget.admit(peer, 1, now):
                     return None
                 self._make_room()
             state = dedupe.lookup(run, rank, self.journal)
@@ -313,19 +318,6 @@ class Relay:
         self._routes[key] = peer
         dedupe.touch(run, now)
         return state
-
-    def _admit(self, peer: bytes, runs: int, now: float) -> bool:
-        """Token bucket per connection: ``run_rate`` new runs a minute, as many at once."""
-        rate = self.config.run_rate
-        tokens, since = self._run_budget.pop(peer, (rate, now))
-        tokens = min(rate, tokens + (now - since) * rate / 60.0)
-        if len(self._run_budget) >= MAX_PEERS:
-            del self._run_budget[next(iter(self._run_budget))]
-        if tokens < runs:
-            self._run_budget[peer] = (tokens, now)
-            return False
-        self._run_budget[peer] = (tokens - runs, now)
-        return True
 
     def _refuse_runs(self, peer: bytes, runs: list[str], events: list[dict[str, Any]]) -> None:
         """Too many new runs from one connection: the frame is refused (counted, dead-lettered, not
@@ -422,7 +414,7 @@ class Relay:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.02)
-        _trim_heap()
+        trim_heap()
         return True
 
     def commit(self) -> None:
@@ -513,46 +505,3 @@ class Relay:
         if self.config.ready_file is not None:
             self.config.ready_file.unlink(missing_ok=True)
 
-
-class _MemoryProbe:
-    """This process's resident set size, read from /proc (about a microsecond); 0 where there is none."""
-
-    def __init__(self) -> None:
-        try:
-            self._fd: int | None = os.open("/proc/self/statm", os.O_RDONLY)
-        except OSError:
-            self._fd = None
-        self._page = os.sysconf("SC_PAGE_SIZE")
-
-    def rss_mib(self) -> int:
-        if self._fd is None:
-            return 0
-        return int(os.pread(self._fd, 128, 0).split()[1]) * self._page >> 20
-
-
-def _trim_heap() -> None:
-    """Hand the freed heap back to the system (glibc keeps it otherwise), so RSS shows the relief."""
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    if trim is not None:
-        trim(0)
-
-
-def _raise_file_limit() -> None:
-    """Every connection and open run file is a descriptor; take the hard limit, not the soft one."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError) as exc:
-            log.debug("could not raise the open-file limit from %d: %s", soft, exc)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -1,7 +1,9 @@
-"""Rejected frames, with their reason, kept in a bounded JSONL file next to the journal.
+"""What could not be taken, with its reason, kept in a bounded JSONL file next to the journal.
 
-A malformed frame is never silently thrown away: it is counted by reason and its first bytes are
-kept here for inspection; once the file reaches its bound, further frames are only counted.
+The relay's own file holds rejected frames: a malformed frame is never silently thrown away, it is
+counted by reason and its first bytes are kept here for inspection. Each sink but the journal has
+one too, for the events it refused for good (``sinks.base.PermanentError``), each with its journal
+line. Once a file reaches its bound, further entries are only counted.
 """
 from __future__ import annotations
 
@@ -28,24 +30,29 @@ class DeadLetters:
     def add(self, reason: str, detail: str, frame: bytes, peer: bytes) -> bool:
         """Record one rejected frame; False when it could not be kept (bound reached, disk full)
         and only the count remains."""
-        try:
-            return self._add(reason, detail, frame, peer)
-        except OSError as exc:
-            log.warning("cannot write dead letter to %s: %s", self.path, exc.strerror)
-            return False
-
-    def _add(self, reason: str, detail: str, frame: bytes, peer: bytes) -> bool:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self._size = os.fstat(self._fd).st_size
-        line = orjson.dumps({
+        return self._keep(orjson.dumps({
             "ts": time.time(), "reason": reason, "detail": detail[:1024], "peer": peer.hex(),
             "size": len(frame), "frame_b64": base64.b64encode(frame[:KEEP_BYTES]).decode(),
             "truncated": len(frame) > KEEP_BYTES,
-        }) + b"\n"
-        if self._size + len(line) > self.max_bytes:
+        }) + b"\n")
+
+    def add_event(self, reason: str, detail: str, line: bytes) -> bool:
+        """Record one event a sink refused, ``line`` its journal line (kept whole, as JSON under
+        ``event``); False when it could not be kept."""
+        head = orjson.dumps({"ts": time.time(), "reason": reason, "detail": detail[:1024]})
+        return self._keep(head[:-1] + b',"event":' + line.rstrip(b"\n") + b"}\n")
+
+    def _keep(self, line: bytes) -> bool:
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self._size = os.fstat(self._fd).st_size
+            if self._size + len(line) > self.max_bytes:
+                return False
+            os.write(self._fd, line)
+        except OSError as exc:
+            log.warning("cannot write dead letter to %s: %s", self.path, exc.strerror)
             return False
-        os.write(self._fd, line)
         self._size += len(line)
         return True
 

@@ -18,7 +18,7 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sinks.base import Sink
+    from relay.journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class Dedupe:
     def least_recent(self) -> str | None:
         return next(iter(self.last_seen), None)
 
-    def lookup(self, run: str, rank: int, journal: "Sink") -> RankState:
+    def lookup(self, run: str, rank: int, journal: "Journal") -> RankState:
         """The state of (run, rank), learning first what ``journal`` already holds of a run this
         process has not met, so events written before a crash or restart are not taken twice."""
         state = self.ranks.get((run, rank))

@@ -1,5 +1,7 @@
 """Rebuild any sink from the JSONL journal: the journal is the source of truth, so a sink that
-was down, added later or lost can be brought back to what it would have been live."""
+was down, added later or lost can be brought back to what it would have been live. Replayed into a
+journal (``--sink jsonl``: a spool into the relay's journal, say), only what that journal lacks is
+written, so replaying twice adds nothing."""
 from __future__ import annotations
 
 import logging
@@ -7,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from relay.schema import from_journal
-from sinks.base import Sink, SinkContext
 from relay.dedupe import Dedupe
-from sinks.jsonl import journal_files, read_events
+from relay.journal import Journal, JournalReader, journal_files, read_events
+from sinks.base import Sink, SinkContext
+from sinks.events import from_journal
 
 log = logging.getLogger(__name__)
 
@@ -20,69 +22,79 @@ BATCH = 1000
 @dataclass
 class ReplayResult:
     files: int = 0
-    events: int = 0
+    events: int = 0  # read (of the runs asked for)
+    new: int = 0  # of those, written to the journal target: what it did not hold yet
     bad_lines: int = 0
 
 
-def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None = None) -> ReplayResult:
-    """Write every event of ``paths`` (files or journal directories) to ``sinks`` in file order.
+def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None = None,
+                 journal: Journal | None = None) -> ReplayResult:
+    """Write every event of ``paths`` (files or journal directories) to ``sinks`` in file order,
+    and to ``journal`` what it lacks.
 
     Non-finite metric values, stored as "NaN"/"Infinity" strings, become floats again. Sinks are
     expected to be idempotent, so replaying twice adds nothing.
     """
     result = ReplayResult()
     files = [f for p in paths for f in journal_files(Path(p))]
-    context = SinkContext(journal=files[0] if len(files) == 1 else None)
-    for sink in sinks:
-        sink.open(context)
-    targets = [_Target(sink) for sink in sinks]
+    single = files[0] if len(files) == 1 else None
+    context = SinkContext(journal=single, journal_events=JournalReader(single) if single else None)
+    target = _JournalTarget(journal) if journal is not None else None
+    if journal is not None:
+        journal.open()
     try:
-        for path in files:
-            result.files += 1
-            bad: list[int] = []
-            batch = []
-            for event in read_events(path, bad):
-                if runs and event.get("run") not in runs:
-                    continue
-                batch.append(from_journal(event))
-                if len(batch) >= BATCH:
-                    _write(targets, batch)
+        for sink in sinks:
+            sink.open(context)
+        try:
+            for path in files:
+                result.files += 1
+                bad: list[int] = []
+                batch = []
+                for event in read_events(path, bad):
+                    if runs and event.get("run") not in runs:
+                        continue
+                    batch.append(from_journal(event))
+                    if len(batch) >= BATCH:
+                        result.new += _write(target, sinks, batch)
+                        result.events += len(batch)
+                        batch = []
+                if batch:
+                    result.new += _write(target, sinks, batch)
                     result.events += len(batch)
-                    batch = []
-            if batch:
-                _write(targets, batch)
-                result.events += len(batch)
-            if bad:
-                log.warning("%s: skipped %d unreadable lines (first at line %d)", path, len(bad), bad[0])
-                result.bad_lines += len(bad)
-        for sink in sinks:
-            sink.flush()
+                if bad:
+                    log.warning("%s: skipped %d unreadable lines (first at line %d)", path, len(bad), bad[0])
+                    result.bad_lines += len(bad)
+            for sink in sinks:
+                sink.flush()
+        finally:
+            for sink in sinks:
+                sink.close()
     finally:
-        for sink in sinks:
-            sink.close()
+        if journal is not None:
+            journal.close()
     return result
 
 
-class _Target:
-    """One sink being replayed into; a durable sink (a JSONL journal) is fed only what it lacks."""
+class _JournalTarget:
+    """A journal being replayed into: fed only what it lacks (``Journal.seen``, as a restarted relay)."""
 
-    def __init__(self, sink: Sink) -> None:
-        self.sink = sink
-        self.dedupe = Dedupe() if sink.durable else None
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.dedupe = Dedupe()
 
-    def write(self, batch: list[dict]) -> None:
-        if self.dedupe is None:
-            self.sink.write(batch)
-            return
+    def write(self, batch: list[dict]) -> int:
         fresh = [e for e in batch if self._take(e)]
         if fresh:
-            self.sink.write(fresh)
+            self.journal.write(fresh)
+        return len(fresh)
 
     def _take(self, event: dict) -> bool:
-        assert self.dedupe is not None
-        return self.dedupe.lookup(event.get("run"), event.get("rank"), self.sink).take(event.get("seq", -1))
+        return self.dedupe.lookup(event.get("run"), event.get("rank"), self.journal).take(event.get("seq", -1))
 
 
-def _write(targets: list[_Target], batch: list[dict]) -> None:
-    for target in targets:
-        target.write(batch)
+def _write(target: _JournalTarget | None, sinks: list[Sink], batch: list[dict]) -> int:
+    """Write ``batch`` to the journal target first, then to each sink; the events new to the journal."""
+    new = target.write(batch) if target is not None else 0
+    for sink in sinks:
+        sink.write(batch)
+    return new

@@ -23,7 +23,7 @@ def row_event(envelope: Mapping[str, Any], blob: bytes) -> dict[str, Any]:
 def append(path: str, events: list[dict[str, Any]]) -> None:
     """Append the events' journal lines to ``path`` and fsync, all or nothing: no half line for
     replay to trip over. Raises OSError."""
-    from sinks.jsonl import encode_line  # only a Publisher that has to spool pays for this import
+    from relay.journal import encode_line  # only a Publisher that has to spool pays for this import
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -76,6 +76,7 @@ def write_stats(path: Path, snapshot: dict[str, Any]) -> None:
 
 def log_stats(snapshot: dict[str, Any], final: bool = False) -> None:
     sinks = ", ".join(f"{name}: {s['written']} written, {s['errors']} errors, {s['dropped']} dropped"
+                      + (f", {s['dead_lettered']} dead-lettered" if s.get("dead_lettered") else "")
                       for name, s in snapshot["sinks"].items())
     log.info("%s: %d events in %d frames, %d written, %d duplicates, %d rejected %s, "
              "%d dropped by clients, %d ranks; sinks: %s",

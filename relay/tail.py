@@ -4,12 +4,12 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import click
 import orjson
 
-from sinks.jsonl import journal_files
+from relay.journal import JournalReader
 
 
 def format_event(ev: dict[str, Any]) -> str:
@@ -49,43 +49,13 @@ def tail_journal(path: Path, *, follow: bool, runs: set[str], types: set[str], l
     def wanted(ev: dict[str, Any]) -> bool:
         return (not runs or ev.get("run") in runs) and (not types or ev.get("type") in types)
 
-    readers = {p: _Reader(p) for p in journal_files(path)}
-    backlog = [ev for r in readers.values() for ev in r.read() if wanted(ev)]
+    reader = JournalReader(path, restore=False)  # shown as written: "NaN" stays a string
+    backlog = [ev for ev in reader.read() if wanted(ev)]
     backlog.sort(key=lambda ev: ev.get("ts", 0))
     for ev in backlog[-last:] if last > 0 else []:
         click.echo(format_event(ev))
     while follow:
         time.sleep(0.2)
-        for p in journal_files(path):
-            readers.setdefault(p, _Reader(p))
-        for reader in readers.values():
-            for ev in reader.read():
-                if wanted(ev):
-                    click.echo(format_event(ev))
-
-
-class _Reader:
-    """Reads complete new lines of one file; a partial last line waits for its newline."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.rest = b""
-
-    def read(self) -> Iterator[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                chunk = fh.read()
-        except FileNotFoundError:
-            return
-        self.offset += len(chunk)
-        data = self.rest + chunk
-        *lines, self.rest = data.split(b"\n")
-        for line in lines:
-            try:
-                ev = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(ev, dict):
-                yield ev
+        for ev in reader.read():  # complete new lines of every file, new run files included
+            if wanted(ev):
+                click.echo(format_event(ev))

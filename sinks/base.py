@@ -1,16 +1,16 @@
 """The sink interface: what the relay needs from any destination of events.
 
 Sinks receive decoded, validated, de-duplicated events (plain dicts in the envelope of
-docs/protocol.md) in batches; they know nothing of ZeroMQ. The relay calls them from one
-thread per sink (the durable journal from the ingest thread), so a sink need not be
-thread-safe.
+docs/protocol.md) in batches; they know nothing of ZeroMQ. The relay runs each sink in its own
+process and calls it from one thread there, so a sink need not be thread-safe. (The journal is not
+a sink: the relay owns it, relay/journal.py.)
 """
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import click
 
@@ -52,8 +52,6 @@ class Sink(abc.ABC):
 
     #: Registry name, used as ``relay --sink NAME``.
     name: ClassVar[str]
-    #: True only for the journal: the relay acknowledges events once a durable sink flushed them.
-    durable: ClassVar[bool] = False
 
     @classmethod
     def options(cls) -> list[click.Option]:
@@ -69,15 +67,12 @@ class Sink(abc.ABC):
 
     @abc.abstractmethod
     def write(self, events: Sequence[dict[str, Any]]) -> None:
-        """Take a batch, in arrival order. Raising means the batch is retried later, whole."""
+        """Take a batch, in arrival order. Raising means the batch is retried later, whole;
+        raising PermanentError, that the events failing on their own are dead-lettered."""
 
     def flush(self) -> None:
-        """Make everything written so far durable or visible."""
+        """Make everything written so far durable or visible. Called when the relay has nothing
+        more queued for the sink, and at least every second while batches keep coming."""
 
     def close(self) -> None:
         """Flush and release resources; called once at shutdown, also after failures."""
-
-    def seen(self, run: str) -> Iterable[tuple[int, int]]:
-        """(rank, seq) pairs this sink already holds for ``run``: only durable sinks answer, so a
-        restarted relay recognises events it wrote but never acknowledged."""
-        return ()

@@ -1,13 +1,12 @@
 """Sinks are found through the ``metrics_relay.sinks`` entry-point group, so a third-party
-package adds one with a line in its own pyproject and no change here."""
+package adds one with a line in its own pyproject and no change here; for a quick experiment,
+``package.module:Class`` names a class on the import path without any entry point."""
 from __future__ import annotations
 
-import logging
+import importlib
 from importlib.metadata import EntryPoint, entry_points
 
 from sinks.base import Sink, SinkError
-
-log = logging.getLogger(__name__)
 
 GROUP = "metrics_relay.sinks"
 
@@ -18,7 +17,10 @@ def available() -> dict[str, EntryPoint]:
 
 
 def load(name: str) -> type[Sink]:
-    """The sink class registered as ``name``; SinkError names the known sinks otherwise."""
+    """The sink class registered as ``name``, or the class a ``package.module:Class`` name points to;
+    SinkError with a one-line message otherwise (naming the known sinks for an unknown name)."""
+    if ":" in name:
+        return _import(name)
     eps = available()
     if name not in eps:
         raise SinkError(f"unknown sink {name!r}; installed sinks: {', '.join(sorted(eps)) or 'none'}")
@@ -26,18 +28,29 @@ def load(name: str) -> type[Sink]:
         cls = eps[name].load()
     except Exception as exc:  # a broken plugin is reported, never fatal for the other sinks
         raise SinkError(f"sink {name!r} ({eps[name].value}) failed to import: {type(exc).__name__}: {exc}") from None
+    return _checked(cls, f"sink {name!r} ({eps[name].value})")
+
+
+def _import(spec: str) -> type[Sink]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SinkError(f"sink {spec!r}: give package.module:Class")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise SinkError(f"sink {spec!r}: no module named {exc.name!r}; check the name and PYTHONPATH") from None
+    except Exception as exc:  # the module itself raised while importing
+        raise SinkError(f"sink {spec!r} failed to import: {type(exc).__name__}: {exc}") from None
+    cls = module
+    for part in attr.split("."):
+        cls = getattr(cls, part, None)
+        if cls is None:
+            raise SinkError(f"sink {spec!r}: module {module_name} has no {attr!r}")
+    return _checked(cls, f"sink {spec!r}")
+
+
+def _checked(cls: object, what: str) -> type[Sink]:
     if not (isinstance(cls, type) and issubclass(cls, Sink)):
-        raise SinkError(f"sink {name!r} ({eps[name].value}) is not a sinks.base.Sink subclass")
+        raise SinkError(f"{what} is not a sinks.base.Sink subclass")
     return cls
 
-
-def load_all() -> dict[str, type[Sink]]:
-    """Every sink that imports; broken ones are logged and left out (asking for one by name
-    with ``load`` still gives its error)."""
-    classes = {}
-    for name in sorted(available()):
-        try:
-            classes[name] = load(name)
-        except SinkError as exc:
-            log.warning("%s", exc)
-    return classes

@@ -71,8 +71,8 @@ class RelayProcess:
         self._logfh.close()
 
     def stats(self, journal: Path) -> dict:
-        from sinks.jsonl import JsonlSink
-        return json.loads(JsonlSink(journal).sidecar("_stats.json").read_text())
+        from relay.journal import Journal
+        return json.loads(Journal(journal).sidecar("_stats.json").read_text())
 
 
 @pytest.fixture

@@ -99,7 +99,7 @@ def test_extreme_values_never_stop_the_relay_and_every_reader_survives_the_journ
     assert read_jsonl(copy) == events
     aim = subprocess.run([sys.executable, "-m", "relay", "replay", str(journal), "--sink", "aim",
                           "--repo", str(tmp_path / "aim")], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert aim.returncode == 0 and f"replayed {len(events)} events" in aim.stderr, aim.stderr[-3000:]
+    assert aim.returncode == 0 and f"read {len(events)} events from 1 files: replayed into aim" in aim.stderr, aim.stderr[-3000:]
 
 
 def test_an_unforeseen_error_in_one_frame_is_dead_lettered_and_ingest_goes_on(relays, tmp_path):

@@ -1,10 +1,21 @@
-"""The JSONL sink: the relay's journal and the source of truth (docs/jsonl.md).
+"""The journal: the relay's JSONL source of truth (docs/jsonl.md), and the one way to read it.
 
-One JSON object per event per line, written with a single append per batch so readers never see
-half a line; a torn tail left by a crash is cut back to the last newline on open (those events
-were never acknowledged, so their clients resend them). The relay acknowledges events only after
-this sink flushed them, and after a restart it asks ``seen()`` what is already here, so nothing
-is written twice.
+Writing (``Journal``, owned by the daemon): one JSON object per event per line, appended with a
+single write per file and batch so readers never see half a line; a torn tail left by a crash is
+cut back to the last newline when the file is first opened (those events were never acknowledged,
+so their clients resend them); the relay acknowledges events only after ``flush()``, and after a
+restart asks ``seen()`` what is already here, so nothing is written twice. One file for every run,
+or a directory of ``<run>.jsonl``.
+
+Reading: ``read_events`` gives one file's events in file order with its unreadable lines counted
+(``relay replay``, the restart scan); ``JournalReader`` reads only what is new since its previous
+call, per run, complete lines only (``relay tail -f``, a sink's catch-up through
+``SinkContext.journal_events``); ``LineDecoder`` turns the same lines arriving on a pipe into events
+(a sink's process). Every reader that hands events to a sink restores non-finite metrics
+(``sinks.events.from_journal``), so a live sink and a replayed one see the same.
+
+A little over 350 lines: the journal's writer and its readers share the format and are kept together
+so that a change to one is seen next to the other.
 """
 from __future__ import annotations
 
@@ -17,8 +28,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import click
 import orjson
 
-from relay.schema import json_safe
-from sinks.base import Sink, SinkContext, SinkError
+from sinks.base import SinkError
+from sinks.events import from_journal, json_safe
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +39,10 @@ LOCK_NAME = "_relay.lock"
 #: so thousands of run ids cost descriptors for only the active few.
 MAX_OPEN_FILES = 128
 MAX_RELEASED = 4096  # forgotten runs of a shared file remembered before its index is dropped whole
+READ_SIZE = 1 << 20
+
+
+# -- the line codec -------------------------------------------------------------------------------
 
 
 def encode_line(event: dict[str, Any]) -> bytes:
@@ -46,23 +61,17 @@ def encode_lines(events: list[dict[str, Any]]) -> bytes:
     return chunk
 
 
-def read_events(path: Path, bad_lines: list[int] | None = None) -> Iterator[dict[str, Any]]:
-    """Events of one JSONL file in file order; unparsable lines are skipped and their line
-    numbers appended to ``bad_lines`` so callers can report them."""
-    with open(path, "rb") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                event = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                if bad_lines is not None:
-                    bad_lines.append(number)
-                continue
-            if type(event) is dict:
-                yield event
-            elif bad_lines is not None:
-                bad_lines.append(number)
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """The event a journal line holds, as written (non-finite metrics still strings); None for a
+    line that is not a JSON object."""
+    try:
+        event = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return event if type(event) is dict else None
+
+
+# -- reading --------------------------------------------------------------------------------------
 
 
 def journal_files(path: Path) -> list[Path]:
@@ -77,17 +86,118 @@ def is_directory_layout(path: str | Path) -> bool:
     return str(path).endswith(os.sep) or Path(path).is_dir()
 
 
-class JsonlSink(Sink):
-    """Default sink and journal: a single file for all runs, or a directory of ``<run>.jsonl``."""
+def read_events(path: Path, bad_lines: list[int] | None = None) -> Iterator[dict[str, Any]]:
+    """Events of one JSONL file in file order, as written; unparsable lines are skipped and their
+    line numbers appended to ``bad_lines`` so callers can report them."""
+    with open(path, "rb") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            event = parse_line(line)
+            if event is not None:
+                yield event
+            elif bad_lines is not None:
+                bad_lines.append(number)
 
-    name = "jsonl"
-    durable = True
+
+class LineDecoder:
+    """Journal lines arriving in pieces (a pipe) -> events of the complete ones, restored as a sink
+    gets them; a partial last line waits for the rest. ``bad_lines`` counts what was not an event."""
+
+    def __init__(self) -> None:
+        self.bad_lines = 0
+        self._rest = b""
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        *lines, self._rest = (self._rest + data).split(b"\n")
+        events = []
+        for line in lines:
+            event = parse_line(line)
+            if event is not None:
+                events.append(from_journal(event))
+            elif line.strip():
+                self.bad_lines += 1
+        return events
+
+
+class JournalReader:
+    """Reads a journal (file or directory) incrementally: each ``read(run)`` yields the events of
+    the complete lines written since the previous ``read`` for the same ``run`` (None: every run),
+    in file order, remembering a byte offset per (file, run). In the directory layout a run's read
+    opens only that run's file, and new run files are found as they appear.
+
+    Calling the reader is ``read(run)``: pass it as ``SinkContext.journal_events``. ``restore``
+    turns non-finite metric strings back into floats (what a sink gets); ``relay tail`` shows the
+    lines as written. ``bad_lines`` counts lines that were not events."""
+
+    def __init__(self, path: str | Path, *, directory: bool | None = None, restore: bool = True) -> None:
+        self.path = Path(path)
+        self.directory = is_directory_layout(path) if directory is None else directory
+        self.restore = restore
+        self.bad_lines = 0
+        self._offsets: dict[tuple[Path, str | None], int] = {}
+
+    def __call__(self, run: str) -> Iterator[dict[str, Any]]:
+        return self.read(run)
+
+    def files(self, run: str | None = None) -> list[Path]:
+        if not self.directory:
+            return [self.path]
+        if run is not None:
+            return [self.path / f"{run}.jsonl"]
+        return journal_files(self.path) if self.path.is_dir() else []
+
+    def read(self, run: str | None = None) -> Iterator[dict[str, Any]]:
+        for path in self.files(run):
+            yield from self._read(path, run)
+
+    def _read(self, path: Path, run: str | None) -> Iterator[dict[str, Any]]:
+        key = (path, run)
+        offset = self._offsets.get(key, 0)
+        try:
+            fh = open(path, "rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return
+        with fh:
+            if os.fstat(fh.fileno()).st_size < offset:  # replaced by a shorter file: read it afresh
+                offset = 0
+            fh.seek(offset)
+            pending = b""
+            while True:
+                chunk = fh.read(READ_SIZE)
+                if not chunk:
+                    return
+                pending += chunk
+                end = pending.rfind(b"\n") + 1
+                if not end:
+                    continue  # a line longer than READ_SIZE, or a partial last line
+                lines = pending[:end].split(b"\n")
+                pending = pending[end:]
+                lines.pop()
+                for line in lines:
+                    offset += len(line) + 1
+                    event = parse_line(line)
+                    if event is None:
+                        self.bad_lines += 1 if line.strip() else 0
+                    elif run is None or event.get("run") == run:
+                        self._offsets[key] = offset  # before yielding: a reader that stops keeps its place
+                        yield from_journal(event) if self.restore else event
+                self._offsets[key] = offset
+
+
+# -- writing --------------------------------------------------------------------------------------
+
+
+class Journal:
+    """The journal the daemon writes: a single file for all runs, or a directory of ``<run>.jsonl``."""
+
+    name = "jsonl"  # what ``--sink`` calls it, and its key in the relay's stats
 
     @classmethod
     def options(cls) -> list[click.Option]:
         return [
             click.Option(["--path"], default=DEFAULT_PATH, show_default=True,
-                         help="JSONL output: a file for every run, or a directory (existing, or ending "
+                         help="JSONL journal: a file for every run, or a directory (existing, or ending "
                               "in '/') holding one <run>.jsonl per run."),
             click.Option(["--fsync/--no-fsync"], default=False, show_default=True,
                          help="fsync the journal before acknowledging (survives power loss, costs latency)."),
@@ -115,9 +225,14 @@ class JsonlSink(Sink):
     def file_for(self, run: str) -> Path:
         return self.path / f"{run}.jsonl" if self.directory else self.path
 
-    # -- Sink ------------------------------------------------------------------------------------
+    def reader(self, restore: bool = True) -> JournalReader:
+        """A reader of this journal, from its start."""
+        return JournalReader(self.path, directory=self.directory, restore=restore)
 
-    def open(self, context: SinkContext) -> None:
+    # -- writing ----------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create the folder and take the lock; SinkError (a usage error) if either cannot be."""
         folder = self.path if self.directory else self.path.parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -136,6 +251,7 @@ class JsonlSink(Sink):
             self._fd(None)
 
     def write(self, events: Sequence[dict[str, Any]]) -> None:
+        """Append events (``relay replay``); the relay itself appends lines it encoded on arrival."""
         self.write_lines([(e["run"], encode_line(e)) for e in events])
 
     def write_lines(self, lines: list[tuple[str, bytes]]) -> None:
@@ -186,6 +302,8 @@ class JsonlSink(Sink):
             self._lock_fd = None
 
     def seen(self, run: str) -> Iterable[tuple[int, int]]:
+        """(rank, seq) pairs already here for ``run``: a restarted relay (or a replay into this
+        journal) recognises events written but never acknowledged."""
         if self.directory:
             index = _scan([self.file_for(run)])
         elif self._index is None or run in self._released:

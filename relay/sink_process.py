@@ -1,0 +1,229 @@
+"""Every sink but the journal runs in a child process of the relay (relay/sink_child.py), fed the
+journal's own lines; this is the relay's side of it.
+
+A process, not a thread, because a sink busy in Python (Aim is) held the interpreter lock for up
+to half of the ingest thread's time, so the journal's rate fell whenever a sink worked. In its own
+process, at a lower CPU priority (``relay.sink_child.NICE``), a sink takes only what ingest leaves:
+under a burst the journal keeps its rate and the sink catches up afterwards. A plugin that crashes
+or leaks takes down only its own process, which is started again. And a sink gets exactly what
+``relay replay`` would give it (events read back from their JSON lines, non-finite metrics restored).
+
+``submit`` queues chunks of lines in a bounded ``BatchWorker`` and never blocks ingest; the worker's
+thread writes them to the child's pipe only while ``ingest_idle`` is set (the ingest thread waits
+for frames), starts the child again with backoff whenever it died, and counts what a dead child
+had not confirmed as dropped.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from typing import IO, Any
+
+from relay.batching import BatchWorker
+from relay.sink_child import SinkSpec
+from sinks.base import SinkError
+
+__all__ = ["SinkProcess", "SinkSpec"]
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT = 120.0  # importing and opening a sink (Aim: creating a repository) on a busy machine
+RESTART_START = 1.0  # seconds before the first attempt to start a crashed sink again
+RESTART_MAX = 30.0  # at most, doubling while it keeps failing
+PIPE_SIZE = 1 << 20
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
+#: The child's counters that add up over its restarts.
+SUMMED = ("written", "errors", "dropped", "dead_lettered", "deadletter_overflow")
+
+
+class SinkProcess:
+    """The relay's side of one child: ``submit`` never blocks ingest, counters merge the child's."""
+
+    def __init__(self, spec: SinkSpec, ingest_idle: threading.Event | None = None) -> None:
+        """``ingest_idle``, when given, is set while the relay's ingest thread waits for frames: lines
+        go to the child only then (and at shutdown, when the relay sets it for good)."""
+        self.spec = spec
+        self.ingest_idle = ingest_idle
+        self.name = spec.name
+        self.restarts = 0
+        self._proc: subprocess.Popen | None = None
+        self._child: dict[str, Any] = {}  # the running child's last counters
+        self._done = dict.fromkeys(SUMMED, 0)  # earlier children's
+        self._lost = 0  # given to a child that died before confirming them
+        self._sink_counters: dict[str, Any] | None = None  # the sink's own, as its child last said
+        self._sent = 0  # events the running child was given
+        self._answer: dict[str, Any] = {}  # the running child's first message: ready, or why not
+        self._answered = threading.Event()  # set on that message, or when the child closed its output
+        self._reader: threading.Thread | None = None
+        self._backoff = RESTART_START
+        self._worker: BatchWorker[tuple[bytes, int]] = BatchWorker(spec.name, self._hand_over, spec.max_events,
+                                                                   finish=self._end_input)
+
+    # -- the relay's calls -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the child and wait until its sink is open; SinkError if it cannot be."""
+        self._spawn()
+        self._worker.start()
+
+    def submit(self, lines: bytes, count: int) -> None:
+        """Hand over ``count`` journal lines without waiting; dropped (counted) past the queue bound."""
+        self._worker.submit((lines, count), count)
+
+    def stats(self) -> dict[str, Any]:
+        child = self._child
+        out = {key: self._done[key] + child.get(key, 0) for key in SUMMED}
+        out["dropped"] += self._worker.dropped + self._lost
+        out["queued"] = self._worker.queued + self._in_flight()
+        out["restarts"] = self.restarts
+        if self._sink_counters is not None:
+            out["sink"] = self._sink_counters
+        return out
+
+    def close(self, timeout: float) -> None:
+        """Hand the child what is queued, let it drain (``spec.drain_timeout``), then stop it."""
+        deadline = time.monotonic() + timeout
+        self._worker.stop(timeout)
+        self._worker.join(max(0.1, deadline - time.monotonic()))
+        proc = self._proc
+        if proc is not None:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()) + self.spec.drain_timeout)
+            except subprocess.TimeoutExpired:
+                log.error("sink %s did not finish in time; stopping it", self.name)
+                proc.kill()
+                proc.wait()
+            if self._reader is not None:
+                self._reader.join(5.0)
+            self._settle(proc.returncode, "at shutdown")
+        left = self._worker.abandon()
+        if left:
+            log.error("sink %s: %d events not handed over at shutdown (they are in the journal: use relay "
+                      "replay)", self.name, left)
+
+    # -- the worker's thread ---------------------------------------------------------------------
+
+    def _hand_over(self, chunk: tuple[bytes, int]) -> bool:
+        """Write one chunk of lines to the child, once ingest is idle; start the child again (with
+        backoff) whenever it died. False when shutting down before it could be."""
+        lines, count = chunk
+        while True:
+            if self._proc is None or self._proc.poll() is not None:
+                if not self._restart():
+                    return False
+                continue
+            idle = self.ingest_idle
+            while idle is not None and not idle.is_set():  # re-checked: a wait can end on a set already undone
+                idle.wait()
+            try:
+                self._proc.stdin.write(lines)  # a pipe: blocks (without the GIL) while the child is busy
+                self._proc.stdin.flush()
+            except OSError:  # it died: reap it, and the next round starts another
+                self._proc.wait()
+                continue
+            self._sent += count
+            self._backoff = RESTART_START
+            return True
+
+    def _end_input(self) -> None:
+        if self._proc is not None:
+            try:
+                self._proc.stdin.close()  # end of input: the child drains and exits
+            except OSError:
+                pass
+
+    def _restart(self) -> bool:
+        """Account for a dead child and start another after the backoff; False when stopping."""
+        if self._proc is not None:
+            self._proc.wait()
+            if self._reader is not None:
+                self._reader.join(5.0)
+            self._settle(self._proc.returncode, "unexpectedly")
+            self._proc = None
+        if not self._worker.wait(self._backoff, drain=False):
+            return False
+        backoff, self._backoff = self._backoff, min(self._backoff * 2, RESTART_MAX)
+        try:
+            self._spawn()
+        except SinkError as exc:
+            self._done["errors"] += 1
+            log.error("sink %s could not be started again (retrying in %.0f s): %s", self.name, backoff * 2, exc)
+            return True
+        self.restarts += 1
+        log.info("sink %s started again (pid %d)", self.name, self._proc.pid)
+        return True
+
+    # -- the child -------------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        spec = json.dumps(asdict(self.spec))
+        proc = subprocess.Popen([sys.executable, "-m", "relay.sink_child", spec], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE)
+        _widen(proc.stdin)
+        self._proc, self._child, self._sent = proc, {}, 0
+        self._answer = {}
+        self._answered.clear()
+        self._reader = threading.Thread(target=self._read, args=(proc.stdout,), name=f"sink-{self.name}-stats",
+                                        daemon=True)
+        self._reader.start()
+        self._answered.wait(START_TIMEOUT)
+        first = self._answer
+        if first.get("ready"):
+            return
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        self._reader.join(5.0)
+        self._proc = None
+        raise SinkError(first.get("error") or f"sink {self.name} did not start (its process exited "
+                                               f"{proc.returncode}); see the log above")
+
+    def _read(self, stream: IO[bytes]) -> None:
+        """The child's messages: the first answers start(), the rest are its counters."""
+        try:
+            for line in stream:
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    log.warning("sink %s: unreadable message from its process: %r", self.name, line[:200])
+                    continue
+                if not self._answered.is_set():
+                    self._answer = message
+                    self._answered.set()
+                else:
+                    self._child = message
+                    self._sink_counters = message.get("sink", self._sink_counters)
+        finally:
+            self._answered.set()  # the child is gone: start() stops waiting
+
+    def _in_flight(self) -> int:
+        """Events the running child was given and has not yet confirmed."""
+        child = self._child
+        return max(0, self._sent - sum(child.get(key, 0) for key in ("written", "dropped", "dead_lettered")))
+
+    def _settle(self, code: int | None, how: str) -> None:
+        """Fold a finished child's counters in; what it was given but never confirmed is dropped."""
+        unconfirmed = self._in_flight()
+        for key in SUMMED:
+            self._done[key] += self._child.get(key, 0)
+        self._child, self._sent = {}, 0
+        if code != 0 or unconfirmed:
+            self._done["errors"] += 1 if code != 0 else 0
+            self._lost += unconfirmed
+            log.error("sink %s's process exited %s (code %s); up to %d events it had not confirmed are dropped "
+                      "for it (they are in the journal: relay replay rebuilds it)", self.name, how, code, unconfirmed)
+
+
+def _widen(pipe: IO[bytes]) -> None:
+    """Make the pipe to the child hold up to PIPE_SIZE: each write then moves thousands of lines, and
+    the feeding thread takes the interpreter lock from ingest a few times a second, not hundreds."""
+    try:
+        fcntl.fcntl(pipe.fileno(), F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError as exc:  # a lower system limit (fs.pipe-max-size): the default size still works
+        log.debug("could not widen the pipe to a sink process: %s", exc)
