@@ -107,19 +107,24 @@ def finish(proc: subprocess.Popen, timeout: float = 120) -> dict:
 
 
 def plugin_env(tmp_path: Path) -> dict[str, str]:
-    """Environment with a throwaway distribution on PYTHONPATH that registers three sinks through
-    entry points: ``explode`` (every write raises), ``collect`` (appends to --collect-file) and
-    ``crashonce`` (kills its own process at its first write, then appends to --crash-file)."""
+    """Environment with a throwaway distribution on PYTHONPATH that registers sinks through entry
+    points: ``explode`` (every write raises), ``collect`` (appends {run, seq} to --collect-file),
+    ``crashonce`` (kills its own process at its first write, then appends to --crash-file),
+    ``refuse`` (raises PermanentError for a batch holding an event whose data has "bad", else
+    appends to --refuse-file), ``flaky`` (raises a transient error at its first --flaky-failures
+    writes, then appends to --flaky-file) and ``slowflush`` (takes 0.1 s per write, and appends a
+    record of every write and flush, with the time, to --slow-file)."""
     site = tmp_path / "plugins"
     (site / "throwaway_sinks-0.1.dist-info").mkdir(parents=True)
     (site / "throwaway_sinks-0.1.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: throwaway-sinks\nVersion: 0.1\n")
     (site / "throwaway_sinks-0.1.dist-info" / "entry_points.txt").write_text(
         "[metrics_relay.sinks]\nexplode = throwaway_sinks:Explode\ncollect = throwaway_sinks:Collect\n"
-        "crashonce = throwaway_sinks:CrashOnce\n")
+        "crashonce = throwaway_sinks:CrashOnce\nrefuse = throwaway_sinks:Refuse\nflaky = throwaway_sinks:Flaky\n"
+        "slowflush = throwaway_sinks:SlowFlush\n")
     (site / "throwaway_sinks.py").write_text('''
-import click, json, os
-from sinks.base import Sink
+import click, json, os, time
+from sinks.base import PermanentError, Sink
 
 class Explode(Sink):
     name = "explode"
@@ -154,5 +159,46 @@ class CrashOnce(Collect):
             open(self.marker, "w").close()
             os._exit(7)
         super().write(events)
+
+class Refuse(Collect):
+    name = "refuse"
+    @classmethod
+    def options(cls):
+        return [click.Option(["--refuse-file"], default="refused.jsonl")]
+    def __init__(self, refuse_file):
+        super().__init__(refuse_file)
+    def write(self, events):
+        if any(isinstance(e["data"], dict) and e["data"].get("bad") for e in events):
+            raise PermanentError("this tool takes no 'bad' metric")
+        super().write(events)
+
+class Flaky(Collect):
+    name = "flaky"
+    @classmethod
+    def options(cls):
+        return [click.Option(["--flaky-file"], default="flaky.jsonl"),
+                click.Option(["--flaky-failures"], type=int, default=3)]
+    def __init__(self, flaky_file, flaky_failures):
+        super().__init__(flaky_file)
+        self.failures = flaky_failures
+    def write(self, events):
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("the tool is unreachable for now")
+        super().write(events)
+
+class SlowFlush(Collect):
+    name = "slowflush"
+    @classmethod
+    def options(cls):
+        return [click.Option(["--slow-file"], default="slow.jsonl")]
+    def __init__(self, slow_file):
+        super().__init__(slow_file)
+    def write(self, events):
+        time.sleep(0.1)
+        self.fh.write(json.dumps({"write": time.time(), "events": len(events)}) + "\\n")
+    def flush(self):
+        self.fh.write(json.dumps({"flush": time.time()}) + "\\n")
+        self.fh.flush()
 ''')
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))

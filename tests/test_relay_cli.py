@@ -4,7 +4,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import free_port, plugin_env
+from conftest import free_port, plugin_env, read_jsonl
+from relay.journal import encode_line
 
 
 def run_relay(*args: str, timeout: float = 30, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -81,3 +82,54 @@ def test_replay_missing_file(tmp_path):
     proc = run_relay("replay", str(tmp_path / "missing.jsonl"), "--sink", "jsonl", "--path", str(tmp_path / "o.jsonl"))
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr
+
+
+def imported_modules(proc: subprocess.CompletedProcess) -> set[str]:
+    """Module names from ``python -X importtime`` output (stderr)."""
+    return {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+
+
+def test_tail_keygen_and_help_import_no_sink_plugin(tmp_path):
+    env = plugin_env(tmp_path)  # installed plugins: the throwaway ones, and the repository's own
+    journal = tmp_path / "j.jsonl"
+    journal.write_bytes(encode_line({"run": "r", "rank": 0, "seq": 0, "ts": 1.0, "type": "metrics",
+                                     "step": 1, "stage": "train", "data": {"loss": float("nan")}}))
+    for args in (["keygen", str(tmp_path / "keys")], ["tail", str(journal)], ["--help"], ["replay", "--help"]):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "relay", *args], capture_output=True,
+                              text=True, timeout=60, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        modules = imported_modules(proc)
+        assert "relay.cli" in modules
+        plugins = {m for m in modules if m.startswith(("throwaway_sinks", "aim", "mlflow", "wandb", "clearml"))
+                   or m.startswith("sinks.") and m not in ("sinks.base", "sinks.events", "sinks.registry")}
+        assert not plugins, (args, sorted(plugins))
+    assert "loss=NaN" in subprocess.run([sys.executable, "-m", "relay", "tail", str(journal)], capture_output=True,
+                                        text=True, timeout=60).stdout
+
+
+def test_a_sink_named_by_import_path(tmp_path):
+    env = plugin_env(tmp_path)
+    journal, out = tmp_path / "j.jsonl", tmp_path / "out.jsonl"
+    journal.write_bytes(b"".join(encode_line({"run": "r", "rank": 0, "seq": s, "ts": 1.0, "type": "metrics",
+                                              "step": s, "stage": "train", "data": {"i": s}}) for s in range(5)))
+    proc = run_relay("replay", str(journal), "--sink", "throwaway_sinks:Collect", "--collect-file", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "read 5 events from 1 files: replayed into collect" in proc.stderr
+    assert [e["seq"] for e in read_jsonl(out)] == list(range(5))
+    for sink, message in (("no_such_module:Sink", "no module named 'no_such_module'"),
+                          ("json:NoSuchClass", "module json has no 'NoSuchClass'"),
+                          ("json:JSONDecoder", "is not a sinks.base.Sink subclass")):
+        proc = run_relay("--sink", sink, "--path", str(tmp_path / "x.jsonl"), env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("relay: error: ") and message in proc.stderr, \
+            proc.stderr
+
+
+def test_sink_options_show_with_their_sink(tmp_path):
+    env = plugin_env(tmp_path)
+    assert "--collect-file" not in run_relay("--help", env=env).stdout
+    assert "--collect-file" not in run_relay("serve", "--help", env=env).stdout
+    shown = run_relay("--sink", "collect", "--help", env=env).stdout
+    assert "--collect-file" in shown and "[collect sink]" in shown and "--path" in shown
+    proc = run_relay("replay", str(tmp_path), "--sink", "collect", "--path", str(tmp_path / "o.jsonl"), env=env)
+    assert proc.returncode == 2 and "--path belongs to the jsonl sink; add --sink jsonl" in proc.stderr
