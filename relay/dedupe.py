@@ -39,7 +39,7 @@ class DropClaim:
         self._advance()
 
     def take(self, seq: int) -> bool:
-        if seq in self.seen:
+        if seq < self.filled or seq in self.seen:
             return False
         self.seen.add(seq)
         self._advance()

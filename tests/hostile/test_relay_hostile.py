@@ -277,6 +277,7 @@ def test_a_genuine_drop_report_still_moves_the_floor_for_its_own_connection():
     assert state.take(6, b"other"), "another connection's 6 was never seen: taken"
     assert not state.take(6, b"other") and state.ack_for(b"other") == 5
     assert state.take(5, b"other") and state.ack_for(b"other") == 7
+    assert not state.take(5, b"other") and not state.take(6, b"third"), "taken once, then duplicates for anyone"
 
 
 def _connect_as(uid: int | None, path: str) -> int:
