@@ -32,7 +32,7 @@ HISTORY = """## What moved the figures
   2.8 us -> 1.0 us. `RelayCallback.on_log` back to back went from about 8 us to about 3.5 us, which
   moved the hot-path ratios from 160x to over 500x (AimCallback) and from 4.8x to over 15x (file
   callback).
-- **Relay ingest** (`relay/daemon.py`, `sinks/jsonl.py`): each journal line is encoded as its event
+- **Relay ingest** (`relay/daemon.py`, `relay/journal.py`): each journal line is encoded as its event
   arrives, while the event is still in the CPU cache, instead of 50 ms later at the flush; events are
   kept only when another sink needs them; a compact batch's envelope is validated once; start-up
   objects are frozen out of the cyclic GC and young collections are rarer. One publisher: about
@@ -46,16 +46,16 @@ HISTORY = """## What moved the figures
   which moved `on_log` from about 5 us to about 3 us and the hot-path ratios to over 300x (AimCallback)
   and over 10x (file callback).
 - **Compact batches checked by column and taken whole** (`relay/schema.py` `_columns_ok`,
-  `relay/dedupe.py` `take_run`, `sinks/jsonl.py` `encode_lines`). A compact batch's rows are
+  `relay/dedupe.py` `take_run`, `relay/journal.py` `encode_lines`). A compact batch's rows are
   validated one rule at a time over all rows, each rule one pass in C (`set(map(type, column))`,
   `min`, `max`; the same rules as the row checks, which still run, to name the problem, for a batch
   that fails or holds nested data). A batch of one rank's gapless, plain events is de-duplicated
   with one comparison and encoded as one chunk of lines. Measured in-process on the bench's frames
   (512 events each): 6.7 -> 2.7 us per event against 1.9 us for the raw writer. Ingest against the
   raw PULL + orjson writer: 49/53/60% -> 82-119% at 1/4/16 publishers.
-- **Every other sink in its own process** (`relay/sinkproc.py`). As a thread, the Aim sink took up
-  to half of the interpreter lock from ingest whenever it worked; once ingest was faster, the
-  journal's rate with Aim attached fell to 60-67% of itself. Gating the thread on ingest being idle
+- **Every other sink in its own process** (`relay/sink_process.py`, `relay/sink_child.py`). As a
+  thread, the Aim sink took up to half of the interpreter lock from ingest whenever it worked; once
+  ingest was faster, the journal's rate with Aim attached fell to 60-67% of itself. Gating the thread on ingest being idle
   helped only partly (one chunk of Aim's Python work still stalled ingest: 61-108% across rounds).
   Now each sink runs in a child process at nice 19, fed the journal's own lines through a 1 MiB
   pipe, and only while the ingest thread waits for frames; a child that dies is started again.
