@@ -1,0 +1,385 @@
+"""The TensorBoard sink against real event files, read back with TensorBoard's own EventAccumulator:
+called directly with constructed events, and behind real relay processes fed by real Publishers."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("tensorboard")
+
+import numpy as np  # noqa: E402
+
+from aim_helpers import Events, fill, small_fs, training_events  # noqa: E402,F401
+from conftest import free_port  # noqa: E402
+from relay.journal import JournalReader, encode_line  # noqa: E402
+from sinks.base import PermanentError, SinkContext, SinkError  # noqa: E402
+from sinks.tensorboard import STATE_NAME, TensorBoardSink, _tag  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
+
+
+def f32(value: float) -> float:
+    """What TensorBoard keeps of a scalar: a float32, as torch's SummaryWriter.add_scalar writes it."""
+    return float(np.float32(value))
+
+
+@dataclass
+class Board:
+    """A TensorBoard run read back through TensorBoard's EventAccumulator."""
+
+    points: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)  # tag -> (step, value, wall)
+    texts: dict[str, list[str]] = field(default_factory=dict)
+    hparams: dict[str, Any] = field(default_factory=dict)
+    group: str = ""
+    status: str | None = None
+    files: list[str] = field(default_factory=list)
+
+    def series(self, tag: str) -> dict[int, float]:
+        steps = [s for s, _, _ in self.points[tag]]
+        assert len(set(steps)) == len(steps), f"{tag}: a point written twice: {sorted(steps)}"
+        return {s: v for s, v, _ in self.points[tag]}
+
+    def text(self, tag: str) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for text in self.texts[tag + "/text_summary"]:
+            merged.update(json.loads(text))
+        return merged
+
+
+def read_logdir(logdir: Path) -> dict[str, Board]:
+    """Every run directory of ``logdir``, as TensorBoard reads it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import api_pb2, metadata
+
+    boards = {}
+    for folder in sorted(p for p in logdir.iterdir() if p.is_dir()):
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
+        acc.Reload()
+        board = Board(files=sorted(p.name for p in folder.iterdir() if "tfevents" in p.name))
+        tags = acc.Tags()
+        for tag in tags["scalars"]:
+            board.points[tag] = [(e.step, e.value, e.wall_time) for e in acc.Scalars(tag)]
+        for tag in tags["tensors"]:
+            if tag.endswith("/text_summary"):
+                board.texts[tag] = [e.tensor_proto.string_val[0].decode() for e in acc.Tensors(tag)]
+        content = acc.PluginTagToContent("hparams") if "_hparams_/session_start_info" in tags["tensors"] else {}
+        if metadata.SESSION_START_INFO_TAG in content:
+            start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+            board.hparams = {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
+            board.group = start.group_name
+        if metadata.SESSION_END_INFO_TAG in content:
+            end = metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])
+            board.status = api_pb2.Status.Name(end.status)
+        boards[folder.name] = board
+    return boards
+
+
+def values(board: Board) -> dict[str, dict[int, str]]:
+    """Every point as step -> repr(value), so NaN equals NaN."""
+    return {tag: {s: repr(v) for s, v, _ in points} for tag, points in board.points.items()}
+
+
+def check_training_run(board: Board, steps: int = 6) -> None:
+    """What every test expects of training_events(), named as transformers' TensorBoardCallback does."""
+    loss = board.series("train/loss")
+    assert sorted(loss) == list(range(1, steps + 1))
+    assert math.isnan(loss[3]) and loss[2] == 1.0 and loss[4] == 0.5
+    assert board.series("train/learning_rate")[2] == f32(2e-5)
+    assert board.series("eval/loss") == {s: f32(1 / s) for s in range(3, steps + 1, 3)}
+    assert board.series("train/train_loss") == {steps: f32(0.9)}
+    assert board.series("train/train_runtime") == {steps: 12.0}
+    assert board.series("train/total_flos") == {steps: 1e9}
+    # the Trainer's final log repeats the epoch at the last step, and HF's callback writes it twice too
+    assert sorted(s for s, _, _ in board.points["train/epoch"]) == [*range(1, steps + 1), steps]
+    for rank in (0, 1):
+        step_time = board.series(f"rank/{rank}/step_time")
+        assert sorted(step_time) == list(range(1, steps + 1))
+        assert step_time[2] == f32(0.1 * (rank + 1) + 0.002)
+    assert board.series("model_load_time") == {0: 3.25}
+    assert board.text("args")["learning_rate"] == 2e-5
+    assert board.text("args")["max_grad_norm"] in (math.inf, "Infinity")  # direct / through the journal
+    assert board.text("model_config") == {"model_type": "llama", "hidden_size": 64}
+    assert board.text("experiment_metadata") == {"dataset": "v3", "owner": "team-a"}
+    assert set(board.text("relay.ranks")) == {"0", "1"}
+    assert {k: c["path"] for k, c in board.text("relay.checkpoints").items()} == {
+        str(s): f"ckpt-{s}" for s in range(3, steps + 1, 3)}
+    assert board.hparams["learning_rate"] == 2e-5 and board.hparams["seed"] == 42
+    assert board.hparams["model.model_type"] == "llama" and board.hparams["experiment_metadata.dataset"] == "v3"
+    assert not any(k.startswith("relay") for k in board.hparams)
+
+
+def run_sink(logdir: Path, batches: list[list[dict]], journal: Path | None = None) -> TensorBoardSink:
+    sink = TensorBoardSink(logdir=str(logdir))
+    sink.open(SinkContext(journal=journal, journal_events=JournalReader(journal) if journal else None))
+    try:
+        for batch in batches:
+            sink.write(batch)
+        sink.flush()
+    finally:
+        sink.close()
+    return sink
+
+
+# -- the sink called directly ---------------------------------------------------------------------
+
+
+def test_mapping_of_a_two_rank_run(tmp_path: Path) -> None:
+    events = training_events("job-1", output_dir=str(tmp_path / "job"), experiment="sft-demo")
+    for i, event in enumerate(events):
+        event["ts"] = 1_700_000_000.0 + i
+    sink = run_sink(tmp_path / "tb", [events[:9], events[9:]])
+    boards = read_logdir(tmp_path / "tb")
+    assert list(boards) == ["job-1"]
+    board = boards["job-1"]
+    check_training_run(board)
+    assert board.hparams["run.experiment"] == "sft-demo" and board.hparams["max_grad_norm"] == math.inf
+    assert board.group == "job-1" and board.status == "STATUS_SUCCESS"
+    assert board.series("rank/1/relay_published") and "rank/0/relay_dropped" in board.points
+    assert all(1_700_000_000 <= wall < 1_700_000_100 for _, _, wall in board.points["train/loss"])  # event time
+    assert len(board.files) == 1 and sink.counters["skipped_values"] == 0
+
+
+def test_writes_with_tensorboard_alone(tmp_path: Path) -> None:
+    code = ("import sys; sys.path.insert(0, 'tests'); from aim_helpers import training_events; "
+            "from sinks.tensorboard import TensorBoardSink; from sinks.base import SinkContext; "
+            f"s = TensorBoardSink(logdir={str(tmp_path)!r}); s.open(SinkContext()); "
+            "s.write(training_events('job-lean')); s.close(); "
+            "print(sorted(m for m in ('torch', 'tensorflow', 'tensorboardX') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
+
+
+def test_trainer_names_as_transformers_rewrite_logs() -> None:
+    assert _tag(None, {}, "loss") == "train/loss"
+    assert _tag(None, {"subset": "eval"}, "loss") == "eval/loss"
+    assert _tag(None, {"subset": "test"}, "runtime") == "test/runtime"
+    assert _tag(None, {"subset": "train"}, "runtime") == "train/train_runtime"
+    assert _tag(None, {"subset": "eval", "sub_dataset": "ds1"}, "loss") == "eval/ds1_loss"
+    assert _tag(1, {"rank": 1}, "step_time") == "rank/1/step_time"
+    assert _tag(0, {"subset": "additional_metrics", "rank": 0}, "model_load_time") == "model_load_time"
+    assert _tag(1, {"subset": "additional_metrics", "rank": 1}, "step_time") == "rank/1/additional_metrics/step_time"
+    assert _tag(0, {"subset": "data", "rank": 0}, "tokens") == "data/tokens"
+
+
+def test_replaying_twice_adds_nothing(tmp_path: Path) -> None:
+    events = training_events("job-2")
+    run_sink(tmp_path / "tb", [events])
+    first = read_logdir(tmp_path / "tb")["job-2"]
+    again = run_sink(tmp_path / "tb", [events[:20], events[20:]])
+    assert again.counters["events"] == 0 and again.counters["duplicates"] == len(events)
+    second = read_logdir(tmp_path / "tb")["job-2"]
+    assert second.files == first.files  # not even an empty event file
+    assert values(second) == values(first) and second.texts == first.texts
+
+
+def test_a_restarted_sink_resumes_the_run(tmp_path: Path) -> None:
+    events = training_events("job-r")
+    run_sink(tmp_path / "tb", [events[:15]])
+    more = run_sink(tmp_path / "tb", [events[10:]])
+    assert more.counters["runs_resumed"] == 1 and more.counters["duplicates"] == 5
+    board = read_logdir(tmp_path / "tb")["job-r"]
+    check_training_run(board)
+    assert len(board.files) == 2  # one event file per process that wrote to the run
+
+
+def test_stepless_custom_metrics_are_numbered_and_not_doubled_by_a_retry(tmp_path: Path) -> None:
+    ev = Events("job-auto", world_size=1)
+    batch = [ev(0, "metrics", {"tokens_seen": float(i)}, stage="additional_metrics") for i in range(3)]
+    run_sink(tmp_path / "tb", [batch, batch, batch[1:]])
+    assert read_logdir(tmp_path / "tb")["job-auto"].series("tokens_seen") == {0: 0.0, 1: 1.0, 2: 2.0}
+
+
+def test_a_failed_commit_then_a_crash_leave_every_point_once(tmp_path: Path) -> None:
+    """The records of a batch are appended, then the state file fails to save (here: a directory
+    where its temporary file goes). The relay's retry, and a process that died right there, both
+    end with each point once."""
+    logdir, events = tmp_path / "tb", training_events("job-f", steps=12)
+    run_sink(logdir, [events[:10]])
+    blocker = logdir / "job-f" / (STATE_NAME + ".tmp")
+    blocker.mkdir()
+    sink = TensorBoardSink(logdir=str(logdir))
+    sink.open(SinkContext())
+    with pytest.raises(OSError):
+        sink.write(events[10:30])
+    blocker.rmdir()
+    sink.write(events[10:30])  # the relay's retry of the same batch
+    sink.close()
+    assert sink.counters["discarded_batches"] == 1
+
+    # Now a sink process dies between appending a batch and saving its state.
+    code = ("import sys, os; sys.path.insert(0, 'tests'); from aim_helpers import training_events; "
+            "from sinks.tensorboard import TensorBoardSink; from sinks.base import SinkContext; "
+            f"s = TensorBoardSink(logdir={str(logdir)!r}); s.open(SinkContext()); "
+            f"events = training_events('job-f', steps=12); s.write(events[30:35]); os.mkdir({str(blocker)!r})\n"
+            "try: s.write(events[35:50])\nexcept OSError: os._exit(9)")
+    died = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert died.returncode == 9, died.stderr[-2000:]
+    blocker.rmdir()
+    after = run_sink(logdir, [events[30:]])
+    assert after.counters["uncommitted_bytes_cut"] > 0
+    check_training_run(read_logdir(logdir)["job-f"], steps=12)
+
+
+def test_gaps_are_filled_from_the_journal(tmp_path: Path) -> None:
+    journal = tmp_path / "logs"
+    journal.mkdir()
+    events = training_events("job-gap")
+    (journal / "job-gap.jsonl").write_bytes(b"".join(encode_line(e) for e in events))
+    sink = run_sink(tmp_path / "tb", [events[:10] + events[25:]], journal=journal)
+    assert sink.counters["swept_events"] == 15 and sink.counters["sweeps"] == 1
+    check_training_run(read_logdir(tmp_path / "tb")["job-gap"])
+
+
+def test_params_after_the_session_go_to_text_only(tmp_path: Path) -> None:
+    ev = Events("job-late", world_size=1)
+    batch = [ev(0, "params", {"lr": 0.1}, stage="hparams"),
+             ev(0, "metrics", {"loss": 1.0}, step=1, stage="train"),
+             ev(0, "params", {"note": "later"}, stage="experiment_metadata")]
+    sink = run_sink(tmp_path / "tb", [batch])
+    board = read_logdir(tmp_path / "tb")["job-late"]
+    assert board.hparams == {"lr": 0.1} and board.text("experiment_metadata") == {"note": "later"}
+    assert sink.counters["late_hparams"] == 1
+
+
+def test_a_name_tensorboard_cannot_encode_is_permanent(tmp_path: Path) -> None:
+    ev = Events("job-bad", world_size=1)
+    sink = TensorBoardSink(logdir=str(tmp_path / "tb"))
+    sink.open(SinkContext())
+    try:
+        for bad in (ev(0, "metrics", {"bad\ud800": 1.0}, step=1, stage="train"),
+                    ev(0, "params", {"bad\ud800": 1.0}, stage="hparams")):
+            with pytest.raises(PermanentError):
+                sink.write([bad])
+        sink.write([ev(0, "params", {"lr": 0.5}, stage="hparams"),  # what the relay writes next
+                    ev(0, "metrics", {"good": 1.0}, step=2, stage="train")])
+    finally:
+        sink.close()
+    board = read_logdir(tmp_path / "tb")["job-bad"]
+    assert board.series("train/good") == {2: 1.0} and board.hparams == {"lr": 0.5}
+
+
+def test_a_second_writer_of_a_run_waits(tmp_path: Path) -> None:
+    events = training_events("job-busy")
+    first = TensorBoardSink(logdir=str(tmp_path / "tb"))
+    first.open(SinkContext())
+    second = TensorBoardSink(logdir=str(tmp_path / "tb"))
+    second.open(SinkContext())
+    try:
+        first.write(events[:10])
+        with pytest.raises(Exception, match="being written by another process"):
+            second.write(events[:10])
+    finally:
+        first.close()
+    second.write(events)  # the relay's retry, once the other one is done
+    second.close()
+    check_training_run(read_logdir(tmp_path / "tb")["job-busy"])
+
+
+def test_full_disk_mid_run_then_recovery(small_fs: Path) -> None:
+    logdir, events = small_fs / "tb", training_events("job-full", steps=40)
+    sink = TensorBoardSink(logdir=str(logdir))
+    sink.open(SinkContext())
+    sink.write(events[:30])
+    fill(small_fs / "filler")
+    with pytest.raises(OSError):
+        sink.write(events[30:])
+    (small_fs / "filler").unlink()
+    sink.write(events[30:])
+    sink.close()
+    check_training_run(read_logdir(logdir)["job-full"], steps=40)
+
+
+def test_config_errors_say_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(SinkError, match="--logdir"):
+        TensorBoardSink()
+    (tmp_path / "file").write_text("in the way")
+    with pytest.raises(SinkError, match="not usable"):
+        TensorBoardSink(logdir=str(tmp_path / "file" / "tb")).open(SinkContext())
+
+
+def serve(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "relay", "--bind", f"tcp://127.0.0.1:{free_port()}", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_cli_refuses_an_unusable_tensorboard_sink(tmp_path: Path) -> None:
+    done = serve(tmp_path, "--sink", "tensorboard")
+    assert done.returncode == 2 and "--sink tensorboard needs --logdir" in done.stderr, done.stderr[-2000:]
+    (tmp_path / "file").write_text("in the way")
+    done = serve(tmp_path, "--sink", "tensorboard", "--logdir", str(tmp_path / "file" / "tb"))
+    assert done.returncode == 2 and "not usable" in done.stderr, done.stderr[-2000:]
+    shadow = tmp_path / "no-tb" / "tensorboard"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'tensorboard'\")\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
+    done = serve(tmp_path, "--sink", "tensorboard", "--logdir", str(tmp_path / "tb"), env=env)
+    assert done.returncode == 2 and "pip install 'metrics-relay[tensorboard]'" in done.stderr, done.stderr[-2000:]
+
+
+# -- behind a real relay ----------------------------------------------------------------------------
+
+
+def publish(address: str, run: str, rank: int, steps: int, pause: float = 0.0) -> subprocess.Popen:
+    """One training rank: a real Publisher in its own process (tests/aim_helpers.py publish_rank)."""
+    cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-", "-", str(pause)]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 120) -> None:
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err[-2000:]
+        assert json.loads(out.strip().splitlines()[-1])["left"] == 0
+
+
+def replay(journal: Path, logdir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "relay", "replay", str(journal), "--sink", "tensorboard",
+                           "--logdir", str(logdir)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+
+
+def test_two_ranks_through_the_relay_then_replay_twice(relays, tmp_path: Path) -> None:
+    logdir, journal = tmp_path / "runs", tmp_path / "relay-logs"
+    relay = relays(["--sink", "tensorboard", "--logdir", str(logdir)])  # as typed: default journal
+    finish([publish(relay.address, "job-live", rank, 8) for rank in (0, 1)])
+    assert relay.stop() == 0
+    live = read_logdir(logdir)["job-live"]
+    check_training_run(live, steps=8)
+    assert live.status == "STATUS_SUCCESS"
+    fresh = tmp_path / "rebuilt"
+    for attempt in range(2):
+        done = replay(journal / "job-live.jsonl", fresh)
+        assert done.returncode == 0, done.stderr[-2000:]
+        rebuilt = read_logdir(fresh)["job-live"]
+        assert values(rebuilt) == values(live)
+        assert rebuilt.hparams == live.hparams and rebuilt.status == live.status
+        assert {t: [json.loads(x) for x in v] for t, v in rebuilt.texts.items()} == {
+            t: [json.loads(x) for x in v] for t, v in live.texts.items()}
+        assert len(rebuilt.files) == 1  # the second replay wrote nothing at all
+
+
+def test_relay_sigkill_and_restart_mid_run_exactly_once(relays, tmp_path: Path) -> None:
+    logdir, journal = tmp_path / "runs", tmp_path / "logs"
+    args = ["--path", f"{journal}/", "--sink", "tensorboard", "--logdir", str(logdir)]
+    relay = relays(args)
+    procs = [publish(relay.address, "job-kill", rank, 120, pause=0.02) for rank in (0, 1)]
+    time.sleep(1.5)
+    relay.kill()  # SIGKILL: its sink process sees its pipe close, drains and exits
+    time.sleep(0.5)
+    restarted = relays(args, address=relay.address)
+    finish(procs)
+    assert restarted.stop() == 0
+    board = read_logdir(logdir)["job-kill"]
+    check_training_run(board, steps=120)  # every series: each step once, none missing
+    assert len(board.files) >= 2
