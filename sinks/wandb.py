@@ -87,8 +87,10 @@ class WandbSink(TrackerSink):
     def options(cls) -> list[click.Option]:
         """W&B's own settings, prefixed; project and entity also from W&B's environment variables."""
         return [
-            click.Option(["--wandb-project"], metavar="NAME", envvar="WANDB_PROJECT", help="W&B project."),
-            click.Option(["--wandb-entity"], metavar="NAME", envvar="WANDB_ENTITY", help="W&B user or team."),
+            click.Option(["--wandb-project"], metavar="NAME", envvar="WANDB_PROJECT", show_envvar=True,
+                         help="W&B project."),
+            click.Option(["--wandb-entity"], metavar="NAME", envvar="WANDB_ENTITY", show_envvar=True,
+                         help="W&B user or team (default: W&B's own)."),
             click.Option(["--wandb-mode"], type=click.Choice(["offline", "online"]), default="offline",
                          show_default=True, help="offline: local files for `wandb sync`; online: also stream."),
             click.Option(["--wandb-dir"], metavar="PATH", default=None,
@@ -330,8 +332,9 @@ class WandbSink(TrackerSink):
             with self._lock:
                 now = time.monotonic()
                 for wb in list(self._wb.values()):
-                    quiet = now - wb.last_event
-                    if wb.handle is not None and wb.logged_step <= wb.saved_step and (
+                    quiet, state = now - wb.last_event, self._runs.get(wb.run_id)
+                    if wb.handle is not None and wb.logged_step <= wb.saved_step and not (
+                            state is not None and state.needs_sweep) and (  # a catch-up is due first
                             quiet >= self.idle_close_s or (wb.exit_code is not None and quiet >= self.ended_close_s)):
                         self._finish(wb)
                         self._release(wb)
@@ -354,7 +357,7 @@ class WandbSink(TrackerSink):
 
     def _release(self, wb: _WbRun) -> None:
         """Let another process take the run; a later event here reloads its state (and the lock).
-        The base class has no call to forget a run, hence ``_runs``."""
+        The base class has no call to forget a run (nor to ask for a due catch-up), hence ``_runs``."""
         if wb.lock is not None:
             wb.lock.close()
             wb.lock = None
