@@ -67,8 +67,8 @@ class _WbRun:
         self.core_log_at = 0  # bytes of wandb-core's log already checked
 
 
-def _import_wandb() -> Any:
-    """Import wandb, or say how to get it: the sink is optional and so is the ``[wandb]`` extra."""
+def _import_wandb() -> tuple[Any, tuple[type[Exception], ...]]:
+    """wandb and the errors that mean its wandb-core is gone; or how to get it (the ``[wandb]`` extra)."""
     try:
         import wandb
         from wandb.sdk.mailbox import MailboxClosedError
@@ -341,6 +341,8 @@ class WandbSink(TrackerSink):
 
     def _acquire(self, wb: _WbRun) -> None:
         """Own the run across processes: a restarted relay's sink waits for the old one to finish."""
+        if wb.lock is not None:  # already ours (a load that failed after taking it is retried)
+            return
         fh = open(self.state_dir / f"{wb.run_id}.lock", "a+")
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
