@@ -1,7 +1,10 @@
 """The wire: the versioned event envelope, its msgpack codec and its validation.
 
 One module owns the format so the client, the daemon, replay and every test agree on it.
-See docs/protocol.md for the field table and the limits.
+See docs/protocol.md for the field table and the limits. It runs over 350 lines because the
+validation has two paths that must agree rule for rule: the column-by-column fast path for
+compact batches and the row checks that name what is wrong (tests/test_compact_frames.py holds
+them together); split, they would drift.
 """
 from __future__ import annotations
 

@@ -1,44 +1,41 @@
 """The Aim sink: one Aim run per training run, whatever the number of ranks (docs/aim.md).
 
-Aim is slow to open a run (seconds) and to ingest (thousands of values per second), so the relay
-runs this sink off the ingest path, and the sink is built so it can always be rebuilt from the
-JSONL journal:
+Built on the sink-author API (sinks/tracker.py), which does the Trainer naming, the rank policy,
+idempotent replay and catch-up from the journal; this module is what is Aim's own:
 
-* **Idempotent.** Every applied event is remembered as its ``(rank, seq)`` inside the Aim run
-  (compact ``[start, end)`` spans, stored beside the run's own metadata), so a retried batch, a
-  restarted relay or a second ``relay replay`` skips what is already there. Points also carry
-  the event's own timestamp, so a late write looks exactly like a live one.
-* **Self-healing.** A gap in a rank's sequence means events did not reach this sink (its queue
-  overflowed during an Aim outage, or they are still on their way); at the next flush the sink
-  reads the journal from where it last looked and applies whatever it is missing.
+* **Where the applied spans live.** Inside the Aim run (its own metadata, not a param), so a
+  retried batch, a restarted relay or a second ``relay replay`` skips what is already there.
+  Points carry the event's own timestamp, so a late write looks exactly like a live one.
 * **Failure-safe.** On any Aim error the applied spans fall back to what Aim last stored and the
   error goes to the relay, which retries the batch with backoff; points already written are
   written again with the same step, value and time, so nothing is doubled. Local run handles
   are kept (Aim's RocksDB resumes by itself once the disk is writable again); with a remote
   server the client and its handles are replaced, since a restarted server forgets them.
+* **Handles.** Opened on demand, closed on rank 0's train_end, after ``IDLE_CLOSE_S`` quiet, and
+  at shutdown; closed runs are indexed at once so Aim's own readers see them.
 
-Aim is imported only when the sink opens, so the relay works without the ``[aim]`` extra.
+Aim is imported only when the sink opens, so the relay works without the ``[aim]`` extra. The
+module runs over 350 lines because all of it is Aim's run lifecycle (find a run by its relay id,
+resume or take it over, index, close, export) and its remote client's failure modes.
 """
 from __future__ import annotations
 
-import bisect
 import json
 import logging
-import math
 import os
 import threading
 import time
 import uuid
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Sequence
 
 import click
 import orjson
 
-from relay.schema import NONFINITE_JSON, from_json_metrics, json_safe
-from sinks.base import Sink, SinkContext, SinkError
+from sinks.base import SinkContext, SinkError
+from sinks.events import json_safe
+from sinks.tracker import INT64, Spans, TrackerSink
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +45,6 @@ EXPORT_NAME = "aim_tracker.json"
 PARAMS_KEY = "relay"
 #: Key in the run's own metadata (not a param) for the applied (rank, seq) spans.
 STATE_KEY = "metrics_relay_applied"
-#: Stages whose metrics the Trainer already reduced across ranks: taken from rank 0 only.
-TRAINER_STAGES = frozenset({"train", "eval", "test"})
-INT64 = range(-(1 << 63), 1 << 63)  # what Aim can store as an int (``in`` a range is O(1))
-_SUBSET_PREFIXES = ("train_", "eval_", "test_")
 #: Seconds the relay's shutdown waits for an ``aim://`` server to take the last writes.
 REMOTE_CLOSE_TIMEOUT = 10.0
 #: Seconds without events after which a run's Aim handle is closed (a job that died without
@@ -59,70 +52,19 @@ REMOTE_CLOSE_TIMEOUT = 10.0
 IDLE_CLOSE_S = 600.0
 
 
-class SeqSpans:
-    """The seqs applied for one rank, as sorted disjoint ``[start, end)`` spans.
-
-    In order, without loss, this stays a single span, so membership and insertion are O(1);
-    holes (events that have not reached the sink yet) cost one span each.
-    """
-
-    __slots__ = ("spans",)
-
-    def __init__(self, spans: list[list[int]] | None = None) -> None:
-        self.spans: list[list[int]] = [[int(a), int(b)] for a, b in spans or []]
-
-    def __contains__(self, seq: int) -> bool:
-        spans = self.spans
-        if spans and spans[-1][0] <= seq < spans[-1][1]:
-            return True
-        i = bisect.bisect_right(spans, [seq, math.inf]) - 1
-        return i >= 0 and spans[i][0] <= seq < spans[i][1]
-
-    def add(self, seq: int) -> bool:
-        """Record ``seq`` (not already present); True when this opens a new hole below it."""
-        spans = self.spans
-        if spans and spans[-1][1] == seq:
-            spans[-1][1] = seq + 1
-            return False
-        if not spans or seq > spans[-1][1]:
-            spans.append([seq, seq + 1])
-            return seq > 0
-        i = bisect.bisect_right(spans, [seq, math.inf])
-        if i > 0 and spans[i - 1][1] == seq:
-            spans[i - 1][1] = seq + 1
-            if i < len(spans) and spans[i][0] == seq + 1:
-                spans[i - 1][1] = spans.pop(i)[1]
-        elif i < len(spans) and spans[i][0] == seq + 1:
-            spans[i][0] = seq
-        else:
-            spans.insert(i, [seq, seq + 1])
-        return False
-
-    @property
-    def holes(self) -> bool:
-        """Whether some seq below the highest applied one is missing."""
-        return len(self.spans) > 1 or (bool(self.spans) and self.spans[0][0] > 0)
-
-
 @dataclass
 class _RunState:
-    """What the sink knows about one training run; survives its Aim handle being closed."""
+    """What this sink knows about one training run's Aim side; survives its handle being closed."""
 
     run_id: str
     handle: Any = None  # aim.Run while open
-    applied: dict[int, SeqSpans] = field(default_factory=dict)
-    saved: dict[int, list[list[int]]] = field(default_factory=dict)  # spans as last stored in Aim
-    loaded: bool = False  # applied spans read from the Aim run
-    dirty: bool = False  # applied spans changed since saved
     unclosable: bool = False  # close failed: keep the (still writable) handle, never close again
     take_over: bool = False  # its remote handle was abandoned: take the run's lock over on reopen
     experiment: str | None = None
     output_dir: str | None = None
     export_due: bool = False
     ended: bool = False  # rank 0 said train_end: close after every batch that touches the run
-    needs_sweep: bool = False
-    last_event: float = 0.0  # time.monotonic() of its last applied event
-    param_ts: dict[tuple[str, str], float] = field(default_factory=dict)  # newest value's event time
+    last_event: float = 0.0  # time.monotonic() of its last write
 
 
 def _import_aim() -> Any:
@@ -136,7 +78,7 @@ def _import_aim() -> Any:
     return Repo
 
 
-class AimSink(Sink):
+class AimSink(TrackerSink):
     """Write relay events into an Aim repository, local (a path) or remote (``aim://host:port``)."""
 
     name = "aim"
@@ -159,20 +101,18 @@ class AimSink(Sink):
         self.repo_spec = repo
         self.default_experiment = experiment
         self.remote = repo.startswith("aim://")
-        self.counters: Counter[str] = Counter()
         self._repo: Any = None
         self._journal: Path | None = None
-        self._runs: dict[str, _RunState] = {}
+        self._aim: dict[str, _RunState] = {}
         self._hash_of: dict[str, str] = {}  # run id -> Aim run hash, from runs we scanned or made
         self._scanned: set[str] = set()  # Aim run hashes whose run id we read
-        self._swept: dict[tuple[Path, str], int] = {}  # (journal file, run id) -> bytes swept
-        self._warned: set[str] = set()
         self.idle_close_s = IDLE_CLOSE_S
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def open(self, context: SinkContext) -> None:
         """Open (or create) the repository; SinkError when it cannot be used at all."""
+        super().open(context)
         repo_cls = _import_aim()
         # One INFO line per opened run from Aim's status reporter is noise in the relay's log.
         logging.getLogger("aim.sdk.reporter").setLevel(logging.WARNING)
@@ -232,62 +172,42 @@ class AimSink(Sink):
         log.info("aim sink closed: %s", dict(sorted(self.counters.items())))
 
     def _close_runs(self) -> None:
-        for state in list(self._runs.values()):
+        for state in list(self._aim.values()):
             if state.handle is not None and not state.unclosable:
-                try:
-                    self._persist(state)
-                except Exception as exc:  # the journal still holds it: a replay restores it
-                    self.counters["persist_errors"] += 1
-                    log.error("aim sink: could not save progress of run %s: %s: %s",
-                              state.run_id, type(exc).__name__, exc)
                 self._close_handle(state)
 
     # -- writing --------------------------------------------------------------------------------
 
     def write(self, events: Sequence[dict[str, Any]]) -> None:
-        """Apply a batch; on any Aim error roll back to what Aim stored and re-raise (retried)."""
-        touched: dict[str, _RunState] = {}
+        """Apply a batch (sinks/tracker.py); then export, close ended runs and idle ones. On an
+        Aim error a remote client is dropped too, as a restarted server forgets its handles."""
         try:
             self._ensure_repo()
-            for event in events:
-                state = touched.get(event["run"]) or self._state(event["run"])
-                touched[state.run_id] = state
-                self._apply(state, event)
-            self._finish(touched.values())
+            super().write(events)
         except Exception:
-            self._rollback(touched.values())
+            self._reset_remote()
             raise
+        self._finish({e["run"] for e in events})
         self._close_idle()
 
     def flush(self) -> None:
-        """Catch up from the journal for runs where some rank showed a gap, then persist."""
-        due = [s for s in self._runs.values() if s.needs_sweep]
-        if not due or self._journal is None:
-            return
-        touched: dict[str, _RunState] = {}
         try:
-            for waiting in due:
-                path = self._journal_file(waiting.run_id)
-                if path is None:
-                    waiting.needs_sweep = False
-                    continue
-                state = touched[waiting.run_id] = self._state(waiting.run_id)
-                for event in self._journal_events(path, state.run_id):
-                    self._apply(state, event, swept=True)
-                state.needs_sweep = False
-            self._finish(touched.values())
+            super().flush()
         except Exception:
-            self._rollback(touched.values())
+            self._reset_remote()
             raise
+        self._finish(list(self._aim))
 
     def _ensure_repo(self) -> None:
         if self._repo is None:  # a remote server that was down at open
             self._repo = _import_aim()(self.repo_spec)  # not from_path: that pools the old client
             log.info("aim sink connected to %s", self.repo_spec)
 
-    def _finish(self, states: Iterable[_RunState]) -> None:
-        for state in states:
-            self._persist(state)
+    def _finish(self, runs: Iterable[str]) -> None:
+        for run in runs:
+            state = self._aim.get(run)
+            if state is None or state.handle is None:
+                continue
             if state.export_due:
                 self._export(state)
             if state.ended:
@@ -296,34 +216,66 @@ class AimSink(Sink):
     def _close_idle(self) -> None:
         """Close the runs that went quiet; a late event reopens them."""
         quiet_since = time.monotonic() - self.idle_close_s
-        for state in self._runs.values():
+        for state in self._aim.values():
             if state.handle is not None and state.last_event < quiet_since:
                 log.info("aim run of run %s idle for %.0f s: closing it", state.run_id, self.idle_close_s)
-                self._persist(state)
                 self._close_handle(state)
 
-    def _rollback(self, states: Iterable[_RunState]) -> None:
-        """After a failure, trust only what Aim stored: the retry re-applies the rest."""
-        for state in states:
-            state.applied = {rank: SeqSpans(spans) for rank, spans in state.saved.items()}
-            state.dirty = False
+    def _reset_remote(self) -> None:
+        """A restarted server no longer knows this client or its run handles, and Aim's client
+        only reconnects its write queue: start over with a new client and take the runs over."""
         if self.remote:
-            # A restarted server no longer knows this client or its run handles, and Aim's client
-            # only reconnects its write queue: start over with a new client and take the runs over.
             self._repo = None
-            for state in self._runs.values():
+            for state in self._aim.values():
                 if state.handle is not None:
                     state.handle, state.take_over = None, True
 
+    # -- the sink-author API ----------------------------------------------------------------------
+
+    def start_run(self, run: str, params: dict[str, Any]) -> None:
+        self._aim.setdefault(run, _RunState(run))
+
+    def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
+                    context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
+        handle = self._handle(run)
+        handle._tracker._track(values, ts, None, step, epoch, context=context)  # the event's own time
+
+    def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
+        handle, state = self._handle(run), self._aim[run]
+        path = tuple(name.split("."))
+        for key, value in params.items():
+            handle.set((*path, key), _storable(value), strict=False)
+        if name in ("run", "hparams"):
+            experiment = params.get("experiment")
+            if isinstance(experiment, str) and experiment and experiment != state.experiment:
+                state.experiment = experiment
+                handle.experiment = experiment
+                state.export_due = True
+            output_dir = params.get("output_dir")
+            if isinstance(output_dir, str) and output_dir and output_dir != state.output_dir:
+                state.output_dir = output_dir
+                state.export_due = True
+
+    def finish_run(self, run: str, status: str) -> None:
+        self._aim[run].ended = True
+
+    def load_applied(self, run: str) -> Spans:
+        saved = self._handle(run).meta_run_tree.get(STATE_KEY, None)
+        return {int(rank): spans for rank, spans in orjson.loads(saved).items()} if saved else {}
+
+    def save_applied(self, run: str, spans: Spans) -> None:
+        self._handle(run).meta_run_tree[STATE_KEY] = orjson.dumps(spans, option=orjson.OPT_NON_STR_KEYS).decode()
+
     # -- runs -----------------------------------------------------------------------------------
 
-    def _state(self, run_id: str) -> _RunState:
-        state = self._runs.get(run_id)
-        if state is None:
-            state = self._runs[run_id] = _RunState(run_id)
+    def _handle(self, run: str) -> Any:
+        """The open Aim run of ``run``, opened (or created) on demand."""
+        state = self._aim.get(run) or self._aim.setdefault(run, _RunState(run))
         if state.handle is None:
+            self._ensure_repo()
             self._open_run(state)
-        return state
+        state.last_event = time.monotonic()
+        return state.handle
 
     def _open_run(self, state: _RunState) -> None:
         """Resume the Aim run of this run id, or create it; load what it already holds."""
@@ -349,13 +301,6 @@ class AimSink(Sink):
             self.counters["runs_opened"] += 1
             log.info("aim run %s resumed for run %s", run_hash, state.run_id)
         state.handle = run
-        if not state.loaded:
-            saved = run.meta_run_tree.get(STATE_KEY, None)
-            spans = orjson.loads(saved) if saved else {}
-            state.saved = {int(rank): s for rank, s in spans.items()}
-            state.applied = {rank: SeqSpans(s) for rank, s in state.saved.items()}
-            state.loaded = True
-            state.dirty = False
 
     def _find(self, run_id: str) -> str | None:
         """The Aim run already holding ``run_id``: each repo run is read once per relay lifetime.
@@ -423,128 +368,6 @@ class AimSink(Sink):
         if not self.remote:
             self._index(run.hash)
 
-    def _persist(self, state: _RunState) -> None:
-        if state.dirty and state.handle is not None:
-            spans = {rank: [list(span) for span in s.spans] for rank, s in state.applied.items()}
-            state.handle.meta_run_tree[STATE_KEY] = orjson.dumps(spans, option=orjson.OPT_NON_STR_KEYS).decode()
-            state.saved = spans
-            state.dirty = False
-
-    # -- events ---------------------------------------------------------------------------------
-
-    def _apply(self, state: _RunState, event: dict[str, Any], swept: bool = False) -> None:
-        rank, seq = event["rank"], event["seq"]
-        spans = state.applied.get(rank)
-        if spans is None:
-            spans = state.applied[rank] = SeqSpans()
-        if seq in spans:
-            self.counters["duplicates"] += 1
-            return
-        kind = event["type"]
-        run = state.handle
-        auto_step = False
-        if kind == "metrics":
-            auto_step = self._metrics(run, event)
-        elif kind == "params":
-            self._params(state, event)
-        elif kind == "hello":
-            info = {"host": event["host"], "local_rank": event["local_rank"], **event["data"]}
-            run.set((PARAMS_KEY, "ranks", str(rank)), _storable(info), strict=False)
-            run.set((PARAMS_KEY, "world_size"), event["world_size"], strict=False)
-        elif kind == "lifecycle":
-            self._lifecycle(state, event)
-        elif kind == "stats":
-            self._stats(run, event)
-        if spans.add(seq) and not swept:
-            state.needs_sweep = True
-        state.dirty = True
-        state.last_event = time.monotonic()
-        self.counters["swept_events" if swept else "events"] += 1
-        if auto_step:  # Aim numbers these itself, so applying one twice would add a point
-            self._persist(state)
-
-    def _metrics(self, run: Any, event: dict[str, Any]) -> bool:
-        """Track an event's numbers, grouped by Aim context; True if Aim chose the step."""
-        stage, rank = event["stage"], event["rank"]
-        if stage in TRAINER_STAGES:
-            if rank != 0:  # already reduced across ranks: every rank would repeat rank 0
-                self.counters["nonzero_rank_trainer_metrics"] += 1
-                return False
-            groups = _trainer_groups(stage, event["data"])
-            if stage == "train" and event["epoch"] is not None:
-                groups.setdefault((), ({}, {}))[1]["epoch"] = event["epoch"]  # as Aim's callback does
-        elif stage == "rank":
-            groups = {(): ({"rank": rank}, dict(event["data"]))}
-        else:
-            context = {"subset": stage or "custom", "rank": rank}
-            groups = {(): (context, dict(event["data"]))}
-        tracker = run._tracker  # its _track takes the event's own time: replay looks like live
-        step, epoch, ts = event["step"], event["epoch"], event["ts"]
-        for context, values in groups.values():
-            numbers = self._numbers(values)
-            if numbers:
-                tracker._track(numbers, ts, None, step, epoch, context=context)
-                self.counters["values"] += len(numbers)
-        return step is None
-
-    def _numbers(self, values: dict[str, Any]) -> dict[str, float | int]:
-        """Keep what Aim can plot; "NaN"/"Infinity" strings from a journal become floats again."""
-        out: dict[str, float | int] = {}
-        for name, value in values.items():
-            kind = type(value)
-            if kind is float or (kind is int and value in INT64):
-                out[name] = value
-            elif kind is int:
-                out[name] = float(value)  # Aim keeps ints as int64
-            elif kind is str and value in NONFINITE_JSON:
-                out[name] = NONFINITE_JSON[value]
-            else:
-                self.counters["skipped_values"] += 1
-                if name not in self._warned:
-                    self._warned.add(name)
-                    log.warning("aim sink: metric %r has a %s value, not a number; not tracked", name,
-                                kind.__name__)
-        return out
-
-    def _params(self, state: _RunState, event: dict[str, Any]) -> None:
-        name, data, ts = event["stage"] or "params", _storable(event["data"]), event["ts"]
-        run = state.handle
-        for key, value in data.items():
-            if state.param_ts.get((name, key), -math.inf) > ts:
-                continue  # a newer value is already there (this one came late, from the journal)
-            state.param_ts[(name, key)] = ts
-            run.set((name, key), value, strict=False)
-        if name in ("run", "hparams"):
-            experiment = data.get("experiment")
-            if isinstance(experiment, str) and experiment and experiment != state.experiment:
-                state.experiment = experiment
-                run.experiment = experiment
-                state.export_due = True
-            output_dir = data.get("output_dir")
-            if isinstance(output_dir, str) and output_dir and output_dir != state.output_dir:
-                state.output_dir = output_dir
-                state.export_due = True
-
-    def _lifecycle(self, state: _RunState, event: dict[str, Any]) -> None:
-        data = _storable(event["data"])
-        what = data.get("event")
-        record = {**data, "step": event["step"], "ts": event["ts"]}
-        if what == "checkpoint":  # keyed by step, so a late catch-up cannot reorder them
-            state.handle.set((PARAMS_KEY, "checkpoints", str(event["step"])), record, strict=False)
-        elif isinstance(what, str) and what:
-            state.handle.set((PARAMS_KEY, "lifecycle", what), record, strict=False)
-        if what == "train_end" and event["rank"] == 0:
-            state.ended = True
-
-    def _stats(self, run: Any, event: dict[str, Any]) -> None:
-        """Client drop counts, per rank, stepped by seq: cumulative, so re-applying changes nothing."""
-        numbers = self._numbers({f"relay_{k}": v for k, v in event["data"].items()})
-        if numbers:
-            run._tracker._track(numbers, event["ts"], None, event["seq"], None, context={"rank": event["rank"]})
-            self.counters["values"] += len(numbers)
-
-    # -- run-id export ----------------------------------------------------------------------------
-
     def _export(self, state: _RunState) -> None:
         """Write ``aim_tracker.json`` where the job's scripts look (its output dir), else beside
         the journal; a failure is counted and logged, never worth retrying the Aim batch for."""
@@ -576,44 +399,6 @@ class AimSink(Sink):
 
     # -- journal catch-up -------------------------------------------------------------------------
 
-    def _journal_file(self, run_id: str) -> Path | None:
-        journal = self._journal
-        assert journal is not None
-        path = journal / f"{run_id}.jsonl" if journal.is_dir() else journal
-        return path if path.is_file() else None
-
-    def _journal_events(self, path: Path, run_id: str) -> Iterator[dict[str, Any]]:
-        """Events of ``run_id`` in complete lines appended to ``path`` since its last sweep.
-
-        The offset moves on only once every event was applied, so a failure re-reads them.
-        """
-        start = pos = self._swept.get((path, run_id), 0)
-        quoted = orjson.dumps(run_id)  # cheap filter before parsing lines of other runs
-        count = 0
-        with open(path, "rb") as fh:
-            fh.seek(start)
-            for line in fh:
-                if not line.endswith(b"\n"):
-                    break  # a batch still being appended: the next sweep reads it
-                pos += len(line)
-                if quoted not in line:
-                    continue
-                try:
-                    event = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    self.counters["journal_bad_lines"] += 1
-                    continue
-                if type(event) is not dict or event.get("run") != run_id or type(event.get("data")) is not dict:
-                    continue
-                if event.get("type") == "metrics":
-                    event["data"] = from_json_metrics(event["data"])
-                count += 1
-                yield event
-        self._swept[(path, run_id)] = pos
-        self.counters["sweeps"] += 1
-        log.info("aim sink: run %s caught up from %s (%d events read)", run_id, path, count)
-
-
 def _storable(obj: Any) -> Any:
     """A param value Aim can store: non-finite floats as json_safe writes them, ints beyond int64
     (which Aim's encoder refuses) as their decimal string, so the value is kept exactly."""
@@ -625,38 +410,3 @@ def _storable(obj: Any) -> Any:
     if kind is list:
         return [_storable(v) for v in obj]
     return json_safe(obj)
-
-
-def _trainer_groups(stage: str, data: dict[str, Any]) -> dict[tuple, tuple[dict, dict]]:
-    """Name and context exactly as Aim's own Hugging Face callback would.
-
-    ``train_``/``eval_``/``test_`` prefixes (or the stage itself, for a trainer that already
-    split them off) become ``{"subset": ...}``; plain training metrics keep ``{}``. With several
-    eval sets (``eval_<set>_loss`` and no ``eval_loss``), ``<set>`` becomes ``sub_dataset``.
-    """
-    named: list[tuple[str | None, str, Any]] = []
-    for key, value in data.items():
-        subset = None if stage == "train" else stage
-        for prefix in _SUBSET_PREFIXES:
-            if key.startswith(prefix):
-                subset, key = prefix[:-1], key[len(prefix):]
-                break
-        named.append((subset, key, value))
-    sub_sets: dict[str, str] = {}
-    for subset in {s for s, _, _ in named if s is not None}:
-        names = {n for s, n, _ in named if s == subset}
-        tagged = [n[:-len("_loss")] for n in names if n.endswith("_loss") and len(n) > len("_loss")]
-        if "loss" not in names and len(tagged) == 1:
-            sub_sets[subset] = tagged[0]
-    groups: dict[tuple, tuple[dict, dict]] = {}
-    for subset, name, value in named:
-        context: dict[str, str] = {}
-        if subset is not None:
-            context["subset"] = subset
-            tag = sub_sets.get(subset)
-            if tag is not None and name.startswith(tag + "_"):
-                context["sub_dataset"] = tag
-                name = name[len(tag) + 1:]
-        key = tuple(sorted(context.items()))
-        groups.setdefault(key, (context, {}))[1][name] = value
-    return groups

@@ -1,0 +1,360 @@
+"""The sink-author API: a base class for sinks that feed an experiment tracker (Aim, MLflow, ...).
+
+An author writes four methods in the tracker's own terms; this class turns relay events into
+those calls and does, once for every tracker, what each would otherwise rebuild:
+
+* **Trainer naming.** ``train_``/``eval_``/``test_`` prefixes become a ``subset`` context, as the
+  trackers' own Hugging Face callbacks name them; several eval sets (``eval_<set>_loss``) add a
+  ``sub_dataset``; the train stage also logs ``epoch``.
+* **The rank policy.** The Trainer already reduced its metrics across ranks: they are taken from
+  rank 0 once per step (``rank=None``); per-rank figures (stage ``rank``) and custom metrics keep
+  their rank, in the context, so they never share a series with the Trainer's.
+* **Numbers.** NaN and infinities arrive as floats; ints beyond int64 as floats; non-numbers are
+  skipped, counted and named once in the log.
+* **Idempotent replay.** Every applied event is remembered as its ``(rank, seq)`` in compact spans
+  per run; ``load_applied``/``save_applied`` keep them where the data lands (a state file by
+  default), so a retried batch, a restarted relay or a second ``relay replay`` adds nothing.
+* **Catch-up.** A hole in a rank's seqs means events did not reach this sink (its queue overflowed
+  while the tracker was down); at the next ``flush`` it reads that run from the journal and
+  applies what it lacks.
+* **Late params.** A params value older than the one already written (a late catch-up) is skipped.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import math
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any, Sequence
+
+from sinks.base import Sink, SinkContext
+from sinks.events import NONFINITE_JSON
+
+log = logging.getLogger(__name__)
+
+#: Stages whose metrics the Trainer already reduced across ranks: taken from rank 0 only.
+TRAINER_STAGES = frozenset({"train", "eval", "test"})
+INT64 = range(-(1 << 63), 1 << 63)  # ``in`` a range is O(1)
+_SUBSET_PREFIXES = ("train_", "eval_", "test_")
+Spans = dict[int, list[list[int]]]
+
+
+class TrackerSink(Sink):
+    """Subclass this, set ``name``, and write the four methods below (plus ``options``, and ``open``
+    and ``close`` as for any Sink; an ``open`` of your own calls ``super().open(context)``). Where
+    the tracker cannot keep the applied spans itself, return a file from ``state_path`` and they
+    are kept there."""
+
+    # -- what a sink author writes ---------------------------------------------------------------
+
+    def start_run(self, run: str, params: dict[str, Any]) -> None:
+        """The first event of ``run`` this process meets (also after a restart: resume, do not
+        duplicate). ``params``: what is known of it so far (``world_size``)."""
+
+    def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
+                    context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
+        """Numbers at a step. ``rank`` is None for the Trainer's own (reduced) series; ``ts`` is
+        when the rank published them, so a late write can keep the live time axis."""
+        raise NotImplementedError
+
+    def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
+        """Run metadata, merged key by key into the group ``name`` (dotted for nesting:
+        ``relay.ranks``); values are JSON-like, non-finite floats as "NaN"/"Infinity" strings."""
+
+    def finish_run(self, run: str, status: str) -> None:
+        """Rank 0 ended training: ``completed``, ``failed`` or what the trainer said."""
+
+    def state_path(self) -> Path | None:
+        """A file beside the sink's output for the applied spans (default: kept in memory only)."""
+        return None
+
+    # -- the shared part -------------------------------------------------------------------------
+
+    def open(self, context: SinkContext) -> None:
+        self.context = context
+        self._runs: dict[str, _Run] = {}
+        self._warned: set[str] = set()
+        self.counters: Counter[str] = Counter()
+        self._state_file: dict[str, Spans] | None = None
+
+    def write(self, events: Sequence[dict[str, Any]]) -> None:
+        """Apply a batch; on any error fall back to the spans last saved and re-raise (the relay
+        retries the batch, and what was applied already is skipped or rewritten identically)."""
+        touched: dict[str, _Run] = {}
+        try:
+            for event in events:
+                state = touched.get(event["run"]) or self._run(event)
+                touched[state.run] = state
+                self._apply(state, event)
+            self._save(touched.values())
+        except Exception:
+            self._rollback(touched.values())
+            raise
+
+    def flush(self) -> None:
+        """Catch up from the journal the runs where a rank showed a hole, then save. What the
+        journal gave is kept until it is applied, since the reader does not give it twice."""
+        reader = self.context.journal_events
+        due = [s for s in self._runs.values() if s.needs_sweep]
+        if not due or reader is None:
+            return
+        touched: dict[str, _Run] = {}
+        try:
+            for state in due:
+                touched[state.run] = state
+                if state.swept is None:
+                    state.swept = list(reader(state.run))
+                for event in state.swept:
+                    self._apply(state, event, swept=True)
+                self.counters["sweeps"] += 1
+                log.info("%s sink: run %s caught up from the journal (%d events read)", self.name, state.run,
+                         len(state.swept))
+                state.swept, state.needs_sweep = None, False
+            self._save(touched.values())
+        except Exception:
+            self._rollback(touched.values())
+            raise
+
+    def catch_up_due(self, run: str) -> bool:
+        """Whether ``run`` has a hole the next ``flush`` fills from the journal (so not finished yet)."""
+        state = self._runs.get(run)
+        return state is not None and state.needs_sweep
+
+    def forget_run(self, run: str) -> None:
+        """Drop what this class keeps of ``run`` (a sink that hands the run over to another process);
+        its next event starts it again, spans loaded afresh."""
+        self._runs.pop(run, None)
+
+    def load_applied(self, run: str) -> Spans:
+        """The spans saved for ``run`` (override with ``save_applied`` to keep them in the tracker)."""
+        return self._states().get(run, {})
+
+    def save_applied(self, run: str, spans: Spans) -> None:
+        states = self._states()
+        states[run] = spans
+        path = self.state_path()
+        if path is not None:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(states))
+            os.replace(tmp, path)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _states(self) -> dict[str, Spans]:
+        if self._state_file is None:
+            path = self.state_path()
+            raw = json.loads(path.read_text()) if path is not None and path.exists() else {}
+            self._state_file = {run: {int(r): s for r, s in spans.items()} for run, spans in raw.items()}
+        return self._state_file
+
+    def _run(self, event: dict[str, Any]) -> "_Run":
+        run = event["run"]
+        state = self._runs.get(run)
+        if state is None:
+            self.start_run(run, {"world_size": event["world_size"]})
+            saved = self.load_applied(run)
+            state = self._runs[run] = _Run(run, saved)
+        return state
+
+    def _apply(self, state: "_Run", event: dict[str, Any], swept: bool = False) -> None:
+        rank, seq = event["rank"], event["seq"]
+        spans = state.applied.get(rank)
+        if spans is None:
+            spans = state.applied[rank] = SeqSpans()
+        if seq in spans:
+            self.counters["duplicates"] += 1
+            return
+        kind = event["type"]
+        run = state.run
+        if kind == "metrics":
+            self._metrics(run, event)
+        elif kind == "params":
+            self._params(state, event["stage"] or "params", event["data"], event["ts"])
+        elif kind == "hello":
+            info = {"host": event["host"], "local_rank": event["local_rank"], **event["data"]}
+            self._params(state, "relay.ranks", {str(rank): info}, event["ts"])
+            self._params(state, "relay", {"world_size": event["world_size"]}, event["ts"])
+        elif kind == "lifecycle":
+            self._lifecycle(state, event)
+        elif kind == "stats":
+            values = self._numbers({f"relay_{k}": v for k, v in event["data"].items()})
+            if values:  # cumulative counters stepped by seq: applying one again changes nothing
+                self.log_metrics(run, rank, seq, None, {"rank": rank}, values, event["ts"])
+        if spans.add(seq) and not swept:
+            state.needs_sweep = True
+        state.dirty = True
+        self.counters["swept_events" if swept else "events"] += 1
+        if kind == "metrics" and event["step"] is None:
+            self._save([state])  # the tracker numbers these itself: applying one twice would add a point
+
+    def _metrics(self, run: str, event: dict[str, Any]) -> None:
+        stage, rank, data = event["stage"], event["rank"], event["data"]
+        if stage in TRAINER_STAGES:
+            if rank != 0:  # already reduced across ranks: every rank would repeat rank 0
+                self.counters["nonzero_rank_trainer_metrics"] += 1
+                return
+            groups = trainer_groups(stage, data)
+            if stage == "train" and event["epoch"] is not None:
+                groups.setdefault((), ({}, {}))[1]["epoch"] = event["epoch"]  # as HF's callbacks log it
+            series_rank = None
+        elif stage == "rank":
+            groups, series_rank = {(): ({"rank": rank}, data)}, rank
+        else:
+            groups, series_rank = {(): ({"subset": stage or "custom", "rank": rank}, data)}, rank
+        for context, values in groups.values():
+            numbers = self._numbers(values)
+            if numbers:
+                self.log_metrics(run, series_rank, event["step"], event["epoch"], context, numbers, event["ts"])
+                self.counters["values"] += len(numbers)
+
+    def _numbers(self, values: dict[str, Any]) -> dict[str, float | int]:
+        """What a tracker can plot; "NaN"/"Infinity" strings from a journal become floats again."""
+        out: dict[str, float | int] = {}
+        for name, value in values.items():
+            kind = type(value)
+            if kind is float or (kind is int and value in INT64):
+                out[name] = value
+            elif kind is int:
+                out[name] = float(value)
+            elif kind is str and value in NONFINITE_JSON:
+                out[name] = NONFINITE_JSON[value]
+            else:
+                self.counters["skipped_values"] += 1
+                if name not in self._warned:
+                    self._warned.add(name)
+                    log.warning("%s sink: metric %r has a %s value, not a number; not tracked", self.name, name,
+                                kind.__name__)
+        return out
+
+    def _params(self, state: "_Run", name: str, data: dict[str, Any], ts: float) -> None:
+        fresh = {}
+        for key, value in data.items():
+            if state.param_ts.get((name, key), -math.inf) > ts:
+                continue  # a newer value is already there (this one came late, from the journal)
+            state.param_ts[(name, key)] = ts
+            fresh[key] = value
+        if fresh:
+            self.log_params(state.run, name, fresh)
+
+    def _lifecycle(self, state: "_Run", event: dict[str, Any]) -> None:
+        data = event["data"]
+        what = data.get("event")
+        record = {**data, "step": event["step"], "ts": event["ts"]}
+        if what == "checkpoint":  # keyed by step, so a late catch-up cannot reorder them
+            self._params(state, "relay.checkpoints", {str(event["step"]): record}, event["ts"])
+        elif isinstance(what, str) and what:
+            self._params(state, "relay.lifecycle", {what: record}, event["ts"])
+        if what == "train_end" and event["rank"] == 0:
+            status = data.get("status")
+            self.finish_run(state.run, status if isinstance(status, str) and status else "completed")
+
+    def _save(self, states: Any) -> None:
+        for state in states:
+            if state.dirty:
+                spans = {rank: [list(span) for span in s.spans] for rank, s in state.applied.items()}
+                self.save_applied(state.run, spans)
+                state.saved, state.dirty = spans, False
+
+    def _rollback(self, states: Any) -> None:
+        """After a failure, trust only what was saved: the retry re-applies the rest."""
+        for state in states:
+            state.applied = {rank: SeqSpans(spans) for rank, spans in state.saved.items()}
+            state.dirty = False
+
+
+class _Run:
+    """What the shared code keeps per run: applied spans (as saved, and now) and param times."""
+
+    __slots__ = ("run", "applied", "saved", "dirty", "needs_sweep", "swept", "param_ts")
+
+    def __init__(self, run: str, saved: Spans) -> None:
+        self.run = run
+        self.saved = saved
+        self.applied = {rank: SeqSpans(s) for rank, s in saved.items()}
+        self.dirty = False
+        self.needs_sweep = any(spans.holes for spans in self.applied.values())  # left by an earlier process
+        self.swept: list[dict[str, Any]] | None = None  # read from the journal, not applied yet
+        self.param_ts: dict[tuple[str, str], float] = {}
+
+
+class SeqSpans:
+    """The seqs applied for one rank, as sorted disjoint ``[start, end)`` spans.
+
+    In order, without loss, this stays a single span, so membership and insertion are O(1);
+    holes (events that have not reached the sink yet) cost one span each.
+    """
+
+    __slots__ = ("spans",)
+
+    def __init__(self, spans: list[list[int]] | None = None) -> None:
+        self.spans: list[list[int]] = [[int(a), int(b)] for a, b in spans or []]
+
+    def __contains__(self, seq: int) -> bool:
+        spans = self.spans
+        if spans and spans[-1][0] <= seq < spans[-1][1]:
+            return True
+        i = bisect.bisect_right(spans, [seq, math.inf]) - 1
+        return i >= 0 and spans[i][0] <= seq < spans[i][1]
+
+    def add(self, seq: int) -> bool:
+        """Record ``seq`` (not already present); True when this opens a new hole below it."""
+        spans = self.spans
+        if spans and spans[-1][1] == seq:
+            spans[-1][1] = seq + 1
+            return False
+        if not spans or seq > spans[-1][1]:
+            spans.append([seq, seq + 1])
+            return seq > 0
+        i = bisect.bisect_right(spans, [seq, math.inf])
+        if i > 0 and spans[i - 1][1] == seq:
+            spans[i - 1][1] = seq + 1
+            if i < len(spans) and spans[i][0] == seq + 1:
+                spans[i - 1][1] = spans.pop(i)[1]
+        elif i < len(spans) and spans[i][0] == seq + 1:
+            spans[i][0] = seq
+        else:
+            spans.insert(i, [seq, seq + 1])
+        return False
+
+    @property
+    def holes(self) -> bool:
+        """Whether some seq below the highest applied one is missing."""
+        return len(self.spans) > 1 or (bool(self.spans) and self.spans[0][0] > 0)
+
+
+def trainer_groups(stage: str, data: dict[str, Any]) -> dict[tuple, tuple[dict, dict]]:
+    """Name and context as the trackers' own Hugging Face callbacks would.
+
+    ``train_``/``eval_``/``test_`` prefixes (or the stage itself, for a trainer that already
+    split them off) become ``{"subset": ...}``; plain training metrics keep ``{}``. With several
+    eval sets (``eval_<set>_loss`` and no ``eval_loss``), ``<set>`` becomes ``sub_dataset``.
+    """
+    named: list[tuple[str | None, str, Any]] = []
+    for key, value in data.items():
+        subset = None if stage == "train" else stage
+        for prefix in _SUBSET_PREFIXES:
+            if key.startswith(prefix):
+                subset, key = prefix[:-1], key[len(prefix):]
+                break
+        named.append((subset, key, value))
+    sub_sets: dict[str, str] = {}
+    for subset in {s for s, _, _ in named if s is not None}:
+        names = {n for s, n, _ in named if s == subset}
+        tagged = [n[:-len("_loss")] for n in names if n.endswith("_loss") and len(n) > len("_loss")]
+        if "loss" not in names and len(tagged) == 1:
+            sub_sets[subset] = tagged[0]
+    groups: dict[tuple, tuple[dict, dict]] = {}
+    for subset, name, value in named:
+        context: dict[str, str] = {}
+        if subset is not None:
+            context["subset"] = subset
+            tag = sub_sets.get(subset)
+            if tag is not None and name.startswith(tag + "_"):
+                context["sub_dataset"] = tag
+                name = name[len(tag) + 1:]
+        key = tuple(sorted(context.items()))
+        groups.setdefault(key, (context, {}))[1][name] = value
+    return groups
