@@ -22,6 +22,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,10 +171,17 @@ def child_main(spec: SinkSpec) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(NICE)
     channel = os.dup(1)
+    parent_gone = threading.Event()
     os.dup2(2, 1)  # whatever the sink prints goes to the log, not into the protocol
 
     def send(message: dict[str, Any]) -> None:
-        os.write(channel, json.dumps(message).encode() + b"\n")
+        try:
+            os.write(channel, json.dumps(message).encode() + b"\n")
+        except BrokenPipeError:  # the relay is gone (killed): its successor counts anew; say it once
+            if not parent_gone.is_set():
+                parent_gone.set()
+                logging.getLogger(__name__).warning("sink %s: the relay that started it is gone; finishing "
+                                                    "without reporting counters", spec.name)
 
     logging.basicConfig(level=spec.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s [sink {spec.name} {os.getpid()}]: %(message)s")

@@ -20,6 +20,9 @@ Built on the sink-author API (sinks/tracker.py); what is ClearML's own here:
   relay whose previous sink process still drains waits (transient errors, retried) for it.
 
 ClearML is imported only when the sink opens, so the relay works without the ``[clearml]`` extra.
+
+It runs over 350 lines because ClearML's offline session has to be built by hand in several places
+(task construction, synchronous scalar writes, session state and its zip), each needing the others.
 """
 from __future__ import annotations
 

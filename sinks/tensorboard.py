@@ -9,6 +9,9 @@ many ranks publish (docs/sinks/tensorboard.md). Built on sinks/tracker.py; what 
   batch is done, then the run's state file (applied spans, bytes committed per event file) is
   replaced atomically. Bytes beyond what it names (a batch that failed halfway, a process killed
   between the two writes) are cut off before that file is written again.
+
+It runs over 350 lines because the exactly-once bookkeeping for append-only event files (state
+file, cut-back of uncommitted bytes, one writer per run directory) belongs with the writer it guards.
 """
 from __future__ import annotations
 

@@ -332,9 +332,9 @@ class WandbSink(TrackerSink):
             with self._lock:
                 now = time.monotonic()
                 for wb in list(self._wb.values()):
-                    quiet, state = now - wb.last_event, self._runs.get(wb.run_id)
+                    quiet = now - wb.last_event
                     if wb.handle is not None and wb.logged_step <= wb.saved_step and not (
-                            state is not None and state.needs_sweep) and (  # a catch-up is due first
+                            self.catch_up_due(wb.run_id)) and (  # a catch-up is due first
                             quiet >= self.idle_close_s or (wb.exit_code is not None and quiet >= self.ended_close_s)):
                         self._finish(wb)
                         self._release(wb)
@@ -358,13 +358,12 @@ class WandbSink(TrackerSink):
                 time.sleep(0.1)
 
     def _release(self, wb: _WbRun) -> None:
-        """Let another process take the run; a later event here reloads its state (and the lock).
-        The base class has no call to forget a run (nor to ask for a due catch-up), hence ``_runs``."""
+        """Let another process take the run; a later event here reloads its state (and the lock)."""
         if wb.lock is not None:
             wb.lock.close()
             wb.lock = None
         self._wb.pop(wb.run_id, None)
-        self._runs.pop(wb.run_id, None)
+        self.forget_run(wb.run_id)
 
     def _check_core(self, wb: _WbRun, handle: Any) -> None:
         """wandb-core reports a failed write of the .wandb file only in its own log."""

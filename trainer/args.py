@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer.errors import UsageError
-from trainer.trackers import TRACKERS
+from trainer.trackers import TRACKERS, TrackingArguments  # noqa: F401 - TrackingArguments is part of args' API
 
 if TYPE_CHECKING:
     import datasets
@@ -98,50 +98,6 @@ class DataArguments:
         default=None,
         metadata={"help": "Marker after which the response starts; the loss covers only what follows it. "
                           "Backslash escapes (\\n, \\t, \\\\) are interpreted, as shells pass them literally."},
-    )
-
-
-@dataclass
-class TrackingArguments:
-    """Where metrics and run metadata go: an embedded relay by default, or one run beside the job."""
-
-    tracker: str = field(
-        default="jsonl",
-        metadata={"help": "Sinks of the embedded relay: jsonl (always on unless none), aim, mlflow, tensorboard, "
-                          "wandb, clearml; comma separated or repeated; none disables tracking."},
-    )
-    aim_repo: str | None = field(default=None, metadata={"help": "Aim repository (default: <output_dir>/aim)."})
-    experiment: str | None = field(default=None, metadata={"help": "Aim experiment name (and MLflow's, unless "
-                                                                   "--mlflow_experiment)."})
-    mlflow_tracking_uri: str | None = field(
-        default=None, metadata={"help": "MLflow tracking URI: a folder, sqlite:///path.db or http://host:port "
-                                        "(default: sqlite:///<output_dir>/mlflow.db)."})
-    mlflow_experiment: str | None = field(default=None, metadata={"help": "MLflow experiment (default: "
-                                                                          "--experiment, else fms-hf-tuning)."})
-    tensorboard_logdir: str | None = field(
-        default=None, metadata={"help": "TensorBoard log dir (default: $TENSORBOARD_LOGGING_DIR, else "
-                                        "<output_dir>/runs)."})
-    wandb_project: str | None = field(default=None, metadata={"help": "W&B project (default: fms-hf-tuning)."})
-    wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity (team or user)."})
-    wandb_mode: str = field(default="offline", metadata={"help": "W&B mode: offline (default; `wandb sync` "
-                                                                  "uploads later) or online."})
-    clearml_project: str | None = field(default=None, metadata={"help": "ClearML project (default: "
-                                                                        "fms-hf-tuning)."})
-    clearml_task: str | None = field(default=None, metadata={"help": "ClearML task name (default: SFTTrainer)."})
-    relay_address: str | None = field(
-        default=None,
-        metadata={"help": "Publish to this running relay (tcp://host:port or ipc://path) instead of starting "
-                          "one beside the job."},
-    )
-    exp_metadata: str | None = field(
-        default=None, metadata={"help": "Run metadata: a JSON object, or the path of a JSON file holding one."}
-    )
-    relay_flush_timeout: float = field(
-        default=30.0,
-        metadata={"help": "Seconds the job waits at the end for the relay to acknowledge every event."},
-    )
-    relay_start_timeout: float = field(
-        default=60.0, metadata={"help": "Seconds to wait for the embedded relay to come up."}
     )
 
 

@@ -8,47 +8,89 @@ everything under ``--output_dir``, so a job needs no server and nothing leaves t
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable
-
-if TYPE_CHECKING:
-    from trainer.args import TrackingArguments
+from dataclasses import dataclass, field
+from typing import Callable
 
 #: What ``--tracker`` accepts; jsonl (the journal) is always on unless ``none``.
 TRACKERS = ("jsonl", "aim", "mlflow", "tensorboard", "wandb", "clearml", "none")
 DEFAULT_PROJECT = "fms-hf-tuning"  # fms-hf-tuning's default experiment / project name
 
 
-def _aim(t: "TrackingArguments", out: str) -> list[str]:
+@dataclass
+class TrackingArguments:
+    """Where metrics and run metadata go: an embedded relay by default, or one run beside the job."""
+
+    tracker: str = field(
+        default="jsonl",
+        metadata={"help": "Sinks of the embedded relay: jsonl (always on unless none), aim, mlflow, tensorboard, "
+                          "wandb, clearml; comma separated or repeated; none disables tracking."},
+    )
+    aim_repo: str | None = field(default=None, metadata={"help": "Aim repository (default: <output_dir>/aim)."})
+    experiment: str | None = field(default=None, metadata={"help": "Aim experiment name (and MLflow's, unless "
+                                                                   "--mlflow_experiment)."})
+    mlflow_tracking_uri: str | None = field(
+        default=None, metadata={"help": "MLflow tracking URI: a folder, sqlite:///path.db or http://host:port "
+                                        "(default: sqlite:///<output_dir>/mlflow.db)."})
+    mlflow_experiment: str | None = field(default=None, metadata={"help": "MLflow experiment (default: "
+                                                                          "--experiment, else fms-hf-tuning)."})
+    tensorboard_logdir: str | None = field(
+        default=None, metadata={"help": "TensorBoard log dir (default: $TENSORBOARD_LOGGING_DIR, else "
+                                        "<output_dir>/runs)."})
+    wandb_project: str | None = field(default=None, metadata={"help": "W&B project (default: fms-hf-tuning)."})
+    wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity (team or user)."})
+    wandb_mode: str = field(default="offline", metadata={"help": "W&B mode: offline (default; `wandb sync` "
+                                                                  "uploads later) or online."})
+    clearml_project: str | None = field(default=None, metadata={"help": "ClearML project (default: "
+                                                                        "fms-hf-tuning)."})
+    clearml_task: str | None = field(default=None, metadata={"help": "ClearML task name (default: SFTTrainer)."})
+    relay_address: str | None = field(
+        default=None,
+        metadata={"help": "Publish to this running relay (tcp://host:port or ipc://path) instead of starting "
+                          "one beside the job."},
+    )
+    exp_metadata: str | None = field(
+        default=None, metadata={"help": "Run metadata: a JSON object, or the path of a JSON file holding one."}
+    )
+    relay_flush_timeout: float = field(
+        default=30.0,
+        metadata={"help": "Seconds the job waits at the end for the relay to acknowledge every event."},
+    )
+    relay_start_timeout: float = field(
+        default=60.0, metadata={"help": "Seconds to wait for the embedded relay to come up."}
+    )
+
+
+def _aim(t: TrackingArguments, out: str) -> list[str]:
     args = ["--repo", t.aim_repo or os.path.join(out, "aim")]
     return args + (["--experiment", t.experiment] if t.experiment else [])
 
 
-def _mlflow(t: "TrackingArguments", out: str) -> list[str]:
+def _mlflow(t: TrackingArguments, out: str) -> list[str]:
     uri = t.mlflow_tracking_uri or f"sqlite:///{os.path.abspath(os.path.join(out, 'mlflow.db'))}"
     return ["--mlflow-tracking-uri", uri, "--mlflow-experiment", t.mlflow_experiment or t.experiment or DEFAULT_PROJECT]
 
 
-def _tensorboard(t: "TrackingArguments", out: str) -> list[str]:
+def _tensorboard(t: TrackingArguments, out: str) -> list[str]:
     return ["--logdir", t.tensorboard_logdir or os.environ.get("TENSORBOARD_LOGGING_DIR") or os.path.join(out, "runs")]
 
 
-def _wandb(t: "TrackingArguments", out: str) -> list[str]:
+def _wandb(t: TrackingArguments, out: str) -> list[str]:
     args = ["--wandb-project", t.wandb_project or DEFAULT_PROJECT, "--wandb-mode", t.wandb_mode,
             "--wandb-dir", os.path.join(out, "wandb-relay")]
     return args + (["--wandb-entity", t.wandb_entity] if t.wandb_entity else [])
 
 
-def _clearml(t: "TrackingArguments", out: str) -> list[str]:
+def _clearml(t: TrackingArguments, out: str) -> list[str]:
     return ["--clearml-project", t.clearml_project or DEFAULT_PROJECT, "--clearml-task", t.clearml_task or "SFTTrainer",
             "--clearml-dir", os.path.join(out, "clearml-relay")]
 
 
-SINK_ARGS: dict[str, Callable[["TrackingArguments", str], list[str]]] = {
+SINK_ARGS: dict[str, Callable[[TrackingArguments, str], list[str]]] = {
     "aim": _aim, "mlflow": _mlflow, "tensorboard": _tensorboard, "wandb": _wandb, "clearml": _clearml,
 }
 
 
-def sink_args(trackers: list[str], tracking: "TrackingArguments", output_dir: str) -> list[str]:
+def sink_args(trackers: list[str], tracking: TrackingArguments, output_dir: str) -> list[str]:
     """The embedded relay's ``--sink NAME [options]`` for every tracker but the journal."""
     args: list[str] = []
     for name in trackers:
