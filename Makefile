@@ -5,13 +5,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench soak clean
+.PHONY: setup demo test test-fast bench fuzz soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,aim,test,bench]'
+	$(PY) -m pip install -q -e '.[train,aim,mlflow,tensorboard,wandb,clearml,test,bench]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -22,12 +22,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The edit-test loop: everything but torchrun training jobs, benchmark and soak smoke runs (docs/development.md).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
 bench: $(STAMP)
 	$(PY) -m bench
 
 FUZZ_SECONDS ?= 600
-
-.PHONY: fuzz
 fuzz: $(STAMP)
 	$(PY) -m tests.fuzz --seconds $(FUZZ_SECONDS)
 
