@@ -1,0 +1,425 @@
+"""The MLflow sink: one MLflow run per training run, whatever the number of ranks (docs/sinks/mlflow.md).
+
+Built on the sink-author API (sinks/tracker.py); what is MLflow's own:
+
+* **Names** as HF's ``MLflowCallback`` (``loss``, ``eval_loss``) and fms-hf-tuning
+  (``additional_metrics.model_load_time``) give them; a rank's own series under ``rank/<n>/``.
+* **Batched, failure-safe.** A batch's points, params and tags go out with ``log_batch`` when the
+  base class saves the applied ``(rank, seq)`` spans, which go last, as run tags: a failed batch,
+  retried whole, rewrites identical points, which SQL stores drop (for a directory store, which
+  appends, the points it holds are filtered out).
+* **Immutable params**: a changed value keeps the first and tags the newest; what MLflow's limits
+  cut is counted and kept whole as an artifact.
+
+MLflow is imported only when the sink opens: the relay works without the ``[mlflow]`` extra. The
+module runs over 350 lines because of MLflow's own rules: immutable params, size limits, and a
+directory store that appends and can be left torn.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import click
+
+from sinks.base import PermanentError, SinkContext, SinkError
+from sinks.events import json_safe
+from sinks.tracker import Spans, TrackerSink
+
+log = logging.getLogger(__name__)
+
+EXPORT_NAME = "mlflow_tracker.json"  # what fms-hf-tuning writes into the job's output directory
+RUN_TAG = "relay.run_id"  # how a restarted relay (or a replay) finds its MLflow run again
+APPLIED_TAG = "relay.applied"  # number of parts; the spans' JSON is in relay.applied.0, .1, ...
+CHANGED_PREFIX = "relay.changed."
+FULL_VALUES = "relay_params"  # artifact folder: the whole of what was cut to MLflow's limits
+#: Param groups logged under their bare keys, as HF's callback logs TrainingArguments and the model
+#: config and fms-hf-tuning its --exp_metadata; any other group is ``<group>.<key>``.
+PLAIN_GROUPS = frozenset({"hparams", "model", "experiment_metadata"})
+STATUS = {"completed": "FINISHED", "finished": "FINISHED", "success": "FINISHED",
+          "killed": "KILLED", "interrupted": "KILLED", "cancelled": "KILLED"}  # anything else: FAILED
+# MLflow's limits (mlflow.utils.validation); MAX_BYTES keeps a call under a server's 1 MB bound.
+MAX_KEY, MAX_PARAM, MAX_TAG = 250, 6000, 8000
+MAX_ITEMS, MAX_PARAMS_TAGS, MAX_BYTES, METRIC_BYTES = 1000, 100, 900_000, 320
+_BAD_CHARS = re.compile(r"[^0-9A-Za-z_\-\.\ :/]")  # what HF's MLflowCallback replaces by "_"
+#: This process's defaults (the user's environment wins): no telemetry, and one HTTP attempt per
+#: call, since the relay retries a failed batch itself, with backoff.
+ENV_DEFAULTS = {"MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+                "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+@dataclass
+class _MlRun:
+    """One training run's MLflow side: its run, the params it holds, and what awaits the next save."""
+
+    first_ts: float
+    run_id: str | None = None
+    experiment_id: str = ""
+    params: dict[str, str] = field(default_factory=dict)  # as the MLflow run holds them
+    metrics: list[Any] = field(default_factory=list)  # pending until the next save, as are the next four
+    new_params: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    end: str | None = None  # the MLflow status rank 0's train_end asks for
+    end_ts: float | None = None
+    output_dir: str | None = None
+    output_from_run: bool = False  # the `run` group's absolute output_dir beats hparams' own
+    suspect: bool = False  # a save failed: a directory store may hold part of it already
+
+    def discard(self) -> None:
+        self.metrics, self.new_params, self.tags, self.artifacts, self.end = [], {}, {}, {}, None
+
+
+class MlflowSink(TrackerSink):
+    """Write relay events into MLflow: a SQL database, a directory, or an ``mlflow server``."""
+
+    name = "mlflow"
+
+    @classmethod
+    def options(cls) -> list[click.Option]:
+        """fms-hf-tuning's names for the two settings, defaulting to MLflow's own variables."""
+        return [
+            click.Option(["--mlflow-tracking-uri"], metavar="URI", envvar="MLFLOW_TRACKING_URI", default=None,
+                         help="sqlite:///PATH.db, a directory, or http://HOST:PORT of an `mlflow server` "
+                              "(default: $MLFLOW_TRACKING_URI)."),
+            click.Option(["--mlflow-experiment"], metavar="NAME", envvar="MLFLOW_EXPERIMENT_NAME", default=None,
+                         help="MLflow experiment of the runs, created if missing "
+                              "(default: $MLFLOW_EXPERIMENT_NAME, else Default)."),
+        ]
+
+    def __init__(self, mlflow_tracking_uri: str | None = None, mlflow_experiment: str | None = None) -> None:
+        if not mlflow_tracking_uri:
+            raise SinkError("--sink mlflow needs --mlflow-tracking-uri URI (sqlite:///PATH.db, a directory, "
+                            "or http://HOST:PORT of an `mlflow server`), or $MLFLOW_TRACKING_URI")
+        self.uri = mlflow_tracking_uri
+        self.experiment = mlflow_experiment or "Default"
+        self.remote = self.uri.startswith(("http://", "https://"))
+        self.directory = self.uri.startswith("file:") or ("://" not in self.uri and self.uri != "databricks")
+        self._client: Any = None
+        self._experiment_id: str | None = None
+        self._ml: dict[str, _MlRun] = {}
+        self._keys: dict[tuple, str] = {}  # (rank, subset, sub_dataset, name) -> MLflow metric key
+        self._exports: set[str] = set()
+        self._journal: Path | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def open(self, context: SinkContext) -> None:
+        """Reach the store (not a server: it may come up later); SinkError if it cannot be used."""
+        super().open(context)
+        self._journal = context.journal
+        for key, value in ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        if self.directory:  # MLflow 3 keeps directory stores in maintenance mode, behind this opt-in
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        try:
+            from mlflow import MlflowClient, entities
+        except ImportError as exc:
+            raise SinkError(f"the mlflow sink needs MLflow, which is not importable ({exc}): "
+                            "pip install 'metrics-relay[mlflow]'") from None
+        self._Metric, self._Param, self._RunTag = entities.Metric, entities.Param, entities.RunTag
+        try:
+            folder = self._folder()
+            if folder is not None:
+                folder.mkdir(parents=True, exist_ok=True)
+            self._client = MlflowClient(tracking_uri=self.uri)
+            if not self.remote:
+                self._experiment()
+        except SinkError:
+            raise
+        except Exception as exc:  # a bad URI or store fails in many ways; all are a config error here
+            raise SinkError(f"--mlflow-tracking-uri {self.uri} cannot be used ({type(exc).__name__}: {exc}): "
+                            "pass a writable sqlite:///PATH.db or directory, or a server's http:// URL") from None
+        log.info("mlflow sink writing to %s, experiment %r", self.uri, self.experiment)
+
+    def close(self) -> None:
+        log.info("mlflow sink closed: %s", dict(sorted(self.counters.items())))
+
+    def _folder(self) -> Path | None:
+        """The directory of a local store (a SQLite file's, or the store itself); None for a server."""
+        if self.uri.startswith("sqlite:///"):
+            return Path(self.uri[len("sqlite:///"):]).expanduser().parent
+        return Path(self.uri.removeprefix("file://")).expanduser() if self.directory else None
+
+    def _experiment(self) -> str:
+        """The experiment's id, created if missing (with a SQLite file, its artifacts beside it)."""
+        if self._experiment_id is None:
+            client, name = self._client, self.experiment
+            found = client.get_experiment_by_name(name)
+            if found is None:  # if another process makes it meanwhile, this fails: the retry finds it
+                folder = self._folder() if self.uri.startswith("sqlite:") else None
+                client.create_experiment(name, artifact_location=folder and (folder.resolve() / "mlartifacts").as_uri())
+                found = client.get_experiment_by_name(name)
+            if found.lifecycle_stage != "active":
+                raise SinkError(f"MLflow experiment {name!r} is deleted: restore it (mlflow experiments restore) "
+                                "or pass another --mlflow-experiment")
+            self._experiment_id = found.experiment_id
+        return self._experiment_id
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def write(self, events: Sequence[dict[str, Any]]) -> None:
+        ml = self._ml
+        for event in events:
+            if event["run"] not in ml:
+                ml[event["run"]] = _MlRun(event["ts"])
+        self._guarded(super().write, events)
+
+    def flush(self) -> None:
+        self._guarded(super().flush)
+
+    def _guarded(self, apply: Callable[..., None], *args: Any) -> None:
+        """Apply (sinks/tracker.py), then export. After an error nothing stays pending: the relay
+        retries the whole batch, and the base class applies what was not saved again."""
+        try:
+            apply(*args)
+        except Exception:
+            for r in self._ml.values():
+                r.discard()
+            raise
+        for run in list(self._exports):
+            r = self._ml.get(run)
+            if r is not None and r.run_id is not None:
+                self._exports.discard(run)
+                self._export(run, r)
+
+    # -- the sink-author API ----------------------------------------------------------------------
+
+    def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
+                    context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
+        keys, metric = self._keys, self._Metric
+        where = (rank, context.get("subset"), context.get("sub_dataset"))
+        ts_ms, step = int(ts * 1000), 0 if step is None else step  # no step: 0, as fms-hf-tuning's track()
+        out = self._ml[run].metrics
+        for name, value in values.items():
+            key = keys.get((*where, name))
+            if key is None:
+                key = keys[(*where, name)] = self._key(metric_name(*where, name))
+            out.append(metric(key, value, ts_ms, step))
+
+    def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
+        r = self._ml[run]
+        for key, value in params.items():
+            full = key if name in PLAIN_GROUPS else f"{name}.{key}"
+            mkey, whole = self._key(full), {"group": name, "key": key, "value": value}
+            text = self._fit(r, mkey, str(json_safe(value)), MAX_PARAM, whole, renamed=mkey != full)
+            have = r.params.get(mkey, r.new_params.get(mkey))
+            if have is None:
+                r.new_params[mkey] = text
+            elif have != text:
+                self._changed(r, mkey, text, whole)
+        output_dir = params.get("output_dir")
+        if name in ("run", "hparams") and isinstance(output_dir, str) and output_dir:
+            if name == "run" or not r.output_from_run:
+                r.output_dir, r.output_from_run = output_dir, name == "run"
+                self._exports.add(run)
+        if name == "relay.lifecycle" and isinstance(params.get("train_end"), dict):
+            r.end_ts = params["train_end"].get("ts")
+
+    def finish_run(self, run: str, status: str) -> None:
+        self._ml[run].end = STATUS.get(status.lower(), "FAILED")
+
+    def load_applied(self, run: str) -> Spans:
+        """Resume the MLflow run tagged with this run id, or create it; its spans from its tags."""
+        r, client = self._ml[run], self._client
+        found = client.search_runs([self._experiment()], filter_string=f"tags.`{RUN_TAG}` = '{run}'",
+                                   max_results=1, order_by=["attributes.start_time ASC"])
+        self._exports.add(run)
+        if not found:
+            made = client.create_run(self._experiment(), start_time=int(r.first_ts * 1000), tags={RUN_TAG: run},
+                                     run_name=run)
+            r.run_id, r.experiment_id, r.params, r.suspect = made.info.run_id, made.info.experiment_id, {}, False
+            self.counters["runs_created"] += 1
+            log.info("mlflow run %s created for run %s", r.run_id, run)
+            return {}
+        info, tags = found[0].info, found[0].data.tags
+        r.run_id, r.experiment_id, r.params = info.run_id, info.experiment_id, dict(found[0].data.params)
+        self.counters["runs_resumed"] += 1
+        log.info("mlflow run %s resumed for run %s", r.run_id, run)
+        try:
+            text = "".join(tags.get(f"{APPLIED_TAG}.{i}", "") for i in range(int(tags.get(APPLIED_TAG) or 0)))
+            return {int(rank): spans for rank, spans in json.loads(text).items()}
+        except ValueError:  # none saved yet, or torn by a full disk: all again, as after a failed save
+            r.suspect = self.directory
+            return {}
+
+    def save_applied(self, run: str, spans: Spans) -> None:
+        """Send what the run's events made, then the spans that say they are in."""
+        r = self._ml[run]
+        try:
+            self._send(r, spans)
+        except Exception as exc:
+            r.suspect = self.directory
+            from mlflow.exceptions import MlflowException
+
+            if self._deleted(r):  # by someone, meanwhile: the retry makes a new run (and catches up)
+                self.forget_run(run)
+                self.counters["runs_deleted"] += 1
+                log.warning("mlflow run %s of run %s was deleted; a new one takes the run's events", r.run_id, run)
+            elif isinstance(exc, MlflowException) and exc.error_code == "INVALID_PARAMETER_VALUE":
+                raise PermanentError(f"MLflow refused it: {exc.message}") from exc
+            raise
+        r.params.update(r.new_params)
+        r.discard()
+        r.suspect = False
+
+    # -- MLflow calls -----------------------------------------------------------------------------
+
+    def _deleted(self, r: _MlRun) -> bool:
+        """Whether the run's MLflow run was deleted (asked after a failed save only)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self._client.get_run(r.run_id).info.lifecycle_stage != "active"
+        except MlflowException as exc:
+            return exc.error_code == "RESOURCE_DOES_NOT_EXIST"
+        except Exception:  # the store cannot answer now: no verdict (the save's own error is raised)
+            return False
+
+    def _send(self, r: _MlRun, spans: Spans) -> None:
+        client, metrics = self._client, r.metrics
+        for path, content in r.artifacts.items():
+            client.log_text(r.run_id, content, path)
+        if r.suspect:
+            self._repair(r)
+            metrics = []
+        params = [self._Param(k, v) for k, v in r.new_params.items()]
+        tags = [self._RunTag(k, v) for k, v in r.tags.items()]
+        text = json.dumps(spans, separators=(",", ":"))
+        applied = [self._RunTag(f"{APPLIED_TAG}.{i // MAX_TAG}", text[i:i + MAX_TAG])
+                   for i in range(0, len(text), MAX_TAG)]
+        applied.append(self._RunTag(APPLIED_TAG, str(len(applied))))
+        # train_end's status is set before the spans say train_end is in
+        for m, p, t in batches(metrics, params, tags, [] if r.end else applied):
+            client.log_batch(r.run_id, metrics=m, params=p, tags=t)
+        if r.end:
+            end_ms = int(r.end_ts * 1000) if isinstance(r.end_ts, (int, float)) else None
+            client.set_terminated(r.run_id, r.end, end_time=end_ms)
+            client.log_batch(r.run_id, tags=applied)
+
+    def _repair(self, r: _MlRun) -> None:
+        """After a failed save into a directory store, which appends points and which a full disk
+        can leave with torn (empty) files: send only the points it lacks, first (that mends torn
+        metric files, past which MLflow cannot read the run), then take its params as they are,
+        torn ones included, so the pending params that differ become ``relay.changed.*`` tags."""
+        held: dict[str, set] = {}
+        lacking = []
+        for m in r.metrics:
+            points = held.get(m.key)
+            if points is None:
+                points = held[m.key] = {_point(x) for x in self._client.get_metric_history(r.run_id, m.key)}
+            if _point(m) not in points:
+                lacking.append(m)
+        for m, _, _ in batches(lacking, [], [], []):
+            self._client.log_batch(r.run_id, metrics=m)
+        r.params = dict(self._client.get_run(r.run_id).data.params)
+        for key, text in list(r.new_params.items()):
+            if r.params.get(key, text) != text:
+                del r.new_params[key]
+                self._changed(r, key, text, {"key": key, "value": text})
+
+    def _changed(self, r: _MlRun, key: str, text: str, whole: dict[str, Any]) -> None:
+        """MLflow refuses to change a param: the first value stays, the newest goes to a tag."""
+        tag = self._key(CHANGED_PREFIX + key)
+        r.tags[tag] = self._fit(r, tag, text, MAX_TAG, whole)
+        self.counters["params_changed"] += 1
+        log.warning("mlflow sink: param %r changed; MLflow keeps its first value, the newest is in tag %r", key, tag)
+
+    def _key(self, name: str) -> str:
+        """A key MLflow takes: HF's character rule, not a path that resolves elsewhere, <= 250 chars."""
+        key = _BAD_CHARS.sub("_", name)
+        if posixpath.normpath(key) != key or key.startswith(("/", "..")):
+            key = "_" + key.replace("/", "_")
+        if len(key) > MAX_KEY:
+            key = f"{key[:MAX_KEY - 9]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+        if key != _BAD_CHARS.sub("_", name):
+            self.counters["renamed_keys"] += 1
+            log.warning("mlflow sink: %r is %r in MLflow (too long, or a path that resolves elsewhere)", name, key)
+        return key
+
+    def _fit(self, r: _MlRun, key: str, text: str, limit: int, whole: dict[str, Any], renamed: bool = False) -> str:
+        """``text`` within ``limit``; what is cut or renamed is counted and kept whole as an artifact."""
+        if not renamed and len(text) <= limit:
+            return text
+        r.artifacts[f"{FULL_VALUES}/{key}.json"] = json.dumps(json_safe(whole), default=str)
+        self.counters["params_cut"] += 1
+        log.warning("mlflow sink: %r cut to MLflow's limits; whole in artifact %s/%s.json", key, FULL_VALUES, key)
+        return text[:limit]
+
+    def _export(self, run: str, r: _MlRun) -> None:
+        """Write ``mlflow_tracker.json`` as fms-hf-tuning does, into the job's output dir (else
+        beside the journal); a failure is counted and logged, never worth retrying a batch for."""
+        journal = self._journal
+        if r.output_dir:
+            target = Path(r.output_dir).expanduser() / EXPORT_NAME
+        elif journal is not None:
+            target = journal / f"{run}.{EXPORT_NAME}" if journal.is_dir() else journal.parent / EXPORT_NAME
+        else:
+            return
+        host = self.uri.rstrip("/") if self.remote else "<host_url>"  # fms-hf-tuning's placeholder
+        where = self.uri  # a local store's absolute path, for readers elsewhere than the relay's cwd
+        if self.uri.startswith("sqlite:///"):
+            where = f"sqlite:///{Path(self.uri[len('sqlite:///'):]).expanduser().resolve()}"
+        elif self.directory:
+            where = str(self._folder().resolve())
+        record = {"run_name": run, "run_uri": f"{host}/#/experiments/{r.experiment_id}/runs/{r.run_id}",
+                  "run_id": r.run_id, "experiment_id": r.experiment_id, "tracking_uri": where}
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(record, indent=2) + "\n")
+            os.replace(tmp, target)
+        except OSError as exc:
+            self.counters["export_errors"] += 1
+            log.warning("mlflow sink: cannot write %s for run %s: %s", target, run, exc)
+
+
+def metric_name(rank: int | None, subset: str | None, sub_dataset: str | None, name: str) -> str:
+    """A series' MLflow name (before MLflow's character rules). The Trainer's (``rank`` None): the
+    key HF's MLflowCallback logs (``loss``, ``eval_loss``, ``eval_<set>_loss``, ``train_runtime``).
+    Custom metrics: ``<stage>.<name>``, as fms-hf-tuning's MLflow tracker. A rank's own series:
+    under ``rank/<n>/``, except rank 0's custom metrics, which keep the name fms-hf-tuning gives."""
+    if rank is None:
+        return "_".join(part for part in (subset, sub_dataset, name) if part)
+    if subset is None:  # stage "rank" and the client's stats
+        return f"rank/{rank}/{name}"
+    return f"{subset}.{name}" if rank == 0 else f"rank/{rank}/{subset}.{name}"
+
+
+def batches(metrics: list[Any], params: list[Any], tags: list[Any],
+            last: list[Any]) -> list[tuple[list[Any], list[Any], list[Any]]]:
+    """``log_batch`` calls (metrics, params, tags) within MLflow's limits, in order, with every
+    tag of ``last`` together in the final call."""
+    calls: list[tuple[list[Any], list[Any], list[Any]]] = []
+    call: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
+    count = size = 0
+    for slot, items in ((1, params), (0, metrics), (2, tags)):
+        for item in items:
+            cost = METRIC_BYTES if slot == 0 else len(item.key) + len(item.value) + 20
+            if count == MAX_ITEMS or (slot and len(call[slot]) == MAX_PARAMS_TAGS) or size + cost > MAX_BYTES:
+                calls.append(call)
+                call, count, size = ([], [], []), 0, 0
+            call[slot].append(item)
+            count += 1
+            size += cost
+    extra = sum(len(t.key) + len(t.value) + 20 for t in last)
+    if last and (count + len(last) > MAX_ITEMS or len(call[2]) + len(last) > MAX_PARAMS_TAGS
+                 or size + extra > MAX_BYTES):
+        calls.append(call)
+        call = ([], [], [])
+    call[2].extend(last)
+    if any(call):
+        calls.append(call)
+    return calls
+
+
+def _point(m: Any) -> tuple:
+    """A point's identity, NaN equal to NaN (as MLflow's SQL stores compare them)."""
+    return m.timestamp, m.step, "nan" if m.value != m.value else float(m.value)

@@ -1,0 +1,449 @@
+"""The MLflow sink against real MLflow stores (SQLite, a directory, a real `mlflow server`), called
+directly and behind real relay processes; everything is read back through ``MlflowClient``."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mlflow")
+
+from aim_helpers import Events, fill, small_fs, training_events  # noqa: E402,F401
+from conftest import free_port  # noqa: E402
+from relay.journal import JournalReader, encode_line  # noqa: E402
+from sinks.base import PermanentError, SinkContext, SinkError  # noqa: E402
+from sinks.mlflow import MAX_PARAM, MlflowSink, batches  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
+EXPERIMENT = "sft"
+QUIET = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
+
+
+@pytest.fixture(scope="module")
+def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An initialized, empty MLflow SQLite database: creating one takes seconds, copying it none."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def db(template_db: Path, tmp_path: Path):
+    """A fresh database for one test: ``db()`` gives a new one's URI each call."""
+    made = []
+
+    def fresh() -> str:
+        path = tmp_path / f"mlflow-{len(made)}.db"
+        shutil.copy(template_db, path)
+        made.append(path)
+        return f"sqlite:///{path}"
+    return fresh
+
+
+@dataclass
+class RunView:
+    """An MLflow run as plain values: info, params, tags, and every metric's whole history."""
+
+    info: Any
+    params: dict[str, str]
+    tags: dict[str, str]
+    history: dict[str, list[tuple[int, Any, int]]]  # key -> sorted (step, value, timestamp ms)
+
+    def series(self, key: str) -> dict[int, float]:
+        steps = [s for s, _, _ in self.history[key]]
+        assert len(set(steps)) == len(steps), f"{key}: repeated steps {steps}"
+        return {s: (math.nan if v == "nan" else v) for s, v, _ in self.history[key]}
+
+
+def read_run(uri: str, run: str, experiment: str = EXPERIMENT) -> RunView:
+    """The one MLflow run holding relay run ``run``, read through MLflow's public client."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`relay.run_id` = '{run}'")
+    assert len(found) == 1, f"{len(found)} MLflow runs for run {run}"
+    r = found[0]
+    history = {key: sorted((m.step, "nan" if math.isnan(m.value) else m.value, m.timestamp)
+                           for m in client.get_metric_history(r.info.run_id, key)) for key in r.data.metrics}
+    return RunView(r.info, r.data.params, r.data.tags, history)
+
+
+def run_sink(uri: str, batches_: list[list[dict]], journal: Path | None = None,
+             experiment: str = EXPERIMENT) -> MlflowSink:
+    sink = MlflowSink(uri, experiment)
+    reader = JournalReader(str(journal) + os.sep) if journal is not None else None
+    sink.open(SinkContext(journal=journal, journal_events=reader))
+    try:
+        for batch in batches_:
+            sink.write(batch)
+        sink.flush()
+    finally:
+        sink.close()
+    return sink
+
+
+def check_training_run(view: RunView, steps: int = 6) -> None:
+    """What training_events() must give, named as HF's MLflowCallback and fms-hf-tuning name it."""
+    loss = view.series("loss")
+    assert sorted(loss) == list(range(1, steps + 1)) and math.isnan(loss[3]) and loss[2] == 1.0
+    assert view.series("eval_loss") == {s: 1 / s for s in range(3, steps + 1, 3)}
+    assert view.series("train_loss") == {steps: 0.9} and view.series("train_runtime") == {steps: 12.0}
+    assert view.series("total_flos") == {steps: 1e9}
+    # epoch: once per logging step, and again with the final train_* figures (as HF logs it)
+    assert sorted({s for s, _, _ in view.history["epoch"]}) == list(range(1, steps + 1))
+    for rank in (0, 1):
+        step_time = view.series(f"rank/{rank}/step_time")
+        assert sorted(step_time) == list(range(1, steps + 1))
+        assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
+    assert list(view.series("additional_metrics.model_load_time").values()) == [3.25]
+    p = view.params
+    assert (p["learning_rate"], p["max_grad_norm"], p["seed"]) == ("2e-05", "Infinity", "42")
+    assert (p["model_type"], p["hidden_size"], p["dataset"], p["owner"]) == ("llama", "64", "v3", "team-a")
+    assert {"relay.ranks.0", "relay.ranks.1", "relay.world_size"} <= p.keys()
+    checkpoints = {int(k.rsplit(".", 1)[1]): v for k, v in p.items() if k.startswith("relay.checkpoints.")}
+    assert sorted(checkpoints) == list(range(3, steps + 1, 3))
+    assert all(f"ckpt-{s}" in checkpoints[s] for s in checkpoints)
+
+
+def comparable(view: RunView) -> tuple:
+    tags = {k: v for k, v in view.tags.items() if not k.startswith("mlflow.")}
+    return (view.history, view.params, tags, view.info.status, view.info.start_time, view.info.end_time,
+            view.info.run_name)
+
+
+# -- the sink called directly ---------------------------------------------------------------------
+
+
+def test_mapping_of_a_two_rank_run(db, tmp_path: Path) -> None:
+    uri, job = db(), tmp_path / "job"
+    events = training_events("job-1", output_dir=str(job), experiment="ignored-by-mlflow")
+    sink = run_sink(uri, [events[:9], events[9:]])
+    view = read_run(uri, "job-1")
+    check_training_run(view)
+    assert view.info.status == "FINISHED" and view.info.run_name == "job-1"
+    train_end = next(e for e in events if e["type"] == "lifecycle" and e["data"]["event"] == "train_end")
+    assert view.info.start_time == int(events[0]["ts"] * 1000) and view.info.end_time == int(train_end["ts"] * 1000)
+    loss_events = [e for e in events if e["stage"] == "train" and "loss" in e["data"]]
+    assert [t for _, _, t in view.history["loss"]] == [int(e["ts"] * 1000) for e in loss_events]
+    assert view.series("rank/1/relay_dropped") and view.params["run.experiment"] == "ignored-by-mlflow"
+    export = json.loads((job / "mlflow_tracker.json").read_text())
+    assert export["run_name"] == "job-1" and export["run_id"] == view.info.run_id
+    assert export["run_uri"] == f"<host_url>/#/experiments/{view.info.experiment_id}/runs/{view.info.run_id}"
+    assert sink.counters["runs_created"] == 1 and sink.counters["skipped_values"] == 0
+
+
+def test_restart_resumes_the_run_and_replay_adds_nothing(db) -> None:
+    uri = db()
+    events = training_events("job-r")
+    run_sink(uri, [events[:15]])
+    more = run_sink(uri, [events[10:20], events[20:]])  # a restarted relay: some events again
+    assert more.counters["runs_resumed"] == 1 and more.counters["duplicates"] == 5
+    first = read_run(uri, "job-r")
+    check_training_run(first)
+    again = run_sink(uri, [events])
+    assert again.counters["events"] == 0 and again.counters["duplicates"] == len(events)
+    assert comparable(read_run(uri, "job-r")) == comparable(first)
+
+
+def test_params_beyond_mlflows_limits_and_changed_params(db) -> None:
+    from mlflow import MlflowClient
+
+    uri, ev = db(), Events("job-p", world_size=1)
+    many = {f"p{i:03d}": i for i in range(150)}  # more than MLflow's 100 params per call
+    long_key = "k" * 300
+    batch = [ev(0, "params", {"seed": 42, "long": "x" * 7000, long_key: 1, **many}, stage="hparams"),
+             ev(0, "params", {"dataset (v3)": "yes"}, stage="experiment_metadata"),
+             ev(0, "params", {"seed": 42}, stage="hparams"),  # the same value again: fine
+             ev(0, "params", {"seed": 43}, stage="hparams")]  # MLflow cannot change a param
+    sink = run_sink(uri, [batch])
+    assert (sink.counters["params_changed"], sink.counters["params_cut"]) == (1, 3)
+    view = read_run(uri, "job-p")
+    assert all(view.params[k] == str(v) for k, v in many.items())
+    assert view.params["seed"] == "42" and view.tags["relay.changed.seed"] == "43"
+    assert view.params["long"] == "x" * MAX_PARAM and view.params["dataset _v3_"] == "yes"
+    short = next(k for k in view.params if k.startswith("kkk"))
+    assert len(short) == 250
+    client = MlflowClient(uri)
+    folder = Path(client.download_artifacts(view.info.run_id, "relay_params"))
+    assert json.loads((folder / "long.json").read_text())["value"] == "x" * 7000
+    assert json.loads((folder / f"{short}.json").read_text())["key"] == long_key
+    assert json.loads((folder / "dataset _v3_.json").read_text())["key"] == "dataset (v3)"
+    assert run_sink(uri, [batch]).counters["params_changed"] == 0  # replayed: nothing new
+
+
+def test_failed_run_and_custom_metrics_without_a_step(db) -> None:
+    uri, ev = db(), Events("job-f", world_size=2)
+    early = [ev(0, "metrics", {"tokens_seen": float(i)}, stage="additional_metrics") for i in range(3)]
+    early.append(ev(1, "metrics", {"model_load_time": 2.5}, stage="additional_metrics"))
+    end = [ev(0, "lifecycle", {"event": "train_end", "status": "failed"}, step=3)]
+    run_sink(uri, [early, early, early[1:], end])  # retried batches add nothing
+    view = read_run(uri, "job-f")
+    assert [(s, v) for s, v, _ in view.history["additional_metrics.tokens_seen"]] == [(0, 0.0), (0, 1.0), (0, 2.0)]
+    assert view.series("rank/1/additional_metrics.model_load_time") == {0: 2.5}
+    assert view.info.status == "FAILED"
+
+
+def test_gaps_are_filled_from_the_journal(db, tmp_path: Path) -> None:
+    """Batches the relay dropped for this sink are in the journal: the hole in the seqs is noticed
+    and filled at the next flush."""
+    uri, journal = db(), tmp_path / "logs"
+    journal.mkdir()
+    events = training_events("job-gap")
+    (journal / "job-gap.jsonl").write_bytes(b"".join(encode_line(e) for e in events))
+    sink = run_sink(uri, [events[:10] + events[25:]], journal=journal)
+    assert sink.counters["swept_events"] == 15 and sink.counters["sweeps"] == 1
+    check_training_run(read_run(uri, "job-gap"))
+    assert json.loads((journal / "job-gap.mlflow_tracker.json").read_text())["run_name"] == "job-gap"
+
+
+def test_a_run_deleted_meanwhile_is_made_again_and_a_refusal_is_permanent(db, tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    uri, journal = db(), tmp_path / "logs"
+    journal.mkdir()
+    events = training_events("job-del")
+    (journal / "job-del.jsonl").write_bytes(b"".join(encode_line(e) for e in events))
+    sink = MlflowSink(uri, EXPERIMENT)
+    sink.open(SinkContext(journal=journal, journal_events=JournalReader(str(journal) + os.sep)))
+    sink.write(events[:10])
+    client = MlflowClient(uri)
+    deleted = read_run(uri, "job-del").info.run_id
+    client.delete_run(deleted)
+    with pytest.raises(Exception) as failed:  # transient: the relay retries the batch...
+        sink.write(events[10:20])
+    assert not isinstance(failed.value, PermanentError)
+    sink.write(events[10:20])  # ...which makes a new run; the hole below it is filled from the journal
+    sink.write(events[20:])
+    sink.flush()
+    view = read_run(uri, "job-del")
+    assert view.info.run_id != deleted and sink.counters["runs_deleted"] == 1
+    check_training_run(view)
+    client.log_param(view.info.run_id, "late", "theirs")  # another writer: MLflow now refuses ours
+    late = dict(Events("job-del")(0, "params", {"late": "ours"}, stage="hparams"), seq=len(events))
+    with pytest.raises(PermanentError, match="Changing param values"):  # the relay dead-letters it
+        sink.write([late])
+    sink.close()
+
+
+def test_directory_store_full_then_recovered(small_fs: Path, tmp_path: Path) -> None:
+    """A directory store appends points, one file per metric: with the disk full, a batch can add
+    to the files that have room and fail on a new one. Retried, it must not double the former."""
+    ev = Events("job-full", world_size=1)
+    events = [ev(0, "params", {"seed": 42}, stage="hparams")]
+    events += [ev(0, "metrics", {"loss": 1 / s, "grad_norm": 0.5}, step=s, stage="train") for s in range(1, 31)]
+    events += [ev(0, "metrics", {"loss": 0.1, "accuracy": 0.9}, step=30, stage="eval")]  # new files
+    run_sink(str(tmp_path / "reference"), [events])
+    store = small_fs / "mlruns"
+    sink = MlflowSink(str(store), EXPERIMENT)
+    sink.open(SinkContext())
+    sink.write(events[:11])
+    fill(small_fs / "filler")
+    failures = 0
+    for _ in range(3):
+        try:
+            sink.write(events[11:])
+            break
+        except Exception:
+            failures += 1
+    assert failures == 3
+    (small_fs / "filler").unlink()
+    sink.write(events[11:])  # the relay's retry, once there is room again
+    sink.close()
+    view, reference = read_run(str(store), "job-full"), read_run(str(tmp_path / "reference"), "job-full")
+    assert view.history == reference.history and view.params == reference.params  # nothing lost, nothing twice
+    assert sorted(view.series("loss")) == list(range(1, 31)) and view.series("eval_accuracy") == {30: 0.9}
+
+
+def test_batches_stay_within_mlflows_limits() -> None:
+    from mlflow.entities import Metric, Param, RunTag
+
+    metrics = [Metric(f"m{i}", 1.0, 0, i) for i in range(2500)]
+    params = [Param(f"p{i}", "v" * 5000) for i in range(250)]
+    last = [RunTag("relay.applied", "1"), RunTag("relay.applied.0", "{}")]
+    calls = batches(metrics, params, [RunTag("t", "v")], last)
+    assert all(len(m) <= 1000 and len(p) <= 100 and len(t) <= 100 and len(m) + len(p) + len(t) <= 1000
+               and sum(len(x.value) for x in p) < 1_000_000 for m, p, t in calls)
+    assert [x for c in calls for x in c[0]] == metrics and [x for c in calls for x in c[1]] == params
+    assert calls[-1][2][-2:] == last and all(x not in c[2] for c in calls[:-1] for x in last)
+
+
+def test_an_unusable_store_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(SinkError, match="--mlflow-tracking-uri"):
+        MlflowSink()
+    (tmp_path / "file").write_text("in the way")
+    with pytest.raises(SinkError, match="cannot be used"):
+        MlflowSink(f"sqlite:///{tmp_path / 'file' / 'm.db'}").open(SinkContext())
+
+
+def test_cli_says_what_is_missing(tmp_path: Path) -> None:
+    def serve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "relay", "--bind", f"tcp://127.0.0.1:{free_port()}",
+                               "--sink", "mlflow", *args], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    shadow = tmp_path / "no-mlflow" / "mlflow"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'mlflow'\")\n")
+    env = dict(QUIET, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
+    done = serve("--mlflow-tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", env=env)
+    assert done.returncode == 2 and "pip install 'metrics-relay[mlflow]'" in done.stderr, done.stderr[-2000:]
+    env = {k: v for k, v in QUIET.items() if k != "MLFLOW_TRACKING_URI"}
+    done = serve(env=env)
+    assert done.returncode == 2 and "needs --mlflow-tracking-uri" in done.stderr, done.stderr[-2000:]
+
+
+# -- behind a real relay ----------------------------------------------------------------------------
+
+
+def publish(address: str, run: str, rank: int, steps: int, output_dir: Path | None = None,
+            pause: float = 0.0) -> subprocess.Popen:
+    """One training rank, as a real process with a real Publisher (tests/aim_helpers.py)."""
+    cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-",
+           str(output_dir) if output_dir else "-", str(pause)]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        assert json.loads(out.strip().splitlines()[-1])["left"] == 0
+
+
+def replay(journal: Path, uri: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "relay", "replay", str(journal), "--sink", "mlflow",
+                           "--mlflow-tracking-uri", uri, "--mlflow-experiment", EXPERIMENT],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=QUIET)
+
+
+def test_two_ranks_relay_killed_mid_run_then_replay_twice(relays, db, tmp_path: Path) -> None:
+    """Two real ranks through a real relay that is SIGKILLed mid-run and started again on the same
+    journal and address: every point lands once. Then `relay replay` twice into a fresh database
+    gives the same run, and the second adds nothing."""
+    uri, job = db(), tmp_path / "job"
+    relay = relays(["--sink", "mlflow", "--mlflow-tracking-uri", uri, "--mlflow-experiment", EXPERIMENT],
+                   env=QUIET)
+    procs = [publish(relay.address, "job-live", rank, 40, job, pause=0.05) for rank in (0, 1)]
+    time.sleep(1.5)
+    relay.kill()  # no flush, no goodbye: the publishers keep what was not acknowledged and resend it
+    time.sleep(0.5)
+    relay.start()
+    finish(procs)
+    assert relay.stop() == 0
+    live = read_run(uri, "job-live")
+    check_training_run(live, steps=40)
+    for key, points in live.history.items():  # each point once
+        assert len(points) == len({s for s, _, _ in points}) + (key == "epoch"), key
+    assert live.info.status == "FINISHED"
+    assert json.loads((job / "mlflow_tracker.json").read_text())["run_id"] == live.info.run_id
+
+    fresh = db()
+    for attempt in range(2):
+        done = replay(tmp_path / "relay-logs" / "job-live.jsonl", fresh)
+        assert done.returncode == 0, done.stderr[-2000:]
+        rebuilt = read_run(fresh, "job-live")
+        assert comparable(rebuilt) == comparable(live)
+        if attempt == 0:
+            first_id = rebuilt.info.run_id
+    assert rebuilt.info.run_id == first_id
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path, template_db: Path):
+    """A real `mlflow server` on loopback (SQLite backend), started and stopped by the test."""
+    port, store = free_port(), tmp_path / "server"
+    store.mkdir()
+    shutil.copy(template_db, store / "mlflow.db")  # an initialized database: the first start is quicker
+    exe = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
+    cmd = [exe, "server", "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}", "--host", "127.0.0.1",
+           "--port", str(port), "--workers", "1", "--artifacts-destination", str(store / "artifacts")]
+    env = dict(QUIET, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+
+    class Server:
+        url = f"http://127.0.0.1:{port}"
+        proc: subprocess.Popen | None = None
+
+        def start(self) -> None:
+            with open(store / "server.log", "ab") as log:
+                self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
+            deadline = time.monotonic() + 120
+            while not self.answers():
+                alive = self.proc.poll() is None and time.monotonic() < deadline
+                assert alive, (store / "server.log").read_text()[-2000:]
+                time.sleep(0.2)
+
+        def answers(self) -> bool:
+            import urllib.request
+            try:
+                return urllib.request.urlopen(f"{self.url}/health", timeout=1).status == 200
+            except OSError:
+                return False
+
+        def stop(self) -> None:
+            if self.proc is not None and self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # uvicorn's workers are in its group
+                self.proc.wait(20)
+
+    server = Server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_mlflow_server_restarted_mid_run(relays, mlflow_server, tmp_path: Path) -> None:
+    """The server goes away while the run is being written and comes back: the sink's failed
+    batches are retried until it answers, and the run ends complete, nothing twice."""
+    mlflow_server.start()
+    relay = relays(["--sink", "mlflow", "--mlflow-tracking-uri", mlflow_server.url,
+                    "--mlflow-experiment", EXPERIMENT], env=QUIET)
+    procs = [publish(relay.address, "job-srv", rank, 40, tmp_path / "job", pause=0.05) for rank in (0, 1)]
+    deadline = time.monotonic() + 60
+    while (now := server_run(mlflow_server.url, "job-srv")) is None or "loss" not in now.data.metrics:
+        assert time.monotonic() < deadline, relay.log.read_text()[-3000:]
+        time.sleep(0.2)
+    mlflow_server.stop()
+    mlflow_server.start()
+    finish(procs)
+    deadline = time.monotonic() + 90
+    while not _complete(server_run(mlflow_server.url, "job-srv")):  # the ranks' closing stats, after train_end
+        assert time.monotonic() < deadline, relay.log.read_text()[-3000:]
+        time.sleep(0.5)
+    assert relay.stop() == 0
+    assert "sink mlflow failed" in relay.log.read_text()
+    view = read_run(mlflow_server.url, "job-srv")
+    check_training_run(view, steps=40)
+    export = json.loads((tmp_path / "job" / "mlflow_tracker.json").read_text())
+    assert export["run_uri"] == f"{mlflow_server.url}/#/experiments/{view.info.experiment_id}/runs/{view.info.run_id}"
+
+
+def server_run(url: str, run: str) -> Any:
+    """The MLflow run of ``run`` as the server has it now; None while it is down or has none."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(url)
+    try:
+        exp = client.get_experiment_by_name(EXPERIMENT)
+        found = client.search_runs([exp.experiment_id], f"tags.`relay.run_id` = '{run}'") if exp else []
+    except Exception:  # down or starting: nothing to see yet
+        return None
+    return found[0] if found else None
+
+
+def _complete(run: Any) -> bool:
+    return run is not None and run.info.status == "FINISHED" and \
+        {"rank/0/relay_published", "rank/1/relay_published"} <= run.data.metrics.keys()
