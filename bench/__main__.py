@@ -103,6 +103,14 @@ def latency(quick: bool) -> Section:
     return bench_latency.run(quick)
 
 
+def sink_section(name: str) -> Callable[[bool], Section]:
+    """A tracker sink's values/s against that library's own logging loop (bench/bench_sink_NAME.py)."""
+    def run(quick: bool) -> Section:
+        import importlib
+        return importlib.import_module(f"bench.bench_sink_{name}").run(quick)
+    return run
+
+
 def transport(quick: bool) -> Section:
     from bench import bench_transport
     return bench_transport.run(quick)
@@ -116,6 +124,7 @@ def scale(quick: bool) -> Section:
 SECTIONS: dict[str, Callable[[bool], Section]] = {
     "hotpath": hotpath, "ingest": ingest, "latency": latency, "scale": scale, "training": training, "aim": aim,
     "core": core, "transport": transport,
+    **{f"sink_{name}": sink_section(name) for name in ("mlflow", "tensorboard", "wandb", "clearml")},
 }
 
 
