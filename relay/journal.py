@@ -14,8 +14,14 @@ call, per run, complete lines only (``relay tail -f``, a sink's catch-up through
 (a sink's process). Every reader that hands events to a sink restores non-finite metrics
 (``sinks.events.from_journal``), so a live sink and a replayed one see the same.
 
-A little over 350 lines: the journal's writer and its readers share the format and are kept together
-so that a change to one is seen next to the other.
+A journal may have been edited by hand or written by an older relay, so every reader takes a line
+for an event only if ``parse_event`` does: a JSON object that the wire's own rules accept
+(``relay.schema.validate_event``). Any other line is counted as bad, never handed on: no reader
+crashes on it, names a file after it, or writes it anywhere. ``relay tail`` alone shows every JSON
+object, as far as it can. The writer never pays for this: it writes only events validated on arrival.
+
+Well over 350 lines: the journal's writer and its readers share the format (and what a line must
+hold to be an event) and are kept together so that a change to one is seen next to the other.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import click
 import orjson
 
+from relay import schema
 from sinks.base import SinkError
 from sinks.events import from_journal, json_safe
 
@@ -71,6 +78,38 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
     return event if type(event) is dict else None
 
 
+#: Fields a line may leave out and still be an event (a journal written by hand or by another tool),
+#: with what they are checked as; the event itself is handed on as written.
+OPTIONAL_FIELDS: dict[str, Any] = {"v": schema.SCHEMA_VERSION, "local_rank": 0, "world_size": 1, "host": "",
+                                   "step": None, "epoch": None, "stage": None}
+_FIELD_SET = frozenset(schema.FIELDS)
+
+
+def event_error(event: dict[str, Any]) -> str | None:
+    """Why a parsed journal line is not an event, or None if it is: every field the relay would
+    have accepted (``relay.schema.validate_event``: the run id names a file, rank and seq are ints
+    in range, ts is unix seconds, ...), no unknown field, and only OPTIONAL_FIELDS missing.
+
+    What every reader relies on; a journal written by an older relay may hold a ts or epoch of
+    "NaN" (or seqs beyond 2**63), which no longer is an event."""
+    if event.keys() != _FIELD_SET:
+        missing = _FIELD_SET.difference(event)
+        event = {**{k: OPTIONAL_FIELDS[k] for k in missing.intersection(OPTIONAL_FIELDS)}, **event}
+    try:
+        schema.validate_event(event)
+    except schema.FrameError as exc:
+        return str(exc)
+    return None
+
+
+def parse_event(line: bytes) -> dict[str, Any] | None:
+    """The event a journal line holds, as written (non-finite metrics still strings); None for a
+    line that is not one (not a JSON object, or see ``event_error``). The one test every reader of
+    events applies."""
+    event = parse_line(line)
+    return event if event is not None and event_error(event) is None else None
+
+
 # -- reading --------------------------------------------------------------------------------------
 
 
@@ -87,17 +126,21 @@ def is_directory_layout(path: str | Path) -> bool:
 
 
 def read_events(path: Path, bad_lines: list[int] | None = None) -> Iterator[dict[str, Any]]:
-    """Events of one JSONL file in file order, as written; unparsable lines are skipped and their
-    line numbers appended to ``bad_lines`` so callers can report them."""
+    """Events of one JSONL file in file order, as written; lines that are not events (unparsable,
+    or see ``event_error``) are skipped and their line numbers appended to ``bad_lines`` so callers
+    can report them (each also logged at debug level, with why)."""
     with open(path, "rb") as fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             event = parse_line(line)
-            if event is not None:
+            error = "not a JSON object" if event is None else event_error(event)
+            if error is None:
                 yield event
-            elif bad_lines is not None:
+                continue
+            if bad_lines is not None:
                 bad_lines.append(number)
+            log.debug("%s:%d is not an event, skipped: %.200s", path, number, error)
 
 
 class LineDecoder:
@@ -112,7 +155,7 @@ class LineDecoder:
         *lines, self._rest = (self._rest + data).split(b"\n")
         events = []
         for line in lines:
-            event = parse_line(line)
+            event = parse_event(line)
             if event is not None:
                 events.append(from_journal(event))
             elif line.strip():
@@ -128,12 +171,16 @@ class JournalReader:
 
     Calling the reader is ``read(run)``: pass it as ``SinkContext.journal_events``. ``restore``
     turns non-finite metric strings back into floats (what a sink gets); ``relay tail`` shows the
-    lines as written. ``bad_lines`` counts lines that were not events."""
+    lines as written, and with ``lenient`` every JSON object line, also those ``parse_event``
+    refuses (a hand edit, an older relay's "NaN" ts): only a reader for humans may want that.
+    ``bad_lines`` counts the lines skipped."""
 
-    def __init__(self, path: str | Path, *, directory: bool | None = None, restore: bool = True) -> None:
+    def __init__(self, path: str | Path, *, directory: bool | None = None, restore: bool = True,
+                 lenient: bool = False) -> None:
         self.path = Path(path)
         self.directory = is_directory_layout(path) if directory is None else directory
         self.restore = restore
+        self._parse = parse_line if lenient else parse_event
         self.bad_lines = 0
         self._offsets: dict[tuple[Path, str | None], int] = {}
 
@@ -143,8 +190,8 @@ class JournalReader:
     def files(self, run: str | None = None) -> list[Path]:
         if not self.directory:
             return [self.path]
-        if run is not None:
-            return [self.path / f"{run}.jsonl"]
+        if run is not None:  # a run id that cannot name a file has none (and names none outside)
+            return [self.path / f"{run}.jsonl"] if schema.valid_run_id(run) else []
         return journal_files(self.path) if self.path.is_dir() else []
 
     def read(self, run: str | None = None) -> Iterator[dict[str, Any]]:
@@ -174,9 +221,10 @@ class JournalReader:
                 lines = pending[:end].split(b"\n")
                 pending = pending[end:]
                 lines.pop()
+                parse = self._parse
                 for line in lines:
                     offset += len(line) + 1
-                    event = parse_line(line)
+                    event = parse(line)
                     if event is None:
                         self.bad_lines += 1 if line.strip() else 0
                     elif run is None or event.get("run") == run:
@@ -186,6 +234,11 @@ class JournalReader:
 
 
 # -- writing --------------------------------------------------------------------------------------
+
+
+class BadRunId(schema.FrameError):
+    """A run id the journal cannot name a file after: a ValueError (and a FrameError, reason
+    ``bad_run``) that callers count; the journal creates no file for it."""
 
 
 class Journal:
@@ -223,7 +276,14 @@ class Journal:
         return self.path.with_name(self.path.name.removesuffix(".jsonl") + suffix)
 
     def file_for(self, run: str) -> Path:
-        return self.path / f"{run}.jsonl" if self.directory else self.path
+        """The file ``run``'s events go to; BadRunId (never a path) for a run id that cannot name
+        one. The readers hand on valid run ids only, and the relay validated them on arrival."""
+        if not self.directory:
+            return self.path
+        if not schema.valid_run_id(run):
+            raise BadRunId("bad_run", f"run id {str(run)[:64]!r} cannot name a journal file "
+                                      f"(it must match {schema.RUN_ID_RE.pattern})")
+        return self.path / f"{run}.jsonl"
 
     def reader(self, restore: bool = True) -> JournalReader:
         """A reader of this journal, from its start."""
@@ -381,11 +441,8 @@ def _scan(paths: Iterable[Path]) -> dict[str, dict[int, list[list[int]]]]:
     for path in paths:
         if not path.exists():
             continue
-        for event in read_events(path):
-            try:
-                run, rank, seq = event["run"], int(event["rank"]), int(event["seq"])
-            except (KeyError, TypeError, ValueError):
-                continue
+        for event in read_events(path):  # events only: run, rank and seq are valid
+            run, rank, seq = event["run"], event["rank"], event["seq"]
             spans = index.setdefault(run, {}).setdefault(rank, [])
             if spans and spans[-1][1] == seq:
                 spans[-1][1] = seq + 1

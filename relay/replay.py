@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterable
 
 from relay.dedupe import Dedupe
-from relay.journal import Journal, JournalReader, journal_files, read_events
+from relay.journal import BadRunId, Journal, JournalReader, journal_files, read_events
 from sinks.base import Sink, SinkContext
 from sinks.events import from_journal
 
@@ -33,7 +33,10 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
     and to ``journal`` what it lacks.
 
     Non-finite metric values, stored as "NaN"/"Infinity" strings, become floats again. Sinks are
-    expected to be idempotent, so replaying twice adds nothing.
+    expected to be idempotent, so replaying twice adds nothing. Lines that are not events (see
+    ``relay.journal.event_error``: unparsable, hand-edited, an older relay's "NaN" ts) are skipped
+    and counted in ``bad_lines``, as are events ``journal`` refuses (a run id it cannot name a file
+    after, which the reader already keeps out).
     """
     result = ReplayResult()
     files = [f for p in paths for f in journal_files(Path(p))]
@@ -62,10 +65,14 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
                     result.new += _write(target, sinks, batch)
                     result.events += len(batch)
                 if bad:
-                    log.warning("%s: skipped %d unreadable lines (first at line %d)", path, len(bad), bad[0])
+                    log.warning("%s: skipped %d lines that are not valid events (first at line %d; "
+                                "--log-level debug says why for each)", path, len(bad), bad[0])
                     result.bad_lines += len(bad)
             for sink in sinks:
                 sink.flush()
+            if target is not None and target.refused:
+                log.warning("the journal refused %d events", target.refused)
+                result.bad_lines += target.refused
         finally:
             for sink in sinks:
                 sink.close()
@@ -81,6 +88,7 @@ class _JournalTarget:
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
         self.dedupe = Dedupe()
+        self.refused = 0
 
     def write(self, batch: list[dict]) -> int:
         fresh = [e for e in batch if self._take(e)]
@@ -89,7 +97,13 @@ class _JournalTarget:
         return len(fresh)
 
     def _take(self, event: dict) -> bool:
-        return self.dedupe.lookup(event.get("run"), event.get("rank"), self.journal).take(event.get("seq", -1))
+        try:
+            state = self.dedupe.lookup(event["run"], event["rank"], self.journal)
+        except BadRunId as exc:
+            self.refused += 1
+            log.debug("not written to the journal: %s", exc)
+            return False
+        return state.take(event["seq"])
 
 
 def _write(target: _JournalTarget | None, sinks: list[Sink], batch: list[dict]) -> int:
