@@ -405,6 +405,7 @@ def mlflow_server(tmp_path: Path, template_db: Path):
         server.stop()
 
 
+@pytest.mark.slow  # a real mlflow server, started twice: tens of seconds
 def test_mlflow_server_restarted_mid_run(relays, mlflow_server, tmp_path: Path) -> None:
     """The server goes away while the run is being written and comes back: the sink's failed
     batches are retried until it answers, and the run ends complete, nothing twice."""

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # whole benchmark / soak processes: the full tier only
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -29,6 +29,7 @@ def on_demo(model: Path, output_dir: Path, *flags: str) -> list[str]:
                     "output", "--output_dir", str(output_dir), *flags]
 
 
+@pytest.mark.slow  # a trainer process each (transformers' import alone takes seconds)
 @pytest.mark.parametrize("flags, message", [
     (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag 1"),
     (["--num_train_epochs", "many"], "argument --num_train_epochs/--num-train-epochs: invalid float value: 'many'"),

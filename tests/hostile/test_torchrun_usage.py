@@ -12,6 +12,8 @@ from trainer_fixtures import error_lines, run_trainer, torchrun
 
 from trainer.sft import PEER_ERROR_WAIT
 
+pytestmark = pytest.mark.slow  # real torchrun jobs
+
 MESSAGE = "unrecognized arguments: --bogus_flag x"
 
 
