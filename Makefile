@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(PY) -m trainer --demo --output_dir demo-output
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # The edit-test loop: everything but torchrun training jobs, benchmark and soak smoke runs (docs/development.md).
 test-fast: $(STAMP)
