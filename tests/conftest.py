@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -25,6 +25,21 @@ def free_port() -> int:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str = "condition") -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` s (a fixed sleep flakes on a busy machine)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not met within {timeout:g} s"
+        time.sleep(0.02)
+
+
+def line_count(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
 
 
 class RelayProcess:

@@ -15,7 +15,7 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import finish, free_port, plugin_env, read_jsonl, start_publisher
+from conftest import finish, free_port, line_count, plugin_env, read_jsonl, start_publisher, wait_for
 from relay import schema
 from relay.client import Publisher
 
@@ -55,11 +55,11 @@ def test_sigkill_midstream_and_restart_loses_nothing(relays, tmp_path):
     relay = relays(["--path", str(journal)])
     address = relay.address
     procs = [start_publisher(address, "crashy", r, 3000, world_size=2, rate=1500, flush_timeout=60) for r in range(2)]
-    time.sleep(1.0)
+    wait_for(lambda: line_count(journal) > 0, 30, "the first relay journaled something")
     relay.kill()  # SIGKILL: no flush, no goodbye
     written_before = len(read_jsonl(journal))
     assert 0 < written_before < 6000
-    time.sleep(1.0)
+    time.sleep(1.0)  # the publishers keep publishing, with no relay
     relay2 = relays(["--path", str(journal)], address=address)
     stats = [finish(p) for p in procs]
     assert all(s["left"] == 0 for s in stats), stats
@@ -76,8 +76,7 @@ def test_publish_without_relay_never_blocks_and_counts_overflow(relays, tmp_path
         pub.publish("metrics", {"i": i}, step=i, stage="train")
         worst = max(worst, time.perf_counter() - start)
     assert worst < 0.005, f"slowest publish() took {worst * 1e3:.2f} ms"
-    time.sleep(0.3)  # let the background thread move events into its bounded buffer
-    assert pub.dropped >= 800 - 1
+    wait_for(lambda: pub.dropped >= 800 - 1, 10, "the bounded buffer overflowed")  # on the background thread
     journal = tmp_path / "late.jsonl"
     relay = relays(["--path", str(journal)], address=address)
     assert pub.close(30) == 0
@@ -203,13 +202,21 @@ def test_failing_plugin_sink_is_isolated_and_counted(relays, tmp_path):
     assert "this sink always fails" in relay.log.read_text()
 
 
+def _received(relay, journal: Path) -> int:
+    try:
+        return relay.stats(journal)["events"]
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
 def test_sigterm_flushes_and_exits_zero(relays, tmp_path):
     journal = tmp_path / "t.jsonl"
-    relay = relays(["--path", str(journal), "--flush-interval", "5"])
+    relay = relays(["--path", str(journal), "--flush-interval", "5", "--stats-interval", "0.1"])
     pub = Publisher("term", 0, address=relay.address)
     for i in range(100):
         pub.publish("metrics", {"i": i}, step=i, stage="train")
-    time.sleep(0.5)  # received, not yet flushed (5 s interval)
+    # received, not yet flushed (5 s interval)
+    wait_for(lambda: _received(relay, journal) >= 101, 10, "the relay received every event")
     assert relay.stop() == 0
     assert [e["data"]["i"] for e in read_jsonl(journal) if e["type"] == "metrics"] == list(range(100))
     assert "final:" in relay.log.read_text()
@@ -243,13 +250,12 @@ def test_idle_run_is_forgotten_and_rebuilt_from_journal(relays, tmp_path, layout
     raw = ctx.socket(zmq.DEALER)
     raw.connect(relay.address)
     raw.send(schema.encode_frame(events[:6]))
-    time.sleep(2.0)  # silent for longer than --forget-after
-    assert "run idle idle for" in relay.log.read_text()
+    wait_for(lambda: "run idle idle for" in relay.log.read_text(), 15, "the silent run was forgotten")
     raw.send(schema.encode_frame(events))  # a late resend of everything, plus new ones
     assert schema.decode_ack(raw.recv())[0][2] in (6, 10)
-    time.sleep(0.5)
-    assert relay.stop() == 0
     journal = path if layout == "file" else path / "idle.jsonl"
+    wait_for(lambda: line_count(journal) >= 10, 10, "the new events journaled")
+    assert relay.stop() == 0
     assert [e["data"]["i"] for e in read_jsonl(journal)] == list(range(10))
     assert relay.stats(path)["duplicates"] == 6
     raw.close(0)

@@ -21,7 +21,7 @@ import zmq
 
 from relay import schema
 from relay.client import Publisher
-from conftest import ROOT, read_jsonl
+from conftest import ROOT, read_jsonl, wait_for
 
 EDGE_INTS = [0, -1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, -(2**63)]
 EDGE_FLOATS = [math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324, -0.0]
@@ -177,13 +177,6 @@ def test_a_message_is_bounded_as_a_whole_not_part_by_part(relays, tmp_path):
     got = [e["data"]["i"] for e in read_jsonl(journal) if e["type"] == "metrics"]
     assert sorted(got) == list(range(200)) and len(got) == len(set(got))
     ctx.destroy(linger=0)
-
-
-def wait_for(condition, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def _open_files(proc: subprocess.Popen) -> int:
