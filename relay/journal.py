@@ -103,11 +103,15 @@ def event_error(event: dict[str, Any]) -> str | None:
 
 
 def parse_event(line: bytes) -> dict[str, Any] | None:
-    """The event a journal line holds, as written (non-finite metrics still strings); None for a
-    line that is not one (not a JSON object, or see ``event_error``). The one test every reader of
-    events applies."""
+    """The event a journal line holds (non-finite metrics still strings), with any missing optional
+    field at its default, so a sink always gets the whole envelope; None for a line that is not one
+    (not a JSON object, or see ``event_error``). The one test every reader of events applies."""
     event = parse_line(line)
-    return event if event is not None and event_error(event) is None else None
+    if event is None or event_error(event) is not None:
+        return None
+    if event.keys() != _FIELD_SET:
+        event = {**{k: OPTIONAL_FIELDS[k] for k in _FIELD_SET.difference(event)}, **event}
+    return event
 
 
 # -- reading --------------------------------------------------------------------------------------
