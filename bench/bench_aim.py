@@ -71,7 +71,7 @@ def run(quick: bool = False) -> Section:
     feed = _Feed(values, steps)
     try:
         sink.write(feed.events([f"sink_m{i}" for i in range(values)]))  # creates the run: not timed
-        aim_run = sink._runs[RUN_ID].handle  # the sink's own run: every contender writes into it
+        aim_run = sink._aim[RUN_ID].handle  # the sink's own run: every contender writes into it
 
         def with_sink() -> float:
             events = feed.events([f"sink_m{i}" for i in range(values)])

@@ -12,16 +12,19 @@ import pytest
 pytestmark = pytest.mark.slow  # whole benchmark / soak processes: the full tier only
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ["hotpath", "ingest", "latency", "scale", "aim", "core", "transport"]
+SECTIONS = ["hotpath", "ingest", "latency", "scale", "aim", "core", "transport", "sink_mlflow", "sink_tensorboard",
+            "sink_wandb", "sink_clearml"]
 
 
 def test_bench_quick_writes_every_section(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path), "--only", *SECTIONS],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "benchmarks.json").read_text())
     assert [s["key"] for s in report["sections"]] == SECTIONS
     assert all(s["targets"] for s in report["sections"])
+    failed = [s["key"] for s in report["sections"] for t in s["targets"] if t["target"] == "section ran"]
+    assert not failed, f"sections that raised: {failed}: {done.stderr[-3000:]}"
     page = (tmp_path / "benchmarks.md").read_text()
     assert "python -m bench --quick" in page and "## Targets" in page
     for plot in ("bench_hotpath.png", "bench_ingest.png", "bench_latency.png", "bench_scale.png"):
