@@ -1,4 +1,4 @@
-"""Every benchmark in one run: ``python -m bench`` (about 8 minutes on 2 cores).
+"""Every benchmark in one run: ``python -m bench`` (about 17 minutes on 2 shared cores).
 
 Prints each section's tables, then writes ``docs/benchmarks.md`` (regenerated completely),
 ``docs/benchmarks.json`` and the plots ``docs/bench_*.png``. ``--quick`` runs tiny sizes as a
