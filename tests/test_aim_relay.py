@@ -55,6 +55,7 @@ def assert_same_content(a, b) -> None:
     assert a.experiment == b.experiment
 
 
+@pytest.mark.slow  # a whole fault scenario of relay processes: the full tier
 def test_two_ranks_through_the_relay_then_replay(relays, tmp_path: Path) -> None:
     repo, journal, job = tmp_path / "aim", tmp_path / "relay-logs", tmp_path / "job"
     relay = relays(["--sink", "aim", "--repo", str(repo)])  # exactly as users type it: default journal
@@ -106,6 +107,7 @@ def test_two_training_runs_at_once_through_one_relay(relays, tmp_path: Path) -> 
     assert (runs["job-a"].experiment, runs["job-b"].experiment) == ("exp-job-a", "exp-job-b")
 
 
+@pytest.mark.slow  # a whole fault scenario of relay processes: the full tier
 def test_repo_unwritable_mid_run(relays, small_fs: Path, tmp_path: Path) -> None:
     """Root ignores permissions, so the real fault here is a full filesystem under the repo:
     ingest and the journal go on, and once there is space again the Aim run is complete, batches
@@ -188,6 +190,7 @@ def index_like_aim_up(path: Path) -> None:
         RepoIndexManager.get_index_manager(repo).index(run_hash)
 
 
+@pytest.mark.slow  # a whole fault scenario of relay processes: the full tier
 def test_remote_aim_server_down_at_start_then_up(relays, aim_server, tmp_path: Path) -> None:
     """`--repo aim://HOST:PORT` while the server is still down: the relay starts anyway, training
     goes on, the Aim sink retries, and once the server is up the Aim run is complete."""

@@ -346,6 +346,7 @@ def same_points(a: TaskView, b: TaskView) -> None:
     assert a.params == b.params and a.model_config == b.model_config and a.tags == b.tags
 
 
+@pytest.mark.slow  # a whole fault scenario of relay processes: the full tier
 def test_two_ranks_through_the_relay_then_replay_twice(relays, tmp_path: Path) -> None:
     cache, journal = tmp_path / "cml", tmp_path / "relay-logs"
     relay = relays(["--sink", "clearml", "--clearml-project", "relay-tests", "--clearml-dir", str(cache)])
@@ -366,6 +367,7 @@ def test_two_ranks_through_the_relay_then_replay_twice(relays, tmp_path: Path) -
     assert metrics_bytes(fresh) == size and second["job-live"].requests == first.requests
 
 
+@pytest.mark.slow  # a whole fault scenario of relay processes: the full tier
 def test_relay_sigkill_mid_run_then_restart_exactly_once(relays, tmp_path: Path) -> None:
     """SIGKILL the relay mid-run and start it again on the same journal and address: the ranks
     resend, the old sink process drains while the new one waits for the sessions' lock, and every

@@ -330,6 +330,7 @@ def replay(journal: Path, uri: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, timeout=120, env=QUIET)
 
 
+@pytest.mark.slow  # a whole fault scenario of relay processes: the full tier
 def test_two_ranks_relay_killed_mid_run_then_replay_twice(relays, db, tmp_path: Path) -> None:
     """Two real ranks through a real relay that is SIGKILLed mid-run and started again on the same
     journal and address: every point lands once. Then `relay replay` twice into a fresh database

@@ -8,6 +8,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import finish, plugin_env, read_jsonl, start_publisher
 from relay.client import Publisher
 from relay.journal import Journal
@@ -19,6 +21,7 @@ def _after_run(path: Path) -> int:
     return sum(json.loads(line)["run"] == "after" for line in lines if line.endswith("\n"))
 
 
+@pytest.mark.slow  # a whole fault scenario of relay processes: the full tier
 def test_a_sink_process_that_dies_is_started_again_and_counted(relays, tmp_path):
     journal, collected = tmp_path / "crash.jsonl", tmp_path / "crash-sink.jsonl"
     relay = relays(["--sink", "crashonce", "--path", str(journal), "--crash-file", str(collected),

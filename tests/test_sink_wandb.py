@@ -241,6 +241,7 @@ def replay(journal: Path, target: Path) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # a whole fault scenario of relay processes: the full tier
 def test_two_ranks_through_a_relay_killed_mid_run_then_replayed_twice(relays, tmp_path: Path) -> None:
     """Real publishers for two ranks; the relay is SIGKILLed mid-run and started again on the same
     journal and address; every point lands once. Then the journal is replayed twice elsewhere."""
@@ -276,6 +277,7 @@ def test_two_ranks_through_a_relay_killed_mid_run_then_replayed_twice(relays, tm
         {k: v for k, v in live.config.items() if not k.startswith("relay.")}
 
 
+@pytest.mark.slow  # a whole fault scenario of relay processes: the full tier
 def test_full_disk_mid_run_loses_nothing(relays, small_fs: Path, tmp_path: Path) -> None:
     """The W&B directory's filesystem fills up mid-run. wandb-core would drop records silently; the
     sink notices, exits, and each new sink process the relay starts moves the suspect directory
