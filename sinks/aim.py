@@ -35,7 +35,7 @@ import orjson
 
 from sinks.base import SinkContext, SinkError
 from sinks.events import json_safe
-from sinks.tracker import INT64, Spans, TrackerSink
+from sinks.tracker import Spans, TrackerSink, exact_ints
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ class AimSink(TrackerSink):
         handle, state = self._handle(run), self._aim[run]
         path = tuple(name.split("."))
         for key, value in params.items():
-            handle.set((*path, key), _storable(value), strict=False)
+            handle.set((*path, key), json_safe(exact_ints(value)), strict=False)  # what Aim can store
         if name in ("run", "hparams"):
             experiment = params.get("experiment")
             if isinstance(experiment, str) and experiment and experiment != state.experiment:
@@ -396,17 +396,3 @@ class AimSink(TrackerSink):
 
     def _repo_display(self) -> str:
         return self.repo_spec if self.remote else str(Path(self.repo_spec).expanduser().resolve())
-
-    # -- journal catch-up -------------------------------------------------------------------------
-
-def _storable(obj: Any) -> Any:
-    """A param value Aim can store: non-finite floats as json_safe writes them, ints beyond int64
-    (which Aim's encoder refuses) as their decimal string, so the value is kept exactly."""
-    kind = type(obj)
-    if kind is int:
-        return obj if obj in INT64 else str(obj)
-    if kind is dict:
-        return {k: _storable(v) for k, v in obj.items()}
-    if kind is list:
-        return [_storable(v) for v in obj]
-    return json_safe(obj)

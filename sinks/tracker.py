@@ -280,6 +280,19 @@ class _Run:
         self.param_ts: dict[tuple[str, str], float] = {}
 
 
+def exact_ints(obj: Any) -> Any:
+    """A params value with every int beyond int64 as its decimal string: trackers store ints as
+    int64 (or turn big ones into floats), and a string keeps the value exactly."""
+    kind = type(obj)
+    if kind is int:
+        return obj if obj in INT64 else str(obj)
+    if kind is dict:
+        return {k: exact_ints(v) for k, v in obj.items()}
+    if kind is list:
+        return [exact_ints(v) for v in obj]
+    return obj
+
+
 def trainer_groups(stage: str, data: dict[str, Any]) -> dict[tuple, tuple[dict, dict]]:
     """Name and context as the trackers' own Hugging Face callbacks would.
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
-from sinks.tracker import INT64, Spans, TrackerSink
+from sinks.tracker import Spans, TrackerSink, exact_ints
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ class WandbSink(TrackerSink):
         # hparams at the top, as W&B's HF callback has them; other groups one flat key per value,
         # so a resumed instance (or `wandb sync` of it) never replaces a sibling it did not see.
         prefix = "" if name == "hparams" else f"{name}."
-        self._handle(run).handle.config.update({f"{prefix}{k}": _storable(v) for k, v in params.items()},
+        self._handle(run).handle.config.update({f"{prefix}{k}": exact_ints(v) for k, v in params.items()},
                                                allow_val_change=True)
 
     def finish_run(self, run: str, status: str) -> None:
@@ -384,16 +384,3 @@ class WandbSink(TrackerSink):
                      "open directory to wandb/%s/ and applies its points again", why, DISCARD_DIR)
         logging.shutdown()
         os._exit(EXIT_DATA_LOST)
-
-
-
-def _storable(obj: Any) -> Any:
-    """A config value W&B keeps exactly: ints beyond int64 (W&B makes them floats) as strings."""
-    kind = type(obj)
-    if kind is int:
-        return obj if obj in INT64 else str(obj)
-    if kind is dict:
-        return {k: _storable(v) for k, v in obj.items()}
-    if kind is list:
-        return [_storable(v) for v in obj]
-    return obj
