@@ -188,3 +188,20 @@ if __name__ == "__main__":
     result = publish_rank(addr, run_id, int(rank_s), int(steps_s), None if exp == "-" else exp,
                           None if out_dir == "-" else out_dir, float(pause_s))
     print(__import__("json").dumps(result))
+
+
+def drive(sink: Any, batches: list[list[dict[str, Any]]], journal: Path | None = None) -> Any:
+    """Open ``sink`` as a sink process would (the journal's reader for catch-up), write ``batches``,
+    flush and close it; returns the sink for its counters."""
+    from relay.journal import JournalReader
+    from sinks.base import SinkContext
+
+    sink.open(SinkContext(journal=journal, journal_events=JournalReader(journal) if journal else None))
+    try:
+        for batch in batches:
+            sink.write(batch)
+        sink.flush()
+    finally:
+        sink.close()
+    return sink
+

@@ -14,23 +14,15 @@ pytest.importorskip("aim")
 from sinks.aim import AimSink  # noqa: E402
 from sinks.tracker import SeqSpans, trainer_groups as _trainer_groups  # noqa: E402
 from sinks.base import SinkContext, SinkError  # noqa: E402
-from relay.journal import JournalReader, encode_line  # noqa: E402
-from aim_helpers import (Events, check_training_run, fill, read_repo, same_float, small_fs,  # noqa: E402,F401
+from relay.journal import encode_line  # noqa: E402
+from aim_helpers import (Events, check_training_run, drive, fill, read_repo, same_float, small_fs,  # noqa: E402,F401
                                training_events)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_sink(repo: Path, batches: list[list[dict]], journal: Path | None = None, **options) -> AimSink:
-    sink = AimSink(repo=str(repo), **options)
-    sink.open(SinkContext(journal=journal, journal_events=JournalReader(journal) if journal else None))
-    try:
-        for batch in batches:
-            sink.write(batch)
-        sink.flush()
-    finally:
-        sink.close()
-    return sink
+    return drive(AimSink(repo=str(repo), **options), batches, journal)
 
 
 def write_journal(path: Path, events: list[dict]) -> None:

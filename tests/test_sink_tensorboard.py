@@ -18,9 +18,9 @@ pytest.importorskip("tensorboard")
 
 import numpy as np  # noqa: E402
 
-from aim_helpers import Events, fill, small_fs, training_events  # noqa: E402,F401
+from aim_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
 from conftest import free_port  # noqa: E402
-from relay.journal import JournalReader, encode_line  # noqa: E402
+from relay.journal import encode_line  # noqa: E402
 from sinks.base import PermanentError, SinkContext, SinkError  # noqa: E402
 from sinks.tensorboard import STATE_NAME, TensorBoardSink, _tag  # noqa: E402
 
@@ -119,15 +119,7 @@ def check_training_run(board: Board, steps: int = 6) -> None:
 
 
 def run_sink(logdir: Path, batches: list[list[dict]], journal: Path | None = None) -> TensorBoardSink:
-    sink = TensorBoardSink(logdir=str(logdir))
-    sink.open(SinkContext(journal=journal, journal_events=JournalReader(journal) if journal else None))
-    try:
-        for batch in batches:
-            sink.write(batch)
-        sink.flush()
-    finally:
-        sink.close()
-    return sink
+    return drive(TensorBoardSink(logdir=str(logdir)), batches, journal)
 
 
 # -- the sink called directly ---------------------------------------------------------------------

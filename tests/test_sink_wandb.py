@@ -17,9 +17,9 @@ import pytest
 
 pytest.importorskip("wandb")
 
-from aim_helpers import Events, fill, small_fs, training_events  # noqa: E402,F401
+from aim_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
 from conftest import free_port  # noqa: E402
-from relay.journal import JournalReader, encode_line  # noqa: E402
+from relay.journal import encode_line  # noqa: E402
 from sinks.base import PermanentError, SinkContext  # noqa: E402
 from sinks.wandb import SEQ_KEY, STEP_KEY, WandbSink  # noqa: E402
 
@@ -126,15 +126,7 @@ def check_training_run(view: WandbView, steps: int = 6) -> None:
 
 
 def run_sink(root: Path, batches: list[list[dict]], journal: Path | None = None) -> WandbSink:
-    sink = WandbSink(wandb_project="relay-tests", wandb_dir=str(root))
-    sink.open(SinkContext(journal=journal, journal_events=JournalReader(journal) if journal else None))
-    try:
-        for batch in batches:
-            sink.write(batch)
-        sink.flush()
-    finally:
-        sink.close()
-    return sink
+    return drive(WandbSink(wandb_project="relay-tests", wandb_dir=str(root)), batches, journal)
 
 
 def run_dirs(root: Path) -> list[str]:
