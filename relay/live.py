@@ -40,7 +40,8 @@ class LiveLine:
         with self.lock:
             if self.closed:
                 return
-            self.text = text[:max(1, self._width() - 1)]
+            width = max(4, self._width() - 1)  # the last column would wrap on some terminals
+            self.text = text if len(text) <= width else text[:width - 3] + "..."
             self._write(CLEAR + self.text)
 
     def above(self, write: Callable[[], None]) -> None:

@@ -70,12 +70,10 @@ class Answers:
 # -- the line ---------------------------------------------------------------------------------------
 
 
-def format_line(snap: dict[str, Any], *, detail: bool = False, width: int | None = None) -> str:
+def format_line(snap: dict[str, Any], *, detail: bool = False) -> str:
     """``1520 ev/s | 1 run: run-a 2/2 | 30120 events, 0 duplicates, 0 rejected, 0 client drops |
     sinks: jsonl 0 queued, aim 812 queued (1.0 s behind)``. ``detail`` adds frames, written,
-    rejection reasons and each sink's written/errors/dropped (the log line and ``relay status``);
-    ``width`` cuts the line to fit a terminal row (a wrapped line cannot be redrawn in place).
-    Fields a stats file of an older relay lacks are left out."""
+    rejection reasons and each sink's written count (the log line and ``relay status``). Fields a stats file of an older relay lacks are left out."""
     parts = []
     if "events_per_s" in snap:
         parts.append(f"{snap['events_per_s']:.0f} ev/s")
@@ -90,10 +88,7 @@ def format_line(snap: dict[str, Any], *, detail: bool = False, width: int | None
                  f"{snap.get('client_dropped', 0)} client drops")
     sinks = snap.get("sinks") or {}
     parts.append("sinks: " + (", ".join(_sink(name, s, detail) for name, s in sinks.items()) or "none"))
-    line = " | ".join(parts)
-    if width is not None and len(line) > width:
-        line = line[:max(0, width - 3)] + "..."
-    return line
+    return " | ".join(parts)
 
 
 def _runs(snap: dict[str, Any]) -> str:

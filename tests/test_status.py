@@ -31,12 +31,11 @@ def relay_status(*args: str, env: dict | None = None, timeout: float = 30) -> su
 
 
 class PtyRelay:
-    """A relay whose stderr is the slave side of a pseudo-terminal 200 columns wide; ``text()`` is
-    everything it has written there so far."""
+    """A relay whose stderr is the slave side of a pseudo-terminal (200 columns wide until
+    ``resize``); ``text()`` is everything it has written there so far."""
 
     def __init__(self, tmp_path: Path, args: list[str], env: dict) -> None:
         master, slave = os.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
         ready = tmp_path / "ready.json"
         self.proc = subprocess.Popen([sys.executable, "-m", "relay", "--bind", f"tcp://127.0.0.1:{free_port()}",
                                       "--ready-file", str(ready), *args], stdin=subprocess.DEVNULL,
@@ -44,12 +43,16 @@ class PtyRelay:
                                      cwd=tmp_path)
         os.close(slave)
         self._master = master
+        self.resize(200)
         self._out = bytearray()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         wait_for(lambda: ready.exists() or self.proc.poll() is not None, 30, "relay ready")
         assert self.proc.poll() is None, self.text()
         self.address = json.loads(ready.read_text())["address"]
+
+    def resize(self, columns: int) -> None:
+        fcntl.ioctl(self._master, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
 
     def _read(self) -> None:
         while True:
@@ -86,6 +89,9 @@ def test_live_line_on_a_terminal_is_redrawn_in_place_and_logs_pass_above_it(tmp_
             return [int(m.group(1)) for d in relay.draws() if (m := EVENTS.search(d)) and "run-a 2/2" in d]
 
         wait_for(lambda: len(set(counts())) >= 3, 60, "three live lines showing run-a 2/2 with new counts")
+        relay.resize(60)  # a line that wrapped could not be redrawn in place: it is cut to the width
+        wait_for(lambda: relay.draws()[-1].endswith("...") and len(relay.draws()[-1]) == 59, 30, "a cut line")
+        relay.resize(200)
         raw = zmq.Context.instance().socket(zmq.DEALER)
         raw.connect(relay.address)
         raw.send(b"\xc1 not msgpack")  # a rejected frame: the relay logs a warning while the line is up
@@ -103,7 +109,7 @@ def test_live_line_on_a_terminal_is_redrawn_in_place_and_logs_pass_above_it(tmp_
     lines = [d for d in draws if " ev/s | " in d.split("\n")[0]]
     assert len(lines) >= 4
     assert all("\n" not in d for d in lines[:-1]), "a status update scrolled the terminal"
-    assert all("sinks: jsonl " in d and "collect " in d for d in lines if "run-a" in d)
+    assert all("sinks: jsonl " in d and "collect " in d for d in lines if "run-a" in d and "..." not in d)
     # the last line stays, ended by a newline, and what is logged after it starts on a line of its own
     assert re.match(r"[^\n]* ev/s \| [^\n]*\r\n\S+ \S+ INFO relay: shutting down", lines[-1]), lines[-1]
     # the warning went above the line: cleared, written whole on its own line, the line drawn after it
