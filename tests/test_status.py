@@ -81,8 +81,11 @@ class PtyRelay:
 
 def test_live_line_on_a_terminal_is_redrawn_in_place_and_logs_pass_above_it(tmp_path):
     relay = PtyRelay(tmp_path, ["--path", str(tmp_path / "logs") + "/", "--sink", "collect",
-                                "--collect-file", str(tmp_path / "collected.jsonl")], plugin_env(tmp_path))
+                                "--collect-file", str(tmp_path / "collected.jsonl"), "--sink", "flaky",
+                                "--flaky-file", str(tmp_path / "flaky.jsonl"), "--flaky-failures", "1"],
+                     plugin_env(tmp_path))
     try:
+        wait_for(relay.draws, 30, "the first live line")  # before any event: the flaky sink logs above it
         pubs = [start_publisher(relay.address, "run-a", rank, 1500, world_size=2, rate=400) for rank in (0, 1)]
 
         def counts() -> list[int]:
@@ -115,6 +118,10 @@ def test_live_line_on_a_terminal_is_redrawn_in_place_and_logs_pass_above_it(tmp_
     # the warning went above the line: cleared, written whole on its own line, the line drawn after it
     warning = next(d for d in draws if "rejected frame" in d)
     assert re.fullmatch(r"\S+ \S+ WARNING relay: rejected frame [^\n]*\r\n[^\n]* ev/s \| [^\n]*", warning), warning
+    # so did the flaky sink's own process's log
+    error = next(d for d in draws if "sink flaky failed" in d)
+    assert re.fullmatch(r"\S+ \S+ ERROR \S+ \[sink flaky \d+\]: sink flaky failed [^\n]*\r\n[^\n]* ev/s \| [^\n]*",
+                        error), error
 
 
 def test_off_a_terminal_the_status_is_logged_every_stats_interval(relays, tmp_path):
