@@ -73,7 +73,8 @@ class Answers:
 def format_line(snap: dict[str, Any], *, detail: bool = False) -> str:
     """``1520 ev/s | 1 run: run-a 2/2 | 30120 events, 0 duplicates, 0 rejected, 0 client drops |
     sinks: jsonl 0 queued, aim 812 queued (1.0 s behind)``. ``detail`` adds frames, written,
-    rejection reasons and each sink's written count (the log line and ``relay status``). Fields a stats file of an older relay lacks are left out."""
+    rejection reasons and each sink's written count (the log line and ``relay status``). Fields
+    a stats file of an older relay lacks are left out."""
     parts = []
     if "events_per_s" in snap:
         parts.append(f"{snap['events_per_s']:.0f} ev/s")
