@@ -1,5 +1,5 @@
 """The ``relay`` command: serve (the default, so ``relay --sink aim --repo PATH`` works as typed),
-``replay`` a JSONL journal into sinks, and ``tail`` a journal for humans.
+``replay`` a JSONL journal into sinks, ``tail`` a journal for humans, and ``status`` of a relay.
 
 Exit codes: 0 clean stop, 1 runtime failure, 2 bad usage or configuration, 3 address in use.
 """
@@ -16,6 +16,7 @@ import click
 from relay.address import AddressInUse, BadAddress
 from relay.client import ADDRESS_ENV, DEFAULT_ADDRESS
 from relay.journal import Journal
+from relay.live import LiveLine, LiveLogHandler, wanted
 from relay.sink_process import SinkSpec
 from sinks.base import SinkError
 
@@ -144,8 +145,10 @@ def _fail(code: int, message: str) -> NoReturn:
     sys.exit(code)
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+def _setup_logging(level: str, live: LiveLine | None = None) -> None:
+    """Log to stderr; with a live status line, above it."""
+    handler = logging.StreamHandler(sys.stderr) if live is None else LiveLogHandler(live)
+    logging.basicConfig(level=level.upper(), handlers=[handler],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
@@ -178,6 +181,7 @@ def main() -> None:
     relay [serve] [--bind ADDR] [--sink NAME ...] [sink options]   run the relay (default)
     relay replay FILE.jsonl --sink NAME [sink options]              rebuild a sink from a journal
     relay tail PATH [-f]                                            follow a journal, readably
+    relay status [ADDRESS|JOURNAL|STATS_FILE] [--json]              a relay's status line, once
     relay keygen DIR [--name NAME]                                  CURVE certificates for remote ranks
     """
 
@@ -216,15 +220,19 @@ def main() -> None:
               help="Directory of client public certificates (*.key): only these may publish.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
               default="info", show_default=True)
+@click.option("--live", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="A status line redrawn every second on stderr (auto: on a terminal), else logged.")
 @click.pass_context
 def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_interval: float,
           stats_interval: float, sink_queue: int, forget_after: float, run_rate: float, max_runs: int,
           max_memory: int, ready_file: Path | None, watch_pid: int | None,
-          curve_cert: Path | None, curve_clients: Path | None, log_level: str, **sink_params: Any) -> None:
+          curve_cert: Path | None, curve_clients: Path | None, log_level: str, live: str,
+          **sink_params: Any) -> None:
     """Run the relay until SIGINT/SIGTERM."""
     from relay.daemon import Relay, RelayConfig
 
-    _setup_logging(log_level)
+    line = LiveLine(sys.stderr) if wanted(live, sys.stderr) else None
+    _setup_logging(log_level, line)
     try:
         journal, sinks = build_sinks(ctx, sink_params, log_level)
     except SinkError as exc:
@@ -234,6 +242,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
                          max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
                          curve_cert=curve_cert, curve_clients=curve_clients)
     relay = Relay(config, journal, sinks)
+    relay.live = line
     try:
         relay.bind()
     except AddressInUse as exc:
@@ -305,6 +314,23 @@ def tail(path: Path, follow: bool, runs: tuple[str, ...], types: tuple[str, ...]
         _fail(EXIT_USAGE, f"{path} does not exist; give the relay's --path (file or directory)")
     except KeyboardInterrupt:
         pass
+
+
+@main.command()
+@click.argument("target", required=False, metavar="[ADDRESS|JOURNAL|STATS_FILE]")
+@click.option("--json", "as_json", is_flag=True, help="The whole snapshot as JSON instead of the line.")
+@click.option("--timeout", type=click.FloatRange(0.01), default=2.0, show_default=True,
+              help="Seconds to wait for a live relay's answer.")
+def status(target: str | None, as_json: bool, timeout: float) -> None:
+    """Print a relay's status line once: ask the relay at ADDRESS (default $RELAY_ADDRESS or
+    tcp://127.0.0.1:5557), or read the stats file a relay keeps beside its JOURNAL."""
+    from relay.status import BadTarget, NoAnswer, status_text
+    try:
+        click.echo(status_text(target, timeout, as_json))
+    except NoAnswer as exc:
+        _fail(EXIT_RUNTIME, str(exc))
+    except BadTarget as exc:
+        _fail(EXIT_USAGE, str(exc))
 
 
 @main.command()

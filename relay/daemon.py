@@ -4,6 +4,8 @@ One ingest thread owns the ROUTER socket and the journal (relay/journal.py). Eve
 ``flush_interval`` it appends the new events to the journal in one write, then acknowledges
 cumulatively per (run, rank), then hands the same lines to each other sink's process
 (relay/sink_process.py). Acks therefore mean "in the journal", and no other sink can slow ingest down.
+Every second it samples its counters for rates and sink lag, and on a terminal redraws the live
+status line; a status request on the socket is answered from relay/status.py's budget.
 
 It runs over 350 lines because what is here is the one ingest thread's state (routes, dedupe,
 pending lines, acks due) and every step that touches it per frame or per flush; the parts that
@@ -32,8 +34,10 @@ from relay.deadletter import KEEP_BYTES, DeadLetters
 from relay.dedupe import Dedupe, RankState
 from relay.journal import Journal, encode_line, encode_lines
 from relay.limits import MemoryProbe, RunBudget, alive, raise_file_limit, trim_heap
+from relay.live import LiveLine
 from relay.sink_process import SinkProcess, SinkSpec
-from relay.stats import Counters, log_stats, write_stats
+from relay.stats import Counters, Rate, log_stats, run_view, write_stats
+from relay.status import STATUS_REQUEST, Answers, format_line
 
 log = logging.getLogger("relay")
 
@@ -61,6 +65,8 @@ class RelayConfig:
     max_runs: int = 10_000
     #: MiB of resident memory at which every connection is dropped (see _guard_memory); 0: never
     max_memory: int = 1024
+    #: seconds after its last frame a rank still counts as connected in the status
+    active_window: float = 60.0
 
 
 class Relay:
@@ -90,6 +96,12 @@ class Relay:
         self._journal_backoff = 0.0
         self._journal_retry_at = 0.0
         self._memory = MemoryProbe()
+        self.live: LiveLine | None = None  # the status line on a terminal (set before open_sinks)
+        self._active: dict[tuple[str, int], float] = {}  # each rank's last frame, for "ranks connected"
+        self._world: dict[str, int] = {}  # each run's world size
+        self._rate = Rate()
+        self._answers = Answers(self.snapshot)
+        self._journal_ok_at = time.monotonic()  # the last journal write that worked
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -139,7 +151,8 @@ class Relay:
             deadletter = journal.sidecar(f"_deadletter_{spec.name}.jsonl")
             worker = SinkProcess(replace(spec, journal=where, deadletter=str(deadletter),
                                          max_events=self.config.sink_queue,
-                                         drain_timeout=self.config.shutdown_timeout), self._ingest_idle)
+                                         drain_timeout=self.config.shutdown_timeout), self._ingest_idle,
+                                 None if self.live is None else self.live.write_above)
             worker.start()
             self.workers.append(worker)
 
@@ -197,12 +210,14 @@ class Relay:
                     poller.register(self._sock, zmq.POLLIN)
             if now >= next_stats:
                 self._forget_idle(now - self.config.forget_after)
-                snap = self.snapshot()
-                log_stats(snap)
+                snap = self.snapshot(self.config.stats_interval)
+                if self.live is None:
+                    log_stats(snap)
                 write_stats(self.stats_path, snap)
                 next_stats = now + self.config.stats_interval
             if now >= next_watch:
                 next_watch = now + 1.0
+                self._each_second(now)
                 if self.config.watch_pid and not alive(self.config.watch_pid):
                     log.info("watched process %d is gone; shutting down", self.config.watch_pid)
                     self._stop = True
@@ -232,8 +247,22 @@ class Relay:
             frame = sock.recv()  # ZeroMQ delivers a message's parts together: the rest is here
             if sock.getsockopt(zmq.RCVMORE):
                 self._reject_multipart(sock, peer, frame)
+            elif frame == STATUS_REQUEST:
+                self._answer_status(sock, peer, now)
             else:
                 self.take_frame(peer, frame, now)
+
+    def _answer_status(self, sock: zmq.Socket, peer: bytes, now: float) -> None:
+        """A status request: not a frame, never a reject; answered within relay/status.py's budget."""
+        reply = self._answers.reply(now)
+        try:
+            if reply is not None:
+                sock.send_multipart([peer, reply], zmq.NOBLOCK)
+                self.counters.status_answered += 1
+                return
+        except zmq.ZMQError:
+            pass  # the peer is gone or not reading: counted below
+        self.counters.status_unanswered += 1
 
     def _reject_multipart(self, sock: zmq.Socket, peer: bytes, first: bytes) -> None:
         self.counters.frames += 1
@@ -259,6 +288,9 @@ class Relay:
             return
         try:
             self._take_events(peer, events, first_seq, time.monotonic() if now is None else now)
+            run = events[0]["run"]
+            if run not in self._world and run in self.dedupe.run_ranks:  # (for the status)
+                self._world[run] = events[0]["world_size"]
         except Exception as exc:  # counted and dead-lettered below; one frame never stops ingest
             log.exception("frame from peer %s raised; dead-lettered", peer.hex())
             self._reject("internal_error", f"{type(exc).__name__}: {exc}", frame, peer)
@@ -316,6 +348,7 @@ class Relay:
             state = dedupe.lookup(run, rank, self.journal)
         self._acks_due.add(key)
         self._routes[key] = peer
+        self._active[key] = now
         dedupe.touch(run, now)
         return state
 
@@ -358,8 +391,10 @@ class Relay:
             key = (run, rank)
             self._routes.pop(key, None)
             self._hellos.pop(key, None)
+            self._active.pop(key, None)
             self.counters.forget_client_drops(key)
         self.journal.release(run)
+        self._world.pop(run, None)
         return True
 
     def _client_drops(self, key: tuple[str, int], state: RankState, event: dict[str, Any], peer: bytes) -> None:
@@ -439,6 +474,7 @@ class Relay:
                           self.counters.journal_errors, self._pending, self._journal_backoff, type(exc).__name__, exc)
                 return
             self._journal_backoff = 0.0
+            self._journal_ok_at = now
             self.counters.written += self._pending
             if self.workers:
                 joined = b"".join([chunk for _, chunk in lines])
@@ -467,13 +503,33 @@ class Relay:
 
     # -- shutdown -----------------------------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
-        sinks = {w.name: w.stats() for w in self.workers}
-        sinks[self.journal.name] = {"written": self.counters.written, "errors": self.counters.journal_errors,
-                                    "dropped": 0, "queued": self._pending}
-        return self.counters.snapshot(sinks, len(self.dedupe.ranks))
+    def _each_second(self, now: float) -> None:
+        """Sample what rates and lags are computed from; redraw the live line."""
+        self._rate.sample(now, self.counters.events)
+        for worker in self.workers:
+            worker.sample(now)
+        if self.live is not None:
+            self.live.show(format_line(self.snapshot()))
+
+    def snapshot(self, window: float = 1.0, final: bool = False) -> dict[str, Any]:
+        """Every counter, plus events/s over about the last ``window`` seconds and the runs' ranks."""
+        now = time.monotonic()
+        sinks = {self.journal.name: {"written": self.counters.written, "errors": self.counters.journal_errors,
+                                     "dropped": 0, "queued": self._pending,
+                                     "lag_s": round(now - self._journal_ok_at, 1) if self._pending else 0.0}}
+        sinks.update((w.name, w.stats()) for w in self.workers)
+        snap = self.counters.snapshot(sinks, len(self.dedupe.ranks))
+        snap.update(ts=round(time.time(), 3), address=self.address, pid=os.getpid(), final=final,
+                    events_per_s=round(self._rate.per_s(now, self.counters.events, window), 1), rate_window_s=window,
+                    runs=len(self.dedupe.run_ranks), active_window_s=self.config.active_window,
+                    per_run=run_view(reversed(self.dedupe.last_seen), self.dedupe.run_ranks, self._active,
+                                     self._world, now, self.config.active_window))
+        return snap
 
     def _shutdown(self) -> None:
+        if self.live is not None:  # the last live line stays on the terminal
+            self.live.show(format_line(self.snapshot()))
+            self.live.close()
         log.info("shutting down: flushing %d events", self._pending)
         deadline = time.monotonic() + self.config.shutdown_timeout
         self._journal_retry_at = 0.0
@@ -493,7 +549,7 @@ class Relay:
             self.counters.journal_errors += 1
             log.error("journal close failed: %s", exc)
         self.deadletters.close()
-        snap = self.snapshot()
+        snap = self.snapshot(self.config.stats_interval, final=True)
         log_stats(snap, final=True)
         write_stats(self.stats_path, snap)
         if self._sock is not None:

@@ -11,7 +11,9 @@ or leaks takes down only its own process, which is started again. And a sink get
 ``submit`` queues chunks of lines in a bounded ``BatchWorker`` and never blocks ingest; the worker's
 thread writes them to the child's pipe only while ``ingest_idle`` is set (the ingest thread waits
 for frames), starts the child again with backoff whenever it died, and counts what a dead child
-had not confirmed as dropped.
+had not confirmed as dropped. How far a sink is behind (``queued``, and ``lag_s``, how long ago
+the oldest of those events was handed over) comes from the ingest thread's own count of what it
+handed over, sampled every second (``sample``).
 """
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ import sys
 import threading
 import time
 from dataclasses import asdict
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 from relay.batching import BatchWorker
 from relay.sink_child import SinkSpec
+from relay.stats import Rate
 from sinks.base import SinkError
 
 __all__ = ["SinkProcess", "SinkSpec"]
@@ -45,11 +48,14 @@ SUMMED = ("written", "errors", "dropped", "dead_lettered", "deadletter_overflow"
 class SinkProcess:
     """The relay's side of one child: ``submit`` never blocks ingest, counters merge the child's."""
 
-    def __init__(self, spec: SinkSpec, ingest_idle: threading.Event | None = None) -> None:
+    def __init__(self, spec: SinkSpec, ingest_idle: threading.Event | None = None,
+                 stderr: Callable[[bytes], None] | None = None) -> None:
         """``ingest_idle``, when given, is set while the relay's ingest thread waits for frames: lines
-        go to the child only then (and at shutdown, when the relay sets it for good)."""
+        go to the child only then (and at shutdown, when the relay sets it for good). ``stderr``,
+        when given, gets the child's stderr line by line (else it shares the relay's)."""
         self.spec = spec
         self.ingest_idle = ingest_idle
+        self.stderr = stderr
         self.name = spec.name
         self.restarts = 0
         self._proc: subprocess.Popen | None = None
@@ -62,6 +68,8 @@ class SinkProcess:
         self._answered = threading.Event()  # set on that message, or when the child closed its output
         self._reader: threading.Thread | None = None
         self._backoff = RESTART_START
+        self._submitted = 0  # events handed to submit(), by the ingest thread
+        self._handed = Rate()  # ... sampled every second, to date the oldest event not yet confirmed
         self._worker: BatchWorker[tuple[bytes, int]] = BatchWorker(spec.name, self._hand_over, spec.max_events,
                                                                    finish=self._end_input)
 
@@ -74,13 +82,19 @@ class SinkProcess:
 
     def submit(self, lines: bytes, count: int) -> None:
         """Hand over ``count`` journal lines without waiting; dropped (counted) past the queue bound."""
+        self._submitted += count
         self._worker.submit((lines, count), count)
+
+    def sample(self, now: float) -> None:
+        """Note how many events were handed over by now (the relay calls this every second)."""
+        self._handed.sample(now, self._submitted)
 
     def stats(self) -> dict[str, Any]:
         child = self._child
         out = {key: self._done[key] + child.get(key, 0) for key in SUMMED}
         out["dropped"] += self._worker.dropped + self._lost
         out["queued"] = self._worker.queued + self._in_flight()
+        out["lag_s"] = self._lag(out["queued"])
         out["restarts"] = self.restarts
         if self._sink_counters is not None:
             out["sink"] = self._sink_counters
@@ -106,6 +120,14 @@ class SinkProcess:
         if left:
             log.error("sink %s: %d events not handed over at shutdown (they are in the journal: use relay "
                       "replay)", self.name, left)
+
+    def _lag(self, queued: int) -> float:
+        """Seconds since the oldest event still queued was handed over, to the sampling period: at
+        least that long ago the count handed over first passed what the sink has confirmed."""
+        if not queued:
+            return 0.0
+        since = self._handed.since(self._submitted - queued)
+        return 0.0 if since is None else round(time.monotonic() - since, 1)
 
     # -- the worker's thread ---------------------------------------------------------------------
 
@@ -164,7 +186,10 @@ class SinkProcess:
     def _spawn(self) -> None:
         spec = json.dumps(asdict(self.spec))
         proc = subprocess.Popen([sys.executable, "-m", "relay.sink_child", spec], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=None if self.stderr is None else subprocess.PIPE)
+        if self.stderr is not None:
+            threading.Thread(target=self._pass_stderr, args=(proc.stderr,), name=f"sink-{self.name}-stderr",
+                             daemon=True).start()
         _widen(proc.stdin)
         self._proc, self._child, self._sent = proc, {}, 0
         self._answer = {}
@@ -201,6 +226,13 @@ class SinkProcess:
                     self._sink_counters = message.get("sink", self._sink_counters)
         finally:
             self._answered.set()  # the child is gone: start() stops waiting
+
+    def _pass_stderr(self, stream: IO[bytes]) -> None:
+        """The child's stderr (its log), line by line, to ``self.stderr`` until the child closes it."""
+        assert self.stderr is not None
+        with stream:
+            for line in stream:
+                self.stderr(line)
 
     def _in_flight(self) -> int:
         """Events the running child was given and has not yet confirmed."""

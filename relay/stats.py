@@ -1,7 +1,9 @@
 """The relay's counters: what came in, what was written, and every way an event did not make it.
 
-Logged periodically and at shutdown, and written atomically to a JSON file next to the journal
-so scripts and tests can read them without parsing logs.
+Logged periodically and at shutdown (as the status line of relay/status.py), and written
+atomically to a JSON file next to the journal so scripts, tests and ``relay status`` can read them
+without parsing logs. Rates and "ranks connected" are figures over time: ``Rate`` keeps the
+samples for the first, ``run_view`` reads the second off each rank's last activity.
 """
 from __future__ import annotations
 
@@ -11,9 +13,14 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
+
+from relay.status import format_line
 
 log = logging.getLogger("relay.stats")
+
+SAMPLES = 600  # per-second samples a Rate keeps: rates over up to ten minutes
+RUNS_LISTED = 100  # runs the snapshot details (the most recently active); ``runs`` counts them all
 
 
 class Counters:
@@ -33,6 +40,8 @@ class Counters:
         self.runs_evicted = 0  # forgotten to stay within --max-runs
         self.memory_resets = 0  # every connection dropped to stay within --max-memory
         self.bad_drop_reports = 0  # client loss reports naming seqs they cannot have dropped
+        self.status_answered = 0  # status requests answered (relay/status.py); never counted as frames or rejects
+        self.status_unanswered = 0  # beyond the answer budget, or undeliverable
         self.client_dropped: dict[tuple[str, int], int] = {}
         self._client_dropped_forgotten = 0  # of runs whose state was forgotten
 
@@ -56,10 +65,59 @@ class Counters:
             "runs_evicted": self.runs_evicted,
             "memory_resets": self.memory_resets,
             "bad_drop_reports": self.bad_drop_reports,
+            "status_answered": self.status_answered,
+            "status_unanswered": self.status_unanswered,
             "client_dropped": sum(self.client_dropped.values()) + self._client_dropped_forgotten,
             "ranks": ranks,
             "sinks": sinks,
         }
+
+
+class Rate:
+    """Per-second samples of a growing count, for "per second over the last N seconds"."""
+
+    def __init__(self) -> None:
+        self.samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=SAMPLES)
+        self.sample(time.monotonic(), 0)  # counting starts now
+
+    def sample(self, now: float, count: int) -> None:
+        self.samples.append((now, count))
+
+    def per_s(self, now: float, count: int, window: float) -> float:
+        """The rate from the newest sample at least ``window`` old (else the oldest) until now."""
+        since = None
+        for t, c in reversed(self.samples):
+            since = (t, c)
+            if now - t >= window:
+                break
+        if since is None or now <= since[0]:
+            return 0.0
+        return (count - since[1]) / (now - since[0])
+
+    def since(self, count: int) -> float | None:
+        """When the count first passed ``count`` (the monotonic time of the first sample above it);
+        None if no sample is above it yet."""
+        for t, c in self.samples:
+            if c > count:
+                return t
+        return None
+
+
+def run_view(runs: Iterable[str], run_ranks: Mapping[str, list[int]], active: Mapping[tuple[str, int], float],
+             world: Mapping[str, int], now: float, window: float) -> dict[str, dict[str, Any]]:
+    """Per run (in the order given: most recently active first), up to RUNS_LISTED: its ranks that
+    sent something within ``window`` seconds, those it has state for, its world size (None until
+    known) and the seconds since its last event."""
+    view = {}
+    for run in runs:
+        if len(view) >= RUNS_LISTED:
+            break
+        seen = [active.get((run, rank)) for rank in run_ranks.get(run, ())]
+        last = max((t for t in seen if t is not None), default=None)
+        view[run] = {"connected": sum(1 for t in seen if t is not None and now - t <= window),
+                     "ranks": len(seen), "world_size": world.get(run),
+                     "idle_s": None if last is None else round(now - last, 1)}
+    return view
 
 
 def write_stats(path: Path, snapshot: dict[str, Any]) -> None:
@@ -75,11 +133,5 @@ def write_stats(path: Path, snapshot: dict[str, Any]) -> None:
 
 
 def log_stats(snapshot: dict[str, Any], final: bool = False) -> None:
-    sinks = ", ".join(f"{name}: {s['written']} written, {s['errors']} errors, {s['dropped']} dropped"
-                      + (f", {s['dead_lettered']} dead-lettered" if s.get("dead_lettered") else "")
-                      for name, s in snapshot["sinks"].items())
-    log.info("%s: %d events in %d frames, %d written, %d duplicates, %d rejected %s, "
-             "%d dropped by clients, %d ranks; sinks: %s",
-             "final" if final else "stats", snapshot["events"], snapshot["frames"], snapshot["written"],
-             snapshot["duplicates"], snapshot["rejected_total"], snapshot["rejected"] or "",
-             snapshot["client_dropped"], snapshot["ranks"], sinks or "none")
+    """One INFO line: the status line with every counter's detail."""
+    log.info("%s: %s", "final" if final else "stats", format_line(snapshot, detail=True))

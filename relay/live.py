@@ -1,0 +1,91 @@
+"""The relay's live status line on a terminal: one line, redrawn in place, that log records and the
+sink processes' own output pass above without garbling it.
+
+Redrawing is ``\\r`` + clear-to-end-of-line + the text, cut to the terminal's width (a line that
+wrapped could not be redrawn in place). Whatever else is written to the terminal goes through
+``above()``: the line is cleared, the text written, the line drawn again below it. ``close()``
+leaves the last line standing with a newline after it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Callable, TextIO
+
+CLEAR = "\r\x1b[K"
+
+
+def wanted(mode: str, stream: TextIO) -> bool:
+    """``on``/``off``, or ``auto``: a terminal that can move its cursor."""
+    if mode != "auto":
+        return mode == "on"
+    try:
+        return stream.isatty() and os.environ.get("TERM", "") != "dumb"
+    except ValueError:  # a closed stream
+        return False
+
+
+class LiveLine:
+    """The line and the lock every writer to the terminal takes (the ingest thread draws the line;
+    log records and sink output come from other threads)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.text = ""
+        self.lock = threading.RLock()
+        self.closed = False
+
+    def show(self, text: str) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            width = max(4, self._width() - 1)  # the last column would wrap on some terminals
+            self.text = text if len(text) <= width else text[:width - 3] + "..."
+            self._write(CLEAR + self.text)
+
+    def above(self, write: Callable[[], None]) -> None:
+        """Run ``write`` (which ends its output with a newline) with the line out of its way."""
+        with self.lock:
+            drawn = bool(self.text) and not self.closed
+            if drawn:
+                self._write(CLEAR)
+            write()
+            if drawn:
+                self._write(self.text)
+
+    def write_above(self, data: bytes) -> None:
+        """Lines another process wrote (a sink's stderr), passed on above the line."""
+        text = data.decode("utf-8", "replace")
+        self.above(lambda: self._write(text if text.endswith("\n") else text + "\n"))
+
+    def close(self) -> None:
+        """Leave the last line as it stands, ended with a newline; from now on nothing is redrawn."""
+        with self.lock:
+            if self.text and not self.closed:
+                self._write("\n")
+            self.closed = True
+
+    def _width(self) -> int:
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError):
+            return 200
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except OSError:  # the terminal is gone (closed window): stop drawing, the relay goes on
+            self.closed = True
+
+
+class LiveLogHandler(logging.StreamHandler):
+    """A stderr log handler that writes each record above the live line."""
+
+    def __init__(self, live: LiveLine) -> None:
+        super().__init__(live.stream)
+        self.live = live
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.live.above(lambda: super(LiveLogHandler, self).emit(record))
