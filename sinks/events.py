@@ -15,6 +15,9 @@ FIELDS: tuple[str, ...] = (
     "type", "step", "epoch", "stage", "data",
 )
 
+#: The rank the relay publishes its own derived events under (cluster figures, stragglers, lost ranks).
+RELAY_RANK = (1 << 24) - 1
+
 NONFINITE_JSON = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
