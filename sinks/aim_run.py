@@ -16,6 +16,7 @@ import functools
 from typing import Any
 
 
+@functools.cache
 def relay_run_class() -> type:
     """``aim.Run``, made with ``created_at=`` (unix seconds) as its creation time when new."""
     from aim import Run

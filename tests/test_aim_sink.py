@@ -148,9 +148,12 @@ def test_a_restarted_relay_resumes_the_same_aim_run(tmp_path: Path) -> None:
     run_sink(tmp_path / "aim", [events[:15]])
     more = run_sink(tmp_path / "aim", [events[10:]])
     assert more.counters["runs_opened"] == 1 and more.counters["duplicates"] == 5
+    run_sink(tmp_path / "aim", [events[:5]])  # older events only (a partial replay): the end stays
     runs = read_repo(str(tmp_path / "aim"))
     assert list(runs) == ["job-r"]
     check_training_run(runs["job-r"])
+    assert runs["job-r"].creation_time == pytest.approx(events[0]["ts"], abs=1e-3)
+    assert runs["job-r"].end_time == pytest.approx(events[-1]["ts"], abs=1e-3)
 
 
 def test_seq_spans() -> None:
@@ -202,7 +205,7 @@ def test_a_run_gone_quiet_is_closed_and_reopened_by_a_late_event(tmp_path: Path)
     finally:
         sink.close()
     view = read_repo(str(tmp_path / "aim"))["job-quiet"]
-    assert not view.active
+    assert not view.active and view.end_time == pytest.approx(events[-1]["ts"], abs=1e-3)  # not when closed
     check_training_run(view)
 
 
