@@ -41,7 +41,7 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
     result = ReplayResult()
     files = [f for p in paths for f in journal_files(Path(p))]
     single = files[0] if len(files) == 1 else None
-    context = SinkContext(journal=single, journal_events=JournalReader(single) if single else None)
+    context = SinkContext(journal=single, journal_events=JournalReader(single) if single else None, replay=True)
     target = _JournalTarget(journal) if journal is not None else None
     if journal is not None:
         journal.open()

@@ -13,6 +13,8 @@ idempotent replay and catch-up from the journal; this module is what is Aim's ow
   server the client and its handles are replaced, since a restarted server forgets them.
 * **Handles.** Opened on demand, closed on rank 0's train_end, after ``IDLE_CLOSE_S`` quiet, and
   at shutdown; closed runs are indexed at once so Aim's own readers see them.
+* **The job's times.** A new run is created at its first event's ``ts`` and closed at its last
+  one's (sinks/aim_run.py), so a replayed or late-written run has the job's start and duration.
 
 Aim is imported only when the sink opens, so the relay works without the ``[aim]`` extra. The
 module runs over 350 lines because all of it is Aim's run lifecycle (find a run by its relay id,
@@ -26,13 +28,14 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import click
 import orjson
 
+from sinks.aim_run import close_at, relay_run_class
 from sinks.base import SinkContext, SinkError
 from sinks.events import json_safe
 from sinks.tracker import Spans, TrackerSink, exact_ints
@@ -45,6 +48,8 @@ EXPORT_NAME = "aim_tracker.json"
 PARAMS_KEY = "relay"
 #: Key in the run's own metadata (not a param) for the applied (rank, seq) spans.
 STATE_KEY = "metrics_relay_applied"
+#: Key beside it for the newest event ``ts`` applied: the run's end time when it is closed.
+LAST_TS_KEY = "metrics_relay_last_ts"
 #: Seconds the relay's shutdown waits for an ``aim://`` server to take the last writes.
 REMOTE_CLOSE_TIMEOUT = 10.0
 #: Seconds without events after which a run's Aim handle is closed (a job that died without
@@ -64,7 +69,9 @@ class _RunState:
     output_dir: str | None = None
     export_due: bool = False
     ended: bool = False  # rank 0 said train_end: close after every batch that touches the run
-    last_event: float = 0.0  # time.monotonic() of its last write
+    last_event: float = field(default_factory=time.monotonic)  # of its last write: what "idle" counts from
+    first_ts: float | None = None  # the earliest event ts seen: the creation time, if the run is new
+    last_ts: float | None = None  # the newest event ts written to it (or stored in it): its end time
 
 
 def _import_aim() -> Any:
@@ -181,6 +188,7 @@ class AimSink(TrackerSink):
     def write(self, events: Sequence[dict[str, Any]]) -> None:
         """Apply a batch (sinks/tracker.py); then export, close ended runs and idle ones. On an
         Aim error a remote client is dropped too, as a restarted server forgets its handles."""
+        self._note_times(events)
         try:
             self._ensure_repo()
             super().write(events)
@@ -189,6 +197,16 @@ class AimSink(TrackerSink):
             raise
         self._finish({e["run"] for e in events})
         self._close_idle()
+
+    def _note_times(self, events: Sequence[dict[str, Any]]) -> None:
+        """The span of event times each run was seen with: its creation and end time in Aim."""
+        for event in events:
+            state = self._aim.get(event["run"]) or self._aim.setdefault(event["run"], _RunState(event["run"]))
+            ts = event["ts"]
+            if state.first_ts is None or ts < state.first_ts:
+                state.first_ts = ts
+            if state.last_ts is None or ts > state.last_ts:
+                state.last_ts = ts
 
     def flush(self) -> None:
         try:
@@ -215,10 +233,10 @@ class AimSink(TrackerSink):
 
     def _close_idle(self) -> None:
         """Close the runs that went quiet; a late event reopens them."""
-        quiet_since = time.monotonic() - self.idle_close_s
+        now = time.monotonic()
         for state in self._aim.values():
-            if state.handle is not None and state.last_event < quiet_since:
-                log.info("aim run of run %s idle for %.0f s: closing it", state.run_id, self.idle_close_s)
+            if state.handle is not None and now - state.last_event >= self.idle_close_s:
+                log.info("aim run of run %s idle for %.0f s: closing it", state.run_id, now - state.last_event)
                 self._close_handle(state)
 
     def _reset_remote(self) -> None:
@@ -264,7 +282,9 @@ class AimSink(TrackerSink):
         return {int(rank): spans for rank, spans in orjson.loads(saved).items()} if saved else {}
 
     def save_applied(self, run: str, spans: Spans) -> None:
-        self._handle(run).meta_run_tree[STATE_KEY] = orjson.dumps(spans, option=orjson.OPT_NON_STR_KEYS).decode()
+        tree = self._handle(run).meta_run_tree
+        tree[STATE_KEY] = orjson.dumps(spans, option=orjson.OPT_NON_STR_KEYS).decode()
+        tree[LAST_TS_KEY] = self._aim[run].last_ts
 
     # -- runs -----------------------------------------------------------------------------------
 
@@ -279,12 +299,12 @@ class AimSink(TrackerSink):
 
     def _open_run(self, state: _RunState) -> None:
         """Resume the Aim run of this run id, or create it; load what it already holds."""
-        from aim import Run
-
+        run_class = relay_run_class()
         quiet = {"system_tracking_interval": None, "log_system_params": False, "capture_terminal_logs": False}
         run_hash = self._find(state.run_id)
         if run_hash is None:
-            run = Run(repo=self._repo, experiment=state.experiment or self.default_experiment, **quiet)
+            run = run_class(repo=self._repo, experiment=state.experiment or self.default_experiment,
+                            created_at=state.first_ts, **quiet)
             run[PARAMS_KEY] = {"run_id": state.run_id}
             run.name = state.run_id
             self._hash_of[state.run_id] = run.hash
@@ -294,8 +314,11 @@ class AimSink(TrackerSink):
             log.info("aim run %s created for run %s", run.hash, state.run_id)
         else:
             self._forget_listing()  # Aim refuses to resume a run missing from its listing
-            run = Run(run_hash, repo=self._repo, force_resume=state.take_over, **quiet)
+            run = run_class(run_hash, repo=self._repo, force_resume=state.take_over, **quiet)
             state.take_over = False
+            stored = run.meta_run_tree.get(LAST_TS_KEY, None)
+            if isinstance(stored, (int, float)) and (state.last_ts is None or stored > state.last_ts):
+                state.last_ts = stored  # events seen now may be older than those it holds (a catch-up)
             if state.experiment:
                 run.experiment = state.experiment
             self.counters["runs_opened"] += 1
@@ -355,7 +378,7 @@ class AimSink(TrackerSink):
         if run is None or state.unclosable:
             return
         try:
-            run.close()
+            close_at(run, state.last_ts)
         except Exception as exc:  # counted; later events of the run still go through this handle
             state.unclosable = True
             self.counters["close_errors"] += 1
@@ -370,12 +393,18 @@ class AimSink(TrackerSink):
 
     def _export(self, state: _RunState) -> None:
         """Write ``aim_tracker.json`` where the job's scripts look (its output dir), else beside
-        the journal; a failure is counted and logged, never worth retrying the Aim batch for."""
+        the journal; a failure is counted and logged, never worth retrying the Aim batch for.
+        A replay writes ``<run>.aim_tracker.json`` into its own (local) repo directory instead:
+        the job's file names the live run, which the rebuilt copy must not replace."""
         state.export_due = False
         run = state.handle
         if run is None:
             return
-        if state.output_dir:
+        if self.context.replay:
+            if self.remote:
+                return
+            target = Path(self.repo_spec).expanduser() / f"{state.run_id}.{EXPORT_NAME}"
+        elif state.output_dir:
             target = Path(state.output_dir).expanduser() / EXPORT_NAME
         elif self._journal is not None:
             folder = self._journal if self._journal.is_dir() else self._journal.parent

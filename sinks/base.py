@@ -40,11 +40,14 @@ class SinkContext:
     ``journal`` is the JSONL source of truth (file or directory, see docs/jsonl.md); sinks that
     export files put them next to it. ``journal_events(run)`` yields that run's events from the
     journal, as the live sink gets them, from where the previous call for that run stopped: what a
-    sink that fell behind reads to catch up (None where there is no journal to read).
+    sink that fell behind reads to catch up (None where there is no journal to read). ``replay``
+    is True under ``relay replay``: the events are a finished job's, whose own files (in its
+    output dir, beside its journal) name the live store and must stay as they are.
     """
 
     journal: Path | None = None
     journal_events: Callable[[str], Iterator[dict[str, Any]]] | None = None
+    replay: bool = False
 
 
 class Sink(abc.ABC):

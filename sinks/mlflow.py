@@ -355,8 +355,12 @@ class MlflowSink(TrackerSink):
 
     def _export(self, run: str, r: _MlRun) -> None:
         """Write ``mlflow_tracker.json`` as fms-hf-tuning does, into the job's output dir (else
-        beside the journal); a failure is counted and logged, never worth retrying a batch for."""
+        beside the journal); a failure is counted and logged, never worth retrying a batch for.
+        Not under ``relay replay``: the job's file names its live run, which a rebuilt copy must
+        not replace (the copy is found by its ``relay.run_id`` tag)."""
         journal = self._journal
+        if self.context.replay:
+            return
         if r.output_dir:
             target = Path(r.output_dir).expanduser() / EXPORT_NAME
         elif journal is not None:

@@ -8,7 +8,15 @@ those calls and does, once for every tracker, what each would otherwise rebuild:
   ``sub_dataset``; the train stage also logs ``epoch``.
 * **The rank policy.** The Trainer already reduced its metrics across ranks: they are taken from
   rank 0 once per step (``rank=None``); per-rank figures (stage ``rank``) and custom metrics keep
-  their rank, in the context, so they never share a series with the Trainer's.
+  their rank, in the context. Per-rank figures are renamed for display (``step_time`` ->
+  ``rank_step_time_s``, ``RANK_NAMES``), so no tracker draws them in a chart of the Trainer's own
+  ``samples_per_second``; the wire keeps its names.
+* **The relay's own events** (rank ``RELAY_RANK``): its cross-rank figures (stage ``cluster``) are
+  run-level series (``cluster_step_time_max_s``, ``CLUSTER_NAMES``); its findings (``straggler``,
+  ``rank_lost``, ``rank_back``) are params ``relay.cluster.<event>.rank<r>_step<s>``, one per rank
+  and step, so none hides another.
+* **Client counters** (``stats``) are bookkeeping, not curves: params ``relay.client.rank<n>``,
+  plus one series ``relay_dropped`` per rank only once that rank dropped something.
 * **Numbers.** NaN and infinities arrive as floats; ints beyond int64 as floats; non-numbers are
   skipped, counted and named once in the log.
 * **Idempotent replay.** Every applied event is remembered as its ``(rank, seq)`` in compact spans
@@ -30,7 +38,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sinks.base import Sink, SinkContext
-from sinks.events import NONFINITE_JSON
+from sinks.events import NONFINITE_JSON, RELAY_RANK
+from sinks.naming import CLUSTER_NAMES, RANK_NAMES, display_names, trainer_groups
 from sinks.spans import SeqSpans
 
 log = logging.getLogger(__name__)
@@ -38,7 +47,6 @@ log = logging.getLogger(__name__)
 #: Stages whose metrics the Trainer already reduced across ranks: taken from rank 0 only.
 TRAINER_STAGES = frozenset({"train", "eval", "test"})
 INT64 = range(-(1 << 63), 1 << 63)  # ``in`` a range is O(1)
-_SUBSET_PREFIXES = ("train_", "eval_", "test_")
 Spans = dict[int, list[list[int]]]
 
 
@@ -180,9 +188,7 @@ class TrackerSink(Sink):
         elif kind == "lifecycle":
             self._lifecycle(state, event)
         elif kind == "stats":
-            values = self._numbers({f"relay_{k}": v for k, v in event["data"].items()})
-            if values:  # cumulative counters stepped by seq: applying one again changes nothing
-                self.log_metrics(run, rank, seq, None, {"rank": rank}, values, event["ts"])
+            self._client_stats(state, event)
         if spans.add(seq) and not swept:
             state.needs_sweep = True
         state.dirty = True
@@ -201,7 +207,9 @@ class TrackerSink(Sink):
                 groups.setdefault((), ({}, {}))[1]["epoch"] = event["epoch"]  # as HF's callbacks log it
             series_rank = None
         elif stage == "rank":
-            groups, series_rank = {(): ({"rank": rank}, data)}, rank
+            groups, series_rank = {(): ({"rank": rank}, display_names(data, RANK_NAMES, "rank_"))}, rank
+        elif stage == "cluster" and rank == RELAY_RANK:  # across ranks already: one run-level series each
+            groups, series_rank = {(): ({}, display_names(data, CLUSTER_NAMES, "cluster_"))}, None
         else:
             groups, series_rank = {(): ({"subset": stage or "custom", "rank": rank}, data)}, rank
         for context, values in groups.values():
@@ -239,12 +247,25 @@ class TrackerSink(Sink):
         if fresh:
             self.log_params(state.run, name, fresh)
 
+    def _client_stats(self, state: "_Run", event: dict[str, Any]) -> None:
+        """A client's cumulative counters: a param per rank (the newest report wins), and the one
+        curve worth drawing, ``relay_dropped``, once it is not zero (stepped by the report's seq)."""
+        rank, data = event["rank"], event["data"]
+        self._params(state, "relay.client", {f"rank{rank}": data}, event["ts"])
+        dropped = self._numbers({"relay_dropped": data["dropped"]}) if "dropped" in data else {}
+        if dropped and dropped["relay_dropped"] != 0:
+            self.log_metrics(state.run, rank, event["seq"], None, {"rank": rank}, dropped, event["ts"])
+
     def _lifecycle(self, state: "_Run", event: dict[str, Any]) -> None:
         data = event["data"]
         what = data.get("event")
         record = {**data, "step": event["step"], "ts": event["ts"]}
         if what == "checkpoint":  # keyed by step, so a late catch-up cannot reorder them
             self._params(state, "relay.checkpoints", {str(event["step"]): record}, event["ts"])
+        elif event["rank"] == RELAY_RANK and isinstance(what, str) and what:  # many per run: one key each
+            step = event["step"] if event["step"] is not None else data.get("last_step")
+            key = f"rank{data.get('rank')}_" + (f"step{step}" if step is not None else f"seq{event['seq']}")
+            self._params(state, f"relay.cluster.{what}", {key: record}, event["ts"])
         elif isinstance(what, str) and what:
             self._params(state, "relay.lifecycle", {what: record}, event["ts"])
         if what == "train_end" and event["rank"] == 0:
@@ -291,38 +312,3 @@ def exact_ints(obj: Any) -> Any:
     if kind is list:
         return [exact_ints(v) for v in obj]
     return obj
-
-
-def trainer_groups(stage: str, data: dict[str, Any]) -> dict[tuple, tuple[dict, dict]]:
-    """Name and context as the trackers' own Hugging Face callbacks would.
-
-    ``train_``/``eval_``/``test_`` prefixes (or the stage itself, for a trainer that already
-    split them off) become ``{"subset": ...}``; plain training metrics keep ``{}``. With several
-    eval sets (``eval_<set>_loss`` and no ``eval_loss``), ``<set>`` becomes ``sub_dataset``.
-    """
-    named: list[tuple[str | None, str, Any]] = []
-    for key, value in data.items():
-        subset = None if stage == "train" else stage
-        for prefix in _SUBSET_PREFIXES:
-            if key.startswith(prefix):
-                subset, key = prefix[:-1], key[len(prefix):]
-                break
-        named.append((subset, key, value))
-    sub_sets: dict[str, str] = {}
-    for subset in {s for s, _, _ in named if s is not None}:
-        names = {n for s, n, _ in named if s == subset}
-        tagged = [n[:-len("_loss")] for n in names if n.endswith("_loss") and len(n) > len("_loss")]
-        if "loss" not in names and len(tagged) == 1:
-            sub_sets[subset] = tagged[0]
-    groups: dict[tuple, tuple[dict, dict]] = {}
-    for subset, name, value in named:
-        context: dict[str, str] = {}
-        if subset is not None:
-            context["subset"] = subset
-            tag = sub_sets.get(subset)
-            if tag is not None and name.startswith(tag + "_"):
-                context["sub_dataset"] = tag
-                name = name[len(tag) + 1:]
-        key = tuple(sorted(context.items()))
-        groups.setdefault(key, (context, {}))[1][name] = value
-    return groups

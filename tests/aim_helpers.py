@@ -72,13 +72,17 @@ def training_events(run: str, output_dir: str | None = None, steps: int = 6, exp
 
 @dataclass
 class AimRunView:
-    """An Aim run as a plain value: params, experiment, and every metric as {step: value}."""
+    """An Aim run as a plain value: params, experiment, Aim's own times (``creation_time``,
+    ``end_time``, ``duration``) and every metric as {step: value}."""
 
     hash: str
     name: str
     experiment: str
     active: bool
     params: dict[str, Any]
+    creation_time: float
+    end_time: float | None
+    duration: float
     metrics: dict[tuple[str, tuple], dict[int, float]] = field(default_factory=dict)
     timestamps: dict[tuple[str, tuple], list[float]] = field(default_factory=dict)
 
@@ -98,7 +102,8 @@ def read_repo(path: str) -> dict[str, AimRunView]:
     for run_hash in repo.list_all_runs():
         run = Run(run_hash, repo=repo, read_only=True)
         params = run.get(..., {}) or {}
-        view = AimRunView(run_hash, run.name, run.experiment, run.active, params)
+        view = AimRunView(run_hash, run.name, run.experiment, run.active, params, run.creation_time, run.end_time,
+                          run.duration)
         for name, context, _ in run.iter_metrics_info():
             metric = run.get_metric(name, context)
             steps, (values, _epochs, times) = metric.data.items_list()
@@ -127,9 +132,12 @@ def check_training_run(view, steps: int = 6) -> None:
     assert view.series("total_flos") == {steps: 1e9}
     assert sorted(view.series("epoch")) == list(range(1, steps + 1))
     for rank in (0, 1):
-        step_time = view.series("step_time", rank=rank)
+        step_time = view.series("rank_step_time_s", rank=rank)  # the wire's step_time, named for display
         assert sorted(step_time) == list(range(1, steps + 1))
         assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
+        assert set(view.series("rank_steps_per_log", rank=rank).values()) == {1}
+        assert view.params["relay"]["client"][f"rank{rank}"]["dropped"] == 0
+    assert not [name for name, _ in view.metrics if name.startswith("relay_")], "no counter drawn while none dropped"
     assert list(view.series("model_load_time", subset="additional_metrics", rank=0).values()) == [3.25]
     assert view.params["hparams"]["learning_rate"] == 2e-5
     assert view.params["hparams"]["max_grad_norm"] == "Infinity"  # as the JSONL journal keeps it

@@ -16,7 +16,10 @@ import pytest
 
 pytest.importorskip("aim")
 
-from aim_helpers import check_training_run, fill, read_repo, same_float, small_fs  # noqa: E402,F401
+from aim_helpers import (check_training_run, drive, fill, read_repo, same_float, small_fs,  # noqa: E402,F401
+                         training_events)
+from relay.journal import encode_line  # noqa: E402
+from sinks.aim import AimSink  # noqa: E402
 from conftest import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,19 +69,59 @@ def test_two_ranks_through_the_relay_then_replay(relays, tmp_path: Path) -> None
     live = runs["job-live"]
     check_training_run(live, steps=8)
     assert live.experiment == "sft-demo" and not live.active
-    assert json.loads((job / "aim_tracker.json").read_text())["run_hash"] == live.hash
+    written_live = (job / "aim_tracker.json").read_bytes()
+    assert json.loads(written_live)["run_hash"] == live.hash
+    journaled = [json.loads(line)["ts"] for line in (journal / "job-live.jsonl").read_bytes().splitlines()]
+    first, last = min(journaled), max(journaled)
+    assert abs(live.creation_time - first) < 1 and abs(live.end_time - last) < 1
 
-    # Rebuild from the journal into a fresh repo: the same content; a second replay adds nothing.
+    # Rebuild from the journal into a fresh repo: the same content and times; a second replay adds
+    # nothing; the live job's aim_tracker.json still names the live run.
     fresh = tmp_path / "rebuilt"
     for attempt in range(2):
         done = replay(journal / "job-live.jsonl", fresh)
         assert done.returncode == 0, done.stderr[-2000:]
+        assert "idle for" not in done.stderr, done.stderr[-2000:]
         rebuilt = read_repo(str(fresh))
         assert list(rebuilt) == ["job-live"]
         assert_same_content(live, rebuilt["job-live"])
+        assert abs(rebuilt["job-live"].creation_time - first) < 1 and abs(rebuilt["job-live"].end_time - last) < 1
+        assert (job / "aim_tracker.json").read_bytes() == written_live
         if attempt == 0:
             first_hash = rebuilt["job-live"].hash
     assert rebuilt["job-live"].hash == first_hash
+
+
+def test_replay_keeps_the_jobs_times_and_leaves_the_jobs_files_alone(tmp_path: Path) -> None:
+    """`relay replay` of a job that ran long ago, into another repo: the job's own aim_tracker.json
+    (naming its live run) stays byte for byte, the rebuilt run has the job's creation and end time
+    by Aim's own API, its export lies in its own repo, and a replay of seconds logs no "idle for"."""
+    job = tmp_path / "job"
+    job.mkdir()
+    journal = job / "training_logs.jsonl"  # where the trainer's embedded relay keeps it
+    events = training_events("job-old", output_dir=str(job), experiment="sft")
+    for i, event in enumerate(events):
+        event["ts"] = 1_700_000_000.0 + 2.0 * i  # November 2023, two seconds apart
+    journal.write_bytes(b"".join(encode_line(e) for e in events))
+    first, last = events[0]["ts"], events[-1]["ts"]
+    drive(AimSink(repo=str(tmp_path / "live")), [events], journal)  # as the live relay's sink wrote it
+    live = read_repo(str(tmp_path / "live"))["job-old"]
+    assert (live.creation_time, live.end_time) == (pytest.approx(first, abs=1e-3), pytest.approx(last, abs=1e-3))
+    export = job / "aim_tracker.json"
+    written_live = export.read_bytes()
+    assert json.loads(written_live)["run_hash"] == live.hash
+
+    for attempt in range(2):  # the second finds everything there: the run is opened, nothing applied
+        done = replay(journal, tmp_path / "rebuilt")
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "idle for" not in done.stderr, done.stderr[-2000:]
+        assert export.read_bytes() == written_live
+        rebuilt = read_repo(str(tmp_path / "rebuilt"))["job-old"]
+        assert abs(rebuilt.creation_time - first) < 1 and abs(rebuilt.end_time - last) < 1
+        assert rebuilt.duration == pytest.approx(last - first, abs=1) and not rebuilt.active
+        assert_same_content(live, rebuilt)
+        own = json.loads((tmp_path / "rebuilt" / "job-old.aim_tracker.json").read_text())
+        assert own["run_hash"] == rebuilt.hash and own["repo"] == str((tmp_path / "rebuilt").resolve())
 
 
 def test_cli_refuses_an_unusable_aim_sink(tmp_path: Path) -> None:

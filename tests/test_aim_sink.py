@@ -12,8 +12,10 @@ import pytest
 pytest.importorskip("aim")
 
 from sinks.aim import AimSink  # noqa: E402
-from sinks.tracker import SeqSpans, trainer_groups as _trainer_groups  # noqa: E402
+from sinks.naming import trainer_groups as _trainer_groups  # noqa: E402
+from sinks.spans import SeqSpans  # noqa: E402
 from sinks.base import SinkContext, SinkError  # noqa: E402
+from sinks.events import RELAY_RANK  # noqa: E402
 from relay.journal import encode_line  # noqa: E402
 from aim_helpers import (Events, check_training_run, drive, fill, read_repo, same_float, small_fs,  # noqa: E402,F401
                                training_events)
@@ -40,7 +42,7 @@ def test_mapping_of_a_two_rank_run(tmp_path: Path) -> None:
     check_training_run(view)
     assert view.experiment == "sft-demo" and view.name == "job-1"
     assert not view.active  # closed on train_end
-    assert view.series("relay_dropped", rank=1) and view.series("relay_published", rank=0)
+    assert view.params["relay"]["client"]["rank0"]["published"] == sum(e["rank"] == 0 for e in events)
     export = json.loads((out / "aim_tracker.json").read_text())
     assert export["run_hash"] == view.hash and export["run_id"] == "job-1"
     assert sink.counters["runs_created"] == 1 and sink.counters["skipped_values"] == 0
@@ -146,9 +148,12 @@ def test_a_restarted_relay_resumes_the_same_aim_run(tmp_path: Path) -> None:
     run_sink(tmp_path / "aim", [events[:15]])
     more = run_sink(tmp_path / "aim", [events[10:]])
     assert more.counters["runs_opened"] == 1 and more.counters["duplicates"] == 5
+    run_sink(tmp_path / "aim", [events[:5]])  # older events only (a partial replay): the end stays
     runs = read_repo(str(tmp_path / "aim"))
     assert list(runs) == ["job-r"]
     check_training_run(runs["job-r"])
+    assert runs["job-r"].creation_time == pytest.approx(events[0]["ts"], abs=1e-3)
+    assert runs["job-r"].end_time == pytest.approx(events[-1]["ts"], abs=1e-3)
 
 
 def test_seq_spans() -> None:
@@ -200,7 +205,7 @@ def test_a_run_gone_quiet_is_closed_and_reopened_by_a_late_event(tmp_path: Path)
     finally:
         sink.close()
     view = read_repo(str(tmp_path / "aim"))["job-quiet"]
-    assert not view.active
+    assert not view.active and view.end_time == pytest.approx(events[-1]["ts"], abs=1e-3)  # not when closed
     check_training_run(view)
 
 
@@ -237,3 +242,76 @@ def test_full_disk_mid_run_then_recovery(small_fs: Path, tmp_path: Path) -> None
     sink.close()
     del sink  # with it the handles dropped after the failure, before the filesystem goes
     check_training_run(read_repo(str(repo))["job-full"], steps=40)
+
+
+def relay_event(ev: Events, type_: str, data: dict, step: int | None = None) -> dict:
+    """An event as the relay derives it: rank RELAY_RANK, local rank 0, stage "cluster"."""
+    event = ev(RELAY_RANK, type_, data, step=step, stage="cluster")
+    event["local_rank"] = 0
+    return event
+
+
+def test_per_rank_series_never_share_a_name_with_the_trainers(tmp_path: Path) -> None:
+    """Each rank's samples/s is not drawn in the chart of the Trainer's eval samples_per_second
+    (it flattened it): per-rank figures have names of their own, the context keeps the rank."""
+    ev = Events("job-names")
+    batch = [ev(0, "metrics", {"loss": 1.0, "samples_per_second": 900.0}, step=5, stage="eval")]
+    batch += [ev(rank, "metrics", {"step_time": 0.1 + rank, "step_time_max": 0.2 + rank, "samples_per_second": 40.0,
+                                   "steps": 5, "rss_peak_mb": 500.0, "cuda_peak_allocated_mb": 100.0},
+                 step=5, stage="rank") for rank in (0, 1)]
+    run_sink(tmp_path / "aim", [batch])
+    view = read_repo(str(tmp_path / "aim"))["job-names"]
+    eval_only = [("samples_per_second", (("subset", "eval"),))]
+    assert [key for key in view.metrics if key[0] == "samples_per_second"] == eval_only
+    assert view.series("samples_per_second", subset="eval") == {5: 900.0}
+    for rank in (0, 1):
+        assert view.series("rank_samples_per_s", rank=rank) == {5: 40.0}
+        assert view.series("rank_step_time_s", rank=rank) == {5: 0.1 + rank}
+        assert view.series("rank_step_time_max_s", rank=rank) == {5: 0.2 + rank}
+        assert view.series("rank_steps_per_log", rank=rank) == {5: 5}
+        assert view.series("rank_rss_peak_mb", rank=rank) == {5: 500.0}
+        assert view.series("rank_cuda_peak_allocated_mb", rank=rank) == {5: 100.0}
+    assert {name for name, _ in view.metrics} == {
+        "loss", "samples_per_second", "rank_samples_per_s", "rank_step_time_s", "rank_step_time_max_s",
+        "rank_steps_per_log", "rank_rss_peak_mb", "rank_cuda_peak_allocated_mb"}
+
+
+def test_relay_derived_figures_are_run_level_series_and_no_finding_hides_another(tmp_path: Path) -> None:
+    ev = Events("job-cluster", world_size=3)
+    batch = [ev(rank, "metrics", {"step_time": 0.1}, step=1, stage="rank") for rank in range(3)]
+    batch += [relay_event(ev, "metrics", {"step_time_min": 0.1, "step_time_median": 0.11, "step_time_max": 0.3 + step,
+                                          "step_time_spread": 2.7, "slowest_rank": 2, "ranks": 3}, step)
+              for step in (1, 2, 3)]
+    straggler = {"event": "straggler", "step_time": 0.31, "median": 0.11, "ratio": 2.8, "steps": 3}
+    batch += [relay_event(ev, "lifecycle", {**straggler, "rank": r}, step) for r, step in ((2, 3), (2, 4), (1, 4))]
+    batch += [relay_event(ev, "lifecycle", {"event": "rank_lost", "rank": 1, "silent_s": 30.0, "last_step": 4}),
+              relay_event(ev, "lifecycle", {"event": "rank_back", "rank": 1, "silent_s": 42.0}),
+              relay_event(ev, "lifecycle", {"event": "rank_lost", "rank": 2, "silent_s": 30.0, "last_step": 5})]
+    run_sink(tmp_path / "aim", [batch[:5], batch[5:]])
+    view = read_repo(str(tmp_path / "aim"))["job-cluster"]
+    assert view.series("cluster_step_time_max_s") == {1: 1.3, 2: 2.3, 3: 3.3}  # context {}: one series per run
+    for name, value in (("cluster_step_time_min_s", 0.1), ("cluster_step_time_median_s", 0.11),
+                        ("cluster_step_time_spread", 2.7), ("cluster_slowest_rank", 2), ("cluster_ranks_reporting", 3)):
+        assert view.series(name) == {1: value, 2: value, 3: value}, name
+    assert {dict(context).get("rank") for _, context in view.metrics} == {None, 0, 1, 2}  # RELAY_RANK is no rank
+    found = view.params["relay"]["cluster"]
+    assert {key: r["ratio"] for key, r in found["straggler"].items()} == {
+        "rank2_step3": 2.8, "rank2_step4": 2.8, "rank1_step4": 2.8}
+    assert {key: r["silent_s"] for key, r in found["rank_lost"].items()} == {"rank1_step4": 30.0, "rank2_step5": 30.0}
+    assert [r["rank"] for r in found["rank_back"].values()] == [1]
+    assert "straggler" not in view.params["relay"].get("lifecycle", {})
+
+
+def test_client_counters_are_params_and_only_drops_are_drawn(tmp_path: Path) -> None:
+    ev = Events("job-drops")
+    counters = {"dropped": 0, "dropped_full": 0, "dropped_upto": -1, "published": 10, "resent": 0}
+    batch = [ev(0, "metrics", {"loss": 1.0}, step=1, stage="train"), ev(1, "stats", counters, stage="client")]
+    later = [ev(0, "stats", {**counters, "dropped": 3, "dropped_full": 3, "published": 20}, stage="client"),
+             ev(0, "stats", {**counters, "dropped": 7, "dropped_full": 7, "published": 40}, stage="client")]
+    run_sink(tmp_path / "aim", [batch, later])
+    view = read_repo(str(tmp_path / "aim"))["job-drops"]
+    assert {name for name, _ in view.metrics} == {"loss", "relay_dropped"}
+    assert view.series("relay_dropped", rank=0) == {later[0]["seq"]: 3, later[1]["seq"]: 7}  # stepped by seq
+    assert ("relay_dropped", (("rank", 1),)) not in view.metrics  # rank 1 dropped nothing
+    assert view.params["relay"]["client"] == {"rank0": {**counters, "dropped": 7, "dropped_full": 7, "published": 40},
+                                              "rank1": counters}

@@ -65,7 +65,7 @@ def test_csv_sink_live_and_replayed(relays, tmp_path: Path) -> None:
     trainer = [r for r in got if r[1] == ""]  # rank None: the Trainer's series, from rank 0 only
     assert len(trainer) == 5 * 3  # loss, epoch, and eval loss under {"subset": "eval"}
     assert ["csv-run", "", "1", "0.2", "[('subset', 'eval')]", "loss", "3.0"] in trainer
-    per_rank = [r for r in got if r[5] == "step_time"]
+    per_rank = [r for r in got if r[5] == "rank_step_time_s"]  # the wire's step_time, named for display
     assert sorted({r[1] for r in per_rank}) == ["0", "1"] and len(per_rank) == 10
 
     rebuilt = tmp_path / "rebuilt.csv"

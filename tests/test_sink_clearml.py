@@ -110,7 +110,7 @@ def check_training_run(view: TaskView, steps: int = 6) -> None:
     assert summary == {"train_loss": 0.9, "train_runtime": 12.0, "total_flos": 1e9, "epoch": 1.0,
                        "model_load_time": 3.25}
     for rank in (0, 1):
-        step_time = view.scalars[("rank/step_time", f"rank {rank}")]
+        step_time = view.scalars[("rank/rank_step_time_s", f"rank {rank}")]  # the wire's step_time, for display
         assert sorted(step_time) == list(range(1, steps + 1))
         assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
     assert view.params["Transformers"] == {"learning_rate": "2e-05", "max_grad_norm": "Infinity", "seed": "42"}
@@ -118,6 +118,8 @@ def check_training_run(view: TaskView, steps: int = 6) -> None:
     assert view.params["experiment_metadata"] == {"dataset": "v3", "owner": "team-a"}
     relay = view.params["relay"]
     assert set(relay["ranks"]) == {"0", "1"} and relay["ranks"]["1"]["pid"].isdigit()
+    assert {rank: c["dropped"] for rank, c in relay["client"].items()} == {"rank0": "0", "rank1": "0"}
+    assert not [title for title, _ in view.scalars if "relay_" in title], "client counters are params, none dropped"
     checkpoints = {s: c["path"] for s, c in relay["checkpoints"].items()}
     assert checkpoints == {str(s): f"ckpt-{s}" for s in range(3, steps + 1, 3)}
     assert "completed" in view.tags and relay["lifecycle"]["train_end"]["status"] == "completed"
@@ -218,7 +220,7 @@ def test_failed_run_and_a_late_event_after_train_end(tmp_path: Path) -> None:
     sink = run_sink(tmp_path / "cml", [events, late])
     view = read_sessions(tmp_path / "cml")["job-f"]
     assert "failed" in view.tags and sink.counters["tasks_closed"] == 2
-    assert view.scalars[("rank/step_time", "rank 1")] == {1: 0.5}
+    assert view.scalars[("rank/rank_step_time_s", "rank 1")] == {1: 0.5}
     assert view.scalars[("Summary", "model_load_time/rank 1")] == {SUMMARY: 2.0}
     assert view.scalars[("eval", "loss")] == {1: 0.7}
 

@@ -21,6 +21,7 @@ pytest.importorskip("mlflow")
 from aim_helpers import Events, fill, small_fs, training_events  # noqa: E402,F401
 from conftest import free_port  # noqa: E402
 from relay.journal import JournalReader, encode_line  # noqa: E402
+from relay.replay import replay_files  # noqa: E402
 from sinks.base import PermanentError, SinkContext, SinkError  # noqa: E402
 from sinks.mlflow import MAX_PARAM, MlflowSink, batches  # noqa: E402
 
@@ -106,7 +107,7 @@ def check_training_run(view: RunView, steps: int = 6) -> None:
     # epoch: once per logging step, and again with the final train_* figures (as HF logs it)
     assert sorted({s for s, _, _ in view.history["epoch"]}) == list(range(1, steps + 1))
     for rank in (0, 1):
-        step_time = view.series(f"rank/{rank}/step_time")
+        step_time = view.series(f"rank/{rank}/rank_step_time_s")  # the wire's step_time, named for display
         assert sorted(step_time) == list(range(1, steps + 1))
         assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
     assert list(view.series("additional_metrics.model_load_time").values()) == [3.25]
@@ -114,6 +115,8 @@ def check_training_run(view: RunView, steps: int = 6) -> None:
     assert (p["learning_rate"], p["max_grad_norm"], p["seed"]) == ("2e-05", "Infinity", "42")
     assert (p["model_type"], p["hidden_size"], p["dataset"], p["owner"]) == ("llama", "64", "v3", "team-a")
     assert {"relay.ranks.0", "relay.ranks.1", "relay.world_size"} <= p.keys()
+    assert "'dropped': 0" in p["relay.client.rank0"] and "'dropped': 0" in p["relay.client.rank1"]
+    assert not [name for name in view.history if "relay_" in name], "client counters are params, none dropped"
     checkpoints = {int(k.rsplit(".", 1)[1]): v for k, v in p.items() if k.startswith("relay.checkpoints.")}
     assert sorted(checkpoints) == list(range(3, steps + 1, 3))
     assert all(f"ckpt-{s}" in checkpoints[s] for s in checkpoints)
@@ -139,7 +142,7 @@ def test_mapping_of_a_two_rank_run(db, tmp_path: Path) -> None:
     assert view.info.start_time == int(events[0]["ts"] * 1000) and view.info.end_time == int(train_end["ts"] * 1000)
     loss_events = [e for e in events if e["stage"] == "train" and "loss" in e["data"]]
     assert [t for _, _, t in view.history["loss"]] == [int(e["ts"] * 1000) for e in loss_events]
-    assert view.series("rank/1/relay_dropped") and view.params["run.experiment"] == "ignored-by-mlflow"
+    assert view.params["run.experiment"] == "ignored-by-mlflow"
     export = json.loads((job / "mlflow_tracker.json").read_text())
     assert export["run_name"] == "job-1" and export["run_id"] == view.info.run_id
     assert export["run_uri"] == f"<host_url>/#/experiments/{view.info.experiment_id}/runs/{view.info.run_id}"
@@ -208,6 +211,21 @@ def test_gaps_are_filled_from_the_journal(db, tmp_path: Path) -> None:
     assert sink.counters["swept_events"] == 15 and sink.counters["sweeps"] == 1
     check_training_run(read_run(uri, "job-gap"))
     assert json.loads((journal / "job-gap.mlflow_tracker.json").read_text())["run_name"] == "job-gap"
+
+
+def test_a_replay_leaves_the_jobs_export_alone(db, tmp_path: Path) -> None:
+    """The job's mlflow_tracker.json names its live run: a replay into another store keeps it."""
+    job = tmp_path / "job"
+    job.mkdir()
+    journal = job / "training_logs.jsonl"
+    events = training_events("job-x", output_dir=str(job))
+    journal.write_bytes(b"".join(encode_line(e) for e in events))
+    run_sink(db(), [events], journal=journal)
+    live = (job / "mlflow_tracker.json").read_bytes()
+    other = db()
+    replay_files([journal], [MlflowSink(mlflow_tracking_uri=other, mlflow_experiment=EXPERIMENT)])
+    check_training_run(read_run(other, "job-x"))
+    assert (job / "mlflow_tracker.json").read_bytes() == live
 
 
 def test_a_run_deleted_meanwhile_is_made_again_and_a_refusal_is_permanent(db, tmp_path: Path) -> None:
@@ -448,4 +466,4 @@ def server_run(url: str, run: str) -> Any:
 
 def _complete(run: Any) -> bool:
     return run is not None and run.info.status == "FINISHED" and \
-        {"rank/0/relay_published", "rank/1/relay_published"} <= run.data.metrics.keys()
+        {"relay.client.rank0", "relay.client.rank1"} <= run.data.params.keys()
