@@ -25,22 +25,16 @@ WARNING = "has acknowledged nothing for"
 
 
 @pytest.fixture
-def relay_at(tmp_path: Path):
-    """Factory: relay_at(name, args, address=None) -> a started relay whose log is NAME/relay.log."""
-    started: list[RelayProcess] = []
+def relay_at(relays, tmp_path: Path):
+    """Factory: relay_at(name, args, address=None) -> a started relay (conftest's ``relays``) whose
+    log is NAME.log, so each relay's lines can be read apart."""
 
-    def make(name: str, args: list[str], address: str | None = None, start: bool = True) -> RelayProcess:
-        workdir = tmp_path / name
-        workdir.mkdir(exist_ok=True)
-        relay = RelayProcess(workdir, args, address or f"tcp://127.0.0.1:{free_port()}")
-        started.append(relay)
-        return relay.start() if start else relay
+    def make(name: str, args: list[str], address: str | None = None) -> RelayProcess:
+        relay = relays(args, address=address, start=False)
+        relay.log = tmp_path / f"{name}.log"
+        return relay.start()
 
-    yield make
-    for relay in started:
-        if relay.proc is not None and relay.proc.poll() is None:
-            relay.proc.kill()
-            relay.proc.wait(10)
+    return make
 
 
 def journal_events(directory: Path) -> dict[tuple[str, int, int], list[dict]]:
@@ -281,14 +275,22 @@ def test_window_does_not_release_what_the_central_simply_has_not_answered():
     assert window.release_stalled(100.0) == []  # parked at 1, which the node has and sends again
 
 
-def test_state_file_keeps_what_the_central_acknowledged(relay_at, tmp_path):
-    central_dir, node_dir = tmp_path / "central-journal", tmp_path / "node-journal"
+@pytest.mark.parametrize("layout", ["directory", "file"])
+def test_state_file_keeps_what_the_central_acknowledged(relay_at, tmp_path, layout):
+    central_dir = tmp_path / "central-journal"
     central = relay_at("central", ["--path", f"{central_dir}/"])
-    node = relay_at("node", forward_args(node_dir, central.address))
+    node_path = tmp_path / ("node-journal" if layout == "directory" else "node.jsonl")
+    args = forward_args(node_path, central.address)
+    args[1] = f"{node_path}/" if layout == "directory" else str(node_path)
+    node = relay_at("node", args)
     assert finish(start_publisher(node.address, "kept", 0, 200))["left"] == 0
     wait_for(lambda: count(central_dir) >= 202, 30, "the central has the run")
     assert node.stop() == 0 and central.stop() == 0
-    state = json.loads((node_dir / "_relay_forward.json").read_text())
+    if layout == "directory":
+        state = json.loads((node_path / "_relay_forward.json").read_text())
+        assert state["done"] == {"kept": (node_path / "kept.jsonl").stat().st_size}
+    else:
+        state = json.loads((tmp_path / "node_forward.json").read_text())
+        assert state["done"] == {}
     assert state["to"] == central.address and state["acked"] == {"kept": {"0": 202}}
-    assert state["done"] == {"kept": (node_dir / "kept.jsonl").stat().st_size}
     assert Counter(rank for _, rank, _ in journal_events(central_dir)) == {0: 202}
