@@ -31,7 +31,8 @@ class Stream:
     """One (run, rank): ``held`` are (seq, prefix, row) not yet acknowledged, oldest first; the
     first ``sent`` of them were handed to the connection since the last rewind."""
 
-    __slots__ = ("acked", "held", "sent", "expect", "gaps", "backoff", "last_progress", "last_send", "last_ack")
+    __slots__ = ("acked", "held", "sent", "expect", "gaps", "upto", "backoff", "last_progress", "last_send",
+                 "last_ack")
 
     def __init__(self, acked: int, resend_after: float) -> None:
         self.acked = acked  # the central holds every seq below (or this node gave up on them, counted)
@@ -39,6 +40,7 @@ class Stream:
         self.sent = 0
         self.expect = acked  # the seq the next event read should have, if the journal has no gap
         self.gaps: list[int] = []  # first seqs of ranges this node never had (or could not send)
+        self.upto = -1  # the central's latest ack on this connection (-1: none yet)
         self.backoff = resend_after
         self.last_progress = self.last_send = self.last_ack = 0.0
 
@@ -85,6 +87,7 @@ class ForwardWindow:
         """The central journaled every seq of ``key`` below ``upto``."""
         stream = self.stream(key)
         stream.last_ack = self.last_ack = now
+        stream.upto = upto
         if upto <= stream.acked:
             return
         stream.acked = upto
@@ -144,20 +147,22 @@ class ForwardWindow:
             stream.last_send = now
 
     def release_stalled(self, now: float) -> list[tuple[Key, int, int]]:
-        """Streams whose acks are parked at a seq this node never had: the rank dropped it (its loss
-        report moved the central's floor, but only for the connection that carried it: after a
-        restart of either relay the central waits for the gap again) or it could not be forwarded.
-        The central's cumulative ack cannot pass such a gap, so once every held event was sent and
-        the central answered that send, and ``STALL_S`` passed since, they are released, counted as
-        ``unconfirmed`` (they were sent, and are still in this node's journal). Returns
-        (key, gap, released) for each."""
+        """Streams whose acks are parked where nothing will move them: at a seq this node never had
+        (the rank dropped it, or it could not be forwarded), or below what the central already
+        acknowledged before. A rank's loss report moves the central's floor past its gap, but only
+        for the connection that carried it: after a restart of either relay the central's ack for
+        this connection waits at the gap for good. So once every held event was sent, the central
+        answered after that send, and ``STALL_S`` passed since, the held events are released and
+        counted as ``unconfirmed`` (they were sent, and they are still in this node's journal).
+        Returns (key, the central's ack, released) for each."""
         out = []
         for key, stream in list(self.active.items()):
-            if (stream.acked in stream.gaps and stream.sent >= len(stream.held)
+            parked = stream.upto in stream.gaps or 0 <= stream.upto < stream.acked
+            if (parked and stream.sent >= len(stream.held)
                     and stream.last_send < stream.last_ack and now - stream.last_ack >= STALL_S):
                 n = len(stream.held)
-                gap = stream.acked
-                stream.acked = stream.held[-1][0] + 1
+                gap = stream.upto
+                stream.acked = max(stream.acked, stream.held[-1][0] + 1)
                 self.bytes -= sum(len(row) for _, _, row in stream.held)
                 self.events -= n
                 self.unconfirmed += n

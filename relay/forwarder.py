@@ -110,9 +110,9 @@ class Forwarder:
             self._read(now)
         window.pump(now, self._send)
         for (run, rank), gap, n in window.release_stalled(now):
-            log.warning("run %s rank %d: the central relay acknowledges only up to seq %d, which this node's journal "
-                        "lacks (the rank dropped it, or it could not be sent); %d events after it were sent but "
-                        "cannot be confirmed: counted as unconfirmed (they stay in this journal)", run, rank, gap, n)
+            log.warning("run %s rank %d: the central relay acknowledges only up to seq %d (a gap this node's journal "
+                        "has too: the rank dropped events, or one could not be sent); %d events after it were sent "
+                        "but cannot be confirmed: counted as unconfirmed (they stay in this journal)", run, rank, gap, n)
         self._watch(now)
         if now >= self._next_save:
             self._save()

@@ -267,6 +267,20 @@ def test_window_releases_events_parked_behind_a_gap_the_node_never_had():
     assert (window.events, window.unconfirmed, window.floors()) == (0, 3, {("r", 0): 8})
 
 
+def test_window_releases_events_parked_below_what_the_central_acknowledged_before():
+    """A restarted node relay starts from its state file's floor (8); the central, which took the
+    rank's loss report from the node's previous connection, acknowledges this one only up to the gap."""
+    window, wire = ForwardWindow(max_events=100, max_bytes=1 << 20), Wire()
+    stream = window.stream(("r", 0), acked=8)
+    for seq in (8, 9):
+        window.hold(("r", 0), stream, seq, b"P", bytes([seq]))
+    window.pump(0.0, wire)
+    window.ack(("r", 0), 2, 0.1)
+    assert window.events == 2  # an ack below the floor frees nothing
+    assert window.release_stalled(0.1 + STALL_S) == [(("r", 0), 2, 2)]
+    assert window.floors() == {("r", 0): 10}
+
+
 def test_window_does_not_release_what_the_central_simply_has_not_answered():
     window, wire = filled([0, 1, 5, 6]), Wire()
     window.pump(0.0, wire)
