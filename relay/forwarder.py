@@ -39,7 +39,7 @@ MAX_BYTES = 64 << 20  # of rows held, whatever --forward-window says
 
 #: The sink's own counters (in the relay's stats under sinks.forward.sink).
 COUNTERS = ("forwarded", "acked", "resent", "held", "unconfirmed", "skipped_relay_rank", "skipped_acked",
-            "not_sent", "bad_acks")
+            "not_sent", "bad_acks", "errors")
 
 
 class Forwarder:
@@ -105,6 +105,17 @@ class Forwarder:
             self.window.rewind("connection to the central relay lost")
 
     def _tick(self, now: float) -> None:
+        """Every tick: read, send, release, watch, save. An error (the journal unreadable for now, say)
+        is counted and logged, and the next tick tries again: the hub's thread must not end."""
+        try:
+            self._work(now)
+        except Exception as exc:  # noqa: BLE001 - counted and logged; retried at the next tick
+            self.counters["errors"] += 1
+            if self.counters["errors"] <= 3 or self.counters["errors"] % 1000 == 0:
+                log.exception("forwarding to %s failed (%d errors so far); trying again: %s: %s", self.to,
+                              self.counters["errors"], type(exc).__name__, exc)
+
+    def _work(self, now: float) -> None:
         window = self.window
         if window.room():
             self._read(now)
