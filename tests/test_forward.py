@@ -113,6 +113,7 @@ def test_two_nodes_into_a_central_killed_and_restarted_mid_run_exactly_once(rela
         assert counters["acked"] >= 2 * 3002 - counters["skipped_acked"] and counters["held"] == 0, counters
 
 
+@pytest.mark.slow  # a fault scenario through relay processes
 def test_node_relay_killed_mid_run_still_exactly_once(relay_at, tmp_path):
     central_dir, node_dir = tmp_path / "central-journal", tmp_path / "node-journal"
     central = relay_at("central", ["--path", f"{central_dir}/"])
@@ -133,6 +134,7 @@ def test_node_relay_killed_mid_run_still_exactly_once(relay_at, tmp_path):
     assert counters["skipped_acked"] > 0, f"the restarted node sent the whole journal again: {counters}"
 
 
+@pytest.mark.slow  # a fault scenario through relay processes
 def test_central_down_at_start_gets_everything_later(relay_at, tmp_path):
     central_dir, node_dir = tmp_path / "central-journal", tmp_path / "node-journal"
     central_address = f"tcp://127.0.0.1:{free_port()}"
