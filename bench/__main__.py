@@ -121,9 +121,14 @@ def scale(quick: bool) -> Section:
     return bench_scale.run(quick)
 
 
+def forward(quick: bool) -> Section:
+    from bench import bench_forward
+    return bench_forward.run(quick)
+
+
 SECTIONS: dict[str, Callable[[bool], Section]] = {
     "hotpath": hotpath, "ingest": ingest, "latency": latency, "scale": scale, "training": training, "aim": aim,
-    "core": core, "transport": transport,
+    "core": core, "transport": transport, "forward": forward,
     **{f"sink_{name}": sink_section(name) for name in ("mlflow", "tensorboard", "wandb", "clearml")},
 }
 

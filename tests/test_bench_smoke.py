@@ -12,8 +12,8 @@ import pytest
 pytestmark = pytest.mark.slow  # whole benchmark / soak processes: the full tier only
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ["hotpath", "ingest", "latency", "scale", "aim", "core", "transport", "sink_mlflow", "sink_tensorboard",
-            "sink_wandb", "sink_clearml"]
+SECTIONS = ["hotpath", "ingest", "latency", "scale", "aim", "core", "transport", "forward", "sink_mlflow",
+            "sink_tensorboard", "sink_wandb", "sink_clearml"]
 
 
 def test_bench_quick_writes_every_section(tmp_path: Path) -> None:
