@@ -4,6 +4,8 @@ One ingest thread owns the ROUTER socket and the journal (relay/journal.py). Eve
 ``flush_interval`` it appends the new events to the journal in one write, then acknowledges
 cumulatively per (run, rank), then hands the same lines to each other sink's process
 (relay/sink_process.py). Acks therefore mean "in the journal", and no other sink can slow ingest down.
+From every rank's step times it derives cross-rank events of its own (relay/cluster.py), journaled
+and fanned out the same way as rank RELAY_RANK.
 
 It runs over 350 lines because what is here is the one ingest thread's state (routes, dedupe,
 pending lines, acks due) and every step that touches it per frame or per flush; the parts that
@@ -16,24 +18,28 @@ import errno
 import gc
 import json
 import logging
+import operator
 import os
 import signal
+import socket
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import zmq
 
 from relay import curve, schema
 from relay.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_loopback
+from relay.cluster import Cluster, ClusterConfig, Derived
 from relay.deadletter import KEEP_BYTES, DeadLetters
 from relay.dedupe import Dedupe, RankState
 from relay.journal import Journal, encode_line, encode_lines
 from relay.limits import MemoryProbe, RunBudget, alive, raise_file_limit, trim_heap
 from relay.sink_process import SinkProcess, SinkSpec
 from relay.stats import Counters, log_stats, write_stats
+from sinks.events import RELAY_RANK
 
 log = logging.getLogger("relay")
 
@@ -41,6 +47,8 @@ RECV_BURST = 2000  # messages read per poll before the loop checks its timers
 MAX_UNJOURNALED = 200_000  # stop reading (clients keep their events) while the journal is failing
 GC_THRESHOLD = 50_000  # allocations between young collections (Python's default: 700)
 REBIND_TIMEOUT = 5.0  # seconds to get the address back after dropping every connection
+_stage = operator.itemgetter("stage")
+_rank = operator.itemgetter("rank")
 
 
 @dataclass
@@ -61,6 +69,8 @@ class RelayConfig:
     max_runs: int = 10_000
     #: MiB of resident memory at which every connection is dropped (see _guard_memory); 0: never
     max_memory: int = 1024
+    #: cross-rank events derived from the ranks' step times (relay/cluster.py); None: none
+    cluster: ClusterConfig | None = field(default_factory=ClusterConfig)
 
 
 class Relay:
@@ -90,6 +100,9 @@ class Relay:
         self._journal_backoff = 0.0
         self._journal_retry_at = 0.0
         self._memory = MemoryProbe()
+        self.cluster = Cluster(config.cluster) if config.cluster is not None else None
+        self._host = socket.gethostname()
+        self._derived_runs: set[str] = set()  # runs with derived events not journaled yet
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -203,6 +216,8 @@ class Relay:
                 next_stats = now + self.config.stats_interval
             if now >= next_watch:
                 next_watch = now + 1.0
+                if self.cluster is not None:
+                    self._publish(self.cluster.check(now))
                 if self.config.watch_pid and not alive(self.config.watch_pid):
                     log.info("watched process %d is gone; shutting down", self.config.watch_pid)
                     self._stop = True
@@ -257,6 +272,10 @@ class Relay:
         except schema.FrameError as exc:
             self._reject(exc.reason, exc.detail, frame, peer)
             return
+        if (events[0]["rank"] if first_seq is not None else max(map(_rank, events))) == RELAY_RANK:
+            self._reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it derives); "
+                                          "no client may publish as it", frame, peer)
+            return
         try:
             self._take_events(peer, events, first_seq, time.monotonic() if now is None else now)
         except Exception as exc:  # counted and dead-lettered below; one frame never stops ingest
@@ -276,6 +295,8 @@ class Relay:
             if state.take_run(first_seq, len(events)):
                 self._lines.append((run, chunk))  # (not bound before _state: making room may commit)
                 self._pending += len(events)
+                if self.cluster is not None and "rank" in map(_stage, events):
+                    self._derive(events, now)
                 return
         else:
             new = {e["run"] for e in events}.difference(self.dedupe.run_ranks)
@@ -297,10 +318,40 @@ class Relay:
                     self._client_drops(key, state, event, peer)
                 elif event["type"] == "hello":
                     self._hellos[key] = event["ts"]
+                elif event["stage"] == "rank" and self.cluster is not None:
+                    self._derive((event,), now)
             else:
                 counters.duplicates += 1
                 if event["type"] == "hello" and self._hellos.get(key, event["ts"]) != event["ts"]:
                     self._reused_run(key)
+
+    def _derive(self, events: Iterable[dict[str, Any]], now: float) -> None:
+        """Hand the new per-rank figures among ``events`` to the cluster derivation (first rebuilding
+        a run it does not know from the journal, if the relay derived events for it before)."""
+        cluster = self.cluster
+        assert cluster is not None
+        for event in events:
+            if event["stage"] == "rank" and event["type"] == "metrics":
+                run = event["run"]
+                if run not in cluster.runs and (run, RELAY_RANK) in self.dedupe.ranks:
+                    cluster.restore(run, event["world_size"], self.journal.recent(run), now)
+                self._publish(cluster.observe(event, now))
+
+    def _publish(self, derived: list[Derived]) -> None:
+        """The relay's own events go where every taken event goes, numbered on from what the journal
+        holds of (run, RELAY_RANK); no one is acknowledged for them."""
+        for item in derived:
+            state = self.dedupe.lookup(item.run, RELAY_RANK, self.journal)
+            seq = state.floor
+            state.take(seq)
+            event = {"v": schema.SCHEMA_VERSION, "run": item.run, "rank": RELAY_RANK, "local_rank": 0,
+                     "world_size": item.world_size, "host": self._host, "seq": seq, "ts": time.time(),
+                     "type": item.type, "step": item.step, "epoch": item.epoch, "stage": "cluster",
+                     "data": item.data}
+            self._lines.append((item.run, encode_line(event)))
+            self._pending += 1
+            self.counters.derived += 1
+            self._derived_runs.add(item.run)
 
     def _state(self, peer: bytes, run: str, rank: int, now: float, admitted: bool = False) -> RankState | None:
         """(run, rank)'s dedupe state, with its ack route and activity noted; None if ``run`` is new
@@ -350,8 +401,9 @@ class Relay:
 
     def _forget(self, run: str) -> bool:
         """Drop ``run``'s state; False (kept) while events it vouches for cannot be journaled."""
-        if any((run, rank) in self._acks_due for rank in self.dedupe.run_ranks.get(run, ())):
-            self.commit()  # journal its last events before the state that deduplicated them goes
+        ranks = self.dedupe.run_ranks.get(run, ())
+        if run in self._derived_runs or any((run, rank) in self._acks_due for rank in ranks):
+            self.commit()  # journal its last events before the state that deduplicated (or numbered) them goes
             if self._lines:
                 return False
         for rank in self.dedupe.forget(run):
@@ -360,6 +412,8 @@ class Relay:
             self._hellos.pop(key, None)
             self.counters.forget_client_drops(key)
         self.journal.release(run)
+        if self.cluster is not None:
+            self.cluster.forget(run)
         return True
 
     def _client_drops(self, key: tuple[str, int], state: RankState, event: dict[str, Any], peer: bytes) -> None:
@@ -445,6 +499,7 @@ class Relay:
                 for worker in self.workers:
                     worker.submit(joined, self._pending)
             self._lines, self._pending = [], 0
+            self._derived_runs.clear()
         self._send_acks()
 
     def _send_acks(self) -> None:
@@ -471,7 +526,9 @@ class Relay:
         sinks = {w.name: w.stats() for w in self.workers}
         sinks[self.journal.name] = {"written": self.counters.written, "errors": self.counters.journal_errors,
                                     "dropped": 0, "queued": self._pending}
-        return self.counters.snapshot(sinks, len(self.dedupe.ranks))
+        ranks = self.dedupe.ranks
+        relay_ranks = sum((run, RELAY_RANK) in ranks for run in self.dedupe.run_ranks)
+        return self.counters.snapshot(sinks, len(ranks) - relay_ranks)
 
     def _shutdown(self) -> None:
         log.info("shutting down: flushing %d events", self._pending)

@@ -24,6 +24,7 @@ class Counters:
         self.frames = 0
         self.events = 0
         self.written = 0
+        self.derived = 0  # events the relay made itself (relay/cluster.py), journaled with the others
         self.duplicates = 0
         self.acks_sent = 0
         self.rejected: collections.Counter[str] = collections.Counter()
@@ -46,6 +47,7 @@ class Counters:
             "frames": self.frames,
             "events": self.events,
             "written": self.written,
+            "derived": self.derived,
             "duplicates": self.duplicates,
             "acks_sent": self.acks_sent,
             "rejected": dict(self.rejected),

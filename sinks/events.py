@@ -15,6 +15,10 @@ FIELDS: tuple[str, ...] = (
     "type", "step", "epoch", "stage", "data",
 )
 
+#: The rank of the events the relay derives itself (``stage="cluster"``: cross-rank step-time figures,
+#: stragglers, lost ranks; docs/protocol.md): the largest rank the wire allows, which no client may use.
+RELAY_RANK = (1 << 24) - 1
+
 NONFINITE_JSON = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 

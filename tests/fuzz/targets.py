@@ -156,9 +156,9 @@ def _check_relay(relay: Any, path: Path, written: int) -> None:
         raise Violation(f"internal_error ({detail.split(':', 1)[0]})", f"take_frame swallowed an exception: {detail}")
     if counters.journal_errors:
         raise Violation("journal_error", f"{counters.journal_errors} journal writes failed with a writable journal")
-    if counters.events != counters.written + counters.duplicates + relay._pending:
-        raise Violation("counters", f"events {counters.events} != written {counters.written} + duplicates "
-                                    f"{counters.duplicates} + pending {relay._pending}")
+    if counters.events + counters.derived != counters.written + counters.duplicates + relay._pending:
+        raise Violation("counters", f"events {counters.events} + derived {counters.derived} != written "
+                                    f"{counters.written} + duplicates {counters.duplicates} + pending {relay._pending}")
     seqs: dict[tuple[str, int], set[int]] = {}
     drops: dict[tuple[str, int], set[int]] = {}
     events = [event for file in journal_files(path) for event in read_events(file)]
