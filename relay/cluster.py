@@ -11,10 +11,12 @@ with and get nothing.
 A logged step is summed up once every rank that is not lost reported it. A rank that reported a
 later step will never report this one (each rank sends in order), so a later step completing
 settles every earlier one with the ranks it has (``ranks`` says how many); a step still waiting
-after ``silence`` seconds, or beyond ``MAX_IN_FLIGHT`` waiting steps, is settled as it stands.
+after ``silence`` seconds, or the oldest once a run holds ``MAX_WAITING`` reports, is settled as it
+stands. A backlog (a relay started late, or restarted: every rank resends at once) fits well within.
 """
 from __future__ import annotations
 
+import heapq
 import math
 import statistics
 from dataclasses import dataclass
@@ -22,8 +24,9 @@ from typing import Any, Iterable, NamedTuple
 
 from sinks.events import RELAY_RANK
 
-#: Logged steps of one run waiting for their ranks; past it the oldest is settled as it stands.
-MAX_IN_FLIGHT = 32
+#: Reports one run may hold for steps still waiting for their other ranks; past it the oldest step is
+#: settled as it stands. Memory per run stays bounded whatever its ranks send.
+MAX_WAITING = 16_384
 
 
 @dataclass(frozen=True)
@@ -67,12 +70,14 @@ class _Step:
 
 
 class _Run:
-    __slots__ = ("world_size", "ranks", "pending", "done", "lost", "epoch", "active")
+    __slots__ = ("world_size", "ranks", "pending", "order", "waiting", "done", "lost", "epoch", "active")
 
     def __init__(self, world_size: int, now: float) -> None:
         self.world_size = world_size
         self.ranks: dict[int, _Rank] = {}
         self.pending: dict[int, _Step] = {}
+        self.order: list[int] = []  # the steps of ``pending``, a heap: settled oldest first
+        self.waiting = 0  # reports held in ``pending``
         self.done = -1  # steps up to here are settled: later reports of them are late, and ignored
         self.lost = 0  # ranks now lost
         self.epoch: float | None = None
@@ -126,13 +131,15 @@ class Cluster:
         entry = run.pending.get(step)
         if entry is None:
             entry = run.pending[step] = _Step(event["epoch"], now)
+            heapq.heappush(run.order, step)
         if rank in entry.times:
             return out
         entry.times[rank] = step_time(event["data"])
+        run.waiting += 1
         if len(entry.times) >= run.world_size - run.lost:
             out += self._settle(event["run"], run, step)
-        elif len(run.pending) > MAX_IN_FLIGHT:
-            out += self._settle(event["run"], run, min(run.pending))
+        elif run.waiting > MAX_WAITING:
+            out += self._settle(event["run"], run, run.order[0])
         return out
 
     def check(self, now: float) -> list[Derived]:
@@ -181,10 +188,22 @@ class Cluster:
     def _settle(self, name: str, run: _Run, upto: int) -> list[Derived]:
         """Sum up every waiting step up to ``upto``, in order."""
         out = []
-        for step in sorted(s for s in run.pending if s <= upto):
-            out += self._figures(name, run, step, run.pending.pop(step))
-        run.done = max(run.done, upto)
+        for step, entry in self._drop(run, upto):
+            out += self._figures(name, run, step, entry)
         return out
+
+    @staticmethod
+    def _drop(run: _Run, upto: int) -> list[tuple[int, _Step]]:
+        """Take the waiting steps up to ``upto`` out of ``run``, oldest first; they are settled."""
+        taken = []
+        order = run.order
+        while order and order[0] <= upto:
+            step = heapq.heappop(order)
+            entry = run.pending.pop(step)
+            run.waiting -= len(entry.times)
+            taken.append((step, entry))
+        run.done = max(run.done, upto)
+        return taken
 
     def _figures(self, name: str, run: _Run, step: int, entry: _Step) -> list[Derived]:
         times = {rank: t for rank, t in sorted(entry.times.items()) if t is not None}
@@ -216,9 +235,7 @@ class Cluster:
             run = self.runs[event["run"]] = _Run(event["world_size"], now)
         data, step = event["data"], event["step"]
         if event["type"] == "metrics" and type(step) is int:
-            for done in [s for s in run.pending if s <= step]:
-                del run.pending[done]
-            run.done = max(run.done, step)
+            self._drop(run, step)
             return
         rank = data.get("rank")
         if event["type"] != "lifecycle" or type(rank) is not int:

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from relay.cluster import MAX_IN_FLIGHT, Cluster, ClusterConfig, Derived
+from relay.cluster import MAX_WAITING, Cluster, ClusterConfig, Derived
 from sinks.events import RELAY_RANK
 
 CONFIG = ClusterConfig(factor=1.5, steps=3, silence=10.0)
@@ -109,17 +109,21 @@ def test_ranks_that_all_stop_at_the_same_step_are_not_lost() -> None:
     assert cluster.check(14.0) == [] and cluster.check(100.0) == []
 
 
-def test_a_step_waits_at_most_the_silence_and_the_in_flight_bound() -> None:
+def test_a_step_waits_at_most_the_silence_and_a_run_holds_a_bounded_number_of_reports() -> None:
     cluster = Cluster(CONFIG)
     feed(cluster, {0: 0.1, 1: 0.2}, step=1, now=0.0)  # ranks 2 and 3 never report at all
     assert cluster.check(9.0) == []
     (figures,) = cluster.check(10.5)
     assert figures.step == 1 and figures.data["ranks"] == 2
     out = []
-    for step in range(2, MAX_IN_FLIGHT + 3):
+    last = 1 + MAX_WAITING // 2
+    for step in range(2, last + 2):  # each step waits with two reports of four
         out += feed(cluster, {0: 0.1, 1: 0.2}, step, now=11.0)
-    assert [d.step for d in out] == [2]
-    assert len(cluster.runs["r"].pending) == MAX_IN_FLIGHT
+    assert [d.step for d in out] == [2]  # the oldest, settled as it stood to make room
+    run = cluster.runs["r"]
+    assert run.waiting == sum(len(e.times) for e in run.pending.values()) == MAX_WAITING
+    out = cluster.check(30.0)
+    assert [d.step for d in out] == list(range(3, last + 2)) and (run.waiting, run.pending) == (0, {})
 
 
 def test_restore_from_journal_events_says_nothing_twice() -> None:
