@@ -47,7 +47,6 @@ RECV_BURST = 2000  # messages read per poll before the loop checks its timers
 MAX_UNJOURNALED = 200_000  # stop reading (clients keep their events) while the journal is failing
 GC_THRESHOLD = 50_000  # allocations between young collections (Python's default: 700)
 REBIND_TIMEOUT = 5.0  # seconds to get the address back after dropping every connection
-_stage = operator.itemgetter("stage")
 _rank = operator.itemgetter("rank")
 
 
@@ -268,7 +267,7 @@ class Relay:
         and since nothing of it was acknowledged its client sends it again."""
         self.counters.frames += 1
         try:
-            events, first_seq = schema.decode(frame)
+            events, first_seq, per_rank = schema.decode(frame)
         except schema.FrameError as exc:
             self._reject(exc.reason, exc.detail, frame, peer)
             return
@@ -277,12 +276,13 @@ class Relay:
                                           "no client may publish as it", frame, peer)
             return
         try:
-            self._take_events(peer, events, first_seq, time.monotonic() if now is None else now)
+            self._take_events(peer, events, first_seq, time.monotonic() if now is None else now, per_rank)
         except Exception as exc:  # counted and dead-lettered below; one frame never stops ingest
             log.exception("frame from peer %s raised; dead-lettered", peer.hex())
             self._reject("internal_error", f"{type(exc).__name__}: {exc}", frame, peer)
 
-    def _take_events(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None, now: float) -> None:
+    def _take_events(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None, now: float,
+                     per_rank: bool) -> None:
         counters = self.counters
         if first_seq is not None:  # one rank's plain events, seqs without a gap: maybe all new
             run, rank = events[0]["run"], events[0]["rank"]
@@ -295,7 +295,7 @@ class Relay:
             if state.take_run(first_seq, len(events)):
                 self._lines.append((run, chunk))  # (not bound before _state: making room may commit)
                 self._pending += len(events)
-                if self.cluster is not None and "rank" in map(_stage, events):
+                if per_rank and self.cluster is not None:
                     self._derive(events, now)
                 return
         else:
