@@ -4,7 +4,6 @@ silent rank comes back, a relay killed mid-run numbers on, and the sinks get eve
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, finish, read_jsonl, wait_for
+from conftest import ROOT, finish, plugin_env, read_jsonl, wait_for
 from relay.client import Publisher
 from sinks.events import RELAY_RANK
 
@@ -44,32 +43,6 @@ def said(events: list[dict], what: str) -> list[dict]:
     return [e for e in events if e["type"] == "lifecycle" and e["data"]["event"] == what]
 
 
-def keep_sink_env(tmp_path: Path) -> dict[str, str]:
-    """A sink, named as ``keep_sink:Keep``, that appends every event it gets to --keep-file."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "keep_sink.py").write_text('''
-import click, json
-from sinks.base import Sink
-
-class Keep(Sink):
-    name = "keep"
-    @classmethod
-    def options(cls):
-        return [click.Option(["--keep-file"], default="kept.jsonl")]
-    def __init__(self, keep_file):
-        self.fh = open(keep_file, "a")
-    def write(self, events):
-        for e in events:
-            self.fh.write(json.dumps(e) + "\\n")
-    def flush(self):
-        self.fh.flush()
-    def close(self):
-        self.fh.close()
-''')
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
-
-
 def assert_numbered_once(events: list[dict]) -> None:
     """The relay's own seqs of each run run from 0 without a gap or a repeat."""
     for run in {e["run"] for e in events}:
@@ -79,8 +52,7 @@ def assert_numbered_once(events: list[dict]) -> None:
 
 def test_a_slowed_rank_is_the_straggler_and_every_step_is_summed_up(relays, tmp_path: Path) -> None:
     journal, kept = tmp_path / "journal.jsonl", tmp_path / "kept.jsonl"
-    env = keep_sink_env(tmp_path)
-    relay = relays(["--path", str(journal), "--sink", "keep_sink:Keep", "--keep-file", str(kept)], env=env)
+    relay = relays(["--path", str(journal), "--sink", "collect", "--collect-file", str(kept)], env=plugin_env(tmp_path))
     steps = 8
     ranks = [start_rank(relay.address, "slow-run", rank, 4, steps, 0.4 if rank == 2 else 0.05) for rank in range(4)]
     for proc in ranks:
