@@ -157,16 +157,15 @@ class Cluster:
                     out += self._settle(name, run, max(ready))
         return out
 
-    def restore(self, run: str, world_size: int, events: Iterable[dict[str, Any]], now: float) -> None:
-        """Rebuild ``run``'s state from its recent journal events (a restarted relay, or a run it had
-        forgotten), publishing nothing: the relay's own events there say what was settled already."""
+    def restore(self, events: Iterable[dict[str, Any]], now: float) -> None:
+        """Rebuild the state of the runs of ``events``, a run's recent journal lines (a restarted
+        relay, or a run it had forgotten), publishing nothing: the relay's own events there say what
+        was settled and said already. The ranks count as heard from ``now``."""
         for event in events:
             if event["rank"] == RELAY_RANK:
                 self._replay(event, now)
             elif event["type"] == "metrics" and event["stage"] == "rank":
                 self.observe(event, now)
-        if run not in self.runs:
-            self.runs[run] = _Run(world_size, now)
 
     def forget(self, run: str) -> None:
         self.runs.pop(run, None)

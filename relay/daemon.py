@@ -326,15 +326,11 @@ class Relay:
                     self._reused_run(key)
 
     def _derive(self, events: Iterable[dict[str, Any]], now: float) -> None:
-        """Hand the new per-rank figures among ``events`` to the cluster derivation (first rebuilding
-        a run it does not know from the journal, if the relay derived events for it before)."""
+        """Hand the new per-rank figures among ``events`` to the cluster derivation."""
         cluster = self.cluster
         assert cluster is not None
         for event in events:
             if event["stage"] == "rank" and event["type"] == "metrics":
-                run = event["run"]
-                if run not in cluster.runs and (run, RELAY_RANK) in self.dedupe.ranks:
-                    cluster.restore(run, event["world_size"], self.journal.recent(run), now)
                 self._publish(cluster.observe(event, now))
 
     def _publish(self, derived: list[Derived]) -> None:
@@ -360,11 +356,14 @@ class Relay:
         key = (run, rank)
         state = dedupe.ranks.get(key)
         if state is None:
-            if run not in dedupe.run_ranks:
+            new = run not in dedupe.run_ranks
+            if new:
                 if not admitted and not self._run_budget.admit(peer, 1, now):
                     return None
                 self._make_room()
             state = dedupe.lookup(run, rank, self.journal)
+            if new and self.cluster is not None and (state.floor or state.above or len(dedupe.run_ranks[run]) > 1):
+                self.cluster.restore(self.journal.recent(run), now)  # met again: a restart, or forgotten
         self._acks_due.add(key)
         self._routes[key] = peer
         dedupe.touch(run, now)

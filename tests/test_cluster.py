@@ -145,7 +145,7 @@ def test_restore_from_journal_events_says_nothing_twice() -> None:
     assert said == ["figures", "figures", "figures", "straggler"]
 
     again = Cluster(CONFIG)
-    again.restore("r", 3, journal, 100.0)
+    again.restore(journal, 100.0)
     assert again.observe(report(2, 3, 0.5, world=3), 100.0) == []  # step 3 was settled before
     assert again.observe(report(1, 4, 0.1, world=3), 100.0) == []
     out = again.observe(report(2, 4, 0.5, world=3), 100.0)
@@ -156,7 +156,7 @@ def test_restore_from_journal_events_says_nothing_twice() -> None:
                     "step": 9, "epoch": None, "data": {"event": "rank_lost", "rank": 1, "silent_s": 60.0,
                                                        "last_step": 4}})
     lost = Cluster(CONFIG)
-    lost.restore("r", 3, journal, 200.0)
+    lost.restore(journal, 200.0)
     feed(lost, {0: 0.1, 2: 0.1}, 10, now=250.0, world=3)
     assert lost.check(300.0) == []  # already said
     assert kinds(lost.observe(report(1, 11, 0.1, world=3), 300.0)) == ["rank_back"]
