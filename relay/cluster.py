@@ -93,8 +93,8 @@ def step_time(data: dict[str, Any]) -> float | None:
 
 
 class Cluster:
-    """Per-run derivation state; memory per run is bounded by its reporting ranks and MAX_IN_FLIGHT
-    steps, and a run is dropped with ``forget`` when the relay forgets it."""
+    """Per-run derivation state; memory per run is bounded by its reporting ranks and MAX_WAITING
+    reports, and a run is dropped with ``forget`` when the relay forgets it."""
 
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
