@@ -38,7 +38,8 @@ KINDS_SENT = {
     "oversize": "one event of 1.2 MiB (over the 1 MiB frame limit)",
     "over_transport": "one event of 5 MiB (over ZeroMQ's MAXMSGSIZE: the connection is dropped, the relay never sees it)",
     "multipart": "a valid event followed by a second message part",
-    "extreme_ints": "data ints 2**63, 2**64-1, -2**63, -1; seq and step 2**63-1, 2**63 or 2**64-1; rank 2**24-1",
+    "extreme_ints": "data ints 2**63, 2**64-1, -2**63, -1; seq and step 2**63-1, 2**63 or 2**64-1; rank 2**24-2 "
+                    "(the largest a client may use)",
     "extreme_floats": "NaN, +-inf, +-1e308, 5e-324 as ts and epoch; non-finite data values",
     "big_strings": "100 KB string values, or a 257-character host",
     "deep_nesting": "data nested 9 levels, or 100,000 levels of msgpack arrays",
@@ -111,7 +112,7 @@ class Hostile:
     def _extreme_ints(self, n: int) -> bytes:
         data = {"i63": 2**63, "u64": 2**64 - 1, "neg": -(2**63), "minus_one": -1, "zero": 0}
         big = (2**63 - 1, 2**63, 2**64 - 1)[n % 3]
-        return schema.encode_event(self.event(seq=big, step=big, rank=schema.MAX_RANK - 1,
+        return schema.encode_event(self.event(seq=big, step=big, rank=schema.MAX_RANK - 2,
                                               local_rank=schema.MAX_RANK - 1, world_size=schema.MAX_RANK - 1,
                                               data=data))
 

@@ -58,12 +58,11 @@ class _SinkCommand(click.Command):
         ctx.meta[_SINK_PARAMS] = self._sink_params(classes)
         try:
             return super().parse_args(ctx, args)
-        except click.NoSuchOption as exc:
-            owner = _owner(exc.option_name, classes)
+        except click.UsageError as exc:  # an unknown option or a bad value: one line, exit 2
+            owner = _owner(exc.option_name, classes) if isinstance(exc, click.NoSuchOption) else None
             if owner is not None:
-                raise click.UsageError(f"{exc.option_name} belongs to the {owner} sink; add --sink {owner}",
-                                       ctx) from None
-            raise
+                _fail(EXIT_USAGE, f"{exc.option_name} belongs to the {owner} sink; add --sink {owner}")
+            _fail(EXIT_USAGE, f"{exc.format_message().rstrip('.')}; see '{ctx.command_path} --help'")
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
         params = [*self.params, *ctx.meta.get(_SINK_PARAMS, ())]
@@ -211,6 +210,17 @@ def main() -> None:
 @click.option("--max-memory", type=click.IntRange(0), default=1024, show_default=True, metavar="MIB",
               help="Resident memory at which every connection is dropped to free what ZeroMQ holds (clients "
                    "reconnect and resend); 0: never.")
+@click.option("--cluster/--no-cluster", default=True, show_default=True,
+              help="Derive cross-rank events from the ranks' step times (stage 'rank'): per logged step the "
+                   "min/median/max step time and slowest rank (stage 'cluster'), stragglers, lost ranks.")
+@click.option("--straggler-factor", type=click.FloatRange(1.0, min_open=True), default=1.5, show_default=True,
+              help="A rank is slow at a step when its step time exceeds the step's median by this factor.")
+@click.option("--straggler-steps", type=click.IntRange(1), default=3, show_default=True,
+              help="Logged steps in a row a rank must be slow to get a 'straggler' event.")
+@click.option("--rank-silence", type=click.FloatRange(1.0), default=60.0, show_default=True, metavar="SECONDS",
+              help="A rank silent this long while its peers went on to later steps gets 'rank_lost' ('rank_back' "
+                   "when it reports again); a step also waits at most this long for its ranks. Keep it above "
+                   "the time between logged steps.")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write {\"address\", \"pid\"} here once listening (for scripts binding port '*').")
 @click.option("--watch-pid", type=int, help="Shut down cleanly when this process is gone.")
@@ -225,10 +235,12 @@ def main() -> None:
 @click.pass_context
 def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_interval: float,
           stats_interval: float, sink_queue: int, forget_after: float, run_rate: float, max_runs: int,
-          max_memory: int, ready_file: Path | None, watch_pid: int | None,
+          max_memory: int, cluster: bool, straggler_factor: float, straggler_steps: int, rank_silence: float,
+          ready_file: Path | None, watch_pid: int | None,
           curve_cert: Path | None, curve_clients: Path | None, log_level: str, live: str,
           **sink_params: Any) -> None:
     """Run the relay until SIGINT/SIGTERM."""
+    from relay.cluster import ClusterConfig
     from relay.daemon import Relay, RelayConfig
 
     line = LiveLine(sys.stderr) if wanted(live, sys.stderr) else None
@@ -240,7 +252,8 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
     config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
                          sink_queue=sink_queue, forget_after=forget_after, run_rate=run_rate, max_runs=max_runs,
                          max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
-                         curve_cert=curve_cert, curve_clients=curve_clients)
+                         curve_cert=curve_cert, curve_clients=curve_clients,
+                         cluster=ClusterConfig(straggler_factor, straggler_steps, rank_silence) if cluster else None)
     relay = Relay(config, journal, sinks)
     relay.live = line
     try:

@@ -26,6 +26,7 @@ from relay import curve, schema, spool
 from relay.address import ADDRESS_ENV, DEFAULT_ADDRESS, resolve_address
 from relay.hub import Hub, Link, read_monitor
 from relay.window import SendWindow
+from sinks.events import RELAY_RANK
 
 # The address names are re-exported: relay.cli and user code import them from here.
 __all__ = ["ADDRESS_ENV", "DEFAULT_ADDRESS", "Publisher", "UNKNOWN_JOURNAL", "resolve_address"]
@@ -71,6 +72,8 @@ class Publisher:
         for name, val in (("rank", rank), ("world_size", world_size), ("max_events", max_events)):
             if not isinstance(val, int) or val < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {val!r}")
+        if rank >= RELAY_RANK:
+            raise ValueError(f"rank must be below {RELAY_RANK} (the relay's own rank), got {rank}")
         self.run = run
         self.rank = rank
         self.address = resolve_address(address)

@@ -6,6 +6,8 @@ cumulatively per (run, rank), then hands the same lines to each other sink's pro
 (relay/sink_process.py). Acks therefore mean "in the journal", and no other sink can slow ingest down.
 Every second it samples its counters for rates and sink lag, and on a terminal redraws the live
 status line; a status request on the socket is answered from relay/status.py's budget.
+From every rank's step times it derives cross-rank events of its own (relay/cluster.py), journaled
+and fanned out the same way as rank RELAY_RANK.
 
 It runs over 350 lines because what is here is the one ingest thread's state (routes, dedupe,
 pending lines, acks due) and every step that touches it per frame or per flush; the parts that
@@ -18,18 +20,21 @@ import errno
 import gc
 import json
 import logging
+import operator
 import os
 import signal
+import socket
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import zmq
 
 from relay import curve, schema
 from relay.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_loopback
+from relay.cluster import Cluster, ClusterConfig, Derived
 from relay.deadletter import KEEP_BYTES, DeadLetters
 from relay.dedupe import Dedupe, RankState
 from relay.journal import Journal, encode_line, encode_lines
@@ -38,6 +43,7 @@ from relay.live import LiveLine
 from relay.sink_process import SinkProcess, SinkSpec
 from relay.stats import Counters, Rate, log_stats, run_view, write_stats
 from relay.status import STATUS_REQUEST, Answers, format_line
+from sinks.events import RELAY_RANK
 
 log = logging.getLogger("relay")
 
@@ -45,6 +51,7 @@ RECV_BURST = 2000  # messages read per poll before the loop checks its timers
 MAX_UNJOURNALED = 200_000  # stop reading (clients keep their events) while the journal is failing
 GC_THRESHOLD = 50_000  # allocations between young collections (Python's default: 700)
 REBIND_TIMEOUT = 5.0  # seconds to get the address back after dropping every connection
+_rank = operator.itemgetter("rank")
 
 
 @dataclass
@@ -67,6 +74,8 @@ class RelayConfig:
     max_memory: int = 1024
     #: seconds after its last frame a rank still counts as connected in the status
     active_window: float = 60.0
+    #: cross-rank events derived from the ranks' step times (relay/cluster.py); None: none
+    cluster: ClusterConfig | None = field(default_factory=ClusterConfig)
 
 
 class Relay:
@@ -102,6 +111,9 @@ class Relay:
         self._rate = Rate()
         self._answers = Answers(self.snapshot)
         self._journal_ok_at = time.monotonic()  # the last journal write that worked
+        self.cluster = Cluster(config.cluster) if config.cluster is not None else None
+        self._host = socket.gethostname()
+        self._derived_runs: set[str] = set()  # runs with derived events not journaled yet
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -218,6 +230,8 @@ class Relay:
             if now >= next_watch:
                 next_watch = now + 1.0
                 self._each_second(now)
+                if self.cluster is not None:
+                    self._publish(self.cluster.check(now))
                 if self.config.watch_pid and not alive(self.config.watch_pid):
                     log.info("watched process %d is gone; shutting down", self.config.watch_pid)
                     self._stop = True
@@ -282,12 +296,16 @@ class Relay:
         and since nothing of it was acknowledged its client sends it again."""
         self.counters.frames += 1
         try:
-            events, first_seq = schema.decode(frame)
+            events, first_seq, per_rank = schema.decode(frame)
         except schema.FrameError as exc:
             self._reject(exc.reason, exc.detail, frame, peer)
             return
+        if (events[0]["rank"] if first_seq is not None else max(map(_rank, events))) == RELAY_RANK:
+            self._reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it derives); "
+                                          "no client may publish as it", frame, peer)
+            return
         try:
-            self._take_events(peer, events, first_seq, time.monotonic() if now is None else now)
+            self._take_events(peer, events, first_seq, time.monotonic() if now is None else now, per_rank)
             run = events[0]["run"]
             if run not in self._world and run in self.dedupe.run_ranks:  # (for the status)
                 self._world[run] = events[0]["world_size"]
@@ -295,7 +313,8 @@ class Relay:
             log.exception("frame from peer %s raised; dead-lettered", peer.hex())
             self._reject("internal_error", f"{type(exc).__name__}: {exc}", frame, peer)
 
-    def _take_events(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None, now: float) -> None:
+    def _take_events(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None, now: float,
+                     per_rank: bool) -> None:
         counters = self.counters
         if first_seq is not None:  # one rank's plain events, seqs without a gap: maybe all new
             run, rank = events[0]["run"], events[0]["rank"]
@@ -308,6 +327,8 @@ class Relay:
             if state.take_run(first_seq, len(events)):
                 self._lines.append((run, chunk))  # (not bound before _state: making room may commit)
                 self._pending += len(events)
+                if per_rank and self.cluster is not None:
+                    self._derive(events, now)
                 return
         else:
             new = {e["run"] for e in events}.difference(self.dedupe.run_ranks)
@@ -329,10 +350,36 @@ class Relay:
                     self._client_drops(key, state, event, peer)
                 elif event["type"] == "hello":
                     self._hellos[key] = event["ts"]
+                elif event["stage"] == "rank" and self.cluster is not None:
+                    self._derive((event,), now)
             else:
                 counters.duplicates += 1
                 if event["type"] == "hello" and self._hellos.get(key, event["ts"]) != event["ts"]:
                     self._reused_run(key)
+
+    def _derive(self, events: Iterable[dict[str, Any]], now: float) -> None:
+        """Hand the new per-rank figures among ``events`` to the cluster derivation."""
+        cluster = self.cluster
+        assert cluster is not None
+        for event in events:
+            if event["stage"] == "rank" and event["type"] == "metrics":
+                self._publish(cluster.observe(event, now))
+
+    def _publish(self, derived: list[Derived]) -> None:
+        """The relay's own events go where every taken event goes, numbered on from what the journal
+        holds of (run, RELAY_RANK); no one is acknowledged for them."""
+        for item in derived:
+            state = self.dedupe.lookup(item.run, RELAY_RANK, self.journal)
+            seq = state.floor
+            state.take(seq)
+            event = {"v": schema.SCHEMA_VERSION, "run": item.run, "rank": RELAY_RANK, "local_rank": 0,
+                     "world_size": item.world_size, "host": self._host, "seq": seq, "ts": time.time(),
+                     "type": item.type, "step": item.step, "epoch": item.epoch, "stage": "cluster",
+                     "data": item.data}
+            self._lines.append((item.run, encode_line(event)))
+            self._pending += 1
+            self.counters.derived += 1
+            self._derived_runs.add(item.run)
 
     def _state(self, peer: bytes, run: str, rank: int, now: float, admitted: bool = False) -> RankState | None:
         """(run, rank)'s dedupe state, with its ack route and activity noted; None if ``run`` is new
@@ -341,11 +388,14 @@ class Relay:
         key = (run, rank)
         state = dedupe.ranks.get(key)
         if state is None:
-            if run not in dedupe.run_ranks:
+            new = run not in dedupe.run_ranks
+            if new:
                 if not admitted and not self._run_budget.admit(peer, 1, now):
                     return None
                 self._make_room()
             state = dedupe.lookup(run, rank, self.journal)
+            if new and self.cluster is not None and (state.floor or state.above or len(dedupe.run_ranks[run]) > 1):
+                self.cluster.restore(self.journal.recent(run), now)  # met again: a restart, or forgotten
         self._acks_due.add(key)
         self._routes[key] = peer
         self._active[key] = now
@@ -383,8 +433,9 @@ class Relay:
 
     def _forget(self, run: str) -> bool:
         """Drop ``run``'s state; False (kept) while events it vouches for cannot be journaled."""
-        if any((run, rank) in self._acks_due for rank in self.dedupe.run_ranks.get(run, ())):
-            self.commit()  # journal its last events before the state that deduplicated them goes
+        ranks = self.dedupe.run_ranks.get(run, ())
+        if run in self._derived_runs or any((run, rank) in self._acks_due for rank in ranks):
+            self.commit()  # journal its last events before the state that deduplicated (or numbered) them goes
             if self._lines:
                 return False
         for rank in self.dedupe.forget(run):
@@ -395,6 +446,8 @@ class Relay:
             self.counters.forget_client_drops(key)
         self.journal.release(run)
         self._world.pop(run, None)
+        if self.cluster is not None:
+            self.cluster.forget(run)
         return True
 
     def _client_drops(self, key: tuple[str, int], state: RankState, event: dict[str, Any], peer: bytes) -> None:
@@ -481,6 +534,7 @@ class Relay:
                 for worker in self.workers:
                     worker.submit(joined, self._pending)
             self._lines, self._pending = [], 0
+            self._derived_runs.clear()
         self._send_acks()
 
     def _send_acks(self) -> None:
@@ -518,7 +572,9 @@ class Relay:
                                      "dropped": 0, "queued": self._pending,
                                      "lag_s": round(now - self._journal_ok_at, 1) if self._pending else 0.0}}
         sinks.update((w.name, w.stats()) for w in self.workers)
-        snap = self.counters.snapshot(sinks, len(self.dedupe.ranks))
+        ranks = self.dedupe.ranks
+        relay_ranks = sum((run, RELAY_RANK) in ranks for run in self.dedupe.run_ranks)
+        snap = self.counters.snapshot(sinks, len(ranks) - relay_ranks)
         snap.update(ts=round(time.time(), 3), address=self.address, pid=os.getpid(), final=final,
                     events_per_s=round(self._rate.per_s(now, self.counters.events, window), 1), rate_window_s=window,
                     runs=len(self.dedupe.run_ranks), active_window_s=self.config.active_window,

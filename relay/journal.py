@@ -47,6 +47,7 @@ LOCK_NAME = "_relay.lock"
 MAX_OPEN_FILES = 128
 MAX_RELEASED = 4096  # forgotten runs of a shared file remembered before its index is dropped whole
 READ_SIZE = 1 << 20
+RECENT_BYTES = 1 << 20  # what Journal.recent reads back from the end of a run's file
 
 
 # -- the line codec -------------------------------------------------------------------------------
@@ -381,6 +382,20 @@ class Journal:
             for start, end in spans:
                 for seq in range(start, end):
                     yield rank, seq
+
+    def recent(self, run: str, limit: int = RECENT_BYTES) -> list[dict[str, Any]]:
+        """``run``'s events among the last ``limit`` bytes of its file, in order, as a sink gets
+        them: what a restarted relay needs to go on deriving a run's cluster events (relay/cluster.py)."""
+        path = self.file_for(run) if self.directory else self.path
+        try:
+            with open(path, "rb") as fh:
+                start = max(0, os.fstat(fh.fileno()).st_size - limit)
+                fh.seek(start)
+                lines = fh.read(limit).split(b"\n")
+        except FileNotFoundError:
+            return []
+        events = (parse_event(line) for line in lines[1 if start else 0:])  # the first may be cut
+        return [from_journal(event) for event in events if event is not None and event["run"] == run]
 
     # -- internals ---------------------------------------------------------------------------------
 

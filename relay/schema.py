@@ -123,11 +123,14 @@ class Frame(NamedTuple):
 
     ``first_seq`` is set when the frame is a compact batch of one rank whose seqs run on without a
     gap from it and that holds no hello or stats event: the relay can then take it whole, with one
-    comparison against the rank's dedupe floor instead of one per event.
+    comparison against the rank's dedupe floor instead of one per event. ``per_rank`` is set on that
+    same column path when an event has stage ``rank`` (a rank's own figures, from which the relay
+    derives cross-rank events), so the relay need not look at each event to know.
     """
 
     events: list[dict[str, Any]]
     first_seq: int | None = None
+    per_rank: bool = False
 
 
 def decode_frame(frame: bytes) -> list[dict[str, Any]]:
@@ -179,14 +182,15 @@ def _expand(frame: dict[str, Any]) -> Frame:
     if not rows:
         raise FrameError("empty", "compact batch holds no events")
     v, run, rank, lrank, ws, host = _get_envelope(frame)
-    first_seq = _columns_ok(rows)
-    if first_seq is None:
+    checked = _columns_ok(rows)
+    if checked is None:
         return Frame(_expand_checked(rows, v, run, rank, lrank, ws, host))
+    first_seq, per_rank = checked
     events = [{"v": v, "run": run, "rank": rank, "local_rank": lrank, "world_size": ws, "host": host,
                "seq": seq, "ts": ts, "type": typ, "step": step, "epoch": epoch, "stage": stage, "data": data}
               for seq, ts, typ, step, epoch, stage, data in rows]
     validate_event(events[0])  # the envelope, which every row shares
-    return Frame(events, first_seq if first_seq >= 0 else None)
+    return Frame(events, first_seq if first_seq >= 0 else None, per_rank)
 
 
 def _expand_checked(rows: list[Any], v: Any, run: Any, rank: Any, lrank: Any, ws: Any, host: Any) -> list[dict[str, Any]]:
@@ -220,12 +224,13 @@ _STAGE_TYPES = frozenset({str, _NONE})
 _SPECIAL_TYPES = frozenset({"hello", "stats"})  # events the relay acts on one by one
 
 
-def _columns_ok(rows: list[Any]) -> int | None:
+def _columns_ok(rows: list[Any]) -> tuple[int, bool] | None:
     """Check a compact batch's rows by column, each rule one pass in C over all rows; the same rules
     as validate_event, except that nested data is left to the row-by-row path.
 
     Returns None if any rule fails (the caller then finds out which, row by row), else the first
-    seq if the seqs run on without a gap and no row is a hello or stats event, else -1.
+    seq if the seqs run on without a gap and no row is a hello or stats event (else -1), and whether
+    a row has stage ``rank``.
     """
     if set(map(type, rows)) != {list} or set(map(len, rows)) != {len(ROW_FIELDS)}:
         return None
@@ -246,9 +251,9 @@ def _columns_ok(rows: list[Any]) -> int | None:
     if not _SCALARS.issuperset(map(type, chain.from_iterable(map(dict.values, datas)))):
         return None
     first = seqs[0]
-    if _SPECIAL_TYPES.isdisjoint(types) and seqs == tuple(range(first, first + len(seqs))):
-        return first
-    return -1
+    if not (_SPECIAL_TYPES.isdisjoint(types) and seqs == tuple(range(first, first + len(seqs)))):
+        first = -1
+    return first, "rank" in stages
 
 
 def _in_range(values: Any, low: float, high: float) -> bool:

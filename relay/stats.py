@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from relay.status import format_line
+from sinks.events import RELAY_RANK
 
 log = logging.getLogger("relay.stats")
 
@@ -31,6 +32,7 @@ class Counters:
         self.frames = 0
         self.events = 0
         self.written = 0
+        self.derived = 0  # events the relay made itself (relay/cluster.py), journaled with the others
         self.duplicates = 0
         self.acks_sent = 0
         self.rejected: collections.Counter[str] = collections.Counter()
@@ -55,6 +57,7 @@ class Counters:
             "frames": self.frames,
             "events": self.events,
             "written": self.written,
+            "derived": self.derived,
             "duplicates": self.duplicates,
             "acks_sent": self.acks_sent,
             "rejected": dict(self.rejected),
@@ -112,7 +115,7 @@ def run_view(runs: Iterable[str], run_ranks: Mapping[str, list[int]], active: Ma
     for run in runs:
         if len(view) >= RUNS_LISTED:
             break
-        seen = [active.get((run, rank)) for rank in run_ranks.get(run, ())]
+        seen = [active.get((run, rank)) for rank in run_ranks.get(run, ()) if rank != RELAY_RANK]
         last = max((t for t in seen if t is not None), default=None)
         view[run] = {"connected": sum(1 for t in seen if t is not None and now - t <= window),
                      "ranks": len(seen), "world_size": world.get(run),

@@ -123,7 +123,7 @@ def finish(proc: subprocess.Popen, timeout: float = 120) -> dict:
 
 def plugin_env(tmp_path: Path) -> dict[str, str]:
     """Environment with a throwaway distribution on PYTHONPATH that registers sinks through entry
-    points: ``explode`` (every write raises), ``collect`` (appends {run, seq} to --collect-file),
+    points: ``explode`` (every write raises), ``collect`` (appends each event it gets to --collect-file),
     ``crashonce`` (kills its own process at its first write, then appends to --crash-file),
     ``refuse`` (raises PermanentError for a batch holding an event whose data has "bad", else
     appends to --refuse-file), ``flaky`` (raises a transient error at its first --flaky-failures
@@ -155,7 +155,7 @@ class Collect(Sink):
         self.fh = open(collect_file, "a")
     def write(self, events):
         for e in events:
-            self.fh.write(json.dumps({"run": e["run"], "seq": e["seq"]}) + "\\n")
+            self.fh.write(json.dumps(e) + "\\n")
     def flush(self):
         self.fh.flush()
     def close(self):

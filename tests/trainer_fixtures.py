@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from relay.address import ADDRESS_ENV
+from sinks.events import RELAY_RANK
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_DATA = ROOT / "trainer" / "data" / "demo_instructions.jsonl"
@@ -77,10 +78,16 @@ def error_lines(stderr: str) -> list[str]:
 
 
 def assert_complete(events: list[dict], *, world_size: int, steps: int, eval_steps: int | None) -> str:
-    """Every expected event exactly once, from the right rank, one run id, no gap in any rank's seq.
+    """Every expected event exactly once, from the right rank, one run id, no gap in any rank's seq,
+    and the relay's own summary of every logged step across the ranks (relay/cluster.py).
 
     Returns the run id.
     """
+    derived = [e for e in events if e["rank"] == RELAY_RANK]
+    events = [e for e in events if e["rank"] != RELAY_RANK]
+    summed = [e["step"] for e in derived if e["type"] == "metrics"]
+    assert summed == (list(range(1, steps + 1)) if world_size > 1 else []), summed
+    assert all(e["stage"] == "cluster" and e["run"] == events[0]["run"] for e in derived)
     runs = {e["run"] for e in events}
     assert len(runs) == 1, runs
     for rank in range(world_size):

@@ -74,7 +74,7 @@ json_values = st.recursive(st.one_of(st.none(), st.booleans(), ints, st.floats(a
 data_keys = st.one_of(st.sampled_from(DATA_KEYS), st.text(max_size=10), st.sampled_from(STR_EDGES))
 data_values = st.one_of(floats, ints, scalars, wire_values)
 run_ids = st.one_of(st.sampled_from(RUN_POOL), st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", fullmatch=True))
-ranks = st.sampled_from([0, 1, 2, 3, schema.MAX_RANK - 1])
+ranks = st.sampled_from([0, 1, 2, 3, schema.MAX_RANK - 2, schema.MAX_RANK - 1])  # the largest: the relay's own
 seqs = st.one_of(st.integers(0, 40), st.sampled_from([2**32, 2**63 - 1, 2**63, 2**64 - 2, MAX_UINT64]))
 timestamps = st.one_of(st.floats(1.6e9, 1.8e9), floats, ints)
 

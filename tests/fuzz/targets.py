@@ -85,13 +85,16 @@ def check_decode(frame: bytes) -> None:
 
 
 def _check_first_seq(decoded: schema.Frame) -> None:
-    """first_seq lets the relay take a frame whole: it must mean one rank's gapless plain events."""
+    """first_seq lets the relay take a frame whole: it must mean one rank's gapless plain events; and
+    per_rank, that the relay need look for per-rank figures in it, exactly when one has stage rank."""
     first = decoded.first_seq
     events = decoded.events
     if ([e["seq"] for e in events] != list(range(first, first + len(events)))
             or any(e["type"] in ("hello", "stats") for e in events)
             or len({(e["run"], e["rank"]) for e in events}) != 1):
         raise Violation("first_seq", f"first_seq={first} on a frame that is not one rank's gapless plain events")
+    if decoded.per_rank != any(e["stage"] == "rank" for e in events):
+        raise Violation("per_rank", f"per_rank={decoded.per_rank} on a frame whose stages say otherwise")
 
 
 def _check_journaled(line: Any) -> None:
@@ -156,9 +159,9 @@ def _check_relay(relay: Any, path: Path, written: int) -> None:
         raise Violation(f"internal_error ({detail.split(':', 1)[0]})", f"take_frame swallowed an exception: {detail}")
     if counters.journal_errors:
         raise Violation("journal_error", f"{counters.journal_errors} journal writes failed with a writable journal")
-    if counters.events != counters.written + counters.duplicates + relay._pending:
-        raise Violation("counters", f"events {counters.events} != written {counters.written} + duplicates "
-                                    f"{counters.duplicates} + pending {relay._pending}")
+    if counters.events + counters.derived != counters.written + counters.duplicates + relay._pending:
+        raise Violation("counters", f"events {counters.events} + derived {counters.derived} != written "
+                                    f"{counters.written} + duplicates {counters.duplicates} + pending {relay._pending}")
     seqs: dict[tuple[str, int], set[int]] = {}
     drops: dict[tuple[str, int], set[int]] = {}
     events = [event for file in journal_files(path) for event in read_events(file)]

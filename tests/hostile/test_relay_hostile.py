@@ -21,6 +21,7 @@ import zmq
 
 from relay import schema
 from relay.client import Publisher
+from sinks.events import RELAY_RANK
 from conftest import ROOT, read_jsonl, wait_for
 
 EDGE_INTS = [0, -1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, -(2**63)]
@@ -254,6 +255,39 @@ def test_a_spoofed_drop_report_cannot_make_the_relay_discard_real_events(relays,
     assert [e["data"]["i"] for e in events if e["type"] == "metrics"] == list(range(300))
     seqs = [e["seq"] for e in events if e["seq"] != claimed]
     assert seqs == list(range(len(seqs))), "every real event exactly once, in order"
+    ctx.destroy(linger=0)
+
+
+def test_no_client_may_publish_as_the_relay(relays, tmp_path):
+    """RELAY_RANK numbers the relay's own events: a frame claiming it, in any form, is rejected whole
+    (``reserved_rank``), so it can neither collide with nor pose as what the relay derives."""
+    journal = tmp_path / "j.jsonl"
+    relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.connect(relay.address)
+    spoofed = _event(run="shared", rank=RELAY_RANK, world_size=2, stage="cluster", data={"slowest_rank": 1})
+    row = schema.encode_row(1, time.time(), "metrics", 1, None, "cluster", {"slowest_rank": 1})
+    frames = [schema.encode_frame([spoofed]),
+              schema.compact_frame(schema.compact_prefix({k: spoofed[k] for k in schema.ENVELOPE}), [row]),
+              schema.encode_frame([_event(run="shared", rank=0, world_size=2, seq=1000), spoofed])]
+    for frame in frames:
+        raw.send(frame)
+    stats = journal.with_name("j_stats.json")
+    wait_for(lambda: stats.exists() and relay.stats(journal)["rejected"].get("reserved_rank") == len(frames), 30,
+             "the frames rejected")
+    pubs = [Publisher("shared", rank, world_size=2, address=relay.address) for rank in (0, 1)]
+    for pub in pubs:
+        pub.publish("metrics", {"step_time": 0.1}, step=1, stage="rank")
+    assert all(pub.close(20) == 0 for pub in pubs)
+    assert relay.stop() == 0
+    assert relay.stats(journal)["rejected"] == {"reserved_rank": len(frames)}
+    events = read_jsonl(journal)
+    ours = [e for e in events if e["rank"] == RELAY_RANK]
+    assert [(e["seq"], e["type"], e["host"]) for e in ours] == [(0, "metrics", socket.gethostname())]
+    assert ours[0]["data"]["ranks"] == 2 and not [e for e in events if e["seq"] == 1000]
+    dead = read_jsonl(journal.with_name("j_deadletter.jsonl"))
+    assert [d["reason"] for d in dead] == ["reserved_rank"] * len(frames)
     ctx.destroy(linger=0)
 
 

@@ -1,0 +1,257 @@
+"""What the relay derives across ranks from every rank's step time: per logged step the spread
+(``cluster`` metrics), a rank that stays slow (``straggler``), a rank that stops while its peers go
+on (``rank_lost``) and one that returns (``rank_back``). docs/protocol.md has the events' shape.
+
+No sockets, no files and no clock of its own: the daemon (relay/daemon.py) hands ``observe`` each
+new ``stage="rank"`` metrics event with the time it arrived, calls ``check`` about once a second,
+and journals what either returns as events of rank RELAY_RANK; after a restart ``restore`` replays
+the run's recent journal lines so nothing is said twice. Runs of one rank have no peers to compare
+with and get nothing.
+
+A logged step is summed up once every rank that is not lost reported it. A rank that reported a
+later step will never report this one (each rank sends in order), so a later step completing
+settles every earlier one with the ranks it has (``ranks`` says how many); a step still waiting
+after ``silence`` seconds, or the oldest once a run holds ``MAX_WAITING`` reports, is settled as it
+stands. A backlog (a relay started late, or restarted: every rank resends at once) fits well within.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterable, NamedTuple
+
+from sinks.events import RELAY_RANK
+
+#: Reports one run may hold for steps still waiting for their other ranks; past it the oldest step is
+#: settled as it stands. Memory per run stays bounded whatever its ranks send.
+MAX_WAITING = 16_384
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    #: a rank is slow at a step when its step time exceeds the median of the step by this factor
+    factor: float = 1.5
+    #: ... and a straggler once it was slow this many logged steps in a row
+    steps: int = 3
+    #: seconds without a report after which a rank whose peers went on is lost
+    silence: float = 60.0
+
+
+class Derived(NamedTuple):
+    """One event to publish as the relay (the daemon adds the envelope: seq, host, ts)."""
+
+    run: str
+    world_size: int
+    type: str
+    step: int | None
+    epoch: float | None
+    data: dict[str, Any]
+
+
+class _Rank:
+    __slots__ = ("last_step", "last_seen", "slow", "lost")
+
+    def __init__(self, now: float) -> None:
+        self.last_step = -1  # the highest step it reported
+        self.last_seen = now  # when it last reported anything
+        self.slow = 0  # logged steps in a row above median * factor
+        self.lost = False
+
+
+class _Step:
+    __slots__ = ("times", "epoch", "since")
+
+    def __init__(self, epoch: float | None, now: float) -> None:
+        self.times: dict[int, float | None] = {}  # rank -> its step time (None: reported, no usable figure)
+        self.epoch = epoch
+        self.since = now
+
+
+class _Run:
+    __slots__ = ("world_size", "ranks", "pending", "order", "waiting", "done", "lost", "epoch", "active")
+
+    def __init__(self, world_size: int, now: float) -> None:
+        self.world_size = world_size
+        self.ranks: dict[int, _Rank] = {}
+        self.pending: dict[int, _Step] = {}
+        self.order: list[int] = []  # the steps of ``pending``, a heap: settled oldest first
+        self.waiting = 0  # reports held in ``pending``
+        self.done = -1  # steps up to here are settled: later reports of them are late, and ignored
+        self.lost = 0  # ranks now lost
+        self.epoch: float | None = None
+        self.active = now  # when any rank last reported
+
+
+def step_time(data: dict[str, Any]) -> float | None:
+    """A rank's ``step_time`` if it is a usable figure: a finite number of seconds, not negative."""
+    value = data.get("step_time")
+    if type(value) in (int, float) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
+
+
+class Cluster:
+    """Per-run derivation state; memory per run is bounded by its reporting ranks and MAX_WAITING
+    reports, and a run is dropped with ``forget`` when the relay forgets it."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.runs: dict[str, _Run] = {}
+
+    def observe(self, event: dict[str, Any], now: float) -> list[Derived]:
+        """A new ``stage="rank"`` metrics event that arrived at ``now``; what it settles."""
+        world_size, rank = event["world_size"], event["rank"]
+        if world_size < 2 or rank >= world_size:
+            return []
+        run = self.runs.get(event["run"])
+        if run is None:
+            run = self.runs[event["run"]] = _Run(world_size, now)
+        run.world_size = world_size
+        run.active = now
+        info = run.ranks.get(rank)
+        if info is None:
+            info = run.ranks[rank] = _Rank(now)
+        out: list[Derived] = []
+        step = event["step"]
+        if info.lost:
+            info.lost = False
+            run.lost -= 1
+            out.append(self._lifecycle(event["run"], run, step, event="rank_back", rank=rank,
+                                       silent_s=round(now - info.last_seen, 3)))
+        info.last_seen = now
+        if step is None:
+            return out
+        info.last_step = max(info.last_step, step)
+        if event["epoch"] is not None:
+            run.epoch = event["epoch"]
+        if step <= run.done:
+            return out
+        entry = run.pending.get(step)
+        if entry is None:
+            entry = run.pending[step] = _Step(event["epoch"], now)
+            heapq.heappush(run.order, step)
+        if rank in entry.times:
+            return out
+        entry.times[rank] = step_time(event["data"])
+        run.waiting += 1
+        if len(entry.times) >= run.world_size - run.lost:
+            out += self._settle(event["run"], run, step)
+        elif run.waiting > MAX_WAITING:
+            out += self._settle(event["run"], run, run.order[0])
+        return out
+
+    def check(self, now: float) -> list[Derived]:
+        """The timers: ranks silent for ``silence`` seconds while a peer went on to a later step
+        are lost; steps that waited that long are settled as they stand."""
+        silence = self.config.silence
+        out: list[Derived] = []
+        for name, run in self.runs.items():
+            if now - run.active <= silence:  # else nobody went on: the run ended, or paused as a whole
+                out += self._find_lost(name, run, now)
+            if run.pending:
+                ready = [step for step, entry in run.pending.items()
+                         if len(entry.times) >= run.world_size - run.lost or now - entry.since > silence]
+                if ready:
+                    out += self._settle(name, run, max(ready))
+        return out
+
+    def restore(self, events: Iterable[dict[str, Any]], now: float) -> None:
+        """Rebuild the state of the runs of ``events``, a run's recent journal lines (a restarted
+        relay, or a run it had forgotten), publishing nothing: the relay's own events there say what
+        was settled and said already. The ranks count as heard from ``now``."""
+        for event in events:
+            if event["rank"] == RELAY_RANK:
+                self._replay(event, now)
+            elif event["type"] == "metrics" and event["stage"] == "rank":
+                self.observe(event, now)
+
+    def forget(self, run: str) -> None:
+        self.runs.pop(run, None)
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _find_lost(self, name: str, run: _Run, now: float) -> list[Derived]:
+        silence = self.config.silence
+        ahead = max((r.last_step for r in run.ranks.values() if now - r.last_seen <= silence), default=-1)
+        out = []
+        for rank, info in run.ranks.items():
+            if not info.lost and now - info.last_seen > silence and info.last_step < ahead:
+                info.lost = True
+                run.lost += 1
+                out.append(self._lifecycle(name, run, ahead, event="rank_lost", rank=rank,
+                                           silent_s=round(now - info.last_seen, 3), last_step=info.last_step))
+        return out
+
+    def _settle(self, name: str, run: _Run, upto: int) -> list[Derived]:
+        """Sum up every waiting step up to ``upto``, in order."""
+        out = []
+        for step, entry in self._drop(run, upto):
+            out += self._figures(name, run, step, entry)
+        return out
+
+    @staticmethod
+    def _drop(run: _Run, upto: int) -> list[tuple[int, _Step]]:
+        """Take the waiting steps up to ``upto`` out of ``run``, oldest first; they are settled."""
+        taken = []
+        order = run.order
+        while order and order[0] <= upto:
+            step = heapq.heappop(order)
+            entry = run.pending.pop(step)
+            run.waiting -= len(entry.times)
+            taken.append((step, entry))
+        run.done = max(run.done, upto)
+        return taken
+
+    def _figures(self, name: str, run: _Run, step: int, entry: _Step) -> list[Derived]:
+        times = {rank: t for rank, t in sorted(entry.times.items()) if t is not None}
+        if not times:
+            return []
+        median = statistics.median(times.values())
+        slowest = max(times, key=times.__getitem__)  # the lowest rank among equals: they are sorted
+        longest = times[slowest]
+        spread = longest / median if median > 0 else (1.0 if longest == 0 else math.inf)
+        out = [Derived(name, run.world_size, "metrics", step, entry.epoch, {
+            "step_time_min": min(times.values()), "step_time_median": median, "step_time_max": longest,
+            "step_time_spread": spread, "slowest_rank": slowest, "ranks": len(entry.times)})]
+        factor, needed = self.config.factor, self.config.steps
+        for rank, took in times.items():
+            info = run.ranks[rank]
+            if median > 0 and took > median * factor:
+                info.slow += 1
+                if info.slow == needed:
+                    out.append(self._lifecycle(name, run, step, epoch=entry.epoch, event="straggler", rank=rank,
+                                               step_time=took, median=median, ratio=took / median, steps=needed))
+            else:
+                info.slow = 0
+        return out
+
+    def _replay(self, event: dict[str, Any], now: float) -> None:
+        """One of the relay's own events read back from the journal: what it settled or said."""
+        run = self.runs.get(event["run"])
+        if run is None:
+            run = self.runs[event["run"]] = _Run(event["world_size"], now)
+        data, step = event["data"], event["step"]
+        if event["type"] == "metrics" and type(step) is int:
+            self._drop(run, step)
+            return
+        rank = data.get("rank")
+        if event["type"] != "lifecycle" or type(rank) is not int:
+            return
+        info = run.ranks.get(rank)
+        if info is None:
+            info = run.ranks[rank] = _Rank(now)
+        what = data.get("event")
+        if what == "straggler":
+            info.slow = max(info.slow, self.config.steps)  # said once: not again while it stays slow
+        elif what == "rank_lost" and not info.lost:
+            info.lost = True
+            run.lost += 1
+        elif what == "rank_back" and info.lost:
+            info.lost = False
+            run.lost -= 1
+
+    def _lifecycle(self, name: str, run: _Run, step: int | None, epoch: float | None = None,
+                   **data: Any) -> Derived:
+        return Derived(name, run.world_size, "lifecycle", step, run.epoch if epoch is None else epoch, data)

@@ -1,0 +1,162 @@
+"""relay/cluster.py on its own: the per-step figures, stragglers, lost and returning ranks, and a
+rebuild from journal events, with the clock given by the test."""
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from relay.cluster import MAX_WAITING, Cluster, ClusterConfig, Derived
+from sinks.events import RELAY_RANK
+
+CONFIG = ClusterConfig(factor=1.5, steps=3, silence=10.0)
+
+
+def report(rank: int, step: int | None, took: object = 0.1, world: int = 4, run: str = "r") -> dict:
+    return {"run": run, "rank": rank, "world_size": world, "type": "metrics", "stage": "rank", "step": step,
+            "epoch": None if step is None else step / 100, "data": {"step_time": took}}
+
+
+def feed(cluster: Cluster, times: dict[int, object], step: int, now: float = 0.0, world: int = 4) -> list[Derived]:
+    out = []
+    for rank, took in times.items():
+        out += cluster.observe(report(rank, step, took, world), now)
+    return out
+
+
+def kinds(out: list[Derived]) -> list[str]:
+    return [d.data.get("event", "figures") for d in out]
+
+
+def test_a_step_is_summed_up_once_every_rank_reported_it() -> None:
+    cluster = Cluster(CONFIG)
+    assert feed(cluster, {0: 0.1, 1: 0.2, 2: 0.9}, step=5) == []
+    (figures,) = cluster.observe(report(3, 5, 0.3), 0.0)
+    assert figures == Derived("r", 4, "metrics", 5, 0.05, {
+        "step_time_min": 0.1, "step_time_median": 0.25, "step_time_max": 0.9, "step_time_spread": 0.9 / 0.25,
+        "slowest_rank": 2, "ranks": 4})
+    assert cluster.observe(report(1, 5, 5.0), 1.0) == []  # a late repeat of a settled step changes nothing
+
+
+def test_a_straggler_is_named_after_n_slow_steps_and_not_before() -> None:
+    cluster = Cluster(CONFIG)
+    normal = {0: 0.10, 1: 0.11, 3: 0.09}
+    for step in (1, 2):
+        assert kinds(feed(cluster, {**normal, 2: 0.4}, step)) == ["figures"]
+    out = feed(cluster, {**normal, 2: 0.4}, 3)
+    assert kinds(out) == ["figures", "straggler"]
+    median = statistics.median([0.10, 0.11, 0.09, 0.4])
+    assert out[1] == Derived("r", 4, "lifecycle", 3, 0.03, {"event": "straggler", "rank": 2, "step_time": 0.4,
+                                                             "median": median, "ratio": 0.4 / median, "steps": 3})
+    assert out[0].data["slowest_rank"] == 2
+    assert kinds(feed(cluster, {**normal, 2: 0.4}, 4)) == ["figures"]  # said once while it stays slow
+    assert kinds(feed(cluster, {**normal, 2: 0.1}, 5)) == ["figures"]  # back to normal: the count starts over
+    for step in (6, 7):
+        assert kinds(feed(cluster, {**normal, 2: 0.4}, step)) == ["figures"]
+    assert kinds(feed(cluster, {**normal, 2: 0.4}, 8)) == ["figures", "straggler"]
+    assert kinds(feed(cluster, {0: 0.1, 1: 0.1, 2: 0.1, 3: 0.14}, 9)) == ["figures"]  # within the factor
+
+
+def test_a_later_step_settles_one_a_rank_skipped() -> None:
+    cluster = Cluster(CONFIG)
+    assert feed(cluster, {0: 0.1, 1: 0.1, 2: 0.1}, step=1) == []
+    assert feed(cluster, {3: 0.2, 0: 0.1, 1: 0.1}, step=2) == []  # rank 3 never sent step 1 (dropped)
+    out = cluster.observe(report(2, 2, 0.1), 0.0)
+    assert [(d.step, d.data["ranks"]) for d in out] == [(1, 3), (2, 4)]
+
+
+def test_one_rank_runs_and_ranks_beyond_the_world_size_get_nothing() -> None:
+    cluster = Cluster(CONFIG)
+    assert feed(cluster, {0: 0.1}, step=1, world=1) == []
+    assert cluster.observe(report(7, 1, 0.1, world=4), 0.0) == []
+    assert cluster.runs == {}
+
+
+def test_a_report_without_a_usable_step_time_counts_but_adds_no_figure() -> None:
+    cluster = Cluster(CONFIG)
+    (figures,) = feed(cluster, {0: 0.1, 1: math.nan, 2: "fast", 3: 0.3}, step=1)
+    assert figures.data["ranks"] == 4 and figures.data["step_time_median"] == pytest.approx(0.2)
+    assert feed(cluster, {0: None, 1: -1.0, 2: math.inf, 3: True}, step=2) == []  # no figure at all: no event
+
+
+def test_a_rank_that_stops_while_its_peers_go_on_is_lost_then_back() -> None:
+    cluster = Cluster(CONFIG)
+    for step in (1, 2, 3):
+        feed(cluster, {0: 0.1, 1: 0.1, 2: 0.1}, step, now=step, world=3)
+    for step in (4, 5, 6):  # rank 2 is silent from t=3
+        assert feed(cluster, {0: 0.1, 1: 0.1}, step, now=step, world=3) == []
+    assert cluster.check(12.0) == []  # silent for 9 s of 10
+    out = cluster.check(13.5)
+    assert out[0] == Derived("r", 3, "lifecycle", 6, 0.06, {"event": "rank_lost", "rank": 2, "silent_s": 10.5,
+                                                            "last_step": 3})
+    assert [(d.step, d.data["ranks"]) for d in out[1:]] == [(4, 2), (5, 2), (6, 2)]  # no longer awaited
+    assert cluster.check(30.0) == []  # said once
+    assert kinds(feed(cluster, {0: 0.1, 1: 0.1}, 7, now=14.0, world=3)) == ["figures"]
+    out = cluster.observe(report(2, 8, 0.1, world=3), 20.0)
+    assert out == [Derived("r", 3, "lifecycle", 8, 0.07, {"event": "rank_back", "rank": 2, "silent_s": 17.0})]
+    assert feed(cluster, {0: 0.1}, 8, now=20.0, world=3) == []  # awaited again
+    assert kinds(cluster.observe(report(1, 8, 0.1, world=3), 20.0)) == ["figures"]
+
+
+def test_ranks_that_all_stop_at_the_same_step_are_not_lost() -> None:
+    cluster = Cluster(CONFIG)
+    for step in (1, 2):
+        feed(cluster, {0: 0.1, 1: 0.1, 2: 0.1}, step, now=step, world=3)
+    cluster.observe(report(0, 3, 0.1, world=3), 3.0)
+    cluster.observe(report(1, 3, 0.1, world=3), 5.0)  # the last report comes a little later
+    cluster.observe(report(2, 3, 0.1, world=3), 6.0)
+    assert cluster.check(14.0) == [] and cluster.check(100.0) == []
+
+
+def test_a_step_waits_at_most_the_silence_and_a_run_holds_a_bounded_number_of_reports() -> None:
+    cluster = Cluster(CONFIG)
+    feed(cluster, {0: 0.1, 1: 0.2}, step=1, now=0.0)  # ranks 2 and 3 never report at all
+    assert cluster.check(9.0) == []
+    (figures,) = cluster.check(10.5)
+    assert figures.step == 1 and figures.data["ranks"] == 2
+    out = []
+    last = 1 + MAX_WAITING // 2
+    for step in range(2, last + 2):  # each step waits with two reports of four
+        out += feed(cluster, {0: 0.1, 1: 0.2}, step, now=11.0)
+    assert [d.step for d in out] == [2]  # the oldest, settled as it stood to make room
+    run = cluster.runs["r"]
+    assert run.waiting == sum(len(e.times) for e in run.pending.values()) == MAX_WAITING
+    out = cluster.check(30.0)
+    assert [d.step for d in out] == list(range(3, last + 2)) and (run.waiting, run.pending) == (0, {})
+
+
+def test_restore_from_journal_events_says_nothing_twice() -> None:
+    """The relay's own events in the journal tell a restarted relay what it settled and said."""
+    first = Cluster(CONFIG)
+    journal: list[dict] = []
+
+    def publish(out: list[Derived]) -> None:
+        journal.extend({"run": d.run, "rank": RELAY_RANK, "world_size": d.world_size, "type": d.type,
+                        "stage": "cluster", "step": d.step, "epoch": d.epoch, "data": d.data} for d in out)
+
+    for step in (1, 2, 3):
+        for rank, took in {0: 0.1, 1: 0.1, 2: 0.5}.items():
+            journal.append(report(rank, step, took, world=3))
+            publish(first.observe(journal[-1], float(step)))
+    journal.append(report(0, 4, 0.1, world=3))  # step 4: only rank 0 is in when the relay dies
+    publish(first.observe(journal[-1], 4.0))
+    said = [e["data"].get("event", "figures") for e in journal if e["rank"] == RELAY_RANK]
+    assert said == ["figures", "figures", "figures", "straggler"]
+
+    again = Cluster(CONFIG)
+    again.restore(journal, 100.0)
+    assert again.observe(report(2, 3, 0.5, world=3), 100.0) == []  # step 3 was settled before
+    assert again.observe(report(1, 4, 0.1, world=3), 100.0) == []
+    out = again.observe(report(2, 4, 0.5, world=3), 100.0)
+    assert [(d.step, d.data["ranks"]) for d in out] == [(4, 3)]  # rank 0's report came from the journal
+    assert kinds(feed(again, {0: 0.1, 1: 0.1, 2: 0.5}, 5, now=101.0, world=3)) == ["figures"]  # no 2nd straggler
+
+    journal.append({"run": "r", "rank": RELAY_RANK, "world_size": 3, "type": "lifecycle", "stage": "cluster",
+                    "step": 9, "epoch": None, "data": {"event": "rank_lost", "rank": 1, "silent_s": 60.0,
+                                                       "last_step": 4}})
+    lost = Cluster(CONFIG)
+    lost.restore(journal, 200.0)
+    feed(lost, {0: 0.1, 2: 0.1}, 10, now=250.0, world=3)
+    assert lost.check(300.0) == []  # already said
+    assert kinds(lost.observe(report(1, 11, 0.1, world=3), 300.0)) == ["rank_back"]
