@@ -74,16 +74,19 @@ def plot_journal(path: Path, chosen: Selection, output: Path, *, by_rank: bool =
     drawn = 0
     for ax, (metric, series) in zip(axes[:, 0], found.items()):
         stages = {name for _, name, _ in series}
-        for run, name, rank in sorted(series, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2])):
+        ranks: dict[tuple[str, str], int] = defaultdict(int)  # ranks per (run, name): one needs no label
+        for run, name, _ in series:
+            ranks[(run, name)] += 1
+        for run, name, rank in sorted(series, key=_order):
             points = sorted(series[(run, name, rank)], key=lambda p: p[0])  # stable: a repeated step keeps its order
             values = [v if math.isfinite(v) else math.nan for _, v in points]  # NaN breaks the line: a gap
-            label = " ".join(filter(None, [run if len(all_runs) > 1 else "", name if len(stages) > 1 else "",
-                                           "" if rank is None else "relay" if rank == RELAY_RANK else f"rank {rank}"]))
+            who = "" if rank is None or ranks[(run, name)] == 1 else "relay" if rank == RELAY_RANK else f"rank {rank}"
+            label = " ".join(filter(None, [run if len(all_runs) > 1 else "", name if len(stages) > 1 else "", who]))
             line, = ax.plot([s for s, _ in points], values, label=label or run,
                             marker="." if len(points) < 40 else None, linewidth=1.2)
             line.set_gid(f"series-{drawn}")  # each line findable in an SVG
             drawn += 1
-        ax.set_title(metric.text, loc="left", fontsize=10)
+        ax.set_title(metric.text, fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="best")
     axes[-1, 0].set_xlabel("step")
@@ -94,6 +97,12 @@ def plot_journal(path: Path, chosen: Selection, output: Path, *, by_rank: bool =
     finally:
         pyplot.close(fig)
     return drawn
+
+
+def _order(key: tuple[str, str, int | None]) -> tuple[Any, ...]:
+    """Lines in a panel: by run, the Trainer's own stage first, then by rank."""
+    run, name, rank = key
+    return run, not name.startswith("train/"), name, -1 if rank is None else rank
 
 
 def _pyplot() -> Any:

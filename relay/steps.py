@@ -21,6 +21,7 @@ for it), once its run has been quiet for ``SETTLE_S``, or at the end of a one-sh
 arrives for a step already shown is not shown."""
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,11 +115,13 @@ class StepView:
         out = []
         for run, state in self._runs.items():
             pending = sorted(state.steps)
-            for i, step in enumerate(pending):
+            later_seen = [math.inf] * len(pending)  # when the first step after each was first read
+            for i in range(len(pending) - 1, 0, -1):
+                later_seen[i - 1] = min(later_seen[i], state.steps[pending[i]].seen)
+            for step, later in zip(pending, later_seen):
                 rec = state.steps[step]
-                later = [state.steps[s].seen for s in pending[i + 1:]]
                 if not (final or now - rec.last >= SETTLE_S
-                        or (later and (backlog or now - min(later) >= GRACE_S))):
+                        or (later < math.inf and (backlog or now - later >= GRACE_S))):
                     break
                 del state.steps[step]
                 state.shown = step

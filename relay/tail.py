@@ -10,8 +10,10 @@ from __future__ import annotations
 import heapq
 import sys
 import time
+from collections import deque
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import click
 import orjson
@@ -60,24 +62,15 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def _ts_keys(events: list[tuple[dict[str, Any], bytes]]) -> list[tuple[float, dict[str, Any], bytes]]:
+def _ts_keys(events: Iterable[tuple[dict[str, Any], bytes]]) -> Iterator[tuple[float, dict[str, Any], bytes]]:
     """Each line with its ts to merge by; a line whose ts is not a number (a hand edit, an older
     relay's "NaN") takes the one of the line before it, so it stays where the file has it."""
-    keyed = []
     last: float = 0
     for ev, raw in events:
         ts = ev.get("ts")
         if type(ts) is int or (type(ts) is float and ts == ts):  # (bool is no time, NaN no order)
             last = ts
-        keyed.append((last, ev, raw))
-    return keyed
-
-
-def _last(items: list[Any], count: int | None) -> list[Any]:
-    """The last ``count`` items; None: all of them."""
-    if count is None:
-        return items
-    return items[-count:] if count > 0 else []
+        yield last, ev, raw
 
 
 class Tail:
@@ -87,8 +80,9 @@ class Tail:
     def __init__(self, path: Path, selection: Selection, *, view: str = "events", as_json: bool = False,
                  color: bool = False, straggler_ratio: float = 1.3) -> None:
         self.path = path
-        self.selection = selection
         self.view = view
+        # in the steps view --metric picks the columns; the slowest rank still needs every rank's events
+        self.selection = replace(selection, metrics=()) if view == "steps" and not as_json else selection
         self.as_json = as_json
         self.color = color
         self.steps = StepView(selection.metrics, color=color, straggler_ratio=straggler_ratio)
@@ -102,20 +96,31 @@ class Tail:
         if follow and not self.path.exists():
             click.echo(f"relay tail: waiting for {self.path} to appear", err=True)
         try:
-            files = [self._wanted(lines) for _, lines in self._follower.poll(final=not follow)]
-            backlog = [(ev, raw) for _, ev, raw in heapq.merge(*map(_ts_keys, files), key=lambda k: k[0])]
+            backlog = self._backlog(final=not follow)
             now = time.monotonic()
             if self.view == "steps" and not self.as_json:
-                rows = [row for ev, _ in backlog for row in self.steps.feed(ev, now)]
-                rows += self.steps.ready(now, final=not follow, backlog=True)
-                self._show_rows(_last(rows, last))
+                rows: deque[tuple[str, str]] = deque(maxlen=last)
+                for i, (ev, _) in enumerate(backlog):
+                    rows.extend(self.steps.feed(ev, now))
+                    if i % 4096 == 4095:  # steps done with leave memory as they come
+                        rows.extend(self.steps.ready(now, backlog=True))
+                rows.extend(self.steps.ready(now, final=not follow, backlog=True))
+                self._show_rows(list(rows))
             else:
-                self._show_events(_last(backlog, last))
+                self._show_events(list(deque(backlog, maxlen=last)))
             while follow:
                 time.sleep(POLL_S)
                 self.poll_once()
         finally:
             self._follower.close()
+
+    def _backlog(self, final: bool) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """What is there already: each file in its own order, files merged by time; parsed as it is
+        consumed, so only what the view keeps stays in memory."""
+        files = [self._wanted(lines) for _, lines in self._follower.poll(final=final)]
+        if len(files) == 1:
+            return files[0]
+        return ((ev, raw) for _, ev, raw in heapq.merge(*map(_ts_keys, files), key=lambda k: k[0]))
 
     def poll_once(self) -> None:
         """One look when following: what was written since, shown."""
@@ -127,14 +132,13 @@ class Tail:
         else:
             self._show_events(fresh)
 
-    def _wanted(self, lines: list[bytes]) -> list[tuple[dict[str, Any], bytes]]:
+    def _wanted(self, lines: list[bytes]) -> Iterator[tuple[dict[str, Any], bytes]]:
         """The lines that are JSON objects the selection wants, parsed, with their bytes."""
-        out = []
+        wants = self.selection.wants
         for raw in lines:
             ev = parse_line(raw)
-            if ev is not None and self.selection.wants(ev):
-                out.append((ev, raw))
-        return out
+            if ev is not None and wants(ev):
+                yield ev, raw
 
     def _show_events(self, events: list[tuple[dict[str, Any], bytes]]) -> None:
         if not events:

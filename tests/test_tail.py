@@ -99,7 +99,8 @@ def test_steps_view_filters(journal: Path) -> None:
     custom = relay_cmd("tail", str(journal), "--view", "steps", "--metric", "grad_norm", "--metric", "eval/loss")
     assert custom.stdout.splitlines()[1].split()[:4] == ["time", "step", "grad_norm", "eval/loss"]
     steps = rows(custom.stdout)
-    assert steps[2][2:4] == ["nan", "-"] and steps[6][2:4] == ["0.5", "1.5"]
+    assert steps[2][2:4] == ["nan", "-"] and steps[6][2:] == ["0.5", "1.5", "r1", "0.25", "1.43", "STRAGGLER", "r1",
+                                                              "x1.43", "(3", "steps)"]
     cluster_only = rows(relay_cmd("tail", str(journal), "--view", "steps", "--stage", "cluster").stdout)
     assert cluster_only[5][2:8] == ["-", "-", "-", "r1", "0.25", "1.43"]
     ranks_only = rows(relay_cmd("tail", str(journal), "--view", "steps", "--stage", "rank").stdout)
