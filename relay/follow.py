@@ -21,9 +21,12 @@ from typing import BinaryIO, Callable
 
 from relay.journal import READ_SIZE, journal_files
 
-#: Files kept open at once; past it the quietest are closed and reopened by name (and identity)
-#: when they grow, so a directory of thousands of runs costs few descriptors.
+#: Files kept open at once; past it a file is let go once read, and reopened by name (and
+#: identity) when it grows, so a directory of thousands of runs costs few descriptors.
 MAX_OPEN = 64
+#: Looks in a row with nothing new after which a file is let go once half of MAX_OPEN are open
+#: (five seconds of -f), so the files still written to keep theirs.
+QUIET_LOOKS = 25
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Follower:
         self.path = path
         self.notice = notice
         self._files: dict[Path, _File] = {}
+        self._open = 0
 
     def poll(self, final: bool = False) -> list[tuple[Path, list[bytes]]]:
         if self.path.is_dir():
@@ -63,7 +67,6 @@ class Follower:
             lines = self._look(name, final)
             if lines:
                 out.append((name, lines))
-        self._limit_open()
         return out
 
     def close(self) -> None:
@@ -93,12 +96,15 @@ class Follower:
                 state.fh = open(name, "rb")
             except OSError:
                 return []
+            self._open += 1
             opened = os.fstat(state.fh.fileno())
             if (opened.st_dev, opened.st_ino) != identity:
                 self._close(state)  # replaced again since the stat: the next look takes it
                 return []
             state.fh.seek(state.offset)
         self._drain(state)
+        if self._open > MAX_OPEN or (state.quiet >= QUIET_LOOKS and self._open > MAX_OPEN // 2):
+            self._close(state)
         return self._take(state, final)
 
     def _drain(self, state: _File) -> None:
@@ -118,8 +124,8 @@ class Follower:
             grew = True
             data = state.pending + chunk
             end = data.rfind(b"\n") + 1
-            if end:
-                state.lines.extend(data[:end].splitlines(keepends=True))
+            if end:  # split at newlines only: a stray "\r" stays inside its line, byte for byte
+                state.lines.extend(line + b"\n" for line in data[:end - 1].split(b"\n"))
                 state.offset += end
                 state.pending = data[end:]
             else:
@@ -135,18 +141,10 @@ class Follower:
             state.pending = b""
         return lines
 
-    def _limit_open(self) -> None:
-        open_files = [s for s in self._files.values() if s.fh is not None]
-        if len(open_files) <= MAX_OPEN:
-            return
-        open_files.sort(key=lambda s: s.quiet, reverse=True)
-        for state in open_files[:len(open_files) - MAX_OPEN]:
-            self._close(state)
-
-    @staticmethod
-    def _close(state: _File) -> None:
+    def _close(self, state: _File) -> None:
         """Let the file go; a partial last line is read again from ``offset`` if it is reopened."""
         if state.fh is not None:
             state.fh.close()
             state.fh = None
+            self._open -= 1
         state.pending = b""

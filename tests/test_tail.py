@@ -13,6 +13,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import finish, start_publisher, wait_for
 from watch_helpers import RELAY_RANK, LiveCommand, cli_env, event, relay_cmd, write_journal
@@ -220,6 +221,30 @@ def test_follow_a_file_created_rotated_and_truncated(tmp_path: Path) -> None:
     assert b"".join(tail.lines) == b"".join(lines)
     assert code == 0 and "Traceback" not in stderr, stderr
     assert "was replaced" in stderr and "was truncated" in stderr
+
+
+def test_follow_a_directory_of_many_runs_with_few_descriptors(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    runs = [f"run-{i:03d}" for i in range(150)]  # more than relay/follow.py's MAX_OPEN
+
+    def append(i: int) -> None:
+        for run in runs:
+            with open(logs / f"{run}.jsonl", "ab") as fh:
+                fh.write(encode_line(event(run, 0, i, 1.7e9 + i, "metrics", {"i": i}, step=i, stage="train")))
+
+    append(0)
+    tail = LiveCommand("tail", "-f", "--json", "-n", "1000", str(logs))
+    try:
+        wait_for(lambda: len(tail.lines) == 150, 30, "every run's first line")
+        append(1)
+        wait_for(lambda: len(tail.lines) == 300, 30, "every run's second line")
+        assert psutil.Process(tail.proc.pid).num_fds() < 80
+        code, _ = tail.stop(signal.SIGINT)
+    finally:
+        tail.kill()
+    assert code == 0
+    assert sorted(json.loads(line)["run"] for line in tail.lines) == sorted(runs * 2)
 
 
 def test_follow_steps_view_prints_each_step_once_it_is_in(tmp_path: Path) -> None:
