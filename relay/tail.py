@@ -102,7 +102,7 @@ class Tail:
                 rows: deque[tuple[str, str]] = deque(maxlen=last)
                 for i, (ev, _) in enumerate(backlog):
                     rows.extend(self.steps.feed(ev, now))
-                    if i % 4096 == 4095:  # steps done with leave memory as they come
+                    if i % 4096 == 4095:  # steps shown leave memory as the backlog is read
                         rows.extend(self.steps.ready(now, backlog=True))
                 rows.extend(self.steps.ready(now, final=not follow, backlog=True))
                 self._show_rows(list(rows))
