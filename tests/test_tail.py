@@ -176,7 +176,7 @@ def test_follow_a_directory_that_appears_with_a_real_relay(tmp_path: Path, relay
     logs = tmp_path / "logs"
     tail = LiveCommand("tail", "-f", "-n", "0", f"{logs}/")
     try:
-        time.sleep(0.5)  # it is waiting for a directory that is not there yet
+        wait_for(lambda: "waiting for" in tail.stderr(), 30, "tail waiting for a directory not there yet")
         assert tail.proc.poll() is None
         relay = relays(["--path", f"{logs}/"])
         finish(start_publisher(relay.address, "live-a", 0, 40, rate=200))

@@ -43,30 +43,36 @@ def relay_cmd(*args: str, timeout: float = 120, env: dict[str, str] | None = Non
 
 
 class LiveCommand:
-    """A ``python -m relay ARGS`` left running, its stdout lines collected as they come."""
+    """A ``python -m relay ARGS`` left running, its stdout lines (and stderr) collected as they come."""
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "relay", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=cli_env())
         self.lines: list[bytes] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self.errors: list[bytes] = []
+        self._readers = [threading.Thread(target=self._read, args=(pipe, into), daemon=True)
+                         for pipe, into in ((self.proc.stdout, self.lines), (self.proc.stderr, self.errors))]
+        for reader in self._readers:
+            reader.start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
+    @staticmethod
+    def _read(pipe: Any, into: list[bytes]) -> None:
+        for line in pipe:
+            into.append(line)
 
     def text(self) -> str:
         return b"".join(self.lines).decode()
+
+    def stderr(self) -> str:
+        return b"".join(self.errors).decode()
 
     def stop(self, sig: int, timeout: float = 30) -> tuple[int, str]:
         """Send ``sig``; the exit status and everything it wrote on stderr."""
         self.proc.send_signal(sig)
         code = self.proc.wait(timeout)
-        self._reader.join(timeout)
-        assert self.proc.stderr is not None
-        return code, self.proc.stderr.read().decode()
+        for reader in self._readers:
+            reader.join(timeout)
+        return code, self.stderr()
 
     def kill(self) -> None:
         if self.proc.poll() is None:
