@@ -9,8 +9,8 @@ or a directory of ``<run>.jsonl``.
 
 Reading: ``read_events`` gives one file's events in file order with its unreadable lines counted
 (``relay replay``, the restart scan); ``JournalReader`` reads only what is new since its previous
-call, per run, complete lines only (``relay tail -f``, a sink's catch-up through
-``SinkContext.journal_events``); ``LineDecoder`` turns the same lines arriving on a pipe into events
+call, per run, complete lines only (a sink's catch-up through ``SinkContext.journal_events``;
+``relay tail -f`` follows the raw lines with ``relay.follow``); ``LineDecoder`` turns the same lines arriving on a pipe into events
 (a sink's process). Every reader that hands events to a sink restores non-finite metrics
 (``sinks.events.from_journal``), so a live sink and a replayed one see the same.
 
@@ -175,17 +175,14 @@ class JournalReader:
     opens only that run's file, and new run files are found as they appear.
 
     Calling the reader is ``read(run)``: pass it as ``SinkContext.journal_events``. ``restore``
-    turns non-finite metric strings back into floats (what a sink gets); ``relay tail`` shows the
-    lines as written, and with ``lenient`` every JSON object line, also those ``parse_event``
-    refuses (a hand edit, an older relay's "NaN" ts): only a reader for humans may want that.
-    ``bad_lines`` counts the lines skipped."""
+    turns non-finite metric strings back into floats (what a sink gets). ``bad_lines`` counts the
+    lines skipped. (``relay tail`` follows files with ``relay.follow.Follower`` instead: it shows
+    the lines as written, also those that are not events, and notices a file replaced.)"""
 
-    def __init__(self, path: str | Path, *, directory: bool | None = None, restore: bool = True,
-                 lenient: bool = False) -> None:
+    def __init__(self, path: str | Path, *, directory: bool | None = None, restore: bool = True) -> None:
         self.path = Path(path)
         self.directory = is_directory_layout(path) if directory is None else directory
         self.restore = restore
-        self._parse = parse_line if lenient else parse_event
         self.bad_lines = 0
         self._offsets: dict[tuple[Path, str | None], int] = {}
 
@@ -226,10 +223,9 @@ class JournalReader:
                 lines = pending[:end].split(b"\n")
                 pending = pending[end:]
                 lines.pop()
-                parse = self._parse
                 for line in lines:
                     offset += len(line) + 1
-                    event = parse(line)
+                    event = parse_event(line)
                     if event is None:
                         self.bad_lines += 1 if line.strip() else 0
                     elif run is None or event.get("run") == run:

@@ -1,39 +1,54 @@
-"""``relay tail``: a journal as one readable line per event, optionally following new writes.
+"""``relay tail``: a journal for humans (one readable line per event, or per step with ``--view
+steps``) or for ``jq`` (``--json``: the lines as written), optionally following new writes the way
+``tail -F`` does (relay/follow.py).
 
-A viewer for humans, so it shows every JSON object line as far as it can, also those the other
-readers skip as not events (a hand edit, an older relay's "NaN" ts): nothing in a line stops it."""
+A viewer, so it shows every JSON object line as far as it can, also those the other readers skip
+as not events (a hand edit, an older relay's "NaN" ts): nothing in a line stops it. The first look
+shows the last ``last`` lines of what is there: each file in its own order, files merged by time."""
 from __future__ import annotations
 
+import heapq
+import sys
 import time
-from datetime import datetime
+from collections import deque
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import click
 import orjson
 
-from relay.journal import JournalReader
+from relay.follow import Follower
+from relay.journal import parse_line
+from relay.selection import Selection, clock
+from relay.steps import StepView
+from sinks.events import RELAY_RANK
+
+#: Seconds between two looks at the journal when following.
+POLL_S = 0.2
+_TYPE_COLOURS = {"lifecycle": "yellow", "params": "blue", "hello": "bright_black", "stats": "bright_black"}
+_ALARMS = ("straggler", "rank_lost")
 
 
-def format_event(ev: dict[str, Any]) -> str:
-    """``HH:MM:SS run rank type stage step  k=v ...`` with short numbers."""
-    when = _clock(ev.get("ts"))
-    head = f"{when} {_short(ev.get('run'))} r{_short(ev.get('rank'))} {_short(ev.get('type'))}"
-    if ev.get("stage"):
-        head += f"/{_short(ev['stage'])}"
-    if ev.get("step") is not None:
-        head += f" step={_short(ev['step'])}"
-    data = ev.get("data") or {}
-    body = " ".join(f"{k}={_short(v)}" for k, v in data.items()) if isinstance(data, dict) else _short(data)
-    return f"{head}  {body}"
-
-
-def _clock(ts: Any) -> str:
-    """HH:MM:SS of a unix time; a journal written by an older relay may hold anything there."""
-    try:
-        return datetime.fromtimestamp(float(ts)).strftime("%H:%M:%S")
-    except (TypeError, ValueError, OverflowError, OSError):
-        return f"ts={_short(ts)[:20]}"
+def format_event(ev: dict[str, Any], keys: Iterable[str] | None = None, color: bool = False) -> str:
+    """``HH:MM:SS run rank type/stage step=S  k=v ...`` with short numbers; only ``keys`` of the
+    data when given; the relay's own events show as rank ``relay``."""
+    rank = ev.get("rank")
+    who = "relay" if rank == RELAY_RANK and type(rank) is int else f"r{_short(rank)}"
+    kind = _short(ev.get("type")) + (f"/{_short(ev['stage'])}" if ev.get("stage") else "")
+    data = ev.get("data")
+    if isinstance(data, dict):
+        shown = list(data) if keys is None else keys
+        body = " ".join(f"{k}={_short(data[k])}" for k in shown)
+        alarm = data.get("event") in _ALARMS
+    else:
+        body, alarm = _short(data), False
+    step = f" step={_short(ev['step'])}" if ev.get("step") is not None else ""
+    if not color:
+        return f"{clock(ev.get('ts'))} {_short(ev.get('run'))} {who} {kind}{step}  {body}"
+    colour = "red" if alarm else "cyan" if who == "relay" else _TYPE_COLOURS.get(ev.get("type"))  # type: ignore[arg-type]
+    return (f"{click.style(clock(ev.get('ts')), dim=True)} {_short(ev.get('run'))} {who} "
+            f"{click.style(kind, fg=colour, bold=alarm)}{step}  {body}")
 
 
 def _short(value: Any) -> str:
@@ -48,36 +63,105 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def _sort_keys(events: list[dict[str, Any]]) -> list[float]:
-    """Each event's ts to sort by; a line whose ts is not a number (a hand edit, an older relay's
-    "NaN") takes the one of the line before it, so it stays where the file has it."""
-    keys: list[float] = []
+def _ts_keys(events: Iterable[tuple[dict[str, Any], bytes]]) -> Iterator[tuple[float, dict[str, Any], bytes]]:
+    """Each line with its ts to merge by; a line whose ts is not a number (a hand edit, an older
+    relay's "NaN") takes the one of the line before it, so it stays where the file has it."""
     last: float = 0
-    for ev in events:
+    for ev, raw in events:
         ts = ev.get("ts")
         if type(ts) is int or (type(ts) is float and ts == ts):  # (bool is no time, NaN no order)
             last = ts
-        keys.append(last)
-    return keys
+        yield last, ev, raw
 
 
-def tail_journal(path: Path, *, follow: bool, runs: set[str], types: set[str], last: int) -> None:
-    if not path.exists():
-        raise FileNotFoundError(path)
+class Tail:
+    """One ``relay tail``: what to show (``selection``), how (``view``: events or steps; ``as_json``:
+    the lines as written), and where (stdout, styled when ``color``)."""
 
-    def wanted(ev: dict[str, Any]) -> bool:  # --run and --type are strings: only a string matches
-        run, kind = ev.get("run"), ev.get("type")
-        return ((not runs or (type(run) is str and run in runs))
-                and (not types or (type(kind) is str and kind in types)))
+    def __init__(self, path: Path, selection: Selection, *, view: str = "events", as_json: bool = False,
+                 color: bool = False, straggler_ratio: float = 1.3) -> None:
+        self.path = path
+        self.view = view
+        # in the steps view --metric picks the columns; the slowest rank still needs every rank's events
+        self.selection = replace(selection, metrics=()) if view == "steps" and not as_json else selection
+        self.as_json = as_json
+        self.color = color
+        self.steps = StepView(selection.metrics, color=color, straggler_ratio=straggler_ratio)
+        self._run_shown: str | None = None
+        self._follower = Follower(path, notice=lambda text: click.echo(f"relay tail: {text}", err=True))
 
-    reader = JournalReader(path, restore=False, lenient=True)  # shown as written: "NaN" stays a string
-    backlog = [ev for ev in reader.read() if wanted(ev)]
-    keys = _sort_keys(backlog)
-    backlog = [backlog[i] for i in sorted(range(len(backlog)), key=keys.__getitem__)]  # stable
-    for ev in backlog[-last:] if last > 0 else []:
-        click.echo(format_event(ev))
-    while follow:
-        time.sleep(0.2)
-        for ev in reader.read():  # complete new lines of every file, new run files included
-            if wanted(ev):
-                click.echo(format_event(ev))
+    def run(self, *, follow: bool, last: int | None) -> None:
+        """Show the last ``last`` (None: all) of what is there, then, when following, what comes."""
+        if not follow and not self.path.exists():
+            raise FileNotFoundError(self.path)
+        if follow and not self.path.exists():
+            click.echo(f"relay tail: waiting for {self.path} to appear", err=True)
+        try:
+            backlog = self._backlog(final=not follow)
+            now = time.monotonic()
+            if self.view == "steps" and not self.as_json:
+                rows: deque[tuple[str, str]] = deque(maxlen=last)
+                for i, (ev, _) in enumerate(backlog):
+                    rows.extend(self.steps.feed(ev, now))
+                    if i % 4096 == 4095:  # steps shown leave memory as the backlog is read
+                        rows.extend(self.steps.ready(now, backlog=True))
+                rows.extend(self.steps.ready(now, final=not follow, backlog=True))
+                self._show_rows(list(rows))
+            else:
+                self._show_events(list(deque(backlog, maxlen=last)))
+            while follow:
+                time.sleep(POLL_S)
+                self.poll_once()
+        finally:
+            self._follower.close()
+
+    def _backlog(self, final: bool) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """What is there already: each file in its own order, files merged by time; parsed as it is
+        consumed, so only what the view keeps stays in memory."""
+        files = [self._wanted(lines) for _, lines in self._follower.poll(final=final)]
+        if len(files) == 1:
+            return files[0]
+        return ((ev, raw) for _, ev, raw in heapq.merge(*map(_ts_keys, files), key=lambda k: k[0]))
+
+    def poll_once(self) -> None:
+        """One look when following: what was written since, shown."""
+        fresh = [pair for _, lines in self._follower.poll() for pair in self._wanted(lines)]
+        if self.view == "steps" and not self.as_json:
+            now = time.monotonic()
+            rows = [row for ev, _ in fresh for row in self.steps.feed(ev, now)]
+            self._show_rows(rows + self.steps.ready(now))
+        else:
+            self._show_events(fresh)
+
+    def _wanted(self, lines: list[bytes]) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """The lines that are JSON objects the selection wants, parsed, with their bytes."""
+        wants = self.selection.wants
+        for raw in lines:
+            ev = parse_line(raw)
+            if ev is not None and wants(ev):
+                yield ev, raw
+
+    def _show_events(self, events: list[tuple[dict[str, Any], bytes]]) -> None:
+        if not events:
+            return
+        if self.as_json:
+            out = sys.stdout.buffer
+            for _, raw in events:
+                out.write(raw if raw.endswith(b"\n") else raw + b"\n")
+            out.flush()
+            return
+        narrow = self.selection.keys if self.selection.metrics else lambda _: None
+        sys.stdout.write("".join(format_event(ev, narrow(ev), self.color) + "\n" for ev, _ in events))
+        sys.stdout.flush()
+
+    def _show_rows(self, rows: list[tuple[str, str]]) -> None:
+        if not rows:
+            return
+        text = []
+        for run, line in rows:
+            if run != self._run_shown:  # each run's rows under its own name and the column names
+                text += [self.steps.run_line(run), self.steps.header]
+                self._run_shown = run
+            text.append(line)
+        sys.stdout.write("\n".join(text) + "\n")
+        sys.stdout.flush()
