@@ -86,8 +86,8 @@ class StepView:
         """Take one event; what must be shown at once: a rank lost or back, the end of training, when
         no step is waiting to be shown before it."""
         run, step, data, stage, kind = ev.get("run"), ev.get("step"), ev.get("data"), ev.get("stage"), ev.get("type")
-        if type(run) is not str or type(data) is not dict:
-            return []
+        if type(run) is not str or type(data) is not dict or not (stage is None or type(stage) is str):
+            return []  # (a line no relay wrote: a viewer skips it)
         if type(ev.get("world_size")) is int and ev.get("world_size", 0) > 0:
             self._world[run] = ev["world_size"]
         state = self._runs.setdefault(run, _Run())
@@ -141,7 +141,7 @@ class StepView:
                     + (f" ({steps} steps)" if type(steps) is int else ""))
             rec = state.steps.get(step) if type(step) is int else None
             (rec.flags if rec is not None else state.late).append(flag)
-        elif event in _NOTES:
+        elif type(event) is str and event in _NOTES:
             detail = " ".join(f"{k}={_fmt(v, '.4g')}" for k, v in data.items() if k != "event")
             step = f"{ev['step']:>7}" if type(ev.get("step")) is int else "      -"
             note = self._style(f"{clock(ev.get('ts'))}  {step}  {event} {detail}", fg=_NOTES[event])

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from relay import schema
 from relay.replay import replay_files
-from relay.tail import format_event, tail_journal
+from relay.selection import Selection
+from relay.tail import Tail, format_event
 from relay.journal import Journal, encode_lines, journal_files, read_events
 from sinks.base import SinkError
 
@@ -207,7 +208,8 @@ def check_journal(journal: bytes) -> None:
         source.write_bytes(journal)
         events = list(read_events(source, []))
         with contextlib.redirect_stdout(io.StringIO()):
-            tail_journal(source, follow=False, runs=set(), types=set(), last=len(events) + 1)
+            for view in ("events", "steps"):  # a viewer for humans shows whatever a file holds
+                Tail(source, Selection(), view=view).run(follow=False, last=None)
         out = root / "out"
         _replay(source, out, events)
         before = _tree(root)
