@@ -72,8 +72,8 @@ class Answers:
 
 def format_line(snap: dict[str, Any], *, detail: bool = False) -> str:
     """``1520 ev/s | 1 run: run-a 2/2 | 30120 events, 0 duplicates, 0 rejected, 0 client drops |
-    sinks: jsonl 0 queued, aim 812 queued (1.0 s behind)``. ``detail`` adds frames, written,
-    rejection reasons and each sink's written count (the log line and ``relay status``). Fields
+    sinks: jsonl 0 queued, aim 812 queued (1.0 s behind)``. ``detail`` adds frames, derived,
+    written, rejection reasons and each sink's written count (the log line and ``relay status``). Fields
     a stats file of an older relay lacks are left out."""
     parts = []
     if "events_per_s" in snap:
@@ -81,7 +81,10 @@ def format_line(snap: dict[str, Any], *, detail: bool = False) -> str:
     parts.append(_runs(snap))
     counts = f"{snap.get('events', 0)} events"
     if detail:
-        counts += f" in {snap.get('frames', 0)} frames, {snap.get('written', 0)} written"
+        counts += f" in {snap.get('frames', 0)} frames"
+        if snap.get("derived"):  # the relay's own (cluster) events: written, never received
+            counts += f", {snap['derived']} derived"
+        counts += f", {snap.get('written', 0)} written"
     rejected = f"{snap.get('rejected_total', 0)} rejected"
     if detail and snap.get("rejected"):
         rejected += " (" + ", ".join(f"{k} {v}" for k, v in sorted(snap["rejected"].items())) + ")"

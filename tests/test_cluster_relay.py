@@ -79,6 +79,9 @@ def test_a_slowed_rank_is_the_straggler_and_every_step_is_summed_up(relays, tmp_
     assert straggler["data"]["ratio"] > 1.5 and straggler["data"]["step_time"] >= 0.4
     assert not said(ours, "rank_lost")
     assert relay.stats(journal)["derived"] == len(ours)
+    status = subprocess.run([sys.executable, "-m", "relay", "status", str(journal)], capture_output=True, text=True,
+                            timeout=60, cwd=ROOT)
+    assert f"{len(ours)} derived, " in status.stdout, status  # the status line tells them from received ones
 
     # The live sink got exactly these, and a replay into another journal carries them over.
     live = [e for e in read_jsonl(kept) if e["rank"] == RELAY_RANK]
