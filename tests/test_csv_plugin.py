@@ -62,8 +62,11 @@ def test_csv_sink_live_and_replayed(relays, tmp_path: Path) -> None:
     assert all(pub.close(20) == 0 for pub in ranks)
     assert relay.stop() == 0
     got = rows(live)
-    trainer = [r for r in got if r[1] == ""]  # rank None: the Trainer's series, from rank 0 only
-    assert len(trainer) == 5 * 3  # loss, epoch, and eval loss under {"subset": "eval"}
+    run_level = [r for r in got if r[1] == ""]  # rank None: the Trainer's series and the relay's cluster_*
+    trainer = [r for r in run_level if not r[5].startswith("cluster_")]
+    assert len(trainer) == 5 * 3  # loss, epoch, and eval loss under {"subset": "eval"}, from rank 0 only
+    cluster = [r for r in run_level if r[5] == "cluster_slowest_rank"]  # derived by the relay from step_time
+    assert [(r[2], r[6]) for r in cluster] == [(str(step), "1") for step in range(1, 6)]
     assert ["csv-run", "", "1", "0.2", "[('subset', 'eval')]", "loss", "3.0"] in trainer
     per_rank = [r for r in got if r[5] == "rank_step_time_s"]  # the wire's step_time, named for display
     assert sorted({r[1] for r in per_rank}) == ["0", "1"] and len(per_rank) == 10

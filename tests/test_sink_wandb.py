@@ -288,7 +288,9 @@ def test_full_disk_mid_run_loses_nothing(relays, small_fs: Path, tmp_path: Path)
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-2000:]
     lines = [json.loads(line) for line in (journal / "job-full.jsonl").read_text().splitlines()]
-    everything = {str(r): [[0, sum(e["rank"] == r for e in lines)]] for r in (0, 1)}
+    ranks = {e["rank"] for e in lines}  # 0, 1 and the relay's own (its cluster figures)
+    assert len(ranks) == 3
+    everything = {str(r): [[0, sum(e["rank"] == r for e in lines)]] for r in ranks}
     state = small_fs / "wandb" / "relay-applied" / "job-full.json"
     deadline = time.monotonic() + 90  # the last restarted sink catches up from the journal
     while not state.exists() or json.loads(state.read_text())["spans"] != everything:
