@@ -11,21 +11,24 @@ end (``done`` in the state file) is not read again after a restart.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import operator
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
+import orjson
 import zmq
 
 from relay import schema
 from relay.forward_window import ForwardWindow, Key
 from relay.hub import Link
-from relay.journal import Journal, JournalReader
-from sinks.events import RELAY_RANK
+from relay.journal import Journal, JournalReader, event_error, parse_event
+from sinks.events import RELAY_RANK, from_journal
 
 log = logging.getLogger("relay.forward")
 
@@ -35,11 +38,15 @@ RESCAN_S = 2.0  # look at the journal for news even without a batch saying so (o
 SAVE_EVERY = 1.0  # seconds between writes of the state file, when it changed
 WARN_AFTER = 5.0  # seconds without any ack while events wait, before saying so (once per outage)
 MAX_PREFIXES = 4096
+CHUNK = 512  # lines checked together: enough to amortise the column check, few enough to stay in cache
 MAX_BYTES = 64 << 20  # of rows held, whatever --forward-window says
 
 #: The sink's own counters (in the relay's stats under sinks.forward.sink).
 COUNTERS = ("forwarded", "acked", "resent", "held", "unconfirmed", "skipped_relay_rank", "skipped_acked",
-            "not_sent", "bad_acks", "errors")
+            "not_sent", "bad_lines", "bad_acks", "errors")
+_FIELD_SET = frozenset(schema.FIELDS)
+_envelope = operator.itemgetter(*schema.ENVELOPE)
+_row = operator.itemgetter(*schema.ROW_FIELDS)
 
 
 class Forwarder:
@@ -153,7 +160,7 @@ class Forwarder:
         budget = [READ_BUDGET]
         for run in list(self.dirty):
             if not self.directory:
-                if self._take(self.reader.read(None), budget):
+                if self._take(None, budget):
                     self.dirty.discard(run)
                 return
             try:
@@ -161,7 +168,7 @@ class Forwarder:
             except (IndexError, FileNotFoundError):
                 self.dirty.discard(run)
                 continue
-            if not self._take(self.reader.read(run), budget):
+            if not self._take(run, budget):
                 return
             self.dirty.discard(run)
             self.read_size[run] = size  # (what it held before this read: all of it is read now)
@@ -180,49 +187,104 @@ class Forwarder:
             if size != self.read_size.get(path.stem):
                 self.dirty.add(path.stem)
 
-    def _take(self, events: Iterator[dict[str, Any]], budget: list[int]) -> bool:
-        """Hold what ``events`` yields until the window is full or the budget spent (False: stopped
-        early, the reader keeps its place), True once they are all read."""
+    def _take(self, run: str | None, budget: list[int]) -> bool:
+        """Hold ``run``'s new lines (None: the file's) until the window is full or the budget spent
+        (False: stopped early, the reader keeps its place), True once they are all read. Lines are
+        taken in chunks, so their rows are checked a column at a time (see _hold)."""
         window = self.window
-        for event in events:
-            self._hold(event)
-            budget[0] -= 1
-            if budget[0] <= 0 or not window.room():
-                events.close()  # type: ignore[attr-defined]
-                return False
-        return True
-
-    def _hold(self, event: dict[str, Any]) -> None:
-        rank = event["rank"]
-        if rank == RELAY_RANK:  # the central derives its own from all ranks
-            self.counters["skipped_relay_rank"] += 1
-            return
-        key: Key = (event["run"], rank)
-        window = self.window
-        stream = window.streams.get(key) or window.stream(key, self.floors.pop(key, 0))
-        seq = event["seq"]
-        if seq < stream.acked:
-            self.counters["skipped_acked"] += 1
-            return
-        envelope = (event["v"], key[0], rank, event["local_rank"], event["world_size"], event["host"])
-        prefix = self._prefixes.get(envelope) or self._prefix(envelope)
+        lines = self.reader.lines(run)
         try:
-            row = self._pack((seq, event["ts"], event["type"], event["step"], event["epoch"], event["stage"],
-                              event["data"]))
-        except Exception as exc:  # noqa: BLE001 - counted and logged; the central's ack shows the gap
-            self._not_sent(key, seq, f"cannot encode it: {type(exc).__name__}: {exc}")
-            return
-        if len(prefix) + len(row) + 8 > schema.MAX_FRAME_BYTES:
-            self._not_sent(key, seq, f"{len(row)} bytes exceed a frame")
-            return
-        window.hold(key, stream, seq, prefix, row)
-        self.counters["forwarded"] += 1
+            while window.room() and budget[0] > 0:
+                limit = min(budget[0], window.max_events - window.events, CHUNK)
+                chunk = list(itertools.islice(lines, limit))
+                if chunk:
+                    self._hold(chunk, run)
+                    budget[0] -= len(chunk)
+                if len(chunk) < limit:
+                    return True
+            return False
+        finally:
+            lines.close()
+
+    def _hold(self, lines: list[bytes], run: str | None) -> None:
+        """Hold the events of ``lines`` (of ``run``, if given) in the window. The journal's lines are
+        the relay's own, validated when they arrived, so the common line costs one orjson parse and
+        a column check of the whole chunk (``schema.rows_pass``, what the central applies too); only
+        a line that fails it, or whose envelope is new, goes through ``validate_event`` on its own.
+        A line that is not an event is counted and not forwarded: one such line in a batch would
+        make the central refuse the whole batch."""
+        loads, prefixes, pending = orjson.loads, self._prefixes, []
+        blob = b"".join(lines)
+        nonfinite = b'"NaN"' in blob or b'Infinity"' in blob  # one scan for the chunk, not one per line
+        for line in lines:
+            try:
+                event = loads(line)
+            except orjson.JSONDecodeError:
+                event = None
+            if type(event) is not dict or event.keys() != _FIELD_SET:
+                event = parse_event(line)  # fills optional fields; None: not an event
+                if event is None:
+                    self._bad_line(line, "not a JSON object with the fields of an event")
+                    continue
+            envelope = _envelope(event)
+            if run is not None and envelope[1] != run:
+                continue  # another run's line in this run's file (as JournalReader.read skips it)
+            if nonfinite and event["type"] == "metrics" and (b'"NaN"' in line or b'Infinity"' in line):
+                from_journal(event)  # the floats the rank sent; the central writes them as the node did
+            prefix = prefixes.get(envelope)
+            if prefix is None or not (type(envelope[0]) is type(envelope[2]) is type(envelope[3])
+                                      is type(envelope[4]) is int):  # (True == 1: a cached key may match)
+                error = event_error(event)
+                if error is not None:
+                    self._bad_line(line, error)
+                    continue
+                prefix = prefixes.get(envelope) or self._prefix(envelope)
+            pending.append((envelope, prefix, list(_row(event))))
+        if not schema.rows_pass([row for _, _, row in pending]):
+            pending = [item for item in pending if self._valid(item)]
+        window, counters, pack, floors = self.window, self.counters, self._pack, self.floors
+        streams, hold = window.streams, window.hold
+        for envelope, prefix, row in pending:
+            key: Key = envelope[1:3]  # (run, rank)
+            if key[1] == RELAY_RANK:  # the central derives its own from all ranks
+                counters["skipped_relay_rank"] += 1
+                continue
+            stream = streams.get(key) or window.stream(key, floors.pop(key, 0))
+            seq = row[0]
+            if seq < stream.acked:
+                counters["skipped_acked"] += 1
+                continue
+            try:
+                packed = pack(row)
+            except Exception as exc:  # noqa: BLE001 - counted and logged; the central's ack shows the gap
+                self._not_sent(key, seq, f"cannot encode it: {type(exc).__name__}: {exc}")
+                continue
+            if len(prefix) + len(packed) + 8 > schema.MAX_FRAME_BYTES:
+                self._not_sent(key, seq, f"{len(packed)} bytes exceed a frame")
+                continue
+            hold(key, stream, seq, prefix, packed)
+            counters["forwarded"] += 1
+
+    def _valid(self, item: tuple[tuple, bytes, list[Any]]) -> bool:
+        """Whether one row (with its envelope) is an event, by validate_event itself."""
+        envelope, _, row = item
+        event = {**dict(zip(schema.ENVELOPE, envelope)), **dict(zip(schema.ROW_FIELDS, row))}
+        error = event_error(event)
+        if error is not None:
+            self._bad_line(orjson.dumps(event, default=str), error)
+        return error is None
 
     def _prefix(self, envelope: tuple) -> bytes:
         if len(self._prefixes) >= MAX_PREFIXES:
             self._prefixes.clear()
         prefix = self._prefixes[envelope] = schema.compact_prefix(dict(zip(schema.ENVELOPE, envelope)))
         return prefix
+
+    def _bad_line(self, line: bytes, why: str) -> None:
+        self.counters["bad_lines"] += 1
+        if self.counters["bad_lines"] <= 10 or self.counters["bad_lines"] % 1000 == 0:
+            log.error("a line of %s is not an event and is not forwarded (%d so far; it stays in this journal): "
+                      "%s: %.200r", self.reader.path, self.counters["bad_lines"], why, line)
 
     def _not_sent(self, key: Key, seq: int, why: str) -> None:
         self.counters["not_sent"] += 1

@@ -184,7 +184,7 @@ class JournalReader:
         self.directory = is_directory_layout(path) if directory is None else directory
         self.restore = restore
         self.bad_lines = 0
-        self._offsets: dict[tuple[Path, str | None], int] = {}
+        self._offsets: dict[tuple[str, str | None], int] = {}
 
     def __call__(self, run: str) -> Iterator[dict[str, Any]]:
         return self.read(run)
@@ -198,15 +198,28 @@ class JournalReader:
 
     def read(self, run: str | None = None) -> Iterator[dict[str, Any]]:
         for path in self.files(run):
-            yield from self._read(path, run)
+            for line in self._lines(path, run):
+                event = parse_event(line)
+                if event is None:
+                    self.bad_lines += 1
+                elif run is None or event["run"] == run:
+                    yield from_journal(event) if self.restore else event
 
-    def _read(self, path: Path, run: str | None) -> Iterator[dict[str, Any]]:
-        key = (path, run)
+    def lines(self, run: str | None = None) -> Iterator[bytes]:
+        """The complete, non-blank lines written since the previous call (of ``read`` or ``lines``)
+        for ``run``, as written and unchecked: for a reader that applies the rules itself
+        (relay/forwarder.py). In the directory layout a run's file may hold a line of another run."""
+        for path in self.files(run):
+            yield from self._lines(path, run)
+
+    def _lines(self, path: Path, run: str | None) -> Iterator[bytes]:
+        key = (str(path), run)  # a str: hashing a Path per line costs more than reading the line
         offset = self._offsets.get(key, 0)
         try:
             fh = open(path, "rb")
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return
+        offsets = self._offsets
         with fh:
             if os.fstat(fh.fileno()).st_size < offset:  # replaced by a shorter file: read it afresh
                 offset = 0
@@ -225,13 +238,10 @@ class JournalReader:
                 lines.pop()
                 for line in lines:
                     offset += len(line) + 1
-                    event = parse_event(line)
-                    if event is None:
-                        self.bad_lines += 1 if line.strip() else 0
-                    elif run is None or event.get("run") == run:
-                        self._offsets[key] = offset  # before yielding: a reader that stops keeps its place
-                        yield from_journal(event) if self.restore else event
-                self._offsets[key] = offset
+                    if line.strip():
+                        offsets[key] = offset  # before yielding: a reader that stops keeps its place
+                        yield line
+                offsets[key] = offset
 
 
 # -- writing --------------------------------------------------------------------------------------
