@@ -44,7 +44,7 @@ MAX_BYTES = 64 << 20  # of rows held, whatever --forward-window says
 #: The sink's own counters (in the relay's stats under sinks.forward.sink).
 COUNTERS = ("forwarded", "acked", "resent", "held", "unconfirmed", "skipped_relay_rank", "skipped_acked",
             "not_sent", "bad_lines", "bad_acks", "errors")
-_FIELD_SET = frozenset(schema.FIELDS)
+_FIELD_COUNT = len(schema.FIELDS)
 _envelope = operator.itemgetter(*schema.ENVELOPE)
 _row = operator.itemgetter(*schema.ROW_FIELDS)
 
@@ -217,20 +217,22 @@ class Forwarder:
         blob = b"".join(lines)
         nonfinite = b'"NaN"' in blob or b'Infinity"' in blob  # one scan for the chunk, not one per line
         for line in lines:
-            try:
+            try:  # a line of every field and no other (KeyError, TypeError: not a map of them all)
                 event = loads(line)
-            except orjson.JSONDecodeError:
-                event = None
-            if type(event) is not dict or event.keys() != _FIELD_SET:
+                envelope, row = _envelope(event), _row(event)
+                whole = len(event) == _FIELD_COUNT
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                whole = False
+            if not whole:
                 event = parse_event(line)  # fills optional fields; None: not an event
                 if event is None:
                     self._bad_line(line, "not a JSON object with the fields of an event")
                     continue
-            envelope = _envelope(event)
+                envelope, row = _envelope(event), _row(event)
             if run is not None and envelope[1] != run:
                 continue  # another run's line in this run's file (as JournalReader.read skips it)
             if nonfinite and event["type"] == "metrics" and (b'"NaN"' in line or b'Infinity"' in line):
-                from_journal(event)  # the floats the rank sent; the central writes them as the node did
+                row = _row(from_journal(event))  # the floats the rank sent; the central writes them as the node did
             prefix = prefixes.get(envelope)
             if prefix is None or not (type(envelope[0]) is type(envelope[2]) is type(envelope[3])
                                       is type(envelope[4]) is int):  # (True == 1: a cached key may match)
@@ -239,11 +241,11 @@ class Forwarder:
                     self._bad_line(line, error)
                     continue
                 prefix = prefixes.get(envelope) or self._prefix(envelope)
-            pending.append((envelope, prefix, list(_row(event))))
+            pending.append((envelope, prefix, list(row)))
         if not schema.rows_pass([row for _, _, row in pending]):
             pending = [item for item in pending if self._valid(item)]
         window, counters, pack, floors = self.window, self.counters, self._pack, self.floors
-        streams, hold = window.streams, window.hold
+        streams, hold, forwarded = window.streams, window.hold, 0
         for envelope, prefix, row in pending:
             key: Key = envelope[1:3]  # (run, rank)
             if key[1] == RELAY_RANK:  # the central derives its own from all ranks
@@ -263,7 +265,8 @@ class Forwarder:
                 self._not_sent(key, seq, f"{len(packed)} bytes exceed a frame")
                 continue
             hold(key, stream, seq, prefix, packed)
-            counters["forwarded"] += 1
+            forwarded += 1
+        counters["forwarded"] += forwarded
 
     def _valid(self, item: tuple[tuple, bytes, list[Any]]) -> bool:
         """Whether one row (with its envelope) is an event, by validate_event itself."""

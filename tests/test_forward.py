@@ -4,6 +4,7 @@ and its send window's rules without sockets."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -11,12 +12,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import msgpack
 import orjson
 import pytest
 
 from conftest import RelayProcess, finish, free_port, read_jsonl, start_publisher, wait_for
 from relay.curve import load_secret
 from relay.forward_window import STALL_S, ForwardWindow
+from relay.forwarder import Forwarder
 from relay.journal import encode_line
 from sinks.events import RELAY_RANK
 from test_curve import keygen
@@ -352,3 +355,20 @@ def test_hand_edited_lines_are_not_forwarded_and_the_rest_arrives_byte_for_byte(
     assert [json.loads(line) for line in central_lines if b'"rank":1,' in line] == [
         {"v": 1, "local_rank": 0, "world_size": 1, "host": "", "step": None, "epoch": None, "stage": None, **short}]
     assert node.log.read_text().count("is not an event and is not forwarded") == len(bad)
+
+
+def test_non_finite_metrics_are_sent_as_the_floats_the_rank_sent(tmp_path):
+    """The journal keeps NaN and infinities as strings; the forwarder sends floats, as the rank did,
+    so the central's own consumers (its cluster events) see numbers, and its journal the same line."""
+    (tmp_path / "nan.jsonl").write_bytes(b"".join(encode_line(
+        {"v": 1, "run": "nan", "rank": 0, "local_rank": 0, "world_size": 1, "host": "h", "seq": seq, "ts": 1.7e9,
+         "type": kind, "step": seq, "epoch": None, "stage": "rank", "data": data})
+        for seq, (kind, data) in enumerate([("metrics", {"step_time": float("nan"), "up": float("inf")}),
+                                            ("lifecycle", {"note": "NaN"}), ("metrics", {"step_time": 0.5})])))
+    forwarder = Forwarder(tmp_path, "tcp://127.0.0.1:1", server_key=None, client_cert=None, max_events=100)
+    forwarder.notify({"nan"})
+    forwarder._read(0.0)  # (reading needs no connection: the rows wait in the window)
+    rows = [msgpack.unpackb(row) for _, _, row in forwarder.window.streams[("nan", 0)].held]
+    assert [row[0] for row in rows] == [0, 1, 2]
+    assert math.isnan(rows[0][6]["step_time"]) and rows[0][6]["up"] == math.inf
+    assert rows[1][6] == {"note": "NaN"} and rows[2][6] == {"step_time": 0.5}  # only metrics are restored
