@@ -1,5 +1,6 @@
 """The forward sink's I/O side (relay/forward.py is the sink): one thread, a member of the sink's
-own ``relay.hub.Hub``, that reads the node's journal into the send window (relay/forward_window.py),
+own ``relay.hub.Hub``, that reads the node's journal (its raw lines, checked by
+relay/forward_lines.py, a chunk at a time) into the send window (relay/forward_window.py),
 sends it to the central relay over one ``relay.hub.Link``, takes the central's acks, and keeps what
 the central acknowledged in a state file beside the journal.
 
@@ -14,21 +15,20 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import operator
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-import orjson
 import zmq
 
 from relay import schema
+from relay.forward_lines import LineReader
 from relay.forward_window import ForwardWindow, Key
 from relay.hub import Link
-from relay.journal import Journal, JournalReader, event_error, parse_event
-from sinks.events import RELAY_RANK, from_journal
+from relay.journal import Journal, JournalReader
+from sinks.events import RELAY_RANK
 
 log = logging.getLogger("relay.forward")
 
@@ -37,16 +37,12 @@ READ_BUDGET = 20_000  # events read from the journal per tick, so acks are read 
 RESCAN_S = 2.0  # look at the journal for news even without a batch saying so (one may have been dropped)
 SAVE_EVERY = 1.0  # seconds between writes of the state file, when it changed
 WARN_AFTER = 5.0  # seconds without any ack while events wait, before saying so (once per outage)
-MAX_PREFIXES = 4096
 CHUNK = 512  # lines checked together: enough to amortise the column check, few enough to stay in cache
 MAX_BYTES = 64 << 20  # of rows held, whatever --forward-window says
 
 #: The sink's own counters (in the relay's stats under sinks.forward.sink).
 COUNTERS = ("forwarded", "acked", "resent", "held", "unconfirmed", "skipped_relay_rank", "skipped_acked",
             "not_sent", "bad_lines", "bad_acks", "errors")
-_FIELD_COUNT = len(schema.FIELDS)
-_envelope = operator.itemgetter(*schema.ENVELOPE)
-_row = operator.itemgetter(*schema.ROW_FIELDS)
 
 
 class Forwarder:
@@ -73,7 +69,7 @@ class Forwarder:
         self._notified: set[str] = set()
         self._link: Link | None = None
         self._pack = schema.row_packer().pack
-        self._prefixes: dict[tuple, bytes] = {}
+        self.lines = LineReader(self._bad_line)
         self._next_rescan = self._next_save = 0.0
         self._saved = ""
         self._waiting_since: float | None = None
@@ -207,46 +203,11 @@ class Forwarder:
             lines.close()
 
     def _hold(self, lines: list[bytes], run: str | None) -> None:
-        """Hold the events of ``lines`` (of ``run``, if given) in the window. The journal's lines are
-        the relay's own, validated when they arrived, so the common line costs one orjson parse and
-        a column check of the whole chunk (``schema.rows_pass``, what the central applies too); only
-        a line that fails it, or whose envelope is new, goes through ``validate_event`` on its own.
-        A line that is not an event is counted and not forwarded: one such line in a batch would
-        make the central refuse the whole batch."""
-        loads, prefixes, pending = orjson.loads, self._prefixes, []
-        blob = b"".join(lines)
-        nonfinite = b'"NaN"' in blob or b'Infinity"' in blob  # one scan for the chunk, not one per line
-        for line in lines:
-            try:  # a line of every field and no other (KeyError, TypeError: not a map of them all)
-                event = loads(line)
-                envelope, row = _envelope(event), _row(event)
-                whole = len(event) == _FIELD_COUNT
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                whole = False
-            if not whole:
-                event = parse_event(line)  # fills optional fields; None: not an event
-                if event is None:
-                    self._bad_line(line, "not a JSON object with the fields of an event")
-                    continue
-                envelope, row = _envelope(event), _row(event)
-            if run is not None and envelope[1] != run:
-                continue  # another run's line in this run's file (as JournalReader.read skips it)
-            if nonfinite and event["type"] == "metrics" and (b'"NaN"' in line or b'Infinity"' in line):
-                row = _row(from_journal(event))  # the floats the rank sent; the central writes them as the node did
-            prefix = prefixes.get(envelope)
-            if prefix is None or not (type(envelope[0]) is type(envelope[2]) is type(envelope[3])
-                                      is type(envelope[4]) is int):  # (True == 1: a cached key may match)
-                error = event_error(event)
-                if error is not None:
-                    self._bad_line(line, error)
-                    continue
-                prefix = prefixes.get(envelope) or self._prefix(envelope)
-            pending.append((envelope, prefix, list(row)))
-        if not schema.rows_pass([row for _, _, row in pending]):
-            pending = [item for item in pending if self._valid(item)]
+        """Hold the events of ``lines`` (of ``run``, if given) in the window (relay/forward_lines.py
+        says which lines are events, and what each is on the wire)."""
         window, counters, pack, floors = self.window, self.counters, self._pack, self.floors
         streams, hold, forwarded = window.streams, window.hold, 0
-        for envelope, prefix, row in pending:
+        for envelope, prefix, row in self.lines.events(lines, run):
             key: Key = envelope[1:3]  # (run, rank)
             if key[1] == RELAY_RANK:  # the central derives its own from all ranks
                 counters["skipped_relay_rank"] += 1
@@ -267,21 +228,6 @@ class Forwarder:
             hold(key, stream, seq, prefix, packed)
             forwarded += 1
         counters["forwarded"] += forwarded
-
-    def _valid(self, item: tuple[tuple, bytes, list[Any]]) -> bool:
-        """Whether one row (with its envelope) is an event, by validate_event itself."""
-        envelope, _, row = item
-        event = {**dict(zip(schema.ENVELOPE, envelope)), **dict(zip(schema.ROW_FIELDS, row))}
-        error = event_error(event)
-        if error is not None:
-            self._bad_line(orjson.dumps(event, default=str), error)
-        return error is None
-
-    def _prefix(self, envelope: tuple) -> bytes:
-        if len(self._prefixes) >= MAX_PREFIXES:
-            self._prefixes.clear()
-        prefix = self._prefixes[envelope] = schema.compact_prefix(dict(zip(schema.ENVELOPE, envelope)))
-        return prefix
 
     def _bad_line(self, line: bytes, why: str) -> None:
         self.counters["bad_lines"] += 1
