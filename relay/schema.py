@@ -259,7 +259,7 @@ def _columns_ok(rows: list[Any]) -> tuple[int, bool] | None:
 def rows_pass(rows: list[list[Any]]) -> bool:
     """Whether compact rows (``[seq, ts, type, step, epoch, stage, data]`` lists, none nested in
     data) pass validate_event's rules, checked a column at a time as a relay checks a compact batch.
-    False says only that one may not: check those one by one (relay/forwarder.py does)."""
+    False says only that one may not: check those one by one (relay/forward_lines.py does)."""
     return not rows or _columns_ok(rows) is not None
 
 
