@@ -42,6 +42,7 @@ class ForwardSink(Sink):
     """Forward every event of this relay's journal to a central relay (see the module's docstring)."""
 
     name = "forward"
+    wants_events = False  # it forwards the journal's lines; write() only needs to know which runs have news
 
     @classmethod
     def options(cls) -> list[click.Option]:

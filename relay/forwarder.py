@@ -1,5 +1,6 @@
 """The forward sink's I/O side (relay/forward.py is the sink): one thread, a member of the sink's
-own ``relay.hub.Hub``, that reads the node's journal into the send window (relay/forward_window.py),
+own ``relay.hub.Hub``, that reads the node's journal (its raw lines, checked by
+relay/forward_lines.py, a chunk at a time) into the send window (relay/forward_window.py),
 sends it to the central relay over one ``relay.hub.Link``, takes the central's acks, and keeps what
 the central acknowledged in a state file beside the journal.
 
@@ -11,17 +12,19 @@ end (``done`` in the state file) is not read again after a restart.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Sequence
 
 import zmq
 
 from relay import schema
+from relay.forward_lines import LineReader
 from relay.forward_window import ForwardWindow, Key
 from relay.hub import Link
 from relay.journal import Journal, JournalReader
@@ -34,12 +37,12 @@ READ_BUDGET = 20_000  # events read from the journal per tick, so acks are read 
 RESCAN_S = 2.0  # look at the journal for news even without a batch saying so (one may have been dropped)
 SAVE_EVERY = 1.0  # seconds between writes of the state file, when it changed
 WARN_AFTER = 5.0  # seconds without any ack while events wait, before saying so (once per outage)
-MAX_PREFIXES = 4096
+CHUNK = 512  # lines checked together: enough to amortise the column check, few enough to stay in cache
 MAX_BYTES = 64 << 20  # of rows held, whatever --forward-window says
 
 #: The sink's own counters (in the relay's stats under sinks.forward.sink).
 COUNTERS = ("forwarded", "acked", "resent", "held", "unconfirmed", "skipped_relay_rank", "skipped_acked",
-            "not_sent", "bad_acks", "errors")
+            "not_sent", "bad_lines", "bad_acks", "errors")
 
 
 class Forwarder:
@@ -66,7 +69,7 @@ class Forwarder:
         self._notified: set[str] = set()
         self._link: Link | None = None
         self._pack = schema.row_packer().pack
-        self._prefixes: dict[tuple, bytes] = {}
+        self.lines = LineReader(self._bad_line)
         self._next_rescan = self._next_save = 0.0
         self._saved = ""
         self._waiting_since: float | None = None
@@ -153,7 +156,7 @@ class Forwarder:
         budget = [READ_BUDGET]
         for run in list(self.dirty):
             if not self.directory:
-                if self._take(self.reader.read(None), budget):
+                if self._take(None, budget):
                     self.dirty.discard(run)
                 return
             try:
@@ -161,7 +164,7 @@ class Forwarder:
             except (IndexError, FileNotFoundError):
                 self.dirty.discard(run)
                 continue
-            if not self._take(self.reader.read(run), budget):
+            if not self._take(run, budget):
                 return
             self.dirty.discard(run)
             self.read_size[run] = size  # (what it held before this read: all of it is read now)
@@ -180,49 +183,57 @@ class Forwarder:
             if size != self.read_size.get(path.stem):
                 self.dirty.add(path.stem)
 
-    def _take(self, events: Iterator[dict[str, Any]], budget: list[int]) -> bool:
-        """Hold what ``events`` yields until the window is full or the budget spent (False: stopped
-        early, the reader keeps its place), True once they are all read."""
+    def _take(self, run: str | None, budget: list[int]) -> bool:
+        """Hold ``run``'s new lines (None: the file's) until the window is full or the budget spent
+        (False: stopped early, the reader keeps its place), True once they are all read. Lines are
+        taken in chunks, so their rows are checked a column at a time (see _hold)."""
         window = self.window
-        for event in events:
-            self._hold(event)
-            budget[0] -= 1
-            if budget[0] <= 0 or not window.room():
-                events.close()  # type: ignore[attr-defined]
-                return False
-        return True
-
-    def _hold(self, event: dict[str, Any]) -> None:
-        rank = event["rank"]
-        if rank == RELAY_RANK:  # the central derives its own from all ranks
-            self.counters["skipped_relay_rank"] += 1
-            return
-        key: Key = (event["run"], rank)
-        window = self.window
-        stream = window.streams.get(key) or window.stream(key, self.floors.pop(key, 0))
-        seq = event["seq"]
-        if seq < stream.acked:
-            self.counters["skipped_acked"] += 1
-            return
-        envelope = (event["v"], key[0], rank, event["local_rank"], event["world_size"], event["host"])
-        prefix = self._prefixes.get(envelope) or self._prefix(envelope)
+        lines = self.reader.lines(run)
         try:
-            row = self._pack((seq, event["ts"], event["type"], event["step"], event["epoch"], event["stage"],
-                              event["data"]))
-        except Exception as exc:  # noqa: BLE001 - counted and logged; the central's ack shows the gap
-            self._not_sent(key, seq, f"cannot encode it: {type(exc).__name__}: {exc}")
-            return
-        if len(prefix) + len(row) + 8 > schema.MAX_FRAME_BYTES:
-            self._not_sent(key, seq, f"{len(row)} bytes exceed a frame")
-            return
-        window.hold(key, stream, seq, prefix, row)
-        self.counters["forwarded"] += 1
+            while window.room() and budget[0] > 0:
+                limit = min(budget[0], window.max_events - window.events, CHUNK)
+                chunk = list(itertools.islice(lines, limit))
+                if chunk:
+                    self._hold(chunk, run)
+                    budget[0] -= len(chunk)
+                if len(chunk) < limit:
+                    return True
+            return False
+        finally:
+            lines.close()
 
-    def _prefix(self, envelope: tuple) -> bytes:
-        if len(self._prefixes) >= MAX_PREFIXES:
-            self._prefixes.clear()
-        prefix = self._prefixes[envelope] = schema.compact_prefix(dict(zip(schema.ENVELOPE, envelope)))
-        return prefix
+    def _hold(self, lines: list[bytes], run: str | None) -> None:
+        """Hold the events of ``lines`` (of ``run``, if given) in the window (relay/forward_lines.py
+        says which lines are events, and what each is on the wire)."""
+        window, counters, pack, floors = self.window, self.counters, self._pack, self.floors
+        streams, hold, forwarded = window.streams, window.hold, 0
+        for envelope, prefix, row in self.lines.events(lines, run):
+            key: Key = envelope[1:3]  # (run, rank)
+            if key[1] == RELAY_RANK:  # the central derives its own from all ranks
+                counters["skipped_relay_rank"] += 1
+                continue
+            stream = streams.get(key) or window.stream(key, floors.pop(key, 0))
+            seq = row[0]
+            if seq < stream.acked:
+                counters["skipped_acked"] += 1
+                continue
+            try:
+                packed = pack(row)
+            except Exception as exc:  # noqa: BLE001 - counted and logged; the central's ack shows the gap
+                self._not_sent(key, seq, f"cannot encode it: {type(exc).__name__}: {exc}")
+                continue
+            if len(prefix) + len(packed) + 8 > schema.MAX_FRAME_BYTES:
+                self._not_sent(key, seq, f"{len(packed)} bytes exceed a frame")
+                continue
+            hold(key, stream, seq, prefix, packed)
+            forwarded += 1
+        counters["forwarded"] += forwarded
+
+    def _bad_line(self, line: bytes, why: str) -> None:
+        self.counters["bad_lines"] += 1
+        if self.counters["bad_lines"] <= 10 or self.counters["bad_lines"] % 1000 == 0:
+            log.error("a line of %s is not an event and is not forwarded (%d so far; it stays in this journal): "
+                      "%s: %.200r", self.reader.path, self.counters["bad_lines"], why, line)
 
     def _not_sent(self, key: Key, seq: int, why: str) -> None:
         self.counters["not_sent"] += 1

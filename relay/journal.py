@@ -150,14 +150,21 @@ def read_events(path: Path, bad_lines: list[int] | None = None) -> Iterator[dict
 
 class LineDecoder:
     """Journal lines arriving in pieces (a pipe) -> events of the complete ones, restored as a sink
-    gets them; a partial last line waits for the rest. ``bad_lines`` counts what was not an event."""
+    gets them; a partial last line waits for the rest. ``bad_lines`` counts what was not an event.
 
-    def __init__(self) -> None:
+    ``runs_only`` (for a sink whose ``wants_events`` is False): each line becomes a stand-in
+    ``{"run": RUN}``, one shared dict per run, read off the line's head as the relay writes it
+    (``{"v":1,"run":"...``) without decoding the rest; a line that starts otherwise is parsed."""
+
+    def __init__(self, runs_only: bool = False) -> None:
         self.bad_lines = 0
+        self.runs_only = runs_only
         self._rest = b""
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         *lines, self._rest = (self._rest + data).split(b"\n")
+        if self.runs_only:
+            return self._runs(lines)
         events = []
         for line in lines:
             event = parse_event(line)
@@ -166,6 +173,28 @@ class LineDecoder:
             elif line.strip():
                 self.bad_lines += 1
         return events
+
+    def _runs(self, lines: list[bytes]) -> list[dict[str, Any]]:
+        stand_ins: dict[bytes, dict[str, Any]] = {}
+        out = []
+        for line in lines:
+            run = line[_HEAD_LEN:line.find(b'"', _HEAD_LEN)] if line.startswith(_HEAD) else None
+            stand_in = stand_ins.get(run) if run else None
+            if stand_in is None:
+                if run and schema.valid_run_id(run.decode("ascii", "replace")):
+                    stand_in = stand_ins[run] = {"run": run.decode()}
+                else:
+                    event = parse_event(line)
+                    if event is None:
+                        self.bad_lines += 1 if line.strip() else 0
+                        continue
+                    stand_in = {"run": event["run"]}
+            out.append(stand_in)
+        return out
+
+
+_HEAD = b'{"v":1,"run":"'  # how every line the relay writes starts (relay.schema.FIELDS order)
+_HEAD_LEN = len(_HEAD)
 
 
 class JournalReader:
@@ -184,7 +213,7 @@ class JournalReader:
         self.directory = is_directory_layout(path) if directory is None else directory
         self.restore = restore
         self.bad_lines = 0
-        self._offsets: dict[tuple[Path, str | None], int] = {}
+        self._offsets: dict[tuple[str, str | None], int] = {}
 
     def __call__(self, run: str) -> Iterator[dict[str, Any]]:
         return self.read(run)
@@ -198,15 +227,28 @@ class JournalReader:
 
     def read(self, run: str | None = None) -> Iterator[dict[str, Any]]:
         for path in self.files(run):
-            yield from self._read(path, run)
+            for line in self._lines(path, run):
+                event = parse_event(line)
+                if event is None:
+                    self.bad_lines += 1
+                elif run is None or event["run"] == run:
+                    yield from_journal(event) if self.restore else event
 
-    def _read(self, path: Path, run: str | None) -> Iterator[dict[str, Any]]:
-        key = (path, run)
+    def lines(self, run: str | None = None) -> Iterator[bytes]:
+        """The complete, non-blank lines written since the previous call (of ``read`` or ``lines``)
+        for ``run``, as written and unchecked: for a reader that applies the rules itself
+        (relay/forwarder.py). In the directory layout a run's file may hold a line of another run."""
+        for path in self.files(run):
+            yield from self._lines(path, run)
+
+    def _lines(self, path: Path, run: str | None) -> Iterator[bytes]:
+        key = (str(path), run)  # a str: hashing a Path per line costs more than reading the line
         offset = self._offsets.get(key, 0)
         try:
             fh = open(path, "rb")
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return
+        offsets = self._offsets
         with fh:
             if os.fstat(fh.fileno()).st_size < offset:  # replaced by a shorter file: read it afresh
                 offset = 0
@@ -225,13 +267,10 @@ class JournalReader:
                 lines.pop()
                 for line in lines:
                     offset += len(line) + 1
-                    event = parse_event(line)
-                    if event is None:
-                        self.bad_lines += 1 if line.strip() else 0
-                    elif run is None or event.get("run") == run:
-                        self._offsets[key] = offset  # before yielding: a reader that stops keeps its place
-                        yield from_journal(event) if self.restore else event
-                self._offsets[key] = offset
+                    if line.strip():
+                        offsets[key] = offset  # before yielding: a reader that stops keeps its place
+                        yield line
+                offsets[key] = offset
 
 
 # -- writing --------------------------------------------------------------------------------------

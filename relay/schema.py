@@ -256,6 +256,13 @@ def _columns_ok(rows: list[Any]) -> tuple[int, bool] | None:
     return first, "rank" in stages
 
 
+def rows_pass(rows: list[list[Any]]) -> bool:
+    """Whether compact rows (``[seq, ts, type, step, epoch, stage, data]`` lists, none nested in
+    data) pass validate_event's rules, checked a column at a time as a relay checks a compact batch.
+    False says only that one may not: check those one by one (relay/forward_lines.py does)."""
+    return not rows or _columns_ok(rows) is not None
+
+
 def _in_range(values: Any, low: float, high: float) -> bool:
     """Every one of ``values`` (a column: a tuple or list of numbers) within [low, high], NaN never;
     three passes in C, as min() and max() alone can step over a NaN."""

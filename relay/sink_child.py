@@ -3,7 +3,8 @@
     python -m relay.sink_child SPEC_JSON     (started by relay/sink_process.py, not by hand)
 
 Relay -> child, on stdin: journal lines (``relay.journal.LineDecoder`` turns them into events, as
-``relay replay`` would: non-finite metrics restored). Child -> relay, one JSON object per line on
+``relay replay`` would: non-finite metrics restored; for a sink whose ``wants_events`` is False,
+into stand-ins that hold only the run, without decoding the lines). Child -> relay, one JSON object per line on
 the child's own stdout: ``{"ready": true}`` or ``{"error": MESSAGE}`` once, then its counters every
 ``STATS_PERIOD`` and at exit. The sink's own stdout goes to stderr, which is the relay's log.
 
@@ -200,7 +201,7 @@ def child_main(spec: SinkSpec) -> int:
     writer = SinkWriter(spec.name, sink, spec.max_events,
                         DeadLetters(Path(spec.deadletter)) if spec.deadletter else None)
     writer.start()
-    decoder = LineDecoder()
+    decoder = LineDecoder(runs_only=not sink.wants_events)
     next_stats = time.monotonic() + STATS_PERIOD
     while True:
         if select.select([0], [], [], max(0.0, next_stats - time.monotonic()))[0]:

@@ -56,6 +56,12 @@ class Sink(abc.ABC):
     #: Registry name, used as ``relay --sink NAME``.
     name: ClassVar[str]
 
+    #: False for a sink that needs to know only which runs have new events (it reads the journal
+    #: itself, as the forward sink does): the relay then hands ``write()`` one read-only stand-in
+    #: ``{"run": RUN}`` per event instead of the decoded event, which saves decoding every line.
+    #: (``relay replay`` hands it whole events, which hold the run too.)
+    wants_events: ClassVar[bool] = True
+
     @classmethod
     def options(cls) -> list[click.Option]:
         """CLI options this sink adds to ``relay`` and ``relay replay``.

@@ -128,7 +128,8 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
     ``refuse`` (raises PermanentError for a batch holding an event whose data has "bad", else
     appends to --refuse-file), ``flaky`` (raises a transient error at its first --flaky-failures
     writes, then appends to --flaky-file) and ``slowflush`` (takes 0.1 s per write, and appends a
-    record of every write and flush, with the time, to --slow-file)."""
+    record of every write and flush, with the time, to --slow-file) and ``runsonly`` (``wants_events``
+    False: appends each stand-in it gets to --runs-file)."""
     site = tmp_path / "plugins"
     (site / "throwaway_sinks-0.1.dist-info").mkdir(parents=True)
     (site / "throwaway_sinks-0.1.dist-info" / "METADATA").write_text(
@@ -136,7 +137,7 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
     (site / "throwaway_sinks-0.1.dist-info" / "entry_points.txt").write_text(
         "[metrics_relay.sinks]\nexplode = throwaway_sinks:Explode\ncollect = throwaway_sinks:Collect\n"
         "crashonce = throwaway_sinks:CrashOnce\nrefuse = throwaway_sinks:Refuse\nflaky = throwaway_sinks:Flaky\n"
-        "slowflush = throwaway_sinks:SlowFlush\n")
+        "slowflush = throwaway_sinks:SlowFlush\nrunsonly = throwaway_sinks:RunsOnly\n")
     (site / "throwaway_sinks.py").write_text('''
 import click, json, os, time
 from sinks.base import PermanentError, Sink
@@ -215,5 +216,14 @@ class SlowFlush(Collect):
     def flush(self):
         self.fh.write(json.dumps({"flush": time.time()}) + "\\n")
         self.fh.flush()
+
+class RunsOnly(Collect):
+    name = "runsonly"
+    wants_events = False
+    @classmethod
+    def options(cls):
+        return [click.Option(["--runs-file"], default="runs.jsonl")]
+    def __init__(self, runs_file):
+        super().__init__(runs_file)
 ''')
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))

@@ -4,6 +4,7 @@ and its send window's rules without sockets."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -11,11 +12,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import msgpack
+import orjson
 import pytest
 
 from conftest import RelayProcess, finish, free_port, read_jsonl, start_publisher, wait_for
 from relay.curve import load_secret
 from relay.forward_window import STALL_S, ForwardWindow
+from relay.forwarder import Forwarder
+from relay.journal import encode_line
 from sinks.events import RELAY_RANK
 from test_curve import keygen
 
@@ -81,7 +86,7 @@ def forward_args(journal: Path, central: str, *extra: str) -> list[str]:
 
 
 def forward_counters(node: RelayProcess, journal: Path) -> dict:
-    return node.stats(journal)["sinks"]["forward"]["sink"]
+    return node.stats(journal)["sinks"]["forward"].get("sink", {})  # ({} until the first report)
 
 
 @pytest.mark.slow
@@ -310,3 +315,60 @@ def test_state_file_keeps_what_the_central_acknowledged(relay_at, tmp_path, layo
         assert state["done"] == {}
     assert state["to"] == central.address and state["acked"] == {"kept": {"0": 202}}
     assert Counter(rank for _, rank, _ in journal_events(central_dir)) == {0: 202}
+
+
+def test_hand_edited_lines_are_not_forwarded_and_the_rest_arrives_byte_for_byte(relay_at, tmp_path):
+    """A node journal the relay did not write alone: lines that are not events are counted and
+    logged, never sent (one would make the central refuse a whole batch); every event around them,
+    non-finite metrics and nested data included, arrives as the very same line."""
+    central_dir, node_dir = tmp_path / "central-journal", tmp_path / "node-journal"
+    node_dir.mkdir()
+
+    def event(seq: int, data: dict, **fields) -> dict:
+        return {"v": 1, "run": "hand", "rank": 0, "local_rank": 0, "world_size": 1, "host": "h", "seq": seq,
+                "ts": 1.7e9 + seq, "type": "metrics", "step": seq, "epoch": 0.5, "stage": "train", "data": data,
+                **fields}
+
+    good = [event(seq, {"loss": 1.0 / (seq + 1)}) for seq in range(1200)]  # more than one chunk of lines
+    good[100] = event(100, {"loss": float("nan"), "up": float("inf"), "down": float("-inf")})
+    good[700] = event(700, {"config": {"lr": 0.1, "layers": [1, {"n": 2}]}}, type="params")
+    short = {"run": "hand", "rank": 1, "seq": 0, "ts": 1.7e9, "type": "metrics", "data": {"x": 1}}  # defaults
+    bad = [b"not json at all", b"[1, 2]", orjson.dumps({**event(5000, {}), "v": True}),  # True == 1: same key
+           orjson.dumps({**short, "rank": 1.0, "seq": 1}), orjson.dumps({**event(0, {}), "rank": 2, "ts": "soon"}),
+           orjson.dumps({**event(0, {}), "rank": 3, "colour": "red"})]
+    lines = [encode_line(e) for e in good[:50]] + [orjson.dumps(short) + b"\n", bad[0] + b"\n", bad[1] + b"\n",
+                                                   bad[2] + b"\n", bad[3] + b"\n"]
+    lines += [encode_line(e) for e in good[50:900]] + [bad[4] + b"\n", bad[5] + b"\n"]
+    lines += [encode_line(e) for e in good[900:]]
+    (node_dir / "hand.jsonl").write_bytes(b"".join(lines))
+    central = relay_at("central", ["--path", f"{central_dir}/"])
+    node = relay_at("node", forward_args(node_dir, central.address))
+    wait_for(lambda: count(central_dir) >= 1201, 60, "every event reached the central")
+    stats = node_dir / "_relay_stats.json"
+    wait_for(lambda: stats.exists() and forward_counters(node, node_dir).get("acked") == 1201, 30, "all acknowledged")
+    counters = forward_counters(node, node_dir)
+    assert node.stop() == 0 and central.stop() == 0
+    assert counters["bad_lines"] == len(bad) and counters["forwarded"] == 1201, counters
+    assert counters["not_sent"] == counters["errors"] == 0, counters
+    central_lines = (central_dir / "hand.jsonl").read_bytes().splitlines(keepends=True)
+    assert sorted(line for line in central_lines if b'"rank":0,' in line) == sorted(encode_line(e) for e in good)
+    assert [json.loads(line) for line in central_lines if b'"rank":1,' in line] == [
+        {"v": 1, "local_rank": 0, "world_size": 1, "host": "", "step": None, "epoch": None, "stage": None, **short}]
+    assert node.log.read_text().count("is not an event and is not forwarded") == len(bad)
+
+
+def test_non_finite_metrics_are_sent_as_the_floats_the_rank_sent(tmp_path):
+    """The journal keeps NaN and infinities as strings; the forwarder sends floats, as the rank did,
+    so the central's own consumers (its cluster events) see numbers, and its journal the same line."""
+    (tmp_path / "nan.jsonl").write_bytes(b"".join(encode_line(
+        {"v": 1, "run": "nan", "rank": 0, "local_rank": 0, "world_size": 1, "host": "h", "seq": seq, "ts": 1.7e9,
+         "type": kind, "step": seq, "epoch": None, "stage": "rank", "data": data})
+        for seq, (kind, data) in enumerate([("metrics", {"step_time": float("nan"), "up": float("inf")}),
+                                            ("lifecycle", {"note": "NaN"}), ("metrics", {"step_time": 0.5})])))
+    forwarder = Forwarder(tmp_path, "tcp://127.0.0.1:1", server_key=None, client_cert=None, max_events=100)
+    forwarder.notify({"nan"})
+    forwarder._read(0.0)  # (reading needs no connection: the rows wait in the window)
+    rows = [msgpack.unpackb(row) for _, _, row in forwarder.window.streams[("nan", 0)].held]
+    assert [row[0] for row in rows] == [0, 1, 2]
+    assert math.isnan(rows[0][6]["step_time"]) and rows[0][6]["up"] == math.inf
+    assert rows[1][6] == {"note": "NaN"} and rows[2][6] == {"step_time": 0.5}  # only metrics are restored

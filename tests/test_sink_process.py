@@ -1,18 +1,20 @@
 """Sinks other than the journal run in their own processes (relay/sink_process.py, the child's side
 relay/sink_child.py): a real plugin that kills its own process is started again, counted, and costs
 the journal nothing; one that refuses an event for good gets it dead-lettered and the rest written;
-one that fails for a while catches up; and every sink is flushed on a timer under steady load."""
+one that fails for a while catches up; every sink is flushed on a timer under steady load; and one
+that wants only runs (``wants_events = False``) gets one stand-in per event holding its run."""
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from conftest import finish, plugin_env, read_jsonl, start_publisher
 from relay.client import Publisher
-from relay.journal import Journal
+from relay.journal import Journal, LineDecoder, encode_line
 
 
 def _after_run(path: Path) -> int:
@@ -109,3 +111,32 @@ def test_a_busy_sink_is_flushed_on_a_timer_under_steady_load(relays, tmp_path):
     assert len(writes) > 3 * len(busy) and writes[-1] - writes[0] > 3, (len(writes), len(busy))
     gaps = [b - a for a, b in zip([writes[0], *busy], [*busy, writes[-1]])]
     assert max(gaps) < 2.0, gaps  # FLUSH_EVERY (1 s) plus a write in progress, on a busy machine
+
+
+def test_a_sink_that_wants_only_runs_gets_a_stand_in_per_event(relays, tmp_path):
+    journal, got = tmp_path / "runs.jsonl", tmp_path / "runs-sink.jsonl"
+    relay = relays(["--sink", "runsonly", "--path", str(journal), "--runs-file", str(got), "--stats-interval", "0.2"],
+                   env=plugin_env(tmp_path))
+    assert finish(start_publisher(relay.address, "first", 0, 300))["left"] == 0
+    assert finish(start_publisher(relay.address, "second", 1, 200))["left"] == 0
+    events = read_jsonl(journal)
+    assert _wait_for_lines(got, len(events)) == len(events)
+    assert relay.stop() == 0
+    stand_ins = read_jsonl(got)
+    assert all(item.keys() == {"run"} for item in stand_ins), stand_ins[:3]
+    assert Counter(item["run"] for item in stand_ins) == Counter(e["run"] for e in events) == {"first": 302, "second": 202}
+    sink = relay.stats(journal)["sinks"]["runsonly"]
+    assert sink["written"] == len(events) and sink["dropped"] == 0, sink
+
+
+def test_stand_ins_come_from_lines_in_any_key_order_and_bad_lines_are_counted():
+    event = {"v": 1, "run": "r1", "rank": 0, "local_rank": 0, "world_size": 1, "host": "h", "seq": 0, "ts": 1.0,
+             "type": "metrics", "step": 1, "epoch": None, "stage": None, "data": {"loss": float("nan")}}
+    reordered = {key: event[key] for key in reversed(list(event))} | {"run": "r2"}
+    head_but_bad_run = b'{"v":1,"run":"no/slash","rank":0}\n'
+    decoder = LineDecoder(runs_only=True)
+    line = encode_line(event)
+    assert decoder.feed(line + encode_line(reordered) + b"not json\n\n" + head_but_bad_run + line[:9]) == [
+        {"run": "r1"}, {"run": "r2"}]
+    assert decoder.bad_lines == 2
+    assert decoder.feed(line[9:]) == [{"run": "r1"}]
