@@ -93,6 +93,7 @@ def test_a_slowed_rank_is_the_straggler_and_every_step_is_summed_up(relays, tmp_
     assert derived(copy) == ours
 
 
+@pytest.mark.slow  # a whole fault scenario through relay processes: the full tier
 def test_a_killed_rank_is_lost_while_its_peers_finish_and_a_silent_one_comes_back(relays, tmp_path: Path) -> None:
     journal = tmp_path / "logs"
     relay = relays(["--path", f"{journal}/", "--rank-silence", "2"])
@@ -127,6 +128,7 @@ def test_a_killed_rank_is_lost_while_its_peers_finish_and_a_silent_one_comes_bac
     assert summed[-1]["data"]["ranks"] == 3  # the peers' last steps, without the lost rank
 
 
+@pytest.mark.slow  # a whole fault scenario through relay processes: the full tier
 def test_a_relay_killed_mid_run_numbers_its_events_on(relays, tmp_path: Path) -> None:
     journal = tmp_path / "logs"
     relay = relays(["--path", f"{journal}/"])

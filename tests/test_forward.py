@@ -163,6 +163,7 @@ def test_central_down_at_start_gets_everything_later(relay_at, tmp_path):
     assert node.log.read_text().count(WARNING) == 1
 
 
+@pytest.mark.slow  # a whole fault scenario through relay processes: the full tier
 def test_curve_between_nodes(relay_at, tmp_path):
     """A CURVE central admitting one node's certificate: that node's events arrive; a node without
     the key gets nothing in, and says so."""

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import zmq
 
 from conftest import ROOT, finish, free_port, line_count, plugin_env, read_jsonl, start_publisher, wait_for
@@ -196,6 +197,7 @@ def test_relay_status_errors_are_one_line_with_their_exit_code(tmp_path):
     assert proc.returncode == 2 and "holds counters a relay does not write" in proc.stderr
 
 
+@pytest.mark.slow  # a whole fault scenario through relay processes: the full tier
 def test_a_flood_of_status_requests_costs_a_publisher_nothing_and_rejects_nothing(relays, tmp_path):
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
