@@ -23,8 +23,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_jsonl(path: Path, live: bool = False) -> list[dict]:
+    """Every line of a JSONL file. ``live``: a relay may be writing it, so a last line without its
+    newline yet is left for later (at rest a journal holds only whole lines, and every one is read)."""
+    text = path.read_bytes()
+    if live:
+        text = text[:text.rfind(b"\n") + 1]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str = "condition") -> None:

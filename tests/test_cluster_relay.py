@@ -31,8 +31,9 @@ def start_rank(address: str, run: str, rank: int, world: int, steps: int, step_s
 
 
 def events_of(path: Path) -> list[dict]:
+    """A journal's events (a file or a directory), also while the relay writes it."""
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
-    return [e for f in files if f.exists() for e in read_jsonl(f)]
+    return [e for f in files if f.exists() for e in read_jsonl(f, live=True)]
 
 
 def derived(path: Path) -> list[dict]:

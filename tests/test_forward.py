@@ -42,19 +42,22 @@ def relay_at(relays, tmp_path: Path):
     return make
 
 
-def journal_events(directory: Path) -> dict[tuple[str, int, int], list[dict]]:
-    """(run, rank, seq) -> every line holding it, over a directory journal's run files."""
+def journal_events(directory: Path, live: bool = False) -> dict[tuple[str, int, int], list[dict]]:
+    """(run, rank, seq) -> every line holding it, over a directory journal's run files. ``live``: a
+    relay may be writing, so a last line without its newline yet is not read (at rest, every line is)."""
     found: dict[tuple[str, int, int], list[dict]] = {}
     for path in sorted(directory.glob("*.jsonl")):
         if not path.name.startswith("_"):
-            for event in read_jsonl(path):
+            for event in read_jsonl(path, live):
                 found.setdefault((event["run"], event["rank"], event["seq"]), []).append(event)
     return found
 
 
 def count(directory: Path) -> int:
-    """Lines of ranks (not the relay's own: a central derives those itself) in a directory journal."""
-    return sum(len(lines) for (_, rank, _), lines in journal_events(directory).items() if rank != RELAY_RANK)
+    """Lines of ranks (not the relay's own: a central derives those itself) in a directory journal a
+    relay may be writing."""
+    return sum(len(lines) for (_, rank, _), lines in journal_events(directory, live=True).items()
+               if rank != RELAY_RANK)
 
 
 def forwardable(*nodes: Path) -> dict[tuple[str, int, int], dict]:
