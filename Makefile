@@ -33,10 +33,12 @@ FUZZ_SECONDS ?= 600
 fuzz: $(STAMP)
 	$(PY) -m tests.fuzz --seconds $(FUZZ_SECONDS)
 
-# An hour of ranks, a hostile client and relay restarts; figures in docs/reliability.md (not CI).
+# An hour of ranks, a hostile client and relay restarts, and beside it CRASH_KILLS SIGKILLs of a relay
+# under large events (bench/crash.py); figures in docs/reliability.md (not CI).
 SOAK_SECONDS ?= 3600
+CRASH_KILLS ?= 2000
 soak: $(STAMP)
-	$(PY) -m bench.soak --seconds $(SOAK_SECONDS) --report docs/reliability.md
+	$(PY) -m bench.soak --seconds $(SOAK_SECONDS) --crash-kills $(CRASH_KILLS) --report docs/reliability.md
 
 clean:
 	rm -rf $(VENV) demo-output

@@ -16,7 +16,9 @@ relay stops with SIGTERM, and the good run's journal must hold, for every rank, 
 what that rank's Publisher handed out exactly once. Writes OUT/soak.json, OUT/soak_rss.png and
 OUT/rss.csv; ``--report`` also writes that Markdown page (with the plot beside it). Exits 1 if any
 event was lost, duplicated or dropped by a client, or the relay exited unplanned or uncleanly.
-OUT (a new temporary directory unless ``--out`` says) is kept: an hour leaves about 0.5 GB there,
+``--crash-kills N`` also runs the crash-consistency check of bench/crash.py beside it, N SIGKILLs
+of a second relay (half with a directory journal, half with a single file) under publishers of
+events up to the frame limit, and reports it. OUT (a new temporary directory unless ``--out`` says) is kept: an hour leaves about 0.5 GB there,
 most of it the hostile client's lines and its one journal file per fresh run id.
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +44,7 @@ from typing import Any
 
 import psutil
 
+from bench import crash
 from bench.common import ROOT, free_port, kill_group, machine
 from bench.soak_hostile import HOST as HOSTILE_HOST, KINDS, KINDS_SENT
 from relay.journal import read_events
@@ -205,6 +209,20 @@ class Soak:
         self.ranks: list[subprocess.Popen] = []
         self.hostile: subprocess.Popen | None = None
         self._next_sample = 0.0
+        self.crashes: list[dict[str, Any]] = []  # bench/crash.py's figures, one per layout
+        self.crash_error: str | None = None
+
+    def crash_consistency(self, kills: int) -> None:
+        """bench/crash.py beside the soak: ``kills`` SIGKILLs of its own relay, half per layout."""
+        for layout, n in (("dir", kills - kills // 2), ("file", kills // 2)):
+            if not n:
+                continue
+            try:
+                self.crashes.append(crash.run(n, self.out / f"crash-{layout}", layout=layout, seed=self.args.seed))
+            except (RuntimeError, OSError) as exc:  # a relay that would not start: the soak fails, saying why
+                log.exception("crash consistency (%s layout) stopped", layout)
+                self.crash_error = f"crash consistency ({layout} layout) stopped: {type(exc).__name__}: {exc}"
+                return
 
     def run(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The whole soak; returns each rank's counters and the hostile client's."""
@@ -404,6 +422,8 @@ def summarize(args: argparse.Namespace, soak: Soak, ranks: list[dict[str, Any]],
         failures.append(f"{len(unclean)} relay stops by SIGTERM did not exit 0")
     if any(r.get("exit_code") != 0 or "next_seq" not in r for r in ranks):
         failures.append("a rank did not finish cleanly")
+    failures += [soak.crash_error] if soak.crash_error else []
+    failures += [f"crash consistency ({x['layout']} layout): {crash.summary_line(x)}" for x in soak.crashes if not x["ok"]]
     return {
         "command": command, "date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
         "run": soak.run_id, "address": soak.relay.address, "out": str(soak.out), "seed": args.seed,
@@ -415,7 +435,7 @@ def summarize(args: argparse.Namespace, soak: Soak, ranks: list[dict[str, Any]],
                      "unclean_sigterm": len(unclean), "lifetimes": [asdict(x) for x in lifetimes]},
         "relay": {"rejected": dict(rejected.most_common()), "rejected_total": sum(rejected.values()), **totals},
         "hostile": hostile,
-        "rss": rss_figures(soak.samples, lifetimes, args.window),
+        "rss": rss_figures(soak.samples, lifetimes, args.window), "crash": soak.crashes,
         "ok": not failures, "failures": failures,
     }
 
@@ -516,6 +536,7 @@ def report(summary: dict[str, Any], plot_name: str) -> str:
                         f"`{last[:200]}` |")
         parts.append("\n".join(rows))
     parts += [
+        *crash_section(s["crash"]),
         "## Relay RSS",
         f"![relay RSS over time]({plot_name})",
         f"RSS of the relay process and its children, sampled every {SAMPLE_EVERY:g} s; each relay process is its "
@@ -546,6 +567,20 @@ def report(summary: dict[str, Any], plot_name: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def crash_section(crashes: list[dict[str, Any]]) -> list[str]:
+    """The crash-consistency figures of ``--crash-kills``, if it ran."""
+    if not crashes:
+        return []
+    return ["## Crash consistency",
+            "Beside the soak, bench/crash.py (`--crash-kills`): a second relay SIGKILLed at random points (mostly "
+            "0-0.4 s after it is ready, one in five while it starts and recovers) and restarted each time, while "
+            "real Publishers (2 runs x 2 ranks, 10 events/s each) send events of 100 B up to the frame limit, one in "
+            "four of control characters (the longest lines); in rounds of 100 kills, each with fresh publishers and "
+            "journal. Every event a Publisher was told was acknowledged must be in the journal exactly once (it is "
+            "never sent again), in whole lines that are all events.",
+            "\n".join(f"- {'PASS' if x['ok'] else '**FAIL**'}: {crash.summary_line(x)}." for x in crashes)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3600, help="how long the ranks publish")
@@ -559,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="output directory (default: a new temporary one, kept)")
     parser.add_argument("--report", type=Path, help="also write this Markdown page, the plot beside it")
+    parser.add_argument("--crash-kills", type=int, default=0,
+                        help="also SIGKILL a second relay this many times under large events (bench/crash.py)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -567,7 +604,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     soak = Soak(args, out)
+    crashing = threading.Thread(target=soak.crash_consistency, args=(args.crash_kills,), daemon=True)
+    crashing.start()
     ranks, hostile = soak.run()
+    crashing.join()
     summary = summarize(args, soak, ranks, hostile, time.monotonic() - started,
                         "python -m bench.soak " + shlex.join(argv))
     (out / "soak.json").write_text(json.dumps({**summary, "samples": soak.samples}, indent=1))

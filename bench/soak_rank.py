@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Callable
 
 from relay.client import Publisher
 
@@ -66,11 +67,11 @@ def run(address: str, run_id: str, rank: int, world: int, rate: float, seed: int
     return {**pub.stats, "left": left, "next_seq": pub._window.next_seq, "steps": step}
 
 
-def main(argv: list[str]) -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s soak_rank: %(message)s")
+def main(argv: list[str], publish: Callable[..., dict[str, int]] = run, name: str = "soak_rank") -> None:
+    """ADDRESS RUN RANK WORLD_SIZE RATE_HZ SEED -> ``publish``'s counters as one JSON line (bench.crash_rank too)."""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format=f"%(asctime)s %(levelname)s {name}: %(message)s")
     address, run_id, rank, world, rate, seed = argv
-    print(json.dumps(run(address, run_id, int(rank), int(world), float(rate), int(seed))), flush=True)
+    print(json.dumps(publish(address, run_id, int(rank), int(world), float(rate), int(seed))), flush=True)
 
 
 if __name__ == "__main__":

@@ -315,8 +315,8 @@ class Publisher:
             except Exception as exc:  # noqa: BLE001 - an unencodable event is counted, not raised
                 self._drop_bad(f"cannot encode {kind} event: {exc}")
                 continue
-            if len(blob) > limit:
-                self._drop_bad(f"{kind} event of {len(blob)} bytes exceeds {limit}")
+            if len(blob) > limit or (len(blob) > spool.LINE_SAFE_BYTES and spool.line_too_long(self.envelope, blob)):
+                self._drop_bad(f"{kind} event of {len(blob)} bytes exceeds {limit}, or its journal line the bound")
                 continue
             window.push(blob, droppable=bounded and kind != "stats")
 

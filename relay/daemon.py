@@ -11,8 +11,9 @@ and fanned out the same way as rank RELAY_RANK.
 
 It runs over 350 lines because what is here is the one ingest thread's state (routes, dedupe,
 pending lines, acks due) and every step that touches it per frame or per flush; the parts that
-stand alone are in relay/limits.py (run budget, memory, descriptors), relay/journal.py and
-relay/dedupe.py.
+stand alone are in relay/limits.py (run budget, byte budgets, memory, descriptors), relay/journal.py
+and relay/dedupe.py. What it holds between receiving and journaling is bounded in bytes
+(limits.COMMIT_BYTES, limits.TURN_BYTES), not only in messages.
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ from relay.address import AddressInUse, BadAddress, check_bind_address, ensure_i
 from relay.cluster import Cluster, ClusterConfig, Derived
 from relay.deadletter import KEEP_BYTES, DeadLetters
 from relay.dedupe import Dedupe, RankState
-from relay.journal import Journal, encode_line, encode_lines
-from relay.limits import MemoryProbe, RunBudget, alive, raise_file_limit, trim_heap
+from relay.journal import Journal, check_lines, encode_line, encode_lines
+from relay.limits import COMMIT_BYTES, RECV_HWM, TURN_BYTES, MemoryProbe, RunBudget, alive, raise_file_limit, trim_heap
 from relay.live import LiveLine
 from relay.sink_process import SinkProcess, SinkSpec
 from relay.stats import Counters, Rate, log_stats, run_view, write_stats
@@ -98,6 +99,7 @@ class Relay:
         # the CPU's cache; the other sinks get the same lines.
         self._lines: list[tuple[str, bytes]] = []
         self._pending = 0  # events in self._lines
+        self._pending_bytes = 0  # bytes in self._lines
         self._acks_due: set[tuple[str, int]] = set()
         self._routes: dict[tuple[str, int], bytes] = {}
         self._hellos: dict[tuple[str, int], float] = {}  # ts of each rank's hello, to spot reused run ids
@@ -134,7 +136,7 @@ class Relay:
         assert self._ctx is not None
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.MAXMSGSIZE, schema.MAX_TRANSPORT_BYTES)
-        sock.setsockopt(zmq.RCVHWM, 1000)  # per peer: bounds what ZeroMQ buffers for us
+        sock.setsockopt(zmq.RCVHWM, RECV_HWM)  # per peer: bounds what ZeroMQ buffers for us
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.LINGER, 1000)
         if self.config.curve_cert is not None:
@@ -204,7 +206,7 @@ class Relay:
         next_watch = time.monotonic() + 1.0
         while not self._stop:
             now = time.monotonic()
-            reading = self._pending < MAX_UNJOURNALED
+            reading = self._pending < MAX_UNJOURNALED and self._pending_bytes < COMMIT_BYTES
             timeout = max(0.0, min(next_flush, next_watch) - now)
             if reading:
                 if self._wait_for_frames(poller, timeout):
@@ -214,7 +216,7 @@ class Relay:
                 time.sleep(timeout)
                 self._ingest_idle.clear()
             now = time.monotonic()
-            if now >= next_flush:
+            if now >= next_flush or self._pending_bytes >= COMMIT_BYTES:
                 self.commit()
                 next_flush = now + interval
                 if self._guard_memory():
@@ -250,15 +252,20 @@ class Relay:
             self._ingest_idle.clear()
 
     def _receive(self, sock: zmq.Socket) -> None:
-        """Read up to RECV_BURST messages. Each is [peer, frame]; a message of more parts is rejected
-        whole, read part by part so that the relay never holds more than one part of it."""
+        """Read up to RECV_BURST messages or TURN_BYTES, and only until COMMIT_BYTES of lines wait
+        for the journal (then the loop commits). Each is [peer, frame]; a message of more parts is
+        rejected whole, read part by part so that the relay never holds more than one part of it."""
         now = time.monotonic()
+        budget = TURN_BYTES
         for _ in range(RECV_BURST):
+            if budget <= 0 or self._pending_bytes >= COMMIT_BYTES:
+                return
             try:
                 peer = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
             frame = sock.recv()  # ZeroMQ delivers a message's parts together: the rest is here
+            budget -= len(frame)
             if sock.getsockopt(zmq.RCVMORE):
                 self._reject_multipart(sock, peer, frame)
             elif frame == STATUS_REQUEST:
@@ -309,6 +316,8 @@ class Relay:
             run = events[0]["run"]
             if run not in self._world and run in self.dedupe.run_ranks:  # (for the status)
                 self._world[run] = events[0]["world_size"]
+        except schema.FrameError as exc:  # its journal lines would be too long (check_lines)
+            self._reject(exc.reason, exc.detail, frame, peer)
         except Exception as exc:  # counted and dead-lettered below; one frame never stops ingest
             log.exception("frame from peer %s raised; dead-lettered", peer.hex())
             self._reject("internal_error", f"{type(exc).__name__}: {exc}", frame, peer)
@@ -318,34 +327,39 @@ class Relay:
         counters = self.counters
         if first_seq is not None:  # one rank's plain events, seqs without a gap: maybe all new
             run, rank = events[0]["run"], events[0]["rank"]
+            chunk = encode_lines(events)
+            check_lines(chunk)
             state = self._state(peer, run, rank, now)
             if state is None:
                 self._refuse_runs(peer, [run], events)
                 return
-            chunk = encode_lines(events)
             counters.events += len(events)
             if state.take_run(first_seq, len(events)):
                 self._lines.append((run, chunk))  # (not bound before _state: making room may commit)
                 self._pending += len(events)
+                self._pending_bytes += len(chunk)
                 if per_rank and self.cluster is not None:
                     self._derive(events, now)
                 return
+            lines = None
         else:
+            lines = [encode_line(event) for event in events]
+            check_lines(lines)
             new = {e["run"] for e in events}.difference(self.dedupe.run_ranks)
             if new and not self._run_budget.admit(peer, len(new), now):
                 self._refuse_runs(peer, sorted(new), events)
                 return
             counters.events += len(events)
         last_key = None
-        for event in events:
+        for event, line in zip(events, lines or map(encode_line, events)):
             key = (event["run"], event["rank"])
             if key != last_key:  # a frame normally holds one rank's events: look it up once
                 state = self._state(peer, key[0], key[1], now, admitted=True)
                 last_key = key
-            line = encode_line(event)
             if state.take(event["seq"], peer):
                 self._lines.append((key[0], line))
                 self._pending += 1
+                self._pending_bytes += len(line)
                 if event["type"] == "stats":
                     self._client_drops(key, state, event, peer)
                 elif event["type"] == "hello":
@@ -376,8 +390,10 @@ class Relay:
                      "world_size": item.world_size, "host": self._host, "seq": seq, "ts": time.time(),
                      "type": item.type, "step": item.step, "epoch": item.epoch, "stage": "cluster",
                      "data": item.data}
-            self._lines.append((item.run, encode_line(event)))
+            line = encode_line(event)
+            self._lines.append((item.run, line))
             self._pending += 1
+            self._pending_bytes += len(line)
             self.counters.derived += 1
             self._derived_runs.add(item.run)
 
@@ -520,6 +536,7 @@ class Relay:
                 left = sum(chunk.count(b"\n") for _, chunk in lines)  # one newline per event
                 self.counters.written += self._pending - left  # files that did take their part
                 self._pending = left
+                self._pending_bytes = sum(len(chunk) for _, chunk in lines)
                 self.counters.journal_errors += 1
                 self._journal_backoff = min(max(self._journal_backoff * 2, 0.1), 5.0)
                 self._journal_retry_at = now + self._journal_backoff
@@ -533,7 +550,7 @@ class Relay:
                 joined = b"".join([chunk for _, chunk in lines])
                 for worker in self.workers:
                     worker.submit(joined, self._pending)
-            self._lines, self._pending = [], 0
+            self._lines, self._pending, self._pending_bytes = [], 0, 0
             self._derived_runs.clear()
         self._send_acks()
 

@@ -35,6 +35,7 @@ import click
 import orjson
 
 from relay import schema
+from relay.recovery import cut_torn_tail
 from sinks.base import SinkError
 from sinks.events import from_journal, json_safe
 
@@ -67,6 +68,24 @@ def encode_lines(events: list[dict[str, Any]]) -> bytes:
     if b"null" in chunk:
         return b"".join([encode_line(e) for e in events])
     return chunk
+
+
+def check_lines(lines: bytes | list[bytes]) -> None:
+    """Refuse one frame's journal lines (a chunk, or one per event) if a line is longer than
+    ``schema.MAX_LINE_BYTES`` or all are more than ``schema.MAX_FRAME_LINES_BYTES``: FrameError,
+    reason ``bad_value``. A chunk no longer than one line may be costs one comparison."""
+    if type(lines) is bytes:
+        if len(lines) <= schema.MAX_LINE_BYTES:
+            return
+        total, longest = len(lines), max(map(len, lines.split(b"\n"))) + 1
+    else:
+        total, longest = sum(map(len, lines)), max(map(len, lines), default=0)
+    if longest > schema.MAX_LINE_BYTES:
+        raise schema.FrameError("bad_value", f"an event's journal line would be {longest} bytes, over "
+                                             f"{schema.MAX_LINE_BYTES} (JSON escapes a control character in 6)")
+    if total > schema.MAX_FRAME_LINES_BYTES:
+        raise schema.FrameError("bad_value", f"the frame's journal lines would be {total} bytes, over "
+                                             f"{schema.MAX_FRAME_LINES_BYTES}")
 
 
 def parse_line(line: bytes) -> dict[str, Any] | None:
@@ -130,13 +149,14 @@ def is_directory_layout(path: str | Path) -> bool:
     return str(path).endswith(os.sep) or Path(path).is_dir()
 
 
-def read_events(path: Path, bad_lines: list[int] | None = None) -> Iterator[dict[str, Any]]:
+def read_events(path: Path, bad_lines: list[int] | None = None, whole_lines: bool = False) -> Iterator[dict[str, Any]]:
     """Events of one JSONL file in file order, as written; lines that are not events (unparsable,
     or see ``event_error``) are skipped and their line numbers appended to ``bad_lines`` so callers
-    can report them (each also logged at debug level, with why)."""
+    can report them (each also logged at debug level, with why). ``whole_lines``: a last line
+    without its newline (torn, or still being written) is left out."""
     with open(path, "rb") as fh:
         for number, line in enumerate(fh, 1):
-            if not line.strip():
+            if not line.strip() or (whole_lines and not line.endswith(b"\n")):
                 continue
             event = parse_line(line)
             error = "not a JSON object" if event is None else event_error(event)
@@ -405,8 +425,11 @@ class Journal:
         """(rank, seq) pairs already here for ``run``: a restarted relay (or a replay into this
         journal) recognises events written but never acknowledged."""
         if self.directory:
-            index = _scan([self.file_for(run)])
+            path = self.file_for(run)
+            self._cut_once(run, path)  # the dedupe state comes only from lines that stay
+            index = _scan([path])
         elif self._index is None or run in self._released:
+            self._cut_once("", self.path)  # (open() did, unless seen() comes first)
             index = _scan([self.path])  # one pass over the shared file serves every new run
             self._released.discard(run)
             if self._index is None:
@@ -447,10 +470,25 @@ class Journal:
             except OSError as exc:
                 raise SinkError(f"cannot write {path}: {exc.strerror}; choose a writable --path") from None
             if key not in self._cut:
-                _cut_torn_tail(fd, path)
+                cut_torn_tail(fd, path)
                 self._cut.add(key)
         fds[key] = fd  # (re)inserted last: the most recently used
         return fd
+
+    def _cut_once(self, key: str, path: Path) -> None:
+        """Cut ``path``'s torn tail before anything reads it (``seen``), unless this process did
+        already; a file not there yet has none."""
+        if key in self._cut:
+            return
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return
+        try:
+            cut_torn_tail(fd, path)
+        finally:
+            os.close(fd)
+        self._cut.add(key)
 
     def _close_fd(self, key: str) -> None:
         fd = self._fds.pop(key, None)
@@ -474,28 +512,15 @@ class Journal:
         self._dirty.add(fd)
 
 
-def _cut_torn_tail(fd: int, path: Path) -> None:
-    """A crash mid-write can leave half a line; cut it so every line stays valid JSON."""
-    size = os.fstat(fd).st_size
-    if size == 0:
-        return
-    tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
-    if tail.endswith(b"\n"):
-        return
-    cut = tail.rfind(b"\n")
-    keep = size - len(tail) + cut + 1 if cut >= 0 else 0
-    os.ftruncate(fd, keep)
-    log.warning("cut a torn last line (%d bytes) from %s; its events were never acknowledged and "
-                "will be resent", size - keep, path)
-
-
 def _scan(paths: Iterable[Path]) -> dict[str, dict[int, list[list[int]]]]:
-    """run -> rank -> contiguous [start, end) seq spans of the events already in these files."""
+    """run -> rank -> contiguous [start, end) seq spans of the events already in these files, read
+    from whole lines only: a last line without its newline is not there (it is cut when the file is
+    opened for writing, and its events were never acknowledged)."""
     index: dict[str, dict[int, list[list[int]]]] = {}
     for path in paths:
         if not path.exists():
             continue
-        for event in read_events(path):  # events only: run, rank and seq are valid
+        for event in read_events(path, whole_lines=True):  # events only: run, rank and seq are valid
             run, rank, seq = event["run"], event["rank"], event["seq"]
             spans = index.setdefault(run, {}).setdefault(rank, [])
             if spans and spans[-1][1] == seq:

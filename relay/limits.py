@@ -1,5 +1,6 @@
 """What keeps the relay process within bounds whatever its peers do: a budget of new runs per
-connection, its resident memory, its descriptor limit, and the process it watches."""
+connection, the bytes it holds between receiving and journaling, its resident memory, its
+descriptor limit, and the process it watches."""
 from __future__ import annotations
 
 import ctypes
@@ -10,6 +11,15 @@ import resource
 
 log = logging.getLogger("relay")
 
+#: Journal-line bytes the ingest loop holds between receiving frames and committing them: at this
+#: it stops reading, journals, acknowledges and checks its memory, whatever the flush interval
+#: says. With one frame's lines (at most schema.MAX_FRAME_LINES_BYTES) it is what it ever holds.
+COMMIT_BYTES = 16 << 20
+#: Frame bytes read in one loop turn (refused and duplicate frames add no lines, but cost reading).
+TURN_BYTES = 16 << 20
+#: Messages ZeroMQ queues per connection before it stops reading that peer's socket: with frames of
+#: up to schema.MAX_FRAME_BYTES, 64 MiB per connection (256 MiB of oversize messages it rejects).
+RECV_HWM = 64
 MAX_PEERS = 65_536  # connections whose new-run budget is remembered; the least recent are forgotten
 
 

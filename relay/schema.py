@@ -30,6 +30,14 @@ MAX_FRAME_BYTES = 1 << 20  # larger frames are rejected (counted, dead-lettered)
 #: ZMQ_MAXMSGSIZE: beyond this the transport drops the sender's connection before the relay sees
 #: anything, so a hostile peer cannot make the relay allocate without bound.
 MAX_TRANSPORT_BYTES = 4 * MAX_FRAME_BYTES
+#: The longest journal line (newline included) one event may make. JSON writes a control character
+#: of a string in 6 bytes (``\u0001``) and ``false`` in 5, so an event's line can be 6 times its
+#: bytes on the wire; an event whose line would be longer than this is refused (``bad_value``), and
+#: a Publisher drops it before sending (``dropped_bad``). Every other valid event fits.
+MAX_LINE_BYTES = 2 * MAX_FRAME_BYTES
+#: The journal lines of one frame together (each repeats the envelope a compact batch sends once);
+#: a frame past it is refused (``bad_value``). A Publisher's frames (at most 512 events) never are.
+MAX_FRAME_LINES_BYTES = 16 * MAX_FRAME_BYTES
 MAX_NAME_LEN = 256  # data keys, stage, host
 MAX_DEPTH = 8  # nesting of data maps/lists
 MAX_RANK = 1 << 24

@@ -20,6 +20,23 @@ def row_event(envelope: Mapping[str, Any], blob: bytes) -> dict[str, Any]:
     return event
 
 
+#: An encoded row no longer than this always fits a journal line: JSON takes at most 6 bytes for one
+#: byte on the wire, and the envelope (a 256-char host escaped included) under 2 KiB more.
+LINE_SAFE_BYTES = schema.MAX_LINE_BYTES // 8
+
+
+def line_too_long(envelope: Mapping[str, Any], blob: bytes) -> bool:
+    """Whether the relay would refuse this row for its journal line (schema.MAX_LINE_BYTES): a
+    Publisher drops such an event, counted, rather than resending it forever. Rows of at most
+    LINE_SAFE_BYTES need not ask."""
+    from relay.journal import encode_line  # as rare as such events
+
+    try:
+        return len(encode_line(row_event(envelope, blob))) > schema.MAX_LINE_BYTES
+    except ValueError:  # the relay rejects it for what it is, as it would any other
+        return False
+
+
 def append(path: str, events: list[dict[str, Any]]) -> None:
     """Append the events' journal lines to ``path`` and fsync, all or nothing: no half line for
     replay to trip over. Raises OSError."""

@@ -1,5 +1,6 @@
 """A 25-second `python -m bench.soak`: two ranks, the hostile client and a relay killed every 8 s
-still end with every event journaled exactly once (the hour-long run is `make soak`, not CI)."""
+still end with every event journaled exactly once, and 4 SIGKILLs of a second relay under large
+events (bench/crash.py) lose and repeat nothing (the hour-long run is `make soak`, not CI)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_short_soak_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "bench.soak", "--seconds", "25", "--restart-every", "8", "--ranks", "2",
-                           "--window", "10", "--out", str(tmp_path), "--report", str(tmp_path / "docs" / "reliability.md")],
+                           "--window", "10", "--crash-kills", "4", "--out", str(tmp_path), "--report", str(tmp_path / "docs" / "reliability.md")],
                           cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert (tmp_path / "soak.json").exists(), done.stderr[-3000:]
     summary = json.loads((tmp_path / "soak.json").read_text())
@@ -27,5 +28,6 @@ def test_short_soak_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     assert sum(summary["hostile"]["sent"].values()) > 50
     assert summary["relay"]["rejected_total"] > 0
     assert (tmp_path / "soak_rss.png").stat().st_size > 0
+    assert [(x["layout"], x["kills"], x["ok"]) for x in summary["crash"]] == [("dir", 2, True), ("file", 2, True)]
     page = (tmp_path / "docs" / "reliability.md").read_text()
     assert "python -m bench.soak --seconds 25" in page and (tmp_path / "docs" / "soak_rss.png").exists()

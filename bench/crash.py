@@ -1,0 +1,243 @@
+"""Crash consistency (issue 16): SIGKILL a real relay at random points while real publishers write
+events of 100 B up to the frame limit, restart it each time, and check the journal at the end.
+
+    python -m bench.crash --kills 200 [--per-round 100] [--runs 2] [--ranks 2] [--rate 10]
+                          [--layout dir|file] [--seed 1] [--out DIR] [--json FILE]
+
+The relay is ``python -m relay`` on one fixed loopback port; each rank is a ``bench.crash_rank``
+process (a real Publisher) of one of ``--runs`` runs. Each relay lifetime is killed with SIGKILL
+after a seeded random delay: mostly 0-0.4 s after it is ready, one in five 0-0.3 s after it was
+started (while it binds and recovers). Then the ranks stop, close (a relay up) and report what
+they published and what the relay acknowledged, and the journal must hold, for every rank, each
+seq its Publisher handed out exactly once (an acknowledged event is never sent again, so one lost
+by a crash or a recovery is missing here), in whole lines that are all events. Exits 1 otherwise.
+Kills come in rounds (fresh publishers, a fresh journal, removed once checked): disk stays bounded.
+tests/test_crash_consistency.py runs it short; ``make soak`` long (bench/soak.py ``--crash-kills``).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, free_port, kill_group
+from relay.journal import journal_files, read_events
+
+log = logging.getLogger("bench.crash")
+
+TORN = "cut a torn last line"  # what a restarted relay logs when a kill left half a line
+
+
+class CrashRun:
+    """The relay under test, killed and restarted on one address and journal."""
+
+    def __init__(self, out: Path, layout: str, rng: random.Random) -> None:
+        self.out = out
+        self.address = f"tcp://127.0.0.1:{free_port()}"
+        self.path = out / ("journal" if layout == "dir" else "journal.jsonl")
+        self.ready = out / "relay.ready.json"
+        self.log = out / "relay.log"
+        self.rng = rng
+        self.proc: subprocess.Popen | None = None
+        self.kills = 0
+        self.kills_before_ready = 0
+
+    def start(self) -> subprocess.Popen:
+        self.ready.unlink(missing_ok=True)
+        with open(self.log, "ab") as fh:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "relay", "--bind", self.address, "--sink", "jsonl",
+                 "--path", f"{self.path}/" if self.path.suffix != ".jsonl" else str(self.path),
+                 "--ready-file", str(self.ready), "--log-level", "warning"],
+                cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        return self.proc
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while not self.ready.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"relay exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"relay not ready in {timeout:g} s: {self.log.read_text()[-2000:]}")
+            time.sleep(0.01)
+
+    def kill_once(self) -> None:
+        """Start a relay and SIGKILL it at a random point of its life."""
+        proc = self.start()
+        if self.rng.random() < 0.2:
+            time.sleep(self.rng.uniform(0.0, 0.3))
+            if not self.ready.exists():
+                self.kills_before_ready += 1
+        else:
+            self.wait_ready()
+            time.sleep(self.rng.uniform(0.0, 0.4))
+        if proc.poll() is not None:
+            raise RuntimeError(f"relay exited {proc.returncode} by itself: {self.log.read_text()[-2000:]}")
+        kill_group(proc)
+        self.kills += 1
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            kill_group(self.proc)
+            return -9
+
+
+def verify(path: Path, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's seqs 0..next_seq-1 once each in the journal, in whole lines that are events."""
+    seen: dict[tuple[str, int], collections.Counter[int]] = collections.defaultdict(collections.Counter)
+    bad = torn_files = lines = 0
+    for file in journal_files(path):
+        if not file.read_bytes().endswith(b"\n") and file.stat().st_size:
+            torn_files += 1
+        bad_lines: list[int] = []
+        for event in read_events(file, bad_lines):
+            seen[(event["run"], event["rank"])][event["seq"]] += 1
+            lines += 1
+        bad += len(bad_lines)
+    lost = duplicated = extra = acked = expected = 0
+    for r in ranks:
+        counts = seen.get((r["run"], r["rank"]), collections.Counter())
+        n = r.get("next_seq", 0)
+        expected += n
+        acked += r.get("acked", 0)
+        lost += sum(1 for s in range(n) if s not in counts)
+        extra += sum(1 for s in counts if s >= n)
+        duplicated += sum(c - 1 for c in counts.values())
+    return {"expected": expected, "acked": acked, "lines": lines, "lost": lost, "duplicated": duplicated,
+            "extra": extra, "bad_lines": bad, "torn_files": torn_files,
+            "unacked_at_close": sum(r.get("left", 0) for r in ranks),
+            "dropped": sum(r.get("dropped", 0) for r in ranks),
+            "unreported_ranks": sum(1 for r in ranks if "next_seq" not in r)}
+
+
+SUMMED = ("expected", "acked", "lines", "lost", "duplicated", "extra", "bad_lines", "torn_files", "unacked_at_close",
+          "dropped", "unreported_ranks", "kills", "kills_before_ready", "torn_tails_cut", "seconds", "journal_bytes")
+
+
+def run(kills: int, out: Path, *, per_round: int = 100, runs: int = 2, ranks: int = 2, rate: float = 10.0,
+        layout: str = "dir", seed: int = 1) -> dict[str, Any]:
+    """``kills`` SIGKILLs in rounds of ``per_round``, each round with fresh publishers and a fresh
+    journal (removed once it passed, so a long run needs no more disk than one round); the figures
+    summed over the rounds, ``ok`` if every round passed."""
+    total: dict[str, Any] = {key: 0 for key in SUMMED}
+    total.update(layout=layout, runs=runs, ranks_per_run=ranks, rate_hz=rate, seed=seed, rounds=0, ok=True,
+                 last_exit_code=0)
+    done = 0
+    while done < kills:
+        where = out / f"round{total['rounds']}"
+        figures = run_round(min(per_round, kills - done), where, runs=runs, ranks=ranks, rate=rate, layout=layout,
+                            seed=seed + total["rounds"])
+        for key in SUMMED:
+            total[key] += figures[key]
+        total["rounds"] += 1
+        total["ok"] = total["ok"] and figures["ok"]
+        total["last_exit_code"] = total["last_exit_code"] or figures["last_exit_code"]
+        done += figures["kills"]
+        log.info("round %d: %s: %s", total["rounds"], "PASS" if figures["ok"] else "FAIL", summary_line(figures))
+        if figures["ok"]:
+            shutil.rmtree(where, ignore_errors=True)
+    total["seconds"] = round(total["seconds"], 1)
+    return total
+
+
+def run_round(kills: int, out: Path, *, runs: int = 2, ranks: int = 2, rate: float = 10.0, layout: str = "dir",
+              seed: int = 1) -> dict[str, Any]:
+    """Kill a relay ``kills`` times under ``runs`` x ``ranks`` publishers; the verdict and figures."""
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    crash = CrashRun(out, layout, rng)
+    t0 = time.monotonic()
+    publishers = []
+    for i in range(runs * ranks):
+        run_id, rank = f"crash{i // ranks}", i % ranks
+        with open(out / f"{run_id}-{rank}.log", "ab") as err:
+            publishers.append((run_id, rank, subprocess.Popen(
+                [sys.executable, "-m", "bench.crash_rank", crash.address, run_id, str(rank), str(ranks), str(rate),
+                 str(seed)], cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)))
+    results: list[dict[str, Any]] = []
+    try:
+        for _ in range(kills):
+            crash.kill_once()
+        crash.start()
+        crash.wait_ready()
+        for run_id, rank, proc in publishers:
+            proc.terminate()
+        for run_id, rank, proc in publishers:
+            try:
+                stdout, _ = proc.communicate(timeout=180)
+                results.append({"run": run_id, "rank": rank, **json.loads(stdout.strip().splitlines()[-1])})
+            except (subprocess.TimeoutExpired, ValueError, IndexError):
+                log.error("%s rank %d did not report (exit %s)", run_id, rank, proc.poll())
+                results.append({"run": run_id, "rank": rank})
+        stopped = crash.stop()
+    finally:
+        for _, _, proc in publishers:
+            kill_group(proc)
+        if crash.proc is not None:
+            kill_group(crash.proc)
+    text = crash.log.read_text(errors="replace")
+    figures = verify(crash.path, results)
+    figures.update(kills=crash.kills, kills_before_ready=crash.kills_before_ready, torn_tails_cut=text.count(TORN),
+                   last_exit_code=stopped, seconds=round(time.monotonic() - t0, 1), layout=layout, runs=runs,
+                   ranks_per_run=ranks, rate_hz=rate, seed=seed,
+                   journal_bytes=sum(f.stat().st_size for f in journal_files(crash.path)))
+    figures["ok"] = (figures["lost"] == figures["duplicated"] == figures["extra"] == figures["bad_lines"]
+                     == figures["torn_files"] == figures["unacked_at_close"] == figures["dropped"]
+                     == figures["unreported_ranks"] == 0 and stopped == 0 and figures["acked"] == figures["expected"])
+    return figures
+
+
+def summary_line(figures: dict[str, Any]) -> str:
+    """One sentence for a report."""
+    rounds = f" in {figures['rounds']} rounds" if figures.get("rounds", 1) > 1 else ""
+    return (f"{figures['kills']} SIGKILLs{rounds} ({figures['kills_before_ready']} before the relay was ready; "
+            f"{figures['torn_tails_cut']} left a torn line that the next relay cut) in {figures['seconds']:.0f} s, "
+            f"{figures['runs']} runs x {figures['ranks_per_run']} ranks, {figures['layout']} layout: "
+            f"{figures['acked']:,} events acknowledged, {figures['lines']:,} lines "
+            f"({figures['journal_bytes'] / 2**20:,.0f} MiB); lost {figures['lost']}, duplicated "
+            f"{figures['duplicated']}, unreadable lines {figures['bad_lines']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=200)
+    parser.add_argument("--per-round", type=int, default=100, help="kills per round (fresh publishers and journal)")
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=2, help="ranks per run")
+    parser.add_argument("--rate", type=float, default=10.0, help="events per second per rank")
+    parser.add_argument("--layout", choices=("dir", "file"), default="dir")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="output directory (default: a temporary one, removed)")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    out = args.out or Path(tempfile.mkdtemp(prefix="crash-"))
+    try:
+        figures = run(args.kills, out, per_round=args.per_round, runs=args.runs, ranks=args.ranks, rate=args.rate, layout=args.layout,
+                      seed=args.seed)
+    finally:
+        if args.out is None:
+            shutil.rmtree(out, ignore_errors=True)
+    print(json.dumps(figures, indent=1))
+    log.info("%s: %s", "PASS" if figures["ok"] else "FAIL", summary_line(figures))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+    return 0 if figures["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

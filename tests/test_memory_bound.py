@@ -1,0 +1,68 @@
+"""Memory is bounded by bytes, not message count (issue 16, item 2): real relay, real connections
+flooding it with the largest valid events, a good publisher acknowledged meanwhile."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import ROOT, read_jsonl
+from relay.client import Publisher
+from relay.journal import read_events
+
+FLOOD = Path(__file__).resolve().parent / "flood_proc.py"
+MAX_MEMORY = 512  # MiB, --max-memory
+#: What docs/relay.md promises above --max-memory: one commit's lines and one frame's (32 MiB),
+#: a turn's frames (16 MiB) and what ZeroMQ takes in between two checks of the guard.
+MARGIN = 256
+
+
+@pytest.mark.slow
+def test_large_event_floods_stay_within_max_memory_and_a_good_publisher_is_acknowledged(relays, tmp_path):
+    journal = tmp_path / "logs"
+    relay = relays(["--path", f"{journal}/", "--max-memory", str(MAX_MEMORY), "--stats-interval", "0.5"])
+    process = psutil.Process(relay.proc.pid)
+    peak = [0.0]
+    sampling = True
+
+    def sample() -> None:
+        while sampling:
+            peak[0] = max(peak[0], process.memory_info().rss / 2**20)
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    floods = [subprocess.Popen([sys.executable, str(FLOOD), relay.address, f"flood{i}", "0", kind], cwd=ROOT,
+                               stdout=subprocess.PIPE, text=True)
+              for i, kind in enumerate(("text", "control", "text"))]
+    try:
+        for flood in floods:
+            assert flood.stdout.readline().strip() == "ready"
+        time.sleep(2.0)  # the floods fill every queue first
+        with Publisher("good", 0, address=relay.address) as pub:
+            for i in range(300):
+                pub.publish("metrics", {"i": i}, step=i, stage="train")
+                time.sleep(0.005)
+            left = pub.flush(15)
+            assert left == 0, f"{left} events of the good publisher unacknowledged under the flood: {pub.stats}"
+        assert all(flood.poll() is None for flood in floods), "a flood stopped before the good publisher was done"
+    finally:
+        for flood in floods:
+            flood.kill()
+            flood.wait(10)
+        sampling = False
+        sampler.join()
+    assert relay.stop() == 0
+    stats = relay.stats(journal)
+    assert peak[0] < MAX_MEMORY + MARGIN, f"relay RSS peaked at {peak[0]:.0f} MiB; stats {stats}"
+    assert [e["data"]["i"] for e in read_jsonl(journal / "good.jsonl") if e["type"] == "metrics"] == list(range(300))
+    for i in range(3):  # the floods were taken, not starved, and every line is whole
+        seqs = [e["seq"] for e in read_events(journal / f"flood{i}.jsonl", whole_lines=True)]
+        assert len(seqs) > 10 and seqs == list(range(len(seqs))), f"flood{i}: {len(seqs)} events"
+    shutil.rmtree(journal)  # gigabytes
