@@ -111,10 +111,11 @@ def run(quick: bool = False) -> Section:
                          f"({first['ranks']} -> {last['ranks']} ranks); RSS max above that is frames queued in "
                          "ZeroMQ while the relay was behind.")
     section.notes.append("What bounds the relay's memory, by design: per (run, rank) a dedupe floor plus at most "
-                         "65,536 seqs above it and one route entry; per connected peer at most 1,000 frames queued in "
-                         "ZeroMQ (RCVHWM); at most 200,000 events waiting for the journal (then it stops reading and "
-                         "clients keep their events) and 200,000 per other sink (then that sink's batches are dropped, "
-                         "counted).")
+                         "65,536 seqs above it and one route entry; per connected peer at most 64 frames queued in "
+                         "ZeroMQ (RCVHWM); at most 16 MiB of lines (or 200,000 events) waiting for the journal "
+                         "before a commit (then, while the journal fails, it stops reading and clients keep their "
+                         "events) and 200,000 events per other sink (then that sink's batches are dropped, counted). "
+                         "RSS stays within --max-memory plus 256 MiB (docs/relay.md, memory).")
     behind = [p for p in points if p["rss_max"] > 2 * p["rss_connected"]]
     if behind:
         section.notes.append(f"At {behind[-1]['ranks']:,} ranks the relay fell behind at times (each rank's event is "

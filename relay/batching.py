@@ -3,7 +3,8 @@ what does not fit is counted, never waited for.
 
 Both sides of a sink's process use it (see relay/sink_process.py and relay/sink_child.py): in the
 relay, chunks of journal lines waiting for the pipe to the child; in the child, batches of events
-waiting for the sink's ``write()``. The queue is bounded in events; a batch that does not fit is
+waiting for the sink's ``write()``. The queue is bounded in events, and in bytes where the caller
+says how big each batch is (the relay's side: chunks of lines of any size); a batch that does not fit is
 dropped whole and counted (it stays in the journal, from which ``relay replay`` rebuilds the sink).
 A batch leaves the queue only once ``handle`` is done with it, so the bound also covers the one in
 hand.
@@ -29,17 +30,20 @@ class BatchWorker(Generic[T]):
 
     def __init__(self, name: str, handle: Callable[[T], bool], max_events: int, *,
                  flush: Callable[[], None] | None = None, flush_every: float = 1.0,
-                 finish: Callable[[], None] | None = None) -> None:
-        """``finish``, if given, runs on the worker's thread when it stops."""
+                 finish: Callable[[], None] | None = None, max_bytes: int | None = None) -> None:
+        """``finish``, if given, runs on the worker's thread when it stops; ``max_bytes`` bounds the
+        sizes given to ``submit`` (one batch is always taken into an empty queue)."""
         self.name = name
         self.max_events = max_events
+        self.max_bytes = max_bytes
         self.dropped = 0  # events of batches that did not fit, or were left at shutdown
         self._handle = handle
         self._flush = flush
         self._flush_every = flush_every
         self._finish = finish
-        self._queue: collections.deque[tuple[T, int]] = collections.deque()
+        self._queue: collections.deque[tuple[T, int, int]] = collections.deque()
         self._queued = 0
+        self._bytes = 0
         self._cond = threading.Condition()
         self._stopping = False
         self._deadline = float("inf")
@@ -57,18 +61,20 @@ class BatchWorker(Generic[T]):
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, batch: T, count: int) -> bool:
-        """Queue ``batch`` of ``count`` events without waiting; False (dropped, counted, logged now
-        and then) when it would take the queue past ``max_events``."""
+    def submit(self, batch: T, count: int, size: int = 0) -> bool:
+        """Queue ``batch`` of ``count`` events (``size`` bytes) without waiting; False (dropped,
+        counted, logged now and then) when it would take the queue past ``max_events`` or ``max_bytes``."""
         with self._cond:
-            if self._queued + count > self.max_events:
+            if self._queued + count > self.max_events or (
+                    self.max_bytes is not None and self._queue and self._bytes + size > self.max_bytes):
                 self.dropped += count
                 if self.dropped == count or self.dropped % 100_000 < count:
                     log.warning("sink %s is %d events behind; dropped %d so far (they are in the journal: "
                                 "relay replay rebuilds it)", self.name, self._queued, self.dropped)
                 return False
-            self._queue.append((batch, count))
+            self._queue.append((batch, count, size))
             self._queued += count
+            self._bytes += size
             self._cond.notify()
             return True
 
@@ -106,7 +112,7 @@ class BatchWorker(Generic[T]):
     def abandon(self) -> int:
         """Count what is still queued as dropped; returns how many events that was."""
         with self._cond:
-            left, self._queued = self._queued, 0
+            left, self._queued, self._bytes = self._queued, 0, 0
             self._queue.clear()
             self.dropped += left
         return left
@@ -120,13 +126,14 @@ class BatchWorker(Generic[T]):
                         self._cond.wait()
                     if not self._queue:
                         return
-                    batch, count = self._queue[0]
+                    batch, count, size = self._queue[0]
                 if not self._handle(batch):
                     return
                 with self._cond:
                     if self._queue and self._queue[0][0] is batch:  # (abandon() may have emptied it)
                         self._queue.popleft()
                         self._queued -= count
+                        self._bytes -= size
                     idle = not self._queue
                 if self._flush is not None and (idle or time.monotonic() >= next_flush):
                     self._flush()

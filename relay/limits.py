@@ -20,6 +20,9 @@ TURN_BYTES = 16 << 20
 #: Messages ZeroMQ queues per connection before it stops reading that peer's socket: with frames of
 #: up to schema.MAX_FRAME_BYTES, 64 MiB per connection (256 MiB of oversize messages it rejects).
 RECV_HWM = 64
+#: Journal lines the relay keeps for one other sink's process (beside --sink-queue events): a sink
+#: that falls further behind has batches dropped, counted, which it reads back from the journal.
+SINK_QUEUE_BYTES = 64 << 20
 MAX_PEERS = 65_536  # connections whose new-run budget is remembered; the least recent are forgotten
 
 

@@ -28,6 +28,7 @@ from dataclasses import asdict
 from typing import IO, Any, Callable
 
 from relay.batching import BatchWorker
+from relay.limits import SINK_QUEUE_BYTES
 from relay.sink_child import SinkSpec
 from relay.stats import Rate
 from sinks.base import SinkError
@@ -71,7 +72,7 @@ class SinkProcess:
         self._submitted = 0  # events handed to submit(), by the ingest thread
         self._handed = Rate()  # ... sampled every second, to date the oldest event not yet confirmed
         self._worker: BatchWorker[tuple[bytes, int]] = BatchWorker(spec.name, self._hand_over, spec.max_events,
-                                                                   finish=self._end_input)
+                                                                   finish=self._end_input, max_bytes=SINK_QUEUE_BYTES)
 
     # -- the relay's calls -----------------------------------------------------------------------
 
@@ -83,7 +84,7 @@ class SinkProcess:
     def submit(self, lines: bytes, count: int) -> None:
         """Hand over ``count`` journal lines without waiting; dropped (counted) past the queue bound."""
         self._submitted += count
-        self._worker.submit((lines, count), count)
+        self._worker.submit((lines, count), count, len(lines))
 
     def sample(self, now: float) -> None:
         """Note how many events were handed over by now (the relay calls this every second)."""

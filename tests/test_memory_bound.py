@@ -66,3 +66,29 @@ def test_large_event_floods_stay_within_max_memory_and_a_good_publisher_is_ackno
         seqs = [e["seq"] for e in read_events(journal / f"flood{i}.jsonl", whole_lines=True)]
         assert len(seqs) > 10 and seqs == list(range(len(seqs))), f"flood{i}: {len(seqs)} events"
     shutil.rmtree(journal)  # gigabytes
+
+
+def test_a_sink_queue_is_bounded_in_bytes_too():
+    """The relay keeps at most SINK_QUEUE_BYTES of lines for a sink's process (relay/batching.py):
+    a batch past it is dropped and counted, one batch is always taken into an empty queue, and the
+    room comes back as batches are handed over."""
+    from relay.batching import BatchWorker
+
+    release = threading.Event()
+    handled: list[int] = []
+
+    def handle(batch: int) -> bool:
+        release.wait(10)
+        handled.append(batch)
+        return True
+
+    worker: BatchWorker[int] = BatchWorker("bytes", handle, 1_000_000, max_bytes=100)
+    worker.start()
+    assert worker.submit(1, 1, 150)  # larger than the bound, but the queue is empty
+    assert not worker.submit(2, 1, 10)
+    release.set()
+    deadline = time.monotonic() + 10
+    while worker.queued and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worker.submit(3, 1, 60) and worker.submit(4, 1, 40)
+    assert worker.close(10) == 0 and handled == [1, 3, 4] and worker.dropped == 1
