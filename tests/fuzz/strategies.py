@@ -153,6 +153,9 @@ def compact_frames(draw: st.DrawFn, run: str | None = None) -> bytes:
         batch: list[Any] = [draw(rows(first + i)) for i in range(count)]
     else:
         batch = [draw(rows()) for _ in range(count)]
+    if rarely(draw, 40):  # control characters take 6 bytes in JSON: a line near or past its bound
+        batch[0][6] = {"s": "\x01" * draw(st.sampled_from([(schema.MAX_LINE_BYTES - 400) // 6,
+                                                           schema.MAX_LINE_BYTES // 6 + 1, 170_000]))}
     if rarely(draw, 10):  # one frame in ten breaks the schema in the envelope or a row
         at = draw(st.integers(0, count - 1))
         where = draw(st.sampled_from(["envelope", "row", "shape"]))
@@ -320,4 +323,8 @@ def journals(draw: st.DrawFn) -> bytes:
     blob = b"".join(lines)
     if blob and rarely(draw, 5):
         blob = blob[: draw(st.integers(0, len(blob) - 1))]  # a torn tail, as a crash leaves it
+    elif rarely(draw, 10):  # a whole event but for its newline: never acknowledged, so not there
+        blob += encode_line(draw(events(broken=False))).rstrip(b"\n")
+    elif rarely(draw, 60):  # a crash in one long line: more than a MiB without a newline
+        blob += b'{"v":1,"run":"run-a","data":{"s":"' + draw(st.sampled_from([b"\x01", b"x"])) * (3 << 19)
     return blob

@@ -24,7 +24,7 @@ from relay import schema
 from relay.replay import replay_files
 from relay.selection import Selection
 from relay.tail import Tail, format_event
-from relay.journal import Journal, encode_lines, journal_files, read_events
+from relay.journal import Journal, check_lines, encode_lines, journal_files, read_events
 from sinks.base import SinkError
 
 from . import strategies
@@ -77,12 +77,28 @@ def check_decode(frame: bytes) -> None:
             raise Violation("accepted_invalid", f"decode() took an event validate_event() refuses: {exc}") from None
     if decoded.first_seq is not None:
         _check_first_seq(decoded)
-    lines = encode_lines(events).split(b"\n")
+    chunk = encode_lines(events)
+    lines = chunk.split(b"\n")
     if lines.pop() != b"" or len(lines) != len(events):
         raise Violation("journal_lines", f"{len(events)} events encoded as {len(lines)} lines")
+    _check_line_bound(chunk, lines)
     for line, event in zip(lines, events):
         _check_journaled(orjson.loads(line))
         schema.encode_ack([(event["run"], event["rank"], event["seq"] + 1)])
+
+
+def _check_line_bound(chunk: bytes, lines: list[bytes]) -> None:
+    """check_lines refuses a frame (bad_value) exactly when a line or all of them pass their bounds."""
+    over = (max(map(len, lines)) + 1 > schema.MAX_LINE_BYTES or len(chunk) > schema.MAX_FRAME_LINES_BYTES)
+    try:
+        check_lines(chunk)
+        check_lines([line + b"\n" for line in lines])
+    except schema.FrameError as exc:
+        if not over or exc.reason != "bad_value":
+            raise Violation("line_bound", f"lines within their bounds refused: {exc}") from None
+        return
+    if over:
+        raise Violation("line_bound", f"a line of {max(map(len, lines)) + 1} bytes passed check_lines")
 
 
 def _check_first_seq(decoded: schema.Frame) -> None:
@@ -166,6 +182,9 @@ def _check_relay(relay: Any, path: Path, written: int) -> None:
     seqs: dict[tuple[str, int], set[int]] = {}
     drops: dict[tuple[str, int], set[int]] = {}
     events = [event for file in journal_files(path) for event in read_events(file)]
+    longest = max((len(line) for file in journal_files(path) for line in file.read_bytes().splitlines(True)), default=0)
+    if longest > schema.MAX_LINE_BYTES:
+        raise Violation("line_bound", f"the relay journaled a line of {longest} bytes")
     if len(events) != written:
         raise Violation("journal_count", f"journal holds {len(events)} lines, relays counted {written} written")
     for event in events:
@@ -197,16 +216,18 @@ def _last_deadletter(relay: Any) -> str:
 # -- c: the journal readers: read_events, relay tail, replay, a restarted relay's scan -----------
 
 
-def check_journal(journal: bytes) -> None:
+def check_journal(journal_bytes: bytes) -> None:
     """Any journal bytes: read_events skips what it cannot parse, ``relay tail`` prints every event
     line, replay into a JSONL directory writes only inside it, each (run, rank, seq) once, and
-    adds nothing when run again, and a relay meeting the journal again can scan it."""
+    adds nothing when run again, and a relay meeting the journal again can scan it: it cuts exactly
+    the bytes after the last newline and knows only the events of the whole lines before it."""
     with tempfile.TemporaryDirectory(prefix="fuzz-journal-") as tmp, fd_budget():
         root = Path(tmp)
         source = root / "in" / "run-a.jsonl"
         source.parent.mkdir()
-        source.write_bytes(journal)
+        source.write_bytes(journal_bytes)
         events = list(read_events(source, []))
+        kept = {(e["run"], e["rank"], e["seq"]) for e in read_events(source, whole_lines=True)}
         with contextlib.redirect_stdout(io.StringIO()):
             for view in ("events", "steps"):  # a viewer for humans shows whatever a file holds
                 Tail(source, Selection(), view=view).run(follow=False, last=None)
@@ -224,9 +245,16 @@ def check_journal(journal: bytes) -> None:
             journal.open()
             try:
                 for other in {run} | {e.get("run") for e in events if schema.valid_run_id(e.get("run"))}:
-                    list(journal.seen(other))
+                    seen = set(journal.seen(other))
+                    if (journal.directory and other != run) or seen == {(k, s) for r, k, s in kept if r == other}:
+                        continue  # (a directory journal's other runs have files of their own: none here)
+                    raise Violation("recovery_seen", f"after recovery {other!r} seen as {sorted(seen)[:5]}, its "
+                                                     f"whole lines hold {sorted(kept)[:5]}")
             finally:
                 journal.close()
+        if source.read_bytes() != journal_bytes[:journal_bytes.rfind(b"\n") + 1]:
+            raise Violation("recovery_cut", f"recovery left {source.stat().st_size} of {len(journal_bytes)} bytes, "
+                                            f"not those up to the last newline")
 
 
 def _replay(source: Path, out: Path, events: list[dict[str, Any]]) -> None:
