@@ -577,7 +577,8 @@ def crash_section(crashes: list[dict[str, Any]]) -> list[str]:
             "real Publishers (2 runs x 2 ranks, 10 events/s each) send events of 100 B up to the frame limit, one in "
             "four of control characters (the longest lines); in rounds of 100 kills, each with fresh publishers and "
             "journal. Every event a Publisher was told was acknowledged must be in the journal exactly once (it is "
-            "never sent again), in whole lines that are all events.",
+            "never sent again), in whole lines that are all events. The slow test tier runs the same for 200 "
+            "kills (`tests/test_crash_consistency.py`).",
             "\n".join(f"- {'PASS' if x['ok'] else '**FAIL**'}: {crash.summary_line(x)}." for x in crashes)]
 
 

@@ -2,8 +2,9 @@
 
 Writing (``Journal``, owned by the daemon): one JSON object per event per line, appended with a
 single write per file and batch so readers never see half a line; a torn tail left by a crash is
-cut back to the last newline when the file is first opened (those events were never acknowledged,
-so their clients resend them); the relay acknowledges events only after ``flush()``, and after a
+cut back to the last newline, however far back, before the file is first read or written
+(relay/recovery.py; those events were never acknowledged, so their clients resend them); a line is
+at most schema.MAX_LINE_BYTES (``check_lines``); the relay acknowledges events only after ``flush()``, and after a
 restart asks ``seen()`` what is already here, so nothing is written twice. One file for every run,
 or a directory of ``<run>.jsonl``.
 
