@@ -6,8 +6,9 @@ events of 100 B up to the frame limit, restart it each time, and check the journ
 
 The relay is ``python -m relay`` on one fixed loopback port; each rank is a ``bench.crash_rank``
 process (a real Publisher) of one of ``--runs`` runs. Each relay lifetime is killed with SIGKILL
-after a seeded random delay: mostly 0-0.4 s after it is ready, one in five 0-0.3 s after it was
-started (while it binds and recovers). Then the ranks stop, close (a relay up) and report what
+at a seeded random point: one in five 0-0.3 s after it was started (while it binds and recovers),
+two in five the moment its journal grows after a 0-0.2 s pause (in the middle of a write, often),
+the rest 0-0.4 s after it is ready. Then the ranks stop, close (a relay up) and report what
 they published and what the relay acknowledged, and the journal must hold, for every rank, each
 seq its Publisher handed out exactly once (an acknowledged event is never sent again, so one lost
 by a crash or a recovery is missing here), in whole lines that are all events. Exits 1 otherwise.
@@ -25,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -72,12 +74,18 @@ class CrashRun:
             time.sleep(0.01)
 
     def kill_once(self) -> None:
-        """Start a relay and SIGKILL it at a random point of its life."""
+        """Start a relay and SIGKILL it at a random point of its life: one time in five while it
+        starts, two in five as soon as its journal grows (a write of many lines may be under way),
+        else after a random pause."""
         proc = self.start()
-        if self.rng.random() < 0.2:
+        draw = self.rng.random()
+        if draw < 0.2:
             time.sleep(self.rng.uniform(0.0, 0.3))
             if not self.ready.exists():
                 self.kills_before_ready += 1
+        elif draw < 0.6:
+            self.wait_ready()
+            self._await_growth(self.rng.uniform(0.0, 0.2))
         else:
             self.wait_ready()
             time.sleep(self.rng.uniform(0.0, 0.4))
@@ -85,6 +93,20 @@ class CrashRun:
             raise RuntimeError(f"relay exited {proc.returncode} by itself: {self.log.read_text()[-2000:]}")
         kill_group(proc)
         self.kills += 1
+
+    def _await_growth(self, pause: float, timeout: float = 2.0) -> None:
+        """After ``pause``, return the moment the journal's size changes (polled about every 0.2 ms)."""
+        time.sleep(pause)
+        before = self._size()
+        deadline = time.monotonic() + timeout
+        while self._size() == before and time.monotonic() < deadline:
+            time.sleep(0.0002)
+
+    def _size(self) -> int:
+        try:
+            return sum(f.stat().st_size for f in journal_files(self.path))
+        except FileNotFoundError:  # a file vanished between listing and stat: none does here but the lock
+            return -1
 
     def stop(self) -> int:
         assert self.proc is not None
@@ -129,18 +151,19 @@ SUMMED = ("expected", "acked", "lines", "lost", "duplicated", "extra", "bad_line
 
 
 def run(kills: int, out: Path, *, per_round: int = 100, runs: int = 2, ranks: int = 2, rate: float = 10.0,
-        layout: str = "dir", seed: int = 1) -> dict[str, Any]:
+        layout: str = "dir", seed: int = 1, stop: threading.Event | None = None) -> dict[str, Any]:
     """``kills`` SIGKILLs in rounds of ``per_round``, each round with fresh publishers and a fresh
     journal (removed once it passed, so a long run needs no more disk than one round); the figures
-    summed over the rounds, ``ok`` if every round passed."""
+    summed over the rounds, ``ok`` if every round passed. ``stop`` set: no more kills, the round
+    is checked as it stands."""
     total: dict[str, Any] = {key: 0 for key in SUMMED}
     total.update(layout=layout, runs=runs, ranks_per_run=ranks, rate_hz=rate, seed=seed, rounds=0, ok=True,
                  last_exit_code=0)
     done = 0
-    while done < kills:
+    while done < kills and not (stop is not None and stop.is_set()):
         where = out / f"round{total['rounds']}"
         figures = run_round(min(per_round, kills - done), where, runs=runs, ranks=ranks, rate=rate, layout=layout,
-                            seed=seed + total["rounds"])
+                            seed=seed + total["rounds"], stop=stop)
         for key in SUMMED:
             total[key] += figures[key]
         total["rounds"] += 1
@@ -155,7 +178,7 @@ def run(kills: int, out: Path, *, per_round: int = 100, runs: int = 2, ranks: in
 
 
 def run_round(kills: int, out: Path, *, runs: int = 2, ranks: int = 2, rate: float = 10.0, layout: str = "dir",
-              seed: int = 1) -> dict[str, Any]:
+              seed: int = 1, stop: threading.Event | None = None) -> dict[str, Any]:
     """Kill a relay ``kills`` times under ``runs`` x ``ranks`` publishers; the verdict and figures."""
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -171,6 +194,8 @@ def run_round(kills: int, out: Path, *, runs: int = 2, ranks: int = 2, rate: flo
     results: list[dict[str, Any]] = []
     try:
         for _ in range(kills):
+            if stop is not None and stop.is_set():
+                break
             crash.kill_once()
         crash.start()
         crash.wait_ready()

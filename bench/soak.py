@@ -211,6 +211,7 @@ class Soak:
         self._next_sample = 0.0
         self.crashes: list[dict[str, Any]] = []  # bench/crash.py's figures, one per layout
         self.crash_error: str | None = None
+        self.stop_crashing = threading.Event()  # set when the soak ends early: the crash run checks what it did
 
     def crash_consistency(self, kills: int) -> None:
         """bench/crash.py beside the soak: ``kills`` SIGKILLs of its own relay, half per layout."""
@@ -218,7 +219,8 @@ class Soak:
             if not n:
                 continue
             try:
-                self.crashes.append(crash.run(n, self.out / f"crash-{layout}", layout=layout, seed=self.args.seed))
+                self.crashes.append(crash.run(n, self.out / f"crash-{layout}", layout=layout, seed=self.args.seed,
+                                              stop=self.stop_crashing))
             except (RuntimeError, OSError) as exc:  # a relay that would not start: the soak fails, saying why
                 log.exception("crash consistency (%s layout) stopped", layout)
                 self.crash_error = f"crash consistency ({layout} layout) stopped: {type(exc).__name__}: {exc}"
@@ -572,8 +574,9 @@ def crash_section(crashes: list[dict[str, Any]]) -> list[str]:
     if not crashes:
         return []
     return ["## Crash consistency",
-            "Beside the soak, bench/crash.py (`--crash-kills`): a second relay SIGKILLed at random points (mostly "
-            "0-0.4 s after it is ready, one in five while it starts and recovers) and restarted each time, while "
+            "Beside the soak, bench/crash.py (`--crash-kills`): a second relay SIGKILLed at random points (one in "
+            "five while it starts and recovers, two in five the moment its journal grows, the rest 0-0.4 s after it "
+            "is ready) and restarted each time, while "
             "real Publishers (2 runs x 2 ranks, 10 events/s each) send events of 100 B up to the frame limit, one in "
             "four of control characters (the longest lines); in rounds of 100 kills, each with fresh publishers and "
             "journal. Every event a Publisher was told was acknowledged must be in the journal exactly once (it is "
@@ -605,10 +608,15 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     soak = Soak(args, out)
-    crashing = threading.Thread(target=soak.crash_consistency, args=(args.crash_kills,), daemon=True)
+    crashing = threading.Thread(target=soak.crash_consistency, args=(args.crash_kills,))
     crashing.start()
-    ranks, hostile = soak.run()
-    crashing.join()
+    try:
+        ranks, hostile = soak.run()
+    except BaseException:  # SIGTERM, or the relay would not start: the crash run stops too, then it is raised
+        soak.stop_crashing.set()
+        raise
+    finally:
+        crashing.join()
     summary = summarize(args, soak, ranks, hostile, time.monotonic() - started,
                         "python -m bench.soak " + shlex.join(argv))
     (out / "soak.json").write_text(json.dumps({**summary, "samples": soak.samples}, indent=1))
