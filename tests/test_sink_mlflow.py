@@ -315,7 +315,7 @@ def test_cli_says_what_is_missing(tmp_path: Path) -> None:
 
     shadow = tmp_path / "no-mlflow" / "mlflow"
     shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'mlflow'\")\n")
+    (shadow.parent / "sitecustomize.py").write_text("import sys\nsys.modules['mlflow'] = None\n")  # not installed
     env = dict(QUIET, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
     done = serve("--mlflow-tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", env=env)
     assert done.returncode == 2 and "pip install 'metrics-relay[mlflow]'" in done.stderr, done.stderr[-2000:]
