@@ -43,7 +43,7 @@ RESTART_MAX = 30.0  # at most, doubling while it keeps failing
 PIPE_SIZE = 1 << 20
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 #: The child's counters that add up over its restarts.
-SUMMED = ("written", "errors", "dropped", "dead_lettered", "deadletter_overflow")
+SUMMED = ("written", "errors", "dropped", "dead_lettered", "deadletter_overflow", "caught_up", "catch_up_passes")
 
 
 class SinkProcess:
