@@ -16,7 +16,7 @@ def need_package(module: str, sink: str, extra: str) -> None:
     except (ImportError, ValueError):  # a parent package that fails, or a module set to None
         found = False
     if not found:
-        raise SinkError(f"the {sink} sink needs {module}, which is not installed: "
+        raise SinkError(f"the {sink} sink needs {module}, which is not installed; "
                         f"pip install 'metrics-relay[{extra}]'")
 
 
@@ -25,11 +25,11 @@ def need_writable_dir(path: Path, what: str, fix: str) -> None:
     ancestor is a directory this process may write into). ``what`` names it, ``fix`` says what to do."""
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
-        raise SinkError(f"{what} {path} is not usable: it is not a directory: {fix}")
+        raise SinkError(f"{what} {path} is not usable: it is not a directory; {fix}")
     existing = path
     while not existing.exists():  # stops at the root, which exists
         existing = existing.parent
     if not existing.is_dir():
-        raise SinkError(f"{what} {path} is not usable: {existing} is not a directory: {fix}")
+        raise SinkError(f"{what} {path} is not usable: {existing} is not a directory; {fix}")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise SinkError(f"{what} {path} is not usable: {existing} is not writable: {fix}")
+        raise SinkError(f"{what} {path} is not usable: {existing} is not writable; {fix}")
