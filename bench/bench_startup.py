@@ -24,17 +24,15 @@ from pathlib import Path
 
 from bench.bench_training import demo_job
 from bench.common import Sample, Section, alternate_many, cli, free_port, kill_group, spawn
+from trainer.trackers import TrackingArguments, sink_args
 
 NONE, FIVE = "journal only", "journal + 5 tracker sinks"
 TRACKERS = ("aim", "mlflow", "tensorboard", "wandb", "clearml")
 
 
-def sink_args(folder: Path) -> list[str]:
-    return ["--sink", "aim", "--repo", str(folder / "aim"),
-            "--sink", "mlflow", "--mlflow-tracking-uri", f"sqlite:///{folder / 'mlflow.db'}",
-            "--sink", "tensorboard", "--logdir", str(folder / "tb"),
-            "--sink", "wandb", "--wandb-project", "bench", "--wandb-dir", str(folder),
-            "--sink", "clearml", "--clearml-project", "bench", "--clearml-dir", str(folder / "clearml")]
+def five_sinks(folder: Path) -> list[str]:
+    """The five tracker sinks as the trainer's embedded relay gets them, writing into ``folder``."""
+    return sink_args(list(TRACKERS), TrackingArguments(), str(folder))
 
 
 def start_relay(folder: Path, five: bool, timeout: float = 300) -> dict[str, float]:
@@ -43,7 +41,7 @@ def start_relay(folder: Path, five: bool, timeout: float = 300) -> dict[str, flo
     ready, journal = folder / "ready.json", folder / "logs"
     cmd = [sys.executable, "-m", "relay", "--bind", f"tcp://127.0.0.1:{free_port()}", "--ready-file", str(ready),
            "--path", f"{journal}/", "--stats-interval", "0.2", "--log-level", "warning",
-           *(sink_args(folder) if five else [])]
+           *(five_sinks(folder) if five else [])]
     with open(folder / "relay.log", "ab") as log:
         started = time.perf_counter()
         proc = spawn(cmd, stderr=log)

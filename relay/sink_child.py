@@ -148,7 +148,8 @@ class SinkWriter:
                     if batch and not self._deliver(batch, caught_up=True):
                         return False
                     events += len(batch)
-                    catch_up.delivered(path, offset)
+                    if self._flushed():  # durable in the tool before the state file says so
+                        catch_up.delivered(path, offset)
         except OSError as exc:  # the journal unreadable for now: the next pass tries again
             self.errors += 1
             log.error("sink %s: catch-up from the journal failed: %s", self.name, exc)
@@ -205,10 +206,15 @@ class SinkWriter:
                       f", kept in {self.deadletters.path}" if kept else ", not kept (dead-letter file full)", detail)
 
     def _flush(self) -> None:
+        self._flushed()
+
+    def _flushed(self) -> bool:
         try:
             self.sink.flush()
         except Exception as exc:  # counted; the data was written, the next flush tries again
             self._failed("failed to flush", exc, 0.0)
+            return False
+        return True
 
     def _failed(self, what: str, exc: Exception, backoff: float) -> None:
         self.errors += 1

@@ -15,16 +15,14 @@ from conftest import free_port, plugin_env, start_publisher
 from conftest import finish as finish_publisher
 
 from relay.journal import Journal
+from trainer.trackers import TrackingArguments, sink_args
 
 FIVE = ["aim", "mlflow", "tensorboard", "wandb", "clearml"]
 
 
-def five_sinks(tmp_path: Path) -> list[str]:
-    return ["--sink", "aim", "--repo", str(tmp_path / "aim"),
-            "--sink", "mlflow", "--mlflow-tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "--sink", "tensorboard", "--logdir", str(tmp_path / "tb"),
-            "--sink", "wandb", "--wandb-project", "p", "--wandb-dir", str(tmp_path),
-            "--sink", "clearml", "--clearml-project", "p", "--clearml-dir", str(tmp_path / "cml")]
+def five_sinks(folder: Path) -> list[str]:
+    """The five tracker sinks as the trainer's embedded relay gets them, writing into ``folder``."""
+    return sink_args(FIVE, TrackingArguments(), str(folder))
 
 
 @pytest.mark.slow  # five trackers imported in five processes: 10-30 s on a busy machine
