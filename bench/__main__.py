@@ -126,9 +126,14 @@ def forward(quick: bool) -> Section:
     return bench_forward.run(quick)
 
 
+def startup(quick: bool) -> Section:
+    from bench import bench_startup
+    return bench_startup.run(quick)
+
+
 SECTIONS: dict[str, Callable[[bool], Section]] = {
     "hotpath": hotpath, "ingest": ingest, "latency": latency, "scale": scale, "training": training, "aim": aim,
-    "core": core, "transport": transport, "forward": forward,
+    "core": core, "transport": transport, "forward": forward, "startup": startup,
     **{f"sink_{name}": sink_section(name) for name in ("mlflow", "tensorboard", "wandb", "clearml")},
 }
 

@@ -50,19 +50,27 @@ JOBS: dict[str, Callable[[Path], list[str]]] = {
 def _run(steps: int, contender: str, workdir: Path, wall: Sample) -> float:
     """One demo job on two CPU ranks; returns its train_runtime and appends the process wall time to ``wall``."""
     out = workdir / f"{contender.split()[0]}-{time.monotonic_ns()}"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", *JOBS[contender](out),
+    runtime, seconds = demo_job(JOBS[contender](out), steps, out)
+    wall.values.append(seconds)
+    return runtime
+
+
+def demo_job(job: list[str], steps: int, out: Path) -> tuple[float, float]:
+    """The demo fine-tune on two CPU ranks (torchrun, then ``job``: ``-m trainer ...``) writing into
+    ``out``: its train_runtime and the whole process's wall time."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", *job,
            "--demo", "--output_dir", str(out), "--max_steps", str(steps), "--logging_steps", "1",
            "--disable_tqdm", "True"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env.pop(ADDRESS_ENV, None)
     started = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    wall.values.append(time.perf_counter() - started)
+    seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-2000:]}")
     for line in done.stdout.splitlines():
         if "'train_runtime'" in line:
-            return float(ast.literal_eval(line.strip())["train_runtime"])
+            return float(ast.literal_eval(line.strip())["train_runtime"]), seconds
     raise RuntimeError(f"no train_runtime in the output of {' '.join(cmd)}")
 
 

@@ -248,19 +248,22 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
     """Run the relay until SIGINT/SIGTERM."""
     from relay.cluster import ClusterConfig
     from relay.daemon import Relay, RelayConfig
+    from relay.sink_process import check_sinks
 
     line = LiveLine(sys.stderr) if wanted(live, sys.stderr) else None
     _setup_logging(log_level, line)
-    try:
-        journal, sinks = build_sinks(ctx, sink_params, log_level)
-    except SinkError as exc:
-        _fail(EXIT_USAGE, str(exc))
     config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
                          sink_queue=sink_queue, forget_after=forget_after, run_rate=run_rate, max_runs=max_runs,
                          max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
                          curve_cert=curve_cert, curve_clients=curve_clients,
                          cluster=ClusterConfig(straggler_factor, straggler_steps, rank_silence) if cluster else None)
-    relay = Relay(config, journal, sinks)
+    try:  # every check before the relay listens: a bad option stops it before any training starts
+        journal, sinks = build_sinks(ctx, sink_params, log_level)
+        relay = Relay(config, journal, sinks)
+        relay.open_journal()
+        check_sinks(sinks, journal.path)
+    except SinkError as exc:
+        _fail(EXIT_USAGE, str(exc))
     relay.live = line
     try:
         relay.bind()
@@ -268,11 +271,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
         _fail(EXIT_ADDRESS_IN_USE, f"{exc}; stop the other relay or choose another --bind")
     except BadAddress as exc:
         _fail(EXIT_USAGE, str(exc))
-    try:
-        relay.open_sinks()
-    except SinkError as exc:
-        _fail(EXIT_USAGE, str(exc))
-    relay.serve()
+    relay.serve()  # ready at once; the sinks' processes open beside it (Relay.open_sinks)
     logging.shutdown()
     sys.stderr.flush()
     # Everything is flushed and closed; skip interpreter teardown, where a sink library's own

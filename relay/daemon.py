@@ -116,6 +116,7 @@ class Relay:
         self.cluster = Cluster(config.cluster) if config.cluster is not None else None
         self._host = socket.gethostname()
         self._derived_runs: set[str] = set()  # runs with derived events not journaled yet
+        self._journal_open = False
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -155,11 +156,20 @@ class Relay:
             raise BadAddress(f"cannot bind {address}: {exc}") from None
         return sock
 
+    def open_journal(self) -> None:
+        """Create the journal's folder and take its lock (once); SinkError if either cannot be."""
+        if not self._journal_open:
+            self.journal.open()
+            self._journal_open = True
+
     def open_sinks(self) -> None:
-        """Open the journal, then start the others' processes; a SinkError from any of them (the
-        journal, or a sink that cannot open) is a config error."""
+        """Open the journal (if not yet), then start the others' processes without waiting for
+        them: each opens its sink in its own time beside a relay that already listens, takes the
+        lines that arrive meanwhile, and catches up from the journal (relay/sink_process.py)."""
+        self.open_journal()
+        if self.workers:
+            return
         journal = self.journal
-        journal.open()
         where = str(journal.path) + (os.sep if journal.directory else "")
         for spec in self.sinks:
             deadletter = journal.sidecar(f"_deadletter_{spec.name}.jsonl")
@@ -189,7 +199,9 @@ class Relay:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         raise_file_limit()
-        self.write_ready_file()
+        self.open_journal()
+        self.write_ready_file()  # ready before the sinks open: they take seconds (Aim, MLflow), ingest none
+        self.open_sinks()
         log.info("relay listening on %s, journal %s, sinks: %s", self.address,
                  self.journal.path,
                  ", ".join([self.journal.name] + [s.name for s in self.sinks]))

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import click
 
 from relay.batching import BatchWorker
+from relay.catch_up import CatchUp
 from relay.deadletter import DeadLetters
 from relay.journal import JournalReader, LineDecoder, encode_line
 from sinks.base import PermanentError, Sink, SinkContext, SinkError
@@ -62,13 +63,25 @@ class SinkSpec:
     log_level: str = "INFO"
 
 
-class SinkWriter:
-    """The sink, fed by a bounded BatchWorker: retries, dead letters, flushes, counters."""
+#: What the queue holds to ask for a catch-up pass (relay/catch_up.py) in turn with the batches:
+#: a list of its own, told apart by identity (a batch of events is never empty).
+CATCH_UP_PASS: Sequence[dict[str, Any]] = []
 
-    def __init__(self, name: str, sink: Sink, max_events: int, deadletters: DeadLetters | None) -> None:
+
+class SinkWriter:
+    """The sink, fed by a bounded BatchWorker: retries, dead letters, flushes, counters; and, with
+    ``catch_up``, passes over the journal (relay/catch_up.py) on the same thread, in turn."""
+
+    def __init__(self, name: str, sink: Sink, max_events: int, deadletters: DeadLetters | None,
+                 catch_up: CatchUp | None = None) -> None:
         self.name = name
         self.sink = sink
         self.deadletters = deadletters
+        self.catch_up = catch_up
+        self.caught_up = 0  # events a catch-up pass handed to write() (most of them already applied)
+        self.catch_up_passes = 0
+        self._pass_queued = False
+        self._in_pass = False
         self.written = 0
         self.errors = 0
         self.dead_lettered = 0
@@ -85,13 +98,20 @@ class SinkWriter:
         if events:
             self.worker.submit(events, len(events))
 
+    def request_catch_up(self) -> None:
+        """Queue a pass over the journal behind what is queued (one at a time; any thread)."""
+        if self.catch_up is not None and not self._pass_queued:
+            self._pass_queued = True
+            self.worker.submit(CATCH_UP_PASS, 0)
+
     def stats(self) -> dict[str, Any]:
         """Counters, plus the sink's own ``counters`` mapping if it keeps one."""
         own = getattr(self.sink, "counters", None)
         extra = {"sink": dict(own)} if isinstance(own, dict) else {}
         return {"written": self.written, "errors": self.errors, "dropped": self.worker.dropped + self.bad_lines,
                 "queued": self.worker.queued, "dead_lettered": self.dead_lettered,
-                "deadletter_overflow": self.deadletter_overflow, **extra}
+                "deadletter_overflow": self.deadletter_overflow, "caught_up": self.caught_up,
+                "catch_up_passes": self.catch_up_passes, **extra}
 
     def close(self, timeout: float) -> None:
         """Drain what is queued (retrying until ``timeout``), then close the sink."""
@@ -110,11 +130,43 @@ class SinkWriter:
 
     def _handle(self, batch: Sequence[dict[str, Any]]) -> bool:
         self._resolved = 0
+        if batch is CATCH_UP_PASS:
+            return self._catch_up_pass()
         return self._deliver(batch)
 
-    def _deliver(self, batch: Sequence[dict[str, Any]]) -> bool:
-        """Write ``batch``, retrying transient errors with backoff; False when shutting down first."""
+    def _catch_up_pass(self) -> bool:
+        """Hand the journal's recent events the sink may lack to ``write()``, file by file; False
+        when shutting down first (the next process's pass goes on from what was delivered)."""
+        catch_up = self.catch_up
+        assert catch_up is not None
+        self._pass_queued, self._in_pass = False, True
+        started, files, events = time.monotonic(), 0, 0
+        try:
+            for path, start, size in catch_up.due():
+                files += 1
+                for batch, offset in catch_up.read(path, start, size):
+                    if batch and not self._deliver(batch, caught_up=True):
+                        return False
+                    events += len(batch)
+                    if self._flushed():  # durable in the tool before the state file says so
+                        catch_up.delivered(path, offset)
+        except OSError as exc:  # the journal unreadable for now: the next pass tries again
+            self.errors += 1
+            log.error("sink %s: catch-up from the journal failed: %s", self.name, exc)
+            return True
+        finally:
+            self._in_pass = False
+        self.catch_up_passes += 1
+        if events:
+            log.info("sink %s caught up from the journal: %d events of %d files read in %.1f s (what it had "
+                     "already applied is skipped)", self.name, events, files, time.monotonic() - started)
+        return True
+
+    def _deliver(self, batch: Sequence[dict[str, Any]], caught_up: bool = False) -> bool:
+        """Write ``batch``, retrying transient errors with backoff; False when shutting down first.
+        Once the sink takes a batch after failing, a catch-up pass follows (its backend is back)."""
         backoff = BACKOFF_START
+        failed = False
         while True:
             try:
                 self.sink.write(batch)
@@ -123,15 +175,22 @@ class SinkWriter:
                     self._dead_letter(batch[0], exc)
                     return True
                 half = len(batch) // 2  # the events that fail on their own, found in log2(n) rounds
-                return self._deliver(batch[:half]) and self._deliver(batch[half:])
+                return self._deliver(batch[:half], caught_up) and self._deliver(batch[half:], caught_up)
             except Exception as exc:  # isolated and counted; the batch is retried
                 self._failed("failed", exc, backoff)
+                failed = True
                 if not self.worker.wait(backoff):
                     return False
                 backoff = min(backoff * 2, BACKOFF_MAX)
             else:
-                self.written += len(batch)
+                if caught_up:  # not "written": the relay compares that with the events it sent
+                    self.caught_up += len(batch)
+                else:
+                    self.written += len(batch)
                 self._resolved += len(batch)
+                if failed and not self._in_pass:
+                    log.info("sink %s works again; a catch-up from the journal follows", self.name)
+                    self.request_catch_up()
                 return True
 
     def _dead_letter(self, event: dict[str, Any], exc: PermanentError) -> None:
@@ -147,10 +206,15 @@ class SinkWriter:
                       f", kept in {self.deadletters.path}" if kept else ", not kept (dead-letter file full)", detail)
 
     def _flush(self) -> None:
+        self._flushed()
+
+    def _flushed(self) -> bool:
         try:
             self.sink.flush()
         except Exception as exc:  # counted; the data was written, the next flush tries again
             self._failed("failed to flush", exc, 0.0)
+            return False
+        return True
 
     def _failed(self, what: str, exc: Exception, backoff: float) -> None:
         self.errors += 1
@@ -165,9 +229,21 @@ def _options(cls: type, given: dict[str, Any]) -> dict[str, Any]:
     return {o.name: o.type_cast_value(ctx, given[o.name]) for o in cls.options() if o.name in given}
 
 
-def child_main(spec: SinkSpec) -> int:
+def build_sink(spec: SinkSpec) -> Sink:
+    """The sink ``spec`` names, built with its options: what the relay checks before it listens
+    (``relay.sink_process.check_sinks``) and what the sink's process then opens. SinkError if not."""
     from sinks.registry import load
 
+    cls = load(spec.source or spec.name)
+    try:
+        return cls(**_options(cls, spec.options))
+    except SinkError:
+        raise
+    except Exception as exc:  # a plugin's own bug: reported as the reason it cannot be built
+        raise SinkError(f"sink {spec.name} failed to start: {type(exc).__name__}: {exc}") from None
+
+
+def child_main(spec: SinkSpec) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the relay decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(NICE)
@@ -187,8 +263,7 @@ def child_main(spec: SinkSpec) -> int:
     logging.basicConfig(level=spec.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s [sink {spec.name} {os.getpid()}]: %(message)s")
     try:
-        cls = load(spec.source or spec.name)
-        sink = cls(**_options(cls, spec.options))
+        sink = build_sink(spec)
         sink.open(SinkContext(journal=Path(spec.journal) if spec.journal else None,
                               journal_events=JournalReader(spec.journal) if spec.journal else None))
     except SinkError as exc:
@@ -198,11 +273,14 @@ def child_main(spec: SinkSpec) -> int:
         send({"error": f"sink {spec.name} failed to start: {type(exc).__name__}: {exc}"})
         return 2
     send({"ready": True})
+    catch_up = CatchUp(spec.journal, spec.name) if spec.journal and sink.catches_up and sink.wants_events else None
     writer = SinkWriter(spec.name, sink, spec.max_events,
-                        DeadLetters(Path(spec.deadletter)) if spec.deadletter else None)
+                        DeadLetters(Path(spec.deadletter)) if spec.deadletter else None, catch_up)
     writer.start()
+    writer.request_catch_up()  # what this sink missed while its process was not running
     decoder = LineDecoder(runs_only=not sink.wants_events)
     next_stats = time.monotonic() + STATS_PERIOD
+    dropped = 0
     while True:
         if select.select([0], [], [], max(0.0, next_stats - time.monotonic()))[0]:
             data = os.read(0, READ_SIZE)
@@ -212,6 +290,9 @@ def child_main(spec: SinkSpec) -> int:
             if decoder.bad_lines > writer.bad_lines:
                 log.error("sink %s: %d lines from the relay were not events; dropped", spec.name, decoder.bad_lines)
                 writer.bad_lines = decoder.bad_lines
+        if writer.worker.dropped > dropped:  # batches that did not fit: read back from the journal later
+            dropped = writer.worker.dropped
+            writer.request_catch_up()
         if time.monotonic() >= next_stats:
             send(writer.stats())
             next_stats = time.monotonic() + STATS_PERIOD

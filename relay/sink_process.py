@@ -25,15 +25,16 @@ import sys
 import threading
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import IO, Any, Callable
 
 from relay.batching import BatchWorker
 from relay.limits import SINK_QUEUE_BYTES
-from relay.sink_child import SinkSpec
+from relay.sink_child import SinkSpec, build_sink
 from relay.stats import Rate
-from sinks.base import SinkError
+from sinks.base import SinkContext, SinkError
 
-__all__ = ["SinkProcess", "SinkSpec"]
+__all__ = ["SinkProcess", "SinkSpec", "check_sinks"]
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ RESTART_MAX = 30.0  # at most, doubling while it keeps failing
 PIPE_SIZE = 1 << 20
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 #: The child's counters that add up over its restarts.
-SUMMED = ("written", "errors", "dropped", "dead_lettered", "deadletter_overflow")
+SUMMED = ("written", "errors", "dropped", "dead_lettered", "deadletter_overflow", "caught_up", "catch_up_passes")
 
 
 class SinkProcess:
@@ -69,6 +70,11 @@ class SinkProcess:
         self._answered = threading.Event()  # set on that message, or when the child closed its output
         self._reader: threading.Thread | None = None
         self._backoff = RESTART_START
+        self._opened = threading.Event()  # set once the first child opened its sink (or when stopping)
+        self._opener: threading.Thread | None = None
+        self.opened = False  # whether a child has opened the sink yet
+        self.open_failures = 0  # attempts to open the sink that failed
+        self.open_error: str | None = None  # why the last one failed, while the sink is not open
         self._submitted = 0  # events handed to submit(), by the ingest thread
         self._handed = Rate()  # ... sampled every second, to date the oldest event not yet confirmed
         self._worker: BatchWorker[tuple[bytes, int]] = BatchWorker(spec.name, self._hand_over, spec.max_events,
@@ -77,9 +83,40 @@ class SinkProcess:
     # -- the relay's calls -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the child and wait until its sink is open; SinkError if it cannot be."""
-        self._spawn()
+        """Start the child beside the relay, without waiting: lines queue (bounded) until its sink
+        is open, and it catches up from the journal what did not fit (relay/catch_up.py). A sink
+        that cannot open (SinkError from ``open()``: a server down, a repository locked) is logged
+        with its reason, counted (``open_failures``, ``errors``; ``open_error`` in the stats) and
+        tried again with backoff from RESTART_START to RESTART_MAX seconds, for as long as the relay
+        runs; the relay's ``check_sinks`` already refused, before it listened, what can never work."""
         self._worker.start()
+        self._opener = threading.Thread(target=self._open_first, name=f"sink-{self.name}-open", daemon=True)
+        self._opener.start()
+
+    def _open_first(self) -> None:
+        backoff = RESTART_START
+        try:
+            while True:
+                try:
+                    self._spawn()
+                except SinkError as exc:
+                    if self._worker.stopping:  # the relay stopped while it was opening
+                        log.warning("sink %s stopped before it had opened: %s", self.name, exc)
+                        return
+                    self.open_failures += 1
+                    self._done["errors"] += 1
+                    self.open_error = str(exc)
+                    log.error("sink %s could not open (%d attempts; trying again in %.0f s, its events wait in "
+                              "the journal): %s", self.name, self.open_failures, backoff, exc)
+                    if not self._worker.wait(backoff, drain=False):
+                        return
+                    backoff = min(backoff * 2, RESTART_MAX)
+                    continue
+                self.open_error, self.opened = None, True
+                log.info("sink %s open (pid %d)", self.name, self._proc.pid)
+                return
+        finally:
+            self._opened.set()
 
     def submit(self, lines: bytes, count: int) -> None:
         """Hand over ``count`` journal lines without waiting; dropped (counted) past the queue bound."""
@@ -97,6 +134,11 @@ class SinkProcess:
         out["queued"] = self._worker.queued + self._in_flight()
         out["lag_s"] = self._lag(out["queued"])
         out["restarts"] = self.restarts
+        out["open"] = self.opened
+        if self.open_failures:
+            out["open_failures"] = self.open_failures
+        if self.open_error is not None:
+            out["open_error"] = self.open_error
         if self._sink_counters is not None:
             out["sink"] = self._sink_counters
         return out
@@ -105,6 +147,8 @@ class SinkProcess:
         """Hand the child what is queued, let it drain (``spec.drain_timeout``), then stop it."""
         deadline = time.monotonic() + timeout
         self._worker.stop(timeout)
+        if self._opener is not None:  # a child being opened now is waited for (up to START_TIMEOUT)
+            self._opener.join(max(0.1, deadline - time.monotonic()))
         self._worker.join(max(0.1, deadline - time.monotonic()))
         proc = self._proc
         if proc is not None:
@@ -136,6 +180,7 @@ class SinkProcess:
         """Write one chunk of lines to the child, once ingest is idle; start the child again (with
         backoff) whenever it died. False when shutting down before it could be."""
         lines, count = chunk
+        self._opened.wait()
         while True:
             if self._proc is None or self._proc.poll() is not None:
                 if not self._restart():
@@ -251,6 +296,21 @@ class SinkProcess:
             self._lost += unconfirmed
             log.error("sink %s's process exited %s (code %s); up to %d events it had not confirmed are dropped "
                       "for it (they are in the journal: relay replay rebuilds it)", self.name, how, code, unconfirmed)
+
+
+def check_sinks(specs: list[SinkSpec], journal: Path) -> None:
+    """Build every sink in the relay's own process and run its cheap ``check()`` (package installed,
+    paths writable: see sinks/preflight.py), before the relay listens; the first SinkError stops it.
+    The sinks' processes then open them beside a relay that already listens."""
+    context = SinkContext(journal=journal)
+    for spec in specs:
+        sink = build_sink(spec)
+        try:
+            sink.check(context)
+        except SinkError:
+            raise
+        except Exception as exc:  # a plugin's own bug: reported as the reason it cannot start
+            raise SinkError(f"sink {spec.name} failed its check: {type(exc).__name__}: {exc}") from None
 
 
 def _widen(pipe: IO[bytes]) -> None:

@@ -38,6 +38,7 @@ import orjson
 from sinks.aim_run import close_at, relay_run_class
 from sinks.base import SinkContext, SinkError
 from sinks.events import json_safe
+from sinks.preflight import need_package, need_writable_dir
 from sinks.tracker import Spans, TrackerSink, exact_ints
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,13 @@ def _import_aim() -> Any:
     return Repo
 
 
+def _server_address(spec: str) -> None:
+    """SinkError unless ``spec`` is aim://HOST:PORT."""
+    host, _, port = spec[len("aim://"):].rpartition(":")
+    if not host or not port.isdigit():
+        raise SinkError(f"--repo {spec!r} is not aim://HOST:PORT")
+
+
 class AimSink(TrackerSink):
     """Write relay events into an Aim repository, local (a path) or remote (``aim://host:port``)."""
 
@@ -117,6 +125,14 @@ class AimSink(TrackerSink):
 
     # -- lifecycle ------------------------------------------------------------------------------
 
+    def check(self, context: SinkContext) -> None:
+        """Aim installed; a local repository's directory writable, a remote one's address well formed."""
+        need_package("aim", self.name, "aim")
+        if self.remote:
+            _server_address(self.repo_spec)
+        else:
+            need_writable_dir(Path(self.repo_spec), "Aim repository", "pass a writable --repo directory")
+
     def open(self, context: SinkContext) -> None:
         """Open (or create) the repository; SinkError when it cannot be used at all."""
         super().open(context)
@@ -146,10 +162,7 @@ class AimSink(TrackerSink):
         log.info("aim sink writing to %s", self._repo.path)
 
     def _open_remote(self, repo_cls: Any) -> None:
-        address = self.repo_spec[len("aim://"):]
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            raise SinkError(f"--repo {self.repo_spec!r} is not aim://HOST:PORT")
+        _server_address(self.repo_spec)
         try:
             self._repo = repo_cls.from_path(self.repo_spec)
         except Exception as exc:  # server down: training must not wait, the journal catches up later

@@ -18,7 +18,9 @@ import click
 class SinkError(Exception):
     """A sink cannot work with the options it was given (bad path, missing package, ...).
 
-    Raised from ``__init__`` or ``open()``; the CLI prints the message as one line and exits 2.
+    Raised from ``__init__`` or ``check()``, the relay prints the message as one line and exits 2
+    before it listens; raised from ``open()`` (in the sink's process, once the relay listens), it
+    is logged and counted, and the relay tries to open the sink again with backoff.
     """
 
 
@@ -62,6 +64,13 @@ class Sink(abc.ABC):
     #: (``relay replay`` hands it whole events, which hold the run too.)
     wants_events: ClassVar[bool] = True
 
+    #: True for a sink whose ``write()`` skips what it already applied (every TrackerSink: it keeps
+    #: the ``(rank, seq)`` spans it applied). The relay then feeds it, when its process starts and
+    #: when its backend answers again after failing, the journal's recent runs it may have missed
+    #: (relay/catch_up.py): a run that sends nothing more is still completed. False: it gets only
+    #: the live events (a plugin that appends whatever it is given must not see them twice).
+    catches_up: ClassVar[bool] = False
+
     @classmethod
     def options(cls) -> list[click.Option]:
         """CLI options this sink adds to ``relay`` and ``relay replay``.
@@ -70,6 +79,13 @@ class Sink(abc.ABC):
         the sink name (``--mysink-url``) unless users already know a bare name (``--repo``).
         """
         return []
+
+    def check(self, context: SinkContext) -> None:
+        """What the relay checks before it listens, in its own process, for each ``--sink``: cheap
+        and without side effects (is the tool's package installed, is the output directory
+        writable; see sinks/preflight.py). Raise SinkError: the relay exits 2 with that one line,
+        before any training starts. ``open()`` runs later, in the sink's process, beside a relay
+        that already listens; what only it can find out (a server down) it reports then."""
 
     def open(self, context: SinkContext) -> None:
         """Acquire files, connections, locks. Raise SinkError for a configuration problem."""

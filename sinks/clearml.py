@@ -40,6 +40,7 @@ import click
 
 from sinks.base import SinkContext, SinkError
 from sinks.events import json_safe
+from sinks.preflight import need_package, need_writable_dir
 from sinks.tracker import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,12 @@ class ClearmlSink(TrackerSink):
         self._lock_fh: Any = None
 
     # -- lifecycle ------------------------------------------------------------------------------
+
+    def check(self, context: SinkContext) -> None:
+        """ClearML installed, the cache directory (where the offline sessions go) writable."""
+        need_package("clearml", self.name, "clearml")
+        cache = self.cache_dir or os.environ.get("CLEARML_CACHE_DIR") or "~/.clearml/cache"
+        need_writable_dir(Path(cache), "ClearML session directory", "pass a writable --clearml-dir")
 
     def open(self, context: SinkContext) -> None:
         """Import ClearML in offline mode and check the session directory; SinkError if unusable."""

@@ -31,6 +31,7 @@ import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.events import json_safe
+from sinks.preflight import need_package, need_writable_dir
 from sinks.tracker import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,14 @@ class MlflowSink(TrackerSink):
         self._journal: Path | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
+
+    def check(self, context: SinkContext) -> None:
+        """MLflow installed, and a local store's folder writable (a server is not asked: it may come up later)."""
+        need_package("mlflow", self.name, "mlflow")
+        folder = self._folder()
+        if folder is not None:
+            need_writable_dir(folder, f"--mlflow-tracking-uri {self.uri}: folder", "pass a writable sqlite:///PATH.db "
+                              "or directory, or a server's http:// URL")
 
     def open(self, context: SinkContext) -> None:
         """Reach the store (not a server: it may come up later); SinkError if it cannot be used."""

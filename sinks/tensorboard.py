@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
+from sinks.preflight import need_package, need_writable_dir
 from sinks.tracker import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,11 @@ class TensorBoardSink(TrackerSink):
         self.idle_close_s = IDLE_CLOSE_S
 
     # -- lifecycle ------------------------------------------------------------------------------
+
+    def check(self, context: SinkContext) -> None:
+        """TensorBoard installed, the log directory writable."""
+        need_package("tensorboard", self.name, "tensorboard")
+        need_writable_dir(self.logdir, "TensorBoard log directory", "pass a writable --logdir directory")
 
     def open(self, context: SinkContext) -> None:
         """Check that the log directory is writable and that tensorboard imports."""

@@ -24,7 +24,9 @@ those calls and does, once for every tracker, what each would otherwise rebuild:
   default), so a retried batch, a restarted relay or a second ``relay replay`` adds nothing.
 * **Catch-up.** A hole in a rank's seqs means events did not reach this sink (its queue overflowed
   while the tracker was down); at the next ``flush`` it reads that run from the journal and
-  applies what it lacks.
+  applies what it lacks. A run missed at its end (no later event shows the hole), or while the
+  relay was down, is caught up by the sink's process (``catches_up``, relay/catch_up.py): when it
+  starts and when the tracker answers again, it feeds the journal's recent runs through ``write``.
 * **Late params.** A params value older than the one already written (a late catch-up) is skipped.
 """
 from __future__ import annotations
@@ -55,6 +57,8 @@ class TrackerSink(Sink):
     and ``close`` as for any Sink; an ``open`` of your own calls ``super().open(context)``). Where
     the tracker cannot keep the applied spans itself, return a file from ``state_path`` and they
     are kept there."""
+
+    catches_up = True  # the applied spans make a second delivery of an event a no-op
 
     # -- what a sink author writes ---------------------------------------------------------------
 

@@ -26,15 +26,18 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import netrc
 import os
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
+from sinks.preflight import need_package, need_writable_dir
 from sinks.tracker import Spans, TrackerSink, exact_ints
 
 log = logging.getLogger(__name__)
@@ -78,6 +81,17 @@ def _import_wandb() -> tuple[Any, tuple[type[Exception], ...]]:
     return wandb, (ConnectionError, MailboxClosedError)
 
 
+def _api_key_present() -> bool:
+    """Whether wandb would find an API key: $WANDB_API_KEY, or a netrc entry for its host."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or ""
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
 class WandbSink(TrackerSink):
     """Write relay events into W&B runs: offline directories (``wandb sync`` later) or online."""
 
@@ -109,6 +123,20 @@ class WandbSink(TrackerSink):
 
     # -- lifecycle ------------------------------------------------------------------------------
 
+    def check(self, context: SinkContext) -> None:
+        """wandb installed, its directory writable; online, an API key where wandb looks for one."""
+        need_package("wandb", self.name, "wandb")
+        need_writable_dir(self._root(context.journal) / "wandb", "W&B directory", "pass a writable --wandb-dir")
+        if self.mode == "online" and not _api_key_present():
+            raise SinkError("--wandb-mode online needs W&B credentials (no WANDB_API_KEY, no netrc entry): run "
+                            "`wandb login` or set WANDB_API_KEY, or use --wandb-mode offline and `wandb sync` later")
+
+    def _root(self, journal: Path | None) -> Path:
+        """Where the wandb/ folder goes: --wandb-dir, else beside the journal, else the cwd."""
+        base = Path(self.dir_option) if self.dir_option else (
+            (journal if journal.is_dir() else journal.parent) if journal is not None else Path.cwd())
+        return base.expanduser().resolve()
+
     def open(self, context: SinkContext) -> None:
         """Import wandb, check the directory (and credentials, online); SinkError if unusable."""
         super().open(context)
@@ -116,10 +144,7 @@ class WandbSink(TrackerSink):
         # dies with that process and keeps the runs of a sink that died: use this process's own.
         os.environ.pop("WANDB_SERVICE", None)
         self._wandb, self._core_gone = _import_wandb()
-        journal = context.journal
-        base = Path(self.dir_option) if self.dir_option else (
-            (journal if journal.is_dir() else journal.parent) if journal is not None else Path.cwd())
-        self.root = base.expanduser().resolve()
+        self.root = self._root(context.journal)
         self.state_dir = self.root / "wandb" / STATE_DIR
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)

@@ -134,7 +134,8 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
     appends to --refuse-file), ``flaky`` (raises a transient error at its first --flaky-failures
     writes, then appends to --flaky-file) and ``slowflush`` (takes 0.1 s per write, and appends a
     record of every write and flush, with the time, to --slow-file) and ``runsonly`` (``wants_events``
-    False: appends each stand-in it gets to --runs-file)."""
+    False: appends each stand-in it gets to --runs-file) and ``failopen`` (its ``open()`` raises SinkError
+    while --failopen-file does not exist, then appends to it)."""
     site = tmp_path / "plugins"
     (site / "throwaway_sinks-0.1.dist-info").mkdir(parents=True)
     (site / "throwaway_sinks-0.1.dist-info" / "METADATA").write_text(
@@ -142,10 +143,10 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
     (site / "throwaway_sinks-0.1.dist-info" / "entry_points.txt").write_text(
         "[metrics_relay.sinks]\nexplode = throwaway_sinks:Explode\ncollect = throwaway_sinks:Collect\n"
         "crashonce = throwaway_sinks:CrashOnce\nrefuse = throwaway_sinks:Refuse\nflaky = throwaway_sinks:Flaky\n"
-        "slowflush = throwaway_sinks:SlowFlush\nrunsonly = throwaway_sinks:RunsOnly\n")
+        "slowflush = throwaway_sinks:SlowFlush\nrunsonly = throwaway_sinks:RunsOnly\nfailopen = throwaway_sinks:FailOpen\n")
     (site / "throwaway_sinks.py").write_text('''
 import click, json, os, time
-from sinks.base import PermanentError, Sink
+from sinks.base import PermanentError, Sink, SinkError
 
 class Explode(Sink):
     name = "explode"
@@ -230,5 +231,17 @@ class RunsOnly(Collect):
         return [click.Option(["--runs-file"], default="runs.jsonl")]
     def __init__(self, runs_file):
         super().__init__(runs_file)
+
+class FailOpen(Collect):
+    name = "failopen"
+    @classmethod
+    def options(cls):
+        return [click.Option(["--failopen-file"], default="gate")]
+    def __init__(self, failopen_file):
+        self.gate = failopen_file
+    def open(self, context):
+        if not os.path.exists(self.gate):
+            raise SinkError(f"{self.gate} is missing; create it")
+        self.fh = open(self.gate, "a")
 ''')
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))

@@ -184,7 +184,7 @@ def test_missing_aim_says_how_to_install(tmp_path: Path) -> None:
     # The relay (and the Aim sink's own process) where `import aim` fails, as without the [aim] extra.
     shadow = tmp_path / "no-aim" / "aim"
     shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'aim'\")\n")
+    (shadow.parent / "sitecustomize.py").write_text("import sys\nsys.modules['aim'] = None\n")  # not installed
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-m", "relay", "--bind", "tcp://127.0.0.1:0", "--sink", "aim",
                           "--repo", str(tmp_path / "aim")], cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -312,7 +312,7 @@ def test_cli_refuses_an_unusable_clearml_sink(tmp_path: Path) -> None:
     assert done.returncode == 2 and "is not usable" in done.stderr, done.stderr[-2000:]
     shadow = tmp_path / "no-clearml" / "clearml"  # `import clearml` fails, as without the extra
     shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'clearml'\")\n")
+    (shadow.parent / "sitecustomize.py").write_text("import sys\nsys.modules['clearml'] = None\n")  # not installed
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
     done = serve("--clearml-project", "p", "--clearml-dir", str(tmp_path / "cml"), env=env)
     assert done.returncode == 2 and "pip install 'metrics-relay[clearml]'" in done.stderr, done.stderr[-2000:]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 pytest.importorskip("mlflow")
@@ -315,7 +316,7 @@ def test_cli_says_what_is_missing(tmp_path: Path) -> None:
 
     shadow = tmp_path / "no-mlflow" / "mlflow"
     shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'mlflow'\")\n")
+    (shadow.parent / "sitecustomize.py").write_text("import sys\nsys.modules['mlflow'] = None\n")  # not installed
     env = dict(QUIET, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
     done = serve("--mlflow-tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", env=env)
     assert done.returncode == 2 and "pip install 'metrics-relay[mlflow]'" in done.stderr, done.stderr[-2000:]
@@ -467,3 +468,38 @@ def server_run(url: str, run: str) -> Any:
 def _complete(run: Any) -> bool:
     return run is not None and run.info.status == "FINISHED" and \
         {"relay.client.rank0", "relay.client.rank1"} <= run.data.params.keys()
+
+
+@pytest.mark.slow  # a real mlflow server started twice, two relays: tens of seconds
+def test_server_down_then_relay_killed_the_run_is_caught_up_without_a_new_event(relays, mlflow_server,
+                                                                                tmp_path: Path) -> None:
+    """The server dies mid-run; the job finishes (every event journaled); the relay and its sink process
+    are SIGKILLed and the relay started again; then the server comes back. No event of the run comes
+    any more, yet the sink catches it up from the journal: every point once."""
+    mlflow_server.start()
+    args = ["--sink", "mlflow", "--mlflow-tracking-uri", mlflow_server.url, "--mlflow-experiment", EXPERIMENT]
+    relay = relays(args, env=QUIET)
+    procs = [publish(relay.address, "job-gone", rank, 40, pause=0.05) for rank in (0, 1)]
+    deadline = time.monotonic() + 60
+    while (now := server_run(mlflow_server.url, "job-gone")) is None or "loss" not in now.data.metrics:
+        assert time.monotonic() < deadline, relay.log.read_text()[-3000:]
+        time.sleep(0.2)
+    mlflow_server.stop()
+    finish(procs)
+    children = psutil.Process(relay.proc.pid).children()
+    relay.kill()
+    for child in children:  # the whole group dies, as in an OOM kill or a lost node
+        child.kill()
+    restarted = relays(args, address=relay.address, env=QUIET)  # nothing is published to it
+    time.sleep(2.0)
+    mlflow_server.start()
+    deadline = time.monotonic() + 120
+    while not _complete(server_run(mlflow_server.url, "job-gone")):
+        assert time.monotonic() < deadline, restarted.log.read_text()[-3000:]
+        time.sleep(0.5)
+    assert restarted.stop() == 0
+    assert "caught up from the journal" in restarted.log.read_text()
+    view = read_run(mlflow_server.url, "job-gone")
+    check_training_run(view, steps=40)
+    for key, points in view.history.items():  # each point once
+        assert len(points) == len({s for s, _, _ in points}) + (key == "epoch"), key

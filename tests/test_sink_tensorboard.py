@@ -313,7 +313,7 @@ def test_cli_refuses_an_unusable_tensorboard_sink(tmp_path: Path) -> None:
     assert done.returncode == 2 and "not usable" in done.stderr, done.stderr[-2000:]
     shadow = tmp_path / "no-tb" / "tensorboard"
     shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'tensorboard'\")\n")
+    (shadow.parent / "sitecustomize.py").write_text("import sys\nsys.modules['tensorboard'] = None\n")  # not installed
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
     done = serve(tmp_path, "--sink", "tensorboard", "--logdir", str(tmp_path / "tb"), env=env)
     assert done.returncode == 2 and "pip install 'metrics-relay[tensorboard]'" in done.stderr, done.stderr[-2000:]

@@ -321,7 +321,7 @@ def test_cli_says_what_to_do(tmp_path: Path) -> None:
     # Where `import wandb` fails, as without the [wandb] extra.
     shadow = tmp_path / "no-wandb" / "wandb"
     shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'wandb'\")\n")
+    (shadow.parent / "sitecustomize.py").write_text("import sys\nsys.modules['wandb'] = None\n")  # not installed
     done = serve(tmp_path, "--sink", "wandb", "--wandb-project", "p",
                  env={**env, "PYTHONPATH": os.pathsep.join([str(shadow.parent), env.get("PYTHONPATH", "")])})
     assert done.returncode == 2 and "pip install 'metrics-relay[wandb]'" in done.stderr, done.stderr[-2000:]

@@ -196,6 +196,22 @@ def test_embedded_relay_that_cannot_start_is_one_clear_error(demo_model: Path, t
 
 
 @pytest.mark.slow
+def test_a_bad_sink_option_stops_the_job_before_training(demo_model: Path, tmp_path: Path) -> None:
+    """The embedded relay checks its sinks before it listens and exits 2; the job says why in one line
+    and exits non-zero before any model loads."""
+    (tmp_path / "file").write_text("in the way")
+    out = tmp_path / "out"
+    done = run_trainer(on_demo(demo_model, out, "--max_steps", "1", "--tracker", "tensorboard",
+                               "--tensorboard_logdir", str(tmp_path / "file" / "tb")), timeout=180)
+    assert done.returncode == 1, done.stderr[-3000:]
+    errors = error_lines(done.stderr)
+    assert len(errors) == 1, done.stderr[-3000:]
+    assert "embedded relay exited with status 2: relay: error: TensorBoard log directory" in errors[0]
+    assert f"{tmp_path / 'file'} is not a directory; pass a writable --logdir directory" in errors[0]
+    assert "Loading weights" not in done.stderr and "'loss'" not in done.stdout
+
+
+@pytest.mark.slow
 def test_sigterm_mid_run_reports_the_end_and_stops_the_relay(demo_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     job = start_trainer(on_demo(demo_model, out, "--max_steps", "100000", "--logging_steps", "1",

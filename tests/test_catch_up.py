@@ -1,0 +1,92 @@
+"""A sink catches up after a relay restart, even for a run that sends nothing more (relay/catch_up.py):
+real relay processes, real sink processes, the trackers read back through their own API."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from aim_helpers import check_training_run as check_aim_run
+from aim_helpers import read_repo
+from conftest import ROOT
+from test_sink_tensorboard import check_training_run as check_tb_run
+from test_sink_tensorboard import read_logdir
+
+from relay.journal import Journal
+
+HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
+STEPS = 30
+
+
+def publish(address: str, run: str, rank: int, steps: int, pause: float = 0.0) -> subprocess.Popen:
+    """One training rank: a real Publisher in its own process (tests/aim_helpers.py publish_rank)."""
+    cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-", "-", str(pause)]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(procs: list[subprocess.Popen]) -> None:
+    """Every rank done, and every event acknowledged: in the journal."""
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        assert json.loads(out.strip().splitlines()[-1])["left"] == 0
+
+
+def sink_stats(journal: Path, name: str, relay: Any) -> dict[str, Any]:
+    """The sink's counters in the stats file ``relay`` (not an earlier one) wrote last."""
+    try:
+        snap = json.loads(Journal(journal).sidecar("_stats.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return snap["sinks"][name] if snap["pid"] == relay.proc.pid else {}
+
+
+def wait_stats(journal: Path, name: str, ok: Any, timeout: float, relay: Any) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while not ok(stats := sink_stats(journal, name, relay)):
+        assert time.monotonic() < deadline, f"{stats}\n{relay.log.read_text()[-3000:]}"
+        time.sleep(0.2)
+    return stats
+
+
+def sink_children(relay: Any) -> list[psutil.Process]:
+    return [p for p in psutil.Process(relay.proc.pid).children() if "relay.sink_child" in " ".join(p.cmdline())]
+
+
+@pytest.mark.slow  # two relays, a sink process stopped, Aim or TensorBoard opened twice: 10-40 s
+@pytest.mark.parametrize("name", ["tensorboard", "aim"])
+def test_a_finished_run_the_sink_missed_is_caught_up_after_a_restart(relays, tmp_path: Path, name: str) -> None:
+    """The sink's process hangs (SIGSTOP) while a whole run is journaled; then the relay and its sink
+    process are SIGKILLed and the relay started again. No event of that run comes any more, yet the
+    sink reads it from the journal: the tracker holds every event exactly once."""
+    journal, out = tmp_path / "logs", tmp_path / name
+    option = {"tensorboard": "--logdir", "aim": "--repo"}[name]
+    args = ["--path", f"{journal}/", "--sink", name, option, str(out), "--stats-interval", "0.3"]
+    relay = relays(args)
+    wait_stats(journal, name, lambda s: s.get("open"), 120, relay)
+    (child,) = sink_children(relay)
+    child.suspend()
+    finish([publish(relay.address, "job-missed", rank, STEPS) for rank in (0, 1)])
+    relay.kill()
+    child.kill()
+    child.wait(10)
+    restarted = relays(args, address=relay.address)  # nothing is published to it
+    stats = wait_stats(journal, name, lambda s: s.get("catch_up_passes", 0) >= 1, 120, restarted)
+    assert stats["caught_up"] >= 2 * STEPS, stats
+    assert restarted.stop() == 0
+    if name == "tensorboard":
+        check_tb_run(read_logdir(out)["job-missed"], steps=STEPS)  # each step of each series once, none missing
+    else:
+        check_aim_run(read_repo(str(out))["job-missed"], steps=STEPS)
+    # A third start reads nothing again: the state file says how far each run file was delivered.
+    again = relays(args, address=relay.address)
+    wait_stats(journal, name, lambda s: s.get("open") and s.get("catch_up_passes", 0) >= 1, 120, again)
+    assert sink_stats(journal, name, again)["caught_up"] == 0
+    assert again.stop() == 0
