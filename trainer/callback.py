@@ -4,8 +4,9 @@ It runs on every rank. Global rank 0 publishes what the Trainer already reduced 
 logs, run metadata, checkpoints, the end of training); every rank adds what only it knows, its
 own step time, samples per second and peak memory, as ``stage="rank"`` metrics on each logging
 step, so a straggler shows up in the log; under DDP also how its time splits into its own work and
-waiting for its peers (trainer/collectives.py), so the relay can name a straggler the all-reduce hides. Each hook builds a small dict and calls ``publish``,
-which never blocks; no I/O happens here except the bounded flush at the end of training.
+waiting for its peers (trainer/collectives.py), so the relay can name a straggler DDP hides. Each
+hook builds a small dict and calls ``publish``, which never blocks; no I/O happens here except the
+bounded flush at the end of training.
 """
 from __future__ import annotations
 
