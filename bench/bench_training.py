@@ -14,9 +14,11 @@ our relay callback and AimCallback every few steps, so drift cancels, and every 
 (data, compute, callbacks, logging, and the competition from the publisher's I/O thread, the relay
 process, or Aim's threads) is timed. Hooks: our callback's own hooks for one logged step, driving
 the real callback and a real publisher connected to a real relay, against the demo's median step
-time.
+time. Collective timing: a two-rank DDP job (bench/ddp_timing_job.py) whose gradient all-reduce and
+gather go through the plain default or the timed ones (trainer/collectives.py) in turns, step
+cycles compared in the same run.
 
-    python -m bench.bench_training [--steps 200] [--rounds 7] [--quick] [--json FILE]
+    python -m bench.bench_training [--steps 200] [--rounds 7] [--quick] [--collectives-only] [--json FILE]
 """
 from __future__ import annotations
 
@@ -154,6 +156,29 @@ def interleaved(steps: int, block: int, workdir: Path) -> dict[str, Sample]:
     return samples
 
 
+def collective_timing(steps: int, block: int, workdir: Path) -> dict[str, Sample]:
+    """Step cycle times of a two-rank DDP job by mode (bench/ddp_timing_job.py): plain all-reduce,
+    timed, plain again."""
+    folder, result = workdir / "collectives", workdir / "collectives.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+           str(ROOT / "bench" / "ddp_timing_job.py"), str(folder), str(steps), str(block), str(result)]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    return {mode: Sample(f"{mode} (interleaved, 2 ranks)", "s", values)
+            for mode, values in json.loads(result.read_text()).items()}
+
+
+def _print_timing(timing: dict[str, Sample], steps: int) -> list[dict]:
+    plain, *others = timing.values()
+    rows = [plain.row(), *(sample.row(plain) for sample in others)]
+    print("\n" + table(rows, f"Collective timing: one DDP job on 2 CPU ranks, {steps * INTERLEAVED // 2} steps, "
+                             "plain / timed all-reduce and gather in turns, wall time per step cycle"))
+    return rows
+
+
 def hook_cost(steps: int, workdir: Path) -> Sample:
     """Wall time of the callback's hooks for one logged step (step begin, step end, on_log)."""
     from transformers import TrainerControl, TrainerState, TrainingArguments
@@ -193,9 +218,17 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"training steps per job (x{INTERLEAVED} for the interleaved job)")
     parser.add_argument("--rounds", type=int, default=7, help="jobs per contender")
     parser.add_argument("--quick", action="store_true", help="1 round of 10 steps (a smoke test)")
+    parser.add_argument("--collectives-only", action="store_true",
+                        help=f"only the collective timing job ({INTERLEAVED // 2} x --steps steps)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     steps, rounds = (10, 1) if args.quick else (args.steps, args.rounds)
+    if args.collectives_only:
+        with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
+            rows = _print_timing(collective_timing(steps * INTERLEAVED // 2, 2 if args.quick else 10, Path(tmp)), steps)
+        if args.json:
+            args.json.write_text(json.dumps({"machine": machine(), "collective_timing": rows}, indent=2))
+        return 0
     walls = {name: Sample(f"{name} (process wall)", "s") for name in JOBS}
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         work = Path(tmp)
@@ -203,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             name: (lambda name=name: _run(steps, name, work, walls[name])) for name in JOBS}
         samples = alternate(contenders, rounds, "s")
         blocks = interleaved(steps * INTERLEAVED, 2 if args.quick else 10, work)
+        timing = collective_timing(steps * INTERLEAVED // 2, 2 if args.quick else 10, work)
         hooks = hook_cost(steps * 10, work)
     off = samples[OFF]
     paired = {name: Sample(f"{name} / tracking off, same round", "x",
@@ -216,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     block_rows = [blocks[OFF].row(), *(blocks[mode].row(blocks[OFF]) for mode in (RELAY, AIM, OFF_AGAIN))]
     print("\n" + table(block_rows, f"Interleaved: one job, {steps * INTERLEAVED} steps, tracking off / relay / Aim "
                                     "in turn every few steps, wall time per step cycle"))
+    timing_rows = _print_timing(timing, steps)
     step_time = blocks[OFF].median
     for name in (RELAY, AIM):
         print(f"whole jobs, {name} / off: median of same-round ratios {paired[name].median:.3f}, "
@@ -226,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"machine": machine(), "steps": steps, "interleaved_steps": steps * INTERLEAVED,
                                          "rows": rows,
                                          "paired": {name: sample.row() for name, sample in paired.items()},
-                                         "hooks": hooks.row(), "interleaved": block_rows}, indent=2))
+                                         "hooks": hooks.row(), "interleaved": block_rows,
+                                         "collective_timing": timing_rows}, indent=2))
     return 0
 
 

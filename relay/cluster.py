@@ -1,6 +1,12 @@
-"""What the relay derives across ranks from every rank's step time: per logged step the spread
-(``cluster`` metrics), a rank that stays slow (``straggler``), a rank that stops while its peers go
-on (``rank_lost``) and one that returns (``rank_back``). docs/protocol.md has the events' shape.
+"""What the relay derives across ranks from every rank's step time and own work: per logged step the
+spread (``cluster`` metrics), a rank that stays slow (``straggler``), a rank that stops while its
+peers go on (``rank_lost``) and one that returns (``rank_back``). docs/protocol.md has the events' shape.
+
+Under DDP every rank waits for the slowest in its collectives, so step times come out equal and a
+rank slow between steps even shows the shortest; a rank's ``own_time`` (its time with the waits
+taken out, trainer/collectives.py) is what tells the straggler. A step whose every reporting rank
+sent one is judged by it; a step with a rank that did not (an older or other publisher) falls
+back to ``step_time`` for all, so unlike figures are never compared.
 
 No sockets, no files and no clock of its own: the daemon (relay/daemon.py) hands ``observe`` each
 new ``stage="rank"`` metrics event with the time it arrived, calls ``check`` about once a second,
@@ -61,10 +67,11 @@ class _Rank:
 
 
 class _Step:
-    __slots__ = ("times", "epoch", "since")
+    __slots__ = ("times", "own", "epoch", "since")
 
     def __init__(self, epoch: float | None, now: float) -> None:
         self.times: dict[int, float | None] = {}  # rank -> its step time (None: reported, no usable figure)
+        self.own: dict[int, float] = {}  # rank -> its own work, from the ranks that sent a usable one
         self.epoch = epoch
         self.since = now
 
@@ -84,9 +91,9 @@ class _Run:
         self.active = now  # when any rank last reported
 
 
-def step_time(data: dict[str, Any]) -> float | None:
-    """A rank's ``step_time`` if it is a usable figure: a finite number of seconds, not negative."""
-    value = data.get("step_time")
+def seconds(data: dict[str, Any], name: str = "step_time") -> float | None:
+    """A rank's figure ``name`` if it is usable: a finite number of seconds, not negative."""
+    value = data.get(name)
     if type(value) in (int, float) and math.isfinite(value) and value >= 0:
         return float(value)
     return None
@@ -134,7 +141,10 @@ class Cluster:
             heapq.heappush(run.order, step)
         if rank in entry.times:
             return out
-        entry.times[rank] = step_time(event["data"])
+        entry.times[rank] = seconds(event["data"])
+        own = seconds(event["data"], "own_time")
+        if own is not None:
+            entry.own[rank] = own
         run.waiting += 1
         if len(entry.times) >= run.world_size - run.lost:
             out += self._settle(event["run"], run, step)
@@ -208,21 +218,27 @@ class Cluster:
         times = {rank: t for rank, t in sorted(entry.times.items()) if t is not None}
         if not times:
             return []
-        median = statistics.median(times.values())
-        slowest = max(times, key=times.__getitem__)  # the lowest rank among equals: they are sorted
-        longest = times[slowest]
-        spread = longest / median if median > 0 else (1.0 if longest == 0 else math.inf)
-        out = [Derived(name, run.world_size, "metrics", step, entry.epoch, {
-            "step_time_min": min(times.values()), "step_time_median": median, "step_time_max": longest,
-            "step_time_spread": spread, "slowest_rank": slowest, "ranks": len(entry.times)})]
+        figures = _spread(times, "step_time")
+        figures["slowest_rank"] = figures.pop("step_time_slowest")
+        # Judged by own work only when every rank with a step time sent its own work too.
+        own = {rank: entry.own[rank] for rank in times} if entry.own.keys() >= times.keys() else None
+        if own:
+            figures.update(_spread(own, "own_time"))
+            figures["own_slowest_rank"] = figures.pop("own_time_slowest")
+        figures["ranks"] = len(entry.times)
+        out = [Derived(name, run.world_size, "metrics", step, entry.epoch, figures)]
+        basis, by = (own, "own_time") if own else (times, "step_time")
+        median = figures[f"{by}_median"]
         factor, needed = self.config.factor, self.config.steps
-        for rank, took in times.items():
+        for rank, took in basis.items():
             info = run.ranks[rank]
             if median > 0 and took > median * factor:
                 info.slow += 1
                 if info.slow == needed:
+                    own_time = {"own_time": took} if own else {}
                     out.append(self._lifecycle(name, run, step, epoch=entry.epoch, event="straggler", rank=rank,
-                                               step_time=took, median=median, ratio=took / median, steps=needed))
+                                               by=by, **own_time, step_time=times[rank], median=median,
+                                               ratio=took / median, steps=needed))
             else:
                 info.slow = 0
         return out
@@ -255,3 +271,14 @@ class Cluster:
     def _lifecycle(self, name: str, run: _Run, step: int | None, epoch: float | None = None,
                    **data: Any) -> Derived:
         return Derived(name, run.world_size, "lifecycle", step, run.epoch if epoch is None else epoch, data)
+
+
+def _spread(figures: dict[int, float], name: str) -> dict[str, Any]:
+    """min, median, max, spread (max / median) and the slowest rank (the lowest among equals:
+    ``figures`` is in rank order) of one figure across the ranks."""
+    median = statistics.median(figures.values())
+    slowest = max(figures, key=figures.__getitem__)
+    longest = figures[slowest]
+    spread = longest / median if median > 0 else (1.0 if longest == 0 else math.inf)
+    return {f"{name}_min": min(figures.values()), f"{name}_median": median, f"{name}_max": longest,
+            f"{name}_spread": spread, f"{name}_slowest": slowest}

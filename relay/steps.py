@@ -1,18 +1,22 @@
 """``relay tail --view steps``: one line per logged step of a run, assembled from that step's events.
 
 A step's line shows the Trainer's loss and learning rate (stage ``train``), the job's tokens per
-second, the slowest rank with its step time and the spread (slowest / median), and a flag for a
-straggler. Where each comes from:
+second, the slowest rank by its own work (its time with the waits for its peers taken out,
+trainer/collectives.py) with that work and its spread (slowest / median), the slowest step time
+and its spread, and a flag for a straggler. Where each comes from:
 
 - tokens/s: the SFTTrainer logs ``num_tokens``, the tokens seen so far summed over every rank;
   tokens/s is its growth since the previous logged step over the time between the two log events
   (``ts``), and for the first logged step since the ``train_begin`` lifecycle event.
-- slowest rank, step time, spread: the relay's ``cluster`` metrics of the step (``slowest_rank``,
-  ``step_time_max``, ``step_time_spread``); a journal without them (an older relay) gets the same
-  figures from the ranks' own ``stage="rank"`` ``step_time`` of the step.
+- slowest rank, own_s, own_x: the relay's ``cluster`` metrics of the step (``own_slowest_rank``,
+  ``own_time_max``, ``own_time_spread``); step_s, step_x: its ``step_time_max`` and
+  ``step_time_spread``. Where the ranks sent no own work (not DDP, another publisher), the slowest
+  rank is the one by step time (``slowest_rank``) and own_s, own_x are "-". A journal without
+  cluster metrics (an older relay) gets the same figures from the ranks' own ``stage="rank"``
+  ``own_time`` and ``step_time`` of the step.
 - flag: ``STRAGGLER rN`` from the relay's ``straggler`` event (shown on that step's line, or the
-  next one if it came after that line); without one, ``slow rN`` where the spread is at least
-  ``straggler_ratio``. ``rank_lost``, ``rank_back`` and ``train_end`` are lines of their own.
+  next one if it came after that line); without one, ``slow rN`` where the spread the relay judges
+  by (own_x, else step_x) is at least ``straggler_ratio``. ``rank_lost``, ``rank_back`` and ``train_end`` are lines of their own.
 
 With ``--metric``, those metrics take the place of loss, learning rate and tokens/s.
 
@@ -46,6 +50,7 @@ class _Step:
     ts: Any = None
     values: dict[tuple[Any, str], Any] = field(default_factory=dict)  # (stage, key) -> first value
     rank_times: dict[int, float] = field(default_factory=dict)
+    rank_own: dict[int, float] = field(default_factory=dict)
     cluster: dict[str, Any] | None = None
     tokens_per_s: float | None = None
     flags: list[str] = field(default_factory=list)  # the relay's straggler events of this step
@@ -75,7 +80,8 @@ class StepView:
         heads = [m.text for m in metrics] if metrics else ["loss", "lr", "tok/s"]
         self._widths = [max(9, len(h)) for h in heads]
         self.header = self._style("  ".join(["time    ", "   step", *(h.rjust(w) for h, w in zip(heads, self._widths)),
-                                             "slowest", "  step_s", "spread", "flag"]), bold=True)
+                                             "slowest", "   own_s", " own_x", "  step_s", "step_x",
+                                             "flag"]), bold=True)
 
     def run_line(self, run: str) -> str:
         world = self._world.get(run)
@@ -103,6 +109,8 @@ class StepView:
             rec.values.setdefault((stage, key), value)
         if stage == "rank" and type(ev.get("rank")) is int and number(data.get("step_time")) is not None:
             rec.rank_times[ev["rank"]] = number(data["step_time"])
+            if number(data.get("own_time")) is not None:
+                rec.rank_own[ev["rank"]] = number(data["own_time"])
         elif stage == "cluster":
             rec.cluster = data
         elif stage == "train" and number(data.get("num_tokens")) is not None:
@@ -167,7 +175,8 @@ class StepView:
         else:
             cells = [rec.values.get(("train", "loss")), rec.values.get(("train", "learning_rate")), rec.tokens_per_s]
             texts = [_fmt(cells[0], ".4g"), _fmt(cells[1], ".3e"), _fmt(cells[2], ",.0f")]
-        slowest, step_s, spread = self._slowest(rec)
+        slowest, own_s, own_x, step_s, step_x = self._slowest(rec)
+        spread = own_x if own_x is not None else step_x
         flags = rec.flags + state.late
         state.late = []
         if not flags and spread is not None and spread >= self.straggler_ratio:
@@ -175,8 +184,8 @@ class StepView:
         if all(c is None for c in cells) and slowest is None and not flags:
             return None  # a step with only other figures (an eval): nothing for these columns
         row = "  ".join([clock(rec.ts), f"{rec.step:>7}", *(t.rjust(w) for t, w in zip(texts, self._widths)),
-                         (f"r{slowest}" if slowest is not None else "-").rjust(7), _fmt(step_s, ".4g").rjust(8),
-                         _fmt(spread, ".2f").rjust(6)])
+                         (f"r{slowest}" if slowest is not None else "-").rjust(7), _fmt(own_s, ".4g").rjust(8),
+                         _fmt(own_x, ".2f").rjust(6), _fmt(step_s, ".4g").rjust(8), _fmt(step_x, ".2f").rjust(6)])
         flag = " ".join(flags)
         if flag:
             row += "  " + self._style(flag, fg="red" if flag.startswith("STRAGGLER") else "yellow", bold=True)
@@ -190,19 +199,32 @@ class StepView:
         return (train or found or [None])[0]
 
     @staticmethod
-    def _slowest(rec: _Step) -> tuple[int | None, float | None, float | None]:
+    def _slowest(rec: _Step) -> tuple[int | None, float | None, float | None, float | None, float | None]:
+        """(slowest rank, its own work, own-work spread, slowest step time, step-time spread); the
+        rank by own work where the ranks sent it, else by step time."""
         cluster = rec.cluster or {}
         if type(cluster.get("slowest_rank")) is int:
-            return (cluster["slowest_rank"], number(cluster.get("step_time_max")),
-                    number(cluster.get("step_time_spread")))
+            own_rank = cluster.get("own_slowest_rank")
+            return ((own_rank if type(own_rank) is int else cluster["slowest_rank"]),
+                    number(cluster.get("own_time_max")), number(cluster.get("own_time_spread")),
+                    number(cluster.get("step_time_max")), number(cluster.get("step_time_spread")))
         if not rec.rank_times:
-            return None, None, None
-        rank = max(rec.rank_times, key=rec.rank_times.__getitem__)
-        slowest, median = rec.rank_times[rank], statistics.median(rec.rank_times.values())
-        return rank, slowest, (slowest / median if median > 0 else None)
+            return None, None, None, None, None
+        rank, step_s, step_x = _spread(rec.rank_times)
+        if rec.rank_own.keys() >= rec.rank_times.keys():
+            own_rank, own_s, own_x = _spread({r: rec.rank_own[r] for r in sorted(rec.rank_times)})
+            return own_rank, own_s, own_x, step_s, step_x
+        return rank, None, None, step_s, step_x
 
     def _style(self, text: str, **style: Any) -> str:
         return click.style(text, **style) if self.color else text
+
+
+def _spread(figures: dict[int, float]) -> tuple[int, float, float | None]:
+    """The slowest rank of ``figures``, its figure and the spread (slowest / median)."""
+    rank = max(figures, key=figures.__getitem__)
+    slowest, median = figures[rank], statistics.median(figures.values())
+    return rank, slowest, (slowest / median if median > 0 else None)
 
 
 def _fmt(value: Any, spec: str) -> str:

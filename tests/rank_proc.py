@@ -1,6 +1,7 @@
 """Stand-in for one training rank that logs its step time: STEPS logged steps, each a real sleep of
-STEP_SECONDS, published as ``stage="rank"`` metrics with the time it really took (as
-trainer/callback.py does); then flush and print the client's counters as one JSON line.
+STEP_SECONDS, published as ``stage="rank"`` metrics with the time it really took, as step time and as
+own work (it waits for no peer; trainer/callback.py sends both); then flush and print the client's
+counters as one JSON line.
 
     python tests/rank_proc.py ADDRESS RUN RANK WORLD_SIZE STEPS STEP_SECONDS [PAUSE_AT PAUSE_SECONDS]
 
@@ -25,7 +26,7 @@ for step in range(1, steps + 1):
     time.sleep(step_seconds)
     took = time.perf_counter() - start
     if start >= silent_until:
-        pub.publish("metrics", {"step_time": took, "samples_per_second": 8 / took, "steps": 1}, step=step,
+        pub.publish("metrics", {"step_time": took, "own_time": took, "samples_per_second": 8 / took, "steps": 1}, step=step,
                     epoch=step / steps, stage="rank")
     if step == pause_at:
         silent_until = time.perf_counter() + pause

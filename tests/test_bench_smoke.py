@@ -34,7 +34,7 @@ def test_bench_quick_writes_every_section(tmp_path: Path) -> None:
 
 
 def test_bench_quick_training_section_runs_all_three_contenders(tmp_path: Path) -> None:
-    """Three two-rank demo jobs (off, relay, AimCallback) and the interleaved job, at 10 steps each."""
+    """Three two-rank demo jobs (off, relay, AimCallback), the interleaved job and the collective timing job."""
     done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path), "--only", "training"],
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -42,4 +42,5 @@ def test_bench_quick_training_section_runs_all_three_contenders(tmp_path: Path) 
     interleaved = [row["name"] for row in section["data"]["interleaved"]]
     assert len(interleaved) == 4 and any("AimCallback" in name for name in interleaved)
     assert [row["n"] for row in section["data"]["rows"]] == [1] * 9
-    assert len(section["targets"]) == 2
+    assert len(section["targets"]) == 3
+    assert [row["n"] > 0 for row in section["data"]["collective_timing"]] == [True] * 3  # plain, timed, plain again

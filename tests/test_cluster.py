@@ -13,9 +13,10 @@ from sinks.events import RELAY_RANK
 CONFIG = ClusterConfig(factor=1.5, steps=3, silence=10.0)
 
 
-def report(rank: int, step: int | None, took: object = 0.1, world: int = 4, run: str = "r") -> dict:
+def report(rank: int, step: int | None, took: object = 0.1, world: int = 4, run: str = "r", own: object = None) -> dict:
+    data = {"step_time": took} if own is None else {"step_time": took, "own_time": own}
     return {"run": run, "rank": rank, "world_size": world, "type": "metrics", "stage": "rank", "step": step,
-            "epoch": None if step is None else step / 100, "data": {"step_time": took}}
+            "epoch": None if step is None else step / 100, "data": data}
 
 
 def feed(cluster: Cluster, times: dict[int, object], step: int, now: float = 0.0, world: int = 4) -> list[Derived]:
@@ -47,8 +48,9 @@ def test_a_straggler_is_named_after_n_slow_steps_and_not_before() -> None:
     out = feed(cluster, {**normal, 2: 0.4}, 3)
     assert kinds(out) == ["figures", "straggler"]
     median = statistics.median([0.10, 0.11, 0.09, 0.4])
-    assert out[1] == Derived("r", 4, "lifecycle", 3, 0.03, {"event": "straggler", "rank": 2, "step_time": 0.4,
-                                                             "median": median, "ratio": 0.4 / median, "steps": 3})
+    assert out[1] == Derived("r", 4, "lifecycle", 3, 0.03, {"event": "straggler", "rank": 2, "by": "step_time",
+                                                             "step_time": 0.4, "median": median, "ratio": 0.4 / median,
+                                                             "steps": 3})
     assert out[0].data["slowest_rank"] == 2
     assert kinds(feed(cluster, {**normal, 2: 0.4}, 4)) == ["figures"]  # said once while it stays slow
     assert kinds(feed(cluster, {**normal, 2: 0.1}, 5)) == ["figures"]  # back to normal: the count starts over
@@ -56,6 +58,47 @@ def test_a_straggler_is_named_after_n_slow_steps_and_not_before() -> None:
         assert kinds(feed(cluster, {**normal, 2: 0.4}, step)) == ["figures"]
     assert kinds(feed(cluster, {**normal, 2: 0.4}, 8)) == ["figures", "straggler"]
     assert kinds(feed(cluster, {0: 0.1, 1: 0.1, 2: 0.1, 3: 0.14}, 9)) == ["figures"]  # within the factor
+
+
+def feed_own(cluster: Cluster, reports: dict[int, tuple[float, object]], step: int, world: int = 2) -> list[Derived]:
+    """Reports of (step time, own work) per rank."""
+    out = []
+    for rank, (took, own) in reports.items():
+        out += cluster.observe(report(rank, step, took, world, own=own), 0.0)
+    return out
+
+
+def test_own_work_names_the_straggler_that_equal_step_times_hide() -> None:
+    """Under DDP the ranks' step times come out equal (rank 0 waits inside its step for rank 1);
+    their own work tells rank 1 is the slow one."""
+    cluster = Cluster(CONFIG)
+    under_ddp = {0: (0.30, 0.10), 1: (0.29, 0.50)}
+    for step in (1, 2):
+        (figures,) = feed_own(cluster, under_ddp, step)
+    assert figures.data == {
+        "step_time_min": 0.29, "step_time_median": pytest.approx(0.295), "step_time_max": 0.30,
+        "step_time_spread": pytest.approx(0.30 / 0.295), "slowest_rank": 0,
+        "own_time_min": 0.10, "own_time_median": pytest.approx(0.30), "own_time_max": 0.50,
+        "own_time_spread": pytest.approx(0.50 / 0.30), "own_slowest_rank": 1, "ranks": 2}
+    figures, straggler = feed_own(cluster, under_ddp, 3)
+    assert straggler == Derived("r", 2, "lifecycle", 3, 0.03, {
+        "event": "straggler", "rank": 1, "by": "own_time", "own_time": 0.50, "step_time": 0.29,
+        "median": pytest.approx(0.30), "ratio": pytest.approx(0.50 / 0.30), "steps": 3})
+
+
+def test_a_step_where_a_rank_sent_no_own_work_is_judged_by_step_time() -> None:
+    """A publisher that does not send own_time (or sends no usable one) puts the whole step back
+    on step time: no figure of one kind is compared with one of the other."""
+    cluster = Cluster(CONFIG)
+    for step, rank1_own in ((1, None), (2, math.nan), (3, "x")):
+        out = feed_own(cluster, {0: (0.1, 0.05), 1: (0.5, rank1_own)}, step)
+        assert "own_time_median" not in out[0].data and out[0].data["slowest_rank"] == 1
+    assert out[1].data == {"event": "straggler", "rank": 1, "by": "step_time", "step_time": 0.5,
+                           "median": pytest.approx(0.3), "ratio": pytest.approx(0.5 / 0.3), "steps": 3}
+    balanced = Cluster(CONFIG)
+    for step in range(1, 51):  # own work within the factor: never a straggler, whatever the step times
+        out = feed_own(balanced, {0: (0.1, 0.09), 1: (0.4, 0.12)}, step)
+        assert kinds(out) == ["figures"] and out[0].data["own_slowest_rank"] == 1
 
 
 def test_a_later_step_settles_one_a_rank_skipped() -> None:

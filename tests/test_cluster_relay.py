@@ -72,12 +72,14 @@ def test_a_slowed_rank_is_the_straggler_and_every_step_is_summed_up(relays, tmp_
     assert [e["step"] for e in summed] == list(range(1, steps + 1))
     for e in summed:
         data = e["data"]
-        assert data["slowest_rank"] == 2 and data["ranks"] == 4, e
+        assert data["slowest_rank"] == data["own_slowest_rank"] == 2 and data["ranks"] == 4, e
         assert data["step_time_max"] >= 0.4 > data["step_time_median"] >= data["step_time_min"] >= 0.05, e
+        assert data["own_time_max"] >= 0.4 > data["own_time_median"] >= data["own_time_min"] >= 0.05, e
         assert data["step_time_spread"] == pytest.approx(data["step_time_max"] / data["step_time_median"])
     (straggler,) = said(ours, "straggler")
     assert straggler["step"] == 3 and straggler["data"]["rank"] == 2 and straggler["data"]["steps"] == 3
     assert straggler["data"]["ratio"] > 1.5 and straggler["data"]["step_time"] >= 0.4
+    assert straggler["data"]["by"] == "own_time" and straggler["data"]["own_time"] >= 0.4
     assert not said(ours, "rank_lost")
     assert relay.stats(journal)["derived"] == len(ours)
     status = subprocess.run([sys.executable, "-m", "relay", "status", str(journal)], capture_output=True, text=True,
@@ -185,8 +187,9 @@ def test_the_derived_events_read_as_documented(relays, tmp_path: Path) -> None:
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal)])
     pubs = [Publisher("doc", rank, world_size=2, address=relay.address) for rank in (0, 1)]
-    for pub in pubs:
-        pub.publish("metrics", {"step_time": 0.1 * (pub.rank + 1)}, step=10, epoch=0.5, stage="rank")
+    for pub in pubs:  # under DDP rank 0 waited for rank 1 inside its step: the longer step, the less own work
+        pub.publish("metrics", {"step_time": 0.2 - 0.1 * pub.rank, "own_time": 0.1 + 0.2 * pub.rank}, step=10,
+                    epoch=0.5, stage="rank")
     assert all(pub.close(20) == 0 for pub in pubs)
     assert relay.stop() == 0
     (line,) = derived(journal)
@@ -198,7 +201,10 @@ def test_the_derived_events_read_as_documented(relays, tmp_path: Path) -> None:
     (doc_figures,) = [e for e in documented if e["type"] == "metrics"]
     assert doc_figures["data"].keys() == line["data"].keys()
     assert line["data"] == {"step_time_min": 0.1, "step_time_median": pytest.approx(0.15), "step_time_max": 0.2,
-                            "step_time_spread": pytest.approx(0.2 / 0.15), "slowest_rank": 1, "ranks": 2}
+                            "step_time_spread": pytest.approx(0.2 / 0.15), "slowest_rank": 0,
+                            "own_time_min": 0.1, "own_time_median": pytest.approx(0.2),
+                            "own_time_max": pytest.approx(0.3), "own_time_spread": pytest.approx(1.5),
+                            "own_slowest_rank": 1, "ranks": 2}
     assert (line["rank"], line["seq"], line["step"], line["epoch"]) == (RELAY_RANK, 0, 10, 0.5)
 
 

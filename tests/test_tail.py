@@ -41,14 +41,16 @@ def training_events(t0: float) -> list[dict]:
                    step=step, stage="train"),
                 ev(RELAY_RANK, ts + 0.05, "metrics", {
                     "step_time_min": 0.10, "step_time_median": (0.10 + slow) / 2, "step_time_max": slow,
-                    "step_time_spread": slow / ((0.10 + slow) / 2), "slowest_rank": 1 if step >= 4 else 0, "ranks": 2},
-                   step=step, stage="cluster")]
+                    "step_time_spread": slow / ((0.10 + slow) / 2), "slowest_rank": 1 if step >= 4 else 0,
+                    # step 3: the ranks' own work, which names rank 1 where step times do not
+                    **({"own_time_max": 0.3, "own_time_spread": 2.0, "own_slowest_rank": 1} if step == 3 else {}),
+                    "ranks": 2}, step=step, stage="cluster")]
     out.append(ev(0, t0 + 6.1, "metrics", {"loss": 1.5}, step=6, stage="eval"))
     out.append(ev(RELAY_RANK, t0 + 6.1, "lifecycle", {"event": "straggler", "rank": 1, "step_time": 0.25,
                                                       "median": 0.175, "ratio": 0.25 / 0.175, "steps": 3},
                   step=6, stage="cluster"))
-    out += [ev(0, t0 + 7, "metrics", {"step_time": 0.10}, step=7, stage="rank"),
-            ev(1, t0 + 7, "metrics", {"step_time": 0.30}, step=7, stage="rank"),
+    out += [ev(0, t0 + 7, "metrics", {"step_time": 0.30, "own_time": 0.05}, step=7, stage="rank"),
+            ev(1, t0 + 7, "metrics", {"step_time": 0.10, "own_time": 0.30}, step=7, stage="rank"),
             ev(RELAY_RANK, t0 + 20, "lifecycle", {"event": "rank_lost", "rank": 1, "silent_s": 12.0, "last_step": 7},
                stage="cluster")]
     return out
@@ -76,22 +78,25 @@ def test_steps_view_one_line_per_step(journal: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "run job (2 ranks)"
-    assert lines[1].split() == ["time", "step", "loss", "lr", "tok/s", "slowest", "step_s", "spread", "flag"]
+    assert lines[1].split() == ["time", "step", "loss", "lr", "tok/s", "slowest", "own_s", "own_x", "step_s",
+                                 "step_x", "flag"]
     steps = rows(proc.stdout)
     assert list(steps) == [1, 2, 3, 4, 5, 6, 7]
     assert [steps[s][2] for s in (1, 6)] == ["1.9", "1.4"]
     assert steps[1][3] == "9.000e-04"
     assert all(steps[s][4] == "500" for s in range(1, 7)), "500 tokens a second: the first since train_begin"
     assert steps[7][2:5] == ["-", "-", "-"]
-    assert steps[2][5:8] == ["r0", "0.1", "1.00"]  # from the relay's cluster event
-    assert steps[6][5:] == ["r1", "0.25", "1.43", "STRAGGLER", "r1", "x1.43", "(3", "steps)"]
-    assert steps[4][8:] == ["slow", "r1", "x1.43"]  # spread over the ratio, no straggler event yet
-    assert steps[7][5:] == ["r1", "0.3", "1.50", "slow", "r1", "x1.50"]  # from the ranks' own step times
+    assert steps[2][5:10] == ["r0", "-", "-", "0.1", "1.00"]  # from the relay's cluster event
+    assert steps[3][5:] == ["r1", "0.3", "2.00", "0.1", "1.00", "slow", "r1", "x2.00"]  # judged by own work
+    assert steps[6][5:] == ["r1", "-", "-", "0.25", "1.43", "STRAGGLER", "r1", "x1.43", "(3", "steps)"]
+    assert steps[4][10:] == ["slow", "r1", "x1.43"]  # spread over the ratio, no straggler event yet
+    # from the ranks' own figures: rank 0 took longer (it waited), rank 1 did more of its own work
+    assert steps[7][5:] == ["r1", "0.3", "1.71", "0.3", "1.50", "slow", "r1", "x1.71"]
     assert "rank_lost rank=1 silent_s=12 last_step=7" in lines[-1]
     assert "\x1b" not in proc.stdout, "no colour into a pipe"
 
     calm = rows(relay_cmd("tail", str(journal), "--view", "steps", "--straggler-ratio", "2").stdout)
-    assert len(calm[4]) == 8 and calm[6][8] == "STRAGGLER"
+    assert len(calm[4]) == 10 and calm[6][10] == "STRAGGLER"
     last = relay_cmd("tail", str(journal), "--view", "steps", "-n", "2").stdout
     assert list(rows(last)) == [7] and "rank_lost" in last  # the last two lines: step 7 and the lost rank
 
@@ -100,14 +105,14 @@ def test_steps_view_filters(journal: Path) -> None:
     custom = relay_cmd("tail", str(journal), "--view", "steps", "--metric", "grad_norm", "--metric", "eval/loss")
     assert custom.stdout.splitlines()[1].split()[:4] == ["time", "step", "grad_norm", "eval/loss"]
     steps = rows(custom.stdout)
-    assert steps[2][2:4] == ["nan", "-"] and steps[6][2:] == ["0.5", "1.5", "r1", "0.25", "1.43", "STRAGGLER", "r1",
-                                                              "x1.43", "(3", "steps)"]
+    assert steps[2][2:4] == ["nan", "-"] and steps[6][2:] == ["0.5", "1.5", "r1", "-", "-", "0.25", "1.43", "STRAGGLER",
+                                                              "r1", "x1.43", "(3", "steps)"]
     cluster_only = rows(relay_cmd("tail", str(journal), "--view", "steps", "--stage", "cluster").stdout)
-    assert cluster_only[5][2:8] == ["-", "-", "-", "r1", "0.25", "1.43"]
+    assert cluster_only[5][2:10] == ["-", "-", "-", "r1", "-", "-", "0.25", "1.43"]
     ranks_only = rows(relay_cmd("tail", str(journal), "--view", "steps", "--stage", "rank").stdout)
-    assert ranks_only[5][5:8] == ["r1", "0.25", "1.43"]  # the same figures, from the ranks' step times
+    assert ranks_only[5][5:10] == ["r1", "-", "-", "0.25", "1.43"]  # the same figures, from the ranks' step times
     rank0 = rows(relay_cmd("tail", str(journal), "--view", "steps", "--rank", "0").stdout)
-    assert rank0[5][2] == "1.5" and rank0[5][5:8] == ["r0", "0.1", "1.00"]
+    assert rank0[5][2] == "1.5" and rank0[5][5:10] == ["r0", "-", "-", "0.1", "1.00"]
 
 
 def test_event_filters(journal: Path) -> None:

@@ -3,8 +3,10 @@
 It runs on every rank. Global rank 0 publishes what the Trainer already reduced (train and eval
 logs, run metadata, checkpoints, the end of training); every rank adds what only it knows, its
 own step time, samples per second and peak memory, as ``stage="rank"`` metrics on each logging
-step, so a straggler shows up in the log. Each hook builds a small dict and calls ``publish``,
-which never blocks; no I/O happens here except the bounded flush at the end of training.
+step, so a straggler shows up in the log; under DDP also how its time splits into its own work and
+waiting for its peers (trainer/collectives.py), so the relay can name a straggler DDP hides. Each
+hook builds a small dict and calls ``publish``, which never blocks; no I/O happens here except the
+bounded flush at the end of training.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Any, Mapping
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from relay.client import Publisher
-from trainer import tracking
+from trainer import collectives, tracking
 from trainer.tracking import to_wire
 
 _VERSIONED = ("metrics-relay", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "pyzmq")
@@ -79,7 +81,9 @@ class RelayCallback(TrainerCallback):
     """Publish a Trainer's metrics and lifecycle through ``publisher`` (default: tracking's)."""
 
     def __init__(self, publisher: Publisher | None = None, *, flush_timeout: float = 30.0,
-                 run_params: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 run_params: Mapping[str, Mapping[str, Any]] | None = None, trainer: Any = None) -> None:
+        """``trainer``: the Trainer this callback is added to, so that under DDP the waits in its
+        collectives are timed on the model it wraps (on_train_begin gets the unwrapped one)."""
         pub = publisher or tracking.publisher()
         if pub is None:
             raise ValueError("no publisher: call trainer.tracking.start(...) first or pass one")
@@ -90,8 +94,11 @@ class RelayCallback(TrainerCallback):
         self._run_params = {"versions": library_versions(), **(run_params or {})}
         self._samples_per_step = 1
         self._cuda = None
+        self._trainer = trainer
+        self._clock: collectives.CollectiveClock | None = None
         self._reset_window()
         self._step_start = 0.0
+        self._step_end = 0.0
         self._train_start = 0.0
         #: Seconds of ``flush_timeout`` the end-of-training flush left unused (None until it ran):
         #: closing the publisher gets only these, so the whole wait stays within ``flush_timeout``.
@@ -101,13 +108,16 @@ class RelayCallback(TrainerCallback):
         self._steps = 0
         self._busy = 0.0
         self._slowest = 0.0
+        self._outside = 0.0  # between steps: from one step's end to the next one's beginning
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        model: Any = None, **kwargs: Any) -> None:
         self._samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         torch = sys.modules.get("torch")
         self._cuda = torch.cuda if torch is not None and torch.cuda.is_available() else None
-        self._train_start = time.perf_counter()
+        self._train_start = self._step_end = time.perf_counter()
+        if self._trainer is not None and args.world_size > 1:
+            self._clock = collectives.attach(self._trainer)
         if not state.is_world_process_zero:
             return
         pub = self._pub
@@ -131,11 +141,17 @@ class RelayCallback(TrainerCallback):
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                       **kwargs: Any) -> None:
-        self._step_start = time.perf_counter()
+        self._step_start = now = time.perf_counter()
+        self._outside += now - self._step_end
+        if self._clock is not None:
+            self._clock.in_step = True
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
-        took = time.perf_counter() - self._step_start
+        self._step_end = now = time.perf_counter()
+        took = now - self._step_start
+        if self._clock is not None:
+            self._clock.in_step = False
         self._steps += 1
         self._busy += took
         self._slowest = max(self._slowest, took)
@@ -144,15 +160,22 @@ class RelayCallback(TrainerCallback):
             self._publish_rank_window(state)
 
     def _publish_rank_window(self, state: TrainerState) -> None:
-        if not self._steps:
+        steps = self._steps
+        if not steps:
             return
         data = {
-            "step_time": self._busy / self._steps,
+            "step_time": self._busy / steps,
             "step_time_max": self._slowest,
-            "samples_per_second": self._samples_per_step * self._steps / self._busy if self._busy else 0.0,
-            "steps": self._steps,
+            "samples_per_second": self._samples_per_step * steps / self._busy if self._busy else 0.0,
+            "steps": steps,
             "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            "outside_time": self._outside / steps,
         }
+        if self._clock is not None:
+            inside, outside = self._clock.take()
+            data["collective_wait"] = inside / steps
+            data["outside_wait"] = outside / steps
+            data["own_time"] = (self._busy - inside + self._outside - outside) / steps
         if self._cuda is not None:
             data["cuda_peak_allocated_mb"] = self._cuda.max_memory_allocated() / 2**20
             data["cuda_peak_reserved_mb"] = self._cuda.max_memory_reserved() / 2**20
@@ -177,6 +200,9 @@ class RelayCallback(TrainerCallback):
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         self._publish_rank_window(state)
+        if self._clock is not None:
+            collectives.detach(self._trainer)
+            self._clock = None
         tracking.current_step = None
         if state.is_world_process_zero:
             self._pub.publish("lifecycle", {

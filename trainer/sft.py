@@ -155,14 +155,14 @@ def train(
                 r=model_args.lora_r, lora_alpha=model_args.lora_alpha, lora_dropout=model_args.lora_dropout,
                 target_modules="all-linear" if targets == ["all-linear"] else targets, task_type="CAUSAL_LM",
             )
-        callbacks = list(callbacks or [])
-        if plan.tracking_on:
-            relay_callback = RelayCallback(flush_timeout=plan.tracking.relay_flush_timeout)
-            callbacks.append(relay_callback)
         trainer = SFTTrainer(
             model=model, args=training_args, train_dataset=plan.train_dataset, eval_dataset=plan.eval_dataset,
-            processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
+            processing_class=tokenizer, peft_config=peft_config, callbacks=list(callbacks or []),
         )
+        if plan.tracking_on:
+            # Given the trainer, it times the waits in DDP's collectives on the model the trainer wraps.
+            relay_callback = RelayCallback(flush_timeout=plan.tracking.relay_flush_timeout, trainer=trainer)
+            trainer.add_callback(relay_callback)
         result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
         trainer.save_model()
         completed = True

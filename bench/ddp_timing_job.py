@@ -1,0 +1,88 @@
+"""One rank of the collective-timing benchmark (bench/bench_training.py runs it under torchrun on two
+CPU ranks): the demo fine-tune under DDP whose gradient all-reduce and ``accelerator.gather`` go,
+in turns of ``BLOCK`` steps, through the plain default (``allreduce_hook``, the accelerator's own
+gather) and through trainer/collectives.py's timed ones, so drift hits both alike. Rank 0 writes
+each mode's step cycle times (begin to begin) as JSON to ``OUT``.
+
+    torchrun --nproc_per_node 2 bench/ddp_timing_job.py WORKDIR STEPS BLOCK OUT
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PLAIN, TIMED, PLAIN_AGAIN = "plain all-reduce", "timed (trainer/collectives.py)", "plain again (A/A: the noise floor)"
+MODES = (PLAIN, TIMED, PLAIN_AGAIN, TIMED)
+
+
+def main(workdir: Path, steps: int, block: int, out: Path) -> None:
+    import torch
+    from peft import LoraConfig
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from trainer.args import DEMO_DATA, DEMO_RESPONSE_TEMPLATE
+    from trainer.collectives import CollectiveClock
+    from trainer.data import load_sft_dataset
+    from trainer.demo import build_demo
+
+    torch.set_num_threads(1)
+    config = SFTConfig(
+        output_dir=str(workdir), max_steps=steps, logging_steps=1, per_device_train_batch_size=8, max_length=64,
+        learning_rate=1e-2, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
+        activation_checkpointing=False, dataset_text_field="output", disable_tqdm=True,
+        packing=True, packing_strategy="wrapped", ddp_find_unused_parameters=False,
+    )
+    with config.main_process_first(local=True):
+        model_dir = build_demo(str(workdir / "demo-model"))
+    clock = CollectiveClock()
+    mode = [PLAIN]
+    cycles: dict[str, list[float]] = {name: [] for name in MODES}
+
+    class Switch(TrainerCallback):
+        """Installs both paths behind one switch, times each step cycle and picks the next step's mode."""
+
+        last: float | None = None
+
+        def __init__(self, trainer: Any) -> None:
+            self.trainer = trainer
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            def hook(state, bucket):  # (no annotations: DDP checks them)
+                return clock.allreduce_hook(state, bucket) if mode[0] == TIMED else allreduce_hook(state, bucket)
+
+            self.trainer.model_wrapped.register_comm_hook(None, hook)
+            accelerator = self.trainer.accelerator
+            plain, timed = accelerator.gather, clock.timed(accelerator.gather)
+            accelerator.gather = lambda *a, **k: (timed if mode[0] == TIMED else plain)(*a, **k)
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            now = time.perf_counter()
+            if self.last is not None and state.global_step > len(MODES) * block:  # first round: warm-up
+                cycles[mode[0]].append(now - self.last)
+            self.last = now
+            mode[0] = MODES[(state.global_step // block) % len(MODES)]
+            clock.in_step = True
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            clock.in_step = False
+
+    trainer = SFTTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir), args=config,
+        train_dataset=load_sft_dataset(DEMO_DATA, "output", DEMO_RESPONSE_TEMPLATE),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        peft_config=LoraConfig(target_modules="all-linear", task_type="CAUSAL_LM"),
+    )
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(Switch(trainer))
+    trainer.train()
+    if config.process_index == 0:
+        out.write_text(json.dumps({PLAIN: cycles[PLAIN], TIMED: cycles[TIMED], PLAIN_AGAIN: cycles[PLAIN_AGAIN]}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))

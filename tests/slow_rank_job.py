@@ -1,0 +1,49 @@
+"""A real trainer job (``python -m trainer``'s ``main``) with one rank made slow, for the straggler
+tests (tests/test_stragglers_torchrun.py): run under torchrun as a script,
+
+    slow_rank_job.py RANK collator|forward SECONDS -- TRAINER FLAGS...
+
+``collator``: rank RANK's data collator sleeps SECONDS per batch (slow between steps: its peers
+wait in the token-count gather before the step). ``forward``: its model's forward sleeps SECONDS
+per micro-batch (slow inside the step: its peers wait in the gradient all-reduce). The slowness is
+a callback given to ``trainer.sft.main(argv, callbacks=...)``; nothing of it is in the product.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from transformers import TrainerCallback
+
+from trainer.sft import main
+
+
+class SlowRank(TrainerCallback):
+    def __init__(self, rank: int, where: str, seconds: float) -> None:
+        self.rank, self.where, self.seconds = rank, where, seconds
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                       train_dataloader: Any = None, **kwargs: Any) -> None:
+        if args.process_index != self.rank:
+            return
+        if self.where == "forward":
+            model.register_forward_pre_hook(lambda module, inputs: time.sleep(self.seconds))
+        else:
+            # accelerate's loader wraps a torch DataLoader, which reads collate_fn when the epoch's
+            # iterator is made (after this)
+            loader = getattr(train_dataloader, "base_dataloader", train_dataloader)
+            collate = loader.collate_fn
+
+            def slow_collate(rows: Any) -> Any:
+                time.sleep(self.seconds)
+                return collate(rows)
+
+            loader.collate_fn = slow_collate
+
+
+if __name__ == "__main__":
+    rank, where, seconds, dashes, *flags = sys.argv[1:]
+    if dashes != "--" or where not in ("collator", "forward"):
+        sys.exit(__doc__)
+    sys.exit(main(flags, callbacks=[SlowRank(int(rank), where, float(seconds))]))
