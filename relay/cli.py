@@ -410,9 +410,10 @@ def status(target: str | None, as_json: bool, timeout: float) -> None:
 
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--name", default="relay", show_default=True,
-              help="Certificate name: relay (the relay's own), or a client's (one per client machine).")
-def keygen(directory: Path, name: str) -> None:
+@click.option("--name", default="relay", show_default=True, help="Certificate name (relay, or one per client machine).")
+@click.option("--role", type=click.Choice(["relay", "client"]),
+              help="Whose certificate it is, for the hint printed [default: relay for --name relay, else client].")
+def keygen(directory: Path, name: str, role: str | None) -> None:
     """Create a CURVE certificate pair NAME.key / NAME.key_secret in DIRECTORY."""
     from relay.curve import CLIENT_CERT_ENV, SERVER_KEY_ENV, generate, load_secret
 
@@ -421,7 +422,7 @@ def keygen(directory: Path, name: str) -> None:
     except OSError as exc:
         _fail(EXIT_USAGE, f"cannot write certificates to {directory}: {exc.strerror}")
     key = load_secret(secret)[0].decode()
-    if name == "relay":
+    if (role or ("relay" if name == "relay" else "client")) == "relay":
         use = f"  relay: relay --curve-cert {secret} ...\n  ranks: export {SERVER_KEY_ENV}='{key}'"
     else:
         use = (f"  relay: copy {public} into its --curve-clients directory\n"

@@ -77,6 +77,8 @@ def test_keygen_says_how_each_certificate_is_used(tmp_path: Path) -> None:
     assert "RELAY_CURVE_SERVER_KEY" not in client.stdout and "--curve-cert" not in client.stdout
     assert f"copy {tmp_path / 'clients' / 'node7.key'} into its --curve-clients directory" in client.stdout
     assert f"RELAY_CURVE_CLIENT_CERT={tmp_path / 'clients' / 'node7.key_secret'}" in client.stdout
+    central = relay_cmd("keygen", str(tmp_path / "keys"), "--name", "central", "--role", "relay")
+    assert f"relay --curve-cert {tmp_path / 'keys' / 'central.key_secret'}" in central.stdout
 
 
 def test_follow_into_head_ends_on_a_quiet_journal(tmp_path: Path) -> None:
