@@ -13,7 +13,8 @@ A fenced block is an example when the line right before it is a marker::
 - ``output=NAME``: the block is what the example ``id=NAME`` prints. ``--write`` replaces it with
   a real run's output; the test compares the two line by line with numbers, hex ids and times
   blanked (``normalize``), in any order, so a figure that moves passes and a key that is added,
-  renamed or gone fails.
+  renamed or gone fails. ``varies=REGEX`` on the output block: lines that timing decides to print
+  or not (a relay's log line that depends on when it was killed), left out of the comparison.
 
 Markers are HTML comments, invisible on GitHub; what is not marked is not run (commands that
 need a GPU, a cluster, a server or a terminal).
@@ -248,11 +249,12 @@ _NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
 _CURVE_KEY = re.compile(r"(?<![^\s'])[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}(?![^\s'])")  # Z85, random
 
 
-def normalize(text: str) -> list[str]:
+def normalize(text: str, varies: str = "") -> list[str]:
     """An output's lines with what changes from run to run blanked (numbers, ids, times), sorted:
-    publishers race, so rows may come in another order."""
-    return sorted(_NUMBER.sub("N", _HEX.sub("H", _CURVE_KEY.sub("KEY", line))).rstrip()
-                  for line in text.strip("\n").split("\n"))
+    publishers race, so rows may come in another order. Lines matching ``varies`` (the output
+    block's option: a line that timing decides to print or not) are left out."""
+    lines = [line for line in text.strip("\n").split("\n") if not (varies and re.search(varies, line))]
+    return sorted(_NUMBER.sub("N", _HEX.sub("H", _CURVE_KEY.sub("KEY", line))).rstrip() for line in lines)
 
 
 def outputs() -> dict[str, Block]:

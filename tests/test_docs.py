@@ -16,7 +16,7 @@ from doc_examples import DOCS, ROOT, SETUPS, Block, all_blocks, normalize, outpu
 
 KINDS = {"python", "bash"}
 OPTIONS = {"id", "output", "setup", "slow", "creates", "exit", "timeout", "relay", "run", "steps", "experiment",
-           "output_dir", "relay_env", "records", "install", *KINDS}
+           "output_dir", "relay_env", "records", "install", "varies", *KINDS}
 EXAMPLES = [b for b in all_blocks() if "output" not in b.opts and "install" not in b.opts]
 
 
@@ -46,7 +46,8 @@ def test_example_runs_as_written(block: Block, tmp_path: Path) -> None:
     assert not problems(block, result), problems(block, result)
     shown = outputs().get(block.opts.get("id", ""))
     if shown is not None:
-        assert normalize(result.stdout) == normalize(shown.text), (
+        varies = shown.opts.get("varies", "")
+        assert normalize(result.stdout, varies) == normalize(shown.text, varies), (
             f"{shown.where} no longer shows what {block.where} prints; regenerate it with "
             f"python -m tests.doc_examples --write {block.opts['id']}\n--- now:\n{result.stdout}")
 

@@ -318,7 +318,7 @@ def test_cli_says_what_is_missing(tmp_path: Path) -> None:
     (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'mlflow'\")\n")
     env = dict(QUIET, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
     done = serve("--mlflow-tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", env=env)
-    assert done.returncode == 2 and "pip install 'metrics-relay[mlflow]'" in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and "pip install './[mlflow]' in the metrics-relay checkout" in done.stderr, done.stderr[-2000:]
     env = {k: v for k, v in QUIET.items() if k != "MLFLOW_TRACKING_URI"}
     done = serve(env=env)
     assert done.returncode == 2 and "needs --mlflow-tracking-uri" in done.stderr, done.stderr[-2000:]
