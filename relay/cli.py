@@ -415,17 +415,10 @@ def status(target: str | None, as_json: bool, timeout: float) -> None:
               help="Whose certificate it is, for the hint printed [default: relay for --name relay, else client].")
 def keygen(directory: Path, name: str, role: str | None) -> None:
     """Create a CURVE certificate pair NAME.key / NAME.key_secret in DIRECTORY."""
-    from relay.curve import CLIENT_CERT_ENV, SERVER_KEY_ENV, generate, load_secret
+    from relay.curve import generate, how_to_use
 
     try:
         public, secret = generate(directory, name)
     except OSError as exc:
         _fail(EXIT_USAGE, f"cannot write certificates to {directory}: {exc.strerror}")
-    key = load_secret(secret)[0].decode()
-    if (role or ("relay" if name == "relay" else "client")) == "relay":
-        use = f"  relay: relay --curve-cert {secret} ...\n  ranks: export {SERVER_KEY_ENV}='{key}'"
-    else:
-        use = (f"  relay: copy {public} into its --curve-clients directory\n"
-               f"  ranks on this client: export {CLIENT_CERT_ENV}={secret}")
-    click.echo(f"secret certificate: {secret} (keep it private)\npublic certificate: {public}\n"
-               f"public key: {key}\n{use}")
+    click.echo(how_to_use(public, secret, role or ("relay" if name == "relay" else "client")))
