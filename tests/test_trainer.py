@@ -230,3 +230,18 @@ def test_tracker_none_starts_nothing(demo_model: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert not (out / "training_logs.jsonl").exists() and not (out / "relay.log").exists()
     assert "never sent" not in done.stderr
+
+
+@pytest.mark.slow  # importing trl takes seconds
+def test_sft_config_implies_the_cpu_as_the_command_line_does(tmp_path: Path) -> None:
+    import torch
+    from trl import SFTConfig
+
+    from trainer.args import sft_config
+
+    if torch.accelerator.is_available():
+        pytest.skip("only a machine without an accelerator implies --use_cpu")
+    with pytest.raises(ValueError, match="use_cpu"):
+        SFTConfig(output_dir=str(tmp_path))  # what train()'s callers met before
+    assert sft_config(output_dir=str(tmp_path)).use_cpu is True
+    assert sft_config(output_dir=str(tmp_path), use_cpu=True, bf16=False).bf16 is False
