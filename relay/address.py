@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 DEFAULT_ADDRESS = "tcp://127.0.0.1:5557"
 ADDRESS_ENV = "RELAY_ADDRESS"
+MAX_PORT = 65535
 
 
 class AddressInUse(Exception):
@@ -26,13 +27,26 @@ def resolve_address(address: str | None = None) -> str:
 
 def check_bind_address(address: str) -> str:
     """Validate a bind address and return its transport (``tcp`` or ``ipc``)."""
+    return _check(address, wildcard=True)
+
+
+def check_connect_address(address: str) -> str:
+    """Validate an address to connect to (a rank's ``--relay_address``): as a bind address, but
+    the port must be a number."""
+    return _check(address, wildcard=False)
+
+
+def _check(address: str, wildcard: bool) -> str:
     scheme, _, rest = address.partition("://")
-    if scheme not in ("tcp", "ipc") or not rest:
+    if scheme not in ("tcp", "ipc") or not rest or any(c.isspace() for c in address):
         raise BadAddress(f"address {address!r} must look like tcp://HOST:PORT or ipc:///path/relay.sock")
     if scheme == "tcp":
         host, _, port = rest.rpartition(":")
-        if not host or not (port == "*" or port.isdigit()):
-            raise BadAddress(f"address {address!r} needs a host and a port (or '*' for any free port)")
+        if not host or not ((wildcard and port == "*") or port.isdigit()):
+            raise BadAddress(f"address {address!r} needs a host and a port number"
+                             + (" (or '*' for any free port)" if wildcard else ""))
+        if port != "*" and int(port) > MAX_PORT:  # ZeroMQ would take it modulo 65536
+            raise BadAddress(f"address {address!r}: port {port} is past {MAX_PORT}; give a port from 1 to {MAX_PORT}")
     return scheme
 
 

@@ -42,6 +42,21 @@ class _ServeByDefault(click.Group):
             args = ["serve", *args]
         return super().parse_args(ctx, args)
 
+    def main(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Every command's usage errors in one line (``relay: error: ...; see 'relay CMD --help'``),
+        exit 2, instead of click's usage block."""
+        kwargs["standalone_mode"] = False
+        try:
+            status = super().main(*args, **kwargs)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "relay"
+            _fail(EXIT_USAGE, f"{' '.join(exc.format_message().split()).rstrip('.')}; see '{where} --help'")
+        except click.ClickException as exc:
+            _fail(exc.exit_code, exc.format_message())
+        except click.Abort:
+            _fail(EXIT_RUNTIME, "aborted")
+        sys.exit(status if isinstance(status, int) else 0)
+
 
 class _SinkCommand(click.Command):
     """A command that takes the options of the sinks named on its command line (``--sink NAME``)
@@ -63,11 +78,11 @@ class _SinkCommand(click.Command):
         ctx.meta[_SINK_PARAMS] = self._sink_params(classes)
         try:
             return super().parse_args(ctx, args)
-        except click.UsageError as exc:  # an unknown option or a bad value: one line, exit 2
-            owner = _owner(exc.option_name, classes) if isinstance(exc, click.NoSuchOption) else None
+        except click.NoSuchOption as exc:  # another sink's option: say which (else the group's one line)
+            owner = _owner(exc.option_name, classes)
             if owner is not None:
                 _fail(EXIT_USAGE, f"{exc.option_name} belongs to the {owner} sink; add --sink {owner}")
-            _fail(EXIT_USAGE, f"{exc.format_message().rstrip('.')}; see '{ctx.command_path} --help'")
+            raise
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
         params = [*self.params, *ctx.meta.get(_SINK_PARAMS, ())]
@@ -394,15 +409,15 @@ def status(target: str | None, as_json: bool, timeout: float) -> None:
 
 @main.command()
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--name", default="relay", show_default=True, help="Certificate name (relay, or one per client).")
-def keygen(directory: Path, name: str) -> None:
+@click.option("--name", default="relay", show_default=True, help="Certificate name (relay, or one per client machine).")
+@click.option("--role", type=click.Choice(["relay", "client"]),
+              help="Whose certificate it is, for the hint printed [default: relay for --name relay, else client].")
+def keygen(directory: Path, name: str, role: str | None) -> None:
     """Create a CURVE certificate pair NAME.key / NAME.key_secret in DIRECTORY."""
-    from relay.curve import SERVER_KEY_ENV, generate, load_secret
+    from relay.curve import generate, how_to_use
 
     try:
         public, secret = generate(directory, name)
     except OSError as exc:
         _fail(EXIT_USAGE, f"cannot write certificates to {directory}: {exc.strerror}")
-    key = load_secret(secret)[0].decode()
-    click.echo(f"secret certificate: {secret} (keep it private)\npublic certificate: {public}\n"
-               f"public key: {key}\n  relay: relay --curve-cert {secret} ...\n  ranks: export {SERVER_KEY_ENV}='{key}'")
+    click.echo(how_to_use(public, secret, role or ("relay" if name == "relay" else "client")))

@@ -24,6 +24,18 @@ def generate(directory: Path, name: str) -> tuple[Path, Path]:
     return Path(public), Path(secret)
 
 
+def how_to_use(public: Path, secret: Path, role: str) -> str:
+    """What ``relay keygen`` prints: the pair, and how a relay's (``role`` "relay") or a client's
+    certificate is used; a client's never shows the server-key export, which would mislead."""
+    key = load_secret(secret)[0].decode()
+    if role == "relay":
+        use = f"  relay: relay --curve-cert {secret} ...\n  ranks: export {SERVER_KEY_ENV}='{key}'"
+    else:
+        use = (f"  relay: copy {public} into its --curve-clients directory\n"
+               f"  ranks on this client: export {CLIENT_CERT_ENV}={secret}")
+    return f"secret certificate: {secret} (keep it private)\npublic certificate: {public}\npublic key: {key}\n{use}"
+
+
 def load_secret(cert: Path) -> tuple[bytes, bytes]:
     """(public, secret) from a ``.key_secret`` file; ValueError says what is wrong with it."""
     try:

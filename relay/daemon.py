@@ -44,6 +44,7 @@ from relay.live import LiveLine
 from relay.sink_process import SinkProcess, SinkSpec
 from relay.stats import Counters, Rate, log_stats, run_view, write_stats
 from relay.status import STATUS_REQUEST, Answers, format_line
+from sinks.base import SinkError
 from sinks.events import RELAY_RANK
 
 log = logging.getLogger("relay")
@@ -126,10 +127,10 @@ class Relay:
         if transport == "ipc":
             ensure_ipc_free(self.config.address)
         self._ctx = zmq.Context()
-        if self.config.curve_cert is None and not is_loopback(self.config.address):
+        self._sock = self._listen(self.config.address)
+        if self.config.curve_cert is None and not is_loopback(self.config.address):  # only once it is true
             log.warning("listening on %s without encryption or authentication: anyone who can reach it can "
                         "publish; use --curve-cert (see docs/security.md)", self.config.address)
-        self._sock = self._listen(self.config.address)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.address
 
@@ -153,7 +154,8 @@ class Relay:
             sock.close(0)
             if exc.errno == errno.EADDRINUSE:
                 raise AddressInUse(f"{address} is already in use (another relay?)") from None
-            raise BadAddress(f"cannot bind {address}: {exc}") from None
+            raise BadAddress(f"cannot bind {address}: {exc}; give an address of this machine "
+                             "(tcp://127.0.0.1:PORT, tcp://0.0.0.0:PORT for every interface) or ipc:///PATH") from None
         return sock
 
     def open_journal(self) -> None:
@@ -171,14 +173,18 @@ class Relay:
             return
         journal = self.journal
         where = str(journal.path) + (os.sep if journal.directory else "")
-        for spec in self.sinks:
-            deadletter = journal.sidecar(f"_deadletter_{spec.name}.jsonl")
-            worker = SinkProcess(replace(spec, journal=where, deadletter=str(deadletter),
-                                         max_events=self.config.sink_queue,
-                                         drain_timeout=self.config.shutdown_timeout), self._ingest_idle,
-                                 None if self.live is None else self.live.write_above)
-            worker.start()
-            self.workers.append(worker)
+        try:
+            for spec in self.sinks:
+                deadletter = journal.sidecar(f"_deadletter_{spec.name}.jsonl")
+                worker = SinkProcess(replace(spec, journal=where, deadletter=str(deadletter),
+                                             max_events=self.config.sink_queue,
+                                             drain_timeout=self.config.shutdown_timeout), self._ingest_idle,
+                                     None if self.live is None else self.live.write_above)
+                worker.start()
+                self.workers.append(worker)
+        except SinkError:  # a usage error: leave no lock (and no empty journal folder) behind
+            journal.abandon()
+            raise
 
     def write_ready_file(self) -> None:
         path = self.config.ready_file

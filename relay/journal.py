@@ -26,6 +26,7 @@ hold to be an event) and are kept together so that a change to one is seen next 
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -325,6 +326,8 @@ class Journal:
         self._cut: set[str] = set()  # files whose torn tail was already cut in this process
         self._dirty: set[int] = set()
         self._lock_fd: int | None = None
+        self._lock_path = Path()
+        self._made_folder: Path | None = None  # created by open(), removed by abandon() if still empty
         self._index: dict[str, dict[int, list[list[int]]]] | None = None
         self._released: set[str] = set()
 
@@ -355,19 +358,24 @@ class Journal:
     def open(self) -> None:
         """Create the folder and take the lock; SinkError (a usage error) if either cannot be."""
         folder = self.path if self.directory else self.path.parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            lock_path = self.path / LOCK_NAME if self.directory else self.sidecar(".lock")
-            self._lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise SinkError(f"cannot write the JSONL journal at {self.path}: {exc.strerror}; "
-                            "choose a writable --path") from None
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-            raise SinkError(f"another relay is already writing {self.path}; stop it or choose another --path") from None
+        self._made_folder = None if folder.exists() else folder
+        lock_path = self.path / LOCK_NAME if self.directory else self.sidecar(".lock")
+        while self._lock_fd is None:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise SinkError(f"cannot write the JSONL journal at {self.path}: {exc.strerror}; "
+                                "choose a writable --path") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise SinkError(f"another relay is already writing {self.path}; stop it or choose another --path") from None
+            if _same_file(fd, lock_path):
+                self._lock_fd, self._lock_path = fd, lock_path
+            else:  # the relay that held it removed it as we opened it (close): take the new one
+                os.close(fd)
         if not self.directory:
             self._fd(None)
 
@@ -418,9 +426,19 @@ class Journal:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-        if self._lock_fd is not None:
+        if self._lock_fd is not None:  # removed while still held, so no relay that opens it now takes it
+            with contextlib.suppress(FileNotFoundError):  # the folder removed by hand meanwhile
+                os.unlink(self._lock_path)
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    def abandon(self) -> None:
+        """Close a journal that never served (a sink failed to open beside it), leaving nothing
+        behind: no lock file, and no folder that open() made and nothing filled."""
+        self.close()
+        folder = self._made_folder
+        if folder is not None and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
     def seen(self, run: str) -> Iterable[tuple[int, int]]:
         """(rank, seq) pairs already here for ``run``: a restarted relay (or a replay into this
@@ -511,6 +529,16 @@ class Journal:
             os.ftruncate(fd, start)  # never leave half a batch (or half a line) behind
             raise
         self._dirty.add(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether the open ``fd`` is still the file at ``path``."""
+    try:
+        here = os.stat(path)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (here.st_dev, here.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def _scan(paths: Iterable[Path]) -> dict[str, dict[int, list[list[int]]]]:

@@ -110,7 +110,7 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise PlotError("relay plot needs matplotlib: pip install 'metrics-relay[plot]'") from None
+        raise PlotError("relay plot needs matplotlib: pip install './[plot]' in the metrics-relay checkout") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot
 

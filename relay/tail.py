@@ -8,12 +8,13 @@ shows the last ``last`` lines of what is there: each file in its own order, file
 from __future__ import annotations
 
 import heapq
+import select
 import sys
 import time
 from collections import deque
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, TextIO
 
 import click
 import orjson
@@ -74,6 +75,20 @@ def _ts_keys(events: Iterable[tuple[dict[str, Any], bytes]]) -> Iterator[tuple[f
         yield last, ev, raw
 
 
+def reader_gone(stream: TextIO, wait: float) -> bool:
+    """Wait up to ``wait`` seconds; True as soon as the reader of ``stream`` has gone (``| head``
+    exited, the terminal hung up). A closed pipe is otherwise noticed only by the next write, which a
+    quiet journal may never make; GNU ``tail -f`` watches its output the same way."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, ValueError, OSError):  # not a real file (captured output): just wait
+        time.sleep(wait)
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # no events asked for: only POLLERR / POLLHUP / POLLNVAL come back
+    return bool(poller.poll(wait * 1000))
+
+
 class Tail:
     """One ``relay tail``: what to show (``selection``), how (``view``: events or steps; ``as_json``:
     the lines as written), and where (stdout, styled when ``color``)."""
@@ -109,8 +124,7 @@ class Tail:
                 self._show_rows(list(rows))
             else:
                 self._show_events(list(deque(backlog, maxlen=last)))
-            while follow:
-                time.sleep(POLL_S)
+            while follow and not reader_gone(sys.stdout, POLL_S):
                 self.poll_once()
         finally:
             self._follower.close()

@@ -82,7 +82,7 @@ def _import_aim() -> Any:
         from aim.sdk.repo import Repo
     except ImportError as exc:
         raise SinkError(f"the aim sink needs Aim, which is not importable ({exc}): "
-                        "pip install 'metrics-relay[aim]'") from None
+                        "pip install './[aim]' in the metrics-relay checkout") from None
     return Repo
 
 

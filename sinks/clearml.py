@@ -118,7 +118,7 @@ class ClearmlSink(TrackerSink):
             from clearml.config import get_offline_dir
         except ImportError as exc:
             raise SinkError(f"the clearml sink needs ClearML, which is not importable ({exc}): "
-                            "pip install 'metrics-relay[clearml]'") from None
+                            "pip install './[clearml]' in the metrics-relay checkout") from None
         if self.cache_dir:  # read by ClearML at every call: where each task's offline folder goes
             os.environ["CLEARML_CACHE_DIR"] = str(Path(self.cache_dir).expanduser().resolve())
         Task.set_offline(True)

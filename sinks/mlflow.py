@@ -132,7 +132,7 @@ class MlflowSink(TrackerSink):
             from mlflow import MlflowClient, entities
         except ImportError as exc:
             raise SinkError(f"the mlflow sink needs MLflow, which is not importable ({exc}): "
-                            "pip install 'metrics-relay[mlflow]'") from None
+                            "pip install './[mlflow]' in the metrics-relay checkout") from None
         self._Metric, self._Param, self._RunTag = entities.Metric, entities.Param, entities.RunTag
         try:
             folder = self._folder()

@@ -58,7 +58,7 @@ def _import_tensorboard() -> types.SimpleNamespace:
         from tensorboard.summary.writer.record_writer import RecordWriter
     except ImportError as exc:
         raise SinkError(f"the tensorboard sink needs TensorBoard, which is not importable ({exc}): "
-                        "pip install 'metrics-relay[tensorboard]'") from None
+                        "pip install './[tensorboard]' in the metrics-relay checkout") from None
     return types.SimpleNamespace(Event=event_pb2.Event, Summary=summary_pb2.Summary, Value=summary_pb2.Summary.Value,
                                  api=api_pb2, hp_meta=metadata, plugin_data=plugin_data_pb2,
                                  hparams_pb=summary_v2.hparams_pb, text_pb=text_pb, RecordWriter=RecordWriter)

@@ -77,7 +77,7 @@ def _import_wandb() -> tuple[Any, tuple[type[Exception], ...]]:
         from wandb.sdk.mailbox import MailboxClosedError
     except ImportError as exc:
         raise SinkError(f"the wandb sink needs wandb, which is not importable ({exc}): "
-                        "pip install 'metrics-relay[wandb]'") from None
+                        "pip install './[wandb]' in the metrics-relay checkout") from None
     return wandb, (ConnectionError, MailboxClosedError)
 
 

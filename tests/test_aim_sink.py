@@ -189,7 +189,7 @@ def test_missing_aim_says_how_to_install(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "relay", "--bind", "tcp://127.0.0.1:0", "--sink", "aim",
                           "--repo", str(tmp_path / "aim")], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=60)
-    assert out.returncode == 2 and "pip install 'metrics-relay[aim]'" in out.stderr, out.stderr[-2000:]
+    assert out.returncode == 2 and "pip install './[aim]' in the metrics-relay checkout" in out.stderr, out.stderr[-2000:]
 
 
 def test_a_run_gone_quiet_is_closed_and_reopened_by_a_late_event(tmp_path: Path) -> None:

@@ -127,4 +127,4 @@ def test_without_matplotlib(journal: Path, tmp_path: Path) -> None:
     code = "import sys; sys.modules['matplotlib'] = None; from relay.cli import main; main()"
     proc = subprocess.run([sys.executable, "-c", code, "plot", str(journal), "--metric", "loss", "-o",
                            str(tmp_path / "x.png")], capture_output=True, text=True, timeout=60, env=cli_env())
-    assert "pip install 'metrics-relay[plot]'" in one_line_error(proc)
+    assert "pip install './[plot]' in the metrics-relay checkout" in one_line_error(proc)

@@ -315,7 +315,7 @@ def test_cli_refuses_an_unusable_clearml_sink(tmp_path: Path) -> None:
     (shadow.parent / "sitecustomize.py").write_text("import sys\nsys.modules['clearml'] = None\n")  # not installed
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
     done = serve("--clearml-project", "p", "--clearml-dir", str(tmp_path / "cml"), env=env)
-    assert done.returncode == 2 and "pip install 'metrics-relay[clearml]'" in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and "pip install './[clearml]' in the metrics-relay checkout" in done.stderr, done.stderr[-2000:]
 
 
 # -- through a real relay -----------------------------------------------------------------------

@@ -319,7 +319,7 @@ def test_cli_says_what_is_missing(tmp_path: Path) -> None:
     (shadow.parent / "sitecustomize.py").write_text("import sys\nsys.modules['mlflow'] = None\n")  # not installed
     env = dict(QUIET, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
     done = serve("--mlflow-tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", env=env)
-    assert done.returncode == 2 and "pip install 'metrics-relay[mlflow]'" in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and "pip install './[mlflow]' in the metrics-relay checkout" in done.stderr, done.stderr[-2000:]
     env = {k: v for k, v in QUIET.items() if k != "MLFLOW_TRACKING_URI"}
     done = serve(env=env)
     assert done.returncode == 2 and "needs --mlflow-tracking-uri" in done.stderr, done.stderr[-2000:]

@@ -316,7 +316,7 @@ def test_cli_refuses_an_unusable_tensorboard_sink(tmp_path: Path) -> None:
     (shadow.parent / "sitecustomize.py").write_text("import sys\nsys.modules['tensorboard'] = None\n")  # not installed
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
     done = serve(tmp_path, "--sink", "tensorboard", "--logdir", str(tmp_path / "tb"), env=env)
-    assert done.returncode == 2 and "pip install 'metrics-relay[tensorboard]'" in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and "pip install './[tensorboard]' in the metrics-relay checkout" in done.stderr, done.stderr[-2000:]
 
 
 # -- behind a real relay ----------------------------------------------------------------------------

@@ -324,4 +324,4 @@ def test_cli_says_what_to_do(tmp_path: Path) -> None:
     (shadow.parent / "sitecustomize.py").write_text("import sys\nsys.modules['wandb'] = None\n")  # not installed
     done = serve(tmp_path, "--sink", "wandb", "--wandb-project", "p",
                  env={**env, "PYTHONPATH": os.pathsep.join([str(shadow.parent), env.get("PYTHONPATH", "")])})
-    assert done.returncode == 2 and "pip install 'metrics-relay[wandb]'" in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and "pip install './[wandb]' in the metrics-relay checkout" in done.stderr, done.stderr[-2000:]

@@ -43,9 +43,10 @@ def on_demo(model: Path, output_dir: Path, *flags: str) -> list[str]:
     (["--exp_metadata", "{tmp}/meta.json"], "--exp_metadata file {tmp}/meta.json: must be a JSON object, got list"),
     (["--dataset_text_field", "text"], "record 1 has no field 'text' (set --dataset_text_field)"),
     (["--run_name", "no spaces/or slashes"], "--run_name: 'no spaces/or slashes' must match"),
+    (["--relay_address", "tcp://127.0.0.1:99999"], "--relay_address: address 'tcp://127.0.0.1:99999': port 99999 is past 65535"),
 ], ids=["unknown-flag", "bad-value", "missing-data", "missing-template", "unknown-tracker", "bad-wandb-mode",
          "metadata-not-json",
-        "metadata-file-not-object", "missing-text-field", "bad-run-name"])
+        "metadata-file-not-object", "missing-text-field", "bad-run-name", "port-past-65535"])
 def test_bad_input_stops_before_loading_the_model(demo_model: Path, tmp_path: Path, flags: list[str],
                                                   message: str) -> None:
     (tmp_path / "meta.json").write_text("[1, 2]")
@@ -119,6 +120,8 @@ def test_run_id_sources(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun without --rdzv_id
     first, second = default_run_id(), default_run_id()
     assert first != second and first.startswith("sft-")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "0f8fad5b-d9cb-469f-a165-70867728950e")  # what plain torchrun makes up
+    assert re.fullmatch(r"sft-\d{8}-\d{6}-[0-9a-f]{6}", default_run_id())
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job/42")
     assert re.fullmatch(r"job-42-[0-9a-f]{6}", default_run_id())
     mine = default_run_id("mine")
@@ -243,3 +246,18 @@ def test_tracker_none_starts_nothing(demo_model: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert not (out / "training_logs.jsonl").exists() and not (out / "relay.log").exists()
     assert "never sent" not in done.stderr
+
+
+@pytest.mark.slow  # importing trl takes seconds
+def test_sft_config_implies_the_cpu_as_the_command_line_does(tmp_path: Path) -> None:
+    import torch
+    from trl import SFTConfig
+
+    from trainer.args import sft_config
+
+    if torch.accelerator.is_available():
+        pytest.skip("only a machine without an accelerator implies --use_cpu")
+    with pytest.raises(ValueError, match="use_cpu"):
+        SFTConfig(output_dir=str(tmp_path))  # what train()'s callers met before
+    assert sft_config(output_dir=str(tmp_path)).use_cpu is True
+    assert sft_config(output_dir=str(tmp_path), use_cpu=True, bf16=False).bf16 is False

@@ -5,6 +5,7 @@ seconds rather than a model load; every failure is a :class:`UsageError` with on
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -21,8 +22,6 @@ if TYPE_CHECKING:
     from trl import SFTConfig
 
 log = logging.getLogger(__name__)
-
-ADDRESS_RE = re.compile(r"(tcp://[^\s]+:\d+|ipc://[^\s]+)\Z")
 
 #: Flags of the seed's command line that transformers 5 renamed: old flag -> (new flag, note).
 RENAMED_FLAGS = {
@@ -180,12 +179,10 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Tracking
     # trl's SFTConfig still sets the old name by default, so transformers warns on every run.
     warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
     argv = rewrite_argv(argv)
-    if not _has_flag(argv, "--use_cpu"):
-        import torch
-
-        if not torch.accelerator.is_available():
-            argv = ["--use_cpu", "True", *argv]  # else bf16 (trl's default) refuses to start on a CPU machine
+    if not _has_flag(argv, "--use_cpu") and _cpu_only():
+        argv = ["--use_cpu", "True", *argv]
     parser = _Parser((ModelArguments, DataArguments, TrackingArguments, SFTConfig), prog="metrics-relay-train")
+    _document_seed_flags(parser)
     try:
         model, data, tracking, training, rest = parser.parse_args_into_dataclasses(
             args=argv, return_remaining_strings=True
@@ -195,6 +192,33 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Tracking
     if rest:
         raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
     return model, data, tracking, training
+
+
+def _document_seed_flags(parser: "argparse.ArgumentParser") -> None:
+    """List the seed's flag names in --help; rewrite_argv has mapped them before parsing, so they
+    never reach the parser (SUPPRESS keeps them out of the parsed arguments)."""
+    group = parser.add_argument_group("the seed's flag names (still accepted)")
+    for old, new in RENAMED_FLAGS.items():
+        if "-" not in old[2:]:  # the underscore spelling; the dashed one is accepted as well
+            group.add_argument(old, metavar=new[2:].upper(), default=argparse.SUPPRESS,
+                               help=f"same as {new}{' (a value below 1 is a ratio)' if old == '--warmup_ratio' else ''}")
+
+
+def _cpu_only() -> bool:
+    """No accelerator: ``use_cpu`` is implied, else bf16 (trl's default) refuses to start."""
+    import torch
+
+    return not torch.accelerator.is_available()
+
+
+def sft_config(**kwargs: Any) -> "SFTConfig":
+    """``trl.SFTConfig(**kwargs)`` as the command line makes it, for ``train()`` callers: with no
+    accelerator, ``use_cpu=True`` unless given (a bare SFTConfig raises on a CPU-only machine)."""
+    from trl import SFTConfig
+
+    if "use_cpu" not in kwargs and _cpu_only():
+        kwargs["use_cpu"] = True
+    return SFTConfig(**kwargs)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -264,8 +288,13 @@ def validate(
         log.warning("--aim_repo %s is unused without --tracker aim", tracking.aim_repo)
     if tracking.wandb_mode not in ("offline", "online"):
         raise UsageError(f"--wandb_mode: {tracking.wandb_mode!r} must be offline or online")
-    if tracking.relay_address is not None and not ADDRESS_RE.match(tracking.relay_address):
-        raise UsageError(f"--relay_address: {tracking.relay_address!r} is not tcp://HOST:PORT or ipc://PATH")
+    if tracking.relay_address is not None:
+        from relay.address import BadAddress, check_connect_address
+
+        try:
+            check_connect_address(tracking.relay_address)
+        except BadAddress as exc:
+            raise UsageError(f"--relay_address: {exc}") from None
     for name in ("relay_flush_timeout", "relay_start_timeout"):
         if not getattr(tracking, name) > 0:
             raise UsageError(f"--{name} must be positive, got {getattr(tracking, name)}")

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class RelayStartError(RuntimeError):
 
 
 def default_run_id(run_name: str | None = None) -> str:
-    """``--run_name``, else torchrun's rendezvous id, else ``sft-<time>``; always followed by a
+    """``--run_name``, else a rendezvous id given to torchrun (``--rdzv_id``), else ``sft-<time>``; always followed by a
     random suffix, so that no two jobs share an id.
 
     The relay drops events whose ``(run, rank, seq)`` it has already journaled and every job counts
@@ -48,12 +49,22 @@ def default_run_id(run_name: str | None = None) -> str:
     elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
     if run_name:
         base = run_name
-    elif elastic and elastic != "none":
+    elif elastic and elastic != "none" and not _made_up(elastic):
         base = re.sub(r"[^A-Za-z0-9._-]", "-", elastic).lstrip("._-") or "run"
     else:
         base = time.strftime("sft-%Y%m%d-%H%M%S")
     run_id = f"{base[:110]}-{secrets.token_hex(3)}"
     return f"{run_id}-r{restart}" if restart else run_id
+
+
+def _made_up(rdzv_id: str) -> bool:
+    """A UUID: the rendezvous id torchrun makes up when none is given (``--standalone``, or no
+    ``--rdzv_id``); a name nobody chose, so the run id is based on the time instead."""
+    try:
+        uuid.UUID(rdzv_id)
+    except ValueError:
+        return False
+    return True
 
 
 def agree(value: Any) -> Any:
