@@ -17,7 +17,7 @@ def need_package(module: str, sink: str, extra: str) -> None:
         found = False
     if not found:
         raise SinkError(f"the {sink} sink needs {module}, which is not installed; "
-                        f"pip install 'metrics-relay[{extra}]'")
+                        f"pip install './[{extra}]' in the metrics-relay checkout")
 
 
 def need_writable_dir(path: Path, what: str, fix: str) -> None:

@@ -62,7 +62,7 @@ CASES = {
     "unknown-sink": (["--sink", "nosuch"], "unknown sink 'nosuch'"),
     "bad-option": (["--sink", "forward", "--forward-window", "0"], "Invalid value for '--forward-window'"),
     "missing-option": (["--sink", "tensorboard"], "--sink tensorboard needs --logdir"),
-    "missing-package": (["--sink", "tensorboard", "--logdir", "{tmp}/tb"], "not installed; pip install 'metrics-relay[tensorboard]'"),
+    "missing-package": (["--sink", "tensorboard", "--logdir", "{tmp}/tb"], "not installed; pip install './[tensorboard]' in the metrics-relay checkout"),
     "unwritable-sink-path": (["--sink", "aim", "--repo", "{tmp}/file/aim"], "Aim repository {tmp}/file/aim is not usable: {tmp}/file is not a directory; pass a writable --repo"),
     "unwritable-journal": (["--path", "{tmp}/file/x.jsonl"], "cannot write the JSONL journal"),
     "plugin-check": (["--sink", "mlflow", "--mlflow-tracking-uri", "sqlite:///{tmp}/file/m.db"], "is not usable"),
