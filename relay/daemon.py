@@ -32,11 +32,11 @@ from typing import Any, Iterable
 
 import zmq
 
-from relay import curve, schema
+from relay import curve, peers, schema
 from relay.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_loopback
 from relay.cluster import Cluster, ClusterConfig, Derived
 from relay.deadletter import KEEP_BYTES, DeadLetters
-from relay.dedupe import Dedupe, RankState
+from relay.dedupe import Dedupe, RankState, claimed_drop
 from relay.journal import Journal, encode_line, encode_lines
 from relay.limits import MemoryProbe, RunBudget, alive, raise_file_limit, trim_heap
 from relay.live import LiveLine
@@ -51,6 +51,9 @@ RECV_BURST = 2000  # messages read per poll before the loop checks its timers
 MAX_UNJOURNALED = 200_000  # stop reading (clients keep their events) while the journal is failing
 GC_THRESHOLD = 50_000  # allocations between young collections (Python's default: 700)
 REBIND_TIMEOUT = 5.0  # seconds to get the address back after dropping every connection
+#: ZMTP heartbeats (ms): a peer that stops answering them is disconnected, so a stream's ownership
+#: passes on even when the owner's connection died without a word (a half-open TCP connection).
+HEARTBEAT_IVL, HEARTBEAT_TIMEOUT = 2000, 10_000
 _rank = operator.itemgetter("rank")
 
 
@@ -91,6 +94,9 @@ class Relay:
         self.address = config.address
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None  # the socket's disconnections (relay/peers.py)
+        self._connections = peers.Connections()
+        self._peer_frame: zmq.Frame | None = None  # the routing id of the message being taken
         self._auth: curve.ThreadAuthenticator | None = None
         self._stop = False
         self._ingest_idle = threading.Event()  # set while ingest waits for frames: the sinks get lines then
@@ -98,8 +104,7 @@ class Relay:
         # the CPU's cache; the other sinks get the same lines.
         self._lines: list[tuple[str, bytes]] = []
         self._pending = 0  # events in self._lines
-        self._acks_due: set[tuple[str, int]] = set()
-        self._routes: dict[tuple[str, int], bytes] = {}
+        self._acks_due: set[tuple[str, int]] = set()  # acks go to each stream's owner (relay/dedupe.py)
         self._hellos: dict[tuple[str, int], float] = {}  # ts of each rank's hello, to spot reused run ids
         self._run_budget = RunBudget(config.run_rate)  # new runs each connection may start
         self._journal_backoff = 0.0
@@ -127,6 +132,7 @@ class Relay:
             log.warning("listening on %s without encryption or authentication: anyone who can reach it can "
                         "publish; use --curve-cert (see docs/security.md)", self.config.address)
         self._sock = self._listen(self.config.address)
+        self._monitor = peers.watch(self._sock)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.address
 
@@ -137,6 +143,8 @@ class Relay:
         sock.setsockopt(zmq.RCVHWM, 1000)  # per peer: bounds what ZeroMQ buffers for us
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT)
         if self.config.curve_cert is not None:
             try:
                 auth = curve.secure_server(self._ctx, sock, self.config.curve_cert, self.config.curve_clients)
@@ -215,6 +223,7 @@ class Relay:
                 self._ingest_idle.clear()
             now = time.monotonic()
             if now >= next_flush:
+                self._peers_gone()
                 self.commit()
                 next_flush = now + interval
                 if self._guard_memory():
@@ -255,9 +264,10 @@ class Relay:
         now = time.monotonic()
         for _ in range(RECV_BURST):
             try:
-                peer = sock.recv(zmq.NOBLOCK)
+                self._peer_frame = part = sock.recv(zmq.NOBLOCK, copy=False)  # (its descriptor: relay/peers.py)
             except zmq.Again:
                 return
+            peer = part.bytes
             frame = sock.recv()  # ZeroMQ delivers a message's parts together: the rest is here
             if sock.getsockopt(zmq.RCVMORE):
                 self._reject_multipart(sock, peer, frame)
@@ -265,6 +275,20 @@ class Relay:
                 self._answer_status(sock, peer, now)
             else:
                 self.take_frame(peer, frame, now)
+
+    def _peers_gone(self) -> None:
+        """The streams of owners whose connections closed pass to whichever connection sends for
+        them next: their reconnection (relay/peers.py)."""
+        if self._monitor is None:
+            return
+        for fd in peers.closed_fds(self._monitor):
+            self._peer_gone(self._connections.closed(fd))
+
+    def _peer_gone(self, peer: bytes | None) -> None:
+        released = self.dedupe.release(peer) if peer is not None else 0
+        if released:
+            self.counters.owners_released += released
+            log.debug("peer %s disconnected: %d streams it sent are free", peer.hex(), released)
 
     def _answer_status(self, sock: zmq.Socket, peer: bytes, now: float) -> None:
         """A status request: not a frame, never a reject; answered within relay/status.py's budget."""
@@ -304,14 +328,34 @@ class Relay:
             self._reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it derives); "
                                           "no client may publish as it", frame, peer)
             return
+        now = time.monotonic() if now is None else now
+        taken = self._owned_elsewhere(peer, events, first_seq, now)
+        if taken is not None:
+            self._reject("not_owner", f"run {taken[0]} rank {taken[1]} is being sent by another live connection; "
+                                      "refused until that one disconnects", frame, peer)
+            return
         try:
-            self._take_events(peer, events, first_seq, time.monotonic() if now is None else now, per_rank)
+            self._take_events(peer, events, first_seq, now, per_rank)
             run = events[0]["run"]
             if run not in self._world and run in self.dedupe.run_ranks:  # (for the status)
                 self._world[run] = events[0]["world_size"]
         except Exception as exc:  # counted and dead-lettered below; one frame never stops ingest
             log.exception("frame from peer %s raised; dead-lettered", peer.hex())
             self._reject("internal_error", f"{type(exc).__name__}: {exc}", frame, peer)
+
+    def _owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
+                         now: float) -> tuple[str, int] | None:
+        """The first (run, rank) of the frame that another live connection owns; None if none does."""
+        ranks = self.dedupe.ranks
+        if first_seq is not None:
+            keys: Iterable[tuple[str, int]] = ((events[0]["run"], events[0]["rank"]),)
+        else:
+            keys = {(e["run"], e["rank"]) for e in events}
+        for key in keys:
+            state = ranks.get(key)
+            if state is not None and state.foreign(peer, now):
+                return key
+        return None
 
     def _take_events(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None, now: float,
                      per_rank: bool) -> None:
@@ -396,8 +440,9 @@ class Relay:
             state = dedupe.lookup(run, rank, self.journal)
             if new and self.cluster is not None and (state.floor or state.above or len(dedupe.run_ranks[run]) > 1):
                 self.cluster.restore(self.journal.recent(run), now)  # met again: a restart, or forgotten
+        if dedupe.claim(key, state, peer, now) and self._peer_frame is not None:  # (take_frame checked)
+            self._peer_gone(self._connections.arrived(peer, self._peer_frame.get(zmq.SRCFD)))
         self._acks_due.add(key)
-        self._routes[key] = peer
         self._active[key] = now
         dedupe.touch(run, now)
         return state
@@ -440,7 +485,6 @@ class Relay:
                 return False
         for rank in self.dedupe.forget(run):
             key = (run, rank)
-            self._routes.pop(key, None)
             self._hellos.pop(key, None)
             self._active.pop(key, None)
             self.counters.forget_client_drops(key)
@@ -459,9 +503,9 @@ class Relay:
         if type(dropped) is int and dropped > self.counters.client_dropped.get(key, 0):
             log.warning("run %s rank %d reports %d events dropped in the client", key[0], key[1], dropped)
             self.counters.client_dropped[key] = dropped
-        upto = data.get("dropped_upto")
-        if type(upto) is int and 0 <= upto < event["seq"]:
-            state.skip_to(upto + 1, peer)
+        skip, upto = claimed_drop(event), data.get("dropped_upto")
+        if skip is not None:
+            state.skip_to(skip, peer)
         elif upto is not None and upto != -1:
             self.counters.bad_drop_reports += 1
 
@@ -489,14 +533,18 @@ class Relay:
         log.error("relay memory at %d MiB exceeds --max-memory %d MiB (a peer sending an endless multipart "
                   "message?): dropping every connection; clients reconnect and resend (%d times so far)",
                   rss, limit, self.counters.memory_resets)
-        assert self._sock is not None
+        assert self._sock is not None and self._monitor is not None
+        self._sock.disable_monitor()
+        self._monitor.close(0)
         self._sock.close(linger=0)
-        self._routes.clear()  # routing ids belong to the closed connections
+        self.dedupe.release_all()  # routing ids belong to the closed connections
+        self._connections.clear()
         self._acks_due.clear()
         deadline = time.monotonic() + REBIND_TIMEOUT
         while True:  # ZeroMQ lets go of the address in its own thread, a moment after the close
             try:
                 self._sock = self._listen(self.address)
+                self._monitor = peers.watch(self._sock)
                 break
             except AddressInUse:
                 if time.monotonic() > deadline:
@@ -541,10 +589,12 @@ class Relay:
         if not self._acks_due:
             return
         per_peer: dict[bytes, list[tuple[str, int, int]]] = {}
-        ranks, routes = self.dedupe.ranks, self._routes
+        ranks = self.dedupe.ranks
         for key in self._acks_due:
-            peer = routes[key]
-            per_peer.setdefault(peer, []).append((key[0], key[1], ranks[key].ack_for(peer)))
+            state = ranks[key]
+            peer = state.owner
+            if peer is not None:  # gone: its next connection is acknowledged when it sends
+                per_peer.setdefault(peer, []).append((key[0], key[1], state.ack_for(peer)))
         self._acks_due.clear()
         if self._sock is None:
             return
@@ -609,6 +659,9 @@ class Relay:
         log_stats(snap, final=True)
         write_stats(self.stats_path, snap)
         if self._sock is not None:
+            if self._monitor is not None:
+                self._sock.disable_monitor()
+                self._monitor.close(0)
             self._sock.close(linger=1000)
         if self._auth is not None:
             self._auth.stop()

@@ -35,6 +35,7 @@ import click
 import orjson
 
 from relay import schema
+from relay.dedupe import claimed_drop
 from sinks.base import SinkError
 from sinks.events import from_journal, json_safe
 
@@ -304,7 +305,7 @@ class Journal:
         self._cut: set[str] = set()  # files whose torn tail was already cut in this process
         self._dirty: set[int] = set()
         self._lock_fd: int | None = None
-        self._index: dict[str, dict[int, list[list[int]]]] | None = None
+        self._index: dict[str, dict[int, Seen]] | None = None
         self._released: set[str] = set()
 
     # -- paths beside the journal ---------------------------------------------------------------
@@ -401,9 +402,9 @@ class Journal:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def seen(self, run: str) -> Iterable[tuple[int, int]]:
-        """(rank, seq) pairs already here for ``run``: a restarted relay (or a replay into this
-        journal) recognises events written but never acknowledged."""
+    def seen(self, run: str) -> dict[int, Seen]:
+        """What is already here for ``run``, per rank: a restarted relay (or a replay into this
+        journal) recognises events written but never acknowledged, and the drops clients reported."""
         if self.directory:
             index = _scan([self.file_for(run)])
         elif self._index is None or run in self._released:
@@ -413,10 +414,7 @@ class Journal:
                 self._index = index
         else:
             index = self._index
-        for rank, spans in index.pop(run, {}).items():
-            for start, end in spans:
-                for seq in range(start, end):
-                    yield rank, seq
+        return index.pop(run, {})
 
     def recent(self, run: str, limit: int = RECENT_BYTES) -> list[dict[str, Any]]:
         """``run``'s events among the last ``limit`` bytes of its file, in order, as a sink gets
@@ -489,17 +487,34 @@ def _cut_torn_tail(fd: int, path: Path) -> None:
                 "will be resent", size - keep, path)
 
 
-def _scan(paths: Iterable[Path]) -> dict[str, dict[int, list[list[int]]]]:
-    """run -> rank -> contiguous [start, end) seq spans of the events already in these files."""
-    index: dict[str, dict[int, list[list[int]]]] = {}
+class Seen:
+    """What a journal holds of one (run, rank): contiguous [start, end) seq ``spans``, and how far
+    its client said it dropped (``dropped``: the highest ``claimed_drop`` of its stats events, 0: none)."""
+
+    __slots__ = ("spans", "dropped")
+
+    def __init__(self) -> None:
+        self.spans: list[list[int]] = []
+        self.dropped = 0
+
+
+def _scan(paths: Iterable[Path]) -> dict[str, dict[int, Seen]]:
+    """run -> rank -> what these files hold of it."""
+    index: dict[str, dict[int, Seen]] = {}
     for path in paths:
         if not path.exists():
             continue
         for event in read_events(path):  # events only: run, rank and seq are valid
             run, rank, seq = event["run"], event["rank"], event["seq"]
-            spans = index.setdefault(run, {}).setdefault(rank, [])
+            ranks = index.setdefault(run, {})
+            seen = ranks.get(rank)
+            if seen is None:
+                seen = ranks[rank] = Seen()
+            spans = seen.spans
             if spans and spans[-1][1] == seq:
                 spans[-1][1] = seq + 1
             else:
                 spans.append([seq, seq + 1])
+            if event["type"] == "stats":
+                seen.dropped = max(seen.dropped, claimed_drop(event) or 0)
     return index
