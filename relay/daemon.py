@@ -51,9 +51,6 @@ RECV_BURST = 2000  # messages read per poll before the loop checks its timers
 MAX_UNJOURNALED = 200_000  # stop reading (clients keep their events) while the journal is failing
 GC_THRESHOLD = 50_000  # allocations between young collections (Python's default: 700)
 REBIND_TIMEOUT = 5.0  # seconds to get the address back after dropping every connection
-#: ZMTP heartbeats (ms): a peer that stops answering them is disconnected, so a stream's ownership
-#: passes on even when the owner's connection died without a word (a half-open TCP connection).
-HEARTBEAT_IVL, HEARTBEAT_TIMEOUT = 2000, 10_000
 _rank = operator.itemgetter("rank")
 
 
@@ -143,8 +140,6 @@ class Relay:
         sock.setsockopt(zmq.RCVHWM, 1000)  # per peer: bounds what ZeroMQ buffers for us
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.LINGER, 1000)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT)
         if self.config.curve_cert is not None:
             try:
                 auth = curve.secure_server(self._ctx, sock, self.config.curve_cert, self.config.curve_clients)
