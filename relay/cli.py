@@ -20,6 +20,7 @@ import click
 from relay.address import AddressInUse, BadAddress
 from relay.client import ADDRESS_ENV, DEFAULT_ADDRESS
 from relay.journal import Journal
+from relay.limits import private_files
 from relay.live import LiveLine, LiveLogHandler, wanted
 from relay.selection import selection, selection_options
 from relay.sink_process import SinkSpec
@@ -32,6 +33,11 @@ EXIT_USAGE = 2
 EXIT_ADDRESS_IN_USE = 3
 _SINKS = "relay.sinks"  # ctx.meta: name -> (what to load, class) of the sinks named on the command line
 _SINK_PARAMS = "relay.sink_params"  # ctx.meta: their options, added to the command's own
+WORLD_READABLE = click.option(
+    "--world-readable", is_flag=True,
+    help="Create the journal, stats, dead letters and sink files with your umask's modes. Default: 0600 files "
+         "and 0700 folders, since a journal names every run and seq a local peer would need to forge events "
+         "(docs/security.md).")
 
 
 class _ServeByDefault(click.Group):
@@ -251,6 +257,7 @@ def main() -> None:
               help="Directory of client public certificates (*.key): only these may publish.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
               default="info", show_default=True)
+@WORLD_READABLE
 @click.option("--live", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
               help="A status line redrawn every second on stderr (auto: on a terminal), else logged.")
 @click.pass_context
@@ -258,13 +265,14 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
           stats_interval: float, sink_queue: int, forget_after: float, run_rate: float, max_runs: int,
           max_memory: int, cluster: bool, straggler_factor: float, straggler_steps: int, rank_silence: float,
           ready_file: Path | None, watch_pid: int | None,
-          curve_cert: Path | None, curve_clients: Path | None, log_level: str, live: str,
+          curve_cert: Path | None, curve_clients: Path | None, log_level: str, world_readable: bool, live: str,
           **sink_params: Any) -> None:
     """Run the relay until SIGINT/SIGTERM."""
     from relay.cluster import ClusterConfig
     from relay.daemon import Relay, RelayConfig
     from relay.sink_process import check_sinks
 
+    private_files(world_readable)
     line = LiveLine(sys.stderr) if wanted(live, sys.stderr) else None
     _setup_logging(log_level, line)
     config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
@@ -301,12 +309,14 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
 @click.option("--run", "runs", multiple=True, help="Only these run ids (repeatable).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
               default="info", show_default=True)
+@WORLD_READABLE
 @click.pass_context
 def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, ...], runs: tuple[str, ...],
-           log_level: str, **sink_params: Any) -> None:
+           log_level: str, world_readable: bool, **sink_params: Any) -> None:
     """Feed JSONL journal FILES (or directories of them) through sinks, in order."""
     from relay.replay import replay_files
 
+    private_files(world_readable)
     _setup_logging(log_level)
     classes: dict[str, tuple[str, type]] = ctx.meta[_SINKS]
     journal, sinks = None, []

@@ -33,11 +33,11 @@ from typing import Any, Iterable
 
 import zmq
 
-from relay import curve, schema
+from relay import curve, peers, schema
 from relay.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_loopback
 from relay.cluster import Cluster, ClusterConfig, Derived
 from relay.deadletter import KEEP_BYTES, DeadLetters
-from relay.dedupe import Dedupe, RankState
+from relay.dedupe import Dedupe, RankState, claimed_drop
 from relay.journal import Journal, check_lines, encode_line, encode_lines
 from relay.limits import COMMIT_BYTES, RECV_HWM, TURN_BYTES, MemoryProbe, RunBudget, alive, raise_file_limit, trim_heap
 from relay.live import LiveLine
@@ -93,6 +93,9 @@ class Relay:
         self.address = config.address
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None  # the socket's disconnections (relay/peers.py)
+        self._connections = peers.Connections()
+        self._peer_frame: zmq.Frame | None = None  # the routing id of the message being taken
         self._auth: curve.ThreadAuthenticator | None = None
         self._stop = False
         self._ingest_idle = threading.Event()  # set while ingest waits for frames: the sinks get lines then
@@ -101,8 +104,7 @@ class Relay:
         self._lines: list[tuple[str, bytes]] = []
         self._pending = 0  # events in self._lines
         self._pending_bytes = 0  # bytes in self._lines
-        self._acks_due: set[tuple[str, int]] = set()
-        self._routes: dict[tuple[str, int], bytes] = {}
+        self._acks_due: set[tuple[str, int]] = set()  # acks go to each stream's owner (relay/dedupe.py)
         self._hellos: dict[tuple[str, int], float] = {}  # ts of each rank's hello, to spot reused run ids
         self._run_budget = RunBudget(config.run_rate)  # new runs each connection may start
         self._journal_backoff = 0.0
@@ -131,6 +133,7 @@ class Relay:
         if self.config.curve_cert is None and not is_loopback(self.config.address):  # only once it is true
             log.warning("listening on %s without encryption or authentication: anyone who can reach it can "
                         "publish; use --curve-cert (see docs/security.md)", self.config.address)
+        self._monitor = peers.watch(self._sock)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.address
 
@@ -235,6 +238,7 @@ class Relay:
                 self._ingest_idle.clear()
             now = time.monotonic()
             if now >= next_flush or self._pending_bytes >= COMMIT_BYTES:
+                self._peers_gone()
                 self.commit()
                 next_flush = now + interval
                 if self._guard_memory():
@@ -279,9 +283,10 @@ class Relay:
             if budget <= 0 or self._pending_bytes >= COMMIT_BYTES:
                 return
             try:
-                peer = sock.recv(zmq.NOBLOCK)
+                self._peer_frame = part = sock.recv(zmq.NOBLOCK, copy=False)  # (its descriptor: relay/peers.py)
             except zmq.Again:
                 return
+            peer = part.bytes
             frame = sock.recv()  # ZeroMQ delivers a message's parts together: the rest is here
             budget -= len(frame)
             if sock.getsockopt(zmq.RCVMORE):
@@ -290,6 +295,20 @@ class Relay:
                 self._answer_status(sock, peer, now)
             else:
                 self.take_frame(peer, frame, now)
+
+    def _peers_gone(self) -> None:
+        """The streams of owners whose connections closed pass to whichever connection sends for
+        them next: their reconnection (relay/peers.py)."""
+        if self._monitor is None:
+            return
+        for fd in peers.closed_fds(self._monitor):
+            self._peer_gone(self._connections.closed(fd))
+
+    def _peer_gone(self, peer: bytes | None) -> None:
+        released = self.dedupe.release(peer) if peer is not None else 0
+        if released:
+            self.counters.owners_released += released
+            log.debug("peer %s disconnected: %d streams it sent are free", peer.hex(), released)
 
     def _answer_status(self, sock: zmq.Socket, peer: bytes, now: float) -> None:
         """A status request: not a frame, never a reject; answered within relay/status.py's budget."""
@@ -329,8 +348,14 @@ class Relay:
             self._reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it derives); "
                                           "no client may publish as it", frame, peer)
             return
+        now = time.monotonic() if now is None else now
+        taken = self._owned_elsewhere(peer, events, first_seq, now)
+        if taken is not None:
+            self._reject("not_owner", f"run {taken[0]} rank {taken[1]} is being sent by another live connection; "
+                                      "refused until that one disconnects", frame, peer)
+            return
         try:
-            self._take_events(peer, events, first_seq, time.monotonic() if now is None else now, per_rank)
+            self._take_events(peer, events, first_seq, now, per_rank)
             run = events[0]["run"]
             if run not in self._world and run in self.dedupe.run_ranks:  # (for the status)
                 self._world[run] = events[0]["world_size"]
@@ -339,6 +364,20 @@ class Relay:
         except Exception as exc:  # counted and dead-lettered below; one frame never stops ingest
             log.exception("frame from peer %s raised; dead-lettered", peer.hex())
             self._reject("internal_error", f"{type(exc).__name__}: {exc}", frame, peer)
+
+    def _owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
+                         now: float) -> tuple[str, int] | None:
+        """The first (run, rank) of the frame that another live connection owns; None if none does."""
+        ranks = self.dedupe.ranks
+        if first_seq is not None:
+            keys: Iterable[tuple[str, int]] = ((events[0]["run"], events[0]["rank"]),)
+        else:
+            keys = {(e["run"], e["rank"]) for e in events}
+        for key in keys:
+            state = ranks.get(key)
+            if state is not None and state.foreign(peer, now):
+                return key
+        return None
 
     def _take_events(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None, now: float,
                      per_rank: bool) -> None:
@@ -430,8 +469,9 @@ class Relay:
             state = dedupe.lookup(run, rank, self.journal)
             if new and self.cluster is not None and (state.floor or state.above or len(dedupe.run_ranks[run]) > 1):
                 self.cluster.restore(self.journal.recent(run), now)  # met again: a restart, or forgotten
+        if dedupe.claim(key, state, peer, now) and self._peer_frame is not None:  # (take_frame checked)
+            self._peer_gone(self._connections.arrived(peer, self._peer_frame.get(zmq.SRCFD)))
         self._acks_due.add(key)
-        self._routes[key] = peer
         self._active[key] = now
         dedupe.touch(run, now)
         return state
@@ -474,7 +514,6 @@ class Relay:
                 return False
         for rank in self.dedupe.forget(run):
             key = (run, rank)
-            self._routes.pop(key, None)
             self._hellos.pop(key, None)
             self._active.pop(key, None)
             self.counters.forget_client_drops(key)
@@ -493,9 +532,9 @@ class Relay:
         if type(dropped) is int and dropped > self.counters.client_dropped.get(key, 0):
             log.warning("run %s rank %d reports %d events dropped in the client", key[0], key[1], dropped)
             self.counters.client_dropped[key] = dropped
-        upto = data.get("dropped_upto")
-        if type(upto) is int and 0 <= upto < event["seq"]:
-            state.skip_to(upto + 1, peer)
+        skip, upto = claimed_drop(event), data.get("dropped_upto")
+        if skip is not None:
+            state.skip_to(skip, peer)
         elif upto is not None and upto != -1:
             self.counters.bad_drop_reports += 1
 
@@ -523,14 +562,18 @@ class Relay:
         log.error("relay memory at %d MiB exceeds --max-memory %d MiB (a peer sending an endless multipart "
                   "message?): dropping every connection; clients reconnect and resend (%d times so far)",
                   rss, limit, self.counters.memory_resets)
-        assert self._sock is not None
+        assert self._sock is not None and self._monitor is not None
+        self._sock.disable_monitor()
+        self._monitor.close(0)
         self._sock.close(linger=0)
-        self._routes.clear()  # routing ids belong to the closed connections
+        self.dedupe.release_all()  # routing ids belong to the closed connections
+        self._connections.clear()
         self._acks_due.clear()
         deadline = time.monotonic() + REBIND_TIMEOUT
         while True:  # ZeroMQ lets go of the address in its own thread, a moment after the close
             try:
                 self._sock = self._listen(self.address)
+                self._monitor = peers.watch(self._sock)
                 break
             except AddressInUse:
                 if time.monotonic() > deadline:
@@ -576,10 +619,12 @@ class Relay:
         if not self._acks_due:
             return
         per_peer: dict[bytes, list[tuple[str, int, int]]] = {}
-        ranks, routes = self.dedupe.ranks, self._routes
+        ranks = self.dedupe.ranks
         for key in self._acks_due:
-            peer = routes[key]
-            per_peer.setdefault(peer, []).append((key[0], key[1], ranks[key].ack_for(peer)))
+            state = ranks[key]
+            peer = state.owner
+            if peer is not None:  # gone: its next connection is acknowledged when it sends
+                per_peer.setdefault(peer, []).append((key[0], key[1], state.ack_for(peer)))
         self._acks_due.clear()
         if self._sock is None:
             return
@@ -644,6 +689,9 @@ class Relay:
         log_stats(snap, final=True)
         write_stats(self.stats_path, snap)
         if self._sock is not None:
+            if self._monitor is not None:
+                self._sock.disable_monitor()
+                self._monitor.close(0)
             self._sock.close(linger=1000)
         if self._auth is not None:
             self._auth.stop()

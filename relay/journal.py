@@ -37,6 +37,7 @@ import click
 import orjson
 
 from relay import schema
+from relay.dedupe import claimed_drop
 from relay.recovery import cut_torn_tail
 from sinks.base import SinkError
 from sinks.events import from_journal, json_safe
@@ -328,7 +329,7 @@ class Journal:
         self._lock_fd: int | None = None
         self._lock_path = Path()
         self._made_folder: Path | None = None  # created by open(), removed by abandon() if still empty
-        self._index: dict[str, dict[int, list[list[int]]]] | None = None
+        self._index: dict[str, dict[int, Seen]] | None = None
         self._released: set[str] = set()
 
     # -- paths beside the journal ---------------------------------------------------------------
@@ -440,9 +441,11 @@ class Journal:
         if folder is not None and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
 
-    def seen(self, run: str) -> Iterable[tuple[int, int]]:
-        """(rank, seq) pairs already here for ``run``: a restarted relay (or a replay into this
-        journal) recognises events written but never acknowledged."""
+    def seen(self, run: str) -> dict[int, Seen]:
+        """What is already here for ``run``, per rank: a restarted relay (or a replay into this
+        journal) recognises events written but never acknowledged, and the drops clients reported.
+        Read from whole lines only: a torn tail is cut first, so the dedupe state never counts an
+        event the cut removes."""
         if self.directory:
             path = self.file_for(run)
             self._cut_once(run, path)  # the dedupe state comes only from lines that stay
@@ -455,10 +458,7 @@ class Journal:
                 self._index = index
         else:
             index = self._index
-        for rank, spans in index.pop(run, {}).items():
-            for start, end in spans:
-                for seq in range(start, end):
-                    yield rank, seq
+        return index.pop(run, {})
 
     def recent(self, run: str, limit: int = RECENT_BYTES) -> list[dict[str, Any]]:
         """``run``'s events among the last ``limit`` bytes of its file, in order, as a sink gets
@@ -541,19 +541,41 @@ def _same_file(fd: int, path: Path) -> bool:
     return (here.st_dev, here.st_ino) == (opened.st_dev, opened.st_ino)
 
 
-def _scan(paths: Iterable[Path]) -> dict[str, dict[int, list[list[int]]]]:
-    """run -> rank -> contiguous [start, end) seq spans of the events already in these files, read
-    from whole lines only: a last line without its newline is not there (it is cut when the file is
-    opened for writing, and its events were never acknowledged)."""
-    index: dict[str, dict[int, list[list[int]]]] = {}
+class Seen:
+    """What a journal holds of one (run, rank): contiguous [start, end) seq ``spans``, and how far
+    its client said it dropped (``dropped``: the highest ``claimed_drop`` of its stats events, 0: none)."""
+
+    __slots__ = ("spans", "dropped")
+
+    def __init__(self) -> None:
+        self.spans: list[list[int]] = []
+        self.dropped = 0
+
+    def seqs(self) -> Iterator[int]:
+        """Every seq the spans hold, in order (tests and the fuzzer compare them with whole lines)."""
+        for start, end in self.spans:
+            yield from range(start, end)
+
+
+def _scan(paths: Iterable[Path]) -> dict[str, dict[int, Seen]]:
+    """run -> rank -> what these files hold of it, read from whole lines only: a last line without
+    its newline is not there (it is cut when the file is opened for writing, and its events were
+    never acknowledged)."""
+    index: dict[str, dict[int, Seen]] = {}
     for path in paths:
         if not path.exists():
             continue
         for event in read_events(path, whole_lines=True):  # events only: run, rank and seq are valid
             run, rank, seq = event["run"], event["rank"], event["seq"]
-            spans = index.setdefault(run, {}).setdefault(rank, [])
+            ranks = index.setdefault(run, {})
+            seen = ranks.get(rank)
+            if seen is None:
+                seen = ranks[rank] = Seen()
+            spans = seen.spans
             if spans and spans[-1][1] == seq:
                 spans[-1][1] = seq + 1
             else:
                 spans.append([seq, seq + 1])
+            if event["type"] == "stats":
+                seen.dropped = max(seen.dropped, claimed_drop(event) or 0)
     return index

@@ -1,6 +1,6 @@
 """What keeps the relay process within bounds whatever its peers do: a budget of new runs per
 connection, the bytes it holds between receiving and journaling, its resident memory, its
-descriptor limit, and the process it watches."""
+descriptor limit, the process it watches, and who may read the files it makes."""
 from __future__ import annotations
 
 import ctypes
@@ -79,6 +79,14 @@ def raise_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError) as exc:
             log.debug("could not raise the open-file limit from %d: %s", soft, exc)
+
+
+def private_files(world_readable: bool) -> None:
+    """Unless ``world_readable``, what the relay (and its sink processes) create from now on is its
+    user's alone: files 0600, folders 0700 (the umask gains 077; what exists keeps its mode).
+    The journal names every run and its seqs, which is what a local peer needs to forge events."""
+    if not world_readable:
+        os.umask(os.umask(0o077) | 0o077)
 
 
 def alive(pid: int) -> bool:

@@ -42,8 +42,8 @@ def append(path: str, events: list[dict[str, Any]]) -> None:
     replay to trip over. Raises OSError."""
     from relay.journal import encode_line  # only a Publisher that has to spool pays for this import
 
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # the job's events: its user's alone
     try:
         start = os.lseek(fd, 0, os.SEEK_END)
         view = memoryview(b"".join([encode_line(event) for event in events]))

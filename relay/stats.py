@@ -42,6 +42,7 @@ class Counters:
         self.runs_evicted = 0  # forgotten to stay within --max-runs
         self.memory_resets = 0  # every connection dropped to stay within --max-memory
         self.bad_drop_reports = 0  # client loss reports naming seqs they cannot have dropped
+        self.owners_released = 0  # streams whose owning connection went away (relay/dedupe.py)
         self.status_answered = 0  # status requests answered (relay/status.py); never counted as frames or rejects
         self.status_unanswered = 0  # beyond the answer budget, or undeliverable
         self.client_dropped: dict[tuple[str, int], int] = {}
@@ -68,6 +69,7 @@ class Counters:
             "runs_evicted": self.runs_evicted,
             "memory_resets": self.memory_resets,
             "bad_drop_reports": self.bad_drop_reports,
+            "owners_released": self.owners_released,
             "status_answered": self.status_answered,
             "status_unanswered": self.status_unanswered,
             "client_dropped": sum(self.client_dropped.values()) + self._client_dropped_forgotten,

@@ -268,12 +268,16 @@ def client_streams(draw: st.DrawFn) -> list[list[Any]]:
 
 @st.composite
 def ingest_sessions(draw: st.DrawFn) -> bytes:
-    """What several peers send one relay: ``[layout, ops]`` packed, each op a ``[peer, frame]`` or
-    nil for a journal flush. Publishers' streams are interleaved, and runs come from a small pool,
-    so peers collide on the same (run, rank, seq) and dedupe, drop reports and acks interact."""
+    """What several peers send one relay: ``[layout, ops]`` packed, each op a ``[peer, frame]``,
+    a ``[peer]`` for its disconnection, or nil for a journal flush. Publishers' streams are
+    interleaved, and runs come from a small pool, so peers collide on the same (run, rank, seq) and
+    dedupe, stream ownership, drop reports and acks interact."""
     streams: list[list[Any]] = []
     for _ in range(draw(st.integers(1, 6))):
-        choice = draw(st.integers(0, 19))
+        choice = draw(st.integers(0, 21))
+        if choice >= 20:
+            streams.append([[draw(st.sampled_from(PEERS))]])
+            continue
         if choice < 10:
             streams.append(draw(client_streams()))
         elif choice < 17:

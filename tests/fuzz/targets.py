@@ -151,6 +151,8 @@ def check_ingest(session: bytes) -> None:
                 for op in session_ops:
                     if op is None:
                         relay.commit()
+                    elif len(op) == 1:
+                        relay._peer_gone(op[0])  # what the socket monitor reports (relay/peers.py)
                     else:
                         relay.take_frame(op[0], op[1])
                 relay.commit()
@@ -179,6 +181,7 @@ def _check_relay(relay: Any, path: Path, written: int) -> None:
     if counters.events + counters.derived != counters.written + counters.duplicates + relay._pending:
         raise Violation("counters", f"events {counters.events} + derived {counters.derived} != written "
                                     f"{counters.written} + duplicates {counters.duplicates} + pending {relay._pending}")
+    _check_owners(relay.dedupe)
     seqs: dict[tuple[str, int], set[int]] = {}
     drops: dict[tuple[str, int], set[int]] = {}
     events = [event for file in journal_files(path) for event in read_events(file)]
@@ -203,6 +206,17 @@ def _check_relay(relay: Any, path: Path, written: int) -> None:
         schema.encode_ack([(key[0], key[1], state.floor)])
     for event in events:  # last: target decode covers these lines too, so their bugs mask less here
         _check_journaled(event)
+
+
+def _check_owners(dedupe: Any) -> None:
+    """Each stream has at most one owner, and the index of what each connection owns (what its
+    disconnection releases) says exactly the same."""
+    owned = {key: peer for peer, keys in dedupe.owned.items() for key in keys}
+    if sum(map(len, dedupe.owned.values())) != len(owned) or any(not keys for keys in dedupe.owned.values()):
+        raise Violation("owners", "a stream is indexed under two owners, or an owner under no stream")
+    held = {key: state.owner for key, state in dedupe.ranks.items() if state.owner is not None}
+    if owned != held:
+        raise Violation("owners", f"owner index {sorted(owned.items())[:3]} != states' owners {sorted(held.items())[:3]}")
 
 
 def _last_deadletter(relay: Any) -> str:
@@ -245,7 +259,7 @@ def check_journal(journal_bytes: bytes) -> None:
             journal.open()
             try:
                 for other in {run} | {e.get("run") for e in events if schema.valid_run_id(e.get("run"))}:
-                    seen = set(journal.seen(other))
+                    seen = {(rank, seq) for rank, held in journal.seen(other).items() for seq in held.seqs()}
                     if (journal.directory and other != run) or seen == {(k, s) for r, k, s in kept if r == other}:
                         continue  # (a directory journal's other runs have files of their own: none here)
                     raise Violation("recovery_seen", f"after recovery {other!r} seen as {sorted(seen)[:5]}, its "

@@ -307,8 +307,9 @@ def test_a_genuine_drop_report_still_moves_the_floor_for_its_own_connection():
     assert not state.take(5, b"other") and not state.take(6, b"third"), "taken once, then duplicates for anyone"
 
 
-def _connect_as(uid: int | None, path: str) -> int:
-    """Connect to a unix socket from a forked child running as ``uid``: 0 if it could, else errno."""
+def _connect_as(uid: int | None, path: str, bind: bool = False) -> int:
+    """Connect to (or ``bind``) a unix socket from a forked child running as ``uid``: 0 if it could,
+    else errno."""
     pid = os.fork()
     if pid == 0:
         code = 0
@@ -317,7 +318,7 @@ def _connect_as(uid: int | None, path: str) -> int:
                 os.setgid(uid)
                 os.setuid(uid)
             with socket.socket(socket.AF_UNIX) as sock:
-                sock.connect(path)
+                sock.bind(path) if bind else sock.connect(path)
         except OSError as exc:
             code = exc.errno or 1
         os._exit(code)
