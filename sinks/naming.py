@@ -20,6 +20,20 @@ CLUSTER_NAMES = {
 }
 
 
+#: Context key that marks the relay's system figures: ``"rank"`` (one rank's own, with ``rank``) or
+#: ``"cluster"`` (the relay's cross-rank figures). Each tracker sink puts them where its UI keeps
+#: system figures, away from the Trainer's curves (docs/plugins.md).
+SYSTEM = "system"
+
+
+def system_key(context: dict[str, Any], name: str) -> str:
+    """A system figure's path for the trackers that group charts by ``/`` prefixes (MLflow,
+    TensorBoard, W&B): ``system/<name>/rank_<n>`` per rank, so the ranks of one figure sit side by
+    side in one group, and ``system/<name>`` for the relay's cross-rank figures."""
+    rank = context.get("rank")
+    return f"system/{name}" if rank is None else f"system/{name}/rank_{rank}"
+
+
 def display_names(data: dict[str, Any], names: dict[str, str], prefix: str) -> dict[str, Any]:
     """``data`` under the names a tracker shows: ``names``' own, else ``prefix`` + the wire name."""
     return {names.get(key) or prefix + key: value for key, value in data.items()}

@@ -107,7 +107,7 @@ def check_training_run(view: RunView, steps: int = 6) -> None:
     # epoch: once per logging step, and again with the final train_* figures (as HF logs it)
     assert sorted({s for s, _, _ in view.history["epoch"]}) == list(range(1, steps + 1))
     for rank in (0, 1):
-        step_time = view.series(f"rank/{rank}/rank_step_time_s")  # the wire's step_time, named for display
+        step_time = view.series(f"system/rank_step_time_s/rank_{rank}")  # the wire's step_time, named for display
         assert sorted(step_time) == list(range(1, steps + 1))
         assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
     assert list(view.series("additional_metrics.model_load_time").values()) == [3.25]
@@ -147,6 +147,27 @@ def test_mapping_of_a_two_rank_run(db, tmp_path: Path) -> None:
     assert export["run_name"] == "job-1" and export["run_id"] == view.info.run_id
     assert export["run_uri"] == f"<host_url>/#/experiments/{view.info.experiment_id}/runs/{view.info.run_id}"
     assert sink.counters["runs_created"] == 1 and sink.counters["skipped_values"] == 0
+
+
+def test_what_the_run_page_reads_is_filled_and_bookkeeping_hidden(db, tmp_path: Path) -> None:
+    uri, job = db(), tmp_path / "job"
+    events = training_events("j1-d0c381", output_dir=str(job))
+    ev = Events("j1-d0c381")
+    ev.seqs[0] = max(e["seq"] for e in events if e["rank"] == 0) + 1
+    events.insert(3, ev(0, "params", {"run_id": "j1-d0c381", "run_name": "j1", "user": "ada",
+                                      "source": "/src/trainer/__main__.py"}, stage="run"))
+    run_sink(uri, [events])
+    view = read_run(uri, "j1-d0c381")
+    assert view.info.run_name == "j1"  # the user's --run_name, as HF's MLflowCallback names the run
+    assert {k: view.tags[k] for k in ("mlflow.user", "mlflow.source.name", "mlflow.source.type")} == {
+        "mlflow.user": "ada", "mlflow.source.name": "/src/trainer/__main__.py", "mlflow.source.type": "LOCAL"}
+    shown = {k for k in view.tags if not k.startswith(("mlflow.", "_mlflow_"))}  # what MLflow's UI lists
+    assert shown == {"relay.run_id"}, shown
+    assert json.loads((job / "mlflow_tracker.json").read_text())["run_name"] == "j1"
+    import mlflow
+
+    experiment = mlflow.MlflowClient(tracking_uri=uri).get_experiment(view.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_restart_resumes_the_run_and_replay_adds_nothing(db) -> None:

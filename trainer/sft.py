@@ -6,6 +6,7 @@ load, train, and at the end flush every rank before the embedded relay is stoppe
 """
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import os
@@ -83,7 +84,8 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
     if rank == 0:
         run_params = {"run_id": run_id, "run_name": plan.training.run_name, "world_size": world_size,
                       "output_dir": os.path.abspath(output_dir),  # the relay may run elsewhere
-                      "relay_address": address, "trackers": plan.trackers, "embedded_relay": relay is not None}
+                      "relay_address": address, "trackers": plan.trackers, "embedded_relay": relay is not None,
+                      "user": _user(), "source": sys.argv[0]}  # what MLflow's own logging records
         if plan.tracking.experiment:
             run_params["experiment"] = plan.tracking.experiment  # sinks that group runs (Aim) use it
         tracking.set_params(run_params, name="run")
@@ -96,6 +98,15 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
                        "relay_pid": relay.proc.pid if relay else None}, fh)
         log.info("tracking run %s through the relay at %s", run_id, address)
     return relay
+
+
+def _user() -> str | None:
+    """The job's user, as MLflow's own logging records it (``mlflow.user``); None where the
+    system knows no name for this uid (a container without a passwd entry)."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return None
 
 
 def _load(plan: RunPlan, rank: int) -> tuple[object, object]:
