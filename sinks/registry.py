@@ -16,6 +16,20 @@ def available() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
+def summaries() -> list[tuple[str, str]]:
+    """Each installed sink's name and one line about it (its class docstring's first sentence), for
+    ``relay serve --help``; a sink that fails to import says so instead of hiding."""
+    out = []
+    for name in sorted(available()):
+        try:
+            doc = (load(name).__doc__ or "").strip()
+        except SinkError as exc:
+            doc = str(exc)
+        first = " ".join(doc.split(". ")[0].split()).replace("``", "").rstrip(".")
+        out.append((name, first + "." if first else "(no description)"))
+    return out
+
+
 def load(name: str) -> type[Sink]:
     """The sink class registered as ``name``, or the class a ``package.module:Class`` name points to;
     SinkError with a one-line message otherwise (naming the known sinks for an unknown name)."""

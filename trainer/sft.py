@@ -10,6 +10,7 @@ import getpass
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 import time
@@ -195,6 +196,16 @@ def train(
         finally:
             if relay is not None:
                 relay.stop()
+                if completed:
+                    _point_at_journal(os.path.join(training_args.output_dir, JSONL_NAME))
+
+
+def _point_at_journal(journal: str) -> None:
+    """The last lines of a job whose relay ran beside it (``make demo``): where its journal is and
+    how to watch and plot it (docs/watching.md)."""
+    path = shlex.quote(os.path.relpath(journal))
+    log.info("metrics journal: %s\n  watch it:  relay tail -f --view steps %s\n  plot it:   relay plot %s "
+             "--metric loss -o loss.png", journal, path, path)
 
 
 def _configure_logging() -> None:
