@@ -50,6 +50,9 @@ FULL_VALUES = "relay_params"  # artifact folder: the whole of what was cut to ML
 #: Param groups logged under their bare keys, as HF's callback logs TrainingArguments and the model
 #: config and fms-hf-tuning its --exp_metadata; any other group is ``<group>.<key>``.
 PLAIN_GROUPS = frozenset({"hparams", "model", "experiment_metadata"})
+#: Model-config params whose integer keys JSON turned into strings; PretrainedConfig turns them back,
+#: so HF's MLflowCallback logs ``{0: 'LABEL_0'}``, and so does this sink.
+LABEL_MAPS = frozenset({"id2label"})
 STATUS = {"completed": "FINISHED", "finished": "FINISHED", "success": "FINISHED",
           "killed": "KILLED", "interrupted": "KILLED", "cancelled": "KILLED"}  # anything else: FAILED
 # MLflow's limits (mlflow.utils.validation); MAX_BYTES keeps a call under a server's 1 MB bound.
@@ -218,6 +221,8 @@ class MlflowSink(TrackerSink):
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
         r = self._ml[run]
         for key, value in params.items():
+            if name == "model" and key in LABEL_MAPS and isinstance(value, dict):
+                value = {int(k) if k.isdigit() else k: v for k, v in value.items()}  # as PretrainedConfig keeps it
             full = key if name in PLAIN_GROUPS else f"{name}.{key}"
             mkey, whole = self._key(full), {"group": name, "key": key, "value": value}
             text = self._fit(r, mkey, str(json_safe(value)), MAX_PARAM, whole, renamed=mkey != full)

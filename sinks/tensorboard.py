@@ -209,7 +209,8 @@ class TensorBoardSink(TrackerSink):
     @_encodable
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
         board, tb = self._boards[run], self._tb
-        text = json.dumps(params, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+        # in the params' own order, as TrainingArguments.to_json_string writes the callback's ``args``
+        text = json.dumps(params, indent=2, ensure_ascii=False, default=str)
         tag = TEXT_NAMES.get(name, name) + "/text_summary"  # as torch's SummaryWriter.add_text names it
         self._record(board, tb.Event(wall_time=board.last_ts or time.time(), step=0, summary=tb.text_pb(tag, text)))
         if name == "relay" or name.startswith("relay."):

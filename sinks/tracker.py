@@ -5,7 +5,7 @@ those calls and does, once for every tracker, what each would otherwise rebuild:
 
 * **Trainer naming.** ``train_``/``eval_``/``test_`` prefixes become a ``subset`` context, as the
   trackers' own Hugging Face callbacks name them; several eval sets (``eval_<set>_loss``) add a
-  ``sub_dataset``; the train stage also logs ``epoch``.
+  ``sub_dataset``; every Trainer log also logs ``epoch`` (run-level), as HF's Trainer adds it to each.
 * **The rank policy.** The Trainer already reduced its metrics across ranks: they are taken from
   rank 0 once per step (``rank=None``); per-rank figures (stage ``rank``) and custom metrics keep
   their rank, in the context. Per-rank figures are renamed for display (``step_time`` ->
@@ -215,8 +215,8 @@ class TrackerSink(Sink):
                 self.counters["nonzero_rank_trainer_metrics"] += 1
                 return
             groups = trainer_groups(stage, data)
-            if stage == "train" and event["epoch"] is not None:
-                groups.setdefault((), ({}, {}))[1]["epoch"] = event["epoch"]  # as HF's callbacks log it
+            if event["epoch"] is not None:  # HF's Trainer adds it to every log, eval's too; its callbacks log it
+                groups.setdefault((), ({}, {}))[1]["epoch"] = event["epoch"]
             series_rank = None
         elif stage == "rank":
             groups = {(): ({SYSTEM: "rank", "rank": rank}, display_names(data, RANK_NAMES, "rank_"))}

@@ -203,7 +203,8 @@ def train(
 def _point_at_journal(journal: str) -> None:
     """The last lines of a job whose relay ran beside it (``make demo``): where its journal is and
     how to watch and plot it (docs/watching.md)."""
-    path = shlex.quote(os.path.relpath(journal))
+    near = os.path.relpath(journal)
+    path = shlex.quote(journal if near.startswith("..") else near)
     log.info("metrics journal: %s\n  watch it:  relay tail -f --view steps %s\n  plot it:   relay plot %s "
              "--metric loss -o loss.png", journal, path, path)
 
