@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -203,10 +204,19 @@ def train(
 def _point_at_journal(journal: str) -> None:
     """The last lines of a job whose relay ran beside it (``make demo``): where its journal is and
     how to watch and plot it (docs/watching.md)."""
-    near = os.path.relpath(journal)
-    path = shlex.quote(journal if near.startswith("..") else near)
-    log.info("metrics journal: %s\n  watch it:  relay tail -f --view steps %s\n  plot it:   relay plot %s "
-             "--metric loss -o loss.png", journal, path, path)
+    path = shlex.quote(_near(journal))
+    relay = os.path.join(os.path.dirname(sys.executable), "relay")  # this environment's (.venv/bin/relay)
+    if not os.path.exists(relay) or shutil.which("relay") == relay:
+        relay = "relay"
+    relay = shlex.quote(_near(relay) if os.sep in relay else relay)
+    log.info("metrics journal: %s\n  watch it:  %s tail -f --view steps %s\n  plot it:   %s plot %s "
+             "--metric loss -o loss.png", journal, relay, path, relay, path)
+
+
+def _near(path: str) -> str:
+    """``path`` relative to the current directory when it lies below it, else as it is."""
+    near = os.path.relpath(path)
+    return path if near.startswith("..") else near
 
 
 def _configure_logging() -> None:
