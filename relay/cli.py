@@ -77,7 +77,7 @@ class _SinkCommand(click.Command):
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """List what ``--sink`` takes: the journal and every installed sink, third-party ones too."""
         super().format_epilog(ctx, formatter)
-        from sinks.registry import summaries
+        from sinks.registry import summaries  # reads the sinks' source: imports none of them
 
         with formatter.section("Installed sinks (--sink NAME; --sink NAME --help adds its options)"):
             journal = [(Journal.name, "The journal (JSONL), always written.")] if self.journal_always else []
