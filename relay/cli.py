@@ -95,6 +95,15 @@ class _SinkCommand(click.Command):
         help_option = self.get_help_option(ctx)
         return params + [help_option] if help_option is not None else params
 
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """List what ``--sink`` takes: the journal and every installed sink, third-party ones too."""
+        super().format_epilog(ctx, formatter)
+        from sinks.registry import summaries  # reads the sinks' source: imports none of them
+
+        with formatter.section("Installed sinks (--sink NAME; --sink NAME --help adds its options)"):
+            journal = [(Journal.name, "The journal (JSONL), always written.")] if self.journal_always else []
+            formatter.write_dl(journal + summaries())
+
     def _sink_params(self, classes: dict[str, tuple[str, type]]) -> list[click.Parameter]:
         """The named sinks' options (the first declaration of a name wins)."""
         owners: dict[str, str] = {p.name: "relay" for p in self.params if p.name}

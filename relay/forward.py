@@ -39,7 +39,7 @@ CLOSE_WAIT = 5.0  # seconds close() waits for the central's last acks
 
 
 class ForwardSink(Sink):
-    """Forward every event of this relay's journal to a central relay (see the module's docstring)."""
+    """Forward every event of this relay's journal to a central relay. (The module's docstring says how.)"""
 
     name = "forward"
     wants_events = False  # it forwards the journal's lines; write() only needs to know which runs have news

@@ -11,8 +11,9 @@ idempotent replay and catch-up from the journal; this module is what is Aim's ow
   written again with the same step, value and time, so nothing is doubled. Local run handles
   are kept (Aim's RocksDB resumes by itself once the disk is writable again); with a remote
   server the client and its handles are replaced, since a restarted server forgets them.
-* **Handles.** Opened on demand, closed on rank 0's train_end, after ``IDLE_CLOSE_S`` quiet, and
-  at shutdown; closed runs are indexed at once so Aim's own readers see them.
+* **Handles.** Opened on demand, closed once the run has said all it will (rank 0's train_end
+  and every client's closing counters, ``run_settled``), after ``IDLE_CLOSE_S`` quiet, or at
+  shutdown, so a run is opened and closed once per relay lifetime; closed runs are indexed at once so Aim's own readers see them.
 * **The job's times.** A new run is created at its first event's ``ts`` and closed at its last
   one's (sinks/aim_run.py), so a replayed or late-written run has the job's start and duration.
 
@@ -39,6 +40,7 @@ from sinks.aim_run import close_at, relay_run_class
 from sinks.base import SinkContext, SinkError
 from sinks.events import json_safe
 from sinks.preflight import need_package, need_writable_dir
+from sinks.naming import SYSTEM
 from sinks.tracker import Spans, TrackerSink, exact_ints
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,9 @@ log = logging.getLogger(__name__)
 EXPORT_NAME = "aim_tracker.json"
 #: Run params holding the relay's identity of the run (queryable in Aim: ``run.relay.run_id``).
 PARAMS_KEY = "relay"
+#: Aim's prefix for system metrics (``aim.ext.resource.configs.AIM_RESOURCE_METRIC_PREFIX``): its UI
+#: shows such series in the run page's System tab and the explorers' System group.
+SYSTEM_PREFIX = "__system__"
 #: Key in the run's own metadata (not a param) for the applied (rank, seq) spans.
 STATE_KEY = "metrics_relay_applied"
 #: Key beside it for the newest event ``ts`` applied: the run's end time when it is closed.
@@ -241,7 +246,7 @@ class AimSink(TrackerSink):
                 continue
             if state.export_due:
                 self._export(state)
-            if state.ended:
+            if state.ended and self.run_settled(run):  # not before: a late event would reopen it
                 self._close_handle(state)
 
     def _close_idle(self) -> None:
@@ -269,6 +274,9 @@ class AimSink(TrackerSink):
     def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
                     context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
         handle = self._handle(run)
+        if context.get(SYSTEM):  # the relay's figures: named as Aim's own system metrics, in its System tabs
+            context = {k: v for k, v in context.items() if k != SYSTEM}
+            values = {SYSTEM_PREFIX + name: value for name, value in values.items()}
         handle._tracker._track(values, ts, None, step, epoch, context=context)  # the event's own time
 
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:

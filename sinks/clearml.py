@@ -41,6 +41,7 @@ import click
 from sinks.base import SinkContext, SinkError
 from sinks.events import json_safe
 from sinks.preflight import need_package, need_writable_dir
+from sinks.naming import SYSTEM
 from sinks.tracker import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ MODEL_CONFIG = "Model Configuration"
 SUMMARY_TITLE, SUMMARY_ITER = "Summary", -(2 ** 31)
 #: The custom-metrics stage whose names fms-hf-tuning's ClearML tracker leaves without a prefix.
 PLAIN_STAGE = "additional_metrics"
+#: The title prefix of ClearML's own machine monitoring (``:monitor:machine``, ``:monitor:gpu``).
+MONITOR = ":monitor:"
 STATE_NAME, LOCK_NAME = "relay-clearml.json", "relay-clearml.lock"
 
 
@@ -66,7 +69,7 @@ class _Session:
     handle: Any = None  # clearml.Task while open
     metrics_bytes: int = 0  # size of metrics.jsonl that the saved spans account for
     pending: list = field(default_factory=list)  # ScalarEvents not written yet
-    ended: bool = False  # rank 0 said train_end: write the zip after every batch that touches it
+    ended: bool = False  # rank 0 said train_end: close (write the zip) once the run is settled
     single_ts: dict[str, float] = field(default_factory=dict)  # newest ts per single value
 
 
@@ -205,7 +208,7 @@ class ClearmlSink(TrackerSink):
     def _close_ended(self, runs: Any) -> None:
         for run in runs:
             session = self._sessions.get(run)
-            if session is not None and session.ended and session.handle is not None:
+            if session is not None and session.ended and session.handle is not None and self.run_settled(run):
                 self._close_task(run, session)
 
     # -- the sink-author API ----------------------------------------------------------------------
@@ -237,8 +240,11 @@ class ClearmlSink(TrackerSink):
                     context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
         session = self._sessions[run]
         subset = context.get("subset")
+        system = context.get(SYSTEM)
         for name, value in values.items():
-            if rank is None:  # the Trainer's own series, named exactly as ClearMLCallback.on_log does
+            if system:  # titled as ClearML's own monitoring (":monitor:gpu"): one chart per figure, a series per rank
+                self._scalar(session, f"{MONITOR}{name}", "cluster" if rank is None else f"rank {rank}", step, value, ts)
+            elif rank is None:  # the Trainer's own series, named exactly as ClearMLCallback.on_log does
                 key = name if subset is None else f"{subset}_{name}"
                 if "sub_dataset" in context:
                     key = f"{subset}_{context['sub_dataset']}_{name}"
@@ -248,11 +254,9 @@ class ClearmlSink(TrackerSink):
                     self._scalar(session, subset, key[len(subset) + 1:], step, value, ts)
                 else:
                     self._scalar(session, "train", key, step, value, ts)
-            elif subset is not None:  # custom metrics: single values, named as fms-hf-tuning's tracker
+            else:  # custom metrics: single values, named as fms-hf-tuning's tracker
                 label = name if subset == PLAIN_STAGE else f"{subset}.{name}"
                 self._single(session, label if rank == 0 else f"{label}/rank {rank}", value, ts)
-            else:  # per-rank figures and client stats: one chart per name, one series per rank
-                self._scalar(session, f"rank/{name}", f"rank {rank}", step, value, ts)
 
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
         from clearml.utilities.proxy_object import flatten_dictionary

@@ -32,18 +32,28 @@ import click
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.events import json_safe
 from sinks.preflight import need_package, need_writable_dir
+from sinks.naming import SYSTEM, system_key
 from sinks.tracker import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
 
 EXPORT_NAME = "mlflow_tracker.json"  # what fms-hf-tuning writes into the job's output directory
 RUN_TAG = "relay.run_id"  # how a restarted relay (or a replay) finds its MLflow run again
-APPLIED_TAG = "relay.applied"  # number of parts; the spans' JSON is in relay.applied.0, .1, ...
+#: Number of parts; the applied spans' JSON is in mlflow.relay.applied.0, .1, ... Under MLflow's own
+#: ``mlflow.`` prefix, which its UI leaves out of a run's tags: bookkeeping, not for people.
+APPLIED_TAG = "mlflow.relay.applied"
+OLD_APPLIED_TAG = "relay.applied"  # where runs written before kept them: still read on resume
+#: The experiment tag MLflow 3's UI reads to open an experiment on its runs (``custom_model_development``,
+#: "Machine learning") rather than on the GenAI overview.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 CHANGED_PREFIX = "relay.changed."
 FULL_VALUES = "relay_params"  # artifact folder: the whole of what was cut to MLflow's limits
 #: Param groups logged under their bare keys, as HF's callback logs TrainingArguments and the model
 #: config and fms-hf-tuning its --exp_metadata; any other group is ``<group>.<key>``.
 PLAIN_GROUPS = frozenset({"hparams", "model", "experiment_metadata"})
+#: Model-config params whose integer keys JSON turned into strings; PretrainedConfig turns them back,
+#: so HF's MLflowCallback logs ``{0: 'LABEL_0'}``, and so does this sink.
+LABEL_MAPS = frozenset({"id2label"})
 STATUS = {"completed": "FINISHED", "finished": "FINISHED", "success": "FINISHED",
           "killed": "KILLED", "interrupted": "KILLED", "cancelled": "KILLED"}  # anything else: FAILED
 # MLflow's limits (mlflow.utils.validation); MAX_BYTES keeps a call under a server's 1 MB bound.
@@ -62,6 +72,7 @@ class _MlRun:
 
     first_ts: float
     run_id: str | None = None
+    name: str = ""  # the run's name in MLflow: the job's --run_name once known, else the relay run id
     experiment_id: str = ""
     params: dict[str, str] = field(default_factory=dict)  # as the MLflow run holds them
     metrics: list[Any] = field(default_factory=list)  # pending until the next save, as are the next four
@@ -106,7 +117,7 @@ class MlflowSink(TrackerSink):
         self._client: Any = None
         self._experiment_id: str | None = None
         self._ml: dict[str, _MlRun] = {}
-        self._keys: dict[tuple, str] = {}  # (rank, subset, sub_dataset, name) -> MLflow metric key
+        self._keys: dict[tuple, str] = {}  # (rank, subset, sub_dataset, system, name) -> MLflow metric key
         self._exports: set[str] = set()
         self._journal: Path | None = None
 
@@ -164,7 +175,8 @@ class MlflowSink(TrackerSink):
             found = client.get_experiment_by_name(name)
             if found is None:  # if another process makes it meanwhile, this fails: the retry finds it
                 folder = self._folder() if self.uri.startswith("sqlite:") else None
-                client.create_experiment(name, artifact_location=folder and (folder.resolve() / "mlartifacts").as_uri())
+                client.create_experiment(name, artifact_location=folder and (folder.resolve() / "mlartifacts").as_uri(),
+                                         tags=EXPERIMENT_KIND)
                 found = client.get_experiment_by_name(name)
             if found.lifecycle_stage != "active":
                 raise SinkError(f"MLflow experiment {name!r} is deleted: restore it (mlflow experiments restore) "
@@ -204,18 +216,22 @@ class MlflowSink(TrackerSink):
     def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
                     context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
         keys, metric = self._keys, self._Metric
-        where = (rank, context.get("subset"), context.get("sub_dataset"))
+        system = context.get(SYSTEM)
+        where = (rank, context.get("subset"), context.get("sub_dataset"), system)
         ts_ms, step = int(ts * 1000), 0 if step is None else step  # no step: 0, as fms-hf-tuning's track()
         out = self._ml[run].metrics
         for name, value in values.items():
             key = keys.get((*where, name))
             if key is None:
-                key = keys[(*where, name)] = self._key(metric_name(*where, name))
+                full = system_key(context, name) if system else metric_name(*where[:3], name)
+                key = keys[(*where, name)] = self._key(full)
             out.append(metric(key, value, ts_ms, step))
 
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
         r = self._ml[run]
         for key, value in params.items():
+            if name == "model" and key in LABEL_MAPS and isinstance(value, dict):
+                value = {int(k) if k.isdigit() else k: v for k, v in value.items()}  # as PretrainedConfig keeps it
             full = key if name in PLAIN_GROUPS else f"{name}.{key}"
             mkey, whole = self._key(full), {"group": name, "key": key, "value": value}
             text = self._fit(r, mkey, str(json_safe(value)), MAX_PARAM, whole, renamed=mkey != full)
@@ -224,6 +240,8 @@ class MlflowSink(TrackerSink):
                 r.new_params[mkey] = text
             elif have != text:
                 self._changed(r, mkey, text, whole)
+        if name == "run":
+            self._standard_tags(r, params)
         output_dir = params.get("output_dir")
         if name in ("run", "hparams") and isinstance(output_dir, str) and output_dir:
             if name == "run" or not r.output_from_run:
@@ -231,6 +249,18 @@ class MlflowSink(TrackerSink):
                 self._exports.add(run)
         if name == "relay.lifecycle" and isinstance(params.get("train_end"), dict):
             r.end_ts = params["train_end"].get("ts")
+
+    def _standard_tags(self, r: _MlRun, params: dict[str, Any]) -> None:
+        """What MLflow's run page reads ("Created by", "Source", the run's name), as MLflow's own
+        logging in the training process would set them: from the job's ``run`` params."""
+        for tag, key in (("mlflow.runName", "run_name"), ("mlflow.user", "user"), ("mlflow.source.name", "source")):
+            value = params.get(key)
+            if isinstance(value, str) and value:
+                r.tags[tag] = value[:MAX_TAG]
+        if isinstance(params.get("source"), str):
+            r.tags["mlflow.source.type"] = "LOCAL"
+        if isinstance(params.get("run_name"), str) and params["run_name"]:
+            r.name = params["run_name"]
 
     def finish_run(self, run: str, status: str) -> None:
         self._ml[run].end = STATUS.get(status.lower(), "FAILED")
@@ -245,15 +275,18 @@ class MlflowSink(TrackerSink):
             made = client.create_run(self._experiment(), start_time=int(r.first_ts * 1000), tags={RUN_TAG: run},
                                      run_name=run)
             r.run_id, r.experiment_id, r.params, r.suspect = made.info.run_id, made.info.experiment_id, {}, False
+            r.name = run
             self.counters["runs_created"] += 1
             log.info("mlflow run %s created for run %s", r.run_id, run)
             return {}
         info, tags = found[0].info, found[0].data.tags
+        r.name = info.run_name or run
         r.run_id, r.experiment_id, r.params = info.run_id, info.experiment_id, dict(found[0].data.params)
         self.counters["runs_resumed"] += 1
         log.info("mlflow run %s resumed for run %s", r.run_id, run)
         try:
-            text = "".join(tags.get(f"{APPLIED_TAG}.{i}", "") for i in range(int(tags.get(APPLIED_TAG) or 0)))
+            prefix = APPLIED_TAG if APPLIED_TAG in tags else OLD_APPLIED_TAG
+            text = "".join(tags.get(f"{prefix}.{i}", "") for i in range(int(tags.get(prefix) or 0)))
             return {int(rank): spans for rank, spans in json.loads(text).items()}
         except ValueError:  # none saved yet, or torn by a full disk: all again, as after a failed save
             r.suspect = self.directory
@@ -382,7 +415,7 @@ class MlflowSink(TrackerSink):
             where = f"sqlite:///{Path(self.uri[len('sqlite:///'):]).expanduser().resolve()}"
         elif self.directory:
             where = str(self._folder().resolve())
-        record = {"run_name": run, "run_uri": f"{host}/#/experiments/{r.experiment_id}/runs/{r.run_id}",
+        record = {"run_name": r.name or run, "run_uri": f"{host}/#/experiments/{r.experiment_id}/runs/{r.run_id}",
                   "run_id": r.run_id, "experiment_id": r.experiment_id, "tracking_uri": where}
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
@@ -397,12 +430,10 @@ class MlflowSink(TrackerSink):
 def metric_name(rank: int | None, subset: str | None, sub_dataset: str | None, name: str) -> str:
     """A series' MLflow name (before MLflow's character rules). The Trainer's (``rank`` None): the
     key HF's MLflowCallback logs (``loss``, ``eval_loss``, ``eval_<set>_loss``, ``train_runtime``).
-    Custom metrics: ``<stage>.<name>``, as fms-hf-tuning's MLflow tracker. A rank's own series:
-    under ``rank/<n>/``, except rank 0's custom metrics, which keep the name fms-hf-tuning gives."""
-    if rank is None:
+    Custom metrics: ``<stage>.<name>``, as fms-hf-tuning's MLflow tracker; another rank's under
+    ``rank/<n>/``. (The relay's system figures are ``naming.system_key``'s.)"""
+    if rank is None or subset is None:
         return "_".join(part for part in (subset, sub_dataset, name) if part)
-    if subset is None:  # stage "rank" and the client's stats
-        return f"rank/{rank}/{name}"
     return f"{subset}.{name}" if rank == 0 else f"rank/{rank}/{subset}.{name}"
 
 

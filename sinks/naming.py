@@ -11,13 +11,32 @@ _SUBSET_PREFIXES = ("train_", "eval_", "test_")
 RANK_NAMES = {
     "step_time": "rank_step_time_s", "step_time_max": "rank_step_time_max_s",
     "samples_per_second": "rank_samples_per_s", "steps": "rank_steps_per_log", "rss_peak_mb": "rank_rss_peak_mb",
+    "own_time": "rank_own_time_s", "outside_time": "rank_outside_time_s",
+    "collective_wait": "rank_collective_wait_s", "outside_wait": "rank_outside_wait_s",
 }
 #: Display names of the relay's cross-rank figures (stage ``cluster``); other names get ``cluster_``.
 CLUSTER_NAMES = {
     "step_time_min": "cluster_step_time_min_s", "step_time_median": "cluster_step_time_median_s",
     "step_time_max": "cluster_step_time_max_s", "step_time_spread": "cluster_step_time_spread",
     "slowest_rank": "cluster_slowest_rank", "ranks": "cluster_ranks_reporting",
+    "own_time_min": "cluster_own_time_min_s", "own_time_median": "cluster_own_time_median_s",
+    "own_time_max": "cluster_own_time_max_s", "own_time_spread": "cluster_own_time_spread",
+    "own_slowest_rank": "cluster_own_slowest_rank",
 }
+
+
+#: Context key that marks the relay's system figures: ``"rank"`` (one rank's own, with ``rank``) or
+#: ``"cluster"`` (the relay's cross-rank figures). Each tracker sink puts them where its UI keeps
+#: system figures, away from the Trainer's curves (docs/plugins.md).
+SYSTEM = "system"
+
+
+def system_key(context: dict[str, Any], name: str) -> str:
+    """A system figure's path for the trackers that group charts by ``/`` prefixes (MLflow,
+    TensorBoard, W&B): ``system/<name>/rank_<n>`` per rank, so the ranks of one figure sit side by
+    side in one group, and ``system/<name>`` for the relay's cross-rank figures."""
+    rank = context.get("rank")
+    return f"system/{name}" if rank is None else f"system/{name}/rank_{rank}"
 
 
 def display_names(data: dict[str, Any], names: dict[str, str], prefix: str) -> dict[str, Any]:

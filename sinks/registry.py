@@ -3,9 +3,12 @@ package adds one with a line in its own pyproject and no change here; for a quic
 ``package.module:Class`` names a class on the import path without any entry point."""
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
+import sys
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 
 from sinks.base import Sink, SinkError
 
@@ -18,6 +21,32 @@ def available() -> dict[str, EntryPoint]:
     installed distribution's metadata (about 0.1 s), and the relay asks for each sink, more than
     once, before it listens. (Do not change the dict: it is shared.)"""
     return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def summaries() -> list[tuple[str, str]]:
+    """Each installed sink's name and one line about it (its class docstring's first sentence), for
+    ``relay serve --help``. Read from the source with ``ast``, never imported: help stays fast and
+    a broken plugin cannot break it."""
+    return [(name, _first_sentence(ep.value)) for name, ep in sorted(available().items())]
+
+
+def _first_sentence(target: str) -> str:
+    module, _, attr = target.partition(":")
+    relative = Path(*module.split("."))
+    for entry in sys.path:
+        for path in (Path(entry or ".") / relative.with_suffix(".py"), Path(entry or ".") / relative / "__init__.py"):
+            if path.is_file():
+                try:
+                    tree = ast.parse(path.read_text(encoding="utf-8"))
+                except (OSError, SyntaxError, ValueError) as exc:
+                    return f"(cannot be read: {type(exc).__name__})"
+                for node in tree.body:
+                    if isinstance(node, ast.ClassDef) and node.name == attr.split(".")[-1]:
+                        doc = " ".join((ast.get_docstring(node) or "").split()).replace("``", "")
+                        first = doc.split(". ")[0].rstrip(".")
+                        return first + "." if first else "(no description)"
+                return "(no description)"
+    return "(no description)"
 
 
 def load(name: str) -> type[Sink]:

@@ -30,6 +30,7 @@ import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.preflight import need_package, need_writable_dir
+from sinks.naming import SYSTEM, system_key
 from sinks.tracker import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
@@ -208,13 +209,14 @@ class TensorBoardSink(TrackerSink):
                 board.auto[tag] = auto + 1
                 self._record(board, tb.Event(wall_time=ts, step=auto, summary=tb.Summary(
                     value=[tb.Value(tag=tag, simple_value=value)])))
-        if rank is None and board.hparams:
+        if rank is None and board.hparams and not context.get(SYSTEM):
             self._session_start(board, ts)  # the Trainer logs after on_train_begin published its params
 
     @_encodable
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
         board, tb = self._boards[run], self._tb
-        text = json.dumps(params, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+        # in the params' own order, as TrainingArguments.to_json_string writes the callback's ``args``
+        text = json.dumps(params, indent=2, ensure_ascii=False, default=str)
         tag = TEXT_NAMES.get(name, name) + "/text_summary"  # as torch's SummaryWriter.add_text names it
         self._record(board, tb.Event(wall_time=board.last_ts or time.time(), step=0, summary=tb.text_pb(tag, text)))
         if name == "relay" or name.startswith("relay."):
@@ -349,6 +351,8 @@ def _lock(run: str, folder: Path) -> int:
 
 def _tag(rank: int | None, context: dict[str, Any], name: str) -> str:
     """The TensorBoard tag of a series, as transformers' ``rewrite_logs`` would name it."""
+    if context.get(SYSTEM):  # the relay's figures: TensorBoard's "system" group, not "train"
+        return system_key(context, name)
     subset = context.get("subset")
     if rank is None:  # the Trainer's own (reduced) series
         sub = context.get("sub_dataset")
@@ -356,8 +360,6 @@ def _tag(rank: int | None, context: dict[str, Any], name: str) -> str:
         if subset in ("eval", "test"):
             return f"{subset}/{name}"
         return f"train/train_{name}" if subset == "train" else f"train/{name}"
-    if subset is None:  # per-rank figures and the client's counters
-        return f"rank/{rank}/{name}"
     plain = name if subset == "additional_metrics" else f"{subset}/{name}"  # fms-hf-tuning's names
     return plain if rank == 0 else f"rank/{rank}/{subset}/{name}"
 

@@ -5,14 +5,16 @@ those calls and does, once for every tracker, what each would otherwise rebuild:
 
 * **Trainer naming.** ``train_``/``eval_``/``test_`` prefixes become a ``subset`` context, as the
   trackers' own Hugging Face callbacks name them; several eval sets (``eval_<set>_loss``) add a
-  ``sub_dataset``; the train stage also logs ``epoch``.
+  ``sub_dataset``; every Trainer log also logs ``epoch`` (run-level), as HF's Trainer adds it to each.
 * **The rank policy.** The Trainer already reduced its metrics across ranks: they are taken from
   rank 0 once per step (``rank=None``); per-rank figures (stage ``rank``) and custom metrics keep
   their rank, in the context. Per-rank figures are renamed for display (``step_time`` ->
   ``rank_step_time_s``, ``RANK_NAMES``), so no tracker draws them in a chart of the Trainer's own
-  ``samples_per_second``; the wire keeps its names.
+  ``samples_per_second``; the wire keeps its names. Their context holds ``system`` (``SYSTEM``:
+  ``"rank"``), decided by the event's stage and never by a metric's name, so each tracker puts
+  every figure of those stages, new ones included, where its UI keeps system figures.
 * **The relay's own events** (rank ``RELAY_RANK``): its cross-rank figures (stage ``cluster``) are
-  run-level series (``cluster_step_time_max_s``, ``CLUSTER_NAMES``); its findings (``straggler``,
+  run-level series (``cluster_step_time_max_s``, ``CLUSTER_NAMES``, context ``system: "cluster"``); its findings (``straggler``,
   ``rank_lost``, ``rank_back``) are params ``relay.cluster.<event>.rank<r>_step<s>``, one per rank
   and step, so none hides another.
 * **Client counters** (``stats``) are bookkeeping, not curves: params ``relay.client.rank<n>``,
@@ -41,7 +43,7 @@ from typing import Any, Sequence
 
 from sinks.base import Sink, SinkContext
 from sinks.events import NONFINITE_JSON, RELAY_RANK
-from sinks.naming import CLUSTER_NAMES, RANK_NAMES, display_names, trainer_groups
+from sinks.naming import CLUSTER_NAMES, RANK_NAMES, SYSTEM, display_names, trainer_groups
 from sinks.spans import SeqSpans
 
 log = logging.getLogger(__name__)
@@ -135,6 +137,16 @@ class TrackerSink(Sink):
         state = self._runs.get(run)
         return state is not None and state.needs_sweep
 
+    def run_settled(self, run: str) -> bool:
+        """Whether ``run`` has said all it will: rank 0's ``train_end`` and every rank's closing
+        ``stats`` (a client's last event; rank 0's after its train_end) are applied. A sink that
+        closes a run's handle waits for this, so the late events of a finished job (the clients'
+        last counters) do not reopen it; a rank that never says goodbye leaves the run to the
+        sink's idle or shutdown close."""
+        state = self._runs.get(run)
+        return state is not None and state.end_seq is not None and state.stats_ranks.issuperset(
+            range(state.world_size))
+
     def forget_run(self, run: str) -> None:
         """Drop what this class keeps of ``run`` (a sink that hands the run over to another process);
         its next event starts it again, spans loaded afresh."""
@@ -168,7 +180,7 @@ class TrackerSink(Sink):
         if state is None:
             self.start_run(run, {"world_size": event["world_size"]})
             saved = self.load_applied(run)
-            state = self._runs[run] = _Run(run, saved)
+            state = self._runs[run] = _Run(run, saved, event["world_size"])
         return state
 
     def _apply(self, state: "_Run", event: dict[str, Any], swept: bool = False) -> None:
@@ -207,13 +219,14 @@ class TrackerSink(Sink):
                 self.counters["nonzero_rank_trainer_metrics"] += 1
                 return
             groups = trainer_groups(stage, data)
-            if stage == "train" and event["epoch"] is not None:
-                groups.setdefault((), ({}, {}))[1]["epoch"] = event["epoch"]  # as HF's callbacks log it
+            if event["epoch"] is not None:  # HF's Trainer adds it to every log, eval's too; its callbacks log it
+                groups.setdefault((), ({}, {}))[1]["epoch"] = event["epoch"]
             series_rank = None
         elif stage == "rank":
-            groups, series_rank = {(): ({"rank": rank}, display_names(data, RANK_NAMES, "rank_"))}, rank
+            groups = {(): ({SYSTEM: "rank", "rank": rank}, display_names(data, RANK_NAMES, "rank_"))}
+            series_rank = rank
         elif stage == "cluster" and rank == RELAY_RANK:  # across ranks already: one run-level series each
-            groups, series_rank = {(): ({}, display_names(data, CLUSTER_NAMES, "cluster_"))}, None
+            groups, series_rank = {(): ({SYSTEM: "cluster"}, display_names(data, CLUSTER_NAMES, "cluster_"))}, None
         else:
             groups, series_rank = {(): ({"subset": stage or "custom", "rank": rank}, data)}, rank
         for context, values in groups.values():
@@ -255,10 +268,12 @@ class TrackerSink(Sink):
         """A client's cumulative counters: a param per rank (the newest report wins), and the one
         curve worth drawing, ``relay_dropped``, once it is not zero (stepped by the report's seq)."""
         rank, data = event["rank"], event["data"]
+        if rank != 0 or (state.end_seq is not None and event["seq"] > state.end_seq):
+            state.stats_ranks.add(rank)
         self._params(state, "relay.client", {f"rank{rank}": data}, event["ts"])
         dropped = self._numbers({"relay_dropped": data["dropped"]}) if "dropped" in data else {}
         if dropped and dropped["relay_dropped"] != 0:
-            self.log_metrics(state.run, rank, event["seq"], None, {"rank": rank}, dropped, event["ts"])
+            self.log_metrics(state.run, rank, event["seq"], None, {SYSTEM: "rank", "rank": rank}, dropped, event["ts"])
 
     def _lifecycle(self, state: "_Run", event: dict[str, Any]) -> None:
         data = event["data"]
@@ -273,6 +288,7 @@ class TrackerSink(Sink):
         elif isinstance(what, str) and what:
             self._params(state, "relay.lifecycle", {what: record}, event["ts"])
         if what == "train_end" and event["rank"] == 0:
+            state.end_seq = event["seq"]
             status = data.get("status")
             self.finish_run(state.run, status if isinstance(status, str) and status else "completed")
 
@@ -293,10 +309,14 @@ class TrackerSink(Sink):
 class _Run:
     """What the shared code keeps per run: applied spans (as saved, and now) and param times."""
 
-    __slots__ = ("run", "applied", "saved", "dirty", "needs_sweep", "swept", "param_ts")
+    __slots__ = ("run", "applied", "saved", "dirty", "needs_sweep", "swept", "param_ts", "world_size", "end_seq",
+                 "stats_ranks")
 
-    def __init__(self, run: str, saved: Spans) -> None:
+    def __init__(self, run: str, saved: Spans, world_size: int) -> None:
         self.run = run
+        self.world_size = world_size
+        self.end_seq: int | None = None  # of rank 0's train_end, once applied
+        self.stats_ranks: set[int] = set()  # ranks whose closing counters are in (rank 0's: after train_end)
         self.saved = saved
         self.applied = {rank: SeqSpans(s) for rank, s in saved.items()}
         self.dirty = False

@@ -38,6 +38,7 @@ import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.preflight import need_package, need_writable_dir
+from sinks.naming import SYSTEM, system_key
 from sinks.tracker import Spans, TrackerSink, exact_ints
 
 log = logging.getLogger(__name__)
@@ -206,20 +207,21 @@ class WandbSink(TrackerSink):
                     context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
         row, summary, x_key = {}, {}, STEP_KEY
         subset, sub_set = context.get("subset"), context.get("sub_dataset")
+        system = context.get(SYSTEM)
         for name, value in values.items():
             if name in RESERVED:
                 raise PermanentError(f"W&B reserves the metric name {name!r}")
-            if rank is None:  # the Trainer's series, named as W&B's HF callback's rewrite_logs does
+            if system:  # the relay's figures: the workspace's "system" section, not "train"
+                row[system_key(context, name)] = value
+                if name.startswith("relay_"):
+                    x_key = SEQ_KEY
+            elif rank is None:  # the Trainer's series, named as W&B's HF callback's rewrite_logs does
                 if subset == "train" or (subset is None and name in SUMMARY_ONLY):
                     summary[name if subset is None else f"train_{name}"] = value
                 elif subset is None:
                     row[f"train/{name}"] = value
                 else:
                     row[f"{subset}/{sub_set}_{name}" if sub_set else f"{subset}/{name}"] = value
-            elif subset is None:  # per-rank figures, and the clients' counters stepped by seq
-                row[f"rank/{rank}/{name}"] = value
-                if name.startswith("relay_"):
-                    x_key = SEQ_KEY
             elif rank == 0:  # custom metrics: fms-hf-tuning's plain names (``track()`` from rank 0)
                 row[name if subset == "additional_metrics" else f"{subset}/{name}"] = value
             else:  # another rank's: beside its per-rank figures, never in their way
@@ -360,7 +362,8 @@ class WandbSink(TrackerSink):
                     quiet = now - wb.last_event
                     if wb.handle is not None and wb.logged_step <= wb.saved_step and not (
                             self.catch_up_due(wb.run_id)) and (  # a catch-up is due first
-                            quiet >= self.idle_close_s or (wb.exit_code is not None and quiet >= self.ended_close_s)):
+                            quiet >= self.idle_close_s or (wb.exit_code is not None and (
+                                quiet >= self.ended_close_s or self.run_settled(wb.run_id)))):
                         self._finish(wb)
                         self._release(wb)
 

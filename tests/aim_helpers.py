@@ -132,10 +132,10 @@ def check_training_run(view, steps: int = 6) -> None:
     assert view.series("total_flos") == {steps: 1e9}
     assert sorted(view.series("epoch")) == list(range(1, steps + 1))
     for rank in (0, 1):
-        step_time = view.series("rank_step_time_s", rank=rank)  # the wire's step_time, named for display
+        step_time = view.series("__system__rank_step_time_s", rank=rank)  # the wire's step_time, named for display
         assert sorted(step_time) == list(range(1, steps + 1))
         assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
-        assert set(view.series("rank_steps_per_log", rank=rank).values()) == {1}
+        assert set(view.series("__system__rank_steps_per_log", rank=rank).values()) == {1}
         assert view.params["relay"]["client"][f"rank{rank}"]["dropped"] == 0
     assert not [name for name, _ in view.metrics if name.startswith("relay_")], "no counter drawn while none dropped"
     assert list(view.series("model_load_time", subset="additional_metrics", rank=0).values()) == [3.25]

@@ -265,15 +265,15 @@ def test_per_rank_series_never_share_a_name_with_the_trainers(tmp_path: Path) ->
     assert [key for key in view.metrics if key[0] == "samples_per_second"] == eval_only
     assert view.series("samples_per_second", subset="eval") == {5: 900.0}
     for rank in (0, 1):
-        assert view.series("rank_samples_per_s", rank=rank) == {5: 40.0}
-        assert view.series("rank_step_time_s", rank=rank) == {5: 0.1 + rank}
-        assert view.series("rank_step_time_max_s", rank=rank) == {5: 0.2 + rank}
-        assert view.series("rank_steps_per_log", rank=rank) == {5: 5}
-        assert view.series("rank_rss_peak_mb", rank=rank) == {5: 500.0}
-        assert view.series("rank_cuda_peak_allocated_mb", rank=rank) == {5: 100.0}
-    assert {name for name, _ in view.metrics} == {
-        "loss", "samples_per_second", "rank_samples_per_s", "rank_step_time_s", "rank_step_time_max_s",
-        "rank_steps_per_log", "rank_rss_peak_mb", "rank_cuda_peak_allocated_mb"}
+        assert view.series("__system__rank_samples_per_s", rank=rank) == {5: 40.0}
+        assert view.series("__system__rank_step_time_s", rank=rank) == {5: 0.1 + rank}
+        assert view.series("__system__rank_step_time_max_s", rank=rank) == {5: 0.2 + rank}
+        assert view.series("__system__rank_steps_per_log", rank=rank) == {5: 5}
+        assert view.series("__system__rank_rss_peak_mb", rank=rank) == {5: 500.0}
+        assert view.series("__system__rank_cuda_peak_allocated_mb", rank=rank) == {5: 100.0}
+    assert {name for name, _ in view.metrics} == {"loss", "samples_per_second"} | {  # Aim's system-metric names
+        "__system__" + name for name in ("rank_samples_per_s", "rank_step_time_s", "rank_step_time_max_s",
+                                         "rank_steps_per_log", "rank_rss_peak_mb", "rank_cuda_peak_allocated_mb")}
 
 
 def test_relay_derived_figures_are_run_level_series_and_no_finding_hides_another(tmp_path: Path) -> None:
@@ -289,10 +289,10 @@ def test_relay_derived_figures_are_run_level_series_and_no_finding_hides_another
               relay_event(ev, "lifecycle", {"event": "rank_lost", "rank": 2, "silent_s": 30.0, "last_step": 5})]
     run_sink(tmp_path / "aim", [batch[:5], batch[5:]])
     view = read_repo(str(tmp_path / "aim"))["job-cluster"]
-    assert view.series("cluster_step_time_max_s") == {1: 1.3, 2: 2.3, 3: 3.3}  # context {}: one series per run
+    assert view.series("__system__cluster_step_time_max_s") == {1: 1.3, 2: 2.3, 3: 3.3}  # context {}: one series per run
     for name, value in (("cluster_step_time_min_s", 0.1), ("cluster_step_time_median_s", 0.11),
                         ("cluster_step_time_spread", 2.7), ("cluster_slowest_rank", 2), ("cluster_ranks_reporting", 3)):
-        assert view.series(name) == {1: value, 2: value, 3: value}, name
+        assert view.series("__system__" + name) == {1: value, 2: value, 3: value}, name
     assert {dict(context).get("rank") for _, context in view.metrics} == {None, 0, 1, 2}  # RELAY_RANK is no rank
     found = view.params["relay"]["cluster"]
     assert {key: r["ratio"] for key, r in found["straggler"].items()} == {
@@ -310,8 +310,8 @@ def test_client_counters_are_params_and_only_drops_are_drawn(tmp_path: Path) -> 
              ev(0, "stats", {**counters, "dropped": 7, "dropped_full": 7, "published": 40}, stage="client")]
     run_sink(tmp_path / "aim", [batch, later])
     view = read_repo(str(tmp_path / "aim"))["job-drops"]
-    assert {name for name, _ in view.metrics} == {"loss", "relay_dropped"}
-    assert view.series("relay_dropped", rank=0) == {later[0]["seq"]: 3, later[1]["seq"]: 7}  # stepped by seq
-    assert ("relay_dropped", (("rank", 1),)) not in view.metrics  # rank 1 dropped nothing
+    assert {name for name, _ in view.metrics} == {"loss", "__system__relay_dropped"}
+    assert view.series("__system__relay_dropped", rank=0) == {later[0]["seq"]: 3, later[1]["seq"]: 7}  # stepped by seq
+    assert ("__system__relay_dropped", (("rank", 1),)) not in view.metrics  # rank 1 dropped nothing
     assert view.params["relay"]["client"] == {"rank0": {**counters, "dropped": 7, "dropped_full": 7, "published": 40},
                                               "rank1": counters}

@@ -36,5 +36,5 @@ def test_torchrun_with_tracker_aim(demo_model: Path, tmp_path: Path) -> None:
     assert sorted(view.series("loss", subset="eval")) == [3, 6]
     assert list(view.series("model_load_time", subset="additional_metrics", rank=0).values())[0] > 0
     for rank in (0, 1):
-        assert sorted(view.series("rank_step_time_s", rank=rank)) == list(range(1, STEPS + 1))
+        assert sorted(view.series("__system__rank_step_time_s", rank=rank)) == list(range(1, STEPS + 1))
     assert json.loads((out / "aim_tracker.json").read_text())["run_hash"] == view.hash

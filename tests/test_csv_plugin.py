@@ -82,3 +82,14 @@ def test_csv_sink_live_and_replayed(relays, tmp_path: Path) -> None:
     by_path = tmp_path / "by_path.csv"
     replay(journal, f"{MODULE}:CsvSink", by_path, plain)
     assert rows(by_path) == before
+
+
+def test_serve_help_lists_installed_sinks_third_party_too(tmp_path: Path) -> None:
+    env = install(tmp_path, entry_point=True)
+    done = subprocess.run([sys.executable, "-m", "relay", "serve", "--help"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    listed = done.stdout.split("Installed sinks", 1)[1]
+    names = re.findall(r"^  (\S+)  ", listed, re.M)
+    assert names == ["jsonl", "aim", "clearml", "csv", "forward", "mlflow", "tensorboard", "wandb"], listed
+    assert re.search(r"^  csv +\S", listed, re.M), "one line about each sink, from its docstring"

@@ -94,7 +94,8 @@ def test_tail_keygen_and_help_import_no_sink_plugin(tmp_path):
     journal = tmp_path / "j.jsonl"
     journal.write_bytes(encode_line({"run": "r", "rank": 0, "seq": 0, "ts": 1.0, "type": "metrics",
                                      "step": 1, "stage": "train", "data": {"loss": float("nan")}}))
-    for args in (["keygen", str(tmp_path / "keys")], ["tail", str(journal)], ["--help"], ["replay", "--help"]):
+    for args in (["keygen", str(tmp_path / "keys")], ["tail", str(journal)], ["--help"], ["replay", "--help"],
+                 ["serve", "--help"]):  # which lists every installed sink, read from source, not imported
         proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "relay", *args], capture_output=True,
                               text=True, timeout=60, env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]

@@ -110,7 +110,7 @@ def check_training_run(view: TaskView, steps: int = 6) -> None:
     assert summary == {"train_loss": 0.9, "train_runtime": 12.0, "total_flos": 1e9, "epoch": 1.0,
                        "model_load_time": 3.25}
     for rank in (0, 1):
-        step_time = view.scalars[("rank/rank_step_time_s", f"rank {rank}")]  # the wire's step_time, for display
+        step_time = view.scalars[(":monitor:rank_step_time_s", f"rank {rank}")]  # the wire's step_time, for display
         assert sorted(step_time) == list(range(1, steps + 1))
         assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
     assert view.params["Transformers"] == {"learning_rate": "2e-05", "max_grad_norm": "Infinity", "seed": "42"}
@@ -209,8 +209,8 @@ def test_two_runs_interleaved_in_one_process(tmp_path: Path) -> None:
 
 
 def test_failed_run_and_a_late_event_after_train_end(tmp_path: Path) -> None:
-    """The status is a tag (an offline task has none); an event after train_end reopens the task,
-    and the zip is written again so the import takes it too."""
+    """The status is a tag (an offline task has none); events after train_end find the task still
+    open (the run has not settled: no client said goodbye), and its zip is written once, at close."""
     ev = Events("job-f")
     events = [ev(0, "metrics", {"loss": 1.0}, step=1, stage="train"),
               ev(0, "lifecycle", {"event": "train_end", "status": "failed"}, step=1)]
@@ -219,8 +219,8 @@ def test_failed_run_and_a_late_event_after_train_end(tmp_path: Path) -> None:
             ev(0, "metrics", {"eval_loss": 0.7}, step=1, stage="eval")]
     sink = run_sink(tmp_path / "cml", [events, late])
     view = read_sessions(tmp_path / "cml")["job-f"]
-    assert "failed" in view.tags and sink.counters["tasks_closed"] == 2
-    assert view.scalars[("rank/rank_step_time_s", "rank 1")] == {1: 0.5}
+    assert "failed" in view.tags and sink.counters["tasks_closed"] == 1
+    assert view.scalars[(":monitor:rank_step_time_s", "rank 1")] == {1: 0.5}
     assert view.scalars[("Summary", "model_load_time/rank 1")] == {SUMMARY: 2.0}
     assert view.scalars[("eval", "loss")] == {1: 0.7}
 

@@ -105,10 +105,10 @@ def check_training_run(view: RunView, steps: int = 6) -> None:
     assert view.series("eval_loss") == {s: 1 / s for s in range(3, steps + 1, 3)}
     assert view.series("train_loss") == {steps: 0.9} and view.series("train_runtime") == {steps: 12.0}
     assert view.series("total_flos") == {steps: 1e9}
-    # epoch: once per logging step, and again with the final train_* figures (as HF logs it)
+    # epoch: once per logging step, again with each eval log and the final train_* figures (as HF logs it)
     assert sorted({s for s, _, _ in view.history["epoch"]}) == list(range(1, steps + 1))
     for rank in (0, 1):
-        step_time = view.series(f"rank/{rank}/rank_step_time_s")  # the wire's step_time, named for display
+        step_time = view.series(f"system/rank_step_time_s/rank_{rank}")  # the wire's step_time, named for display
         assert sorted(step_time) == list(range(1, steps + 1))
         assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
     assert list(view.series("additional_metrics.model_load_time").values()) == [3.25]
@@ -148,6 +148,27 @@ def test_mapping_of_a_two_rank_run(db, tmp_path: Path) -> None:
     assert export["run_name"] == "job-1" and export["run_id"] == view.info.run_id
     assert export["run_uri"] == f"<host_url>/#/experiments/{view.info.experiment_id}/runs/{view.info.run_id}"
     assert sink.counters["runs_created"] == 1 and sink.counters["skipped_values"] == 0
+
+
+def test_what_the_run_page_reads_is_filled_and_bookkeeping_hidden(db, tmp_path: Path) -> None:
+    uri, job = db(), tmp_path / "job"
+    events = training_events("j1-d0c381", output_dir=str(job))
+    ev = Events("j1-d0c381")
+    ev.seqs[0] = max(e["seq"] for e in events if e["rank"] == 0) + 1
+    events.insert(3, ev(0, "params", {"run_id": "j1-d0c381", "run_name": "j1", "user": "ada",
+                                      "source": "/src/trainer/__main__.py"}, stage="run"))
+    run_sink(uri, [events])
+    view = read_run(uri, "j1-d0c381")
+    assert view.info.run_name == "j1"  # the user's --run_name, as HF's MLflowCallback names the run
+    assert {k: view.tags[k] for k in ("mlflow.user", "mlflow.source.name", "mlflow.source.type")} == {
+        "mlflow.user": "ada", "mlflow.source.name": "/src/trainer/__main__.py", "mlflow.source.type": "LOCAL"}
+    shown = {k for k in view.tags if not k.startswith(("mlflow.", "_mlflow_"))}  # what MLflow's UI lists
+    assert shown == {"relay.run_id"}, shown
+    assert json.loads((job / "mlflow_tracker.json").read_text())["run_name"] == "j1"
+    import mlflow
+
+    experiment = mlflow.MlflowClient(tracking_uri=uri).get_experiment(view.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_restart_resumes_the_run_and_replay_adds_nothing(db) -> None:
@@ -366,8 +387,9 @@ def test_two_ranks_relay_killed_mid_run_then_replay_twice(relays, db, tmp_path: 
     assert relay.stop() == 0
     live = read_run(uri, "job-live")
     check_training_run(live, steps=40)
+    evals = len(range(3, 41, 3))  # epoch is logged again with each eval log and the final train_* figures
     for key, points in live.history.items():  # each point once
-        assert len(points) == len({s for s, _, _ in points}) + (key == "epoch"), key
+        assert len(points) == len({s for s, _, _ in points}) + (evals + 1 if key == "epoch" else 0), key
     assert live.info.status == "FINISHED"
     assert json.loads((job / "mlflow_tracker.json").read_text())["run_id"] == live.info.run_id
 

@@ -99,10 +99,11 @@ def check_training_run(board: Board, steps: int = 6) -> None:
     assert board.series("train/train_loss") == {steps: f32(0.9)}
     assert board.series("train/train_runtime") == {steps: 12.0}
     assert board.series("train/total_flos") == {steps: 1e9}
-    # the Trainer's final log repeats the epoch at the last step, and HF's callback writes it twice too
-    assert sorted(s for s, _, _ in board.points["train/epoch"]) == [*range(1, steps + 1), steps]
+    # the Trainer adds the epoch to every log, eval's and the final one's too, and HF's callback writes each
+    assert sorted(s for s, _, _ in board.points["train/epoch"]) == sorted([*range(1, steps + 1), *range(3, steps + 1, 3),
+                                                                           steps])
     for rank in (0, 1):
-        step_time = board.series(f"rank/{rank}/rank_step_time_s")  # the wire's step_time, named for display
+        step_time = board.series(f"system/rank_step_time_s/rank_{rank}")  # the wire's step_time, named for display
         assert sorted(step_time) == list(range(1, steps + 1))
         assert step_time[2] == f32(0.1 * (rank + 1) + 0.002)
     assert board.series("model_load_time") == {0: 3.25}
@@ -158,7 +159,7 @@ def test_trainer_names_as_transformers_rewrite_logs() -> None:
     assert _tag(None, {"subset": "test"}, "runtime") == "test/runtime"
     assert _tag(None, {"subset": "train"}, "runtime") == "train/train_runtime"
     assert _tag(None, {"subset": "eval", "sub_dataset": "ds1"}, "loss") == "eval/ds1_loss"
-    assert _tag(1, {"rank": 1}, "rank_step_time_s") == "rank/1/rank_step_time_s"
+    assert _tag(1, {"system": "rank", "rank": 1}, "rank_step_time_s") == "system/rank_step_time_s/rank_1"
     assert _tag(0, {"subset": "additional_metrics", "rank": 0}, "model_load_time") == "model_load_time"
     assert _tag(1, {"subset": "additional_metrics", "rank": 1}, "step_time") == "rank/1/additional_metrics/step_time"
     assert _tag(0, {"subset": "data", "rank": 0}, "tokens") == "data/tokens"

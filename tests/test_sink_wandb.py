@@ -109,7 +109,7 @@ def check_training_run(view: WandbView, steps: int = 6) -> None:
     assert sorted(view.series["train/epoch"]) == list(range(1, steps + 1))
     assert view.series["train/learning_rate"][2] == pytest.approx(2e-5)
     for rank in (0, 1):
-        step_time = view.series[f"rank/{rank}/rank_step_time_s"]  # the wire's step_time, named for display
+        step_time = view.series[f"system/rank_step_time_s/rank_{rank}"]  # the wire's step_time, named for display
         assert sorted(step_time) == list(range(1, steps + 1))
         assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
         assert "published" in view.config[f"relay.client.rank{rank}"]  # the clients' counters
@@ -148,7 +148,7 @@ def test_mapping_replay_and_resume(tmp_path: Path) -> None:
     assert run_dirs(tmp_path) == dirs and len(dirs) == 2
     view = read_wandb(tmp_path)["job-1"]
     check_training_run(view)
-    assert view.series["rank/1/relay_dropped"] == {events[-1]["seq"]: 2} and "rank/0/relay_dropped" not in view.series
+    assert view.series["system/relay_dropped/rank_1"] == {events[-1]["seq"]: 2} and "system/relay_dropped/rank_0" not in view.series
     assert [i["exit_code"] for i in view.instances] == [1, 0]  # cut short, then train_end "completed"
     state = json.loads((tmp_path / "wandb" / "relay-applied" / "job-1.json").read_text())
     assert state["open"] is None and state["spans"] == {"0": [[0, 25]], "1": [[0, 8]]}

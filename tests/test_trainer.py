@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -148,6 +149,13 @@ def test_demo_builds_and_trains_offline(tmp_path: Path) -> None:
     losses = [e["data"]["loss"] for e in events if e["stage"] == "train" and "loss" in e["data"]]
     assert len(losses) == 6 and all(loss > 0 for loss in losses)
     assert [e["data"]["event"] for e in events if e["type"] == "lifecycle"] == ["train_begin", "train_end"]
+    tail = done.stderr.rstrip().splitlines()[-3:]  # what `make demo` ends with: the journal, how to watch and plot it
+    journal = out / "training_logs.jsonl"
+    assert tail[0].endswith(f"metrics journal: {journal}"), tail
+    near = os.path.relpath(journal, ROOT)  # relative where it lies below the job's directory
+    assert tail[1].split() == ["watch", "it:", "relay", "tail", "-f", "--view", "steps",
+                               str(journal) if near.startswith("..") else near], tail
+    assert tail[2].split()[:4] == ["plot", "it:", "relay", "plot"], tail
 
 
 @pytest.mark.slow

@@ -6,9 +6,12 @@ load, train, and at the end flush every rank before the embedded relay is stoppe
 """
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import os
+import shlex
+import shutil
 import signal
 import sys
 import time
@@ -83,7 +86,8 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
     if rank == 0:
         run_params = {"run_id": run_id, "run_name": plan.training.run_name, "world_size": world_size,
                       "output_dir": os.path.abspath(output_dir),  # the relay may run elsewhere
-                      "relay_address": address, "trackers": plan.trackers, "embedded_relay": relay is not None}
+                      "relay_address": address, "trackers": plan.trackers, "embedded_relay": relay is not None,
+                      "user": _user(), "source": sys.argv[0]}  # what MLflow's own logging records
         if plan.tracking.experiment:
             run_params["experiment"] = plan.tracking.experiment  # sinks that group runs (Aim) use it
         tracking.set_params(run_params, name="run")
@@ -96,6 +100,15 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
                        "relay_pid": relay.proc.pid if relay else None}, fh)
         log.info("tracking run %s through the relay at %s", run_id, address)
     return relay
+
+
+def _user() -> str | None:
+    """The job's user, as MLflow's own logging records it (``mlflow.user``); None where the
+    system knows no name for this uid (a container without a passwd entry)."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return None
 
 
 def _load(plan: RunPlan, rank: int) -> tuple[object, object]:
@@ -184,6 +197,26 @@ def train(
         finally:
             if relay is not None:
                 relay.stop()
+                if completed:
+                    _point_at_journal(os.path.join(training_args.output_dir, JSONL_NAME))
+
+
+def _point_at_journal(journal: str) -> None:
+    """The last lines of a job whose relay ran beside it (``make demo``): where its journal is and
+    how to watch and plot it (docs/watching.md)."""
+    path = shlex.quote(_near(journal))
+    relay = os.path.join(os.path.dirname(sys.executable), "relay")  # this environment's (.venv/bin/relay)
+    if not os.path.exists(relay) or shutil.which("relay") == relay:
+        relay = "relay"
+    relay = shlex.quote(_near(relay) if os.sep in relay else relay)
+    log.info("metrics journal: %s\n  watch it:  %s tail -f --view steps %s\n  plot it:   %s plot %s "
+             "--metric loss -o loss.png", journal, relay, path, relay, path)
+
+
+def _near(path: str) -> str:
+    """``path`` relative to the current directory when it lies below it, else as it is."""
+    near = os.path.relpath(path)
+    return path if near.startswith("..") else near
 
 
 def _configure_logging() -> None:

@@ -1,0 +1,98 @@
+"""Same names and points as Hugging Face's own callbacks: one real two-rank job runs transformers'
+``MLflowCallback`` and ``TensorBoardCallback`` beside the relay's mlflow and tensorboard sinks
+(tests/hf_callbacks_job.py), and both stores are read back through their own libraries. What the
+relay adds (its system figures, custom metrics, run metadata) is named and listed; every
+remaining difference is in docs/sinks/mlflow.md and docs/sinks/tensorboard.md."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port
+from trainer_fixtures import demo_model, run_trainer, seed_flags
+
+pytestmark = pytest.mark.slow
+__all__ = ["demo_model"]  # a fixture, used by name
+
+JOB = Path(__file__).resolve().parent / "hf_callbacks_job.py"
+#: What the relay adds beside the Trainer's series: its system figures, and fms-hf-tuning's custom metrics.
+RELAY_SERIES = ("system/", "additional_metrics.", "model_load_time")
+#: Param groups the relay adds beside HF's (TrainingArguments and the model config, under their bare names).
+RELAY_PARAM_GROUPS = ("run.", "relay.", "versions.", "peft.", "dataset", "purpose")
+
+
+@pytest.fixture(scope="module")
+def job(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fidelity")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+           f"--master_port={free_port()}", str(JOB)]
+    cmd += seed_flags(demo_model, out, steps=6, eval_steps=3) + [
+        "--run_name", "j1single", "--tracker", "mlflow,tensorboard", "--mlflow_tracking_uri",
+        f"sqlite:///{out / 'relay.db'}", "--mlflow_experiment", "relay", "--tensorboard_logdir", str(out / "relay-runs")]
+    done = run_trainer(cmd, timeout=600, MLFLOW_TRACKING_URI=f"sqlite:///{out / 'hf.db'}", MLFLOW_EXPERIMENT_NAME="hf",
+                       TENSORBOARD_LOGGING_DIR=str(out / "hf-runs"), MLFLOW_DISABLE_TELEMETRY="true")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _mlflow_run(uri: str, experiment: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    history = {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+               for key in run.data.metrics}
+    return run, history
+
+
+def test_mlflow_names_points_params_and_run_name_equal_hf(job: Path) -> None:
+    hf, hf_history = _mlflow_run(f"sqlite:///{job / 'hf.db'}", "hf")
+    relay, relay_history = _mlflow_run(f"sqlite:///{job / 'relay.db'}", "relay")
+    assert relay.info.run_name == hf.info.run_name == "j1single"
+    trainer = {key: points for key, points in relay_history.items() if not key.startswith(RELAY_SERIES)}
+    assert sorted(trainer) == sorted(hf_history)
+    assert {"loss", "eval_loss", "epoch", "grad_norm", "learning_rate", "train_runtime"} <= set(trainer)
+    assert trainer == hf_history  # every (step, value), epoch's eval-time points included
+    assert any(key.startswith("system/rank_step_time_s/rank_1") for key in relay_history)
+    params, hf_params = relay.data.params, hf.data.params
+    assert {key: params.get(key) for key in hf_params} == hf_params  # id2label's int keys too
+    extra = sorted(key for key in params if key not in hf_params)
+    assert all(key.startswith(RELAY_PARAM_GROUPS) for key in extra), extra
+    for tag in ("mlflow.user", "mlflow.source.name", "mlflow.source.type"):
+        assert relay.data.tags[tag] == hf.data.tags[tag], tag
+    assert relay.info.status == hf.info.status == "FINISHED"
+
+
+def _board(path: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def _text(acc, tag: str) -> str:
+    from tensorboard.util import tensor_util
+
+    (event,) = acc.Tensors(tag)
+    return tensor_util.make_ndarray(event.tensor_proto).item().decode()
+
+
+def test_tensorboard_tags_points_and_args_equal_hf(job: Path) -> None:
+    hf = _board(job / "hf-runs")
+    run_id = json.loads((job / "tracking_run.json").read_text())["run"]
+    relay = _board(job / "relay-runs" / run_id)
+    trainer = [tag for tag in relay.Tags()["scalars"] if not tag.startswith(RELAY_SERIES)]
+    assert sorted(trainer) == sorted(hf.Tags()["scalars"])
+    assert {"train/loss", "eval/loss", "train/epoch", "train/train_runtime"} <= set(trainer)
+    for tag in trainer:
+        assert [(e.step, e.value) for e in relay.Scalars(tag)] == [(e.step, e.value) for e in hf.Scalars(tag)], tag
+    assert _text(relay, "args/text_summary") == _text(hf, "args/text_summary")
+    hf_config = json.loads(_text(hf, "model_config/text_summary"))
+    relay_config = json.loads(_text(relay, "model_config/text_summary"))
+    # HF writes the config's diff from PretrainedConfig's defaults; the relay gets the full config
+    # (what HF's MLflowCallback logs as params), so it holds HF's keys plus those defaults.
+    assert {key: relay_config[key] for key in hf_config} == hf_config
