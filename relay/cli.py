@@ -291,17 +291,18 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
                          cluster=ClusterConfig(straggler_factor, straggler_steps, rank_silence) if cluster else None)
     try:  # every check before the relay listens: a bad option stops it before any training starts
         journal, sinks = build_sinks(ctx, sink_params, log_level)
-        relay = Relay(config, journal, sinks)
-        relay.open_journal()
-        check_sinks(sinks, journal.path)
     except SinkError as exc:
         _fail(EXIT_USAGE, str(exc))
-    relay.live = line
-    try:
+    relay = Relay(config, journal, sinks)
+    try:  # a relay that stops here leaves nothing behind: no journal lock, no empty journal folder
+        relay.open_journal()
+        check_sinks(sinks, journal.path)
+        relay.live = line
         relay.bind()
-    except AddressInUse as exc:
-        _fail(EXIT_ADDRESS_IN_USE, f"{exc}; stop the other relay or choose another --bind")
-    except BadAddress as exc:
+    except (SinkError, AddressInUse, BadAddress) as exc:
+        journal.abandon()
+        if isinstance(exc, AddressInUse):
+            _fail(EXIT_ADDRESS_IN_USE, f"{exc}; stop the other relay or choose another --bind")
         _fail(EXIT_USAGE, str(exc))
     relay.serve()  # ready at once; the sinks' processes open beside it (Relay.open_sinks)
     logging.shutdown()
