@@ -74,6 +74,7 @@ def test_a_balanced_run_names_no_straggler(demo_model: Path, tmp_path: Path) -> 
     figures, stragglers = cluster_of(events)
     assert len(figures) == 50 and all("own_time_median" in f for f in figures)
     assert stragglers == []
+    assert not [e for e in events if e["type"] == "lifecycle" and e["data"]["event"] == "rank_lost"]
 
 
 def test_a_rank_killed_mid_run_is_lost_when_the_job_ends_without_it(demo_model: Path, tmp_path: Path) -> None:
