@@ -1,6 +1,7 @@
 """What the relay derives across ranks from every rank's step time and own work: per logged step the
 spread (``cluster`` metrics), a rank that stays slow (``straggler``), a rank that stops while its
-peers go on (``rank_lost``) and one that returns (``rank_back``). docs/protocol.md has the events' shape.
+peers go on or that the run ended without (``rank_lost``) and one that returns (``rank_back``).
+docs/protocol.md has the events' shape.
 
 Under DDP every rank waits for the slowest in its collectives, so step times come out equal and a
 rank slow between steps even shows the shortest; a rank's ``own_time`` (its time with the waits
@@ -13,6 +14,14 @@ new ``stage="rank"`` metrics event with the time it arrived, calls ``check`` abo
 and journals what either returns as events of rank RELAY_RANK; after a restart ``restore`` replays
 the run's recent journal lines so nothing is said twice. Runs of one rank have no peers to compare
 with and get nothing.
+
+A rank killed in a synchronous (DDP) job stops its peers at their next collective, so nobody goes
+on and silence alone never names it; the job then ends (a ``train_end`` from some rank, the daemon
+hands it to ``ended``). A rank that sent no ``train_end`` of its own, is behind the furthest step any
+rank reported and stays silent ``end_grace`` seconds after the end is lost (``why="ended"``); when
+the relay forgets the run or shuts down it does not wait (``close``). The grace is for the end of a
+healthy job, where rank 0's ``train_end`` may arrive before a peer's last step. A run that never
+ended is not judged when the relay stops: a restart mid-run must not call a rank in flight lost.
 
 A logged step is summed up once every rank that is not lost reported it. A rank that reported a
 later step will never report this one (each rank sends in order), so a later step completing
@@ -43,6 +52,8 @@ class ClusterConfig:
     steps: int = 3
     #: seconds without a report after which a rank whose peers went on is lost
     silence: float = 60.0
+    #: seconds after a run's end within which a rank behind its peers may still report its last steps
+    end_grace: float = 5.0
 
 
 class Derived(NamedTuple):
@@ -57,13 +68,14 @@ class Derived(NamedTuple):
 
 
 class _Rank:
-    __slots__ = ("last_step", "last_seen", "slow", "lost")
+    __slots__ = ("last_step", "last_seen", "slow", "lost", "ended")
 
     def __init__(self, now: float) -> None:
         self.last_step = -1  # the highest step it reported
         self.last_seen = now  # when it last reported anything
         self.slow = 0  # logged steps in a row above median * factor
         self.lost = False
+        self.ended = False  # it sent its own train_end
 
 
 class _Step:
@@ -77,7 +89,7 @@ class _Step:
 
 
 class _Run:
-    __slots__ = ("world_size", "ranks", "pending", "order", "waiting", "done", "lost", "epoch", "active")
+    __slots__ = ("world_size", "ranks", "pending", "order", "waiting", "done", "lost", "epoch", "active", "ended")
 
     def __init__(self, world_size: int, now: float) -> None:
         self.world_size = world_size
@@ -89,6 +101,7 @@ class _Run:
         self.lost = 0  # ranks now lost
         self.epoch: float | None = None
         self.active = now  # when any rank last reported
+        self.ended: float | None = None  # when the first train_end came
 
 
 def seconds(data: dict[str, Any], name: str = "step_time") -> float | None:
@@ -152,14 +165,31 @@ class Cluster:
             out += self._settle(event["run"], run, run.order[0])
         return out
 
+    def ended(self, event: dict[str, Any], now: float) -> None:
+        """A new ``lifecycle`` event that arrived at ``now``: a ``train_end`` (any status) ends the
+        run, and its rank finished. What it means for the other ranks is said later (``check``)."""
+        run = self.runs.get(event["run"])
+        rank = event["rank"]
+        if run is None or event["data"].get("event") != "train_end" or rank >= run.world_size:
+            return  # (a run of no per-rank figures has no rank to judge)
+        info = run.ranks.get(rank)
+        if info is None:
+            info = run.ranks[rank] = _Rank(now)
+        info.ended = True
+        if run.ended is None:
+            run.ended = now
+
     def check(self, now: float) -> list[Derived]:
         """The timers: ranks silent for ``silence`` seconds while a peer went on to a later step
-        are lost; steps that waited that long are settled as they stand."""
+        are lost, and so are ranks an ended run left behind (see ``ended``); steps that waited
+        ``silence`` are settled as they stand."""
         silence = self.config.silence
         out: list[Derived] = []
         for name, run in self.runs.items():
             if now - run.active <= silence:  # else nobody went on: the run ended, or paused as a whole
                 out += self._find_lost(name, run, now)
+            if run.ended is not None and now - run.ended > self.config.end_grace:
+                out += self._left_behind(name, run, now, self.config.end_grace)
             if run.pending:
                 ready = [step for step, entry in run.pending.items()
                          if len(entry.times) >= run.world_size - run.lost or now - entry.since > silence]
@@ -176,6 +206,19 @@ class Cluster:
                 self._replay(event, now)
             elif event["type"] == "metrics" and event["stage"] == "rank":
                 self.observe(event, now)
+            elif event["type"] == "lifecycle":
+                self.ended(event, now)
+
+    def close(self, run: str, now: float) -> list[Derived]:
+        """The relay is about to forget ``run`` or to stop: if it ended, the ranks it left behind
+        are lost now, without the grace, and the steps still waiting are settled as they stand."""
+        state = self.runs.get(run)
+        if state is None or state.ended is None:
+            return []
+        out = self._left_behind(run, state, now, -math.inf)
+        if state.order:
+            out += self._settle(run, state, max(state.order))
+        return out
 
     def forget(self, run: str) -> None:
         self.runs.pop(run, None)
@@ -188,11 +231,24 @@ class Cluster:
         out = []
         for rank, info in run.ranks.items():
             if not info.lost and now - info.last_seen > silence and info.last_step < ahead:
-                info.lost = True
-                run.lost += 1
-                out.append(self._lifecycle(name, run, ahead, event="rank_lost", rank=rank,
-                                           silent_s=round(now - info.last_seen, 3), last_step=info.last_step))
+                out.append(self._lost(name, run, rank, info, ahead, now, "silent"))
         return out
+
+    def _left_behind(self, name: str, run: _Run, now: float, grace: float) -> list[Derived]:
+        """The ranks of ended ``run`` that did not end themselves, are behind the furthest step and
+        have been silent ``grace`` seconds since the end: lost."""
+        assert run.ended is not None
+        ahead = max(r.last_step for r in run.ranks.values())
+        return [self._lost(name, run, rank, info, ahead, now, "ended") for rank, info in run.ranks.items()
+                if not (info.lost or info.ended) and info.last_step < ahead
+                and now - max(info.last_seen, run.ended) > grace]
+
+    def _lost(self, name: str, run: _Run, rank: int, info: _Rank, ahead: int, now: float, why: str) -> Derived:
+        """``rank`` is lost (``why``: silent while its peers went on, or the run ended without it)."""
+        info.lost = True
+        run.lost += 1
+        return self._lifecycle(name, run, ahead, event="rank_lost", rank=rank, why=why,
+                               silent_s=round(now - info.last_seen, 3), last_step=info.last_step, peers_step=ahead)
 
     def _settle(self, name: str, run: _Run, upto: int) -> list[Derived]:
         """Sum up every waiting step up to ``upto``, in order."""

@@ -340,7 +340,7 @@ class Relay:
         and since nothing of it was acknowledged its client sends it again."""
         self.counters.frames += 1
         try:
-            events, first_seq, per_rank = schema.decode(frame)
+            events, first_seq, derive = schema.decode(frame)
         except schema.FrameError as exc:
             self._reject(exc.reason, exc.detail, frame, peer)
             return
@@ -355,7 +355,7 @@ class Relay:
                                       "refused until that one disconnects", frame, peer)
             return
         try:
-            self._take_events(peer, events, first_seq, now, per_rank)
+            self._take_events(peer, events, first_seq, now, derive)
             run = events[0]["run"]
             if run not in self._world and run in self.dedupe.run_ranks:  # (for the status)
                 self._world[run] = events[0]["world_size"]
@@ -380,7 +380,7 @@ class Relay:
         return None
 
     def _take_events(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None, now: float,
-                     per_rank: bool) -> None:
+                     derive: bool) -> None:
         counters = self.counters
         if first_seq is not None:  # one rank's plain events, seqs without a gap: maybe all new
             run, rank = events[0]["run"], events[0]["rank"]
@@ -395,7 +395,7 @@ class Relay:
                 self._lines.append((run, chunk))  # (not bound before _state: making room may commit)
                 self._pending += len(events)
                 self._pending_bytes += len(chunk)
-                if per_rank and self.cluster is not None:
+                if derive and self.cluster is not None:
                     self._derive(events, now)
                 return
             lines = None
@@ -421,7 +421,7 @@ class Relay:
                     self._client_drops(key, state, event, peer)
                 elif event["type"] == "hello":
                     self._hellos[key] = event["ts"]
-                elif event["stage"] == "rank" and self.cluster is not None:
+                elif self.cluster is not None and (event["stage"] == "rank" or event["type"] == "lifecycle"):
                     self._derive((event,), now)
             else:
                 counters.duplicates += 1
@@ -429,12 +429,14 @@ class Relay:
                     self._reused_run(key)
 
     def _derive(self, events: Iterable[dict[str, Any]], now: float) -> None:
-        """Hand the new per-rank figures among ``events`` to the cluster derivation."""
+        """Hand the new per-rank figures and lifecycle events among ``events`` to the cluster derivation."""
         cluster = self.cluster
         assert cluster is not None
         for event in events:
             if event["stage"] == "rank" and event["type"] == "metrics":
                 self._publish(cluster.observe(event, now))
+            elif event["type"] == "lifecycle":
+                cluster.ended(event, now)
 
     def _publish(self, derived: list[Derived]) -> None:
         """The relay's own events go where every taken event goes, numbered on from what the journal
@@ -507,6 +509,8 @@ class Relay:
 
     def _forget(self, run: str) -> bool:
         """Drop ``run``'s state; False (kept) while events it vouches for cannot be journaled."""
+        if self.cluster is not None:
+            self._publish(self.cluster.close(run, time.monotonic()))  # an ended run's ranks left behind
         ranks = self.dedupe.run_ranks.get(run, ())
         if run in self._derived_runs or any((run, rank) in self._acks_due for rank in ranks):
             self.commit()  # journal its last events before the state that deduplicated (or numbered) them goes
@@ -666,6 +670,10 @@ class Relay:
         if self.live is not None:  # the last live line stays on the terminal
             self.live.show(format_line(self.snapshot()))
             self.live.close()
+        if self.cluster is not None:
+            now = time.monotonic()
+            for run in list(self.cluster.runs):
+                self._publish(self.cluster.close(run, now))  # an ended run's ranks left behind
         log.info("shutting down: flushing %d events", self._pending)
         deadline = time.monotonic() + self.config.shutdown_timeout
         self._journal_retry_at = 0.0

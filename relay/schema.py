@@ -131,14 +131,15 @@ class Frame(NamedTuple):
 
     ``first_seq`` is set when the frame is a compact batch of one rank whose seqs run on without a
     gap from it and that holds no hello or stats event: the relay can then take it whole, with one
-    comparison against the rank's dedupe floor instead of one per event. ``per_rank`` is set on that
+    comparison against the rank's dedupe floor instead of one per event. ``derive`` is set on that
     same column path when an event has stage ``rank`` (a rank's own figures, from which the relay
-    derives cross-rank events), so the relay need not look at each event to know.
+    derives cross-rank events) or is a ``lifecycle`` event (a ``train_end`` ends the run for that
+    derivation), so the relay need not look at each event to know.
     """
 
     events: list[dict[str, Any]]
     first_seq: int | None = None
-    per_rank: bool = False
+    derive: bool = False
 
 
 def decode_frame(frame: bytes) -> list[dict[str, Any]]:
@@ -193,12 +194,12 @@ def _expand(frame: dict[str, Any]) -> Frame:
     checked = _columns_ok(rows)
     if checked is None:
         return Frame(_expand_checked(rows, v, run, rank, lrank, ws, host))
-    first_seq, per_rank = checked
+    first_seq, derive = checked
     events = [{"v": v, "run": run, "rank": rank, "local_rank": lrank, "world_size": ws, "host": host,
                "seq": seq, "ts": ts, "type": typ, "step": step, "epoch": epoch, "stage": stage, "data": data}
               for seq, ts, typ, step, epoch, stage, data in rows]
     validate_event(events[0])  # the envelope, which every row shares
-    return Frame(events, first_seq if first_seq >= 0 else None, per_rank)
+    return Frame(events, first_seq if first_seq >= 0 else None, derive)
 
 
 def _expand_checked(rows: list[Any], v: Any, run: Any, rank: Any, lrank: Any, ws: Any, host: Any) -> list[dict[str, Any]]:
@@ -238,7 +239,7 @@ def _columns_ok(rows: list[Any]) -> tuple[int, bool] | None:
 
     Returns None if any rule fails (the caller then finds out which, row by row), else the first
     seq if the seqs run on without a gap and no row is a hello or stats event (else -1), and whether
-    a row has stage ``rank``.
+    a row has stage ``rank`` or type ``lifecycle``.
     """
     if set(map(type, rows)) != {list} or set(map(len, rows)) != {len(ROW_FIELDS)}:
         return None
@@ -261,7 +262,7 @@ def _columns_ok(rows: list[Any]) -> tuple[int, bool] | None:
     first = seqs[0]
     if not (_SPECIAL_TYPES.isdisjoint(types) and seqs == tuple(range(first, first + len(seqs)))):
         first = -1
-    return first, "rank" in stages
+    return first, "rank" in stages or "lifecycle" in types
 
 
 def rows_pass(rows: list[list[Any]]) -> bool:

@@ -1,21 +1,28 @@
-"""A real trainer job (``python -m trainer``'s ``main``) with one rank made slow, for the straggler
-tests (tests/test_stragglers_torchrun.py): run under torchrun as a script,
+"""A real trainer job (``python -m trainer``'s ``main``) with one rank made slow, or killed, for the
+straggler tests (tests/test_stragglers_torchrun.py): run under torchrun as a script,
 
     slow_rank_job.py RANK collator|forward SECONDS -- TRAINER FLAGS...
+    slow_rank_job.py RANK kill STEP -- TRAINER FLAGS...
 
 ``collator``: rank RANK's data collator sleeps SECONDS per batch (slow between steps: its peers
 wait in the token-count gather before the step). ``forward``: its model's forward sleeps SECONDS
-per micro-batch (slow inside the step: its peers wait in the gradient all-reduce). The slowness is
-a callback given to ``trainer.sft.main(argv, callbacks=...)``; nothing of it is in the product.
+per micro-batch (slow inside the step: its peers wait in the gradient all-reduce). ``kill``: rank
+RANK flushes what it published and SIGKILLs itself at the end of step STEP, after the step's
+gradient all-reduce and before it reports the step (its peers report STEP, then block at their next
+collective). The slowness or death is a callback given to ``trainer.sft.main(argv, callbacks=...)``
+(called before the relay's own); nothing of it is in the product.
 """
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from typing import Any
 
 from transformers import TrainerCallback
 
+from trainer import tracking
 from trainer.sft import main
 
 
@@ -42,8 +49,21 @@ class SlowRank(TrainerCallback):
             loader.collate_fn = slow_collate
 
 
+class KilledRank(TrainerCallback):
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if args.process_index == self.rank and state.global_step == self.step:
+            publisher = tracking.publisher()
+            assert publisher is not None
+            publisher.flush(30.0)  # the steps before this one reached the relay
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 if __name__ == "__main__":
-    rank, where, seconds, dashes, *flags = sys.argv[1:]
-    if dashes != "--" or where not in ("collator", "forward"):
+    rank, where, value, dashes, *flags = sys.argv[1:]
+    if dashes != "--" or where not in ("collator", "forward", "kill"):
         sys.exit(__doc__)
-    sys.exit(main(flags, callbacks=[SlowRank(int(rank), where, float(seconds))]))
+    callback = KilledRank(int(rank), int(value)) if where == "kill" else SlowRank(int(rank), where, float(value))
+    sys.exit(main(flags, callbacks=[callback]))

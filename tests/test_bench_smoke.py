@@ -36,7 +36,7 @@ def test_bench_quick_writes_every_section(tmp_path: Path) -> None:
 def test_bench_quick_training_section_runs_all_three_contenders(tmp_path: Path) -> None:
     """Three two-rank demo jobs (off, relay, AimCallback), the interleaved job and the collective timing job."""
     done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path), "--only", "training"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=400)
+                          cwd=ROOT, capture_output=True, text=True, timeout=700)
     assert done.returncode == 0, done.stderr[-3000:]
     (section,) = json.loads((tmp_path / "benchmarks.json").read_text())["sections"]
     interleaved = [row["name"] for row in section["data"]["interleaved"]]

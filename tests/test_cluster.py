@@ -131,8 +131,8 @@ def test_a_rank_that_stops_while_its_peers_go_on_is_lost_then_back() -> None:
         assert feed(cluster, {0: 0.1, 1: 0.1}, step, now=step, world=3) == []
     assert cluster.check(12.0) == []  # silent for 9 s of 10
     out = cluster.check(13.5)
-    assert out[0] == Derived("r", 3, "lifecycle", 6, 0.06, {"event": "rank_lost", "rank": 2, "silent_s": 10.5,
-                                                            "last_step": 3})
+    assert out[0] == Derived("r", 3, "lifecycle", 6, 0.06, {"event": "rank_lost", "rank": 2, "why": "silent",
+                                                            "silent_s": 10.5, "last_step": 3, "peers_step": 6})
     assert [(d.step, d.data["ranks"]) for d in out[1:]] == [(4, 2), (5, 2), (6, 2)]  # no longer awaited
     assert cluster.check(30.0) == []  # said once
     assert kinds(feed(cluster, {0: 0.1, 1: 0.1}, 7, now=14.0, world=3)) == ["figures"]
@@ -150,6 +150,79 @@ def test_ranks_that_all_stop_at_the_same_step_are_not_lost() -> None:
     cluster.observe(report(1, 3, 0.1, world=3), 5.0)  # the last report comes a little later
     cluster.observe(report(2, 3, 0.1, world=3), 6.0)
     assert cluster.check(14.0) == [] and cluster.check(100.0) == []
+
+
+def train_end(rank: int, status: str = "completed", world: int = 2) -> dict:
+    return {"run": "r", "rank": rank, "world_size": world, "type": "lifecycle", "stage": None, "step": None,
+            "epoch": None, "data": {"event": "train_end", "status": status}}
+
+
+def killed_at_12() -> Cluster:
+    """A synchronous 2-rank job: rank 1 is killed after reporting step 12, rank 0 reports step 13,
+    blocks at its next collective and, when the job is stopped, reports train_end failed at t=15."""
+    cluster = Cluster(CONFIG)
+    for step in range(1, 13):
+        feed(cluster, {0: 0.1, 1: 0.1}, step, now=step, world=2)
+    cluster.observe(report(0, 13, 0.1, world=2), 13.0)
+    cluster.ended(train_end(0, "failed"), 15.0)
+    return cluster
+
+
+def test_a_rank_a_synchronous_job_ended_without_is_lost_after_the_grace() -> None:
+    """Nobody went on (rank 0 waited in a collective), so silence names no one; the end does."""
+    cluster = killed_at_12()
+    assert cluster.check(15.0 + CONFIG.end_grace - 0.5) == []  # its last steps might still come
+    lost, figures = cluster.check(15.0 + CONFIG.end_grace + 0.5)
+    assert lost == Derived("r", 2, "lifecycle", 13, 0.13, {"event": "rank_lost", "rank": 1, "why": "ended",
+                                                           "silent_s": 8.5, "last_step": 12, "peers_step": 13})
+    assert (figures.step, figures.data["ranks"]) == (13, 1)  # no longer awaited
+    assert cluster.check(100.0) == []  # said once
+
+
+def test_forgetting_or_stopping_judges_an_ended_run_at_once_and_a_running_one_not_at_all() -> None:
+    cluster = killed_at_12()
+    lost, figures = cluster.close("r", 15.1)
+    assert lost.data == {"event": "rank_lost", "rank": 1, "why": "ended", "silent_s": 3.1, "last_step": 12,
+                         "peers_step": 13}
+    assert figures.step == 13 and cluster.close("r", 16.0) == [] and cluster.check(100.0) == []
+    running = Cluster(CONFIG)  # a relay restarted mid-run: rank 1's step 2 is merely in flight
+    feed(running, {0: 0.1, 1: 0.1}, 1, world=2)
+    running.observe(report(0, 2, 0.1, world=2), 1.0)
+    assert running.close("r", 1.0) == [] and running.close("missing", 1.0) == []
+
+
+def test_a_balanced_job_whose_rank_0_ends_first_loses_no_rank() -> None:
+    """Rank 0's train_end can arrive before rank 1's last step (each rank has its own connection),
+    and only rank 0 sends train_end when training completes."""
+    cluster = Cluster(CONFIG)
+    for step in range(1, 50):
+        feed(cluster, {0: 0.1, 1: 0.1}, step, now=step / 10, world=2)
+    cluster.observe(report(0, 50, 0.1, world=2), 5.0)
+    cluster.ended(train_end(0), 5.01)
+    assert cluster.check(5.5) == []
+    assert kinds(cluster.observe(report(1, 50, 0.1, world=2), 5.6)) == ["figures"]
+    assert cluster.check(60.0) == [] and cluster.close("r", 60.0) == []
+    late = Cluster(CONFIG)  # rank 1 still at work on its last steps after the end: not lost while it reports
+    feed(late, {0: 0.1, 1: 0.1}, 1, world=2)
+    late.observe(report(0, 3, 0.1, world=2), 1.0)
+    late.ended(train_end(0), 1.0)
+    late.observe(report(1, 2, 0.1, world=2), 1.0 + CONFIG.end_grace)
+    assert late.check(2.0 + CONFIG.end_grace) == []
+    assert kinds(late.observe(report(1, 3, 0.1, world=2), 2.0 + CONFIG.end_grace)) == ["figures", "figures"]
+    assert late.check(100.0) == []
+
+
+def test_a_rank_that_ended_itself_is_never_lost() -> None:
+    """A rank that failed on its own says so in its train_end; it is not lost, however far behind."""
+    cluster = Cluster(CONFIG)
+    feed(cluster, {0: 0.1, 1: 0.1}, 1, world=2)
+    cluster.observe(report(0, 2, 0.1, world=2), 1.0)
+    cluster.ended(train_end(1, "failed"), 2.0)
+    cluster.ended(train_end(0, "failed"), 2.5)
+    assert kinds(cluster.check(3.0 + CONFIG.end_grace)) == [] and kinds(cluster.close("r", 100.0)) == ["figures"]
+    cluster.ended({**report(0, 3), "type": "lifecycle", "data": {"event": "checkpoint"}}, 3.0)  # not an end
+    cluster.ended({**train_end(0), "run": "other"}, 3.0)  # a run of no per-rank figures: nothing to judge
+    assert "other" not in cluster.runs
 
 
 def test_a_step_waits_at_most_the_silence_and_a_run_holds_a_bounded_number_of_reports() -> None:
@@ -198,6 +271,10 @@ def test_restore_from_journal_events_says_nothing_twice() -> None:
     journal.append({"run": "r", "rank": RELAY_RANK, "world_size": 3, "type": "lifecycle", "stage": "cluster",
                     "step": 9, "epoch": None, "data": {"event": "rank_lost", "rank": 1, "silent_s": 60.0,
                                                        "last_step": 4}})
+    ended = Cluster(CONFIG)  # a train_end in the journal: the run ended; its rank_lost said before
+    ended.restore(journal + [train_end(0, "failed", world=3)], 150.0)
+    assert ended.close("r", 150.0)[0].data == {"event": "rank_lost", "rank": 2, "why": "ended", "silent_s": 0.0,
+                                               "last_step": 3, "peers_step": 4}  # rank 1 was said already
     lost = Cluster(CONFIG)
     lost.restore(journal, 200.0)
     feed(lost, {0: 0.1, 2: 0.1}, 10, now=250.0, world=3)

@@ -1,7 +1,8 @@
 """Stragglers that DDP hides, in real two-rank torchrun jobs (CPU, gloo) on the demo model: rank 1
 made slow between steps (its data collator) or inside them (its forward pass) by
 tests/slow_rank_job.py is named the straggler by its own work while the ranks' step times stay
-level, and a balanced run names none. (A killed rank's ``rank_lost``: tests/test_cluster_relay.py.)"""
+level, a balanced run names none, and a rank SIGKILLed mid-run is named lost when the job ends
+without it (its peer blocks at the next collective, so nobody goes on)."""
 from __future__ import annotations
 
 import statistics
@@ -22,11 +23,11 @@ JOB = Path(__file__).resolve().parent / "slow_rank_job.py"
 SLEEP = "0.5"
 
 
-def slow_job(model: Path, out: Path, where: str, steps: int) -> list[dict]:
-    """A job whose rank 1 is slow at ``where``, with the embedded relay; the events of its journal."""
-    cmd = torchrun(free_port())[:-2] + [str(JOB), "1", where, SLEEP, "--"]
+def slow_job(model: Path, out: Path, where: str, steps: int, value: str = SLEEP, fails: bool = False) -> list[dict]:
+    """A job whose rank 1 is slow at ``where`` (or killed), with the embedded relay; the events of its journal."""
+    cmd = torchrun(free_port())[:-2] + [str(JOB), "1", where, value, "--"]
     done = run_trainer(cmd + seed_flags(model, out, steps=steps, eval_steps=None))
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert (done.returncode != 0) == fails, done.stderr[-3000:]
     return read_jsonl(out / "training_logs.jsonl")
 
 
@@ -73,3 +74,16 @@ def test_a_balanced_run_names_no_straggler(demo_model: Path, tmp_path: Path) -> 
     figures, stragglers = cluster_of(events)
     assert len(figures) == 50 and all("own_time_median" in f for f in figures)
     assert stragglers == []
+    assert not [e for e in events if e["type"] == "lifecycle" and e["data"]["event"] == "rank_lost"]
+
+
+def test_a_rank_killed_mid_run_is_lost_when_the_job_ends_without_it(demo_model: Path, tmp_path: Path) -> None:
+    events = slow_job(demo_model, tmp_path / "out", "kill", steps=12, value="5", fails=True)
+    steps = {rank: max(e["step"] for e in events if e["stage"] == "rank" and e["rank"] == rank) for rank in (0, 1)}
+    assert steps == {0: 5, 1: 4}, steps  # rank 1 died before reporting step 5; rank 0 did not get past it
+    (end,) = [e for e in events if e["type"] == "lifecycle" and e["data"]["event"] == "train_end"]
+    assert (end["rank"], end["data"]["status"]) == (0, "failed")
+    lost = [e for e in events if e["rank"] == RELAY_RANK and e["type"] == "lifecycle"
+            and e["data"]["event"] == "rank_lost"]
+    assert [(e["step"], e["data"]["rank"], e["data"]["why"], e["data"]["last_step"], e["data"]["peers_step"])
+            for e in lost] == [(5, 1, "ended", 4, 5)], lost

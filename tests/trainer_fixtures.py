@@ -88,6 +88,8 @@ def assert_complete(events: list[dict], *, world_size: int, steps: int, eval_ste
     summed = [e["step"] for e in derived if e["type"] == "metrics"]
     assert summed == (list(range(1, steps + 1)) if world_size > 1 else []), summed
     assert all(e["stage"] == "cluster" and e["run"] == events[0]["run"] for e in derived)
+    lost = [e for e in derived if e["type"] == "lifecycle" and e["data"]["event"] == "rank_lost"]
+    assert lost == [], "a job that completed lost no rank, whichever rank's train_end came first"
     runs = {e["run"] for e in events}
     assert len(runs) == 1, runs
     for rank in range(world_size):

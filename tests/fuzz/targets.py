@@ -103,15 +103,16 @@ def _check_line_bound(chunk: bytes, lines: list[bytes]) -> None:
 
 def _check_first_seq(decoded: schema.Frame) -> None:
     """first_seq lets the relay take a frame whole: it must mean one rank's gapless plain events; and
-    per_rank, that the relay need look for per-rank figures in it, exactly when one has stage rank."""
+    derive, that the relay need hand it to its cross-rank derivation, exactly when one has stage rank
+    or is a lifecycle event."""
     first = decoded.first_seq
     events = decoded.events
     if ([e["seq"] for e in events] != list(range(first, first + len(events)))
             or any(e["type"] in ("hello", "stats") for e in events)
             or len({(e["run"], e["rank"]) for e in events}) != 1):
         raise Violation("first_seq", f"first_seq={first} on a frame that is not one rank's gapless plain events")
-    if decoded.per_rank != any(e["stage"] == "rank" for e in events):
-        raise Violation("per_rank", f"per_rank={decoded.per_rank} on a frame whose stages say otherwise")
+    if decoded.derive != any(e["stage"] == "rank" or e["type"] == "lifecycle" for e in events):
+        raise Violation("derive", f"derive={decoded.derive} on a frame whose stages and types say otherwise")
 
 
 def _check_journaled(line: Any) -> None:
