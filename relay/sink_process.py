@@ -148,18 +148,19 @@ class SinkProcess:
 
     def close(self, timeout: float) -> None:
         """Hand the child what is queued, let it drain (``spec.drain_timeout``), then stop it. A child
-        still opening its sink is not killed (that could leave a store half made: an MLflow database
-        half migrated): it opens, finds its input closed, catches up from the journal and exits."""
-        deadline = time.monotonic() + timeout
+        still opening its sink is waited for first (up to START_TIMEOUT, as the relay once waited
+        before it listened), never killed then: that could leave a store half made (an MLflow
+        database half migrated); one still opening after that finishes on its own."""
         self._worker.stop(timeout)
         if self._opener is not None:
-            self._opener.join(max(0.1, deadline - time.monotonic()))
+            self._opener.join(START_TIMEOUT)
             if self._opener.is_alive():
                 left = self._worker.abandon()
                 log.warning("sink %s is still opening at shutdown; its process finishes on its own. %d events "
                             "were not handed to it: they are in the journal (a sink that catches up reads them "
                             "there; relay replay rebuilds any sink)", self.name, left)
                 return
+        deadline = time.monotonic() + timeout
         self._worker.join(max(0.1, deadline - time.monotonic()))
         proc = self._proc
         if proc is not None:

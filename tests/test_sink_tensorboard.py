@@ -19,7 +19,7 @@ pytest.importorskip("tensorboard")
 import numpy as np  # noqa: E402
 
 from aim_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
-from conftest import free_port  # noqa: E402
+from conftest import free_port, wait_for  # noqa: E402
 from relay.journal import encode_line  # noqa: E402
 from sinks.base import PermanentError, SinkContext, SinkError  # noqa: E402
 from sinks.tensorboard import STATE_NAME, TensorBoardSink, _tag  # noqa: E402
@@ -367,7 +367,7 @@ def test_relay_sigkill_and_restart_mid_run_exactly_once(relays, tmp_path: Path) 
     args = ["--path", f"{journal}/", "--sink", "tensorboard", "--logdir", str(logdir)]
     relay = relays(args)
     procs = [publish(relay.address, "job-kill", rank, 120, pause=0.02) for rank in (0, 1)]
-    time.sleep(1.5)
+    wait_for(lambda: list(logdir.glob("job-kill/*tfevents*")), 120, "the first relay's sink writing")  # it opens after ready
     relay.kill()  # SIGKILL: its sink process sees its pipe close, drains and exits
     time.sleep(0.5)
     restarted = relays(args, address=relay.address)
