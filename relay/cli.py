@@ -135,13 +135,13 @@ def _named_sinks(args: list[str]) -> list[str]:
 def _load_sinks(names: list[str]) -> dict[str, tuple[str, type]]:
     """Display name -> (what a sink process loads, class), for the named sinks; ``jsonl`` is the
     journal. SinkError for an unknown or broken sink, or two that go by the same name."""
-    from sinks.registry import available, load
+    from sinks.registry import available, known, load
 
     classes: dict[str, tuple[str, type]] = {}
     for given in names:
         if given == Journal.name:
             name, cls = Journal.name, Journal
-        elif ":" not in given and given not in available():
+        elif ":" not in given and not known(given):
             installed = sorted({Journal.name, *available()})
             raise SinkError(f"unknown sink {given!r}; installed sinks: {', '.join(installed)} "
                             "(or give package.module:Class)")

@@ -42,7 +42,7 @@ def test_ready_before_any_sink_opens_and_every_sink_gets_the_events(relays, tmp_
             break
         assert time.monotonic() < deadline, json.dumps(sinks)[-3000:]
         time.sleep(0.3)
-    assert relay.stop() == 0
+    assert relay.stop(timeout=120) == 0  # five sinks drain and close, on a busy machine
     log = relay.log.read_text()
     listening = log.index("relay listening on")
     for name in FIVE:  # the log's own order: the relay was ready before any sink had opened

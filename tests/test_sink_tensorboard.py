@@ -370,7 +370,7 @@ def test_relay_sigkill_and_restart_mid_run_exactly_once(relays, tmp_path: Path) 
     procs = [publish(relay.address, "job-kill", rank, 120, pause=0.05) for rank in (0, 1)]
     time.sleep(1.5)
     # The sink opens beside a relay that already listens: kill once it has written, mid-run.
-    wait_for(lambda: list(logdir.rglob("events.out.tfevents*")), 60, "the first relay's TensorBoard file")
+    wait_for(lambda: list(logdir.rglob("events.out.tfevents*")), 120, "the first relay's TensorBoard file")
     assert any(proc.poll() is None for proc in procs), "the publishers finished before the kill"
     relay.kill()  # SIGKILL: its sink process sees its pipe close, drains and exits
     time.sleep(0.5)
