@@ -58,6 +58,9 @@ def feed(kind: str, address: str, run: str, rank: int, events: int) -> None:
     _ready_then_wait(str(size))
     for blob in blobs:
         sock.send(blob)
+    # Stay connected until the bench is done (it kills us): the relay takes only 64 frames per
+    # connection at a time (RCVHWM), and what it had not read yet is gone with the connection.
+    sys.stdin.readline()
     sock.close()
     ctx.term()
 

@@ -40,7 +40,7 @@ def test_large_event_floods_stay_within_max_memory_and_a_good_publisher_is_ackno
     sampler.start()
     floods = [subprocess.Popen([sys.executable, str(FLOOD), relay.address, f"flood{i}", "0", kind], cwd=ROOT,
                                stdout=subprocess.PIPE, text=True)
-              for i, kind in enumerate(("text", "control", "text"))]
+              for i, kind in enumerate(("text", "control"))]
     try:
         for flood in floods:
             assert flood.stdout.readline().strip() == "ready"
@@ -62,7 +62,7 @@ def test_large_event_floods_stay_within_max_memory_and_a_good_publisher_is_ackno
     stats = relay.stats(journal)
     assert peak[0] < MAX_MEMORY + MARGIN, f"relay RSS peaked at {peak[0]:.0f} MiB; stats {stats}"
     assert [e["data"]["i"] for e in read_jsonl(journal / "good.jsonl") if e["type"] == "metrics"] == list(range(300))
-    for i in range(3):  # the floods were taken, not starved, and every line is whole
+    for i in range(len(floods)):  # the floods were taken, not starved, and every line is whole
         seqs = [e["seq"] for e in read_events(journal / f"flood{i}.jsonl", whole_lines=True)]
         assert len(seqs) > 10 and seqs == list(range(len(seqs))), f"flood{i}: {len(seqs)} events"
     shutil.rmtree(journal)  # gigabytes
