@@ -164,7 +164,9 @@ def test_an_event_whose_line_would_pass_the_bound_is_refused_and_the_publisher_d
         pub.publish("metrics", {"i": 1})
         assert pub.flush(15) == 0
         assert pub.stats["dropped_bad"] == 1 and pub.stats["acked"] >= 2, pub.stats
-    wait_for(lambda: relay.stats(journal)["rejected"].get("bad_value") == 1, 10, "the refusal counted")
+    stats = tmp_path / "j_stats.json"  # written at the first stats interval
+    wait_for(lambda: stats.exists() and relay.stats(journal)["rejected"].get("bad_value") == 1, 10,
+             "the refusal counted")
     raw.close(0)
     ctx.term()
     assert relay.stop() == 0
