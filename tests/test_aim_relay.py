@@ -20,7 +20,7 @@ from aim_helpers import (check_training_run, drive, fill, read_repo, same_float,
                          training_events)
 from relay.journal import encode_line  # noqa: E402
 from sinks.aim import AimSink  # noqa: E402
-from conftest import free_port  # noqa: E402
+from conftest import free_port, wait_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
@@ -160,8 +160,11 @@ def test_repo_unwritable_mid_run(relays, small_fs: Path, tmp_path: Path) -> None
     # the sink must then take them from the journal.
     relay = relays(["--sink", "jsonl", "--path", f"{journal}/", "--sink", "aim", "--repo", str(repo),
                     "--sink-queue", "40"])
-    procs = [publish(relay.address, "job-full", rank, 300, pause=0.02) for rank in (0, 1)]
-    time.sleep(2.0)
+    procs = [publish(relay.address, "job-full", rank, 300, pause=0.05) for rank in (0, 1)]
+    # The sink opens beside a relay that already listens: the disk fills once it writes, mid-run.
+    wait_for(lambda: "sink aim open" in relay.log.read_text(), 120, "the Aim sink open")
+    time.sleep(1.0)
+    assert any(proc.poll() is None for proc in procs), "the publishers finished before the outage"
     fill(small_fs / "filler")
     before = journal_lines(journal / "job-full.jsonl")
     time.sleep(2.0)
