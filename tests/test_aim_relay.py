@@ -242,7 +242,8 @@ def test_remote_aim_server_down_at_start_then_up(relays, aim_server, tmp_path: P
     goes on, the Aim sink retries, and once the server is up the Aim run is complete."""
     relay = relays(["--sink", "jsonl", "--path", f"{tmp_path / 'logs'}/", "--sink", "aim", "--repo", aim_server.url])
     procs = [publish(relay.address, "job-remote", rank, 40, "remote-exp", pause=0.05) for rank in (0, 1)]
-    time.sleep(2.0)
+    # The sink opens beside a listening relay: the server comes up once the sink has met it down.
+    wait_for(lambda: "not reachable yet" in relay.log.read_text(), 120, "the Aim sink finding the server down")
     aim_server.start()
     finish(procs)
     assert relay.stop() == 0

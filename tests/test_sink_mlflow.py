@@ -454,11 +454,14 @@ def test_mlflow_server_restarted_mid_run(relays, mlflow_server, tmp_path: Path) 
     mlflow_server.start()
     relay = relays(["--sink", "mlflow", "--mlflow-tracking-uri", mlflow_server.url,
                     "--mlflow-experiment", EXPERIMENT], env=QUIET)
-    procs = [publish(relay.address, "job-srv", rank, 40, tmp_path / "job", pause=0.05) for rank in (0, 1)]
+    # Slow enough that the sink, opened beside a listening relay, still has events to write
+    # when the server goes away.
+    procs = [publish(relay.address, "job-srv", rank, 40, tmp_path / "job", pause=0.3) for rank in (0, 1)]
     deadline = time.monotonic() + 60
     while (now := server_run(mlflow_server.url, "job-srv")) is None or "loss" not in now.data.metrics:
         assert time.monotonic() < deadline, relay.log.read_text()[-3000:]
         time.sleep(0.2)
+    assert any(proc.poll() is None for proc in procs), "the publishers finished before the server went away"
     mlflow_server.stop()
     mlflow_server.start()
     finish(procs)
