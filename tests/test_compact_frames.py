@@ -118,10 +118,11 @@ def test_first_seq_marks_only_gapless_plain_runs() -> None:
 
     row = (0, 1.0, "metrics", 1, None, "train", {"x": 1})
     assert first_seq([(s, *row[1:]) for s in (5, 6, 7)]) == 5
-    for stage, per_rank in (("rank", True), ("ranks", False), (None, False)):
-        rows = [(5, *row[1:]), (6, 1.0, "metrics", 1, None, stage, {"step_time": 0.1})]
+    for kind, stage, derive in (("metrics", "rank", True), ("metrics", "ranks", False), ("metrics", None, False),
+                                ("lifecycle", None, True)):  # the cluster hears of each rank figure and lifecycle
+        rows = [(5, *row[1:]), (6, 1.0, kind, 1, None, stage, {"step_time": 0.1})]
         frame = schema.compact_frame(schema.compact_prefix(ENVELOPE), [schema.encode_row(*r) for r in rows])
-        assert schema.decode(frame).per_rank is per_rank
+        assert schema.decode(frame).derive is derive
     assert first_seq([(s, *row[1:]) for s in (5, 7, 8)]) is None  # a gap
     assert first_seq([(s, *row[1:]) for s in (6, 5)]) is None  # out of order
     assert first_seq([(0, 1.0, "hello", None, None, None, {}), (1, *row[1:])]) is None  # hello: acted on one by one
