@@ -91,8 +91,11 @@ class RelayProcess:
         self._logfh.close()
 
     def stats(self, journal: Path) -> dict:
+        """The relay's stats file (written at its first --stats-interval: waited for, up to 30 s)."""
         from relay.journal import Journal
-        return json.loads(Journal(journal).sidecar("_stats.json").read_text())
+        path = Journal(journal).sidecar("_stats.json")
+        wait_for(path.exists, 30, f"{path.name} written")
+        return json.loads(path.read_text())
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import pytest
 from conftest import free_port, plugin_env, start_publisher
 from conftest import finish as finish_publisher
 
-from relay.journal import Journal
 from trainer.trackers import TrackingArguments, sink_args
 
 FIVE = ["aim", "mlflow", "tensorboard", "wandb", "clearml"]
@@ -35,7 +34,7 @@ def test_ready_before_any_sink_opens_and_every_sink_gets_the_events(relays, tmp_
     assert finish_publisher(start_publisher(relay.address, "early", 0, 200))["left"] == 0  # all journaled
     deadline = time.monotonic() + 180
     while True:
-        snap = json.loads(Journal(journal).sidecar("_stats.json").read_text())
+        snap = relay.stats(journal)
         sinks = snap["sinks"]
         if all(sinks[name]["open"] and not sinks[name]["queued"] for name in FIVE) and \
                 all(sinks[name]["written"] + sinks[name]["caught_up"] >= 200 for name in FIVE):
@@ -98,14 +97,14 @@ def test_a_sink_that_fails_to_open_after_ready_is_reported_counted_and_retried(r
                     "--failopen-file", str(tmp_path / "gate")], env=env)
     assert finish_publisher(start_publisher(relay.address, "r", 0, 20))["left"] == 0  # ingest goes on
     deadline = time.monotonic() + 60
-    while (sink := json.loads(Journal(journal).sidecar("_stats.json").read_text())["sinks"]["failopen"]) \
+    while (sink := relay.stats(journal)["sinks"]["failopen"]) \
             .get("open_failures", 0) < 2:
         assert time.monotonic() < deadline, relay.log.read_text()[-3000:]
         time.sleep(0.2)
     assert not sink["open"] and "gate is missing" in sink["open_error"] and sink["errors"] >= 2, sink
     assert "sink failopen could not open (1 attempts; trying again in 1 s" in relay.log.read_text()
     (tmp_path / "gate").write_text("")  # what it needed is there now: the next attempt opens it
-    while not (sink := json.loads(Journal(journal).sidecar("_stats.json").read_text())["sinks"]["failopen"])["open"]:
+    while not (sink := relay.stats(journal)["sinks"]["failopen"])["open"]:
         assert time.monotonic() < deadline + 60, relay.log.read_text()[-3000:]
         time.sleep(0.2)
     assert "open_error" not in sink
