@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("wandb")
 
 from aim_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
-from conftest import free_port  # noqa: E402
+from conftest import free_port, wait_for  # noqa: E402
 from relay.journal import encode_line  # noqa: E402
 from sinks.base import PermanentError, SinkContext  # noqa: E402
 from sinks.wandb import SEQ_KEY, STEP_KEY, WandbSink  # noqa: E402
@@ -279,8 +279,11 @@ def test_full_disk_mid_run_loses_nothing(relays, small_fs: Path, tmp_path: Path)
     journal = tmp_path / "logs"
     relay = relays(["--path", f"{journal}/", "--sink", "wandb", "--wandb-project", "relay-tests",
                     "--wandb-dir", str(small_fs)])
-    procs = [publish(relay.address, "job-full", rank, 60, 0.05) for rank in (0, 1)]
-    time.sleep(2.0)
+    procs = [publish(relay.address, "job-full", rank, 60, 0.2) for rank in (0, 1)]
+    # The sink opens beside a listening relay: the disk fills once it writes, mid-run.
+    wait_for(lambda: "sink wandb open" in relay.log.read_text(), 120, "the W&B sink open")
+    time.sleep(1.0)
+    assert any(proc.poll() is None for proc in procs), "the publishers finished before the disk filled"
     fill(small_fs / "filler")
     time.sleep(2.0)
     (small_fs / "filler").unlink()
