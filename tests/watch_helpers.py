@@ -3,6 +3,7 @@ lines written as a relay writes them, a real ``relay`` command run to its end, a
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -46,8 +47,11 @@ class LiveCommand:
     """A ``python -m relay ARGS`` left running, its stdout lines (and stderr) collected as they come."""
 
     def __init__(self, *args: str) -> None:
+        # Ctrl-C as at a terminal: a test run started in the background (SIGINT ignored, and so
+        # inherited ignored) must not make ``stop(SIGINT)`` a no-op.
         self.proc = subprocess.Popen([sys.executable, "-m", "relay", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=cli_env())
+                                     stderr=subprocess.PIPE, env=cli_env(),
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.lines: list[bytes] = []
         self.errors: list[bytes] = []
         self._readers = [threading.Thread(target=self._read, args=(pipe, into), daemon=True)
