@@ -3,6 +3,7 @@ Aim's own API (no private state of the sink)."""
 from __future__ import annotations
 
 import gc
+import json
 import math
 import os
 import subprocess
@@ -196,6 +197,14 @@ if __name__ == "__main__":
     result = publish_rank(addr, run_id, int(rank_s), int(steps_s), None if exp == "-" else exp,
                           None if out_dir == "-" else out_dir, float(pause_s))
     print(__import__("json").dumps(result))
+
+
+def finish_ranks(procs: list[subprocess.Popen], timeout: float = 120) -> None:
+    """Every rank process of ``publish_rank`` done, and each said its events were all acknowledged."""
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err[-2000:]
+        assert json.loads(out.strip().splitlines()[-1])["left"] == 0
 
 
 def drive(sink: Any, batches: list[list[dict[str, Any]]], journal: Path | None = None) -> Any:

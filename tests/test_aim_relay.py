@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("aim")
 
+from aim_helpers import finish_ranks as finish  # noqa: E402
 from aim_helpers import (check_training_run, drive, fill, read_repo, same_float, small_fs,  # noqa: E402,F401
                          training_events)
 from relay.journal import encode_line  # noqa: E402
@@ -32,12 +33,6 @@ def publish(address: str, run: str, rank: int, steps: int, experiment: str | Non
            str(output_dir) if output_dir else "-", str(pause)]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-
-def finish(procs: list[subprocess.Popen], timeout: float = 120) -> None:
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, err[-2000:]
-        assert json.loads(out.strip().splitlines()[-1])["left"] == 0
 
 
 def journal_lines(path: Path) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 import pytest
+from aim_helpers import finish_ranks as finish  # noqa: E402
 from aim_helpers import check_training_run as check_aim_run
 from aim_helpers import read_repo
 from conftest import ROOT
@@ -30,13 +31,6 @@ def publish(address: str, run: str, rank: int, steps: int, pause: float = 0.0) -
     cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-", "-", str(pause)]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-
-def finish(procs: list[subprocess.Popen]) -> None:
-    """Every rank done, and every event acknowledged: in the journal."""
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
-        assert json.loads(out.strip().splitlines()[-1])["left"] == 0
 
 
 def sink_stats(journal: Path, name: str, relay: Any) -> dict[str, Any]:

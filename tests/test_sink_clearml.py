@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("clearml")
 
+from aim_helpers import finish_ranks as finish  # noqa: E402
 from aim_helpers import Events, fill, small_fs, training_events  # noqa: E402,F401
 from conftest import free_port  # noqa: E402
 from sinks.base import SinkContext  # noqa: E402
@@ -326,12 +327,6 @@ def publish(address: str, run: str, rank: int, steps: int, pause: float = 0.0) -
     cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-", "-", str(pause)]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-
-def finish(procs: list[subprocess.Popen], timeout: float = 120) -> None:
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, err[-2000:]
-        assert json.loads(out.strip().splitlines()[-1])["left"] == 0
 
 
 def replay(journal: Path, cache: Path) -> None:

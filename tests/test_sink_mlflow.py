@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("mlflow")
 
+from aim_helpers import finish_ranks as finish  # noqa: E402
 from aim_helpers import Events, fill, small_fs, training_events  # noqa: E402,F401
 from conftest import free_port  # noqa: E402
 from relay.journal import JournalReader, encode_line  # noqa: E402
@@ -356,12 +357,6 @@ def publish(address: str, run: str, rank: int, steps: int, output_dir: Path | No
            str(output_dir) if output_dir else "-", str(pause)]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-
-def finish(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
-        assert json.loads(out.strip().splitlines()[-1])["left"] == 0
 
 
 def replay(journal: Path, uri: str) -> subprocess.CompletedProcess:
