@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.common import Section, alternate, table
-from relay.schema import SCHEMA_VERSION
+from relay.wire.schema import SCHEMA_VERSION
 from sinks.aim import AimSink
 from sinks.base import SinkContext
 

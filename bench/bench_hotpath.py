@@ -111,7 +111,7 @@ def run(quick: bool = False) -> Section:
     from aim.hugging_face import AimCallback
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    from relay.client import Publisher
+    from relay.client.publisher import Publisher
     from trainer.callback import RelayCallback
 
     rounds, paced_calls = (2, 20) if quick else (7, 200)

@@ -19,7 +19,7 @@ from typing import Callable
 
 from bench import procs
 from bench.common import RelayRun, Sample, Section, alternate_many, cli, kill_group
-from relay.journal import Journal
+from relay.journal.journal import Journal
 
 RELAY, RELAY_AIM, RAW = "relay, JSONL", "relay, JSONL + Aim sink", "raw PULL + orjson writer"
 RELAY_ALL = "relay, JSONL + all five sinks"

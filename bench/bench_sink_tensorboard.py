@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.common import Section, alternate, cli
-from relay.schema import SCHEMA_VERSION
+from relay.wire.schema import SCHEMA_VERSION
 from sinks.base import SinkContext
 from sinks.tensorboard import TensorBoardSink
 

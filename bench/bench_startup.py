@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench.bench_training import demo_job
 from bench.common import Sample, Section, alternate_many, cli, free_port, kill_group, spawn
-from trainer.trackers import TrackingArguments, sink_args
+from trainer.tracker_flags import TrackingArguments, sink_args
 
 NONE, FIVE = "journal only", "journal + 5 tracker sinks"
 TRACKERS = ("aim", "mlflow", "tensorboard", "wandb", "clearml")
@@ -108,7 +108,7 @@ def run(quick: bool) -> Section:
     section.notes.append("The relay checks every sink before it binds (package found, paths writable, options) and "
                          "then listens; the sinks' processes import their libraries and open beside it. What "
                          "arrives meanwhile waits in their queues, and what did not fit is read back from the "
-                         "journal (relay/catch_up.py).")
+                         "journal (relay/sinkhost/catch_up.py).")
     section.data = {"ready": {n: {k: s.values for k, s in m.items()} for n, m in ready.items()},
                     "jobs": {n: {k: s.values for k, s in m.items()} for n, m in jobs.items()}}
     return section

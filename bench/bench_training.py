@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Callable
 
 from bench.common import ROOT, RelayRun, Sample, alternate, machine, table
-from relay.address import ADDRESS_ENV
-from trainer.tracking import SEND_INTERVAL
+from relay.wire.address import ADDRESS_ENV
+from trainer.custom_metrics import SEND_INTERVAL
 
 
 OFF, RELAY, AIM = "tracking off", "relay on", "AimCallback in-process"
@@ -85,10 +85,10 @@ def interleaved(steps: int, block: int, workdir: Path) -> dict[str, Sample]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from relay.client import Publisher
+    from relay.client.publisher import Publisher
     from trainer.args import DEMO_DATA, DEMO_RESPONSE_TEMPLATE
     from trainer.callback import RelayCallback
-    from trainer.data import load_sft_dataset
+    from trainer.dataset import load_sft_dataset
     from trainer.demo import build_demo
     from trainer.embedded import EmbeddedRelay
 
@@ -183,7 +183,7 @@ def hook_cost(steps: int, workdir: Path) -> Sample:
     """Wall time of the callback's hooks for one logged step (step begin, step end, on_log)."""
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    from relay.client import Publisher
+    from relay.client.publisher import Publisher
     from trainer.callback import RelayCallback
 
     relay = RelayRun(workdir / "hooks", ["--path", str(workdir / "hooks" / "journal.jsonl")])

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 
 from bench.common import RelayRun, Section, alternate_many, cli
-from relay.client import Publisher
+from relay.client.publisher import Publisher
 
 LOG = {"loss": 1.234, "grad_norm": 0.56, "learning_rate": 2e-5, "entropy": 1.9, "num_tokens": 123456.0}
 

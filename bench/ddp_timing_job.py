@@ -27,7 +27,7 @@ def main(workdir: Path, steps: int, block: int, out: Path) -> None:
 
     from trainer.args import DEMO_DATA, DEMO_RESPONSE_TEMPLATE
     from trainer.collectives import CollectiveClock
-    from trainer.data import load_sft_dataset
+    from trainer.dataset import load_sft_dataset
     from trainer.demo import build_demo
 
     torch.set_num_threads(1)

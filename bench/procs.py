@@ -21,7 +21,7 @@ import msgpack
 import orjson
 import zmq
 
-from relay import schema
+from relay.wire import schema
 
 FRAME_EVENTS = 512  # what a Publisher puts in one frame at most
 DATA = {"loss": 1.234, "grad_norm": 0.56, "learning_rate": 2e-5, "entropy": 1.9, "mean_token_accuracy": 0.61,
@@ -94,7 +94,7 @@ def raw_sink(out: str, expected: int) -> None:
 def ranks(address: str, run: str, first: int, count: int, world: int, rate: float, seconds: float) -> None:
     """``count`` real Publishers, ranks first.., each publishing a metrics event ``rate`` times a second
     (spread evenly) for ``seconds``; then all close; prints what they published, dropped, left."""
-    from relay.client import Publisher
+    from relay.client.publisher import Publisher
 
     pubs = [Publisher(run, r, local_rank=r % 8, world_size=world, address=address) for r in range(first, first + count)]
     _ready_then_wait()

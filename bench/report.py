@@ -19,20 +19,20 @@ PLOTS = {"hotpath": "bench_hotpath.png", "ingest": "bench_ingest.png", "latency"
 #: this suite on the same shared machine; the tables below are the figures after all of it).
 HISTORY = """## What moved the figures
 
-- **One publisher I/O thread per process** (`relay/client.py`, `_Hub`). Each `Publisher` used to own a
+- **One publisher I/O thread per process** (`relay/client/publisher.py`, `_Hub`). Each `Publisher` used to own a
   thread and a ZeroMQ context (plus its I/O thread) waking every 10 ms: 256 idle Publishers in one
   process took 97% of a core, so 1,024 simulated ranks could not even run on 2 cores. Now every
   Publisher of a process shares one thread and one context, the thread sleeps on a wake-up pipe and
   looks at all sockets once per tick, and a rank with nothing to send skips its tick: 256 idle
   Publishers cost 13% of a core. The ack timeout now runs from the send, so an idle spell no longer
   makes the next event look stalled and get resent.
-- **Compact batch frames** (`relay/schema.py`, [protocol.md](protocol.md)): the envelope (run, rank,
+- **Compact batch frames** (`relay/wire/schema.py`, [protocol.md](protocol.md)): the envelope (run, rank,
   host, ...) once per frame, one `[seq, ts, type, step, epoch, stage, data]` row per event; about 40%
   of the bytes of a batch of maps. `publish()` appends a tuple instead of building the event dict:
   2.8 us -> 1.0 us. `RelayCallback.on_log` back to back went from about 8 us to about 3.5 us, which
   moved the hot-path ratios from 160x to over 500x (AimCallback) and from 4.8x to over 15x (file
   callback).
-- **Relay ingest** (`relay/daemon.py`, `relay/journal.py`): each journal line is encoded as its event
+- **Relay ingest** (`relay/daemon/loop.py`, `relay/journal/journal.py`): each journal line is encoded as its event
   arrives, while the event is still in the CPU cache, instead of 50 ms later at the flush; events are
   kept only when another sink needs them; a compact batch's envelope is validated once; start-up
   objects are frozen out of the cyclic GC and young collections are rarer. One publisher: about
@@ -45,15 +45,15 @@ HISTORY = """## What moved the figures
   (stage, name) is looked up once, not prefix-scanned at every log: 3.4 -> 1.5 us per typical log,
   which moved `on_log` from about 5 us to about 3 us and the hot-path ratios to over 300x (AimCallback)
   and over 10x (file callback).
-- **Compact batches checked by column and taken whole** (`relay/schema.py` `_columns_ok`,
-  `relay/dedupe.py` `take_run`, `relay/journal.py` `encode_lines`). A compact batch's rows are
+- **Compact batches checked by column and taken whole** (`relay/wire/schema.py` `_columns_ok`,
+  `relay/journal/dedupe.py` `take_run`, `relay/journal/journal.py` `encode_lines`). A compact batch's rows are
   validated one rule at a time over all rows, each rule one pass in C (`set(map(type, column))`,
   `min`, `max`; the same rules as the row checks, which still run, to name the problem, for a batch
   that fails or holds nested data). A batch of one rank's gapless, plain events is de-duplicated
   with one comparison and encoded as one chunk of lines. Measured in-process on the bench's frames
   (512 events each): 6.7 -> 2.7 us per event against 1.9 us for the raw writer. Ingest against the
   raw PULL + orjson writer: 49/53/60% -> 82-119% at 1/4/16 publishers.
-- **Every other sink in its own process** (`relay/sink_process.py`, `relay/sink_child.py`). As a
+- **Every other sink in its own process** (`relay/sinkhost/process.py`, `relay/sinkhost/child.py`). As a
   thread, the Aim sink took up to half of the interpreter lock from ingest whenever it worked; once
   ingest was faster, the journal's rate with Aim attached fell to 60-67% of itself. Gating the thread on ingest being idle
   helped only partly (one chunk of Aim's Python work still stalled ingest: 61-108% across rounds).

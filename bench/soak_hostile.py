@@ -26,7 +26,7 @@ from typing import Any, Callable
 import msgpack
 import zmq
 
-from relay import schema
+from relay.wire import schema
 
 HOST = "soak-hostile"
 SPOOF_SEQ_BASE = 1 << 40

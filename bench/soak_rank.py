@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from relay.client import Publisher
+from relay.client.publisher import Publisher
 
 EVAL_EVERY = 50
 CLOSE_TIMEOUT = 60.0

@@ -1,5 +1,19 @@
-"""metrics-relay, the wire side: event schema, publisher client and relay daemon (no torch here)."""
-from relay.client import Publisher, resolve_address
-from relay.schema import SCHEMA_VERSION
+"""metrics-relay, the wire side: rooms by role (docs/architecture.md); importing it starts nothing.
+
+``from relay import Publisher`` still works: the names below load on first use, so importing any
+``relay.*`` module (the sink child, the daemon) does not load the publisher or ZeroMQ."""
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["Publisher", "resolve_address", "SCHEMA_VERSION"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Publisher", "resolve_address"):
+        from relay.client import publisher
+        return getattr(publisher, name)
+    if name == "SCHEMA_VERSION":
+        from relay.wire.schema import SCHEMA_VERSION
+        return SCHEMA_VERSION
+    raise AttributeError(f"module 'relay' has no attribute {name!r}")

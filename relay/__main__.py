@@ -1,3 +1,3 @@
-from relay.cli import main
+from relay.cli.main import main
 
 main(prog_name="relay")

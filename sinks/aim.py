@@ -1,6 +1,6 @@
 """The Aim sink: one Aim run per training run, whatever the number of ranks (docs/aim.md).
 
-Built on the sink-author API (sinks/tracker.py), which does the Trainer naming, the rank policy,
+Built on the sink-author API (sinks/tracker_base.py), which does the Trainer naming, the rank policy,
 idempotent replay and catch-up from the journal; this module is what is Aim's own:
 
 * **Where the applied spans live.** Inside the Aim run (its own metadata, not a param), so a
@@ -41,7 +41,7 @@ from sinks.base import SinkContext, SinkError
 from sinks.events import json_safe
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM
-from sinks.tracker import Spans, TrackerSink, exact_ints
+from sinks.tracker_base import Spans, TrackerSink, exact_ints
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class AimSink(TrackerSink):
     # -- writing --------------------------------------------------------------------------------
 
     def write(self, events: Sequence[dict[str, Any]]) -> None:
-        """Apply a batch (sinks/tracker.py); then export, close ended runs and idle ones. On an
+        """Apply a batch (sinks/tracker_base.py); then export, close ended runs and idle ones. On an
         Aim error a remote client is dropped too, as a restarted server forgets its handles."""
         self._note_times(events)
         try:

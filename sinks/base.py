@@ -3,7 +3,7 @@
 Sinks receive decoded, validated, de-duplicated events (plain dicts in the envelope of
 docs/protocol.md) in batches; they know nothing of ZeroMQ. The relay runs each sink in its own
 process and calls it from one thread there, so a sink need not be thread-safe. (The journal is not
-a sink: the relay owns it, relay/journal.py.)
+a sink: the relay owns it, relay/journal/journal.py.)
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class Sink(abc.ABC):
     #: True for a sink whose ``write()`` skips what it already applied (every TrackerSink: it keeps
     #: the ``(rank, seq)`` spans it applied). The relay then feeds it, when its process starts and
     #: when its backend answers again after failing, the journal's recent runs it may have missed
-    #: (relay/catch_up.py): a run that sends nothing more is still completed. False: it gets only
+    #: (relay/sinkhost/catch_up.py): a run that sends nothing more is still completed. False: it gets only
     #: the live events (a plugin that appends whatever it is given must not see them twice).
     catches_up: ClassVar[bool] = False
 

@@ -3,7 +3,7 @@
 ClearML's offline mode writes a task as files (``task.json``, ``metrics.jsonl``, and a zip of the
 folder on close) that ``clearml-task --import-offline-session`` uploads to a server later; this
 sink produces exactly those files, with ClearML's own code, and never touches the network.
-Built on the sink-author API (sinks/tracker.py); what is ClearML's own here:
+Built on the sink-author API (sinks/tracker_base.py); what is ClearML's own here:
 
 * **Several tasks in one process.** ``Task.init`` allows one main task per process and
   ``Task.create`` refuses offline mode, so tasks are built with the constructor both of them use
@@ -42,7 +42,7 @@ from sinks.base import SinkContext, SinkError
 from sinks.events import json_safe
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM
-from sinks.tracker import Spans, TrackerSink
+from sinks.tracker_base import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class ClearmlSink(TrackerSink):
     # -- writing --------------------------------------------------------------------------------
 
     def write(self, events: Sequence[dict[str, Any]]) -> None:
-        """Apply a batch (sinks/tracker.py); on failure drop what was not written, so the retry
+        """Apply a batch (sinks/tracker_base.py); on failure drop what was not written, so the retry
         starts from the saved state; then write the zips of runs that ended."""
         self._take_lock()
         try:

@@ -1,6 +1,6 @@
 """The MLflow sink: one MLflow run per training run, whatever the number of ranks (docs/sinks/mlflow.md).
 
-Built on the sink-author API (sinks/tracker.py); what is MLflow's own:
+Built on the sink-author API (sinks/tracker_base.py); what is MLflow's own:
 
 * **Names** as HF's ``MLflowCallback`` (``loss``, ``eval_loss``) and fms-hf-tuning
   (``additional_metrics.model_load_time``) give them; a rank's own series under ``rank/<n>/``.
@@ -33,7 +33,7 @@ from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.events import json_safe
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
-from sinks.tracker import Spans, TrackerSink
+from sinks.tracker_base import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class MlflowSink(TrackerSink):
         self._guarded(super().flush)
 
     def _guarded(self, apply: Callable[..., None], *args: Any) -> None:
-        """Apply (sinks/tracker.py), then export. After an error nothing stays pending: the relay
+        """Apply (sinks/tracker_base.py), then export. After an error nothing stays pending: the relay
         retries the whole batch, and the base class applies what was not saved again."""
         try:
             apply(*args)

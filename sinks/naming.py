@@ -1,5 +1,5 @@
 """What a tracker shows for each relay series: its name and context, the same for every tracker
-sink (sinks/tracker.py applies them; docs/plugins.md lists them)."""
+sink (sinks/tracker_base.py applies them; docs/plugins.md lists them)."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,5 @@
 """The TensorBoard sink: one TensorBoard run (``--logdir DIR/<run id>``) per training run, however
-many ranks publish (docs/sinks/tensorboard.md). Built on sinks/tracker.py; what is TensorBoard's own:
+many ranks publish (docs/sinks/tensorboard.md). Built on sinks/tracker_base.py; what is TensorBoard's own:
 
 * **Names** as transformers' ``TensorBoardCallback`` writes them (``train/loss``, ``eval/loss``; the
   Trainer's arguments as the text ``args``), per-rank series under ``rank/<n>/``, params as text
@@ -31,7 +31,7 @@ import click
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
-from sinks.tracker import Spans, TrackerSink
+from sinks.tracker_base import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class TensorBoardSink(TrackerSink):
         log.info("tensorboard sink closed: %s", dict(sorted(self.counters.items())))
 
     def write(self, events: Sequence[dict[str, Any]]) -> None:
-        """Apply a batch (sinks/tracker.py); on failure drop its records with the spans."""
+        """Apply a batch (sinks/tracker_base.py); on failure drop its records with the spans."""
         try:
             super().write(events)
         except Exception:

@@ -1,6 +1,6 @@
 """The W&B sink: one Weights & Biases run per training run, offline by default (docs/sinks/wandb.md).
 
-On the sink-author API (sinks/tracker.py); what is W&B's own:
+On the sink-author API (sinks/tracker_base.py); what is W&B's own:
 
 * **Names** as W&B's Hugging Face callback writes them (``train/loss``, ``eval/loss``, x-axis
   ``train/global_step``, end-of-training scalars in the summary); per rank ``rank/<n>/<name>``.
@@ -39,7 +39,7 @@ import click
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
-from sinks.tracker import Spans, TrackerSink, exact_ints
+from sinks.tracker_base import Spans, TrackerSink, exact_ints
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class WandbSink(TrackerSink):
             self._guarded(super().write, events)
 
     def flush(self) -> None:
-        """Catch up from the journal (sinks/tracker.py), then check wandb-core wrote what it got."""
+        """Catch up from the journal (sinks/tracker_base.py), then check wandb-core wrote what it got."""
         with self._lock:
             self._guarded(super().flush)
             for wb in self._wb.values():

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from relay.schema import SCHEMA_VERSION
+from relay.wire.schema import SCHEMA_VERSION
 
 
 class Events:
@@ -178,7 +178,7 @@ def publish_rank(address: str, run: str, rank: int, steps: int, experiment: str 
                  output_dir: str | None, pause: float) -> dict[str, Any]:
     """Stand-in for one training rank: publish its share of training_events() through a real
     Publisher, ``pause`` seconds apart per step, then flush."""
-    from relay.client import Publisher
+    from relay.client.publisher import Publisher
 
     pub = Publisher(run, rank, world_size=2, address=address)
     for event in training_events(run, output_dir, steps, experiment):
@@ -210,7 +210,7 @@ def finish_ranks(procs: list[subprocess.Popen], timeout: float = 120) -> None:
 def drive(sink: Any, batches: list[list[dict[str, Any]]], journal: Path | None = None) -> Any:
     """Open ``sink`` as a sink process would (the journal's reader for catch-up), write ``batches``,
     flush and close it; returns the sink for its counters."""
-    from relay.journal import JournalReader
+    from relay.journal.journal import JournalReader
     from sinks.base import SinkContext
 
     sink.open(SinkContext(journal=journal, journal_events=JournalReader(journal) if journal else None))

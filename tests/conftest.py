@@ -92,7 +92,7 @@ class RelayProcess:
 
     def stats(self, journal: Path) -> dict:
         """The relay's stats file (written at its first --stats-interval: waited for, up to 30 s)."""
-        from relay.journal import Journal
+        from relay.journal.journal import Journal
         path = Journal(journal).sidecar("_stats.json")
         wait_for(path.exists, 30, f"{path.name} written")
         return json.loads(path.read_text())

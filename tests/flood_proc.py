@@ -12,7 +12,7 @@ import time
 
 import zmq
 
-from relay import schema
+from relay.wire import schema
 
 address, run, rank, kind = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 prefix = schema.compact_prefix({"v": 1, "run": run, "rank": rank, "local_rank": 0, "world_size": 1, "host": "flood"})

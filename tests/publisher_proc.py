@@ -4,7 +4,7 @@ import json
 import sys
 import time
 
-from relay.client import Publisher
+from relay.client.publisher import Publisher
 
 address, run, rank, count, world, rate, flush_timeout = sys.argv[1:8]
 rank, count, world, rate, flush_timeout = int(rank), int(count), int(world), float(rate), float(flush_timeout)

@@ -13,7 +13,7 @@ import json
 import sys
 import time
 
-from relay.client import Publisher
+from relay.client.publisher import Publisher
 
 address, run = sys.argv[1:3]
 rank, world, steps = (int(a) for a in sys.argv[3:6])

@@ -19,7 +19,7 @@ pytest.importorskip("aim")
 from aim_helpers import finish_ranks as finish  # noqa: E402
 from aim_helpers import (check_training_run, drive, fill, read_repo, same_float, small_fs,  # noqa: E402,F401
                          training_events)
-from relay.journal import encode_line  # noqa: E402
+from relay.wire.lines import encode_line  # noqa: E402
 from sinks.aim import AimSink  # noqa: E402
 from conftest import free_port, wait_for  # noqa: E402
 

@@ -16,7 +16,7 @@ from sinks.naming import trainer_groups as _trainer_groups  # noqa: E402
 from sinks.spans import SeqSpans  # noqa: E402
 from sinks.base import SinkContext, SinkError  # noqa: E402
 from sinks.events import RELAY_RANK  # noqa: E402
-from relay.journal import encode_line  # noqa: E402
+from relay.wire.lines import encode_line  # noqa: E402
 from aim_helpers import (Events, check_training_run, drive, fill, read_repo, same_float, small_fs,  # noqa: E402,F401
                                training_events)
 

@@ -1,6 +1,6 @@
 """The layout's rules, checked on the source: imports run trainer -> relay -> sinks with no cycle
-between modules (lazy imports inside functions included), and no module grows past about 350 lines
-without saying why in its docstring."""
+between modules (lazy imports inside functions included), each room of relay/ imports only the rooms
+its ``__init__`` names (ROOMS, drawn in docs/architecture.md), and no module is over 400 lines."""
 from __future__ import annotations
 
 import ast
@@ -9,7 +9,40 @@ from pathlib import Path
 from conftest import ROOT
 
 PACKAGES = ("trainer", "relay", "sinks")
-MAX_LINES = 350
+MAX_LINES = 400
+
+#: Which rooms each room may import (besides itself). ``relay`` alone is relay/__init__ and
+#: __main__ (the lazy public names and the ``relay`` program); sinks.events is the event model.
+ROOMS: dict[str, set[str]] = {
+    "sinks.events": set(),
+    "sinks": {"sinks.events"},
+    "relay.wire": {"sinks.events"},
+    "relay.client": {"relay.wire", "sinks.events"},
+    "relay.journal": {"relay.wire", "sinks.events"},
+    "relay.sinkhost": {"relay.wire", "relay.journal", "sinks", "sinks.events"},
+    "relay.daemon": {"relay.wire", "relay.journal", "relay.sinkhost", "sinks", "sinks.events"},
+    "relay.forward": {"relay.wire", "relay.client", "relay.journal", "sinks", "sinks.events"},
+    "relay.cli": {"relay.wire", "relay.client", "relay.journal", "relay.sinkhost", "relay.daemon", "relay.forward",
+                  "sinks", "sinks.events"},
+    "relay": {"relay.client", "relay.wire", "relay.cli"},
+    "trainer": {"relay", "relay.client", "relay.wire", "sinks.events"},
+}
+#: Modules still over MAX_LINES while the house is rebuilt (issue 19); each entry is a debt.
+LONG_FOR_NOW = {"relay.daemon.loop", "relay.journal.journal", "relay.cli.main", "relay.wire.schema",
+                "sinks.mlflow", "sinks.aim", "sinks.wandb"}
+#: Imports against ROOMS still to undo (issue 19: the journal is not a Sink).
+CROSSINGS_FOR_NOW = {("relay.journal.journal", "sinks.base")}
+
+
+def room(module: str) -> str:
+    """The room a module lives in: relay's subpackages, sinks.events apart from the other sinks, else its package."""
+    parts = module.split(".")
+    if parts[0] == "relay":
+        return ".".join(parts[:2]) if len(parts) > 2 or (len(parts) == 2 and parts[1] in ROOM_NAMES) else "relay"
+    return "sinks.events" if module == "sinks.events" else parts[0]
+
+
+ROOM_NAMES = {name.split(".")[1] for name in ROOMS if name.startswith("relay.")}
 
 
 def modules() -> dict[str, Path]:
@@ -60,11 +93,21 @@ def test_packages_import_one_way_and_modules_form_no_cycle() -> None:
         visit(name, [])
 
 
-def test_long_modules_say_why() -> None:
-    long = {}
-    for name, path in modules().items():
-        lines = len(path.read_text().splitlines())
-        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-        if lines > MAX_LINES and f"over {MAX_LINES} lines" not in doc:
-            long[name] = lines
-    assert not long, f"modules over {MAX_LINES} lines without a reason in their docstring: {long}"
+def test_rooms_import_only_what_they_may() -> None:
+    found = modules()
+    assert {room(name) for name in found} <= ROOMS.keys(), "a module outside every room: add the room to ROOMS"
+    wrong = sorted((a, b) for a, path in found.items() for b in imports(path, set(found))
+                   if room(b) != room(a) and room(b) not in ROOMS[room(a)] and (a, b) not in CROSSINGS_FOR_NOW)
+    assert not wrong, f"imports a room may not make (tests/test_architecture.py ROOMS): {wrong}"
+
+
+def test_every_room_says_what_it_may_import() -> None:
+    for name in ROOM_NAMES:
+        doc = ast.get_docstring(ast.parse((ROOT / "relay" / name / "__init__.py").read_text())) or ""
+        assert "import" in doc, f"relay/{name}/__init__.py: say in one line what the room is and what it may import"
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {name: n for name, path in modules().items()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES and name not in LONG_FOR_NOW}
+    assert not long, f"modules over {MAX_LINES} lines: split them by job: {long}"

@@ -1,4 +1,4 @@
-"""A sink catches up after a relay restart, even for a run that sends nothing more (relay/catch_up.py):
+"""A sink catches up after a relay restart, even for a run that sends nothing more (relay/sinkhost/catch_up.py):
 real relay processes, real sink processes, the trackers read back through their own API."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from conftest import ROOT
 from test_sink_tensorboard import check_training_run as check_tb_run
 from test_sink_tensorboard import read_logdir
 
-from relay.journal import Journal
+from relay.journal.journal import Journal
 
 HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
 STEPS = 30
@@ -51,7 +51,7 @@ def wait_stats(journal: Path, name: str, ok: Any, timeout: float, relay: Any) ->
 
 
 def sink_children(relay: Any) -> list[psutil.Process]:
-    return [p for p in psutil.Process(relay.proc.pid).children() if "relay.sink_child" in " ".join(p.cmdline())]
+    return [p for p in psutil.Process(relay.proc.pid).children() if "relay.sinkhost.child" in " ".join(p.cmdline())]
 
 
 @pytest.mark.slow  # two relays, a sink process stopped, Aim or TensorBoard opened twice: 10-40 s

@@ -12,7 +12,7 @@ import pytest
 from conftest import free_port
 from watch_helpers import cli_env, event, relay_cmd, write_journal
 
-from relay.address import BadAddress, check_bind_address, check_connect_address
+from relay.wire.address import BadAddress, check_bind_address, check_connect_address
 
 
 @pytest.mark.parametrize("args, message", [

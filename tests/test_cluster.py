@@ -1,4 +1,4 @@
-"""relay/cluster.py on its own: the per-step figures, stragglers, lost and returning ranks, and a
+"""relay/daemon/cross_rank.py on its own: the per-step figures, stragglers, lost and returning ranks, and a
 rebuild from journal events, with the clock given by the test."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from relay.cluster import MAX_WAITING, Cluster, ClusterConfig, Derived
+from relay.daemon.cross_rank import MAX_WAITING, Cluster, ClusterConfig, Derived
 from sinks.events import RELAY_RANK
 
 CONFIG = ClusterConfig(factor=1.5, steps=3, silence=10.0)

@@ -1,4 +1,4 @@
-"""The relay's own cross-rank events (relay/cluster.py) from real relays and real rank processes
+"""The relay's own cross-rank events (relay/daemon/cross_rank.py) from real relays and real rank processes
 (tests/rank_proc.py): a slowed rank is a straggler, a killed rank is lost while its peers finish, a
 silent rank comes back, a relay killed mid-run numbers on, and the sinks get every derived event."""
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, finish, plugin_env, read_jsonl, wait_for
-from relay import schema
-from relay.client import Publisher
-from relay.daemon import Relay, RelayConfig
-from relay.journal import Journal, journal_files, read_events
+from relay.wire import schema
+from relay.client.publisher import Publisher
+from relay.daemon.loop import Relay, RelayConfig
+from relay.journal.journal import Journal, journal_files, read_events
 from sinks.events import RELAY_RANK
 
 RANK_PROC = Path(__file__).resolve().parent / "rank_proc.py"

@@ -7,7 +7,7 @@ import random
 import msgpack
 import pytest
 
-from relay import schema
+from relay.wire import schema
 
 ENVELOPE = {"v": 1, "run": "run-1", "rank": 3, "local_rank": 1, "world_size": 4, "host": "node-a"}
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from conftest import ROOT
-from relay.client import Publisher
+from relay.client.publisher import Publisher
 
 MODULE = "csv_docs_sink"
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from conftest import read_jsonl
-from relay.client import Publisher
-from relay.curve import load_secret
+from relay.client.publisher import Publisher
+from relay.wire.curve import load_secret
 
 
 def keygen(directory, name):

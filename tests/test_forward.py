@@ -17,10 +17,10 @@ import orjson
 import pytest
 
 from conftest import RelayProcess, finish, free_port, read_jsonl, start_publisher, wait_for
-from relay.curve import load_secret
-from relay.forward_window import STALL_S, ForwardWindow
-from relay.forwarder import Forwarder
-from relay.journal import encode_line
+from relay.wire.curve import load_secret
+from relay.forward.window import STALL_S, ForwardWindow
+from relay.forward.sender import Forwarder
+from relay.wire.lines import encode_line
 from sinks.events import RELAY_RANK
 from test_curve import keygen
 

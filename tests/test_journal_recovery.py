@@ -11,10 +11,11 @@ import pytest
 import zmq
 
 from conftest import finish, read_jsonl, start_publisher, wait_for
-from relay import schema
-from relay.client import Publisher
-from relay.journal import Journal, encode_line, read_events
+from relay.wire import schema
+from relay.client.publisher import Publisher
+from relay.journal.journal import Journal, read_events
 
+from relay.wire.lines import encode_line
 TORN = 3 << 19  # 1.5 MiB: more than the 1 MiB the old recovery looked back
 
 

@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from conftest import ROOT, read_jsonl
-from relay.client import Publisher
-from relay.journal import read_events
+from relay.client.publisher import Publisher
+from relay.journal.journal import read_events
 
 FLOOD = Path(__file__).resolve().parent / "flood_proc.py"
 MAX_MEMORY = 512  # MiB, --max-memory
@@ -69,10 +69,10 @@ def test_large_event_floods_stay_within_max_memory_and_a_good_publisher_is_ackno
 
 
 def test_a_sink_queue_is_bounded_in_bytes_too():
-    """The relay keeps at most SINK_QUEUE_BYTES of lines for a sink's process (relay/batching.py):
+    """The relay keeps at most SINK_QUEUE_BYTES of lines for a sink's process (relay/sinkhost/batch_queue.py):
     a batch past it is dropped and counted, one batch is always taken into an empty queue, and the
     room comes back as batches are handed over."""
-    from relay.batching import BatchWorker
+    from relay.sinkhost.batch_queue import BatchWorker
 
     release = threading.Event()
     handled: list[int] = []

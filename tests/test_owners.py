@@ -1,11 +1,11 @@
-"""Stream ownership and drop claims as socket-free state machines (relay/dedupe.py, relay/peers.py):
+"""Stream ownership and drop claims as socket-free state machines (relay/journal/dedupe.py, relay/daemon/peers.py):
 the rules docs/security.md states, in milliseconds; tests/hostile/test_local_peer.py tries them
 against a real relay."""
 from __future__ import annotations
 
-from relay.dedupe import JOURNAL, OWNER_SILENCE, Dedupe, RankState
-from relay.journal import Seen
-from relay.peers import Connections
+from relay.journal.dedupe import JOURNAL, OWNER_SILENCE, Dedupe, RankState
+from relay.journal.journal import Seen
+from relay.daemon.peers import Connections
 
 
 def test_a_stream_belongs_to_its_sender_until_it_is_gone_or_silent():

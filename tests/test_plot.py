@@ -11,7 +11,7 @@ import pytest
 from conftest import RelayProcess, free_port
 from watch_helpers import cli_env, relay_cmd
 
-from relay.client import Publisher
+from relay.client.publisher import Publisher
 
 STEPS = 20
 

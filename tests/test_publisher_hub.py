@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from conftest import read_jsonl
-from relay.client import Publisher
+from relay.client.publisher import Publisher
 
 
 def _publisher_threads() -> int:

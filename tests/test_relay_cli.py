@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from conftest import free_port, plugin_env, read_jsonl
-from relay.journal import encode_line
+from relay.wire.lines import encode_line
 
 
 def run_relay(*args: str, timeout: float = 30, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -100,7 +100,7 @@ def test_tail_keygen_and_help_import_no_sink_plugin(tmp_path):
                               text=True, timeout=60, env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
         modules = imported_modules(proc)
-        assert "relay.cli" in modules
+        assert "relay.cli.main" in modules
         plugins = {m for m in modules if m.startswith(("throwaway_sinks", "aim", "mlflow", "wandb", "clearml"))
                    or m.startswith("sinks.") and m not in ("sinks.base", "sinks.events", "sinks.registry")}
         assert not plugins, (args, sorted(plugins))

@@ -16,8 +16,8 @@ import pytest
 import zmq
 
 from conftest import finish, free_port, line_count, plugin_env, read_jsonl, start_publisher, wait_for
-from relay import schema
-from relay.client import Publisher
+from relay.wire import schema
+from relay.client.publisher import Publisher
 
 
 def assert_exactly_once(events: list[dict], expected: dict[tuple[str, int], int]) -> None:
@@ -264,7 +264,7 @@ def test_idle_run_is_forgotten_and_rebuilt_from_journal(relays, tmp_path, layout
 
 EXIT_SCRIPT = """
 import sys
-from relay.client import Publisher
+from relay.client.publisher import Publisher
 pub = Publisher("exitrun", 0, address=sys.argv[1])
 for i in range(50):
     pub.publish("metrics", {"i": i}, step=i, stage="train")

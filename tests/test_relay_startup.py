@@ -1,5 +1,5 @@
 """The relay listens at once, whatever sinks it has: every check comes before it binds (one line, exit 2),
-then it is ready while its sinks' processes open beside it (relay/sink_process.py)."""
+then it is ready while its sinks' processes open beside it (relay/sinkhost/process.py)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import pytest
 from conftest import free_port, plugin_env, start_publisher
 from conftest import finish as finish_publisher
 
-from trainer.trackers import TrackingArguments, sink_args
+from trainer.tracker_flags import TrackingArguments, sink_args
 
 FIVE = ["aim", "mlflow", "tensorboard", "wandb", "clearml"]
 

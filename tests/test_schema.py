@@ -6,8 +6,8 @@ import math
 import msgpack
 import pytest
 
-from relay import schema
-from relay.dedupe import RankState
+from relay.wire import schema
+from relay.journal.dedupe import RankState
 
 
 def event(**over) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.window import MAX_BACKOFF, MAX_BATCH_BYTES, MAX_BATCH_EVENTS, SendWindow
+from relay.client.send_window import MAX_BACKOFF, MAX_BATCH_BYTES, MAX_BATCH_EVENTS, SendWindow
 
 
 class Wire:

@@ -1,5 +1,5 @@
-"""Sinks other than the journal run in their own processes (relay/sink_process.py, the child's side
-relay/sink_child.py): a real plugin that kills its own process is started again, counted, and costs
+"""Sinks other than the journal run in their own processes (relay/sinkhost/process.py, the child's side
+relay/sinkhost/child.py): a real plugin that kills its own process is started again, counted, and costs
 the journal nothing; one that refuses an event for good gets it dead-lettered and the rest written;
 one that fails for a while catches up; every sink is flushed on a timer under steady load; and one
 that wants only runs (``wants_events = False``) gets one stand-in per event holding its run."""
@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from conftest import finish, plugin_env, read_jsonl, start_publisher
-from relay.client import Publisher
-from relay.journal import Journal, LineDecoder, encode_line
+from relay.client.publisher import Publisher
+from relay.journal.journal import Journal, LineDecoder
 
 
+from relay.wire.lines import encode_line
 def _after_run(path: Path) -> int:
     """Events of run "after" among the complete lines the sink has written so far."""
     lines = path.read_text().splitlines(keepends=True) if path.exists() else []

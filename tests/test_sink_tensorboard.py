@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 from aim_helpers import finish_ranks as finish  # noqa: E402
 from aim_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
 from conftest import free_port, wait_for  # noqa: E402
-from relay.journal import encode_line  # noqa: E402
+from relay.wire.lines import encode_line  # noqa: E402
 from sinks.base import PermanentError, SinkContext, SinkError  # noqa: E402
 from sinks.tensorboard import STATE_NAME, TensorBoardSink, _tag  # noqa: E402
 

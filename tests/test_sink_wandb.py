@@ -19,7 +19,7 @@ pytest.importorskip("wandb")
 
 from aim_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
 from conftest import free_port, wait_for  # noqa: E402
-from relay.journal import encode_line  # noqa: E402
+from relay.wire.lines import encode_line  # noqa: E402
 from sinks.base import PermanentError, SinkContext  # noqa: E402
 from sinks.wandb import SEQ_KEY, STEP_KEY, WandbSink  # noqa: E402
 

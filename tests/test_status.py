@@ -20,7 +20,7 @@ import pytest
 import zmq
 
 from conftest import ROOT, finish, free_port, line_count, plugin_env, read_jsonl, start_publisher, wait_for
-from relay.status import ANSWER_RATE, STATUS_REQUEST
+from relay.daemon.status import ANSWER_RATE, STATUS_REQUEST
 
 CLEAR = "\r\x1b[K"
 EVENTS = re.compile(r"\| (\d+) events")

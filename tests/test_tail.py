@@ -18,7 +18,7 @@ import pytest
 from conftest import finish, start_publisher, wait_for
 from watch_helpers import RELAY_RANK, LiveCommand, cli_env, event, relay_cmd, write_journal
 
-from relay.journal import encode_line
+from relay.wire.lines import encode_line
 
 
 def training_events(t0: float) -> list[dict]:
@@ -231,7 +231,7 @@ def test_follow_a_file_created_rotated_and_truncated(tmp_path: Path) -> None:
 def test_follow_a_directory_of_many_runs_with_few_descriptors(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
-    runs = [f"run-{i:03d}" for i in range(150)]  # more than relay/follow.py's MAX_OPEN
+    runs = [f"run-{i:03d}" for i in range(150)]  # more than relay/cli/follow.py's MAX_OPEN
 
     def append(i: int) -> None:
         for run in runs:

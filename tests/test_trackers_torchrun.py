@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port, read_jsonl
-from trainer.trackers import TrackingArguments, sink_args
+from trainer.tracker_flags import TrackingArguments, sink_args
 from trainer_fixtures import demo_model, run_trainer, seed_flags, torchrun
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.address import ADDRESS_ENV
+from relay.wire.address import ADDRESS_ENV
 from sinks.events import RELAY_RANK
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +79,7 @@ def error_lines(stderr: str) -> list[str]:
 
 def assert_complete(events: list[dict], *, world_size: int, steps: int, eval_steps: int | None) -> str:
     """Every expected event exactly once, from the right rank, one run id, no gap in any rank's seq,
-    and the relay's own summary of every logged step across the ranks (relay/cluster.py).
+    and the relay's own summary of every logged step across the ranks (relay/daemon/cross_rank.py).
 
     Returns the run id.
     """

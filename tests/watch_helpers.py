@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from relay.journal import encode_line
+from relay.wire.lines import encode_line
 from sinks.events import RELAY_RANK
 
 __all__ = ["RELAY_RANK", "LiveCommand", "event", "relay_cmd", "write_journal"]

@@ -4,7 +4,7 @@
 """
 from typing import Any
 
-from trainer.tracking import set_params, track
+from trainer.custom_metrics import set_params, track
 
 __all__ = ["set_params", "track", "train"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer.errors import UsageError
-from trainer.trackers import TRACKERS, TrackingArguments  # noqa: F401 - TrackingArguments is part of args' API
+from trainer.tracker_flags import TRACKERS, TrackingArguments  # noqa: F401 - TrackingArguments is part of args' API
 
 if TYPE_CHECKING:
     import datasets
@@ -279,7 +279,7 @@ def validate(
 
     ``model`` and ``data`` are filled in for --demo by the caller before this runs.
     """
-    from trainer.data import load_sft_dataset
+    from trainer.dataset import load_sft_dataset
 
     tracking = tracking or TrackingArguments()
     trackers = parse_trackers(tracking.tracker)
@@ -289,7 +289,7 @@ def validate(
     if tracking.wandb_mode not in ("offline", "online"):
         raise UsageError(f"--wandb_mode: {tracking.wandb_mode!r} must be offline or online")
     if tracking.relay_address is not None:
-        from relay.address import BadAddress, check_connect_address
+        from relay.wire.address import BadAddress, check_connect_address
 
         try:
             check_connect_address(tracking.relay_address)
@@ -299,7 +299,7 @@ def validate(
         if not getattr(tracking, name) > 0:
             raise UsageError(f"--{name} must be positive, got {getattr(tracking, name)}")
     if training.run_name is not None:
-        from relay.schema import RUN_ID_RE, valid_run_id
+        from relay.wire.schema import RUN_ID_RE, valid_run_id
 
         if not valid_run_id(training.run_name):
             raise UsageError(f"--run_name: {training.run_name!r} must match {RUN_ID_RE.pattern}")

@@ -19,9 +19,9 @@ from typing import Any, Mapping
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from relay.client import Publisher
-from trainer import collectives, tracking
-from trainer.tracking import to_wire
+from relay.client.publisher import Publisher
+from trainer import collectives, custom_metrics
+from trainer.custom_metrics import to_wire
 
 _VERSIONED = ("metrics-relay", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "pyzmq")
 _LOG_PREFIXES = (("eval_", "eval"), ("test_", "test"))
@@ -84,9 +84,9 @@ class RelayCallback(TrainerCallback):
                  run_params: Mapping[str, Mapping[str, Any]] | None = None, trainer: Any = None) -> None:
         """``trainer``: the Trainer this callback is added to, so that under DDP the waits in its
         collectives are timed on the model it wraps (on_train_begin gets the unwrapped one)."""
-        pub = publisher or tracking.publisher()
+        pub = publisher or custom_metrics.publisher()
         if pub is None:
-            raise ValueError("no publisher: call trainer.tracking.start(...) first or pass one")
+            raise ValueError("no publisher: call trainer.custom_metrics.start(...) first or pass one")
         if not flush_timeout > 0:
             raise ValueError(f"flush_timeout must be positive, got {flush_timeout!r}")
         self._pub = pub
@@ -155,7 +155,7 @@ class RelayCallback(TrainerCallback):
         self._steps += 1
         self._busy += took
         self._slowest = max(self._slowest, took)
-        tracking.current_step = state.global_step
+        custom_metrics.current_step = state.global_step
         if control.should_log:
             self._publish_rank_window(state)
 
@@ -203,7 +203,7 @@ class RelayCallback(TrainerCallback):
         if self._clock is not None:
             collectives.detach(self._trainer)
             self._clock = None
-        tracking.current_step = None
+        custom_metrics.current_step = None
         if state.is_world_process_zero:
             self._pub.publish("lifecycle", {
                 "event": "train_end", "status": "completed", "global_step": state.global_step,

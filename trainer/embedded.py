@@ -105,7 +105,7 @@ class EmbeddedRelay:
             sys.executable, "-m", "relay", "--bind", f"ipc://{os.path.join(workdir, SOCKET_NAME)}",
             "--sink", "jsonl", "--path", os.path.join(output_dir, JSONL_NAME),
         ]
-        cmd += sink_args or []  # the other trackers' sinks (trainer/trackers.py)
+        cmd += sink_args or []  # the other trackers' sinks (trainer/tracker_flags.py)
         cmd += ["--ready-file", ready, "--watch-pid", str(os.getpid()), "--log-level", "info"]
         log_path = os.path.join(output_dir, RELAY_LOG_NAME)
         with open(log_path, "ab") as log_file:

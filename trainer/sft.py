@@ -17,13 +17,13 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from trainer import tracking
+from trainer import custom_metrics
 from trainer.args import (
     DEMO_DATA, DEMO_RESPONSE_TEMPLATE, DataArguments, ModelArguments, RunPlan, TrackingArguments, UsageError,
     demo_requested, parse_args, validate,
 )
 from trainer.embedded import JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id
-from trainer.trackers import sink_args
+from trainer.tracker_flags import sink_args
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -81,7 +81,7 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
     if error:
         raise RelayStartError(error)
     journal = os.path.join(output_dir, JSONL_NAME) if plan.tracking.relay_address is None else None
-    tracking.start(run_id, rank=rank, local_rank=local_rank, world_size=world_size, address=address,
+    custom_metrics.start(run_id, rank=rank, local_rank=local_rank, world_size=world_size, address=address,
                    spool_dir=os.path.join(output_dir, SPOOL_DIR_NAME), spool_journal=journal)
     if rank == 0:
         run_params = {"run_id": run_id, "run_name": plan.training.run_name, "world_size": world_size,
@@ -90,9 +90,9 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
                       "user": _user(), "source": sys.argv[0]}  # what MLflow's own logging records
         if plan.tracking.experiment:
             run_params["experiment"] = plan.tracking.experiment  # sinks that group runs (Aim) use it
-        tracking.set_params(run_params, name="run")
+        custom_metrics.set_params(run_params, name="run")
         if plan.exp_metadata is not None:
-            tracking.set_params(plan.exp_metadata, name="experiment_metadata")
+            custom_metrics.set_params(plan.exp_metadata, name="experiment_metadata")
         os.makedirs(output_dir, exist_ok=True)
         with open(os.path.join(output_dir, RUN_FILE_NAME), "w", encoding="utf-8") as fh:
             json.dump({"run": run_id, "address": address, "world_size": world_size,
@@ -120,7 +120,7 @@ def _load(plan: RunPlan, rank: int) -> tuple[object, object]:
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path or args.model_name_or_path)
     model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
     if rank == 0:
-        tracking.track({"model_load_time": time.perf_counter() - started})
+        custom_metrics.track({"model_load_time": time.perf_counter() - started})
     return tokenizer, model
 
 
@@ -156,7 +156,7 @@ def train(
         if plan.tracking_on:
             relay = _start_tracking(plan, rank, training_args.local_process_index, world_size)
         else:
-            tracking.disable()
+            custom_metrics.disable()
         if model_args.demo:
             with training_args.main_process_first(local=True, desc="building the demo model"):
                 build_demo(model_args.model_name_or_path)
@@ -181,17 +181,17 @@ def train(
         completed = True
         return result
     except BaseException as exc:
-        pub = tracking.publisher()
+        pub = custom_metrics.publisher()
         if pub is not None:
             pub.publish("lifecycle", {"event": "train_end", "status": "failed",
                                       "error": f"{type(exc).__name__}: {exc}"[:2000]})
         raise
     finally:
         try:
-            if tracking.publisher() is not None:
+            if custom_metrics.publisher() is not None:
                 # --relay_flush_timeout bounds the whole wait: closing gets what the callback's flush left.
                 left = None if relay_callback is None else relay_callback.flush_time_left
-                tracking.stop(CLOSE_TIMEOUT if left is None else left)
+                custom_metrics.stop(CLOSE_TIMEOUT if left is None else left)
             if completed:
                 barrier()  # every rank has flushed before the relay goes away
         finally:

@@ -20,7 +20,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from relay import schema
+from relay.wire import schema
 
 from .targets import Target, Violation
 

@@ -1,6 +1,6 @@
 """Hypothesis strategies for what reaches the relay from outside: wire frames and journal files.
 
-Frames are mostly valid-looking (compact batches exactly as relay/client.py's Publisher builds
+Frames are mostly valid-looking (compact batches exactly as relay/client/publisher.py's Publisher builds
 them, batches of maps, single maps), so that validation passes and the code behind it (journal
 encoding, dedupe, acks, the journal readers) sees extreme but well-formed values; a minority
 break one field, and the rest are mutated, truncated or random bytes for the decoder itself.
@@ -16,8 +16,8 @@ import msgpack
 import orjson
 from hypothesis import strategies as st
 
-from relay import schema
-from relay.journal import encode_line
+from relay.wire import schema
+from relay.wire.lines import encode_line
 
 MAX_UINT64 = 2**64 - 1
 MIN_INT64 = -(2**63)

@@ -20,11 +20,12 @@ import msgpack
 import orjson
 from hypothesis import strategies as st
 
-from relay import schema
-from relay.replay import replay_files
-from relay.selection import Selection
-from relay.tail import Tail, format_event
-from relay.journal import Journal, check_lines, encode_lines, journal_files, read_events
+from relay.wire import schema
+from relay.sinkhost.replay import replay_files
+from relay.cli.filters import Selection
+from relay.cli.tail import Tail, format_event
+from relay.journal.journal import Journal, journal_files, read_events
+from relay.wire.lines import check_lines, encode_lines
 from sinks.base import SinkError
 
 from . import strategies
@@ -132,7 +133,7 @@ def _check_journaled(line: Any) -> None:
 
 def ingest_available() -> bool:
     """The socketless ingest API (take_frame, commit) this target drives."""
-    from relay.daemon import Relay
+    from relay.daemon.loop import Relay
 
     return hasattr(Relay, "take_frame") and hasattr(Relay, "commit")
 
@@ -153,7 +154,7 @@ def check_ingest(session: bytes) -> None:
                     if op is None:
                         relay.commit()
                     elif len(op) == 1:
-                        relay._peer_gone(op[0])  # what the socket monitor reports (relay/peers.py)
+                        relay._peer_gone(op[0])  # what the socket monitor reports (relay/daemon/peers.py)
                     else:
                         relay.take_frame(op[0], op[1])
                 relay.commit()
@@ -165,7 +166,7 @@ def check_ingest(session: bytes) -> None:
 
 
 def _open_relay(path: str) -> Any:
-    from relay.daemon import Relay, RelayConfig
+    from relay.daemon.loop import Relay, RelayConfig
 
     relay = Relay(RelayConfig(address="tcp://127.0.0.1:0"), Journal(path), [])
     relay.open_sinks()  # with no other sinks: only opens the journal

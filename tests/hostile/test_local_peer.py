@@ -17,9 +17,9 @@ import pytest
 import zmq
 
 from conftest import free_port, read_jsonl, wait_for
-from relay import schema
-from relay.client import Publisher
-from relay.curve import load_secret
+from relay.wire import schema
+from relay.client.publisher import Publisher
+from relay.wire.curve import load_secret
 from test_curve import keygen
 from test_relay_hostile import _connect_as, _event
 
@@ -419,7 +419,7 @@ def test_on_loopback_tcp_any_local_peer_learns_the_run_ids_from_a_status_request
     """Said in docs/security.md: run ids are no secret on a port anyone can connect to."""
     import msgpack
 
-    from relay.status import STATUS_REQUEST
+    from relay.daemon.status import STATUS_REQUEST
 
     relay = relays(["--path", str(tmp_path / "j.jsonl")])
     pub = Publisher("secret-run", 0, address=relay.address)

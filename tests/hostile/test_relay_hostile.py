@@ -19,8 +19,8 @@ import psutil
 import pytest
 import zmq
 
-from relay import schema
-from relay.client import Publisher
+from relay.wire import schema
+from relay.client.publisher import Publisher
 from sinks.events import RELAY_RANK
 from conftest import ROOT, read_jsonl, wait_for
 
@@ -293,7 +293,7 @@ def test_no_client_may_publish_as_the_relay(relays, tmp_path):
 
 def test_a_genuine_drop_report_still_moves_the_floor_for_its_own_connection():
     """The same claim made by the connection that dropped the events: acks go on past the gap."""
-    from relay.dedupe import RankState
+    from relay.journal.dedupe import RankState
 
     state = RankState()
     assert all(state.take(s, b"real") for s in range(5))

@@ -15,8 +15,8 @@ import pytest
 from conftest import ROOT, free_port, read_jsonl
 from trainer_fixtures import DEMO_DATA, demo_model, run_trainer
 
-from relay.client import Publisher
-from relay.schema import FIELDS
+from relay.client.publisher import Publisher
+from relay.wire.schema import FIELDS
 
 __all__ = ["demo_model"]  # a fixture, used by name
 N = 40
@@ -51,7 +51,7 @@ def test_relay_that_never_comes(tmp_path: Path, caplog: pytest.LogCaptureFixture
                     spool_dir=spool_dir, spool_journal=journal)
     publish_batch(pub, 0, N - 1)
     pub.publish("params", {"nested": {"lr": 1e-4, "ids": (1, 2)}, "bad": math.nan}, stage="hparams")
-    with caplog.at_level(logging.WARNING, logger="relay.client"):
+    with caplog.at_level(logging.WARNING, logger="relay.client.publisher"):
         assert pub.close(0.3) == N + 2  # hello, N events, the closing stats
     stats = pub.stats
     assert (stats["spooled"], stats["unacked"], stats["dropped"], stats["acked"]) == (N + 2, 0, 0, 0), stats
@@ -113,7 +113,7 @@ def test_relay_gone_at_the_end(tmp_path: Path, relays, caplog: pytest.LogCapture
     assert pub.flush(30) == 0
     relay.kill()  # SIGKILL: no goodbye, nothing more acknowledged
     publish_batch(pub, N, N)
-    with caplog.at_level(logging.WARNING, logger="relay.client"):
+    with caplog.at_level(logging.WARNING, logger="relay.client.publisher"):
         assert pub.close(0.5) == N + 1
     assert pub.stats["acked"] == N + 1 and pub.stats["spooled"] == N + 1
 

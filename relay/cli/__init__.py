@@ -1,0 +1,1 @@
+"""The command line and its viewers (tail, follow, plot); may import every other room."""

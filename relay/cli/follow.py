@@ -1,0 +1,150 @@
+"""Following a journal path the way ``tail -F`` follows a name: the raw complete lines written since
+the last look, for ``relay tail``.
+
+The path (a file, or a directory of run files) may not exist yet; a file renamed away and created
+again (log rotation) is read to its end and the new one from its start; a file cut shorter
+(truncated) is read again from its start; new run files in a directory are picked up. Lines come
+back as written (bytes, newline included), so ``relay tail --json`` prints them byte for byte.
+
+``relay.journal.journal.JournalReader`` reads the same files for sinks; it parses events and keeps offsets
+by name, which is what a sink catching up needs, while a viewer needs the raw bytes and must notice
+a file replaced under the same name, so this keeps its own open files.
+
+A file truncated and written past its old length between two looks is not noticed (``tail -F``
+has the same blind spot); a journal is only appended to, so that takes a hand edit."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from relay.journal.journal import READ_SIZE, journal_files
+
+#: Files kept open at once; past it a file is let go once read, and reopened by name (and
+#: identity) when it grows, so a directory of thousands of runs costs few descriptors.
+MAX_OPEN = 64
+#: Looks in a row with nothing new after which a file is let go once half of MAX_OPEN are open
+#: (five seconds of -f), so the files still written to keep theirs.
+QUIET_LOOKS = 25
+
+
+@dataclass
+class _File:
+    identity: tuple[int, int]  # (st_dev, st_ino) of the file we read
+    offset: int = 0  # bytes of it consumed as complete lines
+    pending: bytes = b""  # a last line without its newline yet
+    fh: BinaryIO | None = None
+    quiet: int = 0  # looks in a row that found nothing new
+    lines: list[bytes] = field(default_factory=list)
+
+
+class Follower:
+    """``poll()`` returns the complete lines (bytes ending in a newline) written since the previous
+    call, file by file; ``poll(final=True)`` also a last line that lacks its newline (a one-shot
+    read). ``notice`` gets one-line remarks for the user (a file truncated or replaced)."""
+
+    def __init__(self, path: Path, notice: Callable[[str], None] = lambda _: None) -> None:
+        self.path = path
+        self.notice = notice
+        self._files: dict[Path, _File] = {}
+        self._open = 0
+
+    def poll(self, final: bool = False) -> list[tuple[Path, list[bytes]]]:
+        if self.path.is_dir():
+            names = journal_files(self.path)
+        else:
+            names = [self.path] if self.path.exists() else []
+        out = []
+        for gone in set(self._files).difference(names):  # a run file removed: what it still held, then forget it
+            state = self._files.pop(gone)
+            self._drain(state)
+            self._close(state)
+            self.notice(f"{gone} went away; following the name, from the start of any new file")
+            if state.lines:
+                out.append((gone, state.lines))
+        for name in names:
+            lines = self._look(name, final)
+            if lines:
+                out.append((name, lines))
+        return out
+
+    def close(self) -> None:
+        for state in self._files.values():
+            self._close(state)
+
+    def _look(self, name: Path, final: bool) -> list[bytes]:
+        try:
+            stat = os.stat(name)
+        except OSError:  # gone between the listing and now; the next look sees what happened
+            return []
+        identity = (stat.st_dev, stat.st_ino)
+        state = self._files.get(name)
+        if state is None:
+            state = self._files[name] = _File(identity)
+        elif state.identity != identity:  # replaced: what the old file still held, then the new one
+            self._drain(state)
+            self._close(state)
+            old = state.lines
+            state = self._files[name] = _File(identity, lines=old)
+            self.notice(f"{name} was replaced; following the new file from its start")
+        if state.fh is None:
+            if stat.st_size == state.offset and state.quiet:
+                state.quiet += 1  # closed and unchanged: not worth opening
+                return self._take(state, final)
+            try:
+                state.fh = open(name, "rb")
+            except OSError:
+                return []
+            self._open += 1
+            opened = os.fstat(state.fh.fileno())
+            if (opened.st_dev, opened.st_ino) != identity:
+                self._close(state)  # replaced again since the stat: the next look takes it
+                return []
+            state.fh.seek(state.offset)
+        self._drain(state)
+        if self._open > MAX_OPEN or (state.quiet >= QUIET_LOOKS and self._open > MAX_OPEN // 2):
+            self._close(state)
+        return self._take(state, final)
+
+    def _drain(self, state: _File) -> None:
+        """Read what the open file holds past our offset (a renamed file too, until it is let go)."""
+        fh = state.fh
+        if fh is None:
+            return
+        if os.fstat(fh.fileno()).st_size < state.offset:
+            fh.seek(0)
+            state.offset, state.pending = 0, b""
+            self.notice(f"{fh.name} was truncated; reading it again from its start")
+        grew = False
+        while True:
+            chunk = fh.read(READ_SIZE)
+            if not chunk:
+                break
+            grew = True
+            data = state.pending + chunk
+            end = data.rfind(b"\n") + 1
+            if end:  # split at newlines only: a stray "\r" stays inside its line, byte for byte
+                state.lines.extend(line + b"\n" for line in data[:end - 1].split(b"\n"))
+                state.offset += end
+                state.pending = data[end:]
+            else:
+                state.pending = data
+        state.quiet = 0 if grew else state.quiet + 1
+
+    @staticmethod
+    def _take(state: _File, final: bool) -> list[bytes]:
+        lines, state.lines = state.lines, []
+        if final and state.pending:
+            lines.append(state.pending)
+            state.offset += len(state.pending)
+            state.pending = b""
+        return lines
+
+    def _close(self, state: _File) -> None:
+        """Let the file go; a partial last line is read again from ``offset`` if it is reopened."""
+        if state.fh is not None:
+            state.fh.close()
+            state.fh = None
+            self._open -= 1
+        state.pending = b""

@@ -1,0 +1,443 @@
+"""The ``relay`` command: serve (the default, so ``relay --sink aim --repo PATH`` works as typed),
+``replay`` a JSONL journal into sinks, ``tail`` a journal for humans, ``plot`` its metrics, and ``status``
+of a relay.
+
+Exit codes: 0 clean stop, 1 runtime failure, 2 bad usage or configuration, 3 address in use.
+
+A module over 350 lines: every command's options are declared here, the one place the command line is
+read from; what each command does lives in its own module, imported when it runs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+import click
+
+from relay.wire.address import AddressInUse, BadAddress
+from relay.client.publisher import ADDRESS_ENV, DEFAULT_ADDRESS
+from relay.journal.journal import Journal
+from relay.daemon.bounds import private_files
+from relay.daemon.live_line import LiveLine, LiveLogHandler, wanted
+from relay.cli.filters import selection, selection_options
+from relay.sinkhost.process import SinkSpec
+from sinks.base import SinkError
+
+log = logging.getLogger("relay")
+
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+EXIT_ADDRESS_IN_USE = 3
+_SINKS = "relay.sinks"  # ctx.meta: name -> (what to load, class) of the sinks named on the command line
+_SINK_PARAMS = "relay.sink_params"  # ctx.meta: their options, added to the command's own
+WORLD_READABLE = click.option(
+    "--world-readable", is_flag=True,
+    help="Create the journal, stats, dead letters and sink files with your umask's modes. Default: 0600 files "
+         "and 0700 folders, since a journal names every run and seq a local peer would need to forge events "
+         "(docs/security.md).")
+
+
+class _ServeByDefault(click.Group):
+    """``relay [OPTIONS]`` means ``relay serve [OPTIONS]``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
+            args = ["serve", *args]
+        return super().parse_args(ctx, args)
+
+    def main(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Every command's usage errors in one line (``relay: error: ...; see 'relay CMD --help'``),
+        exit 2, instead of click's usage block."""
+        kwargs["standalone_mode"] = False
+        try:
+            status = super().main(*args, **kwargs)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "relay"
+            _fail(EXIT_USAGE, f"{' '.join(exc.format_message().split()).rstrip('.')}; see '{where} --help'")
+        except click.ClickException as exc:
+            _fail(exc.exit_code, exc.format_message())
+        except click.Abort:
+            _fail(EXIT_RUNTIME, "aborted")
+        sys.exit(status if isinstance(status, int) else 0)
+
+
+class _SinkCommand(click.Command):
+    """A command that takes the options of the sinks named on its command line (``--sink NAME``)
+    and of no other, so a plugin is imported only when asked for (``relay --sink aim --help``
+    shows Aim's options). The journal's options are always there where it is (``serve``)."""
+
+    def __init__(self, *args: Any, journal_always: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.journal_always = journal_always
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            classes = _load_sinks(_named_sinks(args))
+        except SinkError as exc:
+            _fail(EXIT_USAGE, str(exc))
+        if self.journal_always:
+            classes.setdefault(Journal.name, (Journal.name, Journal))
+        ctx.meta[_SINKS] = classes
+        ctx.meta[_SINK_PARAMS] = self._sink_params(classes)
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:  # another sink's option: say which (else the group's one line)
+            owner = _owner(exc.option_name, classes)
+            if owner is not None:
+                _fail(EXIT_USAGE, f"{exc.option_name} belongs to the {owner} sink; add --sink {owner}")
+            raise
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        params = [*self.params, *ctx.meta.get(_SINK_PARAMS, ())]
+        help_option = self.get_help_option(ctx)
+        return params + [help_option] if help_option is not None else params
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """List what ``--sink`` takes: the journal and every installed sink, third-party ones too."""
+        super().format_epilog(ctx, formatter)
+        from sinks.registry import summaries  # reads the sinks' source: imports none of them
+
+        with formatter.section("Installed sinks (--sink NAME; --sink NAME --help adds its options)"):
+            journal = [(Journal.name, "The journal (JSONL), always written.")] if self.journal_always else []
+            formatter.write_dl(journal + summaries())
+
+    def _sink_params(self, classes: dict[str, tuple[str, type]]) -> list[click.Parameter]:
+        """The named sinks' options (the first declaration of a name wins)."""
+        owners: dict[str, str] = {p.name: "relay" for p in self.params if p.name}
+        params = []
+        for name, (_, cls) in classes.items():
+            for option in cls.options():
+                if option.name in owners:
+                    log.warning("sink %s option %s clashes with %s; ignored", name, option.opts[0], owners[option.name])
+                    continue
+                owners[option.name] = name
+                option.help = f"[{name} sink] {option.help or ''}"
+                params.append(option)
+        return params
+
+
+def _named_sinks(args: list[str]) -> list[str]:
+    """The ``--sink NAME`` / ``--sink=NAME`` values of a command line, in order, once each."""
+    names, words = [], iter(args)
+    for word in words:
+        if word == "--":
+            break
+        if word == "--sink":
+            names.append(next(words, ""))
+        elif word.startswith("--sink="):
+            names.append(word[len("--sink="):])
+    return list(dict.fromkeys(name for name in names if name))
+
+
+def _load_sinks(names: list[str]) -> dict[str, tuple[str, type]]:
+    """Display name -> (what a sink process loads, class), for the named sinks; ``jsonl`` is the
+    journal. SinkError for an unknown or broken sink, or two that go by the same name."""
+    from sinks.registry import available, known, load
+
+    classes: dict[str, tuple[str, type]] = {}
+    for given in names:
+        if given == Journal.name:
+            name, cls = Journal.name, Journal
+        elif ":" not in given and not known(given):
+            installed = sorted({Journal.name, *available()})
+            raise SinkError(f"unknown sink {given!r}; installed sinks: {', '.join(installed)} "
+                            "(or give package.module:Class)")
+        else:
+            cls = load(given)
+            name = getattr(cls, "name", None) or cls.__name__.lower()
+        if name in classes:
+            raise SinkError(f"--sink {given}: a sink named {name!r} was already given; name each sink once")
+        classes[name] = (given, cls)
+    return classes
+
+
+def _owner(option: str, named: dict[str, tuple[str, type]]) -> str | None:
+    """The sink, not named on the command line, that declares ``option`` (only now are the other
+    installed sinks imported: this is the path of a usage error)."""
+    from sinks.registry import available, load
+
+    candidates: dict[str, Callable[[], type]] = {Journal.name: lambda: Journal}
+    for name in sorted(available()):
+        candidates.setdefault(name, lambda name=name: load(name))
+    for name, get in candidates.items():
+        if name in named:
+            continue
+        try:
+            cls = get()
+        except SinkError:
+            continue
+        if any(option in o.opts or option in o.secondary_opts for o in cls.options()):
+            return name
+    return None
+
+
+def _fail(code: int, message: str) -> NoReturn:
+    click.echo(f"relay: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _setup_logging(level: str, live: LiveLine | None = None) -> None:
+    """Log to stderr; with a live status line, above it."""
+    handler = logging.StreamHandler(sys.stderr) if live is None else LiveLogHandler(live)
+    logging.basicConfig(level=level.upper(), handlers=[handler],
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def build_sinks(ctx: click.Context, params: dict[str, Any], log_level: str = "info") -> tuple[Journal, list[SinkSpec]]:
+    """The journal (always present: ``--sink jsonl`` is implied) and what each other sink's process
+    needs to build it: its name, what to load, and only its own options."""
+    classes: dict[str, tuple[str, type]] = ctx.meta[_SINKS]
+    journal = Journal(**{o.name: params[o.name] for o in Journal.options()})
+    specs = [SinkSpec(name, {o.name: _jsonable(params[o.name]) for o in cls.options() if o.name in params},
+                      source=source, log_level=log_level)
+             for name, (source, cls) in classes.items() if cls is not Journal]
+    return journal, specs
+
+
+def _jsonable(value: Any) -> Any:
+    """An option value as the sink process receives it (its click type converts it back)."""
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+@click.group(cls=_ServeByDefault, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="metrics-relay")
+def main() -> None:
+    """metrics-relay: receive training metrics from every rank and write them to sinks.
+
+    \b
+    relay [serve] [--bind ADDR] [--sink NAME ...] [sink options]   run the relay (default)
+    relay replay FILE.jsonl --sink NAME [sink options]              rebuild a sink from a journal
+    relay tail PATH [-f] [--view steps] [--json] [filters]          follow a journal, readably
+    relay plot PATH --metric NAME ... -o OUT.png                    draw metrics against the step
+    relay status [ADDRESS|JOURNAL|STATS_FILE] [--json]              a relay's status line, once
+    relay keygen DIR [--name NAME]                                  CURVE certificates for remote ranks
+    """
+
+
+@main.command(cls=_SinkCommand, journal_always=True)
+@click.option("--bind", "--address", "address", envvar=ADDRESS_ENV, default=DEFAULT_ADDRESS, show_default=True,
+              help=f"Where to listen: tcp://HOST:PORT (port '*' picks a free one) or ipc:///path.sock. "
+                   f"Also ${ADDRESS_ENV}.")
+@click.option("--sink", "sink_names", multiple=True, metavar="NAME",
+              help="A sink to write to (repeatable): an installed sink's name, or package.module:Class. "
+                   "The jsonl journal is always on. Its options show with it: relay --sink NAME --help.")
+@click.option("--flush-interval", type=click.FloatRange(0.001, 10.0), default=0.05, show_default=True,
+              help="Seconds between journal flushes (and acknowledgements).")
+@click.option("--stats-interval", type=click.FloatRange(0.1), default=30.0, show_default=True,
+              help="Seconds between counter logs and stats-file updates.")
+@click.option("--sink-queue", type=click.IntRange(1), default=200_000, show_default=True,
+              help="Events each non-journal sink may fall behind before its batches are dropped (counted).")
+@click.option("--forget-after", type=click.FloatRange(1.0), default=3600.0, show_default=True,
+              help="Seconds after which a silent run's dedupe state is dropped (rebuilt from the journal "
+                   "if it returns), so memory stays bounded on a long-lived relay.")
+@click.option("--run-rate", type=click.FloatRange(1.0), default=60.0, show_default=True,
+              help="New run ids one connection may start per minute (and at once); frames starting more are "
+                   "refused (counted, not acknowledged: a real client sends them again later).")
+@click.option("--max-runs", type=click.IntRange(1), default=10_000, show_default=True,
+              help="Runs whose dedupe state is kept in memory; past it the least recently active one is "
+                   "forgotten (rebuilt from the journal if it returns).")
+@click.option("--max-memory", type=click.IntRange(0), default=1024, show_default=True, metavar="MIB",
+              help="Resident memory at which every connection is dropped to free what ZeroMQ holds (clients "
+                   "reconnect and resend); 0: never.")
+@click.option("--cluster/--no-cluster", default=True, show_default=True,
+              help="Derive cross-rank events from the ranks' step times (stage 'rank'): per logged step the "
+                   "min/median/max step time and slowest rank (stage 'cluster'), stragglers, lost ranks.")
+@click.option("--straggler-factor", type=click.FloatRange(1.0, min_open=True), default=1.5, show_default=True,
+              help="A rank is slow at a step when its step time exceeds the step's median by this factor.")
+@click.option("--straggler-steps", type=click.IntRange(1), default=3, show_default=True,
+              help="Logged steps in a row a rank must be slow to get a 'straggler' event.")
+@click.option("--rank-silence", type=click.FloatRange(1.0), default=60.0, show_default=True, metavar="SECONDS",
+              help="A rank silent this long while its peers went on to later steps gets 'rank_lost' ('rank_back' "
+                   "when it reports again); a step also waits at most this long for its ranks. Keep it above "
+                   "the time between logged steps.")
+@click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write {\"address\", \"pid\"} here once listening (for scripts binding port '*').")
+@click.option("--watch-pid", type=int, help="Shut down cleanly when this process is gone.")
+@click.option("--curve-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The relay's CURVE secret certificate (relay keygen): encrypt a non-loopback relay.")
+@click.option("--curve-clients", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Directory of client public certificates (*.key): only these may publish.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+              default="info", show_default=True)
+@WORLD_READABLE
+@click.option("--live", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="A status line redrawn every second on stderr (auto: on a terminal), else logged.")
+@click.pass_context
+def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_interval: float,
+          stats_interval: float, sink_queue: int, forget_after: float, run_rate: float, max_runs: int,
+          max_memory: int, cluster: bool, straggler_factor: float, straggler_steps: int, rank_silence: float,
+          ready_file: Path | None, watch_pid: int | None,
+          curve_cert: Path | None, curve_clients: Path | None, log_level: str, world_readable: bool, live: str,
+          **sink_params: Any) -> None:
+    """Run the relay until SIGINT/SIGTERM."""
+    from relay.daemon.cross_rank import ClusterConfig
+    from relay.daemon.loop import Relay, RelayConfig
+    from relay.sinkhost.process import check_sinks
+
+    private_files(world_readable)
+    line = LiveLine(sys.stderr) if wanted(live, sys.stderr) else None
+    _setup_logging(log_level, line)
+    config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
+                         sink_queue=sink_queue, forget_after=forget_after, run_rate=run_rate, max_runs=max_runs,
+                         max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
+                         curve_cert=curve_cert, curve_clients=curve_clients,
+                         cluster=ClusterConfig(straggler_factor, straggler_steps, rank_silence) if cluster else None)
+    try:  # every check before the relay listens: a bad option stops it before any training starts
+        journal, sinks = build_sinks(ctx, sink_params, log_level)
+    except SinkError as exc:
+        _fail(EXIT_USAGE, str(exc))
+    relay = Relay(config, journal, sinks)
+    try:  # a relay that stops here leaves nothing behind: no journal lock, no empty journal folder
+        relay.open_journal()
+        check_sinks(sinks, journal.path)
+        relay.live = line
+        relay.bind()
+    except (SinkError, AddressInUse, BadAddress) as exc:
+        journal.abandon()
+        if isinstance(exc, AddressInUse):
+            _fail(EXIT_ADDRESS_IN_USE, f"{exc}; stop the other relay or choose another --bind")
+        _fail(EXIT_USAGE, str(exc))
+    relay.serve()  # ready at once; the sinks' processes open beside it (Relay.open_sinks)
+    logging.shutdown()
+    sys.stderr.flush()
+    # Everything is flushed and closed; skip interpreter teardown, where a sink library's own
+    # exit handler (Aim's remote client waiting for a dead server) could hang a finished relay.
+    os._exit(0)
+
+
+@main.command(cls=_SinkCommand)
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--sink", "sink_names", multiple=True, required=True, metavar="NAME",
+              help="A sink to rebuild (repeatable); jsonl: a journal (--path), given only what it lacks.")
+@click.option("--run", "runs", multiple=True, help="Only these run ids (repeatable).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+              default="info", show_default=True)
+@WORLD_READABLE
+@click.pass_context
+def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, ...], runs: tuple[str, ...],
+           log_level: str, world_readable: bool, **sink_params: Any) -> None:
+    """Feed JSONL journal FILES (or directories of them) through sinks, in order."""
+    from relay.sinkhost.replay import replay_files
+
+    private_files(world_readable)
+    _setup_logging(log_level)
+    classes: dict[str, tuple[str, type]] = ctx.meta[_SINKS]
+    journal, sinks = None, []
+    try:
+        for _, cls in classes.values():
+            options = {o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params}
+            if cls is Journal:
+                journal = Journal(**options)
+            else:
+                sinks.append(cls(**options))
+        result = replay_files(files, sinks, set(runs), journal)
+    except SinkError as exc:
+        _fail(EXIT_USAGE, str(exc))
+    done = []
+    if journal is not None:
+        done.append(f"{result.new} new in the journal {journal.path}, {result.events - result.new} it held already")
+    if sinks:
+        done.append("replayed into " + ", ".join(name for name, (_, cls) in classes.items() if cls is not Journal))
+    click.echo(f"read {result.events} events from {result.files} files: {'; '.join(done)}; "
+               f"{result.bad_lines} unreadable lines skipped", err=True)
+    if result.bad_lines:
+        sys.exit(EXIT_RUNTIME)
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing as lines are written, like tail -F: PATH may appear later, be rotated or truncated.")
+@click.option("--view", type=click.Choice(["events", "steps"]), default="events", show_default=True,
+              help="One line per event, or per logged step (loss, lr, tokens/s, slowest rank, straggler flag).")
+@click.option("--json", "as_json", is_flag=True, help="Print the journal lines as written (for jq); filters apply.")
+@selection_options
+@click.option("--type", "types", multiple=True, metavar="TYPE", help="Only these event types (metrics, params, ...).")
+@click.option("--metric", "metrics", multiple=True, metavar="NAME",
+              help="Only events with these data keys, and only those keys shown (repeatable; stage/name "
+                   "picks one stage, as in eval/loss); in --view steps, the columns instead of loss, lr, tok/s.")
+@click.option("-n", "--lines", type=click.IntRange(0), default=None,
+              help="Start with the last N lines (events or steps) [default: 20, all with --since].")
+@click.option("--straggler-ratio", type=click.FloatRange(1.0), default=1.3, show_default=True,
+              help="--view steps: flag a step whose slowest rank took this many times the median.")
+def tail(path: Path, follow: bool, view: str, as_json: bool, types: tuple[str, ...], metrics: tuple[str, ...],
+         lines: int | None, straggler_ratio: float, **filters: Any) -> None:
+    """Print a journal (a JSONL file or directory) readably, or its lines for jq; follow it with -f.
+
+    Colour only on a terminal (and not with NO_COLOR set); Ctrl-C and a closed pipe end it with status 0."""
+    from relay.cli.tail import Tail
+
+    chosen = selection(types=types, metrics=metrics, **filters)
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    if lines is None:
+        lines = None if chosen.since is not None else 20
+    try:
+        Tail(path, chosen, view=view, as_json=as_json, color=color, straggler_ratio=straggler_ratio).run(
+            follow=follow, last=lines)
+    except FileNotFoundError:
+        _fail(EXIT_USAGE, f"{path} does not exist; give the relay's --path (file or directory), or -f to wait for it")
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:  # the reader went away (| head): nothing more to say, and nothing to flush at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--metric", "metrics", multiple=True, required=True, metavar="NAME",
+              help="A metric to draw, one panel each (repeatable): name, or stage/name (eval/loss, rank/step_time).")
+@click.option("--by", type=click.Choice(["run", "rank"]), default="run", show_default=True,
+              help="One line per run, or per run and rank.")
+@selection_options
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="The image to write: .png, .svg or .pdf.")
+def plot(path: Path, metrics: tuple[str, ...], by: str, output: Path, **filters: Any) -> None:
+    """Draw metrics of a journal (file or directory) against the step, for users without a UI."""
+    from relay.cli.plot import PlotError, plot_journal
+
+    if not path.exists():
+        _fail(EXIT_USAGE, f"{path} does not exist; give the relay's --path (file or directory)")
+    try:
+        plot_journal(path, selection(metrics=metrics, **filters), output, by_rank=by == "rank")
+    except PlotError as exc:
+        _fail(EXIT_USAGE, str(exc))
+
+
+@main.command()
+@click.argument("target", required=False, metavar="[ADDRESS|JOURNAL|STATS_FILE]")
+@click.option("--json", "as_json", is_flag=True, help="The whole snapshot as JSON instead of the line.")
+@click.option("--timeout", type=click.FloatRange(0.01), default=2.0, show_default=True,
+              help="Seconds to wait for a live relay's answer.")
+def status(target: str | None, as_json: bool, timeout: float) -> None:
+    """Print a relay's status line once: ask the relay at ADDRESS (default $RELAY_ADDRESS or
+    tcp://127.0.0.1:5557), or read the stats file a relay keeps beside its JOURNAL."""
+    from relay.daemon.status import BadTarget, NoAnswer, status_text
+    try:
+        click.echo(status_text(target, timeout, as_json))
+    except NoAnswer as exc:
+        _fail(EXIT_RUNTIME, str(exc))
+    except BadTarget as exc:
+        _fail(EXIT_USAGE, str(exc))
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--name", default="relay", show_default=True, help="Certificate name (relay, or one per client machine).")
+@click.option("--role", type=click.Choice(["relay", "client"]),
+              help="Whose certificate it is, for the hint printed [default: relay for --name relay, else client].")
+def keygen(directory: Path, name: str, role: str | None) -> None:
+    """Create a CURVE certificate pair NAME.key / NAME.key_secret in DIRECTORY."""
+    from relay.wire.curve import generate, how_to_use
+
+    try:
+        public, secret = generate(directory, name)
+    except OSError as exc:
+        _fail(EXIT_USAGE, f"cannot write certificates to {directory}: {exc.strerror}")
+    click.echo(how_to_use(public, secret, role or ("relay" if name == "relay" else "client")))

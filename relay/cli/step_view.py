@@ -1,0 +1,237 @@
+"""``relay tail --view steps``: one line per logged step of a run, assembled from that step's events.
+
+A step's line shows the Trainer's loss and learning rate (stage ``train``), the job's tokens per
+second, the slowest rank by its own work (its time with the waits for its peers taken out,
+trainer/collectives.py) with that work and its spread (slowest / median), the slowest step time
+and its spread, and a flag for a straggler. Where each comes from:
+
+- tokens/s: the SFTTrainer logs ``num_tokens``, the tokens seen so far summed over every rank;
+  tokens/s is its growth since the previous logged step over the time between the two log events
+  (``ts``), and for the first logged step since the ``train_begin`` lifecycle event.
+- slowest rank, own_s, own_x: the relay's ``cluster`` metrics of the step (``own_slowest_rank``,
+  ``own_time_max``, ``own_time_spread``); step_s, step_x: its ``step_time_max`` and
+  ``step_time_spread``. Where the ranks sent no own work (not DDP, another publisher), the slowest
+  rank is the one by step time (``slowest_rank``) and own_s, own_x are "-". A journal without
+  cluster metrics (an older relay) gets the same figures from the ranks' own ``stage="rank"``
+  ``own_time`` and ``step_time`` of the step.
+- flag: ``STRAGGLER rN`` from the relay's ``straggler`` event (shown on that step's line, or the
+  next one if it came after that line); without one, ``slow rN`` where the spread the relay judges
+  by (own_x, else step_x) is at least ``straggler_ratio``. ``rank_lost``, ``rank_back`` and ``train_end`` are lines of their own.
+
+With ``--metric``, those metrics take the place of loss, learning rate and tokens/s.
+
+A step is complete once a later step of its run has begun (and one more look found nothing late
+for it), once its run has been quiet for ``SETTLE_S``, or at the end of a one-shot read; data that
+arrives for a step already shown is not shown."""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from relay.cli.filters import MetricName, clock, number
+
+#: Seconds a step waits after a later step began, for a rank's late report (one look of ``tail -f``).
+GRACE_S = 0.25
+#: Seconds without news after which a step is shown even though no later step began.
+SETTLE_S = 1.5
+
+_NOTES = {"rank_lost": "red", "rank_back": "green", "train_end": "yellow"}
+
+
+@dataclass
+class _Step:
+    step: int
+    seen: float  # monotonic time its first event was read
+    last: float  # ... and its latest
+    ts: Any = None
+    values: dict[tuple[Any, str], Any] = field(default_factory=dict)  # (stage, key) -> first value
+    rank_times: dict[int, float] = field(default_factory=dict)
+    rank_own: dict[int, float] = field(default_factory=dict)
+    cluster: dict[str, Any] | None = None
+    tokens_per_s: float | None = None
+    flags: list[str] = field(default_factory=list)  # the relay's straggler events of this step
+    notes: list[str] = field(default_factory=list)  # lines to show after this step's (a rank lost meanwhile)
+
+
+@dataclass
+class _Run:
+    steps: dict[int, _Step] = field(default_factory=dict)
+    shown: int | None = None  # the latest step shown
+    tokens: tuple[float, float] | None = None  # (num_tokens, ts) of the previous train log
+    late: list[str] = field(default_factory=list)  # flags for steps already shown: on the next line
+
+
+class StepView:
+    """Feed it events (``feed``), take the lines that are ready (``ready``): each a (run, text) pair;
+    ``header`` is the column line, ``run_line`` the line that opens a run's rows."""
+
+    def __init__(self, metrics: tuple[MetricName, ...] = (), *, color: bool = False,
+                 straggler_ratio: float = 1.3) -> None:
+        self.metrics = metrics
+        self.color = color
+        self.straggler_ratio = straggler_ratio
+        self._runs: dict[str, _Run] = {}
+        self._world: dict[str, int] = {}
+        self._begin: dict[str, float] = {}
+        heads = [m.text for m in metrics] if metrics else ["loss", "lr", "tok/s"]
+        self._widths = [max(9, len(h)) for h in heads]
+        self.header = self._style("  ".join(["time    ", "   step", *(h.rjust(w) for h, w in zip(heads, self._widths)),
+                                             "slowest", "   own_s", " own_x", "  step_s", "step_x",
+                                             "flag"]), bold=True)
+
+    def run_line(self, run: str) -> str:
+        world = self._world.get(run)
+        ranks = "" if not world else " (1 rank)" if world == 1 else f" ({world} ranks)"
+        return self._style(f"run {run}{ranks}", fg="cyan", bold=True)
+
+    def feed(self, ev: dict[str, Any], now: float) -> list[tuple[str, str]]:
+        """Take one event; what must be shown at once: a rank lost or back, the end of training, when
+        no step is waiting to be shown before it."""
+        run, step, data, stage, kind = ev.get("run"), ev.get("step"), ev.get("data"), ev.get("stage"), ev.get("type")
+        if type(run) is not str or type(data) is not dict or not (stage is None or type(stage) is str):
+            return []  # (a line no relay wrote: a viewer skips it)
+        if type(ev.get("world_size")) is int and ev.get("world_size", 0) > 0:
+            self._world[run] = ev["world_size"]
+        state = self._runs.setdefault(run, _Run())
+        if kind == "lifecycle":
+            return self._lifecycle(run, state, ev, data)
+        if kind != "metrics" or type(step) is not int or (state.shown is not None and step <= state.shown):
+            return []
+        rec = state.steps.get(step)
+        if rec is None:
+            rec = state.steps[step] = _Step(step, now, now, ev.get("ts"))
+        rec.last = now
+        for key, value in data.items():
+            rec.values.setdefault((stage, key), value)
+        if stage == "rank" and type(ev.get("rank")) is int and number(data.get("step_time")) is not None:
+            rec.rank_times[ev["rank"]] = number(data["step_time"])
+            if number(data.get("own_time")) is not None:
+                rec.rank_own[ev["rank"]] = number(data["own_time"])
+        elif stage == "cluster":
+            rec.cluster = data
+        elif stage == "train" and number(data.get("num_tokens")) is not None:
+            rec.tokens_per_s = self._tokens_per_s(run, state, number(data["num_tokens"]), ev.get("ts"))
+        return []
+
+    def ready(self, now: float, *, final: bool = False, backlog: bool = False) -> list[tuple[str, str]]:
+        """Lines of the steps now complete, in step order per run (``final``: every step left;
+        ``backlog``: a step with a later step after it needs no grace, all was read at once)."""
+        out = []
+        for run, state in self._runs.items():
+            pending = sorted(state.steps)
+            later_seen = [math.inf] * len(pending)  # when the first step after each was first read
+            for i in range(len(pending) - 1, 0, -1):
+                later_seen[i - 1] = min(later_seen[i], state.steps[pending[i]].seen)
+            for step, later in zip(pending, later_seen):
+                rec = state.steps[step]
+                if not (final or now - rec.last >= SETTLE_S
+                        or (later < math.inf and (backlog or now - later >= GRACE_S))):
+                    break
+                del state.steps[step]
+                state.shown = step
+                line = self._line(state, rec)
+                out += [(run, text) for text in ([line] if line is not None else []) + rec.notes]
+        return out
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _lifecycle(self, run: str, state: _Run, ev: dict[str, Any], data: dict[str, Any]) -> list[tuple[str, str]]:
+        event = data.get("event")
+        if event == "train_begin" and number(ev.get("ts")) is not None:
+            self._begin[run] = number(ev["ts"])
+        elif event == "straggler" and type(data.get("rank")) is int:
+            ratio, steps, step = number(data.get("ratio")), data.get("steps"), ev.get("step")
+            flag = (f"STRAGGLER r{data['rank']}" + (f" x{ratio:.2f}" if ratio is not None else "")
+                    + (f" ({steps} steps)" if type(steps) is int else ""))
+            rec = state.steps.get(step) if type(step) is int else None
+            (rec.flags if rec is not None else state.late).append(flag)
+        elif type(event) is str and event in _NOTES:
+            detail = " ".join(f"{k}={_fmt(v, '.4g')}" for k, v in data.items() if k != "event")
+            step = f"{ev['step']:>7}" if type(ev.get("step")) is int else "      -"
+            note = self._style(f"{clock(ev.get('ts'))}  {step}  {event} {detail}", fg=_NOTES[event])
+            if not state.steps:
+                return [(run, note)]
+            state.steps[max(state.steps)].notes.append(note)  # after the steps begun before it
+        return []
+
+    def _tokens_per_s(self, run: str, state: _Run, tokens: float, ts: Any) -> float | None:
+        ts = number(ts)
+        if ts is None:
+            return None
+        before = state.tokens or ((0.0, self._begin[run]) if run in self._begin else None)
+        state.tokens = (tokens, ts)
+        if before is None or ts <= before[1] or tokens < before[0]:
+            return None
+        return (tokens - before[0]) / (ts - before[1])
+
+    def _line(self, state: _Run, rec: _Step) -> str | None:
+        if self.metrics:
+            cells = [self._metric(rec, m) for m in self.metrics]
+            texts = [_fmt(v, ".4g") for v in cells]
+        else:
+            cells = [rec.values.get(("train", "loss")), rec.values.get(("train", "learning_rate")), rec.tokens_per_s]
+            texts = [_fmt(cells[0], ".4g"), _fmt(cells[1], ".3e"), _fmt(cells[2], ",.0f")]
+        slowest, own_s, own_x, step_s, step_x = self._slowest(rec)
+        spread = own_x if own_x is not None else step_x
+        flags = rec.flags + state.late
+        state.late = []
+        if not flags and spread is not None and spread >= self.straggler_ratio:
+            flags.append(f"slow r{slowest} x{spread:.2f}")
+        if all(c is None for c in cells) and slowest is None and not flags:
+            return None  # a step with only other figures (an eval): nothing for these columns
+        row = "  ".join([clock(rec.ts), f"{rec.step:>7}", *(t.rjust(w) for t, w in zip(texts, self._widths)),
+                         (f"r{slowest}" if slowest is not None else "-").rjust(7), _fmt(own_s, ".4g").rjust(8),
+                         _fmt(own_x, ".2f").rjust(6), _fmt(step_s, ".4g").rjust(8), _fmt(step_x, ".2f").rjust(6)])
+        flag = " ".join(flags)
+        if flag:
+            row += "  " + self._style(flag, fg="red" if flag.startswith("STRAGGLER") else "yellow", bold=True)
+        return row
+
+    @staticmethod
+    def _metric(rec: _Step, metric: MetricName) -> Any:
+        """The first value of ``metric`` the step's events carried, preferring stage ``train``."""
+        found = [v for (stage, key), v in rec.values.items() if metric.matches(stage, key)]
+        train = [v for (stage, key), v in rec.values.items() if stage == "train" and metric.matches(stage, key)]
+        return (train or found or [None])[0]
+
+    @staticmethod
+    def _slowest(rec: _Step) -> tuple[int | None, float | None, float | None, float | None, float | None]:
+        """(slowest rank, its own work, own-work spread, slowest step time, step-time spread); the
+        rank by own work where the ranks sent it, else by step time."""
+        cluster = rec.cluster or {}
+        if type(cluster.get("slowest_rank")) is int:
+            own_rank = cluster.get("own_slowest_rank")
+            return ((own_rank if type(own_rank) is int else cluster["slowest_rank"]),
+                    number(cluster.get("own_time_max")), number(cluster.get("own_time_spread")),
+                    number(cluster.get("step_time_max")), number(cluster.get("step_time_spread")))
+        if not rec.rank_times:
+            return None, None, None, None, None
+        rank, step_s, step_x = _spread(rec.rank_times)
+        if rec.rank_own.keys() >= rec.rank_times.keys():
+            own_rank, own_s, own_x = _spread({r: rec.rank_own[r] for r in sorted(rec.rank_times)})
+            return own_rank, own_s, own_x, step_s, step_x
+        return rank, None, None, step_s, step_x
+
+    def _style(self, text: str, **style: Any) -> str:
+        return click.style(text, **style) if self.color else text
+
+
+def _spread(figures: dict[int, float]) -> tuple[int, float, float | None]:
+    """The slowest rank of ``figures``, its figure and the spread (slowest / median)."""
+    rank = max(figures, key=figures.__getitem__)
+    slowest, median = figures[rank], statistics.median(figures.values())
+    return rank, slowest, (slowest / median if median > 0 else None)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    """A cell: a number (or the journal's "NaN") formatted, "-" for nothing."""
+    num = number(value)
+    if num is None:
+        return "-" if value is None else str(value)[:12]
+    if num != num or num in (float("inf"), float("-inf")):
+        return str(num)
+    return format(num, spec)

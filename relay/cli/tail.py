@@ -1,0 +1,181 @@
+"""``relay tail``: a journal for humans (one readable line per event, or per step with ``--view
+steps``) or for ``jq`` (``--json``: the lines as written), optionally following new writes the way
+``tail -F`` does (relay/cli/follow.py).
+
+A viewer, so it shows every JSON object line as far as it can, also those the other readers skip
+as not events (a hand edit, an older relay's "NaN" ts): nothing in a line stops it. The first look
+shows the last ``last`` lines of what is there: each file in its own order, files merged by time."""
+from __future__ import annotations
+
+import heapq
+import select
+import sys
+import time
+from collections import deque
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterable, Iterator, TextIO
+
+import click
+import orjson
+
+from relay.cli.follow import Follower
+from relay.wire.lines import parse_line
+from relay.cli.filters import Selection, clock
+from relay.cli.step_view import StepView
+from sinks.events import RELAY_RANK
+
+#: Seconds between two looks at the journal when following.
+POLL_S = 0.2
+_TYPE_COLOURS = {"lifecycle": "yellow", "params": "blue", "hello": "bright_black", "stats": "bright_black"}
+_ALARMS = ("straggler", "rank_lost")
+
+
+def format_event(ev: dict[str, Any], keys: Iterable[str] | None = None, color: bool = False) -> str:
+    """``HH:MM:SS run rank type/stage step=S  k=v ...`` with short numbers; only ``keys`` of the
+    data when given; the relay's own events show as rank ``relay``."""
+    rank = ev.get("rank")
+    who = "relay" if rank == RELAY_RANK and type(rank) is int else f"r{_short(rank)}"
+    kind = _short(ev.get("type")) + (f"/{_short(ev['stage'])}" if ev.get("stage") else "")
+    data = ev.get("data")
+    if isinstance(data, dict):
+        shown = list(data) if keys is None else keys
+        body = " ".join(f"{k}={_short(data[k])}" for k in shown)
+        alarm = data.get("event") in _ALARMS
+    else:
+        body, alarm = _short(data), False
+    step = f" step={_short(ev['step'])}" if ev.get("step") is not None else ""
+    if not color:
+        return f"{clock(ev.get('ts'))} {_short(ev.get('run'))} {who} {kind}{step}  {body}"
+    colour = "red" if alarm else "cyan" if who == "relay" else _TYPE_COLOURS.get(ev.get("type"))  # type: ignore[arg-type]
+    return (f"{click.style(clock(ev.get('ts')), dim=True)} {_short(ev.get('run'))} {who} "
+            f"{click.style(kind, fg=colour, bold=alarm)}{step}  {body}")
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (dict, list)):
+        try:
+            text = orjson.dumps(value).decode()
+        except orjson.JSONEncodeError:  # nested deeper than orjson writes (a line no relay wrote)
+            return "[...]" if isinstance(value, list) else "{...}"
+        return text if len(text) <= 80 else text[:77] + "..."
+    return str(value)
+
+
+def _ts_keys(events: Iterable[tuple[dict[str, Any], bytes]]) -> Iterator[tuple[float, dict[str, Any], bytes]]:
+    """Each line with its ts to merge by; a line whose ts is not a number (a hand edit, an older
+    relay's "NaN") takes the one of the line before it, so it stays where the file has it."""
+    last: float = 0
+    for ev, raw in events:
+        ts = ev.get("ts")
+        if type(ts) is int or (type(ts) is float and ts == ts):  # (bool is no time, NaN no order)
+            last = ts
+        yield last, ev, raw
+
+
+def reader_gone(stream: TextIO, wait: float) -> bool:
+    """Wait up to ``wait`` seconds; True as soon as the reader of ``stream`` has gone (``| head``
+    exited, the terminal hung up). A closed pipe is otherwise noticed only by the next write, which a
+    quiet journal may never make; GNU ``tail -f`` watches its output the same way."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, ValueError, OSError):  # not a real file (captured output): just wait
+        time.sleep(wait)
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # no events asked for: only POLLERR / POLLHUP / POLLNVAL come back
+    return bool(poller.poll(wait * 1000))
+
+
+class Tail:
+    """One ``relay tail``: what to show (``selection``), how (``view``: events or steps; ``as_json``:
+    the lines as written), and where (stdout, styled when ``color``)."""
+
+    def __init__(self, path: Path, selection: Selection, *, view: str = "events", as_json: bool = False,
+                 color: bool = False, straggler_ratio: float = 1.3) -> None:
+        self.path = path
+        self.view = view
+        # in the steps view --metric picks the columns; the slowest rank still needs every rank's events
+        self.selection = replace(selection, metrics=()) if view == "steps" and not as_json else selection
+        self.as_json = as_json
+        self.color = color
+        self.steps = StepView(selection.metrics, color=color, straggler_ratio=straggler_ratio)
+        self._run_shown: str | None = None
+        self._follower = Follower(path, notice=lambda text: click.echo(f"relay tail: {text}", err=True))
+
+    def run(self, *, follow: bool, last: int | None) -> None:
+        """Show the last ``last`` (None: all) of what is there, then, when following, what comes."""
+        if not follow and not self.path.exists():
+            raise FileNotFoundError(self.path)
+        if follow and not self.path.exists():
+            click.echo(f"relay tail: waiting for {self.path} to appear", err=True)
+        try:
+            backlog = self._backlog(final=not follow)
+            now = time.monotonic()
+            if self.view == "steps" and not self.as_json:
+                rows: deque[tuple[str, str]] = deque(maxlen=last)
+                for i, (ev, _) in enumerate(backlog):
+                    rows.extend(self.steps.feed(ev, now))
+                    if i % 4096 == 4095:  # steps shown leave memory as the backlog is read
+                        rows.extend(self.steps.ready(now, backlog=True))
+                rows.extend(self.steps.ready(now, final=not follow, backlog=True))
+                self._show_rows(list(rows))
+            else:
+                self._show_events(list(deque(backlog, maxlen=last)))
+            while follow and not reader_gone(sys.stdout, POLL_S):
+                self.poll_once()
+        finally:
+            self._follower.close()
+
+    def _backlog(self, final: bool) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """What is there already: each file in its own order, files merged by time; parsed as it is
+        consumed, so only what the view keeps stays in memory."""
+        files = [self._wanted(lines) for _, lines in self._follower.poll(final=final)]
+        if len(files) == 1:
+            return files[0]
+        return ((ev, raw) for _, ev, raw in heapq.merge(*map(_ts_keys, files), key=lambda k: k[0]))
+
+    def poll_once(self) -> None:
+        """One look when following: what was written since, shown."""
+        fresh = [pair for _, lines in self._follower.poll() for pair in self._wanted(lines)]
+        if self.view == "steps" and not self.as_json:
+            now = time.monotonic()
+            rows = [row for ev, _ in fresh for row in self.steps.feed(ev, now)]
+            self._show_rows(rows + self.steps.ready(now))
+        else:
+            self._show_events(fresh)
+
+    def _wanted(self, lines: list[bytes]) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """The lines that are JSON objects the selection wants, parsed, with their bytes."""
+        wants = self.selection.wants
+        for raw in lines:
+            ev = parse_line(raw)
+            if ev is not None and wants(ev):
+                yield ev, raw
+
+    def _show_events(self, events: list[tuple[dict[str, Any], bytes]]) -> None:
+        if not events:
+            return
+        if self.as_json:
+            out = sys.stdout.buffer
+            for _, raw in events:
+                out.write(raw if raw.endswith(b"\n") else raw + b"\n")
+            out.flush()
+            return
+        narrow = self.selection.keys if self.selection.metrics else lambda _: None
+        sys.stdout.write("".join(format_event(ev, narrow(ev), self.color) + "\n" for ev, _ in events))
+        sys.stdout.flush()
+
+    def _show_rows(self, rows: list[tuple[str, str]]) -> None:
+        if not rows:
+            return
+        text = []
+        for run, line in rows:
+            if run != self._run_shown:  # each run's rows under its own name and the column names
+                text += [self.steps.run_line(run), self.steps.header]
+                self._run_shown = run
+            text.append(line)
+        sys.stdout.write("\n".join(text) + "\n")
+        sys.stdout.flush()

@@ -1,0 +1,352 @@
+"""The publisher client every rank uses: non-blocking publish, bounded buffer, acks and resend.
+
+publish() only appends a tuple to a deque, so the training loop pays about a microsecond and never
+blocks or raises. The process's one I/O thread (relay/wire/io_thread.py) encodes and numbers the events; each
+Publisher's SendWindow (relay/client/send_window.py) keeps them until the relay acknowledges them, resends and
+drops the oldest, counted, past the bounds. Drop counts travel to the relay as ``stats`` events, so
+the loss shows in every sink. Given a spool directory, close() writes what the relay never
+acknowledged there, for ``relay replay`` to deliver later (relay/client/spool.py).
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import shlex
+import socket
+import sys
+import threading
+import time
+from typing import Any, Mapping, Sequence
+
+import zmq
+
+from relay.wire import curve, schema
+
+from relay.client import spool
+from relay.wire.address import ADDRESS_ENV, DEFAULT_ADDRESS, resolve_address
+from relay.wire.io_thread import Hub, Link, read_monitor
+from relay.client.send_window import SendWindow
+from sinks.events import RELAY_RANK
+
+# The address names are re-exported: relay.cli.main and user code import them from here.
+__all__ = ["ADDRESS_ENV", "DEFAULT_ADDRESS", "Publisher", "UNKNOWN_JOURNAL", "resolve_address"]
+
+log = logging.getLogger(__name__)
+
+#: What the replay command of the close warning names when the relay's journal is not known here.
+UNKNOWN_JOURNAL = "YOUR_JOURNAL"
+
+
+_HUB = Hub()
+
+
+class Publisher:
+    """One rank's connection to the relay.
+
+    Memory is bounded twice over: at most ``max_events`` events wait to be encoded, and at most
+    ``max_events`` events / ``max_bytes`` bytes wait for an acknowledgement.
+    """
+
+    def __init__(
+        self,
+        run: str,
+        rank: int = 0,
+        *,
+        local_rank: int | None = None,
+        world_size: int = 1,
+        host: str | None = None,
+        address: str | None = None,
+        max_events: int = 50_000,
+        max_bytes: int = 64 << 20,
+        send_interval: float = 0.01,
+        resend_after: float = 2.0,
+        curve_server_key: str | None = None,
+        curve_client_cert: str | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        spool_journal: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """``spool_dir``: where close() writes what the relay never acknowledged (None: nowhere, it is
+        only counted); ``spool_journal``: the relay's journal, named in the replay command it logs."""
+        if not schema.valid_run_id(run):
+            raise ValueError(f"run id {run!r} must match {schema.RUN_ID_RE.pattern}")
+        for name, val in (("rank", rank), ("world_size", world_size), ("max_events", max_events)):
+            if not isinstance(val, int) or val < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {val!r}")
+        if rank >= RELAY_RANK:
+            raise ValueError(f"rank must be below {RELAY_RANK} (the relay's own rank), got {rank}")
+        self.run = run
+        self.rank = rank
+        self.address = resolve_address(address)
+        # Frames are compact batches: this envelope once, then one row per event (docs/protocol.md).
+        # The spool adds it to every row again, as the relay does.
+        self.envelope: dict[str, Any] = {
+            "v": schema.SCHEMA_VERSION, "run": run, "rank": rank,
+            "local_rank": rank if local_rank is None else local_rank,
+            "world_size": max(world_size, 1), "host": (host or socket.gethostname())[: schema.MAX_NAME_LEN],
+        }
+        self._prefix = schema.compact_prefix(self.envelope)
+        self.spool_path = (None if spool_dir is None
+                           else os.path.join(os.fspath(spool_dir), f"{run}.rank{rank}.spool.jsonl"))
+        self._spool_journal = None if spool_journal is None else os.fspath(spool_journal)
+        self._spooled = 0  # written to the spool at close: not acknowledged, not lost either
+        self._dropped_spool = 0  # meant for the spool, which could not be written
+        self._max_events = max_events
+        self._interval = send_interval
+        self._curve_server_key = curve_server_key or os.environ.get(curve.SERVER_KEY_ENV)
+        self._curve_client_cert = curve_client_cert or os.environ.get(curve.CLIENT_CERT_ENV)
+
+        # (ts, type, step, epoch, stage, data) per event: the cheapest thing publish() can append.
+        self._pending: collections.deque[tuple] = collections.deque()
+        self._closed = False
+        self._flush_requested = False
+        self._published = 0
+        self._dropped_full = 0  # by publish(): pending queue full
+        self._dropped_closed = 0  # by publish(): after close()
+        self._dropped_error = 0  # by publish(): could not even build the event
+        # Owned by the background thread:
+        self._window = SendWindow(max_events=max_events, max_bytes=max_bytes, resend_after=resend_after,
+                                  now=time.monotonic())
+        self._pack_row = schema.row_packer().pack
+        self._dropped_bad = 0  # unencodable or oversized events
+        self._reported_drops = 0
+        self._last_report = 0.0
+        self._malformed_acks = 0
+        self._link: Link | None = None
+
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._done = threading.Event()
+        self.publish("hello", {
+            "pid": os.getpid(), "address": self.address, "python": sys.version.split()[0],
+            "pyzmq": zmq.__version__, "max_events": max_events,
+        })
+        _HUB.register(self)
+        self._ready.wait(5.0)
+        atexit.register(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        """A script that never called close() still gets a bounded last flush and a loss warning."""
+        self.close(timeout=float(os.environ.get("RELAY_EXIT_FLUSH_TIMEOUT", "5")))
+
+    # -- caller side ---------------------------------------------------------------------------
+
+    def publish(self, type: str, data: Mapping[str, Any], *, step: int | None = None,
+                epoch: float | None = None, stage: str | None = None) -> None:
+        """Queue one event; never blocks, never raises (problems are counted as drops).
+
+        ``data`` is encoded later, on the I/O thread: hand over a dict you will not change.
+        """
+        try:
+            if self._closed:
+                self._dropped_closed += 1
+                return
+            pending = self._pending
+            if len(pending) >= self._max_events:
+                pending.popleft()
+                self._dropped_full += 1
+            pending.append((time.time(), type, step, epoch, stage, data))
+            self._published += 1
+        except Exception:  # noqa: BLE001 - never raise into training; counted below
+            self._dropped_error += 1
+
+    def flush(self, timeout: float = 5.0) -> int:
+        """Wait until every event is acknowledged or ``timeout`` passes; return how many are not."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        self._flush_requested = True
+        while True:
+            left = self.unacknowledged
+            if left == 0 or time.monotonic() >= deadline or self._done.is_set():
+                return left
+            time.sleep(min(self._interval, 0.005))
+
+    def close(self, timeout: float = 5.0) -> int:
+        """Flush, stop the background thread and release the socket; returns how many events the
+        relay never acknowledged (written to the spool, when there is one, and logged in one line)."""
+        if self._stop.is_set():
+            return self.unacknowledged
+        atexit.unregister(self._close_at_exit)
+        self.publish("stats", self._drop_report(), stage="client")  # the final word on losses
+        self.flush(timeout)
+        self._closed = True
+        self._stop.set()
+        _HUB.wake()
+        self._done.wait(max(timeout, 1.0))
+        left = self.unacknowledged
+        if not left:
+            return 0
+        if self.spool_path is None:
+            log.warning("relay %s: %d events of run %s rank %d were never acknowledged",
+                        self.address, left, self.run, self.rank)
+        elif not self._done.is_set():
+            log.error("relay %s: %d events of run %s rank %d were never acknowledged and are not spooled: the "
+                      "publisher thread did not stop", self.address, left, self.run, self.rank)
+        else:
+            self._spool()
+        return left
+
+    def _spool(self) -> None:
+        """close(), once the I/O thread has let go of this Publisher: append what the relay never
+        acknowledged to the spool (relay/client/spool.py), and log the command that delivers it."""
+        self._take_pending(bounded=False)  # numbered on from where the I/O thread stopped, none dropped
+        events = []
+        for blob in self._window.take_all():
+            try:
+                events.append(spool.row_event(self.envelope, blob))
+            except ValueError as exc:  # FrameError, a non-string map key: what the relay rejects too
+                self._drop_bad(f"event not spooled, the relay would reject it: {exc}")
+        path = self.spool_path
+        assert path is not None, "close() spools only with a spool_dir"
+        if not events:
+            return
+        try:
+            spool.append(path, events)
+        except OSError as exc:
+            self._dropped_spool += len(events)
+            log.error("relay %s: %d events of run %s rank %d were never acknowledged and are lost: cannot write "
+                      "the spool %s: %s", self.address, len(events), self.run, self.rank, path, exc)
+            return
+        self._spooled += len(events)
+        if self._spool_journal is None:
+            where, journal = f"the journal of the relay at {self.address}", UNKNOWN_JOURNAL
+        else:
+            where, journal = "the journal", shlex.quote(self._spool_journal)
+        log.warning("relay %s: %d events of run %s rank %d were never acknowledged; spooled, deliver them to %s "
+                    "with: relay replay %s --sink jsonl --path %s", self.address, len(events), self.run, self.rank,
+                    where, shlex.quote(path), journal)
+
+    @property
+    def unacknowledged(self) -> int:
+        """Events published but not yet acknowledged by the relay (queued, in flight or unsent)."""
+        return len(self._pending) + len(self._window.unacked)
+
+    @property
+    def dropped(self) -> int:
+        """Events this client gave up on, for any reason."""
+        return (self._dropped_full + self._dropped_closed + self._dropped_error
+                + self._window.dropped_unacked + self._dropped_bad + self._dropped_spool)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters for logs and tests."""
+        w = self._window
+        return {
+            "published": self._published, "acked": w.acked, "unacked": self.unacknowledged,
+            "resent": w.resent, "dropped": self.dropped, "dropped_full": self._dropped_full,
+            "dropped_unacked": w.dropped_unacked, "dropped_bad": self._dropped_bad,
+            "dropped_closed": self._dropped_closed, "dropped_error": self._dropped_error,
+            "dropped_spool": self._dropped_spool, "spooled": self._spooled,
+            "protocol_errors": self._malformed_acks + w.protocol_errors,
+        }
+
+    def __enter__(self) -> "Publisher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- background thread (relay.wire.io_thread.Member) --------------------------------------------------
+
+    _read_monitor = staticmethod(read_monitor)  # where tests find the monitor filter
+
+    def _open(self, ctx: zmq.Context) -> Sequence[zmq.Socket]:
+        """Create and connect the socket; none (and closed) if that is impossible."""
+        try:
+            self._link = Link(ctx, self.address, self._curve_server_key, self._curve_client_cert)
+        except (zmq.ZMQError, ValueError) as exc:
+            log.error("cannot connect to relay %s: %s; events will be counted as dropped", self.address, exc)
+            self._closed = True
+            self._ready.set()
+            self._done.set()
+            return ()
+        self._window.last_progress = time.monotonic()
+        self._ready.set()
+        return self._link.sock, self._link.monitor
+
+    def _readable(self, which: zmq.Socket) -> None:
+        """The socket has acks, or the monitor saw the connection change."""
+        assert self._link is not None
+        if which is self._link.sock:
+            self._read_acks(self._link)
+        elif self._link.lost():
+            self._window.rewind("connection lost")
+
+    def _tick(self, now: float) -> None:
+        """Every ``send_interval``: encode what was published, resend if stalled, send."""
+        if not (self._pending or self._window.unacked or self._flush_requested
+                or self.dropped != self._reported_drops):
+            return  # an idle rank costs the shared thread next to nothing
+        self._take_pending()
+        self._report_drops()
+        if self._flush_requested:
+            self._flush_requested = False
+            self._window.hurry()
+        self._window.pump(now, self._send_batch)
+
+    def _shut(self) -> None:
+        """Read the last acks, release the sockets, let close() return."""
+        if self._link is not None:
+            self._read_acks(self._link)
+            self._link.close()
+            self._link = None
+        self._done.set()
+
+    def _read_acks(self, link: Link) -> None:
+        now = time.monotonic()
+        while (frame := link.recv()) is not None:
+            try:
+                acks = schema.decode_ack(frame)
+            except schema.FrameError as exc:
+                self._malformed_acks += 1
+                log.warning("ignoring malformed message from relay %s: %s", self.address, exc)
+                continue
+            for run, rank, upto in acks:
+                if run == self.run and rank == self.rank:
+                    self._window.ack(upto, now)
+
+    def _take_pending(self, bounded: bool = True) -> None:
+        """Encode and number what publish() queued; past the bounds the oldest are dropped, unless
+        not ``bounded`` (close() spools everything) or the event is a loss report."""
+        pending, window = self._pending, self._window
+        limit = schema.MAX_FRAME_BYTES - len(self._prefix) - 8
+        while pending:
+            ts, kind, step, epoch, stage, data = pending.popleft()
+            try:
+                blob = self._pack_row((window.next_seq, ts, kind, step, epoch, stage, data))
+            except Exception as exc:  # noqa: BLE001 - an unencodable event is counted, not raised
+                self._drop_bad(f"cannot encode {kind} event: {exc}")
+                continue
+            if len(blob) > limit or (len(blob) > spool.LINE_SAFE_BYTES and spool.line_too_long(self.envelope, blob)):
+                self._drop_bad(f"{kind} event of {len(blob)} bytes exceeds {limit}, or its journal line the bound")
+                continue
+            window.push(blob, droppable=bounded and kind != "stats")
+
+    def _drop_bad(self, why: str) -> None:
+        self._dropped_bad += 1
+        if self._dropped_bad == 1 or self._dropped_bad % 1000 == 0:
+            log.warning("dropped event (%d so far): %s", self._dropped_bad, why)
+
+    def _report_drops(self) -> None:
+        """Queue a cumulative ``stats`` event whenever the drop count moved."""
+        dropped = self.dropped
+        now = time.monotonic()
+        if dropped == self._reported_drops or now - self._last_report < 1.0:
+            return
+        self._reported_drops = dropped
+        self._last_report = now
+        self._pending.append((time.time(), "stats", None, None, "client", self._drop_report()))
+        self._take_pending()
+
+    def _drop_report(self) -> dict[str, int]:
+        w = self._window
+        return {
+            "dropped": self.dropped, "dropped_full": self._dropped_full,
+            "dropped_unacked": w.dropped_unacked, "dropped_bad": self._dropped_bad,
+            "dropped_closed": self._dropped_closed, "dropped_error": self._dropped_error,
+            "dropped_upto": w.dropped_upto, "published": self._published, "resent": w.resent,
+        }
+
+    def _send_batch(self, blobs: list[bytes]) -> bool:
+        assert self._link is not None
+        return self._link.send(schema.compact_frame(self._prefix, blobs))

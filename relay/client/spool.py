@@ -1,0 +1,58 @@
+"""The spool's format: what a closing Publisher (relay/client/publisher.py) writes when the relay never
+acknowledged some events, line for line what the relay would have journaled, so that ``relay
+replay`` (which skips what the journal already holds) delivers exactly the missing ones."""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import msgpack
+
+from relay.wire import schema
+
+
+def row_event(envelope: Mapping[str, Any], blob: bytes) -> dict[str, Any]:
+    """One encoded row as the relay would journal it: decoded as the relay decodes, the envelope
+    added, and checked by the relay's rules; ValueError where the relay would reject it."""
+    row = msgpack.unpackb(blob, raw=False, strict_map_key=True, use_list=True)
+    event = {**envelope, **dict(zip(schema.ROW_FIELDS, row))}
+    schema.validate_event(event)
+    return event
+
+
+#: An encoded row no longer than this always fits a journal line: JSON takes at most 6 bytes for one
+#: byte on the wire, and the envelope (a 256-char host escaped included) under 2 KiB more.
+LINE_SAFE_BYTES = schema.MAX_LINE_BYTES // 8
+
+
+def line_too_long(envelope: Mapping[str, Any], blob: bytes) -> bool:
+    """Whether the relay would refuse this row for its journal line (schema.MAX_LINE_BYTES): a
+    Publisher drops such an event, counted, rather than resending it forever. Rows of at most
+    LINE_SAFE_BYTES need not ask."""
+    from relay.wire.lines import encode_line  # as rare as such events
+
+    try:
+        return len(encode_line(row_event(envelope, blob))) > schema.MAX_LINE_BYTES
+    except ValueError:  # the relay rejects it for what it is, as it would any other
+        return False
+
+
+def append(path: str, events: list[dict[str, Any]]) -> None:
+    """Append the events' journal lines to ``path`` and fsync, all or nothing: no half line for
+    replay to trip over. Raises OSError."""
+    from relay.wire.lines import encode_line  # only a Publisher that has to spool pays for this import
+
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # the job's events: its user's alone
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        view = memoryview(b"".join([encode_line(event) for event in events]))
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)

@@ -1,0 +1,340 @@
+"""What the relay derives across ranks from every rank's step time and own work: per logged step the
+spread (``cluster`` metrics), a rank that stays slow (``straggler``), a rank that stops while its
+peers go on or that the run ended without (``rank_lost``) and one that returns (``rank_back``).
+docs/protocol.md has the events' shape.
+
+Under DDP every rank waits for the slowest in its collectives, so step times come out equal and a
+rank slow between steps even shows the shortest; a rank's ``own_time`` (its time with the waits
+taken out, trainer/collectives.py) is what tells the straggler. A step whose every reporting rank
+sent one is judged by it; a step with a rank that did not (an older or other publisher) falls
+back to ``step_time`` for all, so unlike figures are never compared.
+
+No sockets, no files and no clock of its own: the daemon (relay/daemon/loop.py) hands ``observe`` each
+new ``stage="rank"`` metrics event with the time it arrived, calls ``check`` about once a second,
+and journals what either returns as events of rank RELAY_RANK; after a restart ``restore`` replays
+the run's recent journal lines so nothing is said twice. Runs of one rank have no peers to compare
+with and get nothing.
+
+A rank killed in a synchronous (DDP) job stops its peers at their next collective, so nobody goes
+on and silence alone never names it; the job then ends (a ``train_end`` from some rank, the daemon
+hands it to ``ended``). A rank that sent no ``train_end`` of its own, is behind the furthest step any
+rank reported and stays silent ``end_grace`` seconds after the end is lost (``why="ended"``); when
+the relay forgets the run or shuts down it does not wait (``close``). The grace is for the end of a
+healthy job, where rank 0's ``train_end`` may arrive before a peer's last step. A run that never
+ended is not judged when the relay stops: a restart mid-run must not call a rank in flight lost.
+
+A logged step is summed up once every rank that is not lost reported it. A rank that reported a
+later step will never report this one (each rank sends in order), so a later step completing
+settles every earlier one with the ranks it has (``ranks`` says how many); a step still waiting
+after ``silence`` seconds, or the oldest once a run holds ``MAX_WAITING`` reports, is settled as it
+stands. A backlog (a relay started late, or restarted: every rank resends at once) fits well within.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterable, NamedTuple
+
+from sinks.events import RELAY_RANK
+
+#: Reports one run may hold for steps still waiting for their other ranks; past it the oldest step is
+#: settled as it stands. Memory per run stays bounded whatever its ranks send.
+MAX_WAITING = 16_384
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    #: a rank is slow at a step when its step time exceeds the median of the step by this factor
+    factor: float = 1.5
+    #: ... and a straggler once it was slow this many logged steps in a row
+    steps: int = 3
+    #: seconds without a report after which a rank whose peers went on is lost
+    silence: float = 60.0
+    #: seconds after a run's end within which a rank behind its peers may still report its last steps
+    end_grace: float = 5.0
+
+
+class Derived(NamedTuple):
+    """One event to publish as the relay (the daemon adds the envelope: seq, host, ts)."""
+
+    run: str
+    world_size: int
+    type: str
+    step: int | None
+    epoch: float | None
+    data: dict[str, Any]
+
+
+class _Rank:
+    __slots__ = ("last_step", "last_seen", "slow", "lost", "ended")
+
+    def __init__(self, now: float) -> None:
+        self.last_step = -1  # the highest step it reported
+        self.last_seen = now  # when it last reported anything
+        self.slow = 0  # logged steps in a row above median * factor
+        self.lost = False
+        self.ended = False  # it sent its own train_end
+
+
+class _Step:
+    __slots__ = ("times", "own", "epoch", "since")
+
+    def __init__(self, epoch: float | None, now: float) -> None:
+        self.times: dict[int, float | None] = {}  # rank -> its step time (None: reported, no usable figure)
+        self.own: dict[int, float] = {}  # rank -> its own work, from the ranks that sent a usable one
+        self.epoch = epoch
+        self.since = now
+
+
+class _Run:
+    __slots__ = ("world_size", "ranks", "pending", "order", "waiting", "done", "lost", "epoch", "active", "ended")
+
+    def __init__(self, world_size: int, now: float) -> None:
+        self.world_size = world_size
+        self.ranks: dict[int, _Rank] = {}
+        self.pending: dict[int, _Step] = {}
+        self.order: list[int] = []  # the steps of ``pending``, a heap: settled oldest first
+        self.waiting = 0  # reports held in ``pending``
+        self.done = -1  # steps up to here are settled: later reports of them are late, and ignored
+        self.lost = 0  # ranks now lost
+        self.epoch: float | None = None
+        self.active = now  # when any rank last reported
+        self.ended: float | None = None  # when the first train_end came
+
+
+def seconds(data: dict[str, Any], name: str = "step_time") -> float | None:
+    """A rank's figure ``name`` if it is usable: a finite number of seconds, not negative."""
+    value = data.get(name)
+    if type(value) in (int, float) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
+
+
+class Cluster:
+    """Per-run derivation state; memory per run is bounded by its reporting ranks and MAX_WAITING
+    reports, and a run is dropped with ``forget`` when the relay forgets it."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.runs: dict[str, _Run] = {}
+
+    def observe(self, event: dict[str, Any], now: float) -> list[Derived]:
+        """A new ``stage="rank"`` metrics event that arrived at ``now``; what it settles."""
+        world_size, rank = event["world_size"], event["rank"]
+        if world_size < 2 or rank >= world_size:
+            return []
+        run = self.runs.get(event["run"])
+        if run is None:
+            run = self.runs[event["run"]] = _Run(world_size, now)
+        run.world_size = world_size
+        run.active = now
+        info = run.ranks.get(rank)
+        if info is None:
+            info = run.ranks[rank] = _Rank(now)
+        out: list[Derived] = []
+        step = event["step"]
+        if info.lost:
+            info.lost = False
+            run.lost -= 1
+            out.append(self._lifecycle(event["run"], run, step, event="rank_back", rank=rank,
+                                       silent_s=round(now - info.last_seen, 3)))
+        info.last_seen = now
+        if step is None:
+            return out
+        info.last_step = max(info.last_step, step)
+        if event["epoch"] is not None:
+            run.epoch = event["epoch"]
+        if step <= run.done:
+            return out
+        entry = run.pending.get(step)
+        if entry is None:
+            entry = run.pending[step] = _Step(event["epoch"], now)
+            heapq.heappush(run.order, step)
+        if rank in entry.times:
+            return out
+        entry.times[rank] = seconds(event["data"])
+        own = seconds(event["data"], "own_time")
+        if own is not None:
+            entry.own[rank] = own
+        run.waiting += 1
+        if len(entry.times) >= run.world_size - run.lost:
+            out += self._settle(event["run"], run, step)
+        elif run.waiting > MAX_WAITING:
+            out += self._settle(event["run"], run, run.order[0])
+        return out
+
+    def ended(self, event: dict[str, Any], now: float) -> None:
+        """A new ``lifecycle`` event that arrived at ``now``: a ``train_end`` (any status) ends the
+        run, and its rank finished. What it means for the other ranks is said later (``check``)."""
+        run = self.runs.get(event["run"])
+        rank = event["rank"]
+        if run is None or event["data"].get("event") != "train_end" or rank >= run.world_size:
+            return  # (a run of no per-rank figures has no rank to judge)
+        info = run.ranks.get(rank)
+        if info is None:
+            info = run.ranks[rank] = _Rank(now)
+        info.ended = True
+        if run.ended is None:
+            run.ended = now
+
+    def check(self, now: float) -> list[Derived]:
+        """The timers: ranks silent for ``silence`` seconds while a peer went on to a later step
+        are lost, and so are ranks an ended run left behind (see ``ended``); steps that waited
+        ``silence`` are settled as they stand."""
+        silence = self.config.silence
+        out: list[Derived] = []
+        for name, run in self.runs.items():
+            if now - run.active <= silence:  # else nobody went on: the run ended, or paused as a whole
+                out += self._find_lost(name, run, now)
+            if run.ended is not None and now - run.ended > self.config.end_grace:
+                out += self._left_behind(name, run, now, self.config.end_grace)
+            if run.pending:
+                ready = [step for step, entry in run.pending.items()
+                         if len(entry.times) >= run.world_size - run.lost or now - entry.since > silence]
+                if ready:
+                    out += self._settle(name, run, max(ready))
+        return out
+
+    def restore(self, events: Iterable[dict[str, Any]], now: float) -> None:
+        """Rebuild the state of the runs of ``events``, a run's recent journal lines (a restarted
+        relay, or a run it had forgotten), publishing nothing: the relay's own events there say what
+        was settled and said already. The ranks count as heard from ``now``."""
+        for event in events:
+            if event["rank"] == RELAY_RANK:
+                self._replay(event, now)
+            elif event["type"] == "metrics" and event["stage"] == "rank":
+                self.observe(event, now)
+            elif event["type"] == "lifecycle":
+                self.ended(event, now)
+
+    def close(self, run: str, now: float) -> list[Derived]:
+        """The relay is about to forget ``run`` or to stop: if it ended, the ranks it left behind
+        are lost now, without the grace, and the steps still waiting are settled as they stand."""
+        state = self.runs.get(run)
+        if state is None or state.ended is None:
+            return []
+        out = self._left_behind(run, state, now, -math.inf)
+        if state.order:
+            out += self._settle(run, state, max(state.order))
+        return out
+
+    def forget(self, run: str) -> None:
+        self.runs.pop(run, None)
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _find_lost(self, name: str, run: _Run, now: float) -> list[Derived]:
+        silence = self.config.silence
+        ahead = max((r.last_step for r in run.ranks.values() if now - r.last_seen <= silence), default=-1)
+        out = []
+        for rank, info in run.ranks.items():
+            if not info.lost and now - info.last_seen > silence and info.last_step < ahead:
+                out.append(self._lost(name, run, rank, info, ahead, now, "silent"))
+        return out
+
+    def _left_behind(self, name: str, run: _Run, now: float, grace: float) -> list[Derived]:
+        """The ranks of ended ``run`` that did not end themselves, are behind the furthest step and
+        have been silent ``grace`` seconds since the end: lost."""
+        assert run.ended is not None
+        ahead = max(r.last_step for r in run.ranks.values())
+        return [self._lost(name, run, rank, info, ahead, now, "ended") for rank, info in run.ranks.items()
+                if not (info.lost or info.ended) and info.last_step < ahead
+                and now - max(info.last_seen, run.ended) > grace]
+
+    def _lost(self, name: str, run: _Run, rank: int, info: _Rank, ahead: int, now: float, why: str) -> Derived:
+        """``rank`` is lost (``why``: silent while its peers went on, or the run ended without it)."""
+        info.lost = True
+        run.lost += 1
+        return self._lifecycle(name, run, ahead, event="rank_lost", rank=rank, why=why,
+                               silent_s=round(now - info.last_seen, 3), last_step=info.last_step, peers_step=ahead)
+
+    def _settle(self, name: str, run: _Run, upto: int) -> list[Derived]:
+        """Sum up every waiting step up to ``upto``, in order."""
+        out = []
+        for step, entry in self._drop(run, upto):
+            out += self._figures(name, run, step, entry)
+        return out
+
+    @staticmethod
+    def _drop(run: _Run, upto: int) -> list[tuple[int, _Step]]:
+        """Take the waiting steps up to ``upto`` out of ``run``, oldest first; they are settled."""
+        taken = []
+        order = run.order
+        while order and order[0] <= upto:
+            step = heapq.heappop(order)
+            entry = run.pending.pop(step)
+            run.waiting -= len(entry.times)
+            taken.append((step, entry))
+        run.done = max(run.done, upto)
+        return taken
+
+    def _figures(self, name: str, run: _Run, step: int, entry: _Step) -> list[Derived]:
+        times = {rank: t for rank, t in sorted(entry.times.items()) if t is not None}
+        if not times:
+            return []
+        figures = _spread(times, "step_time")
+        figures["slowest_rank"] = figures.pop("step_time_slowest")
+        # Judged by own work only when every rank with a step time sent its own work too.
+        own = {rank: entry.own[rank] for rank in times} if entry.own.keys() >= times.keys() else None
+        if own:
+            figures.update(_spread(own, "own_time"))
+            figures["own_slowest_rank"] = figures.pop("own_time_slowest")
+        figures["ranks"] = len(entry.times)
+        out = [Derived(name, run.world_size, "metrics", step, entry.epoch, figures)]
+        basis, by = (own, "own_time") if own else (times, "step_time")
+        median = figures[f"{by}_median"]
+        factor, needed = self.config.factor, self.config.steps
+        for rank, took in basis.items():
+            info = run.ranks[rank]
+            if median > 0 and took > median * factor:
+                info.slow += 1
+                if info.slow == needed:
+                    own_time = {"own_time": took} if own else {}
+                    out.append(self._lifecycle(name, run, step, epoch=entry.epoch, event="straggler", rank=rank,
+                                               by=by, **own_time, step_time=times[rank], median=median,
+                                               ratio=took / median, steps=needed))
+            else:
+                info.slow = 0
+        return out
+
+    def _replay(self, event: dict[str, Any], now: float) -> None:
+        """One of the relay's own events read back from the journal: what it settled or said."""
+        run = self.runs.get(event["run"])
+        if run is None:
+            run = self.runs[event["run"]] = _Run(event["world_size"], now)
+        data, step = event["data"], event["step"]
+        if event["type"] == "metrics" and type(step) is int:
+            self._drop(run, step)
+            return
+        rank = data.get("rank")
+        if event["type"] != "lifecycle" or type(rank) is not int:
+            return
+        info = run.ranks.get(rank)
+        if info is None:
+            info = run.ranks[rank] = _Rank(now)
+        what = data.get("event")
+        if what == "straggler":
+            info.slow = max(info.slow, self.config.steps)  # said once: not again while it stays slow
+        elif what == "rank_lost" and not info.lost:
+            info.lost = True
+            run.lost += 1
+        elif what == "rank_back" and info.lost:
+            info.lost = False
+            run.lost -= 1
+
+    def _lifecycle(self, name: str, run: _Run, step: int | None, epoch: float | None = None,
+                   **data: Any) -> Derived:
+        return Derived(name, run.world_size, "lifecycle", step, run.epoch if epoch is None else epoch, data)
+
+
+def _spread(figures: dict[int, float], name: str) -> dict[str, Any]:
+    """min, median, max, spread (max / median) and the slowest rank (the lowest among equals:
+    ``figures`` is in rank order) of one figure across the ranks."""
+    median = statistics.median(figures.values())
+    slowest = max(figures, key=figures.__getitem__)
+    longest = figures[slowest]
+    spread = longest / median if median > 0 else (1.0 if longest == 0 else math.inf)
+    return {f"{name}_min": min(figures.values()), f"{name}_median": median, f"{name}_max": longest,
+            f"{name}_spread": spread, f"{name}_slowest": slowest}

@@ -1,0 +1,233 @@
+"""The relay's one-line status: how it reads, how a live relay answers for it on its own socket,
+and how ``relay status`` gets it (from a live relay, or from the stats file a relay left behind).
+
+The same line is the live terminal line (relay/daemon/live_line.py), the periodic ``stats:`` log line and what
+``relay status`` prints, so one format here serves all three. A status request is one fixed
+frame, ``{"status": 1}`` in msgpack, told apart from events by a byte comparison before any
+decoding; the relay answers it from a snapshot at most ``SNAPSHOT_TTL`` old and at most
+``ANSWER_RATE`` times a second (``Answers``), so a flood of requests costs ingest next to nothing
+and is never counted as a rejected frame (docs/protocol.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import msgpack
+import zmq
+
+from relay.wire import curve
+from relay.wire.address import resolve_address
+from relay.journal.journal import Journal
+
+#: The whole request frame; any other frame is an event frame (and judged as one).
+STATUS_REQUEST = msgpack.packb({"status": 1})
+SNAPSHOT_TTL = 0.1  # seconds a snapshot answers requests before the next is taken
+ANSWER_RATE = 50.0  # answers a second, as many at once; requests beyond go unanswered (counted)
+RUNS_SHOWN = 3  # runs named in the line; the rest are "+N more"
+
+
+class NoAnswer(Exception):
+    """No relay answered the status request in time (``relay status`` exits 1)."""
+
+
+class BadTarget(ValueError):
+    """An address ZeroMQ refuses, or a stats file that is missing or not one a relay wrote (exit 2)."""
+
+
+# -- the relay's side ---------------------------------------------------------------------------------
+
+
+class Answers:
+    """What the relay sends back to a status request: the latest snapshot, taken (``snapshot()``)
+    at most once per SNAPSHOT_TTL, and at most ANSWER_RATE answers a second from a token bucket,
+    so neither the snapshots nor the replies waiting in ZeroMQ for peers that never read them can
+    grow with the number of requests."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self._snapshot = snapshot
+        self._reply = b""
+        self._taken = float("-inf")
+        self._tokens = ANSWER_RATE
+        self._since = time.monotonic()
+
+    def reply(self, now: float) -> bytes | None:
+        """The reply frame, or None when the answer budget is spent for now."""
+        self._tokens = min(ANSWER_RATE, self._tokens + (now - self._since) * ANSWER_RATE)
+        self._since = now
+        if self._tokens < 1.0:
+            return None
+        self._tokens -= 1.0
+        if now - self._taken >= SNAPSHOT_TTL:
+            self._reply = msgpack.packb({"status": self._snapshot()}, use_bin_type=True)
+            self._taken = now
+        return self._reply
+
+
+# -- the line ---------------------------------------------------------------------------------------
+
+
+def format_line(snap: dict[str, Any], *, detail: bool = False) -> str:
+    """``1520 ev/s | 1 run: run-a 2/2 | 30120 events, 0 duplicates, 0 rejected, 0 client drops |
+    sinks: jsonl 0 queued, aim 812 queued (1.0 s behind)``. ``detail`` adds frames, derived,
+    written, rejection reasons and each sink's written count (the log line and ``relay status``). Fields
+    a stats file of an older relay lacks are left out."""
+    parts = []
+    if "events_per_s" in snap:
+        parts.append(f"{snap['events_per_s']:.0f} ev/s")
+    parts.append(_runs(snap))
+    counts = f"{snap.get('events', 0)} events"
+    if detail:
+        counts += f" in {snap.get('frames', 0)} frames"
+        if snap.get("derived"):  # the relay's own (cluster) events: written, never received
+            counts += f", {snap['derived']} derived"
+        counts += f", {snap.get('written', 0)} written"
+    rejected = f"{snap.get('rejected_total', 0)} rejected"
+    if detail and snap.get("rejected"):
+        rejected += " (" + ", ".join(f"{k} {v}" for k, v in sorted(snap["rejected"].items())) + ")"
+    parts.append(f"{counts}, {snap.get('duplicates', 0)} duplicates, {rejected}, "
+                 f"{snap.get('client_dropped', 0)} client drops")
+    sinks = snap.get("sinks") or {}
+    parts.append("sinks: " + (", ".join(_sink(name, s, detail) for name, s in sinks.items()) or "none"))
+    return " | ".join(parts)
+
+
+def _runs(snap: dict[str, Any]) -> str:
+    """``2 runs: run-a 4/4, run-b 1/2`` (ranks that sent something lately / world size): the most
+    recently active runs, shown by name."""
+    count = snap.get("runs")
+    if count is None:  # an older relay's stats file
+        return f"{snap.get('ranks', 0)} ranks"
+    per_run = snap.get("per_run") or {}
+    recent = sorted(per_run, key=lambda run: _number(per_run[run].get("idle_s"), float("inf")))
+    shown = sorted(recent[:RUNS_SHOWN])
+    text = f"{count} run{'' if count == 1 else 's'}"
+    if shown:
+        text += ": " + ", ".join(f"{run} {per_run[run].get('connected', 0)}/{per_run[run].get('world_size') or '?'}"
+                                 for run in shown)
+    if count > len(shown) and shown:
+        text += f" +{count - len(shown)} more"
+    return text
+
+
+def _number(value: Any, default: float) -> float:
+    return value if isinstance(value, (int, float)) else default
+
+
+def _sink(name: str, s: dict[str, Any], detail: bool) -> str:
+    text = f"{name} {s.get('queued', 0)} queued"
+    lag = s.get("lag_s")
+    if lag and s.get("queued"):
+        text += f" ({lag:.1f} s behind)"
+    extra = [f"{s[key]} {key}" for key in ("errors", "dropped") if s.get(key)]
+    if detail:
+        extra.insert(0, f"{s.get('written', 0)} written")
+    return text + (f" [{', '.join(extra)}]" if extra else "")
+
+
+def age_note(snap: dict[str, Any], now: float | None = None) -> str:
+    """How old a snapshot read from a stats file is, and whether its relay had stopped."""
+    ts = snap.get("ts")
+    if not isinstance(ts, (int, float)):
+        return "stats file of unknown age"
+    age = max(0.0, (time.time() if now is None else now) - ts)
+    text = f"stats file written {age:.0f} s ago"
+    return text + ("; the relay had stopped" if snap.get("final") else "")
+
+
+# -- relay status: asking ---------------------------------------------------------------------------
+
+
+def status_text(target: str | None, timeout: float, as_json: bool) -> str:
+    """What ``relay status [TARGET] [--json]`` prints: the line (or the snapshot as JSON) of the relay
+    at the address ``target`` (default $RELAY_ADDRESS or the default address), or of the stats file
+    ``target`` names (itself, or beside a journal). NoAnswer or BadTarget say what went wrong."""
+    if target is None or target.startswith(("tcp://", "ipc://")):
+        address = resolve_address(target)
+        try:
+            snap = query(address, timeout)
+        except NoAnswer:
+            raise NoAnswer(f"no relay answered at {address} within {timeout:g} s; is it running? start one "
+                           f"(relay --bind {address}), or give the stats file beside its journal "
+                           f"(relay status relay-logs/)") from None
+        line = format_line(snap, detail=True)
+    else:
+        try:
+            snap = read_stats(Path(target))
+        except BadTarget as exc:
+            raise BadTarget(f"{exc}; give a relay address (tcp://..., ipc://...), its journal or its stats "
+                            "file") from None
+        line = f"{format_line(snap, detail=True)} ({age_note(snap)})"
+    return json.dumps(snap, indent=1, sort_keys=True) if as_json else line
+
+
+def query(address: str, timeout: float) -> dict[str, Any]:
+    """Ask the relay at ``address`` for its snapshot. NoAnswer if none comes within ``timeout``;
+    BadTarget for an address or CURVE key ZeroMQ refuses. Uses the publishers' CURVE settings
+    ($RELAY_CURVE_SERVER_KEY, $RELAY_CURVE_CLIENT_CERT) for an encrypted relay."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        server_key = os.environ.get(curve.SERVER_KEY_ENV)
+        try:
+            if server_key:
+                curve.secure_client(sock, server_key, os.environ.get(curve.CLIENT_CERT_ENV))
+            sock.connect(address)
+        except (zmq.ZMQError, ValueError) as exc:  # a malformed address, or an unusable CURVE key
+            raise BadTarget(f"cannot connect to {address}: {exc}; give tcp://HOST:PORT or ipc:///path.sock "
+                            "(and, for a CURVE relay, its public key in $RELAY_CURVE_SERVER_KEY)") from None
+        sock.send(STATUS_REQUEST)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if not sock.poll(left * 1000):
+                break
+            reply = _decode_reply(sock.recv())
+            if reply is not None:
+                return reply
+        raise NoAnswer(address)
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def _decode_reply(frame: bytes) -> dict[str, Any] | None:
+    """The snapshot in a reply, or None for anything else (an old relay's ack, say)."""
+    try:
+        message = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        return None
+    if isinstance(message, dict) and isinstance(message.get("status"), dict):
+        return message["status"]
+    return None
+
+
+# -- relay status: reading what a relay left --------------------------------------------------------
+
+
+def stats_file_for(path: Path) -> Path:
+    """The one beside a journal (a directory, or a file named ``*.jsonl``), else ``path`` itself."""
+    if path.is_dir() or path.name.endswith(".jsonl"):
+        return Journal(path).sidecar("_stats.json")
+    return path
+
+
+def read_stats(path: Path) -> dict[str, Any]:
+    """The snapshot in a stats file (or the one next to a journal). BadTarget says what is wrong."""
+    file = stats_file_for(path)
+    try:
+        snap = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise BadTarget(f"no stats file at {file}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise BadTarget(f"cannot read {file} as a relay stats file: {exc}") from None
+    if not isinstance(snap, dict) or not isinstance(snap.get("sinks"), dict) or "events" not in snap:
+        raise BadTarget(f"{file} is not a relay stats file (no events and sinks counters)")
+    try:
+        format_line(snap, detail=True)
+    except (TypeError, ValueError, AttributeError) as exc:  # a counter of the wrong type: edited by hand?
+        raise BadTarget(f"{file} holds counters a relay does not write: {exc}") from None
+    return snap

@@ -1,0 +1,325 @@
+"""The forward sink's I/O side (relay/forward/sink.py is the sink): one thread, a member of the sink's
+own ``relay.wire.io_thread.Hub``, that reads the node's journal (its raw lines, checked by
+relay/forward/lines.py, a chunk at a time) into the send window (relay/forward/window.py),
+sends it to the central relay over one ``relay.wire.io_thread.Link``, takes the central's acks, and keeps what
+the central acknowledged in a state file beside the journal.
+
+The journal, not the batches the sink is handed, is what is forwarded: those only say which runs
+have news (``notify``). So nothing can be dropped on the way: when the window is full, reading
+stops, and the reader (``relay.journal.journal.JournalReader``) keeps its place. In the directory layout
+each run's file is read on its own, and a run whose file has not grown since it was read to its
+end (``done`` in the state file) is not read again after a restart.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+import zmq
+
+from relay.wire import schema
+from relay.forward.lines import LineReader
+from relay.forward.window import ForwardWindow, Key
+from relay.wire.io_thread import Link
+from relay.journal.journal import Journal, JournalReader
+from sinks.events import RELAY_RANK
+
+log = logging.getLogger("relay.forward.sink")
+
+STATE_SUFFIX = "_forward.json"
+READ_BUDGET = 20_000  # events read from the journal per tick, so acks are read between
+RESCAN_S = 2.0  # look at the journal for news even without a batch saying so (one may have been dropped)
+SAVE_EVERY = 1.0  # seconds between writes of the state file, when it changed
+WARN_AFTER = 5.0  # seconds without any ack while events wait, before saying so (once per outage)
+CHUNK = 512  # lines checked together: enough to amortise the column check, few enough to stay in cache
+MAX_BYTES = 64 << 20  # of rows held, whatever --forward-window says
+
+#: The sink's own counters (in the relay's stats under sinks.forward.sink).
+COUNTERS = ("forwarded", "acked", "resent", "held", "unconfirmed", "skipped_relay_rank", "skipped_acked",
+            "not_sent", "bad_lines", "bad_acks", "errors")
+
+
+class Forwarder:
+    """The I/O side, a member of the sink's own ``relay.wire.io_thread.Hub``: every method but notify() and the
+    flags runs on the hub's thread, which alone touches the window, the reader and the socket."""
+
+    def __init__(self, journal: Path, to: str, *, server_key: str | None, client_cert: str | None,
+                 max_events: int) -> None:
+        self.to, self.server_key, self.client_cert = to, server_key, client_cert
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)  # read by the sink's process, any thread
+        self.reader = JournalReader(journal)
+        self.directory = self.reader.directory
+        self.state_path = Journal(journal).sidecar(STATE_SUFFIX)
+        self.window = ForwardWindow(max_events=max_events, max_bytes=MAX_BYTES)
+        self.floors, done = _load_state(self.state_path, to)
+        self.read_size: dict[str, int] = done  # run -> its file's size when it was last read to the end
+        self.dirty: set[str] = set()  # runs (directory layout) or {""} (one file) with lines left to read
+        self.ready, self.finished = threading.Event(), threading.Event()
+        self.error: str | None = None
+        self.idle = False
+        self._interval = 0.01
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._notified: set[str] = set()
+        self._link: Link | None = None
+        self._pack = schema.row_packer().pack
+        self.lines = LineReader(self._bad_line)
+        self._next_rescan = self._next_save = 0.0
+        self._saved = ""
+        self._waiting_since: float | None = None
+        self._warned_at: float | None = None
+
+    def stop(self) -> None:
+        """Any thread: leave the hub (then wake it); ``finished`` is set once the state is saved."""
+        self._stop.set()
+
+    def notify(self, runs: set[str]) -> None:
+        """Any thread: these runs have new lines in the journal."""
+        with self._lock:
+            self._notified |= runs
+            self.idle = False
+
+    # -- relay.wire.io_thread.Member -------------------------------------------------------------------------
+
+    def _open(self, ctx: zmq.Context) -> Sequence[zmq.Socket]:
+        try:
+            self._link = Link(ctx, self.to, self.server_key, self.client_cert)
+        except (zmq.ZMQError, ValueError) as exc:
+            self.error = str(exc)
+            self.ready.set()
+            self.finished.set()
+            return ()
+        self.window.last_ack = time.monotonic()
+        self.ready.set()
+        return self._link.sock, self._link.monitor
+
+    def _readable(self, sock: zmq.Socket) -> None:
+        link = self._link
+        assert link is not None
+        if sock is link.sock:
+            self._read_acks(link)
+        elif link.lost():
+            self.window.rewind("connection to the central relay lost")
+
+    def _tick(self, now: float) -> None:
+        """Every tick: read, send, release, watch, save. An error (the journal unreadable for now, say)
+        is counted and logged, and the next tick tries again: the hub's thread must not end."""
+        try:
+            self._work(now)
+        except Exception as exc:  # noqa: BLE001 - counted and logged; retried at the next tick
+            self.counters["errors"] += 1
+            if self.counters["errors"] <= 3 or self.counters["errors"] % 1000 == 0:
+                log.exception("forwarding to %s failed (%d errors so far); trying again: %s: %s", self.to,
+                              self.counters["errors"], type(exc).__name__, exc)
+
+    def _work(self, now: float) -> None:
+        window = self.window
+        if window.room():
+            self._read(now)
+        window.pump(now, self._send)
+        for (run, rank), gap, n in window.release_stalled(now):
+            log.warning("run %s rank %d: the central relay acknowledges only up to seq %d (a gap this node's journal "
+                        "has too: the rank dropped events, or one could not be sent); %d events after it were sent "
+                        "but cannot be confirmed: counted as unconfirmed (they stay in this journal)", run, rank, gap, n)
+        self._watch(now)
+        if now >= self._next_save:
+            self._save()
+            self._next_save = now + SAVE_EVERY
+        self._count()
+        with self._lock:
+            self.idle = not self._notified and not self.dirty and not window.events
+
+    def _shut(self) -> None:
+        if self._link is not None:
+            self._read_acks(self._link)
+            self._link.close()
+            self._link = None
+        self._save()
+        self._count()
+        self.finished.set()
+
+    # -- reading the journal ------------------------------------------------------------------------
+
+    def _read(self, now: float) -> None:
+        with self._lock:
+            fresh, self._notified = self._notified, set()
+        self.dirty |= fresh if self.directory else ({""} if fresh else set())
+        if now >= self._next_rescan:
+            self._rescan()
+            self._next_rescan = now + RESCAN_S
+        budget = [READ_BUDGET]
+        for run in list(self.dirty):
+            if not self.directory:
+                if self._take(None, budget):
+                    self.dirty.discard(run)
+                return
+            try:
+                size = self.reader.files(run)[0].stat().st_size
+            except (IndexError, FileNotFoundError):
+                self.dirty.discard(run)
+                continue
+            if not self._take(run, budget):
+                return
+            self.dirty.discard(run)
+            self.read_size[run] = size  # (what it held before this read: all of it is read now)
+
+    def _rescan(self) -> None:
+        """Runs whose file changed since it was last read to its end (at start: every run not known
+        to be done); in the file layout, the file."""
+        if not self.directory:
+            self.dirty.add("")
+            return
+        for path in self.reader.files():
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue
+            if size != self.read_size.get(path.stem):
+                self.dirty.add(path.stem)
+
+    def _take(self, run: str | None, budget: list[int]) -> bool:
+        """Hold ``run``'s new lines (None: the file's) until the window is full or the budget spent
+        (False: stopped early, the reader keeps its place), True once they are all read. Lines are
+        taken in chunks, so their rows are checked a column at a time (see _hold)."""
+        window = self.window
+        lines = self.reader.lines(run)
+        try:
+            while window.room() and budget[0] > 0:
+                limit = min(budget[0], window.max_events - window.events, CHUNK)
+                chunk = list(itertools.islice(lines, limit))
+                if chunk:
+                    self._hold(chunk, run)
+                    budget[0] -= len(chunk)
+                if len(chunk) < limit:
+                    return True
+            return False
+        finally:
+            lines.close()
+
+    def _hold(self, lines: list[bytes], run: str | None) -> None:
+        """Hold the events of ``lines`` (of ``run``, if given) in the window (relay/forward/lines.py
+        says which lines are events, and what each is on the wire)."""
+        window, counters, pack, floors = self.window, self.counters, self._pack, self.floors
+        streams, hold, forwarded = window.streams, window.hold, 0
+        for envelope, prefix, row in self.lines.events(lines, run):
+            key: Key = envelope[1:3]  # (run, rank)
+            if key[1] == RELAY_RANK:  # the central derives its own from all ranks
+                counters["skipped_relay_rank"] += 1
+                continue
+            stream = streams.get(key) or window.stream(key, floors.pop(key, 0))
+            seq = row[0]
+            if seq < stream.acked:
+                counters["skipped_acked"] += 1
+                continue
+            try:
+                packed = pack(row)
+            except Exception as exc:  # noqa: BLE001 - counted and logged; the central's ack shows the gap
+                self._not_sent(key, seq, f"cannot encode it: {type(exc).__name__}: {exc}")
+                continue
+            if len(prefix) + len(packed) + 8 > schema.MAX_FRAME_BYTES:
+                self._not_sent(key, seq, f"{len(packed)} bytes exceed a frame")
+                continue
+            hold(key, stream, seq, prefix, packed)
+            forwarded += 1
+        counters["forwarded"] += forwarded
+
+    def _bad_line(self, line: bytes, why: str) -> None:
+        self.counters["bad_lines"] += 1
+        if self.counters["bad_lines"] <= 10 or self.counters["bad_lines"] % 1000 == 0:
+            log.error("a line of %s is not an event and is not forwarded (%d so far; it stays in this journal): "
+                      "%s: %.200r", self.reader.path, self.counters["bad_lines"], why, line)
+
+    def _not_sent(self, key: Key, seq: int, why: str) -> None:
+        self.counters["not_sent"] += 1
+        if self.counters["not_sent"] <= 10 or self.counters["not_sent"] % 1000 == 0:
+            log.error("run %s rank %d seq %d is not forwarded (%d so far; it stays in this journal): %s",
+                      key[0], key[1], seq, self.counters["not_sent"], why)
+
+    # -- the connection -----------------------------------------------------------------------------
+
+    def _send(self, prefix: bytes, rows: list[bytes]) -> bool:
+        assert self._link is not None
+        return self._link.send(schema.compact_frame(prefix, rows))
+
+    def _read_acks(self, link: Link) -> None:
+        now = time.monotonic()
+        while (frame := link.recv()) is not None:
+            try:
+                acks = schema.decode_ack(frame)
+            except schema.FrameError as exc:
+                self.counters["bad_acks"] += 1
+                log.warning("ignoring malformed message from the central relay %s: %s", self.to, exc)
+                continue
+            for run, rank, upto in acks:
+                self.window.ack((run, rank), upto, now)
+
+    def _watch(self, now: float) -> None:
+        """Say once per outage that the central answers nothing while events wait, and when it does again."""
+        window = self.window
+        if not window.events:
+            self._waiting_since = None
+        elif self._waiting_since is None:
+            self._waiting_since = now
+        if self._warned_at is not None:
+            if window.last_ack > self._warned_at:
+                log.info("the central relay %s acknowledges again, after %.0f s", self.to,
+                         window.last_ack - self._warned_at + WARN_AFTER)
+                self._warned_at = None
+        elif self._waiting_since is not None and now - max(window.last_ack, self._waiting_since) > WARN_AFTER:
+            self._warned_at = now
+            log.warning("the central relay %s has acknowledged nothing for %.0f s (%d events waiting): it is not "
+                        "running or not reachable, or it refuses this node (CURVE: --curve-server-key must be its "
+                        "public key, and this node's --curve-client-cert must be in its --curve-clients); the "
+                        "journal keeps everything, retrying", self.to, WARN_AFTER, window.events)
+
+    # -- state --------------------------------------------------------------------------------------
+
+    def _count(self) -> None:
+        window, counters = self.window, self.counters
+        counters["acked"], counters["resent"] = window.acked, window.resent
+        counters["held"], counters["unconfirmed"] = window.events, window.unconfirmed
+
+    def _save(self) -> None:
+        floors = {**self.floors, **self.window.floors()}
+        busy = {key[0] for key in self.window.active} | self.dirty
+        done = {run: size for run, size in self.read_size.items() if run not in busy} if self.directory else {}
+        acked: dict[str, dict[str, int]] = {}
+        for (run, rank), upto in floors.items():
+            if upto:
+                acked.setdefault(run, {})[str(rank)] = upto
+        text = json.dumps({"to": self.to, "acked": acked, "done": done}, sort_keys=True)
+        if text == self._saved:
+            return
+        tmp = self.state_path.with_name(f"{self.state_path.name}.{os.getpid()}.tmp")  # two relays may overlap
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, self.state_path)
+        except OSError as exc:  # only costs resending more after a restart
+            log.warning("cannot write the forward state %s: %s", self.state_path, exc.strerror)
+            tmp.unlink(missing_ok=True)
+            return
+        self._saved = text
+
+
+def _load_state(path: Path, to: str) -> tuple[dict[Key, int], dict[str, int]]:
+    """(floors, done) from the state file; empty (everything is sent again, harmlessly) when there is
+    none, it is unreadable, or it was kept for another central."""
+    try:
+        state = json.loads(path.read_text())
+        if state.get("to") != to:
+            if state.get("to"):
+                log.info("%s was kept for %s: forwarding the whole journal to %s", path, state["to"], to)
+            return {}, {}
+        floors = {(run, int(rank)): int(upto) for run, ranks in state["acked"].items() for rank, upto in ranks.items()}
+        return floors, {str(run): int(size) for run, size in state["done"].items()}
+    except FileNotFoundError:
+        return {}, {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("cannot read the forward state %s (%s): forwarding the whole journal again", path, exc)
+        return {}, {}

@@ -1,0 +1,156 @@
+"""The ``forward`` sink: a node's relay sends every event of its journal to a central relay, with
+the same guarantee end to end as a rank has with its relay.
+
+    relay --sink forward --to tcp://central:5557 [--curve-server-key KEY --curve-client-cert CERT]
+
+It lives in ``relay/`` because it speaks the relay's wire (sinks/ must not know ZeroMQ). The node
+relay journals every event first, as always; the sink then sends each event of the journal with its
+original envelope, run, rank and seq, as compact batches per (run, rank), over one connection. It
+keeps each event until the central acknowledges it (cumulative acks per (run, rank), as a rank
+does), resends after a lost connection or an ack timeout, and the central's dedupe drops what
+arrives twice: a central killed mid-run loses and duplicates nothing. What the central acknowledged
+is kept in a state file beside the journal, so a restarted node relay sends only from there. Memory
+is bounded: when the central is away, reading the journal pauses. Events of the relay's own rank
+(``RELAY_RANK``) are not forwarded: the central derives its own from every rank.
+
+This module is the sink's face (options, their checks, open/write/close); the work is done by
+relay/forward/sender.py on its own thread, with the send window of relay/forward/window.py.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+import zmq.auth
+from zmq.utils import z85
+
+from relay.wire import curve
+from relay.wire.address import BadAddress, check_bind_address, is_loopback
+from relay.forward.sender import Forwarder
+from relay.wire.io_thread import Hub
+from sinks.base import Sink, SinkContext, SinkError
+
+log = logging.getLogger(__name__)
+
+CLOSE_WAIT = 5.0  # seconds close() waits for the central's last acks
+
+
+class ForwardSink(Sink):
+    """Forward every event of this relay's journal to a central relay. (The module's docstring says how.)"""
+
+    name = "forward"
+    wants_events = False  # it forwards the journal's lines; write() only needs to know which runs have news
+
+    @classmethod
+    def options(cls) -> list[click.Option]:
+        return [
+            click.Option(["--to"], metavar="tcp://HOST:PORT", default=None,
+                         help="The central relay to forward every event to."),
+            click.Option(["--curve-server-key"], metavar="KEY|FILE", default=None,
+                         help="The central relay's CURVE public key (as `relay keygen` prints it) or its .key "
+                              "file: the link is encrypted and the central authenticated."),
+            click.Option(["--curve-client-cert"], metavar="FILE", default=None,
+                         help="This node's CURVE secret certificate (`relay keygen DIR --name NODE`), for a "
+                              "central that admits only listed clients (--curve-clients)."),
+            click.Option(["--forward-window"], type=click.IntRange(1), default=100_000, show_default=True,
+                         help="Events held until the central acknowledges them; beyond, reading the journal "
+                              "pauses (nothing is dropped)."),
+        ]
+
+    def __init__(self, to: str | None = None, curve_server_key: str | None = None,
+                 curve_client_cert: str | None = None, forward_window: int = 100_000) -> None:
+        self.to = _address(to)
+        self.server_key = _server_key(curve_server_key) if curve_server_key else None
+        if curve_client_cert:
+            if not self.server_key:
+                raise SinkError("--curve-client-cert needs --curve-server-key, the central relay's public key")
+            try:
+                curve.load_secret(Path(curve_client_cert))
+            except ValueError as exc:
+                raise SinkError(f"--curve-client-cert: {exc}") from None
+        self.client_cert = curve_client_cert or None
+        self.max_events = forward_window
+        self.counters: dict[str, int] = {}  # the forwarder's, once open (the relay's stats show them)
+        self._hub = Hub()
+        self._forwarder: Forwarder | None = None
+
+    def open(self, context: SinkContext) -> None:
+        if context.journal is None:
+            raise SinkError("the forward sink sends on what the relay journals: use it as "
+                            "`relay --sink forward --to ADDRESS`, with the relay's journal")
+        fw = self._forwarder = Forwarder(context.journal, self.to, server_key=self.server_key,
+                                         client_cert=self.client_cert, max_events=self.max_events)
+        self.counters = fw.counters
+        self._hub.register(fw)
+        fw.ready.wait(10.0)
+        if fw.error:
+            raise SinkError(f"--to {self.to}: cannot connect: {fw.error}")
+        if self.server_key:
+            secure = "CURVE, with this node's certificate" if self.client_cert else "CURVE"
+        else:
+            secure = "unencrypted"
+        log.info("forwarding to %s (%s); state in %s", self.to, secure, fw.state_path)
+        if not self.server_key and not is_loopback(self.to):
+            log.warning("forwarding to %s unencrypted: anyone on the way can read the events; give "
+                        "--curve-server-key (see docs/deployment.md)", self.to)
+
+    def write(self, events: Sequence[dict[str, Any]]) -> None:
+        """The events are already in the journal, which is what is forwarded: only note which runs
+        have news. Never raises, never waits."""
+        assert self._forwarder is not None
+        self._forwarder.notify({event["run"] for event in events})
+        self._hub.wake()
+
+    def close(self) -> None:
+        """Wait up to CLOSE_WAIT for the central's last acks, then stop; what it has not acknowledged
+        stays in the journal and is sent by the next relay on this journal."""
+        fw = self._forwarder
+        if fw is None:
+            return
+        self._forwarder = None
+        deadline = time.monotonic() + CLOSE_WAIT
+        while not fw.idle and time.monotonic() < deadline:
+            time.sleep(0.02)
+        fw.stop()
+        self._hub.wake()
+        fw.finished.wait(CLOSE_WAIT)
+        if not fw.idle:
+            log.warning("the central relay %s has not acknowledged %d events (and %d runs are left to read) at "
+                        "shutdown: they stay in the journal and are sent when a relay runs on it again",
+                        self.to, fw.window.events, len(fw.dirty))
+        log.info("forward sink closed: %s", self.counters)
+
+
+def _address(to: str | None) -> str:
+    if not to:
+        raise SinkError("--sink forward needs --to tcp://HOST:PORT, the central relay's address")
+    try:
+        check_bind_address(to)
+    except BadAddress:
+        raise SinkError(f"--to {to!r} is not an address to forward to: give tcp://HOST:PORT "
+                        "(or ipc:///path.sock)") from None
+    if to.endswith(":*"):
+        raise SinkError(f"--to {to!r} needs the central relay's port, not '*'")
+    return to
+
+
+def _server_key(value: str) -> str:
+    """The central's public key in Z85, from the key itself or its ``.key`` certificate file."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            public, _ = zmq.auth.load_certificate(path)
+        except (OSError, ValueError) as exc:
+            raise SinkError(f"--curve-server-key {value}: cannot read the certificate: {exc}") from None
+        value = public.decode()
+    try:
+        valid = len(z85.decode(value)) == 32
+    except (ValueError, KeyError, IndexError):
+        valid = False
+    if not valid:
+        raise SinkError(f"--curve-server-key {value!r} is not a CURVE public key: give the 40 characters "
+                        "`relay keygen` printed, or the central's .key file")
+    return value

@@ -1,0 +1,1 @@
+"""The journal: the JSONL source of truth, its recovery, dedupe state and dead letters; imports relay.wire and sinks."""

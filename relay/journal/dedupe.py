@@ -1,0 +1,272 @@
+"""Per-(run, rank) memory of which sequence numbers the relay already took.
+
+Clients resend everything unacknowledged after a reconnect, so duplicates are normal. State per
+rank is a contiguous floor (every seq below it was taken) plus a bounded set of seqs taken above
+it; since clients send in order the set stays tiny, and its bound keeps memory fixed per rank
+whatever a client does.
+
+A (run, rank) stream belongs to one connection at a time, its ``owner`` (a ZeroMQ routing id):
+the first to send for it once no live connection owns it. The relay refuses other connections'
+frames for it and acknowledges only the owner (``Dedupe.claim``); ownership passes when the owner's
+connection is reported gone (``Dedupe.release``, relay/daemon/peers.py), or once the owner has been silent
+for OWNER_SILENCE. So while a client is connected and sending, no other peer can fill its coming
+seqs with forged events or take its acks, and a client that reconnects is never shut out for long.
+
+A client that had to drop events says so (``dropped_upto`` in its ``stats`` event), and the floor
+moves past the gap so acknowledgements go on. Such a claim binds only the connection that made it
+(a claim recovered from the journal binds none, ``JOURNAL``): the seqs it skipped are remembered
+(``DropClaim``), a later event in that range from a later owner is still taken, and that owner is
+acknowledged only as far as the range really is durable, once it has sent into it. So a lying drop
+report cannot make the relay discard a later owner's events, nor make a real client believe events
+were journaled that were not; and a client that reconnects after its own drop report, or after a
+restart that recovered it, is acknowledged past the gap it will never fill.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+MAX_WINDOW = 65_536
+MAX_CLAIMS = 16  # drop claims remembered per rank; the oldest is forgotten first
+#: Seconds after its last frame that an owner whose disconnection was never reported (relay/daemon/peers.py)
+#: still keeps its streams from another connection. A client with events unacknowledged resends
+#: within MAX_BACKOFF (30 s, relay/client/send_window.py), so a live one is not silent this long while it
+#: has something to send.
+OWNER_SILENCE = 60.0
+#: Who made a drop claim recovered from the journal: no connection (ZeroMQ's own routing ids are 5
+#: bytes, a peer's chosen one may not start with a zero byte).
+JOURNAL = b"\x00journal"
+
+
+class History(Protocol):
+    """What the journal (relay.journal.journal.Journal) tells of a run a relay meets again."""
+
+    name: str
+
+    def seen(self, run: str) -> dict[int, Any]:
+        """Per rank: ``spans`` of seqs already written, and how far its client said it ``dropped``."""
+
+
+def claimed_drop(event: dict[str, Any]) -> int | None:
+    """The seq a ``stats`` event says its client will never send anything below (``dropped_upto``
+    + 1); None if it claims nothing or nothing valid (a client drops only what it numbered before
+    the report, so ``dropped_upto`` must lie below the event's own seq)."""
+    upto = event["data"].get("dropped_upto") if event["type"] == "stats" else None
+    if type(upto) is int and 0 <= upto < event["seq"]:
+        return upto + 1
+    return None
+
+
+class DropClaim:
+    """Seqs ``[low, high)`` one connection said it dropped, less those the relay had taken then or
+    took since from another connection (``seen``); ``filled`` is how far from ``low`` they run on
+    without a gap, which is as far as a connection that sent into the range (``senders``) may be
+    acknowledged. One that never did (the same client, reconnected) has nothing there to lose."""
+
+    __slots__ = ("low", "high", "peer", "seen", "filled", "senders")
+
+    def __init__(self, low: int, high: int, peer: bytes, seen: set[int]) -> None:
+        self.low, self.high, self.peer, self.seen = low, high, peer, seen
+        self.filled = low
+        self.senders: set[bytes] = set()
+        self._advance()
+
+    def take(self, seq: int, peer: bytes) -> bool:
+        self.senders.add(peer)
+        if seq < self.filled or seq in self.seen:
+            return False
+        self.seen.add(seq)
+        self._advance()
+        return True
+
+    def _advance(self) -> None:
+        while self.filled in self.seen:
+            self.seen.remove(self.filled)  # below ``filled`` the frontier stands for them
+            self.filled += 1
+
+
+class RankState:
+    """Seen-set for one (run, rank); ``floor`` is also the cumulative ack the relay can give (but
+    see ``ack_for`` once a drop claim exists). ``owner``: the connection sending it (None: none live)."""
+
+    __slots__ = ("floor", "above", "claims", "owner", "owner_seen")
+
+    def __init__(self) -> None:
+        self.floor = 0
+        self.above: set[int] = set()
+        self.claims: list[DropClaim] | None = None  # None: the common case pays nothing
+        self.owner: bytes | None = None
+        self.owner_seen = 0.0  # when the owner last sent it (the caller's clock)
+
+    def foreign(self, peer: bytes, now: float) -> bool:
+        """Whether another connection owns this stream and still counts as live: it has not been
+        reported gone and has sent for it within OWNER_SILENCE seconds of ``now``."""
+        owner = self.owner
+        return owner is not None and owner != peer and now - self.owner_seen <= OWNER_SILENCE
+
+    def take(self, seq: int, peer: bytes = b"") -> bool:
+        """Record ``seq`` sent by connection ``peer``; False if it was already taken."""
+        if seq == self.floor:
+            self.floor += 1
+            above = self.above
+            if above:
+                while self.floor in above:
+                    above.remove(self.floor)
+                    self.floor += 1
+            return True
+        if seq < self.floor:
+            return self.claims is not None and self._rescue(seq, peer)
+        if seq in self.above:
+            return False
+        self.above.add(seq)
+        if len(self.above) > MAX_WINDOW:
+            self._skip_gap()
+        return True
+
+    def take_run(self, first: int, count: int) -> bool:
+        """Record seqs ``first`` .. ``first + count - 1`` at once if they are exactly the next ones
+        (the common case: a client's next frame); False, recording nothing, otherwise."""
+        if first != self.floor or self.above:
+            return False
+        self.floor += count
+        return True
+
+    def skip_to(self, seq: int, peer: bytes | None = None) -> None:
+        """Connection ``peer`` will never send anything below ``seq`` again (it dropped those,
+        counted); ``peer=None`` is the relay's own decision and binds every connection."""
+        if seq <= self.floor:
+            return
+        taken = {s for s in self.above if s < seq}
+        if peer is not None and len(taken) < seq - self.floor:
+            claims = self.claims if self.claims is not None else []
+            claims.append(DropClaim(self.floor, seq, peer, taken))
+            self.claims = claims[-MAX_CLAIMS:]
+        self.above.difference_update(taken)
+        self.floor = seq
+        while self.floor in self.above:
+            self.above.remove(self.floor)
+            self.floor += 1
+
+    def ack_for(self, peer: bytes) -> int:
+        """The cumulative ack for ``peer``: the floor, except that a range another connection claimed
+        to have dropped, and ``peer`` sent into, is durable for it only as far as the relay took it."""
+        ack = self.floor
+        if self.claims is None:
+            return ack
+        for claim in self.claims:
+            if claim.filled < claim.high and peer in claim.senders:
+                ack = min(ack, claim.filled)
+        return ack
+
+    def _rescue(self, seq: int, peer: bytes) -> bool:
+        """``seq`` lies below the floor: new only if a drop claim of another connection skipped it."""
+        for claim in self.claims or ():
+            if claim.low <= seq < claim.high:
+                if claim.peer == peer:
+                    return False  # it said it dropped this one
+                if len(claim.seen) >= MAX_WINDOW:
+                    log.warning("seq %d falls in a drop claim holding %d scattered seqs; taken as a duplicate",
+                                seq, MAX_WINDOW)
+                    return False
+                return claim.take(seq, peer)
+        return False
+
+    def _skip_gap(self) -> None:
+        lowest = min(self.above)
+        log.warning("gap below seq %d held open for %d events; treating it as lost", lowest, MAX_WINDOW)
+        self.skip_to(lowest)
+
+
+class Dedupe:
+    """All ranks of all runs, keyed by (run, rank), and which connection owns each.
+
+    Runs idle for a while are forgotten so a long-lived relay's memory does not grow with every
+    job it ever served; if one comes back, its state is rebuilt from the journal. ``last_seen`` is
+    kept in order of activity (``touch``), so the least recently active run is found in O(1).
+    """
+
+    def __init__(self) -> None:
+        self.ranks: dict[tuple[str, int], RankState] = {}
+        self.last_seen: dict[str, float] = {}
+        self.run_ranks: dict[str, list[int]] = {}
+        self.owned: dict[bytes, set[tuple[str, int]]] = {}  # each live owner's streams
+
+    def add_state(self, run: str, rank: int) -> RankState:
+        state = self.ranks[(run, rank)] = RankState()
+        self.run_ranks.setdefault(run, []).append(rank)
+        self.last_seen.setdefault(run, 0.0)
+        return state
+
+    def claim(self, key: tuple[str, int], state: RankState, peer: bytes, now: float) -> bool:
+        """Connection ``peer`` sends stream ``key`` at ``now``: it owns it, or no live connection does
+        and it takes it (True: new, so the caller may note where ``peer`` is connected)."""
+        if state.owner == peer:
+            state.owner_seen = now
+            return False
+        if state.owner is not None:
+            self._disown(key, state.owner)
+        state.owner, state.owner_seen = peer, now
+        self.owned.setdefault(peer, set()).add(key)
+        return True
+
+    def _disown(self, key: tuple[str, int], owner: bytes) -> None:
+        streams = self.owned[owner]
+        streams.discard(key)
+        if not streams:
+            del self.owned[owner]
+
+    def release(self, peer: bytes) -> int:
+        """Connection ``peer`` is gone: its streams pass to whoever sends for them next. Returns how many."""
+        keys = self.owned.pop(peer, ())
+        for key in keys:
+            self.ranks[key].owner = None
+        return len(keys)
+
+    def release_all(self) -> None:
+        """Every connection is gone (the relay dropped them all)."""
+        for peer in list(self.owned):
+            self.release(peer)
+
+    def touch(self, run: str, now: float) -> None:
+        """Mark ``run`` active now, moving it to the end of ``last_seen``."""
+        self.last_seen.pop(run, None)
+        self.last_seen[run] = now
+
+    def least_recent(self) -> str | None:
+        return next(iter(self.last_seen), None)
+
+    def lookup(self, run: str, rank: int, journal: History) -> RankState:
+        """The state of (run, rank), learning first what ``journal`` already holds of a run this
+        process has not met, so events written before a crash or restart are not taken twice, and
+        the gaps its clients said they dropped do not hold their acks back."""
+        state = self.ranks.get((run, rank))
+        if state is not None:
+            return state
+        if run not in self.run_ranks:
+            recovered = 0
+            for seen_rank, seen in journal.seen(run).items():
+                known = self.ranks.get((run, seen_rank)) or self.add_state(run, seen_rank)
+                for start, end in seen.spans:
+                    for seq in range(start, end):
+                        known.take(seq)
+                    recovered += end - start
+                if seen.dropped:
+                    known.skip_to(seen.dropped, JOURNAL)
+            if recovered:
+                log.info("run %s: %d events already in %s will not be written again", run, recovered, journal.name)
+        return self.ranks.get((run, rank)) or self.add_state(run, rank)
+
+    def idle_runs(self, before: float) -> list[str]:
+        return [run for run, seen in self.last_seen.items() if seen < before]
+
+    def forget(self, run: str) -> list[int]:
+        """Drop ``run``'s state; returns the ranks it had."""
+        self.last_seen.pop(run, None)
+        ranks = self.run_ranks.pop(run, [])
+        for rank in ranks:
+            owner = self.ranks.pop((run, rank)).owner
+            if owner is not None:
+                self._disown((run, rank), owner)
+        return ranks

@@ -1,0 +1,143 @@
+"""A bounded queue drained by one thread: the one place where a sink's backlog is bounded, and
+what does not fit is counted, never waited for.
+
+Both sides of a sink's process use it (see relay/sinkhost/process.py and relay/sinkhost/child.py): in the
+relay, chunks of journal lines waiting for the pipe to the child; in the child, batches of events
+waiting for the sink's ``write()``. The queue is bounded in events, and in bytes where the caller
+says how big each batch is (the relay's side: chunks of lines of any size); a batch that does not fit is
+dropped whole and counted (it stays in the journal, from which ``relay replay`` rebuilds the sink).
+A batch leaves the queue only once ``handle`` is done with it, so the bound also covers the one in
+hand.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Callable, Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class BatchWorker(Generic[T]):
+    """``handle(batch)`` runs on the worker's thread, one batch at a time, in order; it returns True
+    once done with the batch, False to stop the worker at once (shutting down), leaving it queued.
+    ``flush``, if given, is called after a batch when the queue is empty, and at least every
+    ``flush_every`` seconds while batches keep coming."""
+
+    def __init__(self, name: str, handle: Callable[[T], bool], max_events: int, *,
+                 flush: Callable[[], None] | None = None, flush_every: float = 1.0,
+                 finish: Callable[[], None] | None = None, max_bytes: int | None = None) -> None:
+        """``finish``, if given, runs on the worker's thread when it stops; ``max_bytes`` bounds the
+        sizes given to ``submit`` (one batch is always taken into an empty queue)."""
+        self.name = name
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.dropped = 0  # events of batches that did not fit, or were left at shutdown
+        self._handle = handle
+        self._flush = flush
+        self._flush_every = flush_every
+        self._finish = finish
+        self._queue: collections.deque[tuple[T, int, int]] = collections.deque()
+        self._queued = 0
+        self._bytes = 0
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._deadline = float("inf")
+        self._thread = threading.Thread(target=self._run, name=f"sink-{name}", daemon=True)
+
+    @property
+    def queued(self) -> int:
+        """Events waiting, the batch in hand included."""
+        return self._queued
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, batch: T, count: int, size: int = 0) -> bool:
+        """Queue ``batch`` of ``count`` events (``size`` bytes) without waiting; False (dropped,
+        counted, logged now and then) when it would take the queue past ``max_events`` or ``max_bytes``."""
+        with self._cond:
+            if self._queued + count > self.max_events or (
+                    self.max_bytes is not None and self._queue and self._bytes + size > self.max_bytes):
+                self.dropped += count
+                if self.dropped == count or self.dropped % 100_000 < count:
+                    log.warning("sink %s is %d events behind; dropped %d so far (they are in the journal: "
+                                "relay replay rebuilds it)", self.name, self._queued, self.dropped)
+                return False
+            self._queue.append((batch, count, size))
+            self._queued += count
+            self._bytes += size
+            self._cond.notify()
+            return True
+
+    def wait(self, seconds: float, drain: bool = True) -> bool:
+        """Back off for ``seconds`` (new batches do not cut it short). False when the worker is
+        stopping and, with ``drain``, its drain deadline would pass first (without, at once)."""
+        until = time.monotonic() + seconds
+        with self._cond:
+            while True:
+                if self._stopping and (not drain or until > self._deadline):
+                    return False
+                now = time.monotonic()
+                if now >= until:
+                    return True
+                self._cond.wait(until - now)
+
+    def close(self, timeout: float) -> int:
+        """Let the thread drain what is queued for up to ``timeout`` seconds, then stop it; returns
+        the events left over, which count as dropped."""
+        self.stop(timeout)
+        self.join(timeout + 5.0)
+        return self.abandon()
+
+    def stop(self, timeout: float) -> None:
+        """Drain what is queued, for up to ``timeout`` seconds (``wait`` keeps to it), then stop."""
+        with self._cond:
+            self._stopping = True
+            self._deadline = time.monotonic() + timeout
+            self._cond.notify_all()
+
+    def join(self, timeout: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(max(0.0, timeout))
+
+    def abandon(self) -> int:
+        """Count what is still queued as dropped; returns how many events that was."""
+        with self._cond:
+            left, self._queued, self._bytes = self._queued, 0, 0
+            self._queue.clear()
+            self.dropped += left
+        return left
+
+    def _run(self) -> None:
+        next_flush = time.monotonic() + self._flush_every
+        try:
+            while True:
+                with self._cond:
+                    while not self._queue and not self._stopping:
+                        self._cond.wait()
+                    if not self._queue:
+                        return
+                    batch, count, size = self._queue[0]
+                if not self._handle(batch):
+                    return
+                with self._cond:
+                    if self._queue and self._queue[0][0] is batch:  # (abandon() may have emptied it)
+                        self._queue.popleft()
+                        self._queued -= count
+                        self._bytes -= size
+                    idle = not self._queue
+                if self._flush is not None and (idle or time.monotonic() >= next_flush):
+                    self._flush()
+                    next_flush = time.monotonic() + self._flush_every
+        finally:
+            if self._finish is not None:
+                self._finish()

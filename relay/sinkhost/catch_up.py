@@ -1,0 +1,117 @@
+"""A sink's catch-up from the journal: what lets a sink complete a run that sends nothing more.
+
+A sink that misses events (its tracker was down and its queue overflowed, the relay was killed
+before the sink wrote them, the sink's process was not open yet) would otherwise get them only
+when a later event of the same run shows the hole (sinks/tracker_base.py's sweep), which never comes
+for a finished run. So the sink's process (relay/sinkhost/child.py), for a sink whose ``catches_up``
+is True, reads the journal back through ``write()`` itself: once when it starts, and again
+whenever its tracker answers after failing or its queue dropped events. The sink skips what it
+already applied (its ``(rank, seq)`` spans), so only what it lacks is written.
+
+What a pass reads is bounded: the journal files written within ``MAX_AGE`` seconds, at most
+``MAX_FILES`` of them, newest first (in the one-file layout, that one file). A state file beside
+the journal (``<journal>_catchup_<sink>.json``, or ``_relay_catchup_<sink>.json`` in a journal
+directory) keeps, per file, the size up to which a pass has delivered every event, so the next
+pass reads only what came after: a restart reads a run's file whole at most once. Older runs are
+rebuilt with ``relay replay``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from relay.journal.journal import Journal, journal_files
+
+from relay.wire.lines import parse_event
+from sinks.events import from_journal
+
+log = logging.getLogger(__name__)
+
+MAX_AGE = 3 * 24 * 3600.0  # seconds since a journal file was last written
+MAX_FILES = 100  # run files (directory layout) read per pass, newest first
+BATCH = 2000  # events per write() call
+READ_SIZE = 1 << 20
+
+
+class CatchUp:
+    """The journal files a pass reads, their events in batches, and how far each was delivered."""
+
+    def __init__(self, journal: str, sink: str, max_age: float = MAX_AGE, max_files: int = MAX_FILES) -> None:
+        self.journal = Journal(journal)
+        self.state_path = self.journal.sidecar(f"_catchup_{sink}.json")
+        self.max_age = max_age
+        self.max_files = max_files
+        self.done = _load(self.state_path)
+
+    def due(self) -> list[tuple[Path, int, int]]:
+        """(file, offset, size) of every recent file with bytes beyond what an earlier pass delivered."""
+        now = time.time()
+        recent = []
+        for path in journal_files(self.journal.path):
+            try:
+                st = path.stat()
+            except OSError:  # gone meanwhile, or no journal yet
+                continue
+            if now - st.st_mtime <= self.max_age:
+                recent.append((st.st_mtime, path, st.st_size))
+        recent.sort(reverse=True)
+        out = []
+        for _, path, size in recent[:self.max_files]:
+            start = self.done.get(path.name, 0)
+            if start > size:  # replaced by a shorter file: read it afresh
+                start = 0
+            if size > start:
+                out.append((path, start, size))
+        return out
+
+    def read(self, path: Path, start: int, size: int) -> Iterator[tuple[list[dict[str, Any]], int]]:
+        """Batches of the events on the complete lines of ``path`` between ``start`` and ``size``,
+        each with the offset just past its last line (what ``delivered`` is then told)."""
+        batch: list[dict[str, Any]] = []
+        offset = start
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            pending = b""
+            while offset + len(pending) < size:
+                chunk = fh.read(min(READ_SIZE, size - offset - len(pending)))
+                if not chunk:
+                    break
+                pending += chunk
+                end = pending.rfind(b"\n") + 1
+                if not end:
+                    continue
+                for line in pending[:end].split(b"\n")[:-1]:
+                    offset += len(line) + 1
+                    event = parse_event(line) if line.strip() else None
+                    if event is not None:  # a line that is no event was counted by every other reader
+                        batch.append(from_journal(event))
+                    if len(batch) >= BATCH:
+                        yield batch, offset
+                        batch = []
+                pending = pending[end:]
+        yield batch, offset
+
+    def delivered(self, path: Path, offset: int) -> None:
+        """Every event of ``path`` before ``offset`` reached the sink: the next pass starts there."""
+        self.done[path.name] = offset
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(self.done))
+            os.replace(tmp, self.state_path)
+        except OSError as exc:  # the next pass reads more than it needs; nothing is lost
+            log.warning("catch-up state %s not saved: %s", self.state_path, exc)
+
+
+def _load(path: Path) -> dict[str, int]:
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:  # unreadable: every recent file is read whole once more
+        log.warning("catch-up state %s unreadable (%s); reading the recent journal whole", path, exc)
+        return {}
+    return {str(k): v for k, v in raw.items() if type(v) is int and v >= 0} if isinstance(raw, dict) else {}

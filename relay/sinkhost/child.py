@@ -1,0 +1,306 @@
+"""Inside a sink's process: read journal lines from the relay, write them to the sink.
+
+    python -m relay.sinkhost.child SPEC_JSON     (started by relay/sinkhost/process.py, not by hand)
+
+Relay -> child, on stdin: journal lines (``relay.journal.journal.LineDecoder`` turns them into events, as
+``relay replay`` would: non-finite metrics restored; for a sink whose ``wants_events`` is False,
+into stand-ins that hold only the run, without decoding the lines). Child -> relay, one JSON object per line on
+the child's own stdout: ``{"ready": true}`` or ``{"error": MESSAGE}`` once, then its counters every
+``STATS_PERIOD`` and at exit. The sink's own stdout goes to stderr, which is the relay's log.
+
+One thread reads the pipe; one ``BatchWorker`` thread writes to the sink, so reading never waits
+for a slow or failing sink. A batch that raises is retried, whole and in order, with backoff
+(``BACKOFF_START`` to ``BACKOFF_MAX``); one that raises ``PermanentError`` is narrowed down by
+halves to the events that fail on their own, which go to the sink's dead-letter file with the
+error's message (``dead_lettered``), and the rest is written. ``flush()`` follows a batch that
+empties the queue, and comes at least every ``FLUSH_EVERY`` seconds under steady load.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+from relay.sinkhost.batch_queue import BatchWorker
+from relay.sinkhost.catch_up import CatchUp
+from relay.journal.deadletter import DeadLetters
+from relay.journal.journal import JournalReader, LineDecoder
+from relay.wire.lines import encode_line
+from sinks.base import PermanentError, Sink, SinkContext, SinkError
+
+log = logging.getLogger(__name__)
+
+NICE = 19  # added to the relay's niceness (capped at 19): ingest first
+STATS_PERIOD = 0.5
+READ_SIZE = 1 << 20
+BACKOFF_START = 0.1
+BACKOFF_MAX = 30.0
+FLUSH_EVERY = 1.0  # seconds: the sink is flushed at least this often while batches keep coming
+
+
+@dataclass
+class SinkSpec:
+    """What a child needs to build its sink: its name, what to load (a registry name or
+    ``module:Class``) and the sink's own CLI options; the journal it may read to catch up, and its
+    dead-letter file."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    source: str = ""  # what sinks.registry.load gets; the name when empty
+    journal: str | None = None  # ends with os.sep in the directory layout
+    deadletter: str | None = None
+    max_events: int = 200_000
+    drain_timeout: float = 10.0
+    log_level: str = "INFO"
+
+
+#: What the queue holds to ask for a catch-up pass (relay/sinkhost/catch_up.py) in turn with the batches:
+#: a list of its own, told apart by identity (a batch of events is never empty).
+CATCH_UP_PASS: Sequence[dict[str, Any]] = []
+
+
+class SinkWriter:
+    """The sink, fed by a bounded BatchWorker: retries, dead letters, flushes, counters; and, with
+    ``catch_up``, passes over the journal (relay/sinkhost/catch_up.py) on the same thread, in turn."""
+
+    def __init__(self, name: str, sink: Sink, max_events: int, deadletters: DeadLetters | None,
+                 catch_up: CatchUp | None = None) -> None:
+        self.name = name
+        self.sink = sink
+        self.deadletters = deadletters
+        self.catch_up = catch_up
+        self.caught_up = 0  # events a catch-up pass handed to write() (most of them already applied)
+        self.catch_up_passes = 0
+        self._pass_queued = False
+        self._in_pass = False
+        self.written = 0
+        self.errors = 0
+        self.dead_lettered = 0
+        self.deadletter_overflow = 0
+        self.bad_lines = 0  # lines from the relay that were not events (counted as dropped)
+        self._resolved = 0  # events of the batch in hand already written or dead-lettered
+        self.worker: BatchWorker[Sequence[dict[str, Any]]] = BatchWorker(
+            name, self._handle, max_events, flush=self._flush, flush_every=FLUSH_EVERY)
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def submit(self, events: Sequence[dict[str, Any]]) -> None:
+        if events:
+            self.worker.submit(events, len(events))
+
+    def request_catch_up(self) -> None:
+        """Queue a pass over the journal behind what is queued (one at a time; any thread)."""
+        if self.catch_up is not None and not self._pass_queued:
+            self._pass_queued = True
+            self.worker.submit(CATCH_UP_PASS, 0)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, plus the sink's own ``counters`` mapping if it keeps one."""
+        own = getattr(self.sink, "counters", None)
+        extra = {"sink": dict(own)} if isinstance(own, dict) else {}
+        return {"written": self.written, "errors": self.errors, "dropped": self.worker.dropped + self.bad_lines,
+                "queued": self.worker.queued, "dead_lettered": self.dead_lettered,
+                "deadletter_overflow": self.deadletter_overflow, "caught_up": self.caught_up,
+                "catch_up_passes": self.catch_up_passes, **extra}
+
+    def close(self, timeout: float) -> None:
+        """Drain what is queued (retrying until ``timeout``), then close the sink."""
+        left = self.worker.close(timeout)
+        if left:
+            self.worker.dropped -= min(left, self._resolved)  # half a narrowed batch did get through
+            log.error("sink %s: %d events not written at shutdown (they are in the journal: use relay replay)",
+                      self.name, left - min(left, self._resolved))
+        try:
+            self.sink.close()
+        except Exception as exc:  # counted: a sink failing to close must not stop the others
+            self.errors += 1
+            log.error("sink %s failed to close: %s: %s", self.name, type(exc).__name__, exc)
+        if self.deadletters is not None:
+            self.deadletters.close()
+
+    def _handle(self, batch: Sequence[dict[str, Any]]) -> bool:
+        self._resolved = 0
+        if batch is CATCH_UP_PASS:
+            return self._catch_up_pass()
+        return self._deliver(batch)
+
+    def _catch_up_pass(self) -> bool:
+        """Hand the journal's recent events the sink may lack to ``write()``, file by file; False
+        when shutting down first (the next process's pass goes on from what was delivered)."""
+        catch_up = self.catch_up
+        assert catch_up is not None
+        self._pass_queued, self._in_pass = False, True
+        started, files, events = time.monotonic(), 0, 0
+        try:
+            for path, start, size in catch_up.due():
+                files += 1
+                for batch, offset in catch_up.read(path, start, size):
+                    if batch and not self._deliver(batch, caught_up=True):
+                        return False
+                    events += len(batch)
+                    if self._flushed():  # durable in the tool before the state file says so
+                        catch_up.delivered(path, offset)
+        except OSError as exc:  # the journal unreadable for now: the next pass tries again
+            self.errors += 1
+            log.error("sink %s: catch-up from the journal failed: %s", self.name, exc)
+            return True
+        finally:
+            self._in_pass = False
+        self.catch_up_passes += 1
+        if events:
+            log.info("sink %s caught up from the journal: %d events of %d files read in %.1f s (what it had "
+                     "already applied is skipped)", self.name, events, files, time.monotonic() - started)
+        return True
+
+    def _deliver(self, batch: Sequence[dict[str, Any]], caught_up: bool = False) -> bool:
+        """Write ``batch``, retrying transient errors with backoff; False when shutting down first.
+        Once the sink takes a batch after failing, a catch-up pass follows (its backend is back)."""
+        backoff = BACKOFF_START
+        failed = False
+        while True:
+            try:
+                self.sink.write(batch)
+            except PermanentError as exc:
+                if len(batch) == 1:
+                    self._dead_letter(batch[0], exc)
+                    return True
+                half = len(batch) // 2  # the events that fail on their own, found in log2(n) rounds
+                return self._deliver(batch[:half], caught_up) and self._deliver(batch[half:], caught_up)
+            except Exception as exc:  # isolated and counted; the batch is retried
+                self._failed("failed", exc, backoff)
+                failed = True
+                if not self.worker.wait(backoff):
+                    return False
+                backoff = min(backoff * 2, BACKOFF_MAX)
+            else:
+                if caught_up:  # not "written": the relay compares that with the events it sent
+                    self.caught_up += len(batch)
+                else:
+                    self.written += len(batch)
+                self._resolved += len(batch)
+                if failed and not self._in_pass:
+                    log.info("sink %s works again; a catch-up from the journal follows", self.name)
+                    self.request_catch_up()
+                return True
+
+    def _dead_letter(self, event: dict[str, Any], exc: PermanentError) -> None:
+        self.dead_lettered += 1
+        self._resolved += 1
+        detail = str(exc) or type(exc).__name__
+        kept = self.deadletters is not None and self.deadletters.add_event("permanent", detail, encode_line(event))
+        if not kept:
+            self.deadletter_overflow += 1
+        if self.dead_lettered <= 10 or self.dead_lettered % 1000 == 0:
+            log.error("sink %s refused run %s rank %s seq %s for good (%d so far)%s: %s", self.name,
+                      event.get("run"), event.get("rank"), event.get("seq"), self.dead_lettered,
+                      f", kept in {self.deadletters.path}" if kept else ", not kept (dead-letter file full)", detail)
+
+    def _flush(self) -> None:
+        self._flushed()
+
+    def _flushed(self) -> bool:
+        try:
+            self.sink.flush()
+        except Exception as exc:  # counted; the data was written, the next flush tries again
+            self._failed("failed to flush", exc, 0.0)
+            return False
+        return True
+
+    def _failed(self, what: str, exc: Exception, backoff: float) -> None:
+        self.errors += 1
+        if self.errors <= 3 or self.errors % 100 == 0:
+            log.error("sink %s %s (%d errors so far), retrying in %.1f s: %s: %s",
+                      self.name, what, self.errors, backoff, type(exc).__name__, exc)
+
+
+def _options(cls: type, given: dict[str, Any]) -> dict[str, Any]:
+    """The sink's options as its click types make them (the relay sent them as JSON)."""
+    ctx = click.Context(click.Command("relay"))
+    return {o.name: o.type_cast_value(ctx, given[o.name]) for o in cls.options() if o.name in given}
+
+
+def build_sink(spec: SinkSpec) -> Sink:
+    """The sink ``spec`` names, built with its options: what the relay checks before it listens
+    (``relay.sinkhost.process.check_sinks``) and what the sink's process then opens. SinkError if not."""
+    from sinks.registry import load
+
+    cls = load(spec.source or spec.name)
+    try:
+        return cls(**_options(cls, spec.options))
+    except SinkError:
+        raise
+    except Exception as exc:  # a plugin's own bug: reported as the reason it cannot be built
+        raise SinkError(f"sink {spec.name} failed to start: {type(exc).__name__}: {exc}") from None
+
+
+def child_main(spec: SinkSpec) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the relay decides
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.nice(NICE)
+    channel = os.dup(1)
+    parent_gone = threading.Event()
+    os.dup2(2, 1)  # whatever the sink prints goes to the log, not into the protocol
+
+    def send(message: dict[str, Any]) -> None:
+        try:
+            os.write(channel, json.dumps(message).encode() + b"\n")
+        except BrokenPipeError:  # the relay is gone (killed): its successor counts anew; say it once
+            if not parent_gone.is_set():
+                parent_gone.set()
+                logging.getLogger(__name__).warning("sink %s: the relay that started it is gone; finishing "
+                                                    "without reporting counters", spec.name)
+
+    logging.basicConfig(level=spec.log_level.upper(), stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s %(name)s [sink {spec.name} {os.getpid()}]: %(message)s")
+    try:
+        sink = build_sink(spec)
+        sink.open(SinkContext(journal=Path(spec.journal) if spec.journal else None,
+                              journal_events=JournalReader(spec.journal) if spec.journal else None))
+    except SinkError as exc:
+        send({"error": str(exc)})
+        return 2
+    except Exception as exc:  # a plugin's own bug: reported as the reason it could not start
+        send({"error": f"sink {spec.name} failed to start: {type(exc).__name__}: {exc}"})
+        return 2
+    send({"ready": True})
+    catch_up = CatchUp(spec.journal, spec.name) if spec.journal and sink.catches_up and sink.wants_events else None
+    writer = SinkWriter(spec.name, sink, spec.max_events,
+                        DeadLetters(Path(spec.deadletter)) if spec.deadletter else None, catch_up)
+    writer.start()
+    writer.request_catch_up()  # what this sink missed while its process was not running
+    decoder = LineDecoder(runs_only=not sink.wants_events)
+    next_stats = time.monotonic() + STATS_PERIOD
+    dropped = 0
+    while True:
+        if select.select([0], [], [], max(0.0, next_stats - time.monotonic()))[0]:
+            data = os.read(0, READ_SIZE)
+            if not data:
+                break
+            writer.submit(decoder.feed(data))
+            if decoder.bad_lines > writer.bad_lines:
+                log.error("sink %s: %d lines from the relay were not events; dropped", spec.name, decoder.bad_lines)
+                writer.bad_lines = decoder.bad_lines
+        if writer.worker.dropped > dropped:  # batches that did not fit: read back from the journal later
+            dropped = writer.worker.dropped
+            writer.request_catch_up()
+        if time.monotonic() >= next_stats:
+            send(writer.stats())
+            next_stats = time.monotonic() + STATS_PERIOD
+    writer.close(spec.drain_timeout)
+    send(writer.stats())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(SinkSpec(**json.loads(sys.argv[1]))))

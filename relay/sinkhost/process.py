@@ -1,0 +1,338 @@
+"""Every sink but the journal runs in a child process of the relay (relay/sinkhost/child.py), fed the
+journal's own lines; this is the relay's side of it.
+
+A process, not a thread, because a sink busy in Python (Aim is) held the interpreter lock for up
+to half of the ingest thread's time, so the journal's rate fell whenever a sink worked. In its own
+process, at a lower CPU priority (``relay.sinkhost.child.NICE``), a sink takes only what ingest leaves:
+under a burst the journal keeps its rate and the sink catches up afterwards. A plugin that crashes
+or leaks takes down only its own process, which is started again. And a sink gets exactly what
+``relay replay`` would give it (events read back from their JSON lines, non-finite metrics restored).
+
+``submit`` queues chunks of lines in a bounded ``BatchWorker`` and never blocks ingest; the worker's
+thread writes them to the child's pipe only while ``ingest_idle`` is set (the ingest thread waits
+for frames), starts the child again with backoff whenever it died, and counts what a dead child
+had not confirmed as dropped. How far a sink is behind (``queued``, and ``lag_s``, how long ago
+the oldest of those events was handed over) comes from the ingest thread's own count of what it
+handed over, sampled every second (``sample``).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import IO, Any, Callable
+
+from relay.sinkhost.batch_queue import BatchWorker
+from relay.sinkhost.child import SinkSpec, build_sink
+from relay.sinkhost.rate import Rate
+from sinks.base import SinkContext, SinkError
+
+__all__ = ["SinkProcess", "SinkSpec", "check_sinks"]
+
+log = logging.getLogger(__name__)
+
+#: Journal lines the relay keeps for one other sink's process (beside --sink-queue events): a sink
+#: that falls further behind has batches dropped, counted, which it reads back from the journal.
+SINK_QUEUE_BYTES = 64 << 20
+
+#: Importing and opening a sink (Aim: creating a repository; MLflow: creating a database, whose
+#: migrations took over 120 s at load 16 on 2 cores). The relay does not wait for it; a child killed
+#: in the middle of that can leave the store half made, so only one still opening after this long is
+#: taken as hung (and started again).
+START_TIMEOUT = 600.0
+RESTART_START = 1.0  # seconds before the first attempt to start a crashed sink again
+RESTART_MAX = 30.0  # at most, doubling while it keeps failing
+PIPE_SIZE = 1 << 20
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
+#: The child's counters that add up over its restarts.
+SUMMED = ("written", "errors", "dropped", "dead_lettered", "deadletter_overflow", "caught_up", "catch_up_passes")
+
+
+class SinkProcess:
+    """The relay's side of one child: ``submit`` never blocks ingest, counters merge the child's."""
+
+    def __init__(self, spec: SinkSpec, ingest_idle: threading.Event | None = None,
+                 stderr: Callable[[bytes], None] | None = None) -> None:
+        """``ingest_idle``, when given, is set while the relay's ingest thread waits for frames: lines
+        go to the child only then (and at shutdown, when the relay sets it for good). ``stderr``,
+        when given, gets the child's stderr line by line (else it shares the relay's)."""
+        self.spec = spec
+        self.ingest_idle = ingest_idle
+        self.stderr = stderr
+        self.name = spec.name
+        self.restarts = 0
+        self._proc: subprocess.Popen | None = None
+        self._child: dict[str, Any] = {}  # the running child's last counters
+        self._done = dict.fromkeys(SUMMED, 0)  # earlier children's
+        self._lost = 0  # given to a child that died before confirming them
+        self._sink_counters: dict[str, Any] | None = None  # the sink's own, as its child last said
+        self._sent = 0  # events the running child was given
+        self._answer: dict[str, Any] = {}  # the running child's first message: ready, or why not
+        self._answered = threading.Event()  # set on that message, or when the child closed its output
+        self._reader: threading.Thread | None = None
+        self._backoff = RESTART_START
+        self._opened = threading.Event()  # set once the first child opened its sink (or when stopping)
+        self._opener: threading.Thread | None = None
+        self.opened = False  # whether a child has opened the sink yet
+        self.open_failures = 0  # attempts to open the sink that failed
+        self.open_error: str | None = None  # why the last one failed, while the sink is not open
+        self._submitted = 0  # events handed to submit(), by the ingest thread
+        self._handed = Rate()  # ... sampled every second, to date the oldest event not yet confirmed
+        self._worker: BatchWorker[tuple[bytes, int]] = BatchWorker(spec.name, self._hand_over, spec.max_events,
+                                                                   finish=self._end_input, max_bytes=SINK_QUEUE_BYTES)
+
+    # -- the relay's calls -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the child beside the relay, without waiting: lines queue (bounded) until its sink
+        is open, and it catches up from the journal what did not fit (relay/sinkhost/catch_up.py). A sink
+        that cannot open (SinkError from ``open()``: a server down, a repository locked) is logged
+        with its reason, counted (``open_failures``, ``errors``; ``open_error`` in the stats) and
+        tried again with backoff from RESTART_START to RESTART_MAX seconds, for as long as the relay
+        runs; the relay's ``check_sinks`` already refused, before it listened, what can never work."""
+        self._worker.start()
+        self._opener = threading.Thread(target=self._open_first, name=f"sink-{self.name}-open", daemon=True)
+        self._opener.start()
+
+    def _open_first(self) -> None:
+        backoff = RESTART_START
+        try:
+            while True:
+                try:
+                    self._spawn()
+                except SinkError as exc:
+                    if self._worker.stopping:  # the relay stopped while it was opening
+                        log.warning("sink %s stopped before it had opened: %s", self.name, exc)
+                        return
+                    self.open_failures += 1
+                    self._done["errors"] += 1
+                    self.open_error = str(exc)
+                    log.error("sink %s could not open (%d attempts; trying again in %.0f s, its events wait in "
+                              "the journal): %s", self.name, self.open_failures, backoff, exc)
+                    if not self._worker.wait(backoff, drain=False):
+                        return
+                    backoff = min(backoff * 2, RESTART_MAX)
+                    continue
+                self.open_error, self.opened = None, True
+                log.info("sink %s open (pid %d)", self.name, self._proc.pid)
+                return
+        finally:
+            self._opened.set()
+
+    def submit(self, lines: bytes, count: int) -> None:
+        """Hand over ``count`` journal lines without waiting; dropped (counted) past the queue bound."""
+        self._submitted += count
+        self._worker.submit((lines, count), count, len(lines))
+
+    def sample(self, now: float) -> None:
+        """Note how many events were handed over by now (the relay calls this every second)."""
+        self._handed.sample(now, self._submitted)
+
+    def stats(self) -> dict[str, Any]:
+        child = self._child
+        out = {key: self._done[key] + child.get(key, 0) for key in SUMMED}
+        out["dropped"] += self._worker.dropped + self._lost
+        out["queued"] = self._worker.queued + self._in_flight()
+        out["lag_s"] = self._lag(out["queued"])
+        out["restarts"] = self.restarts
+        out["open"] = self.opened
+        if self.open_failures:
+            out["open_failures"] = self.open_failures
+        if self.open_error is not None:
+            out["open_error"] = self.open_error
+        if self._sink_counters is not None:
+            out["sink"] = self._sink_counters
+        return out
+
+    def close(self, timeout: float) -> None:
+        """Hand the child what is queued, let it drain (``spec.drain_timeout``), then stop it. A child
+        still opening its sink is waited for first (up to START_TIMEOUT, as the relay once waited
+        before it listened), never killed then: that could leave a store half made (an MLflow
+        database half migrated); one still opening after that finishes on its own."""
+        self._worker.stop(timeout)
+        if self._opener is not None:
+            self._opener.join(START_TIMEOUT)
+            if self._opener.is_alive():
+                left = self._worker.abandon()
+                log.warning("sink %s is still opening at shutdown; its process finishes on its own. %d events "
+                            "were not handed to it: they are in the journal (a sink that catches up reads them "
+                            "there; relay replay rebuilds any sink)", self.name, left)
+                return
+        deadline = time.monotonic() + timeout
+        self._worker.join(max(0.1, deadline - time.monotonic()))
+        proc = self._proc
+        if proc is not None:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()) + self.spec.drain_timeout)
+            except subprocess.TimeoutExpired:
+                log.error("sink %s did not finish in time; stopping it", self.name)
+                proc.kill()
+                proc.wait()
+            if self._reader is not None:
+                self._reader.join(5.0)
+            self._settle(proc.returncode, "at shutdown")
+        left = self._worker.abandon()
+        if left:
+            log.error("sink %s: %d events not handed over at shutdown (they are in the journal: use relay "
+                      "replay)", self.name, left)
+
+    def _lag(self, queued: int) -> float:
+        """Seconds since the oldest event still queued was handed over, to the sampling period: at
+        least that long ago the count handed over first passed what the sink has confirmed."""
+        if not queued:
+            return 0.0
+        since = self._handed.since(self._submitted - queued)
+        return 0.0 if since is None else round(time.monotonic() - since, 1)
+
+    # -- the worker's thread ---------------------------------------------------------------------
+
+    def _hand_over(self, chunk: tuple[bytes, int]) -> bool:
+        """Write one chunk of lines to the child, once ingest is idle; start the child again (with
+        backoff) whenever it died. False when shutting down before it could be."""
+        lines, count = chunk
+        self._opened.wait()
+        while True:
+            if self._proc is None or self._proc.poll() is not None:
+                if not self._restart():
+                    return False
+                continue
+            idle = self.ingest_idle
+            while idle is not None and not idle.is_set():  # re-checked: a wait can end on a set already undone
+                idle.wait()
+            try:
+                self._proc.stdin.write(lines)  # a pipe: blocks (without the GIL) while the child is busy
+                self._proc.stdin.flush()
+            except OSError:  # it died: reap it, and the next round starts another
+                self._proc.wait()
+                continue
+            self._sent += count
+            self._backoff = RESTART_START
+            return True
+
+    def _end_input(self) -> None:
+        if self._proc is not None:
+            try:
+                self._proc.stdin.close()  # end of input: the child drains and exits
+            except OSError:
+                pass
+
+    def _restart(self) -> bool:
+        """Account for a dead child and start another after the backoff; False when stopping."""
+        if self._proc is not None:
+            self._proc.wait()
+            if self._reader is not None:
+                self._reader.join(5.0)
+            self._settle(self._proc.returncode, "unexpectedly")
+            self._proc = None
+        if not self._worker.wait(self._backoff, drain=False):
+            return False
+        backoff, self._backoff = self._backoff, min(self._backoff * 2, RESTART_MAX)
+        try:
+            self._spawn()
+        except SinkError as exc:
+            self._done["errors"] += 1
+            log.error("sink %s could not be started again (retrying in %.0f s): %s", self.name, backoff * 2, exc)
+            return True
+        self.restarts += 1
+        log.info("sink %s started again (pid %d)", self.name, self._proc.pid)
+        return True
+
+    # -- the child -------------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        spec = json.dumps(asdict(self.spec))
+        proc = subprocess.Popen([sys.executable, "-m", "relay.sinkhost.child", spec], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=None if self.stderr is None else subprocess.PIPE)
+        if self.stderr is not None:
+            threading.Thread(target=self._pass_stderr, args=(proc.stderr,), name=f"sink-{self.name}-stderr",
+                             daemon=True).start()
+        _widen(proc.stdin)
+        self._proc, self._child, self._sent = proc, {}, 0
+        self._answer = {}
+        self._answered.clear()
+        self._reader = threading.Thread(target=self._read, args=(proc.stdout,), name=f"sink-{self.name}-stats",
+                                        daemon=True)
+        self._reader.start()
+        self._answered.wait(START_TIMEOUT)
+        first = self._answer
+        if first.get("ready"):
+            return
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        self._reader.join(5.0)
+        self._proc = None
+        raise SinkError(first.get("error") or f"sink {self.name} did not start (its process exited "
+                                               f"{proc.returncode}); see the log above")
+
+    def _read(self, stream: IO[bytes]) -> None:
+        """The child's messages: the first answers start(), the rest are its counters."""
+        try:
+            for line in stream:
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    log.warning("sink %s: unreadable message from its process: %r", self.name, line[:200])
+                    continue
+                if not self._answered.is_set():
+                    self._answer = message
+                    self._answered.set()
+                else:
+                    self._child = message
+                    self._sink_counters = message.get("sink", self._sink_counters)
+        finally:
+            self._answered.set()  # the child is gone: start() stops waiting
+
+    def _pass_stderr(self, stream: IO[bytes]) -> None:
+        """The child's stderr (its log), line by line, to ``self.stderr`` until the child closes it."""
+        assert self.stderr is not None
+        with stream:
+            for line in stream:
+                self.stderr(line)
+
+    def _in_flight(self) -> int:
+        """Events the running child was given and has not yet confirmed."""
+        child = self._child
+        return max(0, self._sent - sum(child.get(key, 0) for key in ("written", "dropped", "dead_lettered")))
+
+    def _settle(self, code: int | None, how: str) -> None:
+        """Fold a finished child's counters in; what it was given but never confirmed is dropped."""
+        unconfirmed = self._in_flight()
+        for key in SUMMED:
+            self._done[key] += self._child.get(key, 0)
+        self._child, self._sent = {}, 0
+        if code != 0 or unconfirmed:
+            self._done["errors"] += 1 if code != 0 else 0
+            self._lost += unconfirmed
+            log.error("sink %s's process exited %s (code %s); up to %d events it had not confirmed are dropped "
+                      "for it (they are in the journal: relay replay rebuilds it)", self.name, how, code, unconfirmed)
+
+
+def check_sinks(specs: list[SinkSpec], journal: Path) -> None:
+    """Build every sink in the relay's own process and run its cheap ``check()`` (package installed,
+    paths writable: see sinks/preflight.py), before the relay listens; the first SinkError stops it.
+    The sinks' processes then open them beside a relay that already listens."""
+    context = SinkContext(journal=journal)
+    for spec in specs:
+        sink = build_sink(spec)
+        try:
+            sink.check(context)
+        except SinkError:
+            raise
+        except Exception as exc:  # a plugin's own bug: reported as the reason it cannot start
+            raise SinkError(f"sink {spec.name} failed its check: {type(exc).__name__}: {exc}") from None
+
+
+def _widen(pipe: IO[bytes]) -> None:
+    """Make the pipe to the child hold up to PIPE_SIZE: each write then moves thousands of lines, and
+    the feeding thread takes the interpreter lock from ingest a few times a second, not hundreds."""
+    try:
+        fcntl.fcntl(pipe.fileno(), F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError as exc:  # a lower system limit (fs.pipe-max-size): the default size still works
+        log.debug("could not widen the pipe to a sink process: %s", exc)

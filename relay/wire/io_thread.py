@@ -1,0 +1,199 @@
+"""The ZeroMQ side of the publisher: one I/O thread per process (``Hub``) and each Publisher's
+DEALER socket with its monitor (``Link``).
+
+A rank has one Publisher, but a process simulating hundreds of ranks (or publishing several runs)
+shares the one thread and context, so it pays for one thread waking every ``send_interval``, not
+hundreds. What to send and when lives in relay/client/send_window.py; the Publisher (relay/client/publisher.py) wires
+the two together.
+"""
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from typing import Protocol, Sequence
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from relay.wire import curve
+
+
+class Member(Protocol):
+    """What the hub needs of a Publisher; every method runs on the hub thread."""
+
+    _interval: float  # how often it wants _tick
+    _stop: threading.Event  # set (then Hub.wake()) to leave the hub
+
+    def _open(self, ctx: zmq.Context) -> Sequence[zmq.Socket]:
+        """Connect; the sockets to watch, or none if it cannot (then it is not a member)."""
+
+    def _readable(self, sock: zmq.Socket) -> None:
+        """One of its sockets has messages."""
+
+    def _tick(self, now: float) -> None:
+        """Every ``_interval``: encode, resend, send."""
+
+    def _shut(self) -> None:
+        """It leaves (or the hub ends): release the sockets."""
+
+
+class Hub:
+    """The process's one publisher I/O thread and ZeroMQ context, started with the first member
+    and ended with the last, so a process hosting many Publishers stays cheap."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._adds: list[Member] = []
+        self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = self._pipe()
+
+    @staticmethod
+    def _pipe() -> tuple[int, int]:
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        return r, w
+
+    def register(self, member: Member) -> None:
+        """Have the thread (started if need be) open ``member`` and tick it from now on."""
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the parent's thread does not exist here
+                self._pid, self._adds, self._thread = os.getpid(), [], None
+                self._wake_r, self._wake_w = self._pipe()
+            self._adds.append(member)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="relay-publisher", daemon=True)
+                self._thread.start()
+        self.wake()
+
+    def wake(self) -> None:
+        """Have the thread look at new, stopping or flushing members now, not at its next tick."""
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # a wake-up is already pending
+
+    def _serve(self) -> None:
+        ctx = zmq.Context()
+        ctx.set(zmq.MAX_SOCKETS, 1 << 16)  # three sockets per Publisher
+        poller = zmq.Poller()
+        members: dict[Member, Sequence[zmq.Socket]] = {}
+        owner: dict[zmq.Socket, Member] = {}
+        next_tick = interval = 0.0
+        woken = True
+        try:
+            while True:
+                with self._lock:
+                    adds, self._adds = self._adds, []
+                    if not adds and not members:
+                        self._thread = None
+                        return
+                for member in adds:
+                    socks = member._open(ctx)
+                    if socks:
+                        members[member] = socks
+                        for s in socks:
+                            owner[s] = member
+                            poller.register(s, zmq.POLLIN)
+                if adds:
+                    interval = min(m._interval for m in members) if members else 0.0
+                # Sleep on the wake-up pipe only, then look at every socket once: polling them all
+                # whenever an ack arrives would cost O(members) per ack.
+                wait = max(0.0, next_tick - time.monotonic())
+                if select.select([self._wake_r], [], [], wait)[0]:
+                    self._drain()
+                    woken = True
+                for s, _ in poller.poll(0):
+                    owner[s]._readable(s)
+                stopping = [m for m in members if m._stop.is_set()] if woken else []  # close() wakes us
+                woken = False
+                for member in stopping:
+                    for s in members.pop(member):
+                        poller.unregister(s)
+                        del owner[s]
+                    member._shut()
+                now = time.monotonic()
+                if now >= next_tick:
+                    for member in members:
+                        member._tick(now)
+                    next_tick = now + interval
+        finally:
+            for member in members:
+                member._shut()
+            ctx.term()
+
+    def _drain(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+
+class Link:
+    """One Publisher's DEALER socket, connected to the relay, and the monitor that says when the
+    connection is lost. Raises zmq.ZMQError or ValueError (bad address or CURVE key), holding nothing."""
+
+    def __init__(self, ctx: zmq.Context, address: str, curve_server_key: str | None,
+                 curve_client_cert: str | None) -> None:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 1000)
+        sock.setsockopt(zmq.RCVHWM, 1000)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        # Sends fail (and events stay in the bounded window) while no relay is connected, so after
+        # a reconnect everything unacknowledged goes out again from the oldest, in order.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            if curve_server_key:
+                curve.secure_client(sock, curve_server_key, curve_client_cert)
+            sock.connect(address)
+        except (zmq.ZMQError, ValueError):
+            sock.disable_monitor()
+            monitor.close(0)
+            sock.close(0)
+            raise
+        self.sock, self.monitor = sock, monitor
+
+    def send(self, frame: bytes) -> bool:
+        """Hand one frame to ZeroMQ without blocking; False if not connected or the HWM is reached."""
+        try:
+            self.sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def recv(self) -> bytes | None:
+        """The next message from the relay, or None if there is none now."""
+        try:
+            return self.sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+
+    def lost(self) -> bool:
+        """True if the connection went down since the last look."""
+        return read_monitor(self.monitor)
+
+    def close(self) -> None:
+        self.sock.disable_monitor()
+        self.monitor.close(0)
+        self.sock.close(0)
+
+
+def read_monitor(monitor: zmq.Socket) -> bool:
+    """True if the connection to the relay went down since the last look: what was in flight on
+    it may be lost. (Not when it comes up: with ZMQ_IMMEDIATE nothing was sent while it was down,
+    and what went out since it came up is on the new connection; resending that too only made
+    the relay count the first frame of every publisher as duplicates.)"""
+    lost = False
+    while True:
+        try:
+            event = recv_monitor_message(monitor, zmq.NOBLOCK)
+        except zmq.Again:
+            return lost
+        lost = lost or event["event"] == zmq.EVENT_DISCONNECTED

@@ -1,0 +1,91 @@
+"""The journal line codec: one event as one JSON line and back, with the line bounds every writer
+keeps. The journal writes it, a Publisher's spool writes it, sinks and viewers read it; it lives on
+the wire room's side so none of them needs the journal to speak it."""
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from relay.wire import schema
+from sinks.events import json_safe
+
+
+def encode_line(event: dict[str, Any]) -> bytes:
+    """One event as one JSON line; non-finite floats become "NaN"/"Infinity"/"-Infinity"."""
+    line = orjson.dumps(event, default=str, option=orjson.OPT_APPEND_NEWLINE)
+    if b"null" in line:  # orjson writes NaN/inf as null; only then pay for the walk
+        line = orjson.dumps(json_safe(event), default=str, option=orjson.OPT_APPEND_NEWLINE)
+    return line
+
+
+def encode_lines(events: list[dict[str, Any]]) -> bytes:
+    """encode_line for a batch of events, joined: one scan for non-finite floats instead of one per event."""
+    chunk = b"".join([orjson.dumps(e, default=str, option=orjson.OPT_APPEND_NEWLINE) for e in events])
+    if b"null" in chunk:
+        return b"".join([encode_line(e) for e in events])
+    return chunk
+
+
+def check_lines(lines: bytes | list[bytes]) -> None:
+    """Refuse one frame's journal lines (a chunk, or one per event) if a line is longer than
+    ``schema.MAX_LINE_BYTES`` or all are more than ``schema.MAX_FRAME_LINES_BYTES``: FrameError,
+    reason ``bad_value``. A chunk no longer than one line may be costs one comparison."""
+    if type(lines) is bytes:
+        if len(lines) <= schema.MAX_LINE_BYTES:
+            return
+        total, longest = len(lines), max(map(len, lines.split(b"\n"))) + 1
+    else:
+        total, longest = sum(map(len, lines)), max(map(len, lines), default=0)
+    if longest > schema.MAX_LINE_BYTES:
+        raise schema.FrameError("bad_value", f"an event's journal line would be {longest} bytes, over "
+                                             f"{schema.MAX_LINE_BYTES} (JSON escapes a control character in 6)")
+    if total > schema.MAX_FRAME_LINES_BYTES:
+        raise schema.FrameError("bad_value", f"the frame's journal lines would be {total} bytes, over "
+                                             f"{schema.MAX_FRAME_LINES_BYTES}")
+
+
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """The event a journal line holds, as written (non-finite metrics still strings); None for a
+    line that is not a JSON object."""
+    try:
+        event = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return event if type(event) is dict else None
+
+
+#: Fields a line may leave out and still be an event (a journal written by hand or by another tool),
+#: with what they are checked as; the event itself is handed on as written.
+OPTIONAL_FIELDS: dict[str, Any] = {"v": schema.SCHEMA_VERSION, "local_rank": 0, "world_size": 1, "host": "",
+                                   "step": None, "epoch": None, "stage": None}
+_FIELD_SET = frozenset(schema.FIELDS)
+
+
+def event_error(event: dict[str, Any]) -> str | None:
+    """Why a parsed journal line is not an event, or None if it is: every field the relay would
+    have accepted (``relay.wire.schema.validate_event``: the run id names a file, rank and seq are ints
+    in range, ts is unix seconds, ...), no unknown field, and only OPTIONAL_FIELDS missing.
+
+    What every reader relies on; a journal written by an older relay may hold a ts or epoch of
+    "NaN" (or seqs beyond 2**63), which no longer is an event."""
+    if event.keys() != _FIELD_SET:
+        missing = _FIELD_SET.difference(event)
+        event = {**{k: OPTIONAL_FIELDS[k] for k in missing.intersection(OPTIONAL_FIELDS)}, **event}
+    try:
+        schema.validate_event(event)
+    except schema.FrameError as exc:
+        return str(exc)
+    return None
+
+
+def parse_event(line: bytes) -> dict[str, Any] | None:
+    """The event a journal line holds (non-finite metrics still strings), with any missing optional
+    field at its default, so a sink always gets the whole envelope; None for a line that is not one
+    (not a JSON object, or see ``event_error``). The one test every reader of events applies."""
+    event = parse_line(line)
+    if event is None or event_error(event) is not None:
+        return None
+    if event.keys() != _FIELD_SET:
+        event = {**{k: OPTIONAL_FIELDS[k] for k in _FIELD_SET.difference(event)}, **event}
+    return event

@@ -1,0 +1,338 @@
+"""The sink-author API: a base class for sinks that feed an experiment tracker (Aim, MLflow, ...).
+
+An author writes four methods in the tracker's own terms; this class turns relay events into
+those calls and does, once for every tracker, what each would otherwise rebuild:
+
+* **Trainer naming.** ``train_``/``eval_``/``test_`` prefixes become a ``subset`` context, as the
+  trackers' own Hugging Face callbacks name them; several eval sets (``eval_<set>_loss``) add a
+  ``sub_dataset``; every Trainer log also logs ``epoch`` (run-level), as HF's Trainer adds it to each.
+* **The rank policy.** The Trainer already reduced its metrics across ranks: they are taken from
+  rank 0 once per step (``rank=None``); per-rank figures (stage ``rank``) and custom metrics keep
+  their rank, in the context. Per-rank figures are renamed for display (``step_time`` ->
+  ``rank_step_time_s``, ``RANK_NAMES``), so no tracker draws them in a chart of the Trainer's own
+  ``samples_per_second``; the wire keeps its names. Their context holds ``system`` (``SYSTEM``:
+  ``"rank"``), decided by the event's stage and never by a metric's name, so each tracker puts
+  every figure of those stages, new ones included, where its UI keeps system figures.
+* **The relay's own events** (rank ``RELAY_RANK``): its cross-rank figures (stage ``cluster``) are
+  run-level series (``cluster_step_time_max_s``, ``CLUSTER_NAMES``, context ``system: "cluster"``); its findings (``straggler``,
+  ``rank_lost``, ``rank_back``) are params ``relay.cluster.<event>.rank<r>_step<s>``, one per rank
+  and step, so none hides another.
+* **Client counters** (``stats``) are bookkeeping, not curves: params ``relay.client.rank<n>``,
+  plus one series ``relay_dropped`` per rank only once that rank dropped something.
+* **Numbers.** NaN and infinities arrive as floats; ints beyond int64 as floats; non-numbers are
+  skipped, counted and named once in the log.
+* **Idempotent replay.** Every applied event is remembered as its ``(rank, seq)`` in compact spans
+  per run; ``load_applied``/``save_applied`` keep them where the data lands (a state file by
+  default), so a retried batch, a restarted relay or a second ``relay replay`` adds nothing.
+* **Catch-up.** A hole in a rank's seqs means events did not reach this sink (its queue overflowed
+  while the tracker was down); at the next ``flush`` it reads that run from the journal and
+  applies what it lacks. A run missed at its end (no later event shows the hole), or while the
+  relay was down, is caught up by the sink's process (``catches_up``, relay/sinkhost/catch_up.py): when it
+  starts and when the tracker answers again, it feeds the journal's recent runs through ``write``.
+* **Late params.** A params value older than the one already written (a late catch-up) is skipped.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any, Sequence
+
+from sinks.base import Sink, SinkContext
+from sinks.events import NONFINITE_JSON, RELAY_RANK
+from sinks.naming import CLUSTER_NAMES, RANK_NAMES, SYSTEM, display_names, trainer_groups
+from sinks.spans import SeqSpans
+
+log = logging.getLogger(__name__)
+
+#: Stages whose metrics the Trainer already reduced across ranks: taken from rank 0 only.
+TRAINER_STAGES = frozenset({"train", "eval", "test"})
+INT64 = range(-(1 << 63), 1 << 63)  # ``in`` a range is O(1)
+Spans = dict[int, list[list[int]]]
+
+
+class TrackerSink(Sink):
+    """Subclass this, set ``name``, and write the four methods below (plus ``options``, and ``open``
+    and ``close`` as for any Sink; an ``open`` of your own calls ``super().open(context)``). Where
+    the tracker cannot keep the applied spans itself, return a file from ``state_path`` and they
+    are kept there."""
+
+    catches_up = True  # the applied spans make a second delivery of an event a no-op
+
+    # -- what a sink author writes ---------------------------------------------------------------
+
+    def start_run(self, run: str, params: dict[str, Any]) -> None:
+        """The first event of ``run`` this process meets (also after a restart: resume, do not
+        duplicate). ``params``: what is known of it so far (``world_size``)."""
+
+    def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
+                    context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
+        """Numbers at a step. ``rank`` is None for the Trainer's own (reduced) series; ``ts`` is
+        when the rank published them, so a late write can keep the live time axis."""
+        raise NotImplementedError
+
+    def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
+        """Run metadata, merged key by key into the group ``name`` (dotted for nesting:
+        ``relay.ranks``); values are JSON-like, non-finite floats as "NaN"/"Infinity" strings."""
+
+    def finish_run(self, run: str, status: str) -> None:
+        """Rank 0 ended training: ``completed``, ``failed`` or what the trainer said."""
+
+    def state_path(self) -> Path | None:
+        """A file beside the sink's output for the applied spans (default: kept in memory only)."""
+        return None
+
+    # -- the shared part -------------------------------------------------------------------------
+
+    def open(self, context: SinkContext) -> None:
+        self.context = context
+        self._runs: dict[str, _Run] = {}
+        self._warned: set[str] = set()
+        self.counters: Counter[str] = Counter()
+        self._state_file: dict[str, Spans] | None = None
+
+    def write(self, events: Sequence[dict[str, Any]]) -> None:
+        """Apply a batch; on any error fall back to the spans last saved and re-raise (the relay
+        retries the batch, and what was applied already is skipped or rewritten identically)."""
+        touched: dict[str, _Run] = {}
+        try:
+            for event in events:
+                state = touched.get(event["run"]) or self._run(event)
+                touched[state.run] = state
+                self._apply(state, event)
+            self._save(touched.values())
+        except Exception:
+            self._rollback(touched.values())
+            raise
+
+    def flush(self) -> None:
+        """Catch up from the journal the runs where a rank showed a hole, then save. What the
+        journal gave is kept until it is applied, since the reader does not give it twice."""
+        reader = self.context.journal_events
+        due = [s for s in self._runs.values() if s.needs_sweep]
+        if not due or reader is None:
+            return
+        touched: dict[str, _Run] = {}
+        try:
+            for state in due:
+                touched[state.run] = state
+                if state.swept is None:
+                    state.swept = list(reader(state.run))
+                for event in state.swept:
+                    self._apply(state, event, swept=True)
+                self.counters["sweeps"] += 1
+                log.info("%s sink: run %s caught up from the journal (%d events read)", self.name, state.run,
+                         len(state.swept))
+                state.swept, state.needs_sweep = None, False
+            self._save(touched.values())
+        except Exception:
+            self._rollback(touched.values())
+            raise
+
+    def catch_up_due(self, run: str) -> bool:
+        """Whether ``run`` has a hole the next ``flush`` fills from the journal (so not finished yet)."""
+        state = self._runs.get(run)
+        return state is not None and state.needs_sweep
+
+    def run_settled(self, run: str) -> bool:
+        """Whether ``run`` has said all it will: rank 0's ``train_end`` and every rank's closing
+        ``stats`` (a client's last event; rank 0's after its train_end) are applied. A sink that
+        closes a run's handle waits for this, so the late events of a finished job (the clients'
+        last counters) do not reopen it; a rank that never says goodbye leaves the run to the
+        sink's idle or shutdown close."""
+        state = self._runs.get(run)
+        return state is not None and state.end_seq is not None and state.stats_ranks.issuperset(
+            range(state.world_size))
+
+    def forget_run(self, run: str) -> None:
+        """Drop what this class keeps of ``run`` (a sink that hands the run over to another process);
+        its next event starts it again, spans loaded afresh."""
+        self._runs.pop(run, None)
+
+    def load_applied(self, run: str) -> Spans:
+        """The spans saved for ``run`` (override with ``save_applied`` to keep them in the tracker)."""
+        return self._states().get(run, {})
+
+    def save_applied(self, run: str, spans: Spans) -> None:
+        states = self._states()
+        states[run] = spans
+        path = self.state_path()
+        if path is not None:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(states))
+            os.replace(tmp, path)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _states(self) -> dict[str, Spans]:
+        if self._state_file is None:
+            path = self.state_path()
+            raw = json.loads(path.read_text()) if path is not None and path.exists() else {}
+            self._state_file = {run: {int(r): s for r, s in spans.items()} for run, spans in raw.items()}
+        return self._state_file
+
+    def _run(self, event: dict[str, Any]) -> "_Run":
+        run = event["run"]
+        state = self._runs.get(run)
+        if state is None:
+            self.start_run(run, {"world_size": event["world_size"]})
+            saved = self.load_applied(run)
+            state = self._runs[run] = _Run(run, saved, event["world_size"])
+        return state
+
+    def _apply(self, state: "_Run", event: dict[str, Any], swept: bool = False) -> None:
+        rank, seq = event["rank"], event["seq"]
+        spans = state.applied.get(rank)
+        if spans is None:
+            spans = state.applied[rank] = SeqSpans()
+        if seq in spans:
+            self.counters["duplicates"] += 1
+            return
+        kind = event["type"]
+        run = state.run
+        if kind == "metrics":
+            self._metrics(run, event)
+        elif kind == "params":
+            self._params(state, event["stage"] or "params", event["data"], event["ts"])
+        elif kind == "hello":
+            info = {"host": event["host"], "local_rank": event["local_rank"], **event["data"]}
+            self._params(state, "relay.ranks", {str(rank): info}, event["ts"])
+            self._params(state, "relay", {"world_size": event["world_size"]}, event["ts"])
+        elif kind == "lifecycle":
+            self._lifecycle(state, event)
+        elif kind == "stats":
+            self._client_stats(state, event)
+        if spans.add(seq) and not swept:
+            state.needs_sweep = True
+        state.dirty = True
+        self.counters["swept_events" if swept else "events"] += 1
+        if kind == "metrics" and event["step"] is None:
+            self._save([state])  # the tracker numbers these itself: applying one twice would add a point
+
+    def _metrics(self, run: str, event: dict[str, Any]) -> None:
+        stage, rank, data = event["stage"], event["rank"], event["data"]
+        if stage in TRAINER_STAGES:
+            if rank != 0:  # already reduced across ranks: every rank would repeat rank 0
+                self.counters["nonzero_rank_trainer_metrics"] += 1
+                return
+            groups = trainer_groups(stage, data)
+            if event["epoch"] is not None:  # HF's Trainer adds it to every log, eval's too; its callbacks log it
+                groups.setdefault((), ({}, {}))[1]["epoch"] = event["epoch"]
+            series_rank = None
+        elif stage == "rank":
+            groups = {(): ({SYSTEM: "rank", "rank": rank}, display_names(data, RANK_NAMES, "rank_"))}
+            series_rank = rank
+        elif stage == "cluster" and rank == RELAY_RANK:  # across ranks already: one run-level series each
+            groups, series_rank = {(): ({SYSTEM: "cluster"}, display_names(data, CLUSTER_NAMES, "cluster_"))}, None
+        else:
+            groups, series_rank = {(): ({"subset": stage or "custom", "rank": rank}, data)}, rank
+        for context, values in groups.values():
+            numbers = self._numbers(values)
+            if numbers:
+                self.log_metrics(run, series_rank, event["step"], event["epoch"], context, numbers, event["ts"])
+                self.counters["values"] += len(numbers)
+
+    def _numbers(self, values: dict[str, Any]) -> dict[str, float | int]:
+        """What a tracker can plot; "NaN"/"Infinity" strings from a journal become floats again."""
+        out: dict[str, float | int] = {}
+        for name, value in values.items():
+            kind = type(value)
+            if kind is float or (kind is int and value in INT64):
+                out[name] = value
+            elif kind is int:
+                out[name] = float(value)
+            elif kind is str and value in NONFINITE_JSON:
+                out[name] = NONFINITE_JSON[value]
+            else:
+                self.counters["skipped_values"] += 1
+                if name not in self._warned:
+                    self._warned.add(name)
+                    log.warning("%s sink: metric %r has a %s value, not a number; not tracked", self.name, name,
+                                kind.__name__)
+        return out
+
+    def _params(self, state: "_Run", name: str, data: dict[str, Any], ts: float) -> None:
+        fresh = {}
+        for key, value in data.items():
+            if state.param_ts.get((name, key), -math.inf) > ts:
+                continue  # a newer value is already there (this one came late, from the journal)
+            state.param_ts[(name, key)] = ts
+            fresh[key] = value
+        if fresh:
+            self.log_params(state.run, name, fresh)
+
+    def _client_stats(self, state: "_Run", event: dict[str, Any]) -> None:
+        """A client's cumulative counters: a param per rank (the newest report wins), and the one
+        curve worth drawing, ``relay_dropped``, once it is not zero (stepped by the report's seq)."""
+        rank, data = event["rank"], event["data"]
+        if rank != 0 or (state.end_seq is not None and event["seq"] > state.end_seq):
+            state.stats_ranks.add(rank)
+        self._params(state, "relay.client", {f"rank{rank}": data}, event["ts"])
+        dropped = self._numbers({"relay_dropped": data["dropped"]}) if "dropped" in data else {}
+        if dropped and dropped["relay_dropped"] != 0:
+            self.log_metrics(state.run, rank, event["seq"], None, {SYSTEM: "rank", "rank": rank}, dropped, event["ts"])
+
+    def _lifecycle(self, state: "_Run", event: dict[str, Any]) -> None:
+        data = event["data"]
+        what = data.get("event")
+        record = {**data, "step": event["step"], "ts": event["ts"]}
+        if what == "checkpoint":  # keyed by step, so a late catch-up cannot reorder them
+            self._params(state, "relay.checkpoints", {str(event["step"]): record}, event["ts"])
+        elif event["rank"] == RELAY_RANK and isinstance(what, str) and what:  # many per run: one key each
+            step = event["step"] if event["step"] is not None else data.get("last_step")
+            key = f"rank{data.get('rank')}_" + (f"step{step}" if step is not None else f"seq{event['seq']}")
+            self._params(state, f"relay.cluster.{what}", {key: record}, event["ts"])
+        elif isinstance(what, str) and what:
+            self._params(state, "relay.lifecycle", {what: record}, event["ts"])
+        if what == "train_end" and event["rank"] == 0:
+            state.end_seq = event["seq"]
+            status = data.get("status")
+            self.finish_run(state.run, status if isinstance(status, str) and status else "completed")
+
+    def _save(self, states: Any) -> None:
+        for state in states:
+            if state.dirty:
+                spans = {rank: [list(span) for span in s.spans] for rank, s in state.applied.items()}
+                self.save_applied(state.run, spans)
+                state.saved, state.dirty = spans, False
+
+    def _rollback(self, states: Any) -> None:
+        """After a failure, trust only what was saved: the retry re-applies the rest."""
+        for state in states:
+            state.applied = {rank: SeqSpans(spans) for rank, spans in state.saved.items()}
+            state.dirty = False
+
+
+class _Run:
+    """What the shared code keeps per run: applied spans (as saved, and now) and param times."""
+
+    __slots__ = ("run", "applied", "saved", "dirty", "needs_sweep", "swept", "param_ts", "world_size", "end_seq",
+                 "stats_ranks")
+
+    def __init__(self, run: str, saved: Spans, world_size: int) -> None:
+        self.run = run
+        self.world_size = world_size
+        self.end_seq: int | None = None  # of rank 0's train_end, once applied
+        self.stats_ranks: set[int] = set()  # ranks whose closing counters are in (rank 0's: after train_end)
+        self.saved = saved
+        self.applied = {rank: SeqSpans(s) for rank, s in saved.items()}
+        self.dirty = False
+        self.needs_sweep = any(spans.holes for spans in self.applied.values())  # left by an earlier process
+        self.swept: list[dict[str, Any]] | None = None  # read from the journal, not applied yet
+        self.param_ts: dict[tuple[str, str], float] = {}
+
+
+def exact_ints(obj: Any) -> Any:
+    """A params value with every int beyond int64 as its decimal string: trackers store ints as
+    int64 (or turn big ones into floats), and a string keeps the value exactly."""
+    kind = type(obj)
+    if kind is int:
+        return obj if obj in INT64 else str(obj)
+    if kind is dict:
+        return {k: exact_ints(v) for k, v in obj.items()}
+    if kind is list:
+        return [exact_ints(v) for v in obj]
+    return obj
