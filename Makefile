@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,aim,mlflow,tensorboard,wandb,clearml,test,bench,plot]'
+	$(PY) -m pip install -q -e '.[train,aim,mlflow,tensorboard,wandb,clearml,nats,test,bench,plot]'
 	touch $(STAMP)
 
 setup: $(STAMP)

