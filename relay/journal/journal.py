@@ -181,6 +181,15 @@ class JournalReader:
         for path in self.files(run):
             yield from self._lines(path, run)
 
+    def position(self, path: Path, run: str | None = None) -> int:
+        """Where the next ``lines(run)`` starts reading ``path``: the byte offset after the last line
+        yielded (a reader that cuts the lines into byte ranges, as relay/fleet does, reads it per line)."""
+        return self._offsets.get((str(path), run), 0)
+
+    def seek(self, path: Path, run: str | None, offset: int) -> None:
+        """Resume ``path``'s reading for ``run`` at ``offset``, the end of a line (a saved position)."""
+        self._offsets[(str(path), run)] = offset
+
     def _lines(self, path: Path, run: str | None) -> Iterator[bytes]:
         key = (str(path), run)  # a str: hashing a Path per line costs more than reading the line
         offset = self._offsets.get(key, 0)

@@ -1,0 +1,182 @@
+"""The journal cut into chunks for NATS: each chunk is complete lines of ONE run, the journal's very
+bytes, with the byte range they came from, which names the chunk (its ``Nats-Msg-Id``) and says
+where to resume (``Relay-End``). No network here: relay/fleet/publisher.py publishes what this cuts.
+
+A *source* is what one ``JournalReader`` position belongs to: a run (the directory layout, its
+``<run>.jsonl``) or None (one file for every run; there a chunk ends where the next line is of
+another run, so a chunk is still one run's contiguous bytes). The positions of the sources, saved
+in a state file beside the journal once NATS acknowledged them, are where a restarted relay resumes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+
+from relay.journal.journal import Journal, JournalReader
+
+log = logging.getLogger(__name__)
+
+STATE_SUFFIX = "_nats.json"
+_HEAD = b'{"v":1,"run":"'  # how every line the relay writes starts (relay.wire.schema.FIELDS order)
+
+
+@dataclass
+class Chunk:
+    """Lines of one run, ``body`` being the journal's bytes from ``start`` to ``end`` of ``file``
+    (less any line of another run in a run's own file)."""
+
+    run: str
+    file: str
+    start: int
+    end: int
+    body: bytes
+    lines: int
+
+    def msg_id(self, node: str) -> str:
+        """Deterministic from the chunk's place in the journal: published again, JetStream drops it."""
+        return f"{node}:{self.run}:{self.file}:{self.start}-{self.end}"
+
+    def headers(self, node: str) -> dict[str, str]:
+        return {"Nats-Msg-Id": self.msg_id(node), "Relay-Node": node, "Relay-Run": self.run,
+                "Relay-Lines": str(self.lines), "Relay-End": f"{self.file}:{self.end}"}
+
+
+def run_of(line: bytes) -> str | None:
+    """The run of a journal line: read off its head as the relay writes it, else parsed (None: not an event)."""
+    if line.startswith(_HEAD):
+        end = line.find(b'"', len(_HEAD))
+        if end > 0:
+            return line[len(_HEAD):end].decode("utf-8", "replace")
+    try:
+        run = orjson.loads(line).get("run")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return run if isinstance(run, str) else None
+
+
+class ChunkReader:
+    """Cuts a journal's new lines into chunks, source by source, keeping each source's position."""
+
+    def __init__(self, journal: Path) -> None:
+        self.reader = JournalReader(journal, restore=False)
+        self.directory = self.reader.directory
+        self.skipped = 0  # lines that are not events, or of another run in a run's file
+
+    def sources(self) -> Iterator[tuple[str | None, Path]]:
+        """Every source with its file."""
+        if not self.directory:
+            yield None, self.reader.path
+            return
+        for path in self.reader.files():
+            yield path.stem, path
+
+    def file(self, source: str | None) -> Path | None:
+        files = self.reader.files(source)
+        return files[0] if files else None
+
+    def position(self, source: str | None) -> int:
+        path = self.file(source)
+        return self.reader.position(path, source) if path else 0
+
+    def seek(self, source: str | None, offset: int) -> None:
+        path = self.file(source)
+        if path is not None:
+            self.reader.seek(path, source, offset)
+
+    def behind(self, source: str | None) -> bool:
+        """True when the source's file holds more than what was read of it."""
+        path = self.file(source)
+        try:
+            return path is not None and path.stat().st_size > self.reader.position(path, source)
+        except FileNotFoundError:
+            return False
+
+    def take(self, source: str | None, max_lines: int, max_bytes: int, more: Chunk | None = None) -> Chunk | None:
+        """The next chunk of ``source``: up to ``max_lines`` lines and ``max_bytes`` bytes (one line
+        alone may be longer), of one run; or ``more`` grown by what came since (None: nothing new)."""
+        path = self.file(source)
+        if path is None:
+            return more
+        reader = self.reader
+        start = reader.position(path, source)
+        run = more.run if more else source
+        parts: list[bytes] = [more.body] if more else []
+        lines = more.lines if more else 0
+        size = len(more.body) if more else 0
+        end = start
+        own = _HEAD + source.encode() + b'"' if source is not None else None
+        stream = reader.lines(source)
+        try:
+            for line in stream:
+                line_run = source if own is not None and line.startswith(own) else run_of(line)
+                if line_run is None or (source is not None and line_run != source):
+                    self.skipped += 1  # not an event, or another run's line: never sent (JournalReader skips it too)
+                    end = reader.position(path, source)
+                    continue
+                if run is None:
+                    run = line_run
+                if line_run != run or (lines and (lines >= max_lines or size + len(line) + 1 > max_bytes)):
+                    reader.seek(path, source, end)  # this line starts the next chunk
+                    break
+                parts.append(line + b"\n")
+                lines += 1
+                size += len(line) + 1
+                end = reader.position(path, source)
+        finally:
+            stream.close()
+        if not lines or run is None:
+            return more
+        return Chunk(run=run, file=path.name, start=more.start if more else start, end=end,
+                     body=b"".join(parts), lines=lines)
+
+
+class Positions:
+    """The state file: each source's acknowledged position, for the stream, prefix and node it is
+    kept for (another stream or node: everything is published again, harmlessly)."""
+
+    def __init__(self, journal: Path, target: dict[str, str]) -> None:
+        self.path = Journal(journal).sidecar(STATE_SUFFIX)
+        self.target = target
+        self._saved = ""
+
+    def load(self) -> dict[str, tuple[str, int]]:
+        """source key ("" for the one file) -> (file name, offset)."""
+        try:
+            state = json.loads(self.path.read_text())
+            if state.get("target") != self.target:
+                log.info("%s was kept for %s: publishing from the journal's start", self.path, state.get("target"))
+                return {}
+            return {str(k): (str(f), int(o)) for k, (f, o) in state["sources"].items()}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("cannot read the NATS state %s (%s): resuming from the stream's last messages", self.path, exc)
+            return {}
+
+    def save(self, sources: dict[str, tuple[str, int]]) -> None:
+        text = json.dumps({"target": self.target, "sources": sources}, sort_keys=True)
+        if text == self._saved:
+            return
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, self.path)
+        except OSError as exc:  # only costs publishing more again after a restart (JetStream and the consumer dedupe)
+            log.warning("cannot write the NATS state %s: %s", self.path, exc.strerror)
+            tmp.unlink(missing_ok=True)
+            return
+        self._saved = text
+
+
+def source_key(source: str | None) -> str:
+    return source or ""
+
+
+def key_source(key: str) -> str | None:
+    return key or None

@@ -1,0 +1,119 @@
+"""The ``nats`` sink: a relay publishes its journal to a NATS JetStream stream, exactly as journaled,
+for the fleet tier's consuming relays (docs/sinks/nats.md).
+
+    relay --sink nats --nats-url nats://n1:4222,nats://n2:4222 [--nats-creds FILE] [--nats-replicas 3]
+
+The relay journals every event first, as always; the sink publishes the journal's lines in chunks of
+one run to ``<prefix>.<node>.<run>`` (relay/fleet/stream.py), each held until JetStream acknowledges
+it, and resumes after a restart from what was acknowledged (relay/fleet/publisher.py). This module is
+the sink's face: options, their checks, open/write/close.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any, Sequence
+
+import click
+
+from relay.fleet import connection, stream
+from relay.fleet.connection import LoopThread
+from relay.fleet.publisher import NatsPublisher, StreamSpec
+from sinks.base import Sink, SinkContext, SinkError
+
+log = logging.getLogger(__name__)
+
+CLOSE_WAIT = 5.0  # seconds close() waits for the last acks
+
+
+class NatsSink(Sink):
+    """Publish this relay's journal to JetStream. (The module's docstring says how.)"""
+
+    name = "nats"
+    wants_events = False  # it publishes the journal's lines; write() only needs to know which runs have news
+
+    @classmethod
+    def options(cls) -> list[click.Option]:
+        return [
+            *connection.nats_options(),
+            *stream.stream_options(),
+            click.Option(["--nats-node"], default=None, metavar="NAME",
+                         help="This relay's name in the subjects and headers (default: the host name)."),
+            click.Option(["--nats-chunk-events"], type=click.IntRange(1), default=1000, show_default=True,
+                         help="Journal lines per message at most."),
+            click.Option(["--nats-chunk-bytes"], type=click.IntRange(1024), default=256 << 10, show_default=True,
+                         help="Bytes per message at most (and within the server's max_payload)."),
+            click.Option(["--nats-linger"], type=click.FloatRange(0), default=0.02, show_default=True,
+                         help="Seconds a chunk short of its bounds waits for more lines before it is published."),
+            click.Option(["--nats-inflight"], type=click.IntRange(1), default=16, show_default=True,
+                         help="Runs publishing at once (one chunk each in flight): what the sink holds in memory."),
+        ]
+
+    def __init__(self, nats_url: str = connection.DEFAULT_URL, nats_user: str | None = None,
+                 nats_password: str | None = None, nats_token: str | None = None, nats_creds: str | None = None,
+                 nats_nkey: str | None = None, nats_tls_ca: str | None = None, nats_tls_cert: str | None = None,
+                 nats_tls_key: str | None = None, nats_stream: str = stream.DEFAULT_STREAM,
+                 nats_prefix: str = stream.DEFAULT_PREFIX, nats_partitions: int = 8, nats_replicas: int = 1,
+                 nats_duplicate_window: str = "10m", nats_max_age: str = "7d", nats_node: str | None = None,
+                 nats_chunk_events: int = 1000, nats_chunk_bytes: int = 256 << 10, nats_linger: float = 0.02,
+                 nats_inflight: int = 16) -> None:
+        self.settings = connection.settings_from_options(
+            nats_url, nats_user, nats_password, nats_token, nats_creds, nats_nkey, nats_tls_ca, nats_tls_cert,
+            nats_tls_key)
+        if not nats_stream or any(c in nats_stream for c in " .*>\t/\\"):
+            raise SinkError(f"--nats-stream {nats_stream!r} is not a stream name; give letters, digits, _ or -")
+        self.spec = StreamSpec(name=nats_stream, prefix=stream.check_prefix(nats_prefix), partitions=nats_partitions,
+                               replicas=nats_replicas,
+                               duplicate_window=stream.seconds(nats_duplicate_window, "--nats-duplicate-window"),
+                               max_age=stream.seconds(nats_max_age, "--nats-max-age"))
+        self.node = stream.run_token(nats_node or socket.gethostname())
+        self.limits = dict(max_lines=nats_chunk_events, max_bytes=nats_chunk_bytes, linger=nats_linger,
+                           inflight=nats_inflight)
+        self.counters: dict[str, int] = {}  # the publisher's, once open (the relay's stats show them)
+        self._publisher: NatsPublisher | None = None
+
+    def check(self, context: SinkContext) -> None:
+        """Before the relay listens: the package, the journal, and one attempt to connect, so credentials the
+        server refuses stop the relay (exit 2); a server down now is waited for, not fatal."""
+        connection.check_package()
+        _need_journal(context)
+        loop = LoopThread("nats-check")
+        try:
+            down = loop.run(connection.probe(self.settings), 10.0)
+        finally:
+            loop.stop()
+        if down:
+            log.warning("NATS %s is not reachable now (%s): the relay starts, and the nats sink publishes the "
+                        "journal once it is", self.settings.display, down)
+
+    def open(self, context: SinkContext) -> None:
+        journal = _need_journal(context)
+        connection.check_package()
+        connection.tls_context(self.settings)  # certificates that do not load: SinkError now, not retries later
+        publisher = self._publisher = NatsPublisher(journal, self.settings, self.spec, self.node, **self.limits)
+        self.counters = publisher.counters
+        publisher.start()
+        log.info("publishing the journal to NATS %s, stream %s, subjects %s.%s.RUN; state in %s",
+                 self.settings.display, self.spec.name, self.spec.prefix, self.node, publisher.state.path)
+
+    def write(self, events: Sequence[dict[str, Any]]) -> None:
+        """The events are already in the journal, which is what is published: only note which runs
+        have news. Never raises, never waits."""
+        assert self._publisher is not None
+        self._publisher.notify({event["run"] for event in events})
+
+    def close(self) -> None:
+        """Wait up to CLOSE_WAIT for the last acks, then stop; what NATS has not acknowledged stays in the
+        journal and is published by the next relay on this journal."""
+        publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            publisher.stop(CLOSE_WAIT)
+            log.info("nats sink closed: %s", self.counters)
+
+
+def _need_journal(context: SinkContext) -> Any:
+    if context.journal is None:
+        raise SinkError("the nats sink publishes what the relay journals: use it as "
+                        "`relay --sink nats --nats-url URL`, with the relay's journal")
+    return context.journal
+

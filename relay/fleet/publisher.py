@@ -1,0 +1,290 @@
+"""The nats sink's work (relay/fleet/nats_sink.py is its face), on an asyncio loop of its own thread:
+keep a connection to NATS (waiting for it however long it is away, at start too), make sure the
+stream is there, and publish each source's journal chunks (relay/fleet/chunks.py), holding each until
+JetStream acknowledges it.
+
+One chunk per source is in flight at a time, so a run's chunks are stored in journal order, and a
+chunk whose ack was lost is published again with the same ``Nats-Msg-Id`` (JetStream acknowledges it
+as a duplicate: that counts as acknowledged). While a chunk waits, the next one fills, up to its
+bounds, so the chunks grow with the rate. ``--nats-inflight`` sources publish at once; memory is
+that many chunks at most: the journal is the buffer. A source's position is saved (the state file)
+only once acknowledged; a source the state file does not know resumes after the stream's last
+message for this node and run (its ``Relay-End``).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relay.fleet import connection, stream
+from relay.fleet.chunks import Chunk, ChunkReader, Positions, key_source, source_key
+from relay.fleet.connection import NatsSettings
+
+log = logging.getLogger("relay.fleet.nats_sink")
+
+ACK_TIMEOUT = 5.0  # seconds to wait for a PubAck before publishing the chunk again
+RESCAN_S = 2.0  # look at the journal for news even without a batch saying so
+SAVE_EVERY = 0.5  # seconds between writes of the state file, when it changed
+HEADER_ROOM = 1024  # bytes of a message's max_payload left for its headers
+RETRY_S = (0.1, 0.25, 0.5, 1.0, 2.0)  # waits between attempts at a chunk, the last repeated
+COUNTERS = ("chunks", "published", "bytes", "duplicates", "retries", "held", "skipped", "too_big", "errors")
+
+
+@dataclass
+class StreamSpec:
+    name: str
+    prefix: str
+    partitions: int
+    replicas: int
+    duplicate_window: float
+    max_age: float
+
+
+class NatsPublisher:
+    """Publishes a journal's chunks to a JetStream stream. ``start()``/``notify()``/``stop()`` from
+    any thread; the rest runs on the loop's thread."""
+
+    def __init__(self, journal: Path, settings: NatsSettings, spec: StreamSpec, node: str, *,
+                 max_lines: int, max_bytes: int, linger: float, inflight: int) -> None:
+        self.settings, self.spec, self.node = settings, spec, node
+        self.max_lines, self.max_bytes, self.linger = max_lines, max_bytes, linger
+        self.chunks = ChunkReader(journal)
+        self.state = Positions(journal, {"stream": spec.name, "prefix": spec.prefix, "node": node})
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.acked: dict[str, tuple[str, int]] = self.state.load()  # source key -> (file, offset) acknowledged
+        self.idle = False
+        self.loop = connection.LoopThread("nats-sink")
+        self._slots = inflight
+        self._dirty: set[str | None] = set()
+        self._busy: set[str | None] = set()
+        self._resumed: set[str | None] = set()
+        self._wake: asyncio.Event | None = None
+        self._connected: asyncio.Event | None = None
+        self._nc: Any = None
+        self._js: Any = None
+        self._stream_ok = False
+        self._main: Any = None
+        self._down_since: float | None = None
+
+    # -- any thread -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for key, (_, offset) in self.acked.items():
+            self.chunks.seek(key_source(key), offset)
+        self._main = self.loop.submit(self._run())
+
+    def notify(self, runs: set[str]) -> None:
+        """These runs have new lines in the journal."""
+        self.idle = False
+        self.loop.loop.call_soon_threadsafe(self._notified, runs)
+
+    def stop(self, wait: float) -> None:
+        """Wait up to ``wait`` seconds for everything read to be acknowledged, then stop and save."""
+        deadline = time.monotonic() + wait
+        while not self.idle and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self._main is not None:
+            self._main.cancel()
+        try:
+            self.loop.run(self._close(), 5.0)
+        finally:
+            self.loop.stop()
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    def _notified(self, runs: set[str]) -> None:
+        self._dirty |= runs if self.chunks.directory else {None}
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _run(self) -> None:
+        self._wake, self._connected = asyncio.Event(), asyncio.Event()
+        connecting = asyncio.ensure_future(self._connect())
+        next_rescan = next_save = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_rescan:
+                    self._dirty |= {source for source, _ in self.chunks.sources() if self.chunks.behind(source)}
+                    next_rescan = now + RESCAN_S
+                while self._stream_ok and self._dirty - self._busy and len(self._busy) < self._slots:
+                    source = next(iter(self._dirty - self._busy))
+                    self._dirty.discard(source)
+                    self._busy.add(source)
+                    asyncio.ensure_future(self._drain(source))
+                if now >= next_save:
+                    self.state.save(self.acked)
+                    next_save = now + SAVE_EVERY
+                self.idle = self._stream_ok and not self._dirty and not self._busy
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), SAVE_EVERY)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            connecting.cancel()
+
+    async def _connect(self) -> None:
+        """Connect (retrying for ever), then make sure of the stream (retrying while JetStream cannot say)."""
+        self._nc = await connection.connect(self.settings, on_error=self._error,
+                                            disconnected_cb=self._disconnected, reconnected_cb=self._reconnected)
+        self._js = self._nc.jetstream(timeout=ACK_TIMEOUT)
+        room = self._nc.max_payload - HEADER_ROOM
+        if self.max_bytes > room:
+            log.info("chunks of at most %d bytes: the server's max_payload is %d", room, self._nc.max_payload)
+            self.max_bytes = room
+        self._connected.set()
+        self._up()
+        while not self._stream_ok:
+            self._stream_ok = await self._ensure_stream()
+            if not self._stream_ok:
+                await asyncio.sleep(1.0)
+        self._wake.set()
+
+    async def _ensure_stream(self) -> bool:
+        spec = self.spec
+        config = stream.stream_config(spec.name, spec.prefix, spec.partitions, spec.replicas,
+                                      spec.duplicate_window, spec.max_age)
+        try:
+            info, created = await stream.ensure_stream(self._js, config)
+        except Exception as exc:  # nats-py's API, timeout and connection errors: logged, retried
+            self._count_error(f"stream {spec.name}: {connection.describe(exc)}")
+            return False
+        subjects = info.config.subjects or []
+        if f"{spec.prefix}.>" not in subjects:
+            log.warning("stream %s takes %s, not %s.>: messages to %s.NODE.RUN may not be stored there",
+                        spec.name, subjects, spec.prefix, spec.prefix)
+        log.info("%s stream %s on %s (replicas %s)", "created" if created else "using", spec.name,
+                 self.settings.display, info.config.num_replicas)
+        return True
+
+    async def _drain(self, source: str | None) -> None:
+        """Publish ``source``'s chunks until it has no new line."""
+        try:
+            if source not in self._resumed:
+                await self._resume(source)
+                self._resumed.add(source)
+            while True:
+                chunk = self.chunks.take(source, self.max_lines, self.max_bytes)
+                if chunk is None:
+                    break
+                if self.linger and chunk.lines < self.max_lines and len(chunk.body) < self.max_bytes // 2:
+                    await asyncio.sleep(self.linger)  # let a chunk fill a little when lines trickle in
+                    chunk = self.chunks.take(source, self.max_lines, self.max_bytes, more=chunk) or chunk
+                await self._publish(chunk)
+                self.acked[source_key(source)] = (chunk.file, chunk.end)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a journal unreadable for now: counted, logged, read again
+            self._count_error(f"reading {source or 'the journal'}: {type(exc).__name__}: {exc}")
+            self._dirty.add(source)
+            await asyncio.sleep(1.0)
+        finally:
+            self._busy.discard(source)
+            self._wake.set()
+
+    async def _resume(self, source: str | None) -> None:
+        """A source the state file does not know: resume after the stream's last message for this
+        node and run (a state file lost or older than the stream)."""
+        key = source_key(source)
+        path = self.chunks.file(source)
+        if key in self.acked or path is None:
+            return
+        token = stream.run_token(source) if source is not None else "*"
+        subject = f"{self.spec.prefix}.*.{stream.run_token(self.node)}.{token}"
+        from nats.js.errors import NotFoundError
+        while True:
+            try:
+                msg = await self._js.get_last_msg(self.spec.name, subject)
+                break
+            except NotFoundError:  # nothing of this node and run in the stream yet
+                return
+            except Exception as exc:  # timeouts, connection loss: retried
+                self._count_error(f"looking up the stream's last message for {subject}: {connection.describe(exc)}")
+                await asyncio.sleep(1.0)
+        headers = msg.headers or {}
+        file, _, offset = (headers.get("Relay-End") or "").rpartition(":")
+        if file == path.name and offset.isdigit() and (source is None or headers.get("Relay-Run") == source):
+            self.chunks.seek(source, int(offset))
+            self.acked[key] = (file, int(offset))
+            log.info("%s: resuming after the stream's last message, at byte %s", path.name, offset)
+
+    async def _publish(self, chunk: Chunk) -> None:
+        """Publish ``chunk`` until JetStream acknowledges it (a duplicate ack too)."""
+        subject = stream.publish_subject(self.spec.prefix, self.node, chunk.run)
+        headers = chunk.headers(self.node)
+        if len(chunk.body) > self._nc.max_payload - HEADER_ROOM:  # one line over the server's max_payload
+            self.counters["too_big"] += 1
+            log.error("%s: a line of %d bytes exceeds the NATS server's max_payload (%d): not published (it stays in "
+                      "the journal); raise max_payload on the servers", headers["Nats-Msg-Id"], len(chunk.body),
+                      self._nc.max_payload)
+            return
+        self.counters["held"] += chunk.lines
+        attempt = 0
+        try:
+            while True:
+                await self._connected.wait()
+                try:
+                    ack = await self._js.publish(subject, chunk.body, timeout=ACK_TIMEOUT, stream=self.spec.name,
+                                                 headers=headers)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # timeouts, no responders, connection loss: published again
+                    self.counters["retries"] += 1
+                    if attempt == 0 or attempt % 20 == 0:
+                        log.warning("chunk %s not acknowledged yet (%s); publishing it again",
+                                    headers["Nats-Msg-Id"], connection.describe(exc))
+                    await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
+                    attempt += 1
+                    continue
+                break
+        finally:
+            self.counters["held"] -= chunk.lines
+        counters = self.counters
+        counters["chunks"] += 1
+        counters["published"] += chunk.lines
+        counters["bytes"] += len(chunk.body)
+        counters["duplicates"] += bool(ack.duplicate)
+        counters["skipped"] = self.chunks.skipped
+
+    # -- connection events ------------------------------------------------------------------------------
+
+    async def _error(self, exc: Exception) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            log.warning("NATS %s not reachable (%s): the journal keeps everything; publishing when it is back",
+                        self.settings.display, connection.describe(exc))
+        if connection.refused(exc):
+            self._count_error(f"NATS {self.settings.display} refused the connection: {connection.describe(exc)}")
+
+    async def _disconnected(self) -> None:
+        if self._connected is not None:
+            self._connected.clear()
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+
+    async def _reconnected(self) -> None:
+        self._connected.set()
+        self._up()
+
+    def _up(self) -> None:
+        if self._down_since is not None:
+            log.info("NATS %s reachable again after %.1f s", self.settings.display, time.monotonic() - self._down_since)
+            self._down_since = None
+
+    def _count_error(self, what: str) -> None:
+        self.counters["errors"] += 1
+        if self.counters["errors"] <= 5 or self.counters["errors"] % 100 == 0:
+            log.error("nats sink: %s (%d errors so far); retrying", what, self.counters["errors"])
+
+    async def _close(self) -> None:
+        self.state.save(self.acked)
+        if self._nc is not None and not self._nc.is_closed:
+            await self._nc.close()
+        if not self.idle:
+            log.warning("nats sink stopped with journal lines not acknowledged by NATS: they stay in the journal "
+                        "and are published when a relay runs on it again")
