@@ -22,6 +22,7 @@ import orjson
 import zmq
 
 from relay.wire import schema
+from sinks.events import ENVELOPE, ROW_FIELDS
 
 FRAME_EVENTS = 512  # what a Publisher puts in one frame at most
 DATA = {"loss": 1.234, "grad_norm": 0.56, "learning_rate": 2e-5, "entropy": 1.9, "mean_token_accuracy": 0.61,
@@ -37,7 +38,7 @@ def frames(run: str, rank: int, events: int) -> tuple[list[bytes], int]:
     for start in range(0, events, FRAME_EVENTS):
         rows = [(s, time.time(), "metrics", s, 0.5, "train", DATA) for s in range(start, min(start + FRAME_EVENTS, events))]
         out.append(schema.compact_frame(prefix, [schema.encode_row(*row) for row in rows]))
-        size += sum(len(orjson.dumps({**envelope, **dict(zip(schema.ROW_FIELDS, row))}, option=orjson.OPT_APPEND_NEWLINE))
+        size += sum(len(orjson.dumps({**envelope, **dict(zip(ROW_FIELDS, row))}, option=orjson.OPT_APPEND_NEWLINE))
                     for row in rows)
     return out, size
 
@@ -79,7 +80,7 @@ def raw_sink(out: str, expected: int) -> None:
         if not sock.poll(1000):
             continue
         frame = msgpack.unpackb(sock.recv(), raw=False)
-        v, run, rank, local_rank, world_size, host = (frame[k] for k in schema.ENVELOPE)
+        v, run, rank, local_rank, world_size, host = (frame[k] for k in ENVELOPE)
         events = [{"v": v, "run": run, "rank": rank, "local_rank": local_rank, "world_size": world_size, "host": host,
                    "seq": seq, "ts": ts, "type": kind, "step": step, "epoch": epoch, "stage": stage, "data": data}
                   for seq, ts, kind, step, epoch, stage, data in frame["events"]]

@@ -27,6 +27,7 @@ import msgpack
 import zmq
 
 from relay.wire import schema
+from sinks.events import ENVELOPE
 
 HOST = "soak-hostile"
 SPOOF_SEQ_BASE = 1 << 40
@@ -95,7 +96,7 @@ class Hostile:
         return self.rng.randbytes(self.rng.randint(1, 4096))
 
     def _truncated(self, n: int) -> bytes:
-        envelope = {k: v for k, v in self.event().items() if k in schema.ENVELOPE}
+        envelope = {k: v for k, v in self.event().items() if k in ENVELOPE}
         rows = [schema.encode_row(s, time.time(), "metrics", s, 0.1, "train", {"loss": 0.5}) for s in range(20)]
         whole = schema.compact_frame(schema.compact_prefix(envelope), rows)
         return whole[: self.rng.randint(1, len(whole) - 1)]
@@ -151,7 +152,7 @@ class Hostile:
         return schema.encode_event(event)
 
     def _compact_bad(self, n: int) -> bytes:
-        envelope = {k: v for k, v in self.event().items() if k in schema.ENVELOPE}
+        envelope = {k: v for k, v in self.event().items() if k in ENVELOPE}
         row = [0, time.time(), "metrics", 1, 0.0, "train", {"loss": 1.0}]
         frames = [
             {**envelope, "events": [row, row[:5]]},

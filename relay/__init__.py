@@ -10,9 +10,12 @@ __all__ = ["Publisher", "resolve_address", "SCHEMA_VERSION"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Publisher", "resolve_address"):
-        from relay.client import publisher
-        return getattr(publisher, name)
+    if name == "Publisher":
+        from relay.client.publisher import Publisher
+        return Publisher
+    if name == "resolve_address":
+        from relay.wire.address import resolve_address
+        return resolve_address
     if name == "SCHEMA_VERSION":
         from relay.wire.schema import SCHEMA_VERSION
         return SCHEMA_VERSION

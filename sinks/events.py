@@ -1,6 +1,9 @@
-"""What a sink may rely on about events, and nothing else: the event types and the JSON form of
-non-finite numbers. The one module of this package that the relay's wire format shares, so the
-imports run one way (relay -> sinks) and a sink never needs the relay's code.
+"""The event model, in one place: an event's fields (the envelope and the row of a compact batch),
+its types, the relay's own rank and the JSON form of non-finite numbers. Every module that names
+fields takes them from here (the wire's framing, the journal's lines, the forward sink, the spool),
+so a new field is one edit here (and its value rule on the wire, relay/wire/schema.py, which refuses
+to load without one). It lives in sinks, the lowest layer, so the imports run one way
+(relay -> sinks) and a sink never needs the relay's code.
 """
 from __future__ import annotations
 
@@ -9,11 +12,12 @@ from typing import Any
 
 #: Known event types (docs/protocol.md); a new type is a schema change.
 EVENT_TYPES = frozenset({"hello", "params", "metrics", "lifecycle", "stats"})
-#: Envelope fields, in the order the client writes them and the journal keeps them.
-FIELDS: tuple[str, ...] = (
-    "v", "run", "rank", "local_rank", "world_size", "host", "seq", "ts",
-    "type", "step", "epoch", "stage", "data",
-)
+#: Who sent an event, the same for every event of one (run, rank): a compact batch sends it once.
+ENVELOPE: tuple[str, ...] = ("v", "run", "rank", "local_rank", "world_size", "host")
+#: What each event says: one row of a compact batch.
+ROW_FIELDS: tuple[str, ...] = ("seq", "ts", "type", "step", "epoch", "stage", "data")
+#: Every field, in the order the client writes them and the journal keeps them.
+FIELDS: tuple[str, ...] = ENVELOPE + ROW_FIELDS
 
 #: The rank of the events the relay derives itself (``stage="cluster"``: cross-rank step-time figures,
 #: stragglers, lost ranks; docs/protocol.md): the largest rank the wire allows, which no client may use.

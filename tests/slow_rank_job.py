@@ -22,7 +22,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trainer import tracking
+from trainer import custom_metrics
 from trainer.sft import main
 
 
@@ -55,7 +55,7 @@ class KilledRank(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if args.process_index == self.rank and state.global_step == self.step:
-            publisher = tracking.publisher()
+            publisher = custom_metrics.publisher()
             assert publisher is not None
             publisher.flush(30.0)  # the steps before this one reached the relay
             os.kill(os.getpid(), signal.SIGKILL)

@@ -112,3 +112,50 @@ def test_no_module_is_over_400_lines() -> None:
     long = {name: n for name, path in modules().items()
             if (n := len(path.read_text().splitlines())) > MAX_LINES and name not in LONG_FOR_NOW}
     assert not long, f"modules over {MAX_LINES} lines: split them by job: {long}"
+
+
+def defined(path: Path) -> tuple[set[str], set[str]]:
+    """The names a module defines itself at its top level (assignments, functions, classes): what
+    others may import from it; and the names it imports from the project, which it must not pass on."""
+    names: set[str] = set()
+    tree = ast.parse(path.read_text())
+    body = list(tree.body)
+    while body:
+        node = body.pop()
+        if isinstance(node, (ast.If, ast.Try)):
+            body += node.body + node.orelse + getattr(node, "finalbody", []) + [
+                stmt for handler in getattr(node, "handlers", []) for stmt in handler.body]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    imported = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                and (node.module or "").split(".")[0] in PACKAGES for alias in node.names}
+    return names, imported - names
+
+
+def test_every_name_is_imported_from_its_home() -> None:
+    """No module passes on a name it imported from the project (relay/wire/schema.py once re-exported
+    the event model): ``from m import n`` and ``m.n`` only where m defines n, in the project, its
+    tests and benchmarks. The packages themselves (``relay``, ``trainer``) are exempt: their lazy
+    public names are the API."""
+    found = modules()
+    homes = {name: defined(path) for name, path in found.items()}
+    wrong = []
+    for path in sorted(p for d in (*PACKAGES, "tests", "bench") for p in (ROOT / d).rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in found and not node.level:
+                for alias in node.names:
+                    if f"{node.module}.{alias.name}" in found:
+                        aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                    elif node.module not in PACKAGES and alias.name in homes[node.module][1]:
+                        wrong.append(f"{path.relative_to(ROOT)}: from {node.module} import {alias.name}")
+            elif isinstance(node, ast.Import):
+                aliases.update({alias.asname: alias.name for alias in node.names if alias.asname and alias.name in found})
+        wrong += [f"{path.relative_to(ROOT)}: {node.value.id}.{node.attr} ({aliases[node.value.id]} only imports it)"
+                  for node in ast.walk(tree) if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id in aliases and node.attr in homes[aliases[node.value.id]][1]]
+    assert not wrong, f"names imported from a module that only passes them on: {sorted(set(wrong))}"

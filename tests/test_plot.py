@@ -124,7 +124,7 @@ def test_errors(journal: Path, tmp_path: Path) -> None:
 
 def test_without_matplotlib(journal: Path, tmp_path: Path) -> None:
     """The relay's own command line, in an interpreter where matplotlib cannot be imported."""
-    code = "import sys; sys.modules['matplotlib'] = None; from relay.cli import main; main()"
+    code = "import sys; sys.modules['matplotlib'] = None; from relay.cli.main import main; main()"
     proc = subprocess.run([sys.executable, "-c", code, "plot", str(journal), "--metric", "loss", "-o",
                            str(tmp_path / "x.png")], capture_output=True, text=True, timeout=60, env=cli_env())
     assert "pip install './[plot]' in the metrics-relay checkout" in one_line_error(proc)

@@ -18,6 +18,7 @@ import zmq
 from conftest import finish, free_port, line_count, plugin_env, read_jsonl, start_publisher, wait_for
 from relay.wire import schema
 from relay.client.publisher import Publisher
+from sinks.events import from_json_metrics
 
 
 def assert_exactly_once(events: list[dict], expected: dict[tuple[str, int], int]) -> None:
@@ -172,7 +173,7 @@ def test_non_finite_values_survive_as_valid_json(relays, tmp_path):
     lines = [json.loads(line, parse_constant=no_constants) for line in journal.read_text().splitlines()]
     data = [ev["data"] for ev in lines if ev["type"] == "metrics"][0]
     assert data == {"loss": "NaN", "grad_norm": "Infinity", "lr": "-Infinity", "ok": 0.5, "nested": {"x": "NaN"}}
-    back = schema.from_json_metrics(data)
+    back = from_json_metrics(data)
     assert math.isnan(back["loss"]) and back["grad_norm"] == math.inf and back["lr"] == -math.inf
     if shutil.which("jq"):
         out = subprocess.run(["jq", "-c", "select(.type == \"metrics\") | .data.loss", str(journal)],

@@ -8,6 +8,7 @@ import pytest
 
 from relay.wire import schema
 from relay.journal.dedupe import RankState
+from sinks.events import from_json_metrics, json_safe
 
 
 def event(**over) -> dict:
@@ -71,9 +72,9 @@ def test_empty_batch_and_garbage():
 
 def test_json_safe_round_trip():
     data = {"a": math.nan, "b": math.inf, "c": -math.inf, "d": 1.0, "e": {"f": math.nan}}
-    safe = schema.json_safe(data)
+    safe = json_safe(data)
     assert safe == {"a": "NaN", "b": "Infinity", "c": "-Infinity", "d": 1.0, "e": {"f": "NaN"}}
-    back = schema.from_json_metrics(safe)
+    back = from_json_metrics(safe)
     assert math.isnan(back["a"]) and back["b"] == math.inf and math.isnan(back["e"]["f"])
 
 

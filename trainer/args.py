@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer.errors import UsageError
-from trainer.tracker_flags import TRACKERS, TrackingArguments  # noqa: F401 - TrackingArguments is part of args' API
+from trainer.tracker_flags import TRACKERS, TrackingArguments
 
 if TYPE_CHECKING:
     import datasets

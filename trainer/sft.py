@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 from trainer import custom_metrics
 from trainer.args import (
-    DEMO_DATA, DEMO_RESPONSE_TEMPLATE, DataArguments, ModelArguments, RunPlan, TrackingArguments, UsageError,
-    demo_requested, parse_args, validate,
+    DEMO_DATA, DEMO_RESPONSE_TEMPLATE, DataArguments, ModelArguments, RunPlan, demo_requested, parse_args, validate,
 )
 from trainer.embedded import JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id
-from trainer.tracker_flags import sink_args
+from trainer.errors import UsageError
+from trainer.tracker_flags import TrackingArguments, sink_args
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback

@@ -17,13 +17,12 @@ from typing import Any, Callable, NoReturn
 
 import click
 
-from relay.wire.address import AddressInUse, BadAddress
-from relay.client.publisher import ADDRESS_ENV, DEFAULT_ADDRESS
+from relay.wire.address import ADDRESS_ENV, DEFAULT_ADDRESS, AddressInUse, BadAddress
 from relay.journal.journal import Journal
 from relay.daemon.bounds import private_files
 from relay.daemon.live_line import LiveLine, LiveLogHandler, wanted
 from relay.cli.filters import selection, selection_options
-from relay.sinkhost.process import SinkSpec
+from relay.sinkhost.child import SinkSpec
 from sinks.base import SinkError
 
 log = logging.getLogger("relay")

@@ -9,13 +9,14 @@ from typing import Any, Mapping
 import msgpack
 
 from relay.wire import schema
+from sinks.events import ROW_FIELDS
 
 
 def row_event(envelope: Mapping[str, Any], blob: bytes) -> dict[str, Any]:
     """One encoded row as the relay would journal it: decoded as the relay decodes, the envelope
     added, and checked by the relay's rules; ValueError where the relay would reject it."""
     row = msgpack.unpackb(blob, raw=False, strict_map_key=True, use_list=True)
-    event = {**envelope, **dict(zip(schema.ROW_FIELDS, row))}
+    event = {**envelope, **dict(zip(ROW_FIELDS, row))}
     schema.validate_event(event)
     return event
 

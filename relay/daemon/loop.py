@@ -44,7 +44,8 @@ from relay.journal.journal import Journal
 from relay.wire.lines import check_lines, encode_line, encode_lines
 from relay.daemon.bounds import COMMIT_BYTES, RECV_HWM, TURN_BYTES, MemoryProbe, RunBudget, alive, raise_file_limit, trim_heap
 from relay.daemon.live_line import LiveLine
-from relay.sinkhost.process import SinkProcess, SinkSpec
+from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.process import SinkProcess
 from relay.daemon.counters import Counters, log_stats, run_view, write_stats
 from relay.sinkhost.rate import Rate
 from relay.daemon.status import STATUS_REQUEST, Answers, format_line

@@ -19,12 +19,12 @@ import orjson
 
 from relay.wire import schema
 from relay.wire.lines import event_error, parse_event
-from sinks.events import from_journal
+from sinks.events import ENVELOPE, FIELDS, ROW_FIELDS, from_journal
 
 MAX_PREFIXES = 4096
-_FIELD_COUNT = len(schema.FIELDS)
-_envelope = operator.itemgetter(*schema.ENVELOPE)
-_row = operator.itemgetter(*schema.ROW_FIELDS)
+_FIELD_COUNT = len(FIELDS)
+_envelope = operator.itemgetter(*ENVELOPE)
+_row = operator.itemgetter(*ROW_FIELDS)
 
 Item = tuple[tuple, bytes, list[Any]]  # (envelope, its compact prefix, row)
 
@@ -74,7 +74,7 @@ class LineReader:
     def _valid(self, item: Item) -> bool:
         """Whether one row (with its envelope) is an event, by validate_event itself."""
         envelope, _, row = item
-        event = {**dict(zip(schema.ENVELOPE, envelope)), **dict(zip(schema.ROW_FIELDS, row))}
+        event = {**dict(zip(ENVELOPE, envelope)), **dict(zip(ROW_FIELDS, row))}
         error = event_error(event)
         if error is not None:
             self.bad(orjson.dumps(event, default=str), error)
@@ -83,5 +83,5 @@ class LineReader:
     def _prefix(self, envelope: tuple) -> bytes:
         if len(self._prefixes) >= MAX_PREFIXES:
             self._prefixes.clear()
-        prefix = self._prefixes[envelope] = schema.compact_prefix(dict(zip(schema.ENVELOPE, envelope)))
+        prefix = self._prefixes[envelope] = schema.compact_prefix(dict(zip(ENVELOPE, envelope)))
         return prefix

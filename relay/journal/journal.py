@@ -133,7 +133,7 @@ class LineDecoder:
         return out
 
 
-_HEAD = b'{"v":1,"run":"'  # how every line the relay writes starts (relay.wire.schema.FIELDS order)
+_HEAD = b'{"v":1,"run":"'  # how every line the relay writes starts (sinks.events.FIELDS order)
 _HEAD_LEN = len(_HEAD)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from relay.wire import schema
-from sinks.events import json_safe
+from sinks.events import FIELDS, json_safe
 
 
 def encode_line(event: dict[str, Any]) -> bytes:
@@ -59,7 +59,7 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
 #: with what they are checked as; the event itself is handed on as written.
 OPTIONAL_FIELDS: dict[str, Any] = {"v": schema.SCHEMA_VERSION, "local_rank": 0, "world_size": 1, "host": "",
                                    "step": None, "epoch": None, "stage": None}
-_FIELD_SET = frozenset(schema.FIELDS)
+_FIELD_SET = frozenset(FIELDS)
 
 
 def event_error(event: dict[str, Any]) -> str | None:

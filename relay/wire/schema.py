@@ -1,10 +1,11 @@
-"""The wire: the versioned event envelope, its msgpack codec and its validation.
+"""The wire format of events: framing (a map, a batch, a compact batch), the msgpack codec, the
+validation of what arrives and the frame limits. What an event is (its fields, types, the relay's
+own rank) is the event model's, sinks/events.py; this module imports it and re-exports nothing.
 
 One module owns the format so the client, the daemon, replay and every test agree on it.
-See docs/protocol.md for the field table and the limits. It runs over 350 lines because the
-validation has two paths that must agree rule for rule: the column-by-column fast path for
-compact batches and the row checks that name what is wrong (tests/test_compact_frames.py holds
-them together); split, they would drift.
+See docs/protocol.md for the field table and the limits. The validation has two paths that must
+agree rule for rule: the column-by-column fast path for compact batches and the row checks that
+name what is wrong (tests/test_compact_frames.py holds them together).
 """
 from __future__ import annotations
 
@@ -12,18 +13,25 @@ import math
 import operator
 import re
 from itertools import chain
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import msgpack
 
-from sinks.events import EVENT_TYPES, FIELDS, NONFINITE_JSON, from_journal, from_json_metrics, json_safe  # noqa: F401 - the wire's own names
+from sinks.events import ENVELOPE, EVENT_TYPES, FIELDS, ROW_FIELDS
 
 SCHEMA_VERSION = 1
 
+#: The fields validate_event has a rule for, in the model's order (sinks/events.py): a field added
+#: to the model is refused here until the wire knows what a valid value of it is.
+_RULED_FIELDS = ("v", "run", "rank", "local_rank", "world_size", "host",
+                 "seq", "ts", "type", "step", "epoch", "stage", "data")
+if FIELDS != _RULED_FIELDS:
+    raise ImportError(f"relay/wire/schema.py has no validation rule for the event fields "
+                      f"{sorted(set(FIELDS) ^ set(_RULED_FIELDS))} (or not in sinks.events.FIELDS order): "
+                      "add it to validate_event, _explain and the compact batch checks")
+
 _FIELD_SET = frozenset(FIELDS)
 #: A compact batch names the envelope once: these keys, then ``events`` rows of ROW_FIELDS.
-ENVELOPE: tuple[str, ...] = ("v", "run", "rank", "local_rank", "world_size", "host")
-ROW_FIELDS: tuple[str, ...] = ("seq", "ts", "type", "step", "epoch", "stage", "data")
 _COMPACT_KEYS = frozenset(ENVELOPE + ("events",))
 
 MAX_FRAME_BYTES = 1 << 20  # larger frames are rejected (counted, dead-lettered)
@@ -104,10 +112,9 @@ def compact_prefix(envelope: dict[str, Any]) -> bytes:
     return bytes((0x80 | (len(ENVELOPE) + 1),)) + body + msgpack.packb("events")
 
 
-def encode_row(seq: int, ts: float, type: str, step: int | None, epoch: float | None, stage: str | None,
-               data: Any) -> bytes:
-    """One event of a compact batch: ``[seq, ts, type, step, epoch, stage, data]``."""
-    return msgpack.packb((seq, ts, type, step, epoch, stage, data), default=_default, use_bin_type=True)
+def encode_row(*row: Any) -> bytes:
+    """One event of a compact batch: the values of its ROW_FIELDS, in order."""
+    return msgpack.packb(row, default=_default, use_bin_type=True)
 
 
 def row_packer() -> msgpack.Packer:
@@ -190,27 +197,37 @@ def _expand(frame: dict[str, Any]) -> Frame:
         raise FrameError("bad_type", f"compact batch events must be an array, got {type(rows).__name__}")
     if not rows:
         raise FrameError("empty", "compact batch holds no events")
-    v, run, rank, lrank, ws, host = _get_envelope(frame)
+    envelope = _get_envelope(frame)
     checked = _columns_ok(rows)
     if checked is None:
-        return Frame(_expand_checked(rows, v, run, rank, lrank, ws, host))
+        return Frame(_expand_checked(rows, envelope))
     first_seq, derive = checked
-    events = [{"v": v, "run": run, "rank": rank, "local_rank": lrank, "world_size": ws, "host": host,
-               "seq": seq, "ts": ts, "type": typ, "step": step, "epoch": epoch, "stage": stage, "data": data}
-              for seq, ts, typ, step, epoch, stage, data in rows]
+    events = _events_of_rows(rows, *envelope)
     validate_event(events[0])  # the envelope, which every row shares
     return Frame(events, first_seq if first_seq >= 0 else None, derive)
 
 
-def _expand_checked(rows: list[Any], v: Any, run: Any, rank: Any, lrank: Any, ws: Any, host: Any) -> list[dict[str, Any]]:
+def _rows_to_events() -> Callable[..., list[dict[str, Any]]]:
+    """``(rows, *envelope) -> events``: a compact batch's rows as whole events, each a dict of FIELDS
+    in order. Built from the model once, as namedtuple builds its class, so the fields are named in
+    one place and each event is still one dict display (a dict of a zip per row costs twice as much)."""
+    envelope = [f"e{i}" for i in range(len(ENVELOPE))]
+    row = [f"r{i}" for i in range(len(ROW_FIELDS))]
+    items = ", ".join(f"{name!r}: {var}" for name, var in zip(FIELDS, envelope + row))
+    return eval(f"lambda rows, {', '.join(envelope)}: [{{{items}}} for {', '.join(row)} in rows]", {})
+
+
+_events_of_rows = _rows_to_events()
+
+
+def _expand_checked(rows: list[Any], envelope: tuple[Any, ...]) -> list[dict[str, Any]]:
     """The row-by-row path of _expand, for batches whose columns did not pass as a whole."""
     events: list[dict[str, Any]] = []
     for row in rows:
         if type(row) is not list or len(row) != len(ROW_FIELDS):
             raise FrameError("bad_type", f"compact event must be [{', '.join(ROW_FIELDS)}]")
         seq, ts, typ, step, epoch, stage, data = row
-        event = {"v": v, "run": run, "rank": rank, "local_rank": lrank, "world_size": ws, "host": host,
-                 "seq": seq, "ts": ts, "type": typ, "step": step, "epoch": epoch, "stage": stage, "data": data}
+        event = _events_of_rows((row,), *envelope)[0]
         if not events:
             validate_event(event)
         elif (type(seq) is int and 0 <= seq <= MAX_SEQ and type(ts) in _NUMBERS and 0 <= ts <= MAX_TS

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from relay.wire import schema
 from relay.wire.lines import encode_line
+from sinks.events import ENVELOPE, EVENT_TYPES, FIELDS, ROW_FIELDS
 
 MAX_UINT64 = 2**64 - 1
 MIN_INT64 = -(2**63)
@@ -98,7 +99,7 @@ def _data_for(kind: str) -> st.SearchStrategy[dict[str, Any]]:
 @st.composite
 def rows(draw: st.DrawFn, seq: int | None = None) -> list[Any]:
     """One event's row fields ``[seq, ts, type, step, epoch, stage, data]``, all valid."""
-    kind = draw(st.sampled_from(sorted(schema.EVENT_TYPES)))
+    kind = draw(st.sampled_from(sorted(EVENT_TYPES)))
     return [
         draw(seqs) if seq is None else seq,
         draw(timestamps),
@@ -165,7 +166,7 @@ def compact_frames(draw: st.DrawFn, run: str | None = None) -> bytes:
             batch[at] = list(draw(breakage(dict(enumerate(batch[at])))).values())
         else:
             batch[at] = draw(st.one_of(st.lists(scalars, max_size=8), scalars))
-    if envelope.keys() == set(schema.ENVELOPE):
+    if envelope.keys() == set(ENVELOPE):
         return schema.compact_frame(schema.compact_prefix(envelope),
                                     [schema.encode_row(*r) if type(r) is list and len(r) == 7 else _pack(r)
                                      for r in batch])
@@ -175,7 +176,7 @@ def compact_frames(draw: st.DrawFn, run: str | None = None) -> bytes:
 @st.composite
 def events(draw: st.DrawFn, broken: bool = True) -> dict[str, Any]:
     """One event map; with ``broken``, one in ten breaks the schema."""
-    event = {**draw(envelopes()), **dict(zip(schema.ROW_FIELDS, draw(rows())))}
+    event = {**draw(envelopes()), **dict(zip(ROW_FIELDS, draw(rows())))}
     if broken and rarely(draw, 10):
         event = draw(breakage(event))
     return event
@@ -309,7 +310,7 @@ def journal_lines(draw: st.DrawFn) -> bytes:
         return orjson.dumps(event, default=str) + b"\n"
     if kind == 4:
         event = {k: v for k, v in event.items() if not rarely(draw, 12)}
-        for key in draw(st.lists(st.sampled_from(schema.FIELDS), max_size=2)):
+        for key in draw(st.lists(st.sampled_from(FIELDS), max_size=2)):
             event[key] = draw(json_values)
         return orjson.dumps(event, default=str) + b"\n"
     if kind == 5:

@@ -29,6 +29,7 @@ from relay.wire.lines import check_lines, encode_lines
 from sinks.base import SinkError
 
 from . import strategies
+from sinks.events import FIELDS, from_journal
 
 #: File descriptors a check may open beyond those already open: the usual default ``ulimit -n``,
 #: so a relay or replay that keeps one file per run open fails here as it would in the field.
@@ -118,9 +119,9 @@ def _check_first_seq(decoded: schema.Frame) -> None:
 
 def _check_journaled(line: Any) -> None:
     """A journal line, as replay and the sink processes read it back, is still the event."""
-    if type(line) is not dict or list(line) != list(schema.FIELDS):
+    if type(line) is not dict or list(line) != list(FIELDS):
         raise Violation("journal_fields", f"journal line is not an event with the envelope fields: {line!r:.200}")
-    event = schema.from_journal(line)
+    event = from_journal(line)
     format_event(event)
     try:
         schema.validate_event(event)

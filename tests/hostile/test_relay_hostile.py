@@ -21,7 +21,7 @@ import zmq
 
 from relay.wire import schema
 from relay.client.publisher import Publisher
-from sinks.events import RELAY_RANK
+from sinks.events import ENVELOPE, EVENT_TYPES, FIELDS, RELAY_RANK
 from conftest import ROOT, read_jsonl, wait_for
 
 EDGE_INTS = [0, -1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, -(2**63)]
@@ -41,12 +41,12 @@ def _hostile_frames() -> list[bytes]:
     """Every envelope field and every event type's data at the edges of its type."""
     frames = []
     seq = iter(range(10**6))
-    for field in schema.FIELDS:
+    for field in FIELDS:
         if field in ("v", "run"):
             continue  # covered by the malformed-frame test; here, runs stay apart by rank
         for value in EDGES:
             frames.append(schema.encode_frame([_event(**{"rank": 1, "seq": next(seq), field: value})]))
-    for kind in sorted(schema.EVENT_TYPES):
+    for kind in sorted(EVENT_TYPES):
         for value in EDGES:
             for key in ("dropped", "dropped_upto", "event", "status", "x"):
                 frames.append(schema.encode_frame([_event(rank=2, seq=next(seq), type=kind, data={key: value})]))
@@ -269,7 +269,7 @@ def test_no_client_may_publish_as_the_relay(relays, tmp_path):
     spoofed = _event(run="shared", rank=RELAY_RANK, world_size=2, stage="cluster", data={"slowest_rank": 1})
     row = schema.encode_row(1, time.time(), "metrics", 1, None, "cluster", {"slowest_rank": 1})
     frames = [schema.encode_frame([spoofed]),
-              schema.compact_frame(schema.compact_prefix({k: spoofed[k] for k in schema.ENVELOPE}), [row]),
+              schema.compact_frame(schema.compact_prefix({k: spoofed[k] for k in ENVELOPE}), [row]),
               schema.encode_frame([_event(run="shared", rank=0, world_size=2, seq=1000), spoofed])]
     for frame in frames:
         raw.send(frame)

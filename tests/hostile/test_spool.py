@@ -16,7 +16,7 @@ from conftest import ROOT, free_port, read_jsonl
 from trainer_fixtures import DEMO_DATA, demo_model, run_trainer
 
 from relay.client.publisher import Publisher
-from relay.wire.schema import FIELDS
+from sinks.events import FIELDS
 
 __all__ = ["demo_model"]  # a fixture, used by name
 N = 40
