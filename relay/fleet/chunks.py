@@ -23,7 +23,7 @@ from relay.journal.journal import Journal, JournalReader
 log = logging.getLogger(__name__)
 
 STATE_SUFFIX = "_nats.json"
-_HEAD = b'{"v":1,"run":"'  # how every line the relay writes starts (relay.wire.schema.FIELDS order)
+_HEAD = b'{"v":1,"run":"'  # how every line the relay writes starts (sinks.events.FIELDS order)
 
 
 @dataclass
