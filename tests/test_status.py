@@ -136,8 +136,8 @@ def test_off_a_terminal_the_status_is_logged_every_stats_interval(relays, tmp_pa
     log = relay.log.read_text()
     assert "\x1b[" not in log and "\r" not in log
     periodic = [line for line in log.splitlines() if " ev/s | " in line]
-    assert len(periodic) >= 3 and all(" INFO relay.stats: stats: " in line for line in periodic[:-1])
-    assert " INFO relay.stats: final: " in periodic[-1]
+    assert len(periodic) >= 3 and all(" INFO relay.daemon.counters: stats: " in line for line in periodic[:-1])
+    assert " INFO relay.daemon.counters: final: " in periodic[-1]
     line = next(line for line in periodic if "run-b 2/2 | 804 events" in line)
     assert re.search(r"stats: \d+ ev/s \| 1 run: run-b 2/2 \| 804 events in \d+ frames, \d+ written, "
                      r"0 duplicates, 0 rejected, 0 client drops \| sinks: jsonl \d+ queued", line), line

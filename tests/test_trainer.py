@@ -85,7 +85,7 @@ def test_tracking_api_rejects_bad_arguments(call, message: str) -> None:
 
 TRACK_SCRIPT = textwrap.dedent("""
     import sys
-    from trainer import tracking, track, set_params
+    from trainer import custom_metrics as tracking, track, set_params
     track({"early": 1.5, "nan": float("nan")}, step=3)
     set_params({"dataset": "v3", "nested": {"ids": {1, 2}}})
     if sys.argv[1] != "never":
