@@ -207,18 +207,25 @@ def finish_ranks(procs: list[subprocess.Popen], timeout: float = 120) -> None:
         assert json.loads(out.strip().splitlines()[-1])["left"] == 0
 
 
-def drive(sink: Any, batches: list[list[dict[str, Any]]], journal: Path | None = None) -> Any:
-    """Open ``sink`` as a sink process would (the journal's reader for catch-up), write ``batches``,
-    flush and close it; returns the sink for its counters."""
+def drive(sink: Any, batches: list[list[dict[str, Any]]], journal: Path | None = None, *,
+          deadletters: Path | None = None, fault: Any = None) -> Any:
+    """Open ``sink`` as a sink process would (the journal's reader for catch-up) and drive it as the
+    process does (relay/sinkhost/driver.py): ``batches`` written, refusals dead-lettered (to
+    ``deadletters``), flushed, closed. A transient failure fails the test (none is retried here).
+    Returns the sink, for its counters."""
+    from relay.journal.deadletter import DeadLetters
     from relay.journal.journal import JournalReader
+    from relay.sinkhost.driver import SinkDriver
     from sinks.base import SinkContext
 
     sink.open(SinkContext(journal=journal, journal_events=JournalReader(journal) if journal else None))
+    driver = SinkDriver(sink.name, sink, DeadLetters(deadletters) if deadletters else None,
+                        wait=lambda seconds: seconds <= 0, fault=fault)
     try:
         for batch in batches:
-            sink.write(batch)
-        sink.flush()
+            assert driver.write(batch), f"sink {sink.name} failed: {driver.last_error}"
+            driver.after_batch(idle=False)
+        assert driver.flush(), f"sink {sink.name} failed to flush: {driver.last_error}"
     finally:
-        sink.close()
+        driver.close()
     return sink
-

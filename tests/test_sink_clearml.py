@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("clearml")
 
 from aim_helpers import finish_ranks as finish  # noqa: E402
-from aim_helpers import Events, fill, small_fs, training_events  # noqa: E402,F401
+from aim_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
 from conftest import free_port  # noqa: E402
 from sinks.base import SinkContext  # noqa: E402
 from sinks.clearml import ClearmlSink  # noqa: E402
@@ -128,15 +128,8 @@ def check_training_run(view: TaskView, steps: int = 6) -> None:
 
 
 def run_sink(cache_dir: Path, batches: list[list[dict]], **options: Any) -> ClearmlSink:
-    sink = ClearmlSink(clearml_project=options.pop("project", "relay-tests"), clearml_dir=str(cache_dir), **options)
-    sink.open(SinkContext())
-    try:
-        for batch in batches:
-            sink.write(batch)
-        sink.flush()
-    finally:
-        sink.close()
-    return sink
+    return drive(ClearmlSink(clearml_project=options.pop("project", "relay-tests"), clearml_dir=str(cache_dir),
+                             **options), batches)
 
 
 def metrics_bytes(cache_dir: Path) -> dict[str, int]:

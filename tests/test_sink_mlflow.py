@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("mlflow")
 
 from aim_helpers import finish_ranks as finish  # noqa: E402
-from aim_helpers import Events, fill, small_fs, training_events  # noqa: E402,F401
+from aim_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
 from conftest import free_port  # noqa: E402
 from relay.journal.journal import JournalReader  # noqa: E402
 from relay.wire.lines import encode_line
@@ -88,16 +88,7 @@ def read_run(uri: str, run: str, experiment: str = EXPERIMENT) -> RunView:
 
 def run_sink(uri: str, batches_: list[list[dict]], journal: Path | None = None,
              experiment: str = EXPERIMENT) -> MlflowSink:
-    sink = MlflowSink(uri, experiment)
-    reader = JournalReader(str(journal) + os.sep) if journal is not None else None
-    sink.open(SinkContext(journal=journal, journal_events=reader))
-    try:
-        for batch in batches_:
-            sink.write(batch)
-        sink.flush()
-    finally:
-        sink.close()
-    return sink
+    return drive(MlflowSink(uri, experiment), batches_, journal)
 
 
 def check_training_run(view: RunView, steps: int = 6) -> None:

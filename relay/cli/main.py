@@ -344,9 +344,10 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
         done.append(f"{result.new} new in the journal {journal.path}, {result.events - result.new} it held already")
     if sinks:
         done.append("replayed into " + ", ".join(name for name, (_, cls) in classes.items() if cls is not Journal))
+    refused = f"; {result.dead_lettered} refused for good (see _deadletter files)" if result.dead_lettered else ""
     click.echo(f"read {result.events} events from {result.files} files: {'; '.join(done)}; "
-               f"{result.bad_lines} unreadable lines skipped", err=True)
-    if result.bad_lines:
+               f"{result.bad_lines} unreadable lines skipped{refused}", err=True)
+    if result.bad_lines or result.dead_lettered:
         sys.exit(EXIT_RUNTIME)
 
 

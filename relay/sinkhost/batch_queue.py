@@ -25,12 +25,12 @@ T = TypeVar("T")
 class BatchWorker(Generic[T]):
     """``handle(batch)`` runs on the worker's thread, one batch at a time, in order; it returns True
     once done with the batch, False to stop the worker at once (shutting down), leaving it queued.
-    ``flush``, if given, is called after a batch when the queue is empty, and at least every
-    ``flush_every`` seconds while batches keep coming."""
+    ``after(idle)``, if given, runs after each batch, ``idle`` when nothing else is queued (the sink's
+    driver flushes then, or when its interval has passed)."""
 
     def __init__(self, name: str, handle: Callable[[T], bool], max_events: int, *,
-                 flush: Callable[[], None] | None = None, flush_every: float = 1.0,
-                 finish: Callable[[], None] | None = None, max_bytes: int | None = None) -> None:
+                 after: Callable[[bool], None] | None = None, finish: Callable[[], None] | None = None,
+                 max_bytes: int | None = None) -> None:
         """``finish``, if given, runs on the worker's thread when it stops; ``max_bytes`` bounds the
         sizes given to ``submit`` (one batch is always taken into an empty queue)."""
         self.name = name
@@ -38,8 +38,7 @@ class BatchWorker(Generic[T]):
         self.max_bytes = max_bytes
         self.dropped = 0  # events of batches that did not fit, or were left at shutdown
         self._handle = handle
-        self._flush = flush
-        self._flush_every = flush_every
+        self._after = after
         self._finish = finish
         self._queue: collections.deque[tuple[T, int, int]] = collections.deque()
         self._queued = 0
@@ -118,7 +117,6 @@ class BatchWorker(Generic[T]):
         return left
 
     def _run(self) -> None:
-        next_flush = time.monotonic() + self._flush_every
         try:
             while True:
                 with self._cond:
@@ -135,9 +133,8 @@ class BatchWorker(Generic[T]):
                         self._queued -= count
                         self._bytes -= size
                     idle = not self._queue
-                if self._flush is not None and (idle or time.monotonic() >= next_flush):
-                    self._flush()
-                    next_flush = time.monotonic() + self._flush_every
+                if self._after is not None:
+                    self._after(idle)
         finally:
             if self._finish is not None:
                 self._finish()

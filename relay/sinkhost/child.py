@@ -8,12 +8,10 @@ into stand-ins that hold only the run, without decoding the lines). Child -> rel
 the child's own stdout: ``{"ready": true}`` or ``{"error": MESSAGE}`` once, then its counters every
 ``STATS_PERIOD`` and at exit. The sink's own stdout goes to stderr, which is the relay's log.
 
-One thread reads the pipe; one ``BatchWorker`` thread writes to the sink, so reading never waits
-for a slow or failing sink. A batch that raises is retried, whole and in order, with backoff
-(``BACKOFF_START`` to ``BACKOFF_MAX``); one that raises ``PermanentError`` is narrowed down by
-halves to the events that fail on their own, which go to the sink's dead-letter file with the
-error's message (``dead_lettered``), and the rest is written. ``flush()`` follows a batch that
-empties the queue, and comes at least every ``FLUSH_EVERY`` seconds under steady load.
+One thread reads the pipe; one ``BatchWorker`` thread writes to the sink through the
+``SinkDriver`` (relay/sinkhost/driver.py: retry with backoff, ``PermanentError`` bisection to the
+sink's dead-letter file, a flush when the queue empties and every second under load), so reading
+never waits for a slow or failing sink, and the sink is driven as ``relay replay`` drives it.
 """
 from __future__ import annotations
 
@@ -33,19 +31,16 @@ import click
 
 from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.catch_up import CatchUp
+from relay.sinkhost.driver import SinkDriver
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import JournalReader, LineDecoder
-from relay.wire.lines import encode_line
-from sinks.base import PermanentError, Sink, SinkContext, SinkError
+from sinks.base import Sink, SinkContext, SinkError
 
 log = logging.getLogger(__name__)
 
 NICE = 19  # added to the relay's niceness (capped at 19): ingest first
 STATS_PERIOD = 0.5
 READ_SIZE = 1 << 20
-BACKOFF_START = 0.1
-BACKOFF_MAX = 30.0
-FLUSH_EVERY = 1.0  # seconds: the sink is flushed at least this often while batches keep coming
 
 
 @dataclass
@@ -70,27 +65,22 @@ CATCH_UP_PASS: Sequence[dict[str, Any]] = []
 
 
 class SinkWriter:
-    """The sink, fed by a bounded BatchWorker: retries, dead letters, flushes, counters; and, with
-    ``catch_up``, passes over the journal (relay/sinkhost/catch_up.py) on the same thread, in turn."""
+    """The sink, fed by a bounded BatchWorker and written by a SinkDriver (relay/sinkhost/driver.py:
+    retries, dead letters, flushes, counters); and, with ``catch_up``, passes over the journal
+    (relay/sinkhost/catch_up.py) on the same thread, in turn."""
 
     def __init__(self, name: str, sink: Sink, max_events: int, deadletters: DeadLetters | None,
                  catch_up: CatchUp | None = None) -> None:
         self.name = name
         self.sink = sink
-        self.deadletters = deadletters
         self.catch_up = catch_up
-        self.caught_up = 0  # events a catch-up pass handed to write() (most of them already applied)
         self.catch_up_passes = 0
         self._pass_queued = False
         self._in_pass = False
-        self.written = 0
-        self.errors = 0
-        self.dead_lettered = 0
-        self.deadletter_overflow = 0
         self.bad_lines = 0  # lines from the relay that were not events (counted as dropped)
-        self._resolved = 0  # events of the batch in hand already written or dead-lettered
         self.worker: BatchWorker[Sequence[dict[str, Any]]] = BatchWorker(
-            name, self._handle, max_events, flush=self._flush, flush_every=FLUSH_EVERY)
+            name, self._handle, max_events, after=self._after)
+        self.driver = SinkDriver(name, sink, deadletters, wait=self.worker.wait, on_recovered=self._recovered)
 
     def start(self) -> None:
         self.worker.start()
@@ -106,34 +96,32 @@ class SinkWriter:
             self.worker.submit(CATCH_UP_PASS, 0)
 
     def stats(self) -> dict[str, Any]:
-        """Counters, plus the sink's own ``counters`` mapping if it keeps one."""
-        own = getattr(self.sink, "counters", None)
-        extra = {"sink": dict(own)} if isinstance(own, dict) else {}
-        return {"written": self.written, "errors": self.errors, "dropped": self.worker.dropped + self.bad_lines,
-                "queued": self.worker.queued, "dead_lettered": self.dead_lettered,
-                "deadletter_overflow": self.deadletter_overflow, "caught_up": self.caught_up,
-                "catch_up_passes": self.catch_up_passes, **extra}
+        return {**self.driver.stats(), "dropped": self.worker.dropped + self.bad_lines,
+                "queued": self.worker.queued, "catch_up_passes": self.catch_up_passes}
 
     def close(self, timeout: float) -> None:
         """Drain what is queued (retrying until ``timeout``), then close the sink."""
         left = self.worker.close(timeout)
         if left:
-            self.worker.dropped -= min(left, self._resolved)  # half a narrowed batch did get through
+            resolved = min(left, self.driver.resolved)
+            self.worker.dropped -= resolved  # half a narrowed batch did get through
             log.error("sink %s: %d events not written at shutdown (they are in the journal: use relay replay)",
-                      self.name, left - min(left, self._resolved))
-        try:
-            self.sink.close()
-        except Exception as exc:  # counted: a sink failing to close must not stop the others
-            self.errors += 1
-            log.error("sink %s failed to close: %s: %s", self.name, type(exc).__name__, exc)
-        if self.deadletters is not None:
-            self.deadletters.close()
+                      self.name, left - resolved)
+        self.driver.close()
 
     def _handle(self, batch: Sequence[dict[str, Any]]) -> bool:
-        self._resolved = 0
         if batch is CATCH_UP_PASS:
             return self._catch_up_pass()
-        return self._deliver(batch)
+        return self.driver.write(batch)
+
+    def _after(self, idle: bool) -> None:
+        self.driver.after_batch(idle)
+
+    def _recovered(self) -> None:
+        """Once the sink takes a batch after failing, a catch-up pass follows (its backend is back)."""
+        if not self._in_pass:
+            log.info("sink %s works again; a catch-up from the journal follows", self.name)
+            self.request_catch_up()
 
     def _catch_up_pass(self) -> bool:
         """Hand the journal's recent events the sink may lack to ``write()``, file by file; False
@@ -146,13 +134,13 @@ class SinkWriter:
             for path, start, size in catch_up.due():
                 files += 1
                 for batch, offset in catch_up.read(path, start, size):
-                    if batch and not self._deliver(batch, caught_up=True):
+                    if batch and not self.driver.write(batch, caught_up=True):
                         return False
                     events += len(batch)
-                    if self._flushed():  # durable in the tool before the state file says so
+                    if self.driver.flush():  # durable in the tool before the state file says so
                         catch_up.delivered(path, offset)
         except OSError as exc:  # the journal unreadable for now: the next pass tries again
-            self.errors += 1
+            self.driver.errors += 1
             log.error("sink %s: catch-up from the journal failed: %s", self.name, exc)
             return True
         finally:
@@ -162,66 +150,6 @@ class SinkWriter:
             log.info("sink %s caught up from the journal: %d events of %d files read in %.1f s (what it had "
                      "already applied is skipped)", self.name, events, files, time.monotonic() - started)
         return True
-
-    def _deliver(self, batch: Sequence[dict[str, Any]], caught_up: bool = False) -> bool:
-        """Write ``batch``, retrying transient errors with backoff; False when shutting down first.
-        Once the sink takes a batch after failing, a catch-up pass follows (its backend is back)."""
-        backoff = BACKOFF_START
-        failed = False
-        while True:
-            try:
-                self.sink.write(batch)
-            except PermanentError as exc:
-                if len(batch) == 1:
-                    self._dead_letter(batch[0], exc)
-                    return True
-                half = len(batch) // 2  # the events that fail on their own, found in log2(n) rounds
-                return self._deliver(batch[:half], caught_up) and self._deliver(batch[half:], caught_up)
-            except Exception as exc:  # isolated and counted; the batch is retried
-                self._failed("failed", exc, backoff)
-                failed = True
-                if not self.worker.wait(backoff):
-                    return False
-                backoff = min(backoff * 2, BACKOFF_MAX)
-            else:
-                if caught_up:  # not "written": the relay compares that with the events it sent
-                    self.caught_up += len(batch)
-                else:
-                    self.written += len(batch)
-                self._resolved += len(batch)
-                if failed and not self._in_pass:
-                    log.info("sink %s works again; a catch-up from the journal follows", self.name)
-                    self.request_catch_up()
-                return True
-
-    def _dead_letter(self, event: dict[str, Any], exc: PermanentError) -> None:
-        self.dead_lettered += 1
-        self._resolved += 1
-        detail = str(exc) or type(exc).__name__
-        kept = self.deadletters is not None and self.deadletters.add_event("permanent", detail, encode_line(event))
-        if not kept:
-            self.deadletter_overflow += 1
-        if self.dead_lettered <= 10 or self.dead_lettered % 1000 == 0:
-            log.error("sink %s refused run %s rank %s seq %s for good (%d so far)%s: %s", self.name,
-                      event.get("run"), event.get("rank"), event.get("seq"), self.dead_lettered,
-                      f", kept in {self.deadletters.path}" if kept else ", not kept (dead-letter file full)", detail)
-
-    def _flush(self) -> None:
-        self._flushed()
-
-    def _flushed(self) -> bool:
-        try:
-            self.sink.flush()
-        except Exception as exc:  # counted; the data was written, the next flush tries again
-            self._failed("failed to flush", exc, 0.0)
-            return False
-        return True
-
-    def _failed(self, what: str, exc: Exception, backoff: float) -> None:
-        self.errors += 1
-        if self.errors <= 3 or self.errors % 100 == 0:
-            log.error("sink %s %s (%d errors so far), retrying in %.1f s: %s: %s",
-                      self.name, what, self.errors, backoff, type(exc).__name__, exc)
 
 
 def _options(cls: type, given: dict[str, Any]) -> dict[str, Any]:

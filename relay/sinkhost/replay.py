@@ -1,22 +1,30 @@
 """Rebuild any sink from the JSONL journal: the journal is the source of truth, so a sink that
 was down, added later or lost can be brought back to what it would have been live. Replayed into a
 journal (``--sink jsonl``: a spool into the relay's journal, say), only what that journal lacks is
-written, so replaying twice adds nothing."""
+written, so replaying twice adds nothing.
+
+Each sink is driven as its process drives it live (relay/sinkhost/driver.py): retried with backoff
+(for up to ``RETRY_FOR`` seconds), events it refuses for good dead-lettered beside the journal
+(``_relay_deadletter_NAME.jsonl``, as the relay's own), flushed every second and at the end."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import Dedupe
 from relay.journal.journal import BadRunId, Journal, JournalReader, journal_files, read_events
-from sinks.base import Sink, SinkContext
+from relay.sinkhost.driver import SinkDriver, sleep_for
+from sinks.base import Sink, SinkContext, SinkError
 from sinks.events import from_journal
 
 log = logging.getLogger(__name__)
 
 BATCH = 1000
+RETRY_FOR = 60.0  # seconds a sink may keep failing before the replay gives up on it
 
 
 @dataclass
@@ -25,10 +33,11 @@ class ReplayResult:
     events: int = 0  # read (of the runs asked for)
     new: int = 0  # of those, written to the journal target: what it did not hold yet
     bad_lines: int = 0
+    dead_lettered: int = 0  # refused for good by a sink (each in its dead-letter file)
 
 
 def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None = None,
-                 journal: Journal | None = None) -> ReplayResult:
+                 journal: Journal | None = None, retry_for: float = RETRY_FOR) -> ReplayResult:
     """Write every event of ``paths`` (files or journal directories) to ``sinks`` in file order,
     and to ``journal`` what it lacks.
 
@@ -36,7 +45,7 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
     expected to be idempotent, so replaying twice adds nothing. Lines that are not events (see
     ``relay.journal.journal.event_error``: unparsable, hand-edited, an older relay's "NaN" ts) are skipped
     and counted in ``bad_lines``, as are events ``journal`` refuses (a run id it cannot name a file
-    after, which the reader already keeps out).
+    after, which the reader already keeps out). SinkError when a sink still fails after ``retry_for`` s.
     """
     result = ReplayResult()
     files = [f for p in paths for f in journal_files(Path(p))]
@@ -45,9 +54,11 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
     target = _JournalTarget(journal) if journal is not None else None
     if journal is not None:
         journal.open()
+    drivers: list[SinkDriver] = []
     try:
         for sink in sinks:
             sink.open(context)
+            drivers.append(SinkDriver(sink.name, sink, _deadletters(files, sink.name), wait=sleep_for(retry_for)))
         try:
             for path in files:
                 result.files += 1
@@ -58,24 +69,27 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
                         continue
                     batch.append(from_journal(event))
                     if len(batch) >= BATCH:
-                        result.new += _write(target, sinks, batch)
+                        result.new += _write(target, drivers, batch)
                         result.events += len(batch)
                         batch = []
                 if batch:
-                    result.new += _write(target, sinks, batch)
+                    result.new += _write(target, drivers, batch)
                     result.events += len(batch)
                 if bad:
                     log.warning("%s: skipped %d lines that are not valid events (first at line %d; "
                                 "--log-level debug says why for each)", path, len(bad), bad[0])
                     result.bad_lines += len(bad)
-            for sink in sinks:
-                sink.flush()
+            for driver in drivers:
+                if not driver.flush():
+                    raise SinkError(f"sink {driver.name} failed to flush at the end of the replay "
+                                    f"({driver.last_error}): run it again once the sink works")
             if target is not None and target.refused:
                 log.warning("the journal refused %d events", target.refused)
                 result.bad_lines += target.refused
         finally:
-            for sink in sinks:
-                sink.close()
+            for driver in drivers:
+                driver.close()
+                result.dead_lettered += driver.dead_lettered
     finally:
         if journal is not None:
             journal.close()
@@ -106,9 +120,19 @@ class _JournalTarget:
         return state.take(event["seq"])
 
 
-def _write(target: _JournalTarget | None, sinks: list[Sink], batch: list[dict]) -> int:
+def _write(target: _JournalTarget | None, drivers: list[SinkDriver], batch: list[dict]) -> int:
     """Write ``batch`` to the journal target first, then to each sink; the events new to the journal."""
     new = target.write(batch) if target is not None else 0
-    for sink in sinks:
-        sink.write(batch)
+    for driver in drivers:
+        if not driver.write(batch):
+            raise SinkError(f"sink {driver.name} kept failing ({driver.last_error}); "
+                            "the replay stopped: run it again once the sink works")
+        driver.after_batch(idle=False)
     return new
+
+
+def _deadletters(files: list[Path], name: str) -> DeadLetters | None:
+    """The dead-letter file of sink ``name`` beside the journal replayed (the relay's own for it)."""
+    if not files:
+        return None
+    return DeadLetters(Journal(str(files[0].parent) + os.sep).sidecar(f"_deadletter_{name}.jsonl"))

@@ -1,0 +1,174 @@
+"""The one way a sink is driven, by its process (relay/sinkhost/child.py), by ``relay replay``
+(relay/sinkhost/replay.py) and by the tests: so a sink behaves the same live and replayed.
+
+A batch that raises is retried, whole and in order, with backoff (``BACKOFF_START`` doubling to
+``BACKOFF_MAX``); one that raises ``PermanentError`` is narrowed down by halves to the events that
+fail on their own, which go to the dead-letter file with the error's message, and the rest is
+written. ``flush()`` follows a batch that leaves nothing waiting, and comes at least every
+``flush_every`` seconds under steady load; ``finish()`` flushes and closes. Waiting and the clock
+are the caller's (``wait``, ``clock``), so the state machine runs in tests without sleeping.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Sequence
+
+from relay.journal.deadletter import DeadLetters
+from relay.wire.lines import encode_line
+from sinks.base import PermanentError, Sink
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START = 0.1
+BACKOFF_MAX = 30.0
+FLUSH_EVERY = 1.0  # seconds: the sink is flushed at least this often while batches keep coming
+
+Batch = Sequence[dict[str, Any]]
+
+
+def sleep_for(limit: float, clock: Callable[[], float] = time.monotonic) -> Callable[[float], bool]:
+    """A ``wait`` that sleeps, and gives up (False) once retrying would go past ``limit`` seconds
+    from its first wait since the last success (``relay replay``: a sink down for good ends it)."""
+    started: list[float] = []
+
+    def wait(seconds: float) -> bool:
+        if seconds <= 0:  # the driver says: a batch got through, start counting afresh
+            started.clear()
+            return True
+        if not started:
+            started.append(clock())
+        if clock() + seconds - started[0] > limit:
+            return False
+        time.sleep(seconds)
+        return True
+    return wait
+
+
+class SinkDriver:
+    """Writes batches to ``sink``: retries, backoff, bisection to dead letters, flushes, counters.
+
+    ``wait(seconds)`` backs off between attempts and returns False to give up (shutting down; the
+    batch stays unwritten, in the journal); it is also called with 0 after a batch that needed retries
+    got through. ``fault(batch)``, if given, runs before each ``sink.write`` and may raise as the sink
+    would: how a test causes a failure the backend cannot be made to produce."""
+
+    def __init__(self, name: str, sink: Sink, deadletters: DeadLetters | None = None, *,
+                 wait: Callable[[float], bool] | None = None, clock: Callable[[], float] = time.monotonic,
+                 flush_every: float = FLUSH_EVERY, on_recovered: Callable[[], None] | None = None,
+                 fault: Callable[[Batch], None] | None = None) -> None:
+        self.name = name
+        self.sink = sink
+        self.deadletters = deadletters
+        self.written = 0
+        self.caught_up = 0  # events a catch-up pass handed to write() (most of them already applied)
+        self.errors = 0
+        self.retries = 0
+        self.flushes = 0
+        self.dead_lettered = 0
+        self.deadletter_overflow = 0
+        self.resolved = 0  # events of the batch in hand already written or dead-lettered
+        self.last_error = ""  # what the latest failure said (the replay's message when it gives up)
+        self._wait = wait or sleep_for(float("inf"))
+        self._clock = clock
+        self._flush_every = flush_every
+        self._next_flush = clock() + flush_every
+        self._on_recovered = on_recovered
+        self._fault = fault
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, plus the sink's own ``counters`` mapping if it keeps one."""
+        own = getattr(self.sink, "counters", None)
+        extra = {"sink": dict(own)} if isinstance(own, dict) else {}
+        return {"written": self.written, "errors": self.errors, "dead_lettered": self.dead_lettered,
+                "deadletter_overflow": self.deadletter_overflow, "caught_up": self.caught_up, **extra}
+
+    def write(self, batch: Batch, caught_up: bool = False) -> bool:
+        """Write ``batch`` (a catch-up pass's with ``caught_up``), retrying transient errors with
+        backoff; False when ``wait`` gave up first."""
+        self.resolved = 0
+        return self._deliver(batch, caught_up)
+
+    def after_batch(self, idle: bool) -> None:
+        """Flush when nothing is waiting (``idle``) or ``flush_every`` has passed."""
+        if idle or self._clock() >= self._next_flush:
+            self.flush()
+
+    def flush(self) -> bool:
+        """``sink.flush()``; False (counted, logged) when it failed: the next flush tries again."""
+        self._next_flush = self._clock() + self._flush_every
+        try:
+            self.sink.flush()
+        except Exception as exc:  # counted; the data was written, the next flush tries again
+            self._failed("failed to flush", exc, 0.0)
+            return False
+        self.flushes += 1
+        return True
+
+    def finish(self) -> None:
+        """The last flush, then close the sink and its dead-letter file (a failure counted, not raised:
+        one sink failing to close must not stop the others)."""
+        self.flush()
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.sink.close()
+        except Exception as exc:  # counted: a sink failing to close must not stop the others
+            self.errors += 1
+            log.error("sink %s failed to close: %s: %s", self.name, type(exc).__name__, exc)
+        if self.deadletters is not None:
+            self.deadletters.close()
+
+    def _deliver(self, batch: Batch, caught_up: bool) -> bool:
+        backoff = BACKOFF_START
+        failed = False
+        while True:
+            try:
+                if self._fault is not None:
+                    self._fault(batch)
+                self.sink.write(batch)
+            except PermanentError as exc:
+                if len(batch) == 1:
+                    self._dead_letter(batch[0], exc)
+                    return True
+                half = len(batch) // 2  # the events that fail on their own, found in log2(n) rounds
+                return self._deliver(batch[:half], caught_up) and self._deliver(batch[half:], caught_up)
+            except Exception as exc:  # isolated and counted; the batch is retried
+                self._failed("failed", exc, backoff)
+                failed = True
+                if not self._wait(backoff):
+                    return False
+                self.retries += 1
+                backoff = min(backoff * 2, BACKOFF_MAX)
+            else:
+                if caught_up:  # not "written": the relay compares that with the events it sent
+                    self.caught_up += len(batch)
+                else:
+                    self.written += len(batch)
+                self.resolved += len(batch)
+                if failed:
+                    self._wait(0.0)
+                    if self._on_recovered is not None:
+                        self._on_recovered()
+                return True
+
+    def _dead_letter(self, event: dict[str, Any], exc: PermanentError) -> None:
+        self.dead_lettered += 1
+        self.resolved += 1
+        detail = str(exc) or type(exc).__name__
+        kept = self.deadletters is not None and self.deadletters.add_event("permanent", detail, encode_line(event))
+        if not kept:
+            self.deadletter_overflow += 1
+        if self.dead_lettered <= 10 or self.dead_lettered % 1000 == 0:
+            where = "" if self.deadletters is None else (
+                f", kept in {self.deadletters.path}" if kept else ", not kept (dead-letter file full)")
+            log.error("sink %s refused run %s rank %s seq %s for good (%d so far)%s: %s", self.name,
+                      event.get("run"), event.get("rank"), event.get("seq"), self.dead_lettered, where, detail)
+
+    def _failed(self, what: str, exc: Exception, backoff: float) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if self.errors <= 3 or self.errors % 100 == 0:
+            log.error("sink %s %s (%d errors so far), retrying in %.1f s: %s: %s",
+                      self.name, what, self.errors, backoff, type(exc).__name__, exc)
