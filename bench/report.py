@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import platform
 from pathlib import Path
 from typing import Any
 
 from bench.common import Section, machine
+from sinks.files import write_atomic
 
 MD, JSON = "benchmarks.md", "benchmarks.json"
 PLOTS = {"hotpath": "bench_hotpath.png", "ingest": "bench_ingest.png", "latency": "bench_latency.png",
@@ -135,9 +135,7 @@ def write(out: Path, info: dict[str, Any], sections: list[Section]) -> None:
     (out / MD).write_text("\n\n".join(["\n".join(head), *body]) + "\n")
     payload = {"meta": info, "sections": [{"key": s.key, "title": s.title, "tables": s.tables,
                                            "targets": s.targets, "notes": s.notes, "data": s.data} for s in sections]}
-    tmp = out / (JSON + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=str))
-    os.replace(tmp, out / JSON)
+    write_atomic(out / JSON, json.dumps(payload, indent=1, default=str))
 
 
 def _plot(out: Path, sections: list[Section]) -> dict[str, str]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -39,6 +38,7 @@ import orjson
 from sinks.aim_run import close_at, relay_run_class
 from sinks.base import SinkContext, SinkError
 from sinks.events import json_safe
+from sinks.files import write_atomic
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
@@ -435,11 +435,9 @@ class AimSink(TrackerSink):
             return
         record = {"run_hash": run.hash, "run_id": state.run_id, "repo": self._repo_display(),
                   "experiment": state.experiment or self.default_experiment or "default"}
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(record, indent=2) + "\n")
-            os.replace(tmp, target)
+            write_atomic(target, json.dumps(record, indent=2) + "\n")
         except OSError as exc:
             self.counters["export_errors"] += 1
             log.warning("aim sink: cannot write %s for run %s: %s", target, state.run_id, exc)

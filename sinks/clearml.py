@@ -40,6 +40,7 @@ import click
 
 from sinks.base import SinkContext, SinkError
 from sinks.events import json_safe
+from sinks.files import write_atomic
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM
 from sinks.tracker_base import Spans, TrackerSink
@@ -352,10 +353,7 @@ class ClearmlSink(TrackerSink):
             session.metrics_bytes = size
 
     def _write_state(self) -> None:
-        path = self.state_path()
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self._state))
-        os.replace(tmp, path)
+        write_atomic(self.state_path(), json.dumps(self._state))
 
     def _close_task(self, run: str, session: _Session) -> None:
         """ClearML writes the session's zip (what the import takes) when a task closes."""

@@ -31,6 +31,7 @@ import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.events import json_safe
+from sinks.files import write_atomic
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
 from sinks.tracker_base import Spans, TrackerSink
@@ -417,11 +418,9 @@ class MlflowSink(TrackerSink):
             where = str(self._folder().resolve())
         record = {"run_name": r.name or run, "run_uri": f"{host}/#/experiments/{r.experiment_id}/runs/{r.run_id}",
                   "run_id": r.run_id, "experiment_id": r.experiment_id, "tracking_uri": where}
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(record, indent=2) + "\n")
-            os.replace(tmp, target)
+            write_atomic(target, json.dumps(record, indent=2) + "\n")
         except OSError as exc:
             self.counters["export_errors"] += 1
             log.warning("mlflow sink: cannot write %s for run %s: %s", target, run, exc)

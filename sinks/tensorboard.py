@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
+from sinks.files import write_atomic
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
 from sinks.tracker_base import Spans, TrackerSink
@@ -294,10 +295,7 @@ class TensorBoardSink(TrackerSink):
         self.counters["sessions"] += 1
 
     def _write_state(self, board: _Board, state: dict[str, Any]) -> None:
-        path = board.dir / STATE_NAME
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, path)
+        write_atomic(board.dir / STATE_NAME, json.dumps(state))
         board.committed = json.loads(json.dumps(state))  # a copy: the live dicts go on changing
 
     def _cut_uncommitted(self, run: str, folder: Path, files: dict[str, int]) -> None:

@@ -36,13 +36,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
 from sinks.base import Sink, SinkContext
 from sinks.events import NONFINITE_JSON, RELAY_RANK
+from sinks.files import write_atomic
 from sinks.naming import CLUSTER_NAMES, RANK_NAMES, SYSTEM, display_names, trainer_groups
 from sinks.spans import SeqSpans
 
@@ -161,9 +161,7 @@ class TrackerSink(Sink):
         states[run] = spans
         path = self.state_path()
         if path is not None:
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(states))
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(states))
 
     # -- internals -------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
+from sinks.files import write_atomic
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
@@ -290,11 +291,8 @@ class WandbSink(TrackerSink):
             raise
 
     def _write_state(self, wb: _WbRun) -> None:
-        path = self.state_dir / f"{wb.run_id}.json"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"spans": wb.saved_spans, "step": wb.saved_step, "open": wb.open,
-                                   "exit_code": wb.exit_code}))
-        os.replace(tmp, path)
+        write_atomic(self.state_dir / f"{wb.run_id}.json", json.dumps(
+            {"spans": wb.saved_spans, "step": wb.saved_step, "open": wb.open, "exit_code": wb.exit_code}))
 
     # -- W&B runs -------------------------------------------------------------------------------
 

@@ -200,7 +200,7 @@ def test_a_failed_commit_then_a_crash_leave_every_point_once(tmp_path: Path) -> 
     end with each point once."""
     logdir, events = tmp_path / "tb", training_events("job-f", steps=12)
     run_sink(logdir, [events[:10]])
-    blocker = logdir / "job-f" / (STATE_NAME + ".tmp")
+    blocker = logdir / "job-f" / f".{STATE_NAME}.{os.getpid()}.tmp"  # sinks/files.py's temporary file
     blocker.mkdir()
     sink = TensorBoardSink(logdir=str(logdir))
     sink.open(SinkContext())
@@ -215,11 +215,12 @@ def test_a_failed_commit_then_a_crash_leave_every_point_once(tmp_path: Path) -> 
     code = ("import sys, os; sys.path.insert(0, 'tests'); from aim_helpers import training_events; "
             "from sinks.tensorboard import TensorBoardSink; from sinks.base import SinkContext; "
             f"s = TensorBoardSink(logdir={str(logdir)!r}); s.open(SinkContext()); "
-            f"events = training_events('job-f', steps=12); s.write(events[30:35]); os.mkdir({str(blocker)!r})\n"
+            f"events = training_events('job-f', steps=12); s.write(events[30:35]); "
+            f"blocker = {str(blocker.parent)!r} + f'/.{STATE_NAME}.{{os.getpid()}}.tmp'; os.mkdir(blocker)\n"
             "try: s.write(events[35:50])\nexcept OSError: os._exit(9)")
     died = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert died.returncode == 9, died.stderr[-2000:]
-    blocker.rmdir()
+    next((logdir / "job-f").glob(f".{STATE_NAME}.*.tmp")).rmdir()
     after = run_sink(logdir, [events[30:]])
     assert after.counters["uncommitted_bytes_cut"] > 0
     check_training_run(read_logdir(logdir)["job-f"], steps=12)

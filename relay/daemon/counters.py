@@ -10,13 +10,13 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from relay.daemon.status import format_line
 from sinks.events import RELAY_RANK
+from sinks.files import write_atomic
 
 log = logging.getLogger("relay.daemon.counters")
 
@@ -97,13 +97,10 @@ def run_view(runs: Iterable[str], run_ranks: Mapping[str, list[int]], active: Ma
 def write_stats(path: Path, snapshot: dict[str, Any]) -> None:
     """Replace the stats file atomically so a reader never sees a partial document. A full or
     read-only disk must not stop the relay: the failure is logged and the counters live on."""
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(snapshot, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(snapshot, indent=1, sort_keys=True))
     except OSError as exc:
         log.warning("cannot write stats file %s: %s", path, exc.strerror)
-        tmp.unlink(missing_ok=True)
 
 
 def log_stats(snapshot: dict[str, Any], final: bool = False) -> None:

@@ -51,6 +51,7 @@ from relay.sinkhost.rate import Rate
 from relay.daemon.status import STATUS_REQUEST, Answers, format_line
 from sinks.base import SinkError
 from sinks.events import RELAY_RANK
+from sinks.files import write_atomic
 
 log = logging.getLogger("relay")
 
@@ -198,9 +199,7 @@ class Relay:
         path = self.config.ready_file
         if path is None:
             return
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"address": self.address, "pid": os.getpid()}))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({"address": self.address, "pid": os.getpid()}))
 
     # -- the loop ---------------------------------------------------------------------------------
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from relay.forward.window import ForwardWindow, Key
 from relay.wire.io_thread import Link
 from relay.journal.journal import Journal, JournalReader
 from sinks.events import RELAY_RANK
+from sinks.files import write_atomic
 
 log = logging.getLogger("relay.forward.sink")
 
@@ -296,13 +296,10 @@ class Forwarder:
         text = json.dumps({"to": self.to, "acked": acked, "done": done}, sort_keys=True)
         if text == self._saved:
             return
-        tmp = self.state_path.with_name(f"{self.state_path.name}.{os.getpid()}.tmp")  # two relays may overlap
         try:
-            tmp.write_text(text)
-            os.replace(tmp, self.state_path)
+            write_atomic(self.state_path, text)
         except OSError as exc:  # only costs resending more after a restart
             log.warning("cannot write the forward state %s: %s", self.state_path, exc.strerror)
-            tmp.unlink(missing_ok=True)
             return
         self._saved = text
 

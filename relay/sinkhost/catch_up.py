@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -28,6 +27,7 @@ from relay.journal.journal import Journal, journal_files
 
 from relay.wire.lines import parse_event
 from sinks.events import from_journal
+from sinks.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +98,8 @@ class CatchUp:
     def delivered(self, path: Path, offset: int) -> None:
         """Every event of ``path`` before ``offset`` reached the sink: the next pass starts there."""
         self.done[path.name] = offset
-        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
         try:
-            tmp.write_text(json.dumps(self.done))
-            os.replace(tmp, self.state_path)
+            write_atomic(self.state_path, json.dumps(self.done))
         except OSError as exc:  # the next pass reads more than it needs; nothing is lost
             log.warning("catch-up state %s not saved: %s", self.state_path, exc)
 
