@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -19,6 +18,7 @@ from typing import Iterator
 import orjson
 
 from relay.journal.journal import Journal, JournalReader
+from sinks.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -163,13 +163,10 @@ class Positions:
         text = json.dumps({"target": self.target, "sources": sources}, sort_keys=True)
         if text == self._saved:
             return
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(text)
-            os.replace(tmp, self.path)
+            write_atomic(self.path, text)
         except OSError as exc:  # only costs publishing more again after a restart (JetStream and the consumer dedupe)
             log.warning("cannot write the NATS state %s: %s", self.path, exc.strerror)
-            tmp.unlink(missing_ok=True)
             return
         self._saved = text
 
