@@ -133,6 +133,11 @@ def forward(quick: bool) -> Section:
     return bench_forward.run(quick)
 
 
+def fleet(quick: bool) -> Section:
+    from bench import bench_fleet
+    return bench_fleet.run(quick)
+
+
 def startup(quick: bool) -> Section:
     from bench import bench_startup
     return bench_startup.run(quick)
@@ -140,7 +145,7 @@ def startup(quick: bool) -> Section:
 
 SECTIONS: dict[str, Callable[[bool], Section]] = {
     "hotpath": hotpath, "ingest": ingest, "latency": latency, "scale": scale, "training": training, "aim": aim,
-    "core": core, "transport": transport, "forward": forward, "startup": startup,
+    "core": core, "transport": transport, "forward": forward, "fleet": fleet, "startup": startup,
     **{f"sink_{name}": sink_section(name) for name in ("mlflow", "tensorboard", "wandb", "clearml")},
 }
 

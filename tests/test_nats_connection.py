@@ -83,6 +83,7 @@ def test_the_stream_keeps_each_run_on_one_partition(tmp_path: Path) -> None:
             config = stream.stream_config("RELAY", "relay.events", 8, 3, 600, 0)
             assert (await stream.ensure_stream(js, config))[1] is True
             assert (await stream.ensure_stream(js, config))[1] is False
+            await asyncio.get_running_loop().run_in_executor(None, cluster.stream_leader, "RELAY")
             for i, run in enumerate(runs):
                 await js.publish(stream.publish_subject("relay.events", "node.1", run), str(i).encode())
             await nc.close()

@@ -34,10 +34,10 @@ def sink_args(journal: Path, urls: str, *extra: str) -> list[str]:
             "--nats-node", journal.name, "--stats-interval", "0.2", *extra]
 
 
-def journal_lines(directory: Path) -> list[bytes]:
-    """Every line of a directory journal's run files, each with its newline."""
-    return [line for path in sorted(directory.glob("*.jsonl")) if not path.name.startswith("_")
-            for line in path.read_bytes().splitlines(keepends=True)]
+def journal_lines(journal: Path) -> list[bytes]:
+    """Every line of a journal (a file, or a directory's run files), each with its newline."""
+    paths = sorted(journal.glob("*.jsonl")) if journal.is_dir() else [journal]
+    return [line for path in paths if not path.name.startswith("_") for line in path.read_bytes().splitlines(keepends=True)]
 
 
 def stream_lines(urls: str) -> tuple[list[bytes], list]:
@@ -64,7 +64,7 @@ def assert_in_stream_exactly_once(urls: str, *journals: Path) -> list:
         body = m.data.splitlines()
         assert int(m.headers["Relay-Lines"]) == len(body) and all(f'"run":"{run}"'.encode() in x for x in body)
         file, _, end = m.headers["Relay-End"].rpartition(":")
-        assert file == f"{run}.jsonl" and m.headers["Nats-Msg-Id"].endswith(f"-{end}")
+        assert file in (f"{run}.jsonl", *(j.name for j in journals)) and m.headers["Nats-Msg-Id"].endswith(f"-{end}")
         assert m.subject.split(".")[3:] == [m.headers["Relay-Node"], run.replace(".", "_")]
     return msgs
 
@@ -120,6 +120,7 @@ def test_nats_down_at_start_and_for_30_s_mid_run(relays, tmp_path):
         cluster.start()
         wait_for(lambda: published(node, journal) > 500, 60, "published once NATS is up")
         cluster.kill_all()
+        time.sleep(1)  # the stats file is written every 0.2 s: let it say what was acknowledged before
         at_outage = published(node, journal)
         time.sleep(30)
         assert published(node, journal) == at_outage and len(journal_lines(journal)) > at_outage + 3000
@@ -153,6 +154,24 @@ def test_node_relay_killed_and_restarted_resumes_where_acknowledged(relays, clus
     wait_for(lambda: asyncio.run(read_stream(cluster.urls, "RELAY")) and
              len(stream_lines(cluster.urls)[0]) >= len(journal_lines(journal)), 90, "every line in the stream")
     assert node.stop() == 0
+    assert_in_stream_exactly_once(cluster.urls, journal)
+
+
+def test_a_jobs_embedded_relay_publishes_with_the_nats_tracker(cluster, tmp_path):
+    """``--tracker nats``: the job's own relay (one journal file for the job) publishes it, no node relay."""
+    from trainer.embedded import JSONL_NAME, EmbeddedRelay
+    from trainer.tracker_flags import TrackingArguments, sink_args as tracker_sink_args
+
+    out = tmp_path / "job"
+    args = tracker_sink_args(["jsonl", "nats"], TrackingArguments(nats_url=cluster.urls, nats_replicas=3), str(out))
+    relay = EmbeddedRelay.start(str(out), sink_args=args)
+    try:
+        pubs = [start_publisher(relay.address, "sft.job", rank, 500, world_size=2) for rank in range(2)]
+        all_acknowledged(pubs)
+        journal = out / JSONL_NAME
+        wait_for(lambda: len(stream_lines(cluster.urls)[0]) >= len(journal_lines(journal)), 60, "journal published")
+    finally:
+        assert relay.stop() == 0
     assert_in_stream_exactly_once(cluster.urls, journal)
 
 

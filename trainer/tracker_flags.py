@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 #: What ``--tracker`` accepts; jsonl (the journal) is always on unless ``none``.
-TRACKERS = ("jsonl", "aim", "mlflow", "tensorboard", "wandb", "clearml", "none")
+TRACKERS = ("jsonl", "aim", "mlflow", "tensorboard", "wandb", "clearml", "nats", "none")
 DEFAULT_PROJECT = "fms-hf-tuning"  # fms-hf-tuning's default experiment / project name
 
 
@@ -23,7 +23,7 @@ class TrackingArguments:
     tracker: str = field(
         default="jsonl",
         metadata={"help": "Sinks of the embedded relay: jsonl (always on unless none), aim, mlflow, tensorboard, "
-                          "wandb, clearml; comma separated or repeated; none disables tracking."},
+                          "wandb, clearml, nats; comma separated or repeated; none disables tracking."},
     )
     aim_repo: str | None = field(default=None, metadata={"help": "Aim repository (default: <output_dir>/aim)."})
     experiment: str | None = field(default=None, metadata={"help": "Aim experiment name (and MLflow's, unless "
@@ -43,6 +43,13 @@ class TrackingArguments:
     clearml_project: str | None = field(default=None, metadata={"help": "ClearML project (default: "
                                                                         "fms-hf-tuning)."})
     clearml_task: str | None = field(default=None, metadata={"help": "ClearML task name (default: SFTTrainer)."})
+    nats_url: str = field(default="nats://127.0.0.1:4222",
+                          metadata={"help": "NATS servers the nats tracker publishes the journal to (comma-separated; "
+                                            "docs/sinks/nats.md): the fleet tier, with no node relay."})
+    nats_creds: str | None = field(default=None, metadata={"help": "NATS .creds file (nats tracker)."})
+    nats_stream: str = field(default="RELAY", metadata={"help": "JetStream stream (nats tracker)."})
+    nats_replicas: int = field(default=1, metadata={"help": "Replicas of the stream if the job creates it (nats "
+                                                               "tracker): 3 on a 3-node cluster."})
     relay_address: str | None = field(
         default=None,
         metadata={"help": "Publish to this running relay (tcp://host:port or ipc://path) instead of starting "
@@ -85,8 +92,13 @@ def _clearml(t: TrackingArguments, out: str) -> list[str]:
             "--clearml-dir", os.path.join(out, "clearml-relay")]
 
 
+def _nats(t: TrackingArguments, out: str) -> list[str]:
+    args = ["--nats-url", t.nats_url, "--nats-stream", t.nats_stream, "--nats-replicas", str(t.nats_replicas)]
+    return args + (["--nats-creds", t.nats_creds] if t.nats_creds else [])
+
+
 SINK_ARGS: dict[str, Callable[[TrackingArguments, str], list[str]]] = {
-    "aim": _aim, "mlflow": _mlflow, "tensorboard": _tensorboard, "wandb": _wandb, "clearml": _clearml,
+    "aim": _aim, "mlflow": _mlflow, "tensorboard": _tensorboard, "wandb": _wandb, "clearml": _clearml, "nats": _nats,
 }
 
 

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import orjson
 
-from relay.journal.journal import Journal, JournalReader
+from relay.journal.journal import READ_SIZE, Journal, JournalReader
 from sinks.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -99,41 +99,82 @@ class ChunkReader:
 
     def take(self, source: str | None, max_lines: int, max_bytes: int, more: Chunk | None = None) -> Chunk | None:
         """The next chunk of ``source``: up to ``max_lines`` lines and ``max_bytes`` bytes (one line
-        alone may be longer), of one run; or ``more`` grown by what came since (None: nothing new)."""
+        alone may be longer), of one run; or ``more`` grown by what came since (None: nothing new).
+
+        The journal's bytes are read as a block and checked at C speed: when every line of it starts
+        with the run's head (as the relay writes lines), the block is the chunk; else it is split and
+        each line's run read (a line of another run, or not an event, is skipped in a run's file and
+        ends the chunk in the one file)."""
         path = self.file(source)
         if path is None:
             return more
-        reader = self.reader
-        start = reader.position(path, source)
-        run = more.run if more else source
-        parts: list[bytes] = [more.body] if more else []
-        lines = more.lines if more else 0
-        size = len(more.body) if more else 0
-        end = start
-        own = _HEAD + source.encode() + b'"' if source is not None else None
-        stream = reader.lines(source)
+        lines_left = max_lines - (more.lines if more else 0)
+        bytes_left = max_bytes - (len(more.body) if more else 0)
+        start = self.reader.position(path, source)
         try:
-            for line in stream:
-                line_run = source if own is not None and line.startswith(own) else run_of(line)
-                if line_run is None or (source is not None and line_run != source):
-                    self.skipped += 1  # not an event, or another run's line: never sent (JournalReader skips it too)
-                    end = reader.position(path, source)
-                    continue
-                if run is None:
-                    run = line_run
-                if line_run != run or (lines and (lines >= max_lines or size + len(line) + 1 > max_bytes)):
-                    reader.seek(path, source, end)  # this line starts the next chunk
-                    break
-                parts.append(line + b"\n")
-                lines += 1
-                size += len(line) + 1
-                end = reader.position(path, source)
-        finally:
-            stream.close()
-        if not lines or run is None:
+            if path.stat().st_size < start:  # replaced by a shorter file: read it afresh (as JournalReader does)
+                start = 0
+        except FileNotFoundError:
             return more
-        return Chunk(run=run, file=path.name, start=more.start if more else start, end=end,
-                     body=b"".join(parts), lines=lines)
+        block = _read_lines(path, start, bytes_left if more else max(bytes_left, 1), whole_line=more is None)
+        if lines_left <= 0 or not block:
+            return more
+        if block.count(b"\n") > lines_left:
+            cut = -1
+            for _ in range(lines_left):
+                cut = block.index(b"\n", cut + 1)
+            block = block[:cut + 1]
+        run = more.run if more else source or run_of(block[:block.index(b"\n")])
+        head = _HEAD + run.encode() + b'"' if run is not None else None
+        if head is not None and block.startswith(head) and block.count(b"\n" + head) == block.count(b"\n") - 1:
+            body, used, lines = block, len(block), block.count(b"\n")
+        else:
+            body, used, lines, run = self._sort(block, source, run)
+        self.reader.seek(path, source, start + used)
+        if not lines or run is None:
+            return more if more else (self.take(source, max_lines, max_bytes) if used else None)
+        if more:
+            return Chunk(run, path.name, more.start, start + used, more.body + body, more.lines + lines)
+        return Chunk(run, path.name, start, start + used, body, lines)
+
+    def _sort(self, block: bytes, source: str | None, run: str | None) -> tuple[bytes, int, int, str | None]:
+        """(body, bytes used, lines, run) of a block whose lines are not all of one run, line by line."""
+        kept: list[bytes] = []
+        used = 0
+        for line in block.split(b"\n")[:-1]:
+            line_run = run_of(line) if line.strip() else None
+            if line_run is not None and source is None and run is not None and line_run != run:
+                break  # the one file: the next run's lines start the next chunk
+            used += len(line) + 1
+            if line_run is None or (source is not None and line_run != source):
+                self.skipped += bool(line.strip())  # not an event, or another run's line: never sent
+                continue
+            run = line_run
+            kept.append(line + b"\n")
+        return b"".join(kept), used, len(kept), run
+
+
+def _read_lines(path: Path, start: int, limit: int, whole_line: bool) -> bytes:
+    """The complete lines of ``path`` from ``start``, at most ``limit`` bytes; with ``whole_line``, a
+    first line longer than ``limit`` whole. Empty when no complete line is there (yet)."""
+    try:
+        fh = open(path, "rb")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return b""
+    with fh:
+        fh.seek(start)
+        block = fh.read(limit)
+        end = block.rfind(b"\n") + 1
+        if end or not whole_line or len(block) < limit:
+            return block[:end]
+        while True:  # a first line longer than the limit: read on to its end
+            more = fh.read(READ_SIZE)
+            if not more:
+                return b""
+            newline = more.find(b"\n")
+            if newline >= 0:
+                return block + more[:newline + 1]
+            block += more
 
 
 class Positions:

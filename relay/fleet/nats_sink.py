@@ -46,7 +46,8 @@ class NatsSink(Sink):
             click.Option(["--nats-linger"], type=click.FloatRange(0), default=0.02, show_default=True,
                          help="Seconds a chunk short of its bounds waits for more lines before it is published."),
             click.Option(["--nats-inflight"], type=click.IntRange(1), default=16, show_default=True,
-                         help="Runs publishing at once (one chunk each in flight): what the sink holds in memory."),
+                         help="Chunks in flight (all runs together) until JetStream acknowledges them: what the sink "
+                              "holds in memory; beyond, reading the journal waits."),
         ]
 
     def __init__(self, nats_url: str = connection.DEFAULT_URL, nats_user: str | None = None,

@@ -3,11 +3,12 @@ keep a connection to NATS (waiting for it however long it is away, at start too)
 stream is there, and publish each source's journal chunks (relay/fleet/chunks.py), holding each until
 JetStream acknowledges it.
 
-One chunk per source is in flight at a time, so a run's chunks are stored in journal order, and a
-chunk whose ack was lost is published again with the same ``Nats-Msg-Id`` (JetStream acknowledges it
-as a duplicate: that counts as acknowledged). While a chunk waits, the next one fills, up to its
-bounds, so the chunks grow with the rate. ``--nats-inflight`` sources publish at once; memory is
-that many chunks at most: the journal is the buffer. A source's position is saved (the state file)
+Up to ``--nats-inflight`` chunks are in flight (all sources together): memory is that many chunks
+at most, and the journal is the buffer. A chunk whose ack was lost is published again with the same
+``Nats-Msg-Id`` (JetStream acknowledges it as a duplicate: that counts as acknowledged), and a
+source's position moves past a chunk only once it and every chunk before it are acknowledged. On
+one connection a run's chunks are stored in journal order; only a chunk published again after a
+failure can land after its successors (the consuming relay's dedupe takes seqs in any order). A source's position is saved (the state file)
 only once acknowledged; a source the state file does not know resumes after the stream's last
 message for this node and run (its ``Relay-End``).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +33,7 @@ RESCAN_S = 2.0  # look at the journal for news even without a batch saying so
 SAVE_EVERY = 0.5  # seconds between writes of the state file, when it changed
 HEADER_ROOM = 1024  # bytes of a message's max_payload left for its headers
 RETRY_S = (0.1, 0.25, 0.5, 1.0, 2.0)  # waits between attempts at a chunk, the last repeated
-COUNTERS = ("chunks", "published", "bytes", "duplicates", "retries", "held", "skipped", "too_big", "errors")
+COUNTERS = ("connected", "chunks", "published", "bytes", "duplicates", "retries", "held", "skipped", "too_big", "errors")
 
 
 @dataclass
@@ -58,7 +60,8 @@ class NatsPublisher:
         self.acked: dict[str, tuple[str, int]] = self.state.load()  # source key -> (file, offset) acknowledged
         self.idle = False
         self.loop = connection.LoopThread("nats-sink")
-        self._slots = inflight
+        self.inflight = inflight
+        self._slots: Any = None  # an asyncio.Semaphore of the loop's, made there
         self._dirty: set[str | None] = set()
         self._busy: set[str | None] = set()
         self._resumed: set[str | None] = set()
@@ -103,6 +106,7 @@ class NatsPublisher:
 
     async def _run(self) -> None:
         self._wake, self._connected = asyncio.Event(), asyncio.Event()
+        self._slots = asyncio.Semaphore(self.inflight)
         connecting = asyncio.ensure_future(self._connect())
         next_rescan = next_save = 0.0
         try:
@@ -111,7 +115,7 @@ class NatsPublisher:
                 if now >= next_rescan:
                     self._dirty |= {source for source, _ in self.chunks.sources() if self.chunks.behind(source)}
                     next_rescan = now + RESCAN_S
-                while self._stream_ok and self._dirty - self._busy and len(self._busy) < self._slots:
+                while self._stream_ok and self._dirty - self._busy:
                     source = next(iter(self._dirty - self._busy))
                     self._dirty.discard(source)
                     self._busy.add(source)
@@ -143,6 +147,7 @@ class NatsPublisher:
             self._stream_ok = await self._ensure_stream()
             if not self._stream_ok:
                 await asyncio.sleep(1.0)
+        self.counters["connected"] = int(self._nc.is_connected)
         self._wake.set()
 
     async def _ensure_stream(self) -> bool:
@@ -163,29 +168,47 @@ class NatsPublisher:
         return True
 
     async def _drain(self, source: str | None) -> None:
-        """Publish ``source``'s chunks until it has no new line."""
+        """Publish ``source``'s chunks until it has no new line: several in flight (as slots allow),
+        its position moving past each in order as they are acknowledged."""
+        pending: deque[tuple[Chunk, asyncio.Future]] = deque()
         try:
             if source not in self._resumed:
                 await self._resume(source)
                 self._resumed.add(source)
             while True:
-                chunk = self.chunks.take(source, self.max_lines, self.max_bytes)
-                if chunk is None:
+                if not pending or not self._slots.locked():
+                    await self._slots.acquire()
+                    chunk = self.chunks.take(source, self.max_lines, self.max_bytes)
+                    if chunk is not None:
+                        if not pending and self.linger and chunk.lines < self.max_lines \
+                                and len(chunk.body) < self.max_bytes // 2:
+                            await asyncio.sleep(self.linger)  # let a chunk fill a little when lines trickle in
+                            chunk = self.chunks.take(source, self.max_lines, self.max_bytes, more=chunk) or chunk
+                        pending.append((chunk, asyncio.ensure_future(self._publish(chunk))))
+                        continue
+                    self._slots.release()
+                if not pending:
                     break
-                if self.linger and chunk.lines < self.max_lines and len(chunk.body) < self.max_bytes // 2:
-                    await asyncio.sleep(self.linger)  # let a chunk fill a little when lines trickle in
-                    chunk = self.chunks.take(source, self.max_lines, self.max_bytes, more=chunk) or chunk
-                await self._publish(chunk)
-                self.acked[source_key(source)] = (chunk.file, chunk.end)
+                await self._settle(source, pending)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a journal unreadable for now: counted, logged, read again
             self._count_error(f"reading {source or 'the journal'}: {type(exc).__name__}: {exc}")
             self._dirty.add(source)
+            while pending:
+                await self._settle(source, pending)
             await asyncio.sleep(1.0)
         finally:
             self._busy.discard(source)
             self._wake.set()
+
+    async def _settle(self, source: str | None, pending: deque[tuple[Chunk, asyncio.Future]]) -> None:
+        """Wait for the oldest chunk in flight to be acknowledged; the source's position moves past it."""
+        chunk, publishing = pending[0]
+        await publishing
+        pending.popleft()
+        self._slots.release()
+        self.acked[source_key(source)] = (chunk.file, chunk.end)
 
     async def _resume(self, source: str | None) -> None:
         """A source the state file does not know: resume after the stream's last message for this
@@ -262,12 +285,14 @@ class NatsPublisher:
             self._count_error(f"NATS {self.settings.display} refused the connection: {connection.describe(exc)}")
 
     async def _disconnected(self) -> None:
+        self.counters["connected"] = 0
         if self._connected is not None:
             self._connected.clear()
         if self._down_since is None:
             self._down_since = time.monotonic()
 
     async def _reconnected(self) -> None:
+        self.counters["connected"] = int(self._stream_ok)
         self._connected.set()
         self._up()
 

