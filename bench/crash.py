@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, free_port, kill_group
-from relay.journal.journal import journal_files, read_events
+from relay.journal.reader import journal_files, read_events
 
 log = logging.getLogger("bench.crash")
 

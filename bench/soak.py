@@ -47,7 +47,7 @@ import psutil
 from bench import crash
 from bench.common import ROOT, free_port, kill_group, machine
 from bench.soak_hostile import HOST as HOSTILE_HOST, KINDS, KINDS_SENT
-from relay.journal.journal import read_events
+from relay.journal.reader import read_events
 
 log = logging.getLogger("bench.soak")
 

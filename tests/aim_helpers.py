@@ -214,7 +214,7 @@ def drive(sink: Any, batches: list[list[dict[str, Any]]], journal: Path | None =
     ``deadletters``), flushed, closed. A transient failure fails the test (none is retried here).
     Returns the sink, for its counters."""
     from relay.journal.deadletter import DeadLetters
-    from relay.journal.journal import JournalReader
+    from relay.journal.reader import JournalReader
     from relay.sinkhost.driver import SinkDriver
     from sinks.base import SinkContext
 

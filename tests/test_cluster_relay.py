@@ -17,7 +17,8 @@ from conftest import ROOT, finish, plugin_env, read_jsonl, wait_for
 from relay.wire import schema
 from relay.client.publisher import Publisher
 from relay.daemon.loop import Relay, RelayConfig
-from relay.journal.journal import Journal, journal_files, read_events
+from relay.journal.journal import Journal
+from relay.journal.reader import journal_files, read_events
 from sinks.events import RELAY_RANK
 
 RANK_PROC = Path(__file__).resolve().parent / "rank_proc.py"

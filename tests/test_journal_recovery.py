@@ -13,7 +13,8 @@ import zmq
 from conftest import finish, read_jsonl, start_publisher, wait_for
 from relay.wire import schema
 from relay.client.publisher import Publisher
-from relay.journal.journal import Journal, read_events
+from relay.journal.journal import Journal
+from relay.journal.reader import read_events
 
 from relay.wire.lines import encode_line
 TORN = 3 << 19  # 1.5 MiB: more than the 1 MiB the old recovery looked back

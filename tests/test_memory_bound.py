@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT, read_jsonl
 from relay.client.publisher import Publisher
-from relay.journal.journal import read_events
+from relay.journal.reader import read_events
 
 FLOOD = Path(__file__).resolve().parent / "flood_proc.py"
 MAX_MEMORY = 512  # MiB, --max-memory

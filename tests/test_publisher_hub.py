@@ -1,12 +1,14 @@
 """Many Publishers in one process share one I/O thread and still deliver every event exactly once."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from conftest import read_jsonl
+from conftest import ROOT, read_jsonl
 from relay.client.publisher import Publisher
 
 
@@ -39,3 +41,24 @@ def test_many_publishers_share_one_thread_and_lose_nothing(relays, tmp_path: Pat
     while _publisher_threads() and time.monotonic() < deadline:  # it ends with the last Publisher
         time.sleep(0.01)
     assert _publisher_threads() == 0
+
+
+IMPORTS_START_NOTHING = """
+import os, sys, threading
+fds = len(os.listdir("/proc/self/fd"))
+import relay, relay.sinkhost.child, relay.daemon.loop
+print("io_thread" if "relay.wire.io_thread" in sys.modules else "-",
+      "publisher" if "relay.client.publisher" in sys.modules else "-")
+import relay.client.publisher as publisher
+assert relay.Publisher is publisher.Publisher
+print(publisher._hub, threading.active_count(), len(os.listdir("/proc/self/fd")) - fds)
+"""
+
+
+def test_importing_the_relay_or_the_client_starts_nothing() -> None:
+    """The sink child and the daemon import relay.* without the publisher's I/O thread; the client
+    itself makes it (a thread and a pipe) only for its first Publisher."""
+    proc = subprocess.run([sys.executable, "-c", IMPORTS_START_NOTHING], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["- -", "None 1 0"]

@@ -22,7 +22,7 @@ pytest.importorskip("mlflow")
 from aim_helpers import finish_ranks as finish  # noqa: E402
 from aim_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
 from conftest import free_port  # noqa: E402
-from relay.journal.journal import JournalReader  # noqa: E402
+from relay.journal.reader import JournalReader  # noqa: E402
 from relay.wire.lines import encode_line
 from relay.sinkhost.replay import replay_files  # noqa: E402
 from sinks.base import PermanentError, SinkContext, SinkError  # noqa: E402

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import finish, plugin_env, read_jsonl, start_publisher
 from relay.client.publisher import Publisher
-from relay.journal.journal import Journal, LineDecoder
+from relay.journal.journal import Journal
+from relay.journal.reader import LineDecoder
 
 
 from relay.wire.lines import encode_line

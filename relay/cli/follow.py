@@ -6,7 +6,7 @@ again (log rotation) is read to its end and the new one from its start; a file c
 (truncated) is read again from its start; new run files in a directory are picked up. Lines come
 back as written (bytes, newline included), so ``relay tail --json`` prints them byte for byte.
 
-``relay.journal.journal.JournalReader`` reads the same files for sinks; it parses events and keeps offsets
+``relay.journal.reader.JournalReader`` reads the same files for sinks; it parses events and keeps offsets
 by name, which is what a sink catching up needs, while a viewer needs the raw bytes and must notice
 a file replaced under the same name, so this keeps its own open files.
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from relay.journal.journal import READ_SIZE, journal_files
+from relay.journal.reader import READ_SIZE, journal_files
 
 #: Files kept open at once; past it a file is let go once read, and reopened by name (and
 #: identity) when it grows, so a directory of thousands of runs costs few descriptors.

@@ -13,15 +13,16 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 import click
 
 from relay.wire.address import ADDRESS_ENV, DEFAULT_ADDRESS, AddressInUse, BadAddress
-from relay.journal.journal import Journal
+from relay.journal.journal import NAME as JOURNAL, Journal, JournalError
 from relay.daemon.bounds import private_files
 from relay.daemon.live_line import LiveLine, LiveLogHandler, wanted
 from relay.cli.filters import selection, selection_options
+from relay.cli.targets import JOURNAL_SUMMARY, JournalFlags, load_named, named, owner
 from relay.sinkhost.child import SinkSpec
 from sinks.base import SinkError
 
@@ -66,7 +67,7 @@ class _ServeByDefault(click.Group):
 class _SinkCommand(click.Command):
     """A command that takes the options of the sinks named on its command line (``--sink NAME``)
     and of no other, so a plugin is imported only when asked for (``relay --sink aim --help``
-    shows Aim's options). The journal's options are always there where it is (``serve``)."""
+    shows Aim's options). ``journal_always``: the journal is named whether or not ``--sink jsonl`` is."""
 
     def __init__(self, *args: Any, journal_always: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -74,19 +75,17 @@ class _SinkCommand(click.Command):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
-            classes = _load_sinks(_named_sinks(args))
+            classes = load_named(list(dict.fromkeys(named(args) + [JOURNAL] * self.journal_always)))
         except SinkError as exc:
             _fail(EXIT_USAGE, str(exc))
-        if self.journal_always:
-            classes.setdefault(Journal.name, (Journal.name, Journal))
         ctx.meta[_SINKS] = classes
         ctx.meta[_SINK_PARAMS] = self._sink_params(classes)
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:  # another sink's option: say which (else the group's one line)
-            owner = _owner(exc.option_name, classes)
-            if owner is not None:
-                _fail(EXIT_USAGE, f"{exc.option_name} belongs to the {owner} sink; add --sink {owner}")
+            declared_by = owner(exc.option_name, classes)
+            if declared_by is not None:
+                _fail(EXIT_USAGE, f"{exc.option_name} belongs to the {declared_by} sink; add --sink {declared_by}")
             raise
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
@@ -100,8 +99,7 @@ class _SinkCommand(click.Command):
         from sinks.registry import summaries  # reads the sinks' source: imports none of them
 
         with formatter.section("Installed sinks (--sink NAME; --sink NAME --help adds its options)"):
-            journal = [(Journal.name, "The journal (JSONL), always written.")] if self.journal_always else []
-            formatter.write_dl(journal + summaries())
+            formatter.write_dl([(JOURNAL, JOURNAL_SUMMARY), *summaries()])
 
     def _sink_params(self, classes: dict[str, tuple[str, type]]) -> list[click.Parameter]:
         """The named sinks' options (the first declaration of a name wins)."""
@@ -118,61 +116,6 @@ class _SinkCommand(click.Command):
         return params
 
 
-def _named_sinks(args: list[str]) -> list[str]:
-    """The ``--sink NAME`` / ``--sink=NAME`` values of a command line, in order, once each."""
-    names, words = [], iter(args)
-    for word in words:
-        if word == "--":
-            break
-        if word == "--sink":
-            names.append(next(words, ""))
-        elif word.startswith("--sink="):
-            names.append(word[len("--sink="):])
-    return list(dict.fromkeys(name for name in names if name))
-
-
-def _load_sinks(names: list[str]) -> dict[str, tuple[str, type]]:
-    """Display name -> (what a sink process loads, class), for the named sinks; ``jsonl`` is the
-    journal. SinkError for an unknown or broken sink, or two that go by the same name."""
-    from sinks.registry import available, known, load
-
-    classes: dict[str, tuple[str, type]] = {}
-    for given in names:
-        if given == Journal.name:
-            name, cls = Journal.name, Journal
-        elif ":" not in given and not known(given):
-            installed = sorted({Journal.name, *available()})
-            raise SinkError(f"unknown sink {given!r}; installed sinks: {', '.join(installed)} "
-                            "(or give package.module:Class)")
-        else:
-            cls = load(given)
-            name = getattr(cls, "name", None) or cls.__name__.lower()
-        if name in classes:
-            raise SinkError(f"--sink {given}: a sink named {name!r} was already given; name each sink once")
-        classes[name] = (given, cls)
-    return classes
-
-
-def _owner(option: str, named: dict[str, tuple[str, type]]) -> str | None:
-    """The sink, not named on the command line, that declares ``option`` (only now are the other
-    installed sinks imported: this is the path of a usage error)."""
-    from sinks.registry import available, load
-
-    candidates: dict[str, Callable[[], type]] = {Journal.name: lambda: Journal}
-    for name in sorted(available()):
-        candidates.setdefault(name, lambda name=name: load(name))
-    for name, get in candidates.items():
-        if name in named:
-            continue
-        try:
-            cls = get()
-        except SinkError:
-            continue
-        if any(option in o.opts or option in o.secondary_opts for o in cls.options()):
-            return name
-    return None
-
-
 def _fail(code: int, message: str) -> NoReturn:
     click.echo(f"relay: error: {message}", err=True)
     sys.exit(code)
@@ -186,14 +129,14 @@ def _setup_logging(level: str, live: LiveLine | None = None) -> None:
 
 
 def build_sinks(ctx: click.Context, params: dict[str, Any], log_level: str = "info") -> tuple[Journal, list[SinkSpec]]:
-    """The journal (always present: ``--sink jsonl`` is implied) and what each other sink's process
-    needs to build it: its name, what to load, and only its own options."""
-    classes: dict[str, tuple[str, type]] = ctx.meta[_SINKS]
-    journal = Journal(**{o.name: params[o.name] for o in Journal.options()})
+    """The journal (always present: ``--sink jsonl`` is implied) and what each sink's process needs
+    to build it: its name, what to load, and only its own options."""
+    sinks = dict(ctx.meta[_SINKS])
+    del sinks[JOURNAL]
     specs = [SinkSpec(name, {o.name: _jsonable(params[o.name]) for o in cls.options() if o.name in params},
                       source=source, log_level=log_level)
-             for name, (source, cls) in classes.items() if cls is not Journal]
-    return journal, specs
+             for name, (source, cls) in sinks.items()]
+    return JournalFlags.journal(params), specs
 
 
 def _jsonable(value: Any) -> Any:
@@ -298,7 +241,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
         check_sinks(sinks, journal.path)
         relay.live = line
         relay.bind()
-    except (SinkError, AddressInUse, BadAddress) as exc:
+    except (SinkError, JournalError, AddressInUse, BadAddress) as exc:
         journal.abandon()
         if isinstance(exc, AddressInUse):
             _fail(EXIT_ADDRESS_IN_USE, f"{exc}; stop the other relay or choose another --bind")
@@ -327,23 +270,19 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
 
     private_files(world_readable)
     _setup_logging(log_level)
-    classes: dict[str, tuple[str, type]] = ctx.meta[_SINKS]
-    journal, sinks = None, []
+    classes: dict[str, tuple[str, type]] = dict(ctx.meta[_SINKS])
+    journal = JournalFlags.journal(sink_params) if classes.pop(JOURNAL, None) else None
     try:
-        for _, cls in classes.values():
-            options = {o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params}
-            if cls is Journal:
-                journal = Journal(**options)
-            else:
-                sinks.append(cls(**options))
+        sinks = [cls(**{o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params})
+                 for _, cls in classes.values()]
         result = replay_files(files, sinks, set(runs), journal)
-    except SinkError as exc:
+    except (SinkError, JournalError) as exc:
         _fail(EXIT_USAGE, str(exc))
     done = []
     if journal is not None:
         done.append(f"{result.new} new in the journal {journal.path}, {result.events - result.new} it held already")
     if sinks:
-        done.append("replayed into " + ", ".join(name for name, (_, cls) in classes.items() if cls is not Journal))
+        done.append("replayed into " + ", ".join(classes))
     refused = f"; {result.dead_lettered} refused for good (see _deadletter files)" if result.dead_lettered else ""
     click.echo(f"read {result.events} events from {result.files} files: {'; '.join(done)}; "
                f"{result.bad_lines} unreadable lines skipped{refused}", err=True)

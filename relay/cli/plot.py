@@ -3,7 +3,7 @@
 
 matplotlib is imported only here, when the command runs, with the Agg backend (no display
 needed); without it the command says which extra to install. Only lines that are events are read
-(``relay.journal.journal.read_events``); a metric the journal holds as "NaN" or "Infinity" is a gap in
+(``relay.journal.reader.read_events``); a metric the journal holds as "NaN" or "Infinity" is a gap in
 its line. The image format follows the output's extension."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from relay.journal.journal import journal_files, read_events
+from relay.journal.reader import journal_files, read_events
 from relay.cli.filters import MetricName, Selection, number
 from sinks.events import RELAY_RANK
 

@@ -25,21 +25,30 @@ import zmq
 from relay.wire import curve, schema
 
 from relay.client import spool
-from relay.wire.address import ADDRESS_ENV, DEFAULT_ADDRESS, resolve_address
+from relay.wire.address import resolve_address
 from relay.wire.io_thread import Hub, Link, read_monitor
 from relay.client.send_window import SendWindow
 from sinks.events import RELAY_RANK
 
-# The address names are re-exported: relay.cli.main and user code import them from here.
-__all__ = ["ADDRESS_ENV", "DEFAULT_ADDRESS", "Publisher", "UNKNOWN_JOURNAL", "resolve_address"]
+__all__ = ["Publisher", "UNKNOWN_JOURNAL"]
 
 log = logging.getLogger(__name__)
 
 #: What the replay command of the close warning names when the relay's journal is not known here.
 UNKNOWN_JOURNAL = "YOUR_JOURNAL"
 
+_hub: Hub | None = None
+_hub_lock = threading.Lock()
 
-_HUB = Hub()
+
+def _the_hub() -> Hub:
+    """The process's one I/O thread and its pipe, made for the first Publisher: importing this
+    module (the sink child, the daemon, any ``relay.*`` import) starts nothing."""
+    global _hub
+    with _hub_lock:
+        if _hub is None:
+            _hub = Hub()
+        return _hub
 
 
 class Publisher:
@@ -122,7 +131,8 @@ class Publisher:
             "pid": os.getpid(), "address": self.address, "python": sys.version.split()[0],
             "pyzmq": zmq.__version__, "max_events": max_events,
         })
-        _HUB.register(self)
+        self._hub = _the_hub()
+        self._hub.register(self)
         self._ready.wait(5.0)
         atexit.register(self._close_at_exit)
 
@@ -171,7 +181,7 @@ class Publisher:
         self.flush(timeout)
         self._closed = True
         self._stop.set()
-        _HUB.wake()
+        self._hub.wake()
         self._done.wait(max(timeout, 1.0))
         left = self.unacknowledged
         if not left:

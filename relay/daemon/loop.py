@@ -40,7 +40,7 @@ from relay.wire.address import AddressInUse, BadAddress, check_bind_address, ens
 from relay.daemon.cross_rank import Cluster, ClusterConfig, Derived
 from relay.journal.deadletter import KEEP_BYTES, DeadLetters
 from relay.journal.dedupe import Dedupe, RankState, claimed_drop
-from relay.journal.journal import Journal
+from relay.journal.journal import NAME as JOURNAL, Journal
 from relay.wire.lines import check_lines, encode_line, encode_lines
 from relay.daemon.bounds import COMMIT_BYTES, RECV_HWM, TURN_BYTES, MemoryProbe, RunBudget, alive, raise_file_limit, trim_heap
 from relay.daemon.live_line import LiveLine
@@ -168,7 +168,7 @@ class Relay:
         return sock
 
     def open_journal(self) -> None:
-        """Create the journal's folder and take its lock (once); SinkError if either cannot be."""
+        """Create the journal's folder and take its lock (once); JournalError if either cannot be."""
         if not self._journal_open:
             self.journal.open()
             self._journal_open = True
@@ -217,7 +217,7 @@ class Relay:
         self.open_sinks()
         log.info("relay listening on %s, journal %s, sinks: %s", self.address,
                  self.journal.path,
-                 ", ".join([self.journal.name] + [s.name for s in self.sinks]))
+                 ", ".join([JOURNAL] + [s.name for s in self.sinks]))
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         # Events live from their frame to the next journal flush and never form cycles; at Python's
@@ -656,7 +656,7 @@ class Relay:
     def snapshot(self, window: float = 1.0, final: bool = False) -> dict[str, Any]:
         """Every counter, plus events/s over about the last ``window`` seconds and the runs' ranks."""
         now = time.monotonic()
-        sinks = {self.journal.name: {"written": self.counters.written, "errors": self.counters.journal_errors,
+        sinks = {JOURNAL: {"written": self.counters.written, "errors": self.counters.journal_errors,
                                      "dropped": 0, "queued": self._pending,
                                      "lag_s": round(now - self._journal_ok_at, 1) if self._pending else 0.0}}
         sinks.update((w.name, w.stats()) for w in self.workers)

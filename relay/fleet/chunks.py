@@ -17,7 +17,8 @@ from typing import Iterator
 
 import orjson
 
-from relay.journal.journal import READ_SIZE, Journal, JournalReader
+from relay.journal.journal import Journal
+from relay.journal.reader import READ_SIZE, JournalReader
 from sinks.files import write_atomic
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,8 @@ from relay.wire import schema
 from relay.forward.lines import LineReader
 from relay.forward.window import ForwardWindow, Key
 from relay.wire.io_thread import Link
-from relay.journal.journal import Journal, JournalReader
+from relay.journal.journal import Journal
+from relay.journal.reader import JournalReader
 from sinks.events import RELAY_RANK
 from sinks.files import write_atomic
 

@@ -255,7 +255,7 @@ class Dedupe:
                 if seen.dropped:
                     known.skip_to(seen.dropped, JOURNAL)
             if recovered:
-                log.info("run %s: %d events already in %s will not be written again", run, recovered, journal.name)
+                log.info("run %s: %d events already in the journal will not be written again", run, recovered)
         return self.ranks.get((run, rank)) or self.add_state(run, rank)
 
     def idle_runs(self, before: float) -> list[str]:

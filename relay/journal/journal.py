@@ -1,28 +1,16 @@
-"""The journal: the relay's JSONL source of truth (docs/jsonl.md), and the one way to read it.
+"""Writing the journal: the relay's JSONL source of truth (docs/jsonl.md); reading it is
+relay/journal/reader.py.
 
-Writing (``Journal``, owned by the daemon): one JSON object per event per line, appended with a
-single write per file and batch so readers never see half a line; a torn tail left by a crash is
-cut back to the last newline, however far back, before the file is first read or written
-(relay/journal/recovery.py; those events were never acknowledged, so their clients resend them); a line is
-at most schema.MAX_LINE_BYTES (``check_lines``); the relay acknowledges events only after ``flush()``, and after a
-restart asks ``seen()`` what is already here, so nothing is written twice. One file for every run,
-or a directory of ``<run>.jsonl``.
+``Journal``, owned by the daemon: one JSON object per event per line, appended with a single write
+per file and batch so readers never see half a line; a torn tail left by a crash is cut back to the
+last newline, however far back, before the file is first read or written (relay/journal/recovery.py;
+those events were never acknowledged, so their clients resend them); a line is at most
+schema.MAX_LINE_BYTES (``check_lines``); the relay acknowledges events only after ``flush()``, and
+after a restart asks ``seen()`` what is already here, so nothing is written twice. One file for
+every run, or a directory of ``<run>.jsonl``.
 
-Reading: ``read_events`` gives one file's events in file order with its unreadable lines counted
-(``relay replay``, the restart scan); ``JournalReader`` reads only what is new since its previous
-call, per run, complete lines only (a sink's catch-up through ``SinkContext.journal_events``;
-``relay tail -f`` follows the raw lines with ``relay.cli.follow``); ``LineDecoder`` turns the same lines arriving on a pipe into events
-(a sink's process). Every reader that hands events to a sink restores non-finite metrics
-(``sinks.events.from_journal``), so a live sink and a replayed one see the same.
-
-A journal may have been edited by hand or written by an older relay, so every reader takes a line
-for an event only if ``parse_event`` does: a JSON object that the wire's own rules accept
-(``relay.wire.schema.validate_event``). Any other line is counted as bad, never handed on: no reader
-crashes on it, names a file after it, or writes it anywhere. ``relay tail`` alone shows every JSON
-object, as far as it can. The writer never pays for this: it writes only events validated on arrival.
-
-Well over 350 lines: the journal's writer and its readers share the format (and what a line must
-hold to be an event) and are kept together so that a change to one is seen next to the other.
+The journal is not a sink: the relay writes it itself, before it acknowledges anything. What it
+cannot do is a ``JournalError``, one line that says what to do (the command line exits 2 with it).
 """
 from __future__ import annotations
 
@@ -33,196 +21,29 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-import click
-
 from relay.wire import schema
 from relay.journal.dedupe import claimed_drop
+from relay.journal.reader import JournalReader, is_directory_layout, read_events
 from relay.journal.recovery import cut_torn_tail
-from relay.wire.lines import encode_line, event_error, parse_event, parse_line
-from sinks.base import SinkError
+from relay.wire.lines import encode_line, parse_event
 from sinks.events import from_journal
 
 log = logging.getLogger(__name__)
 
+#: What the command line (``--sink jsonl``), the relay's stats and its log lines call the journal.
+NAME = "jsonl"
 DEFAULT_PATH = "relay-logs/"
 LOCK_NAME = "_relay.lock"
 #: Run files kept open at once in the directory layout; the least recently written is closed first,
 #: so thousands of run ids cost descriptors for only the active few.
 MAX_OPEN_FILES = 128
 MAX_RELEASED = 4096  # forgotten runs of a shared file remembered before its index is dropped whole
-READ_SIZE = 1 << 20
 RECENT_BYTES = 1 << 20  # what Journal.recent reads back from the end of a run's file
 
 
-# -- reading --------------------------------------------------------------------------------------
-
-
-def journal_files(path: Path) -> list[Path]:
-    """The JSONL files a journal path stands for: the file itself, or every run file in a directory."""
-    if path.is_dir():
-        return sorted(p for p in path.glob("*.jsonl") if not p.name.startswith("_"))
-    return [path]
-
-
-def is_directory_layout(path: str | Path) -> bool:
-    """A path that exists as a directory or ends with a slash gets one file per run."""
-    return str(path).endswith(os.sep) or Path(path).is_dir()
-
-
-def read_events(path: Path, bad_lines: list[int] | None = None, whole_lines: bool = False) -> Iterator[dict[str, Any]]:
-    """Events of one JSONL file in file order, as written; lines that are not events (unparsable,
-    or see ``event_error``) are skipped and their line numbers appended to ``bad_lines`` so callers
-    can report them (each also logged at debug level, with why). ``whole_lines``: a last line
-    without its newline (torn, or still being written) is left out."""
-    with open(path, "rb") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip() or (whole_lines and not line.endswith(b"\n")):
-                continue
-            event = parse_line(line)
-            error = "not a JSON object" if event is None else event_error(event)
-            if error is None:
-                yield event
-                continue
-            if bad_lines is not None:
-                bad_lines.append(number)
-            log.debug("%s:%d is not an event, skipped: %.200s", path, number, error)
-
-
-class LineDecoder:
-    """Journal lines arriving in pieces (a pipe) -> events of the complete ones, restored as a sink
-    gets them; a partial last line waits for the rest. ``bad_lines`` counts what was not an event.
-
-    ``runs_only`` (for a sink whose ``wants_events`` is False): each line becomes a stand-in
-    ``{"run": RUN}``, one shared dict per run, read off the line's head as the relay writes it
-    (``{"v":1,"run":"...``) without decoding the rest; a line that starts otherwise is parsed."""
-
-    def __init__(self, runs_only: bool = False) -> None:
-        self.bad_lines = 0
-        self.runs_only = runs_only
-        self._rest = b""
-
-    def feed(self, data: bytes) -> list[dict[str, Any]]:
-        *lines, self._rest = (self._rest + data).split(b"\n")
-        if self.runs_only:
-            return self._runs(lines)
-        events = []
-        for line in lines:
-            event = parse_event(line)
-            if event is not None:
-                events.append(from_journal(event))
-            elif line.strip():
-                self.bad_lines += 1
-        return events
-
-    def _runs(self, lines: list[bytes]) -> list[dict[str, Any]]:
-        stand_ins: dict[bytes, dict[str, Any]] = {}
-        out = []
-        for line in lines:
-            run = line[_HEAD_LEN:line.find(b'"', _HEAD_LEN)] if line.startswith(_HEAD) else None
-            stand_in = stand_ins.get(run) if run else None
-            if stand_in is None:
-                if run and schema.valid_run_id(run.decode("ascii", "replace")):
-                    stand_in = stand_ins[run] = {"run": run.decode()}
-                else:
-                    event = parse_event(line)
-                    if event is None:
-                        self.bad_lines += 1 if line.strip() else 0
-                        continue
-                    stand_in = {"run": event["run"]}
-            out.append(stand_in)
-        return out
-
-
-_HEAD = b'{"v":1,"run":"'  # how every line the relay writes starts (sinks.events.FIELDS order)
-_HEAD_LEN = len(_HEAD)
-
-
-class JournalReader:
-    """Reads a journal (file or directory) incrementally: each ``read(run)`` yields the events of
-    the complete lines written since the previous ``read`` for the same ``run`` (None: every run),
-    in file order, remembering a byte offset per (file, run). In the directory layout a run's read
-    opens only that run's file, and new run files are found as they appear.
-
-    Calling the reader is ``read(run)``: pass it as ``SinkContext.journal_events``. ``restore``
-    turns non-finite metric strings back into floats (what a sink gets). ``bad_lines`` counts the
-    lines skipped. (``relay tail`` follows files with ``relay.cli.follow.Follower`` instead: it shows
-    the lines as written, also those that are not events, and notices a file replaced.)"""
-
-    def __init__(self, path: str | Path, *, directory: bool | None = None, restore: bool = True) -> None:
-        self.path = Path(path)
-        self.directory = is_directory_layout(path) if directory is None else directory
-        self.restore = restore
-        self.bad_lines = 0
-        self._offsets: dict[tuple[str, str | None], int] = {}
-
-    def __call__(self, run: str) -> Iterator[dict[str, Any]]:
-        return self.read(run)
-
-    def files(self, run: str | None = None) -> list[Path]:
-        if not self.directory:
-            return [self.path]
-        if run is not None:  # a run id that cannot name a file has none (and names none outside)
-            return [self.path / f"{run}.jsonl"] if schema.valid_run_id(run) else []
-        return journal_files(self.path) if self.path.is_dir() else []
-
-    def read(self, run: str | None = None) -> Iterator[dict[str, Any]]:
-        for path in self.files(run):
-            for line in self._lines(path, run):
-                event = parse_event(line)
-                if event is None:
-                    self.bad_lines += 1
-                elif run is None or event["run"] == run:
-                    yield from_journal(event) if self.restore else event
-
-    def lines(self, run: str | None = None) -> Iterator[bytes]:
-        """The complete, non-blank lines written since the previous call (of ``read`` or ``lines``)
-        for ``run``, as written and unchecked: for a reader that applies the rules itself
-        (relay/forward/sender.py). In the directory layout a run's file may hold a line of another run."""
-        for path in self.files(run):
-            yield from self._lines(path, run)
-
-    def position(self, path: Path, run: str | None = None) -> int:
-        """Where the next ``lines(run)`` starts reading ``path``: the byte offset after the last line
-        yielded (a reader that cuts the lines into byte ranges, as relay/fleet does, reads it per line)."""
-        return self._offsets.get((str(path), run), 0)
-
-    def seek(self, path: Path, run: str | None, offset: int) -> None:
-        """Resume ``path``'s reading for ``run`` at ``offset``, the end of a line (a saved position)."""
-        self._offsets[(str(path), run)] = offset
-
-    def _lines(self, path: Path, run: str | None) -> Iterator[bytes]:
-        key = (str(path), run)  # a str: hashing a Path per line costs more than reading the line
-        offset = self._offsets.get(key, 0)
-        try:
-            fh = open(path, "rb")
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            return
-        offsets = self._offsets
-        with fh:
-            if os.fstat(fh.fileno()).st_size < offset:  # replaced by a shorter file: read it afresh
-                offset = 0
-            fh.seek(offset)
-            pending = b""
-            while True:
-                chunk = fh.read(READ_SIZE)
-                if not chunk:
-                    return
-                pending += chunk
-                end = pending.rfind(b"\n") + 1
-                if not end:
-                    continue  # a line longer than READ_SIZE, or a partial last line
-                lines = pending[:end].split(b"\n")
-                pending = pending[end:]
-                lines.pop()
-                for line in lines:
-                    offset += len(line) + 1
-                    if line.strip():
-                        offsets[key] = offset  # before yielding: a reader that stops keeps its place
-                        yield line
-                offsets[key] = offset
-
-
-# -- writing --------------------------------------------------------------------------------------
+class JournalError(Exception):
+    """The journal cannot be opened or written here (a folder not writable, another relay's lock):
+    one line saying what is wrong and what to do."""
 
 
 class BadRunId(schema.FrameError):
@@ -232,18 +53,6 @@ class BadRunId(schema.FrameError):
 
 class Journal:
     """The journal the daemon writes: a single file for all runs, or a directory of ``<run>.jsonl``."""
-
-    name = "jsonl"  # what ``--sink`` calls it, and its key in the relay's stats
-
-    @classmethod
-    def options(cls) -> list[click.Option]:
-        return [
-            click.Option(["--path"], default=DEFAULT_PATH, show_default=True,
-                         help="JSONL journal: a file for every run, or a directory (existing, or ending "
-                              "in '/') holding one <run>.jsonl per run."),
-            click.Option(["--fsync/--no-fsync"], default=False, show_default=True,
-                         help="fsync the journal before acknowledging (survives power loss, costs latency)."),
-        ]
 
     def __init__(self, path: str | os.PathLike = DEFAULT_PATH, fsync: bool = False) -> None:
         self.directory = is_directory_layout(path)
@@ -283,7 +92,7 @@ class Journal:
     # -- writing ----------------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Create the folder and take the lock; SinkError (a usage error) if either cannot be."""
+        """Create the folder and take the lock; JournalError if either cannot be."""
         folder = self.path if self.directory else self.path.parent
         self._made_folder = None if folder.exists() else folder
         lock_path = self.path / LOCK_NAME if self.directory else self.sidecar(".lock")
@@ -292,13 +101,13 @@ class Journal:
                 folder.mkdir(parents=True, exist_ok=True)
                 fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
-                raise SinkError(f"cannot write the JSONL journal at {self.path}: {exc.strerror}; "
+                raise JournalError(f"cannot write the JSONL journal at {self.path}: {exc.strerror}; "
                                 "choose a writable --path") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise SinkError(f"another relay is already writing {self.path}; stop it or choose another --path") from None
+                raise JournalError(f"another relay is already writing {self.path}; stop it or choose another --path") from None
             if _same_file(fd, lock_path):
                 self._lock_fd, self._lock_path = fd, lock_path
             else:  # the relay that held it removed it as we opened it (close): take the new one
@@ -413,7 +222,7 @@ class Journal:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             except OSError as exc:
-                raise SinkError(f"cannot write {path}: {exc.strerror}; choose a writable --path") from None
+                raise JournalError(f"cannot write {path}: {exc.strerror}; choose a writable --path") from None
             if key not in self._cut:
                 cut_torn_tail(fd, path)
                 self._cut.add(key)

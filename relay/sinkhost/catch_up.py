@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from relay.journal.journal import Journal, journal_files
+from relay.journal.journal import Journal
+from relay.journal.reader import journal_files
 
 from relay.wire.lines import parse_event
 from sinks.events import from_journal

@@ -2,7 +2,7 @@
 
     python -m relay.sinkhost.child SPEC_JSON     (started by relay/sinkhost/process.py, not by hand)
 
-Relay -> child, on stdin: journal lines (``relay.journal.journal.LineDecoder`` turns them into events, as
+Relay -> child, on stdin: journal lines (``relay.journal.reader.LineDecoder`` turns them into events, as
 ``relay replay`` would: non-finite metrics restored; for a sink whose ``wants_events`` is False,
 into stand-ins that hold only the run, without decoding the lines). Child -> relay, one JSON object per line on
 the child's own stdout: ``{"ready": true}`` or ``{"error": MESSAGE}`` once, then its counters every
@@ -33,7 +33,7 @@ from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.catch_up import CatchUp
 from relay.sinkhost.driver import SinkDriver
 from relay.journal.deadletter import DeadLetters
-from relay.journal.journal import JournalReader, LineDecoder
+from relay.journal.reader import JournalReader, LineDecoder
 from sinks.base import Sink, SinkContext, SinkError
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ from typing import Iterable
 
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import Dedupe
-from relay.journal.journal import BadRunId, Journal, JournalReader, journal_files, read_events
+from relay.journal.journal import BadRunId, Journal
+from relay.journal.reader import JournalReader, journal_files, read_events
 from relay.sinkhost.driver import SinkDriver, sleep_for
 from sinks.base import Sink, SinkContext, SinkError
 from sinks.events import from_journal
@@ -43,7 +44,7 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
 
     Non-finite metric values, stored as "NaN"/"Infinity" strings, become floats again. Sinks are
     expected to be idempotent, so replaying twice adds nothing. Lines that are not events (see
-    ``relay.journal.journal.event_error``: unparsable, hand-edited, an older relay's "NaN" ts) are skipped
+    ``relay.wire.lines.event_error``: unparsable, hand-edited, an older relay's "NaN" ts) are skipped
     and counted in ``bad_lines``, as are events ``journal`` refuses (a run id it cannot name a file
     after, which the reader already keeps out). SinkError when a sink still fails after ``retry_for`` s.
     """

@@ -2,7 +2,7 @@
 
 Each check takes the bytes a strategy produced (or a corpus file holds) and raises on a bug: the
 code under test's own exception (a crash), or a Violation naming a broken invariant. Documented
-outcomes (a frame rejected with FrameError, a replay refused with SinkError over a foreign line)
+outcomes (a frame rejected with FrameError, a replay refused with JournalError over a foreign line)
 are not bugs.
 """
 from __future__ import annotations
@@ -24,9 +24,9 @@ from relay.wire import schema
 from relay.sinkhost.replay import replay_files
 from relay.cli.filters import Selection
 from relay.cli.tail import Tail, format_event
-from relay.journal.journal import Journal, journal_files, read_events
+from relay.journal.journal import Journal, JournalError
+from relay.journal.reader import journal_files, read_events
 from relay.wire.lines import check_lines, encode_lines
-from sinks.base import SinkError
 
 from . import strategies
 from sinks.events import FIELDS, from_journal
@@ -275,11 +275,11 @@ def check_journal(journal_bytes: bytes) -> None:
 
 
 def _replay(source: Path, out: Path, events: list[dict[str, Any]]) -> None:
-    """replay_files into a JSONL directory; SinkError is its documented refusal, fair only for a
+    """replay_files into a JSONL directory; JournalError is its documented refusal, fair only for a
     line whose run id cannot name a file (the relay never writes one)."""
     try:
         replay_files([source], [], journal=Journal(str(out) + os.sep))
-    except SinkError as exc:
+    except JournalError as exc:
         if all(schema.valid_run_id(e.get("run")) for e in events):
             raise Violation("replay_sink_error", f"replay of valid run ids refused: {exc}") from exc
 

@@ -1,0 +1,195 @@
+"""Reading the journal: the one way every reader takes its lines (docs/jsonl.md).
+
+``read_events`` gives one file's events in file order with its unreadable lines counted (``relay
+replay``, the restart scan); ``JournalReader`` reads only what is new since its previous call, per
+run, complete lines only (a sink's catch-up through ``SinkContext.journal_events``; ``relay tail
+-f`` follows the raw lines with ``relay.cli.follow``); ``LineDecoder`` turns the same lines arriving
+on a pipe into events (a sink's process). Every reader that hands events to a sink restores
+non-finite metrics (``sinks.events.from_journal``), so a live sink and a replayed one see the same.
+
+A journal may have been edited by hand or written by an older relay, so every reader takes a line
+for an event only if ``parse_event`` does: a JSON object that the wire's own rules accept
+(``relay.wire.schema.validate_event``). Any other line is counted as bad, never handed on: no reader
+crashes on it, names a file after it, or writes it anywhere. ``relay tail`` alone shows every JSON
+object, as far as it can. The writer (relay/journal/journal.py) never pays for this: it writes only
+events validated on arrival.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from relay.wire import schema
+from relay.wire.lines import event_error, parse_event, parse_line
+from sinks.events import from_journal
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 1 << 20
+
+
+def journal_files(path: Path) -> list[Path]:
+    """The JSONL files a journal path stands for: the file itself, or every run file in a directory."""
+    if path.is_dir():
+        return sorted(p for p in path.glob("*.jsonl") if not p.name.startswith("_"))
+    return [path]
+
+
+def is_directory_layout(path: str | Path) -> bool:
+    """A path that exists as a directory or ends with a slash gets one file per run."""
+    return str(path).endswith(os.sep) or Path(path).is_dir()
+
+
+def read_events(path: Path, bad_lines: list[int] | None = None, whole_lines: bool = False) -> Iterator[dict[str, Any]]:
+    """Events of one JSONL file in file order, as written; lines that are not events (unparsable,
+    or see ``event_error``) are skipped and their line numbers appended to ``bad_lines`` so callers
+    can report them (each also logged at debug level, with why). ``whole_lines``: a last line
+    without its newline (torn, or still being written) is left out."""
+    with open(path, "rb") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip() or (whole_lines and not line.endswith(b"\n")):
+                continue
+            event = parse_line(line)
+            error = "not a JSON object" if event is None else event_error(event)
+            if error is None:
+                yield event
+                continue
+            if bad_lines is not None:
+                bad_lines.append(number)
+            log.debug("%s:%d is not an event, skipped: %.200s", path, number, error)
+
+
+class LineDecoder:
+    """Journal lines arriving in pieces (a pipe) -> events of the complete ones, restored as a sink
+    gets them; a partial last line waits for the rest. ``bad_lines`` counts what was not an event.
+
+    ``runs_only`` (for a sink whose ``wants_events`` is False): each line becomes a stand-in
+    ``{"run": RUN}``, one shared dict per run, read off the line's head as the relay writes it
+    (``{"v":1,"run":"...``) without decoding the rest; a line that starts otherwise is parsed."""
+
+    def __init__(self, runs_only: bool = False) -> None:
+        self.bad_lines = 0
+        self.runs_only = runs_only
+        self._rest = b""
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        *lines, self._rest = (self._rest + data).split(b"\n")
+        if self.runs_only:
+            return self._runs(lines)
+        events = []
+        for line in lines:
+            event = parse_event(line)
+            if event is not None:
+                events.append(from_journal(event))
+            elif line.strip():
+                self.bad_lines += 1
+        return events
+
+    def _runs(self, lines: list[bytes]) -> list[dict[str, Any]]:
+        stand_ins: dict[bytes, dict[str, Any]] = {}
+        out = []
+        for line in lines:
+            run = line[_HEAD_LEN:line.find(b'"', _HEAD_LEN)] if line.startswith(_HEAD) else None
+            stand_in = stand_ins.get(run) if run else None
+            if stand_in is None:
+                if run and schema.valid_run_id(run.decode("ascii", "replace")):
+                    stand_in = stand_ins[run] = {"run": run.decode()}
+                else:
+                    event = parse_event(line)
+                    if event is None:
+                        self.bad_lines += 1 if line.strip() else 0
+                        continue
+                    stand_in = {"run": event["run"]}
+            out.append(stand_in)
+        return out
+
+
+_HEAD = b'{"v":1,"run":"'  # how every line the relay writes starts (sinks.events.FIELDS order)
+_HEAD_LEN = len(_HEAD)
+
+
+class JournalReader:
+    """Reads a journal (file or directory) incrementally: each ``read(run)`` yields the events of
+    the complete lines written since the previous ``read`` for the same ``run`` (None: every run),
+    in file order, remembering a byte offset per (file, run). In the directory layout a run's read
+    opens only that run's file, and new run files are found as they appear.
+
+    Calling the reader is ``read(run)``: pass it as ``SinkContext.journal_events``. ``restore``
+    turns non-finite metric strings back into floats (what a sink gets). ``bad_lines`` counts the
+    lines skipped. (``relay tail`` follows files with ``relay.cli.follow.Follower`` instead: it shows
+    the lines as written, also those that are not events, and notices a file replaced.)"""
+
+    def __init__(self, path: str | Path, *, directory: bool | None = None, restore: bool = True) -> None:
+        self.path = Path(path)
+        self.directory = is_directory_layout(path) if directory is None else directory
+        self.restore = restore
+        self.bad_lines = 0
+        self._offsets: dict[tuple[str, str | None], int] = {}
+
+    def __call__(self, run: str) -> Iterator[dict[str, Any]]:
+        return self.read(run)
+
+    def files(self, run: str | None = None) -> list[Path]:
+        if not self.directory:
+            return [self.path]
+        if run is not None:  # a run id that cannot name a file has none (and names none outside)
+            return [self.path / f"{run}.jsonl"] if schema.valid_run_id(run) else []
+        return journal_files(self.path) if self.path.is_dir() else []
+
+    def read(self, run: str | None = None) -> Iterator[dict[str, Any]]:
+        for path in self.files(run):
+            for line in self._lines(path, run):
+                event = parse_event(line)
+                if event is None:
+                    self.bad_lines += 1
+                elif run is None or event["run"] == run:
+                    yield from_journal(event) if self.restore else event
+
+    def lines(self, run: str | None = None) -> Iterator[bytes]:
+        """The complete, non-blank lines written since the previous call (of ``read`` or ``lines``)
+        for ``run``, as written and unchecked: for a reader that applies the rules itself
+        (relay/forward/sender.py). In the directory layout a run's file may hold a line of another run."""
+        for path in self.files(run):
+            yield from self._lines(path, run)
+
+    def position(self, path: Path, run: str | None = None) -> int:
+        """Where the next ``lines(run)`` starts reading ``path``: the byte offset after the last line
+        yielded (a reader that cuts the lines into byte ranges, as relay/fleet does, reads it per line)."""
+        return self._offsets.get((str(path), run), 0)
+
+    def seek(self, path: Path, run: str | None, offset: int) -> None:
+        """Resume ``path``'s reading for ``run`` at ``offset``, the end of a line (a saved position)."""
+        self._offsets[(str(path), run)] = offset
+
+    def _lines(self, path: Path, run: str | None) -> Iterator[bytes]:
+        key = (str(path), run)  # a str: hashing a Path per line costs more than reading the line
+        offset = self._offsets.get(key, 0)
+        try:
+            fh = open(path, "rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return
+        offsets = self._offsets
+        with fh:
+            if os.fstat(fh.fileno()).st_size < offset:  # replaced by a shorter file: read it afresh
+                offset = 0
+            fh.seek(offset)
+            pending = b""
+            while True:
+                chunk = fh.read(READ_SIZE)
+                if not chunk:
+                    return
+                pending += chunk
+                end = pending.rfind(b"\n") + 1
+                if not end:
+                    continue  # a line longer than READ_SIZE, or a partial last line
+                lines = pending[:end].split(b"\n")
+                pending = pending[end:]
+                lines.pop()
+                for line in lines:
+                    offset += len(line) + 1
+                    if line.strip():
+                        offsets[key] = offset  # before yielding: a reader that stops keeps its place
+                        yield line
+                offsets[key] = offset
