@@ -27,7 +27,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -152,14 +151,11 @@ class AimSink(TrackerSink):
 
     def _open_local(self, repo_cls: Any) -> None:
         root = Path(self.repo_spec).expanduser()
+        need_writable_dir(root, "Aim repository", "pass a writable --repo directory", create=True)
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            probe = root / f".relay-write-test-{uuid.uuid4().hex}"
-            probe.write_bytes(b"")
-            probe.unlink()
             self._repo = repo_cls.from_path(str(root), init=True)
         except OSError as exc:
-            raise SinkError(f"Aim repository {root} is not usable: {exc.strerror or exc}: "
+            raise SinkError(f"Aim repository {root} is not usable: {exc.strerror or exc}; "
                             "pass a writable --repo directory") from None
         except Exception as exc:  # Aim reports a broken repo in many ways; all are a config error
             raise SinkError(f"Aim repository {root} cannot be opened ({type(exc).__name__}: {exc}): "

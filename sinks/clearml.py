@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -128,14 +127,7 @@ class ClearmlSink(TrackerSink):
         Task.set_offline(True)
         self._task_cls, self._event_cls = Task, ScalarEvent
         self.root = get_offline_dir()
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            probe = self.root / f".relay-write-test-{uuid.uuid4().hex}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:
-            raise SinkError(f"ClearML session directory {self.root} is not usable: {exc.strerror or exc}: "
-                            "pass a writable --clearml-dir") from None
+        need_writable_dir(self.root, "ClearML session directory", "pass a writable --clearml-dir", create=True)
         try:
             self._take_lock()
         except RuntimeError as exc:  # not fatal: the first write tries again, with the relay's backoff

@@ -144,14 +144,7 @@ class TensorBoardSink(TrackerSink):
         """Check that the log directory is writable and that tensorboard imports."""
         super().open(context)
         self._tb = _import_tensorboard()
-        probe = self.logdir / f".relay-write-test-{os.getpid()}"
-        try:
-            self.logdir.mkdir(parents=True, exist_ok=True)
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:
-            raise SinkError(f"TensorBoard log directory {self.logdir} is not usable: {exc.strerror or exc}: "
-                            "pass a writable --logdir directory") from None
+        need_writable_dir(self.logdir, "TensorBoard log directory", "pass a writable --logdir directory", create=True)
         self._host = socket.gethostname()
         log.info("tensorboard sink writing to %s", self.logdir)
 

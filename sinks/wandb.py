@@ -148,14 +148,7 @@ class WandbSink(TrackerSink):
         self._wandb, self._core_gone = _import_wandb()
         self.root = self._root(context.journal)
         self.state_dir = self.root / "wandb" / STATE_DIR
-        try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-            probe = self.state_dir / f".write-test-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:
-            raise SinkError(f"W&B directory {self.root} is not usable: {exc.strerror or exc}: "
-                            "pass a writable --wandb-dir") from None
+        need_writable_dir(self.state_dir, "W&B directory", "pass a writable --wandb-dir", create=True)
         if self.mode == "online":
             try:
                 self._wandb.login(verify=False)
