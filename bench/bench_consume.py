@@ -1,0 +1,148 @@
+"""The fleet tier's consuming side: events/s from a JetStream R3 stream (a 3-node cluster on this
+machine) into the journals of one and of two consuming relays (``relay consume``, no other sink),
+beside nats-py alone fetching and acknowledging the same messages, in alternating rounds.
+
+Each round makes a fresh stream (8 partitions, its own name and prefix); once the relays hold every
+partition (their fair shares), nats-py fills it with 8 runs of journal lines in chunks of 1,000 (as
+the nats sink publishes them, as fast as JetStream acknowledges), and the clock runs from the first
+publish until the partition journals hold every line (the raw reader: until it acknowledged the
+last message). Filling is faster than either reader, so this is the consuming side's ceiling.
+
+    python -m bench.bench_consume [--quick]
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import ROOT, Section, alternate_many, cli
+from relay.fleet.stream import partition_filter, stream_config
+from relay.wire.lines import encode_line
+
+PARTITIONS = 8
+CHUNK = 1000
+ONE, TWO, RAW = "JetStream R3 -> 1 consuming relay's journals", "JetStream R3 -> 2 consuming relays' journals", \
+    "nats-py alone: fetch + ack the same messages"
+
+
+def _lines(run: str, count: int) -> list[bytes]:
+    return [encode_line({"v": 1, "run": run, "rank": seq % 2, "local_rank": 0, "world_size": 2, "host": "node",
+                         "seq": seq // 2, "ts": 1.7e9 + seq, "type": "metrics", "step": seq // 2, "epoch": None,
+                         "stage": "train", "data": {"loss": 1.0 / (seq + 1), "learning_rate": 1e-4}})
+            for seq in range(count)]
+
+
+async def _create(urls: str, name: str, prefix: str) -> None:
+    import nats
+    nc = await nats.connect(urls.split(","))
+    await nc.jetstream().add_stream(stream_config(name, prefix, PARTITIONS, 3, 600, 0))
+    await nc.close()
+
+
+async def _fill(urls: str, prefix: str, runs: int, per_run: int) -> None:
+    import nats
+    nc = await nats.connect(urls.split(","))
+    js = nc.jetstream()
+    for r in range(runs):
+        lines = _lines(f"run-{r}", per_run)
+        acks = [js.publish(f"{prefix}.node.run-{r}", b"".join(lines[i:i + CHUNK]), timeout=30)
+                for i in range(0, per_run, CHUNK)]
+        await asyncio.gather(*acks)
+    await nc.close()
+
+
+def _relays(work: Path, urls: str, n: int, total: int, round_id: str) -> dict[str, float]:
+    name, prefix = f"C{round_id}", f"bench.c{round_id}"
+    asyncio.run(_create(urls, name, prefix))
+    central = work / f"central-{round_id}"
+    procs = []
+    for i in range(n):
+        with open(work / f"consume-{round_id}-{i}.log", "ab") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "relay", "consume", "--nats-url", urls, "--nats-stream", name, "--nats-prefix",
+                 prefix, "--path", f"{central}/", "--name", f"r{i}", "--log-level", "warning", "--fetch", "256"],
+                cwd=ROOT, stderr=log))
+    try:
+        stats = [central / f"_relay_consume_r{i}.json" for i in range(n)]
+        while sorted(len(_read(s).get("held", [])) for s in stats) != [PARTITIONS // n] * n:
+            time.sleep(0.01)
+        start = time.monotonic()
+        asyncio.run(_fill(urls, prefix, 8, total // 8))
+        while _count(central) < total:
+            time.sleep(0.02)
+        return {"events/s": total / (time.monotonic() - start)}
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(60)
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _count(central: Path) -> int:
+    return sum(path.read_bytes().count(b"\n") for path in central.glob("p*/*.jsonl"))
+
+
+def _raw(urls: str, total: int, round_id: str) -> dict[str, float]:
+    name, prefix = f"R{round_id}", f"bench.r{round_id}"
+    asyncio.run(_create(urls, name, prefix))
+
+    async def drain() -> float:
+        import nats
+        nc = await nats.connect(urls.split(","))
+        js = nc.jetstream()
+        subs = [await js.pull_subscribe(partition_filter(prefix, k), durable=f"raw-p{k}", stream=name)
+                for k in range(PARTITIONS)]
+        state = {"seen": 0, "end": 0.0}
+        start = time.monotonic()
+
+        async def one(sub) -> None:
+            while state["seen"] < total:
+                try:
+                    msgs = await sub.fetch(256, timeout=0.5)
+                except asyncio.TimeoutError:
+                    continue
+                for msg in msgs:
+                    state["seen"] += msg.data.count(b"\n")
+                    await msg.ack()
+                if state["seen"] >= total and not state["end"]:
+                    state["end"] = time.monotonic()
+        await asyncio.gather(_fill(urls, prefix, 8, total // 8), *(one(s) for s in subs))
+        await nc.close()
+        return total / (state["end"] - start)
+    return {"events/s": asyncio.run(drain())}
+
+
+def run(quick: bool = False) -> Section:
+    from tests.nats_helpers import NatsCluster
+
+    total, rounds = (16_000, 1) if quick else (400_000, 3)
+    section = Section("consume", "Issue 18: the fleet tier's consuming relays")
+    counter = iter(range(1_000_000))
+    with tempfile.TemporaryDirectory(prefix="bench-consume-") as tmp, NatsCluster(Path(tmp) / "nats") as cluster:
+        work = Path(tmp)
+        figures = alternate_many({
+            RAW: lambda: _raw(cluster.urls, total, f"{next(counter)}"),
+            ONE: lambda: _relays(work, cluster.urls, 1, total, f"{next(counter)}"),
+            TWO: lambda: _relays(work, cluster.urls, 2, total, f"{next(counter)}"),
+        }, rounds)
+    raw = figures[RAW]["events/s"]
+    rows = [figures[name]["events/s"].row(None if name == RAW else raw) for name in (RAW, ONE, TWO)]
+    section.add_table(f"a backlog of {total:,} events (8 runs, chunks of {CHUNK:,} lines, 8 partitions) drained, "
+                      f"events/s, {rounds} rounds", rows)
+    return section
+
+
+if __name__ == "__main__":
+    cli(run, __doc__, None)

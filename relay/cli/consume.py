@@ -1,0 +1,108 @@
+"""``relay consume``: a relay that takes its events from the fleet's JetStream stream instead of from
+ranks (relay/fleet/consumer.py), journals them and fans them out to its sinks.
+
+A command of its own rather than ``relay serve --from``: none of serve's options (where to listen,
+CURVE, run budgets, memory resets, cross-rank derivation) means anything for a relay that listens on
+no socket, and a consumer's options (stream, leases, fetch size) mean nothing to serve.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from relay.cli.main import EXIT_USAGE, WORLD_READABLE, _fail, _setup_logging, _SinkCommand, build_sinks
+from relay.daemon.bounds import private_files
+from sinks.base import SinkError
+
+log = logging.getLogger("relay")
+
+
+def _fleet_options(command: Any) -> Any:
+    """The NATS connection options and the stream's name and prefix, as the ``nats`` sink has them."""
+    from relay.fleet.connection import nats_options
+    from relay.fleet.stream import stream_options
+
+    wanted = [o for o in stream_options() if o.name in ("nats_stream", "nats_prefix")]
+    command.params.extend(nats_options() + wanted)
+    return command
+
+
+@_fleet_options
+@click.command(cls=_SinkCommand, journal_always=True)
+@click.option("--sink", "sink_names", multiple=True, metavar="NAME",
+              help="A sink to write to besides the journal (repeatable), as for relay serve.")
+@click.option("--name", default="", help="This relay's name among the consuming relays (default: HOST-PID).")
+@click.option("--lease-ttl", type=click.FloatRange(1.0), default=10.0, show_default=True, metavar="SECONDS",
+              help="A dead relay's partitions are taken over this long after its last lease renewal "
+                   "(renewed every 2 s, or a third of it if less); a relay cut off from NATS stops "
+                   "consuming a quarter of it before that.")
+@click.option("--fetch", type=click.IntRange(1, 1024), default=64, show_default=True,
+              help="Messages fetched (and journaled in one write) at once per partition.")
+@click.option("--max-ack-pending", type=click.IntRange(1), default=512, show_default=True,
+              help="Messages a partition's consumer may have delivered and not acknowledged.")
+@click.option("--ack-wait", type=click.FloatRange(1.0), default=10.0, show_default=True, metavar="SECONDS",
+              help="A message not acknowledged this long (its relay died) is delivered again.")
+@click.option("--sink-queue", type=click.IntRange(1), default=200_000, show_default=True,
+              help="Events each non-journal sink may fall behind before its batches are dropped (counted).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+              default="info", show_default=True)
+@WORLD_READABLE
+@click.pass_context
+def consume(ctx: click.Context, sink_names: tuple[str, ...], name: str, lease_ttl: float, fetch: int,
+            max_ack_pending: int, ack_wait: float, sink_queue: int, log_level: str, world_readable: bool,
+            **params: Any) -> None:
+    """Consume the fleet's stream: journal each event once (under --path, one folder per partition) and
+    fan out to the sinks. Several consuming relays share the partitions; see docs/deployment.md."""
+    from relay.fleet.connection import check_package, probe, settings_from_options
+    from relay.fleet.consumer import ConsumeConfig, Consumer
+    from relay.fleet.stream import check_prefix
+    from relay.sinkhost.process import check_sinks
+
+    private_files(world_readable)
+    _setup_logging(log_level)
+    nats_params = {k: params.pop(k) for k in list(params) if k.startswith("nats_")}
+    stream, prefix = nats_params.pop("nats_stream"), nats_params.pop("nats_prefix")
+    try:
+        check_package()
+        settings = settings_from_options(**nats_params)
+        check_prefix(prefix)
+        journal, sinks = build_sinks(ctx, params, log_level)
+        _writable(journal.path)
+        check_sinks(sinks, journal.path)
+        down = asyncio.run(probe(settings))
+    except SinkError as exc:
+        _fail(EXIT_USAGE, str(exc))
+    if down:
+        log.warning("NATS at %s is not reachable now (%s); waiting for it", settings.display, down)
+    config = ConsumeConfig(settings=settings, path=journal.path, sinks=sinks, stream=stream, prefix=prefix, name=name,
+                           ttl=lease_ttl, renew=min(2.0, lease_ttl / 3), fetch=fetch, max_ack_pending=max_ack_pending,
+                           ack_wait=ack_wait, fsync=journal.fsync, sink_queue=sink_queue)
+    asyncio.run(_serve(Consumer(config)))
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(0)  # as serve: a sink library's exit handler must not hang a finished relay
+
+
+def _writable(path: Path) -> None:
+    """SinkError unless the partition journals can be made under ``path``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        writable = os.access(path, os.W_OK | os.X_OK)
+    except OSError:
+        writable = False
+    if not writable:
+        raise SinkError(f"cannot write the partition journals under {path}; choose a writable --path")
+
+
+async def _serve(consumer: Any) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, consumer.stop)
+    await consumer.run()

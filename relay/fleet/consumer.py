@@ -1,0 +1,384 @@
+"""A relay that consumes the fleet's stream: ``relay consume``. One asyncio loop, one NATS connection.
+
+Every ``tick`` it reads the leases and the live members from the KV bucket, lets the ownership
+rules (relay/fleet/ownership.py) say what to do, and does it: claims, renews, and starts or stops a
+task per partition it holds. A partition's task (``_consume``) opens the partition's journal and
+sinks (relay/fleet/partition.py), binds the partition's durable pull consumer (one per partition,
+shared by whichever relay holds it: the stream remembers what was acknowledged), and loops: fetch
+at most ``fetch`` messages, journal their new lines, flush, then acknowledge them. The consumer's
+``max_ack_pending`` and the fetch size bound what is held in memory; a message unacknowledged when
+its relay died is delivered again after ``ack_wait`` to the relay that took the partition over, whose
+dedupe drops what the journal already has.
+
+A stats file (``_relay_consume_<name>.json`` under ``--path``) says every second which partitions
+this relay holds and what each took, for operators and the tests.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from relay.fleet.connection import NatsSettings, connect, describe
+from relay.fleet.ownership import Claim, Ownership, Renew, Start, Stop
+from relay.fleet.partition import Partition
+from relay.fleet.stream import partition_filter
+from relay.journal.journal import JournalError
+from relay.sinkhost.child import SinkSpec
+from sinks.files import write_atomic
+
+log = logging.getLogger("relay.fleet")
+
+_PARTITIONS = re.compile(r"partition\((\d+)")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+FORGET_AFTER = 3600.0  # seconds a run stays silent before its dedupe state is dropped (the journal keeps it)
+
+
+@dataclass
+class ConsumeConfig:
+    settings: NatsSettings
+    path: Path
+    sinks: list[SinkSpec] = field(default_factory=list)
+    stream: str = "RELAY"
+    prefix: str = "relay.events"
+    name: str = ""  # this relay's member id (default: host-pid)
+    durable: str = "relay"  # consumer of partition k: <durable>-p<k>
+    bucket: str = ""  # the leases' KV bucket (default: <stream>-leases)
+    ttl: float = 10.0
+    renew: float = 2.0
+    tick: float = 0.5
+    fetch: int = 64
+    max_ack_pending: int = 512
+    ack_wait: float = 10.0
+    fsync: bool = False
+    sink_queue: int = 200_000
+    shutdown_timeout: float = 10.0
+    stats_interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.name = _UNSAFE.sub("_", self.name or f"{os.uname().nodename}-{os.getpid()}")
+        self.bucket = self.bucket or f"{self.stream}-leases"
+
+
+def partitions_of(stream_config: Any) -> int | None:
+    """P, from the stream's partition transform (None: the stream has none, so it is one partition)."""
+    transform = getattr(stream_config, "subject_transform", None)
+    found = _PARTITIONS.search(getattr(transform, "dest", "") or "")
+    return int(found.group(1)) if found else None
+
+
+class Consumer:
+    """The consuming relay's loop; ``stop()`` (a signal handler may call it) ends it cleanly."""
+
+    def __init__(self, config: ConsumeConfig) -> None:
+        self.config = config
+        self.stats_path = config.path / f"_relay_consume_{config.name}.json"
+        self._stop = asyncio.Event()
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._quit: dict[int, asyncio.Event] = {}
+        self._parts: dict[int, Partition] = {}
+        self.own: Ownership | None = None
+        self.errors = 0
+        self._closing = False
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        cfg = self.config
+        connecting = asyncio.ensure_future(connect(cfg.settings, disconnected_cb=self._disconnected,
+                                                   reconnected_cb=self._reconnected))
+        stopping = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait([connecting, stopping], return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not connecting.done():  # stopped while NATS was away: nothing was taken, nothing to give back
+            connecting.cancel()
+            await asyncio.gather(connecting, return_exceptions=True)
+            return
+        self.nc = connecting.result()
+        self.js = self.nc.jetstream()
+        partitions = await self._wait_for_stream()
+        if partitions is None:
+            return
+        from nats.js.api import StorageType
+        self.kv = await self.js.create_key_value(bucket=cfg.bucket, ttl=cfg.ttl, history=1,
+                                                 replicas=self._replicas, storage=StorageType.FILE)
+        self.own = Ownership(cfg.name, partitions, ttl=cfg.ttl, renew=cfg.renew, margin=cfg.ttl / 4)
+        log.info("consuming stream %s (%d partitions) as %s; journals under %s", cfg.stream, partitions,
+                 cfg.name, cfg.path)
+        next_stats = 0.0
+        while not self.own.done():
+            self.own.leaving = self._stop.is_set()
+            await self._tick()
+            now = time.monotonic()
+            if now >= next_stats:
+                self._write_stats()
+                next_stats = now + cfg.stats_interval
+            if self._stop.is_set():
+                await asyncio.sleep(cfg.tick)
+            else:
+                await _wait(self._stop, cfg.tick)
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._write_stats()
+        self._closing = True
+        await _quietly(self.nc.flush(2))  # the last acks
+        await _quietly(self.nc.close())
+
+    async def _wait_for_stream(self) -> int | None:
+        """The stream's partition count, once the stream exists (a node relay creates it)."""
+        from nats.errors import Error as NatsError
+        from nats.js.errors import NotFoundError
+        warned = False
+        while not self._stop.is_set():
+            try:
+                info = await self.js.stream_info(self.config.stream)
+                self._replicas = info.config.num_replicas or 1
+                return partitions_of(info.config) or 1
+            except NotFoundError:
+                if not warned:
+                    log.warning("stream %s does not exist yet; waiting for a node relay to create it",
+                                self.config.stream)
+                    warned = True
+            except (NatsError, asyncio.TimeoutError) as exc:
+                log.debug("stream %s: %s", self.config.stream, describe(exc))
+            try:
+                await asyncio.wait_for(self._stop.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+        return None
+
+    # -- leases ---------------------------------------------------------------------------------------
+
+    async def _tick(self) -> None:
+        own = self.own
+        assert own is not None
+        members, leases = await self._read_leases()
+        actions = own.plan(time.monotonic(), leases, members)
+        await asyncio.gather(*(self._act(action) for action in actions))
+
+    async def _read_leases(self) -> tuple[set[str], dict[int, str | None]]:
+        """The live members (writing ours first) and each partition's holder. What cannot be read now
+        counts as held by someone: nothing is claimed on a guess."""
+        from nats.errors import Error as NatsError
+        from nats.js.errors import KeyNotFoundError
+        cfg, own = self.config, self.own
+        assert own is not None
+        members = {cfg.name}
+        leases: dict[int, str | None] = {}
+        try:
+            if own.leaving:  # gone from the share at once, rather than after its key expires
+                await asyncio.wait_for(self.kv.delete(f"m.{cfg.name}"), cfg.renew)
+                members.clear()
+            else:
+                await asyncio.wait_for(self.kv.put(f"m.{cfg.name}", b"1"), cfg.renew)
+            info = await asyncio.wait_for(
+                self.js.stream_info(f"KV_{cfg.bucket}", subjects_filter=f"$KV.{cfg.bucket}.m.>"), cfg.renew)
+            for subject in info.state.subjects or {}:
+                member = subject.split(".", 3)[3]
+                if member not in members and await self._alive(member):
+                    members.add(member)
+        except (NatsError, asyncio.TimeoutError) as exc:
+            log.debug("leases: cannot read the members: %s", describe(exc))
+            return members, dict.fromkeys(range(own.partitions), "?")
+        for k in range(own.partitions):
+            if k in own.held:
+                continue
+            try:
+                entry = await asyncio.wait_for(self.kv.get(f"p{k}"), cfg.renew)
+                leases[k] = (entry.value or b"?").decode(errors="replace")
+            except KeyNotFoundError:
+                leases[k] = None
+            except (NatsError, asyncio.TimeoutError):
+                leases[k] = "?"
+        return members, leases
+
+    async def _alive(self, member: str) -> bool:
+        """Whether ``member``'s key holds a value (a relay that stopped deleted it: a marker stays)."""
+        from nats.js.errors import KeyNotFoundError
+        try:
+            await asyncio.wait_for(self.kv.get(f"m.{member}"), self.config.renew)
+        except KeyNotFoundError:
+            return False
+        return True
+
+    async def _act(self, action: Any) -> None:
+        from nats.errors import Error as NatsError
+        from nats.js.errors import KeyWrongLastSequenceError
+        own, cfg = self.own, self.config
+        assert own is not None
+        key = f"p{action.partition}"
+        sent = time.monotonic()
+        try:
+            if isinstance(action, Claim):
+                revision = await asyncio.wait_for(self.kv.create(key, cfg.name.encode()), cfg.renew)
+                own.claimed(action.partition, revision, sent)
+                log.info("took partition %d", action.partition)
+            elif isinstance(action, Renew):
+                try:
+                    revision = await asyncio.wait_for(
+                        self.kv.update(key, cfg.name.encode(), last=action.revision), cfg.renew)
+                    own.renewed(action.partition, revision, sent)
+                except KeyWrongLastSequenceError:
+                    log.warning("partition %d: our lease was taken over; stopping", action.partition)
+                    for stop in own.lost(action.partition):
+                        self._halt(stop)
+            elif isinstance(action, Start):
+                self._start(action.partition)
+            elif isinstance(action, Stop):
+                self._halt(action)
+        except KeyWrongLastSequenceError:
+            pass  # another relay claimed it first
+        except (NatsError, asyncio.TimeoutError) as exc:
+            if isinstance(action, Renew):
+                own.unanswered(action.partition)
+            log.debug("lease %s for partition %d: %s", type(action).__name__, action.partition, describe(exc))
+
+    # -- partitions ---------------------------------------------------------------------------------
+
+    def _start(self, k: int) -> None:
+        previous = self._tasks.get(k)
+        quit_ = self._quit[k] = asyncio.Event()
+        self._tasks[k] = asyncio.create_task(self._consume(k, quit_, previous), name=f"partition-{k}")
+
+    def _halt(self, action: Stop) -> None:
+        quit_ = self._quit.get(action.partition)
+        if quit_ is not None:
+            quit_.set()
+        if action.release:
+            asyncio.create_task(self._release(action.partition, self._tasks.get(action.partition)))
+
+    async def _release(self, k: int, task: asyncio.Task | None) -> None:
+        """Delete our lease once partition ``k`` stopped, so another relay takes it at once."""
+        from nats.errors import Error as NatsError
+        own = self.own
+        assert own is not None
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+        revision = own.held[k].revision if k in own.held else None
+        if own.stopped(k) and revision is not None:
+            try:
+                await asyncio.wait_for(self.kv.delete(f"p{k}", last=revision), self.config.renew)
+                log.info("gave partition %d back", k)
+            except (NatsError, asyncio.TimeoutError) as exc:
+                log.info("gave partition %d back (its lease expires: %s)", k, describe(exc))
+
+    async def _consume(self, k: int, quit_: asyncio.Event, previous: asyncio.Task | None) -> None:
+        """Hold partition ``k`` until ``quit_``: journal each fetched message's new lines, then ack it."""
+        if previous is not None:
+            await asyncio.gather(previous, return_exceptions=True)  # its journal is closed first
+        cfg, own = self.config, self.own
+        assert own is not None
+        loop = asyncio.get_running_loop()
+        part = Partition(k, cfg.path, cfg.sinks, fsync=cfg.fsync, sink_queue=cfg.sink_queue,
+                         shutdown_timeout=cfg.shutdown_timeout)
+        while True:
+            try:
+                await loop.run_in_executor(None, part.open)
+                break
+            except JournalError as exc:  # its journal is still locked by the relay that held it
+                log.warning("partition %d: %s; trying again", k, exc)
+                if await _wait(quit_, 1.0):
+                    return
+        self._parts[k] = part
+        try:
+            sub = await self._subscribe(k, quit_)
+            if sub is not None:
+                await self._loop(part, sub, quit_)
+                await _quietly(sub.unsubscribe())
+        finally:
+            self._parts.pop(k, None)
+            await loop.run_in_executor(None, part.close)
+            log.info("partition %d stopped (%s)", k, part.counters)
+
+    async def _subscribe(self, k: int, quit_: asyncio.Event) -> Any:
+        from nats.errors import Error as NatsError
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+        cfg = self.config
+        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
+                                max_ack_pending=cfg.max_ack_pending, ack_wait=cfg.ack_wait,
+                                max_waiting=64, filter_subject=partition_filter(cfg.prefix, k))
+        while not quit_.is_set():
+            try:
+                return await self.js.pull_subscribe(partition_filter(cfg.prefix, k), durable=f"{cfg.durable}-p{k}",
+                                                    stream=cfg.stream, config=config,
+                                                    pending_msgs_limit=cfg.fetch * 4)
+            except (NatsError, asyncio.TimeoutError) as exc:
+                log.debug("partition %d: cannot bind its consumer yet: %s", k, describe(exc))
+                if await _wait(quit_, 1.0):
+                    break
+        return None
+
+    async def _loop(self, part: Partition, sub: Any, quit_: asyncio.Event) -> None:
+        from nats.errors import Error as NatsError
+        own = self.own
+        assert own is not None
+        while not quit_.is_set() and own.valid(part.number, time.monotonic()):
+            try:
+                msgs = await sub.fetch(self.config.fetch, timeout=1.0)
+            except asyncio.TimeoutError:
+                continue
+            except NatsError as exc:
+                log.debug("partition %d: fetch: %s", part.number, describe(exc))
+                await _wait(quit_, 0.5)
+                continue
+            if not own.valid(part.number, time.monotonic()):
+                return  # our lease may have run out meanwhile: leave them to its next holder
+            now = time.monotonic()
+            for msg in msgs:
+                part.take(msg.data, now)
+            while True:
+                try:
+                    part.commit()
+                    break
+                except (OSError, JournalError) as exc:
+                    self.errors += 1
+                    log.error("partition %d: journal write failed, nothing acknowledged; retrying: %s", part.number, exc)
+                    if await _wait(quit_, 1.0):
+                        return
+            for msg in msgs:
+                await _quietly(msg.ack())
+            part.forget_idle(now - FORGET_AFTER)
+
+    # -- the rest -----------------------------------------------------------------------------------
+
+    async def _disconnected(self) -> None:
+        if not self._closing:
+            log.warning("lost the connection to NATS; reconnecting (partitions stop once their leases run out)")
+
+    async def _reconnected(self) -> None:
+        log.info("reconnected to NATS at %s", self.nc.connected_url.netloc if self.nc.connected_url else "?")
+
+    def _write_stats(self) -> None:
+        own = self.own
+        snap = {"name": self.config.name, "pid": os.getpid(), "ts": round(time.time(), 3), "errors": self.errors,
+                "held": sorted(own.consuming()) if own else [],
+                "partitions": {k: part.stats() for k, part in self._parts.items()}}
+        try:
+            self.config.path.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.stats_path, json.dumps(snap))
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.stats_path, exc)
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``event``; whether it is set."""
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except asyncio.TimeoutError:
+        pass
+    return event.is_set()
+
+
+async def _quietly(coro: Any) -> None:
+    """An ack or unsubscribe that may fail while NATS is away: the message comes again, deduplicated."""
+    from nats.errors import Error as NatsError
+    try:
+        await coro
+    except (NatsError, asyncio.TimeoutError, OSError) as exc:
+        log.debug("NATS: %s", describe(exc))

@@ -1,0 +1,137 @@
+"""One partition of the stream as a consuming relay holds it: its own journal, dedupe and sinks.
+
+A partition's journal is the folder ``<path>/p<k>/`` (one ``<run>.jsonl`` per run; a run is on one
+partition, so in one journal). It moves between consuming relays with the partition's lease, so it
+lives on storage every consuming relay can reach; its lock (relay/journal/journal.py) makes sure
+that only one relay writes it at a time, whatever the leases say. A relay that takes a partition
+over learns from the journal what is already there (``Dedupe.lookup``), so the messages the last
+holder journaled but had not acknowledged, redelivered by JetStream, are not written twice: the
+relay's own dedupe by (run, rank, seq) is the guarantee, JetStream's time-bounded one only saves work.
+
+``take`` keeps each message's new lines, byte for byte as the node wrote them; ``commit`` appends
+them to the journal in one write and flushes, and only then does the caller acknowledge the
+messages, and the same lines go to every other sink's process, as the daemon does.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from relay.journal.dedupe import Dedupe
+from relay.journal.journal import Journal
+from relay.journal.reader import journal_files
+from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.process import SinkProcess
+from relay.wire.lines import parse_event
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartitionCounters:
+    messages: int = 0
+    written: int = 0
+    duplicates: int = 0
+    bad_lines: int = 0
+
+
+@dataclass
+class Partition:
+    """Partition ``number``'s journal under ``root`` and its sinks' processes."""
+
+    number: int
+    root: Path
+    sinks: list[SinkSpec]
+    fsync: bool = False
+    sink_queue: int = 200_000
+    shutdown_timeout: float = 10.0
+    counters: PartitionCounters = field(default_factory=PartitionCounters)
+
+    def __post_init__(self) -> None:
+        self.journal = Journal(f"{self.root / f'p{self.number}'}{os.sep}", fsync=self.fsync)
+        self.dedupe = Dedupe()
+        self.workers: list[SinkProcess] = []
+        self._lines: list[tuple[str, bytes]] = []
+        self._pending = 0
+
+    def open(self) -> None:
+        """Lock the journal (JournalError if another relay still writes it); start the sinks if it holds
+        runs already (they catch up from it what the last holder's sinks may lack), else at the first
+        commit: a partition without runs costs no sink processes."""
+        self.journal.open()
+        if journal_files(self.journal.path):
+            try:
+                self._start_sinks()
+            except BaseException:
+                self.close()
+                raise
+
+    def _start_sinks(self) -> None:
+        where = str(self.journal.path) + os.sep
+        for spec in self.sinks:
+            worker = SinkProcess(replace(spec, journal=where,
+                                         deadletter=str(self.journal.sidecar(f"_deadletter_{spec.name}.jsonl")),
+                                         max_events=self.sink_queue, drain_timeout=self.shutdown_timeout))
+            worker.start()
+            self.workers.append(worker)
+
+    def take(self, body: bytes, now: float) -> None:
+        """Keep the lines of one message that this journal does not hold yet."""
+        self.counters.messages += 1
+        for line in body.split(b"\n"):
+            if not line:
+                continue
+            event = parse_event(line)
+            if event is None:
+                self.counters.bad_lines += 1
+                log.warning("partition %d: a message line is not an event, skipped: %.200r", self.number, line)
+                continue
+            run = event["run"]
+            state = self.dedupe.lookup(run, event["rank"], self.journal)
+            self.dedupe.touch(run, now)
+            if state.take(event["seq"]):
+                self._lines.append((run, line + b"\n"))
+                self._pending += 1
+            else:
+                self.counters.duplicates += 1
+
+    def commit(self) -> None:
+        """Journal what ``take`` kept (one write, flushed), then hand it to the sinks. Raises on a
+        journal failure, keeping the lines: the caller acknowledges nothing and tries again."""
+        if not self._lines:
+            return
+        self.journal.write_lines(self._lines)
+        self.journal.flush()
+        if self.sinks and not self.workers:
+            self._start_sinks()
+        if self.workers:
+            joined = b"".join([chunk for _, chunk in self._lines])
+            for worker in self.workers:
+                worker.submit(joined, self._pending)
+        self.counters.written += self._pending
+        self._lines, self._pending = [], 0
+
+    def forget_idle(self, before: float) -> None:
+        """Drop the dedupe state of runs silent since ``before``; the journal rebuilds it if they return."""
+        for run in self.dedupe.idle_runs(before):
+            self.dedupe.forget(run)
+            self.journal.release(run)
+
+    def close(self) -> None:
+        """Let the sinks drain, then unlock the journal for the next holder. Lines not committed are
+        dropped: their messages were not acknowledged, so JetStream delivers them again."""
+        for worker in self.workers:
+            worker.close(self.shutdown_timeout)
+        self.workers = []
+        self._lines, self._pending = [], 0
+        try:
+            self.journal.close()
+        except OSError as exc:
+            log.error("partition %d: journal close failed: %s", self.number, exc)
+
+    def stats(self) -> dict:
+        out = {"partition": self.number, **self.counters.__dict__,
+               "sinks": {worker.name: worker.stats() for worker in self.workers}}
+        return out

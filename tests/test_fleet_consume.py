@@ -1,0 +1,95 @@
+"""``relay consume`` against a real one-node nats-server: usage errors in one line (exit 2), and the
+consuming relay's own rules: each line journaled once and byte for byte in its run's partition, a
+message delivered again not journaled again, partitions given back at SIGTERM and taken at once.
+(The whole tier through its faults: tests/test_fleet_faults.py.)"""
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nats")
+
+from conftest import ROOT, wait_for  # noqa: E402
+from fleet_helpers import (ConsumerProcess, assert_exactly_once, publish_raw, wait_acknowledged,  # noqa: E402
+                           wait_complete, wait_held)
+from nats_helpers import NatsCluster  # noqa: E402
+from relay.fleet.stream import stream_config  # noqa: E402
+from relay.wire.lines import encode_line  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def consume_exits(tmp_path: Path, *args: str, prelude: str = "") -> subprocess.CompletedProcess:
+    code = f"{prelude}from relay.cli.main import main; main(prog_name='relay')"
+    return subprocess.run([sys.executable, "-c", code, "consume", "--path", f"{tmp_path}/central/", *args],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def one_error(done: subprocess.CompletedProcess, says: str) -> None:
+    errors = [line for line in done.stderr.splitlines() if line.startswith("relay: error:")]
+    assert done.returncode == 2 and len(errors) == 1 and says in errors[0], done.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--nats-url", "http://127.0.0.1:4222"], "is not a NATS server URL"),
+    (["--nats-url", "nats://127.0.0.1:4222", "--nats-creds", "/nonexistent.creds"], "no such file"),
+    (["--nats-prefix", "relay..events"], "is not a subject prefix"),
+    (["--path", "/proc/no-journal-here/"], "choose a writable --path"),
+])
+def test_bad_options_exit_2_with_one_line(tmp_path, args, says):
+    one_error(consume_exits(tmp_path, *args), says)
+
+
+def test_a_missing_package_exits_2_with_the_install_line(tmp_path):
+    done = consume_exits(tmp_path, prelude="import sys; sys.modules['nats'] = None; ")
+    one_error(done, "pip install 'metrics-relay[nats]'")
+
+
+def test_credentials_the_server_refuses_exit_2_with_one_line(tmp_path):
+    with NatsCluster(tmp_path / "nats", size=1, extra_config="authorization { token: s3cret }") as server:
+        done = consume_exits(tmp_path, "--nats-url", server.url(0), "--nats-token", "wrong")
+    one_error(done, "refused")
+    assert "wrong" not in done.stderr
+
+
+def lines(run: str, count: int) -> list[bytes]:
+    return [encode_line({"v": 1, "run": run, "rank": 0, "local_rank": 0, "world_size": 1, "host": "h", "seq": seq,
+                         "ts": 1.5 + seq, "type": "metrics", "step": seq, "epoch": None, "stage": "train",
+                         "data": {"loss": 1 / (seq + 1), "note": "é"}}).rstrip(b"\n") for seq in range(count)]
+
+
+@pytest.mark.slow  # over 10 s: two relay processes and a server
+def test_each_line_once_a_redelivery_dropped_and_partitions_handed_over_at_sigterm(tmp_path):
+    with NatsCluster(tmp_path / "nats", size=1) as server:
+        urls = server.url(0)
+
+        async def create() -> None:
+            import nats
+            nc = await nats.connect(urls)
+            await nc.jetstream().add_stream(stream_config("RELAY", "relay.events", 4, 1, 600, 0))
+            await nc.close()
+        asyncio.run(create())
+        central = tmp_path / "central"
+        first = ConsumerProcess(tmp_path, "first", urls, central).start()
+        wait_held([first], 4, 60)
+        runs = {f"run-{i}": lines(f"run-{i}", 300) for i in range(6)}
+        expected = {(run, 0, seq): line for run, got in runs.items() for seq, line in enumerate(got)}
+        asyncio.run(publish_raw(urls, "relay.events", "n1", runs, 40))
+        wait_complete(central, expected, 60)
+        # the same chunks under other message ids: JetStream stores them again, the relay's dedupe drops them
+        asyncio.run(publish_raw(urls, "relay.events", "n1-again", runs, 40))
+        second = ConsumerProcess(tmp_path, "second", urls, central).start()
+        wait_for(lambda: len(first.held()) == len(second.held()) == 2, 60, "the second relay got its share")
+        assert first.stop() == 0
+        wait_held([second], 4, 10)  # given back at SIGTERM: taken at once, not after the lease's 6 s
+        wait_acknowledged(urls, "RELAY", 60)
+        assert_exactly_once(central, expected)
+        assert second.stop() == 0
+        logs = (tmp_path / "consume-first.log").read_text() + (tmp_path / "consume-second.log").read_text()
+        dropped = sum(int(n) for n in re.findall(r"duplicates=(\d+)", logs))  # each partition's, as it stopped
+        assert dropped >= len(expected), "the re-sent lines were not dropped by the relay's own dedupe"

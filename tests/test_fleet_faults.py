@@ -1,0 +1,182 @@
+"""The fleet tier end to end through its faults (issue 18's proof): a real 3-node JetStream cluster
+(R3 stream), two node relays with two publisher processes each publishing through the ``nats`` sink,
+and two consuming relays (``relay consume``) writing their partition journals and MLflow.
+
+Each scenario kills or stops something mid-run, then checks the same things: every event of the node
+journals in the consuming relays' journals exactly once and byte for byte, one run in one partition,
+MLflow holding each step once, the publishers acknowledged by their node relays and every partition's
+consumer acknowledged by the consuming relays. The cluster is started once for the module; each scenario has its own
+stream, subjects, lease bucket, journals and MLflow store, so it checks only its own.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nats")
+pytest.importorskip("mlflow")
+
+from conftest import finish, start_publisher, wait_for  # noqa: E402
+from fleet_helpers import (ConsumerProcess, assert_exactly_once, central_lines, node_lines,  # noqa: E402
+                           stop_all, wait_acknowledged, wait_complete, wait_held)
+from nats_helpers import NatsCluster  # noqa: E402
+from test_sink_mlflow import read_run, template_db  # noqa: E402,F401
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+PARTITIONS = 2
+COUNT = 3000  # events per publisher
+RATE = 100.0  # per second: a run lasts COUNT / RATE = 30 s
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    with NatsCluster(tmp_path_factory.mktemp("nats")) as nats:
+        yield nats
+
+
+class Fleet:
+    """One scenario's tier on the shared cluster: its stream, node relays, publishers and consuming relays."""
+
+    def __init__(self, cluster: NatsCluster, tmp: Path, relays, name: str, db: Path, count: int = COUNT) -> None:
+        self.cluster, self.tmp, self.relays, self.name, self.count = cluster, tmp, relays, name, count
+        self.stream, self.prefix = f"S_{name}", f"{name}.events"
+        self.central = tmp / "central"
+        self.uri = f"sqlite:///{db}"
+        self.node_dirs = [tmp / "node-a", tmp / "node-b"]
+        self.nodes: list = []
+        self.pubs: list = []
+        stream = ["--nats-stream", self.stream, "--nats-prefix", self.prefix]
+        self.consumers = [ConsumerProcess(tmp, f"c{i}", cluster.urls, self.central,
+                                          [*stream, "--sink", "mlflow", "--mlflow-tracking-uri", self.uri,
+                                           "--mlflow-experiment", "fleet"]) for i in range(2)]
+        self.node_args = [*stream, "--no-cluster", "--sink", "nats", "--nats-url", cluster.urls,
+                          "--nats-partitions", str(PARTITIONS), "--nats-replicas", "3"]
+
+    def runs(self) -> list[str]:
+        return [f"{self.name}-{n}" for n in "ab"]
+
+    def start_node(self, i: int, address: str | None = None):
+        node = self.relays(["--path", f"{self.node_dirs[i]}/", "--nats-node", f"node-{'ab'[i]}", *self.node_args],
+                           address=address)
+        if i < len(self.nodes):
+            self.nodes[i] = node
+        else:
+            self.nodes.append(node)
+        return node
+
+    def start(self, consumers: bool = True) -> "Fleet":
+        for i in range(2):
+            self.start_node(i)
+        for i, run in enumerate(self.runs()):
+            self.pubs += [start_publisher(self.nodes[i].address, run, rank, self.count, world_size=2, rate=RATE,
+                                          flush_timeout=300) for rank in range(2)]
+        if consumers:
+            for consumer in self.consumers:
+                consumer.start()
+        return self
+
+    def journaled(self) -> int:
+        return len(central_lines(self.central))
+
+    def check(self) -> None:
+        """The scenario's end: everything acknowledged, exactly once, byte for byte, and in MLflow once."""
+        stats = [finish(p, 300) for p in self.pubs]
+        assert all(s["left"] == 0 and s["dropped"] == 0 for s in stats), stats
+        expected = node_lines(*self.node_dirs)
+        assert len(expected) == 4 * (self.count + 2)  # each rank's hello, its metrics, its closing stats
+        wait_complete(self.central, expected, 180)
+        wait_acknowledged(self.cluster.urls, self.stream, 120)
+        assert_exactly_once(self.central, expected)
+        for run in self.runs():
+            wait_for(lambda: _steps(self.uri, run) == list(range(self.count)), 180, f"MLflow holds run {run}")
+        codes = stop_all(self.consumers)
+        assert codes and set(codes) == {0}, codes
+        for node in self.nodes:
+            assert node.stop() == 0
+
+
+def _steps(uri: str, run: str) -> list[int] | None:
+    """The steps of ``run``'s loss in MLflow, each as often as stored (None while the run is not there)."""
+    try:
+        view = read_run(uri, run, "fleet")
+    except (AssertionError, AttributeError):
+        return None
+    return sorted(step for step, _, _ in view.history.get("loss", []))
+
+
+@pytest.fixture
+def fleet(cluster, tmp_path, relays, template_db):  # noqa: F811
+    def make(name: str, count: int = COUNT) -> Fleet:
+        db = tmp_path / "mlflow.db"
+        shutil.copy(template_db, db)
+        return Fleet(cluster, tmp_path, relays, name, db, count)
+    made: list[Fleet] = []
+    yield lambda *a, **k: made.append(make(*a, **k)) or made[-1]
+    for f in made:
+        for consumer in f.consumers:
+            if consumer.alive():
+                consumer.kill()
+    for i in range(cluster.size):  # the next scenario gets the whole cluster back
+        if i in cluster.stopped:
+            cluster.cont(i)
+        if cluster.procs[i] is None:
+            cluster.start_node(i)
+    cluster.wait_ready(60)
+
+
+def test_stream_leader_killed_mid_run(fleet, cluster):
+    f = fleet("leader").start()
+    wait_for(lambda: f.journaled() > 1000, 120, "the consuming relays journaled the first events")
+    leader = cluster.stream_leader(f.stream)
+    cluster.kill(leader)
+    time.sleep(5)
+    cluster.restart(leader)
+    f.check()
+
+
+def test_node_relay_killed_mid_run(fleet):
+    f = fleet("nodekill").start()
+    wait_for(lambda: f.journaled() > 1000, 120, "the consuming relays journaled the first events")
+    address = f.nodes[0].address
+    f.nodes[0].kill()
+    time.sleep(1.0)  # its publishers hold what it had not acknowledged, and resend to the new one
+    f.start_node(0, address)
+    f.check()
+
+
+def test_consuming_relay_killed_and_the_other_takes_its_partitions(fleet):
+    f = fleet("takeover").start()
+    wait_held(f.consumers, PARTITIONS, 120)
+    wait_for(lambda: f.journaled() > 1000, 120, "the consuming relays journaled the first events")
+    victim, other = (f.consumers if f.consumers[0].held() else f.consumers[::-1])
+    victim.kill()
+    wait_held([other], PARTITIONS, 60)
+    f.check()
+
+
+def test_nats_down_when_the_nodes_start_and_for_30_s_mid_run(fleet, cluster):
+    f = fleet("outage", count=6000)
+    cluster.kill_all()
+    f.start()
+    time.sleep(5)  # the ranks publish, the node relays journal, NATS is nowhere
+    cluster.start_all(60)
+    wait_for(lambda: f.journaled() > 2000, 180, "the consuming relays journaled the first events")
+    cluster.kill_all()
+    time.sleep(30)
+    cluster.start_all(60)
+    f.check()
+
+
+def test_one_nats_server_stopped_for_20_s(fleet, cluster):
+    f = fleet("sigstop").start()
+    wait_for(lambda: f.journaled() > 1000, 120, "the consuming relays journaled the first events")
+    leader = cluster.stream_leader(f.stream)
+    cluster.stop(leader)  # SIGSTOP: alive, silent, its connections open
+    time.sleep(20)
+    cluster.cont(leader)
+    f.check()
+
