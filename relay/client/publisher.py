@@ -18,7 +18,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import zmq
 
@@ -26,7 +26,7 @@ from relay.wire import curve, schema
 
 from relay.client import spool
 from relay.wire.address import resolve_address
-from relay.wire.io_thread import Hub, Link, read_monitor
+from relay.wire.io_thread import Hub, LinkMember, read_monitor
 from relay.client.send_window import SendWindow
 from sinks.events import RELAY_RANK
 
@@ -51,7 +51,7 @@ def _the_hub() -> Hub:
         return _hub
 
 
-class Publisher:
+class Publisher(LinkMember):
     """One rank's connection to the relay.
 
     Memory is bounded twice over: at most ``max_events`` events wait to be encoded, and at most
@@ -102,9 +102,8 @@ class Publisher:
         self._spooled = 0  # written to the spool at close: not acknowledged, not lost either
         self._dropped_spool = 0  # meant for the spool, which could not be written
         self._max_events = max_events
-        self._interval = send_interval
-        self._curve_server_key = curve_server_key or os.environ.get(curve.SERVER_KEY_ENV)
-        self._curve_client_cert = curve_client_cert or os.environ.get(curve.CLIENT_CERT_ENV)
+        super().__init__(self.address, curve_server_key or os.environ.get(curve.SERVER_KEY_ENV),
+                         curve_client_cert or os.environ.get(curve.CLIENT_CERT_ENV), send_interval)
 
         # (ts, type, step, epoch, stage, data) per event: the cheapest thing publish() can append.
         self._pending: collections.deque[tuple] = collections.deque()
@@ -122,9 +121,7 @@ class Publisher:
         self._reported_drops = 0
         self._last_report = 0.0
         self._malformed_acks = 0
-        self._link: Link | None = None
 
-        self._stop = threading.Event()
         self._ready = threading.Event()
         self._done = threading.Event()
         self.publish("hello", {
@@ -256,31 +253,35 @@ class Publisher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- background thread (relay.wire.io_thread.Member) --------------------------------------------------
+    # -- background thread (relay.wire.io_thread.LinkMember) ----------------------------------------------
 
     _read_monitor = staticmethod(read_monitor)  # where tests find the monitor filter
 
-    def _open(self, ctx: zmq.Context) -> Sequence[zmq.Socket]:
-        """Create and connect the socket; none (and closed) if that is impossible."""
-        try:
-            self._link = Link(ctx, self.address, self._curve_server_key, self._curve_client_cert)
-        except (zmq.ZMQError, ValueError) as exc:
-            log.error("cannot connect to relay %s: %s; events will be counted as dropped", self.address, exc)
-            self._closed = True
-            self._ready.set()
-            self._done.set()
-            return ()
-        self._window.last_progress = time.monotonic()
+    def _link_up(self, now: float) -> None:
+        self._window.last_progress = now
         self._ready.set()
-        return self._link.sock, self._link.monitor
 
-    def _readable(self, which: zmq.Socket) -> None:
-        """The socket has acks, or the monitor saw the connection change."""
-        assert self._link is not None
-        if which is self._link.sock:
-            self._read_acks(self._link)
-        elif self._link.lost():
-            self._window.rewind("connection lost")
+    def _link_failed(self, exc: zmq.ZMQError | ValueError) -> None:
+        log.error("cannot connect to relay %s: %s; events will be counted as dropped", self.address, exc)
+        self._closed = True
+        self._ready.set()
+        self._done.set()
+
+    def _link_lost(self) -> None:
+        self._window.rewind("connection lost")
+
+    def _acks(self, acks: list[tuple[str, int, int]], now: float) -> None:
+        for run, rank, upto in acks:
+            if run == self.run and rank == self.rank:
+                self._window.ack(upto, now)
+
+    def _bad_ack(self, exc: schema.FrameError) -> None:
+        self._malformed_acks += 1
+        log.warning("ignoring malformed message from relay %s: %s", self.address, exc)
+
+    def _left(self) -> None:
+        """The last acks are read and the sockets released: close() may return."""
+        self._done.set()
 
     def _tick(self, now: float) -> None:
         """Every ``send_interval``: encode what was published, resend if stalled, send."""
@@ -293,27 +294,6 @@ class Publisher:
             self._flush_requested = False
             self._window.hurry()
         self._window.pump(now, self._send_batch)
-
-    def _shut(self) -> None:
-        """Read the last acks, release the sockets, let close() return."""
-        if self._link is not None:
-            self._read_acks(self._link)
-            self._link.close()
-            self._link = None
-        self._done.set()
-
-    def _read_acks(self, link: Link) -> None:
-        now = time.monotonic()
-        while (frame := link.recv()) is not None:
-            try:
-                acks = schema.decode_ack(frame)
-            except schema.FrameError as exc:
-                self._malformed_acks += 1
-                log.warning("ignoring malformed message from relay %s: %s", self.address, exc)
-                continue
-            for run, rank, upto in acks:
-                if run == self.run and rank == self.rank:
-                    self._window.ack(upto, now)
 
     def _take_pending(self, bounded: bool = True) -> None:
         """Encode and number what publish() queued; past the bounds the oldest are dropped, unless

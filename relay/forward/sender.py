@@ -16,16 +16,14 @@ import itertools
 import json
 import logging
 import threading
-import time
 from pathlib import Path
-from typing import Sequence
 
 import zmq
 
 from relay.wire import schema
 from relay.forward.lines import LineReader
 from relay.forward.window import ForwardWindow, Key
-from relay.wire.io_thread import Link
+from relay.wire.io_thread import LinkMember
 from relay.journal.journal import Journal
 from relay.journal.reader import JournalReader
 from sinks.events import RELAY_RANK
@@ -46,13 +44,14 @@ COUNTERS = ("forwarded", "acked", "resent", "held", "unconfirmed", "skipped_rela
             "not_sent", "bad_lines", "bad_acks", "errors")
 
 
-class Forwarder:
+class Forwarder(LinkMember):
     """The I/O side, a member of the sink's own ``relay.wire.io_thread.Hub``: every method but notify() and the
     flags runs on the hub's thread, which alone touches the window, the reader and the socket."""
 
     def __init__(self, journal: Path, to: str, *, server_key: str | None, client_cert: str | None,
                  max_events: int) -> None:
-        self.to, self.server_key, self.client_cert = to, server_key, client_cert
+        super().__init__(to, server_key, client_cert, 0.01)
+        self.to = to
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)  # read by the sink's process, any thread
         self.reader = JournalReader(journal)
         self.directory = self.reader.directory
@@ -64,11 +63,8 @@ class Forwarder:
         self.ready, self.finished = threading.Event(), threading.Event()
         self.error: str | None = None
         self.idle = False
-        self._interval = 0.01
-        self._stop = threading.Event()
         self._lock = threading.Lock()
         self._notified: set[str] = set()
-        self._link: Link | None = None
         self._pack = schema.row_packer().pack
         self.lines = LineReader(self._bad_line)
         self._next_rescan = self._next_save = 0.0
@@ -86,27 +82,27 @@ class Forwarder:
             self._notified |= runs
             self.idle = False
 
-    # -- relay.wire.io_thread.Member -------------------------------------------------------------------------
+    # -- relay.wire.io_thread.LinkMember ---------------------------------------------------------------
 
-    def _open(self, ctx: zmq.Context) -> Sequence[zmq.Socket]:
-        try:
-            self._link = Link(ctx, self.to, self.server_key, self.client_cert)
-        except (zmq.ZMQError, ValueError) as exc:
-            self.error = str(exc)
-            self.ready.set()
-            self.finished.set()
-            return ()
-        self.window.last_ack = time.monotonic()
+    def _link_up(self, now: float) -> None:
+        self.window.last_ack = now
         self.ready.set()
-        return self._link.sock, self._link.monitor
 
-    def _readable(self, sock: zmq.Socket) -> None:
-        link = self._link
-        assert link is not None
-        if sock is link.sock:
-            self._read_acks(link)
-        elif link.lost():
-            self.window.rewind("connection to the central relay lost")
+    def _link_failed(self, exc: zmq.ZMQError | ValueError) -> None:
+        self.error = str(exc)
+        self.ready.set()
+        self.finished.set()
+
+    def _link_lost(self) -> None:
+        self.window.rewind("connection to the central relay lost")
+
+    def _acks(self, acks: list[tuple[str, int, int]], now: float) -> None:
+        for run, rank, upto in acks:
+            self.window.ack((run, rank), upto, now)
+
+    def _bad_ack(self, exc: schema.FrameError) -> None:
+        self.counters["bad_acks"] += 1
+        log.warning("ignoring malformed message from the central relay %s: %s", self.to, exc)
 
     def _tick(self, now: float) -> None:
         """Every tick: read, send, release, watch, save. An error (the journal unreadable for now, say)
@@ -136,11 +132,7 @@ class Forwarder:
         with self._lock:
             self.idle = not self._notified and not self.dirty and not window.events
 
-    def _shut(self) -> None:
-        if self._link is not None:
-            self._read_acks(self._link)
-            self._link.close()
-            self._link = None
+    def _left(self) -> None:
         self._save()
         self._count()
         self.finished.set()
@@ -247,18 +239,6 @@ class Forwarder:
     def _send(self, prefix: bytes, rows: list[bytes]) -> bool:
         assert self._link is not None
         return self._link.send(schema.compact_frame(prefix, rows))
-
-    def _read_acks(self, link: Link) -> None:
-        now = time.monotonic()
-        while (frame := link.recv()) is not None:
-            try:
-                acks = schema.decode_ack(frame)
-            except schema.FrameError as exc:
-                self.counters["bad_acks"] += 1
-                log.warning("ignoring malformed message from the central relay %s: %s", self.to, exc)
-                continue
-            for run, rank, upto in acks:
-                self.window.ack((run, rank), upto, now)
 
     def _watch(self, now: float) -> None:
         """Say once per outage that the central answers nothing while events wait, and when it does again."""

@@ -4,7 +4,9 @@ DEALER socket with its monitor (``Link``).
 A rank has one Publisher, but a process simulating hundreds of ranks (or publishing several runs)
 shares the one thread and context, so it pays for one thread waking every ``send_interval``, not
 hundreds. What to send and when lives in relay/client/send_window.py; the Publisher (relay/client/publisher.py) wires
-the two together.
+the two together. ``LinkMember`` is the member with one ``Link`` to a relay that both the Publisher and the
+forward sink's Forwarder (relay/forward/sender.py) are: it opens the link, reads the acks and the lost
+connections, and reads the last acks before closing; each says what those mean to it.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Protocol, Sequence
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from relay.wire import curve
+from relay.wire import curve, schema
 
 
 class Member(Protocol):
@@ -183,6 +185,73 @@ class Link:
         self.sock.disable_monitor()
         self.monitor.close(0)
         self.sock.close(0)
+
+
+class LinkMember:
+    """A ``Member`` that talks to one relay over one ``Link``. Subclasses implement ``_tick`` and
+    the hooks below (all called on the hub thread), and register with a Hub once constructed."""
+
+    def __init__(self, address: str, server_key: str | None, client_cert: str | None, interval: float) -> None:
+        self._link_to = (address, server_key, client_cert)
+        self._interval = interval
+        self._stop = threading.Event()
+        self._link: Link | None = None
+
+    # -- the hooks ----------------------------------------------------------------------------------
+
+    def _link_up(self, now: float) -> None:
+        """The link is connecting (ZeroMQ connects in the background): the member is ready."""
+
+    def _link_failed(self, exc: zmq.ZMQError | ValueError) -> None:
+        """No link can be made (bad address or CURVE key): the member leaves the hub at once."""
+
+    def _link_lost(self) -> None:
+        """The connection went down: what was in flight on it may be lost."""
+
+    def _acks(self, acks: list[tuple[str, int, int]], now: float) -> None:
+        """One ack message from the relay: (run, rank, acknowledged up to seq) each."""
+
+    def _bad_ack(self, exc: schema.FrameError) -> None:
+        """A message from the relay that is no ack; it is skipped."""
+
+    def _left(self) -> None:
+        """The link is closed (its last acks read): the member has left the hub."""
+
+    # -- Member ----------------------------------------------------------------------------------
+
+    def _open(self, ctx: zmq.Context) -> Sequence[zmq.Socket]:
+        try:
+            self._link = Link(ctx, *self._link_to)
+        except (zmq.ZMQError, ValueError) as exc:
+            self._link_failed(exc)
+            return ()
+        self._link_up(time.monotonic())
+        return self._link.sock, self._link.monitor
+
+    def _readable(self, sock: zmq.Socket) -> None:
+        link = self._link
+        assert link is not None
+        if sock is link.sock:
+            self._read_acks(link)
+        elif link.lost():
+            self._link_lost()
+
+    def _shut(self) -> None:
+        if self._link is not None:
+            self._read_acks(self._link)
+            self._link.close()
+            self._link = None
+        self._left()
+
+    def _read_acks(self, link: Link) -> None:
+        now = time.monotonic()
+        while (frame := link.recv()) is not None:
+            try:
+                acks = schema.decode_ack(frame)
+            except schema.FrameError as exc:
+                self._bad_ack(exc)
+                continue
+            self._acks(acks, now)
 
 
 def read_monitor(monitor: zmq.Socket) -> bool:
