@@ -5,11 +5,13 @@ and two consuming relays (``relay consume``) writing their partition journals an
 Each scenario kills or stops something mid-run, then checks the same things: every event of the node
 journals in the consuming relays' journals exactly once and byte for byte, one run in one partition,
 MLflow holding each step once, the publishers acknowledged by their node relays and every partition's
-consumer acknowledged by the consuming relays. The cluster is started once for the module; each scenario has its own
+consumer acknowledged by the consuming relays. Last, a real two-rank torchrun job whose embedded relay
+publishes to the cluster. The cluster is started once for the module; each scenario has its own
 stream, subjects, lease bucket, journals and MLflow store, so it checks only its own.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -19,11 +21,12 @@ import pytest
 pytest.importorskip("nats")
 pytest.importorskip("mlflow")
 
-from conftest import finish, start_publisher, wait_for  # noqa: E402
+from conftest import finish, free_port, start_publisher, wait_for  # noqa: E402
 from fleet_helpers import (ConsumerProcess, assert_exactly_once, central_lines, node_lines,  # noqa: E402
                            stop_all, wait_acknowledged, wait_complete, wait_held)
 from nats_helpers import NatsCluster  # noqa: E402
 from test_sink_mlflow import read_run, template_db  # noqa: E402,F401
+from trainer_fixtures import demo_model, run_trainer, seed_flags, torchrun  # noqa: E402,F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -180,3 +183,33 @@ def test_one_nats_server_stopped_for_20_s(fleet, cluster):
     cluster.cont(leader)
     f.check()
 
+
+def test_torchrun_job_publishing_to_the_cluster_ends_in_the_central_journal_and_mlflow_once(
+        cluster, tmp_path, demo_model, template_db):  # noqa: F811
+    """A real two-rank torchrun job whose embedded relay publishes its journal to the cluster (the
+    trainer's nats tracker: no node relay), and two consuming relays on the stream it creates."""
+    stream, steps = "S_torchrun", 4
+    db = tmp_path / "mlflow.db"
+    shutil.copy(template_db, db)
+    central = tmp_path / "central"
+    consumers = [ConsumerProcess(tmp_path, f"c{i}", cluster.urls, central,
+                                 ["--nats-stream", stream, "--sink", "mlflow", "--mlflow-tracking-uri",
+                                  f"sqlite:///{db}", "--mlflow-experiment", "fleet"]).start() for i in range(2)]
+    try:
+        out = tmp_path / "out"
+        done = run_trainer(torchrun(free_port()) + seed_flags(demo_model, out, steps=steps, eval_steps=None)
+                           + ["--tracker", "nats", "--nats_url", cluster.urls, "--nats_stream", stream,
+                              "--nats_replicas", "3"], timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        run = json.loads((out / "tracking_run.json").read_text())["run"]
+        expected = node_lines(out / "training_logs.jsonl")
+        assert {key[0] for key in expected} == {run} and len(expected) > 2 * steps
+        wait_complete(central, expected, 120)
+        wait_acknowledged(cluster.urls, stream, 60)
+        assert_exactly_once(central, expected)
+        wait_for(lambda: _steps(f"sqlite:///{db}", run) == list(range(1, steps + 1)), 180, "MLflow holds the job's loss")
+        assert stop_all(consumers) == [0, 0]
+    finally:
+        for consumer in consumers:
+            if consumer.alive():
+                consumer.kill()
