@@ -21,7 +21,7 @@ import msgpack
 import orjson
 import zmq
 
-from relay.wire import schema
+from relay.wire import encoding
 from sinks.events import ENVELOPE, ROW_FIELDS
 
 FRAME_EVENTS = 512  # what a Publisher puts in one frame at most
@@ -33,11 +33,11 @@ def frames(run: str, rank: int, events: int) -> tuple[list[bytes], int]:
     """The frames a Publisher would send (compact batches) for ``events`` metrics events of one rank,
     and the bytes their JSON lines take in a journal (so a reader can tell when all are written)."""
     envelope = {"v": 1, "run": run, "rank": rank, "local_rank": rank % 8, "world_size": 16, "host": "bench"}
-    prefix = schema.compact_prefix(envelope)
+    prefix = encoding.compact_prefix(envelope)
     out, size = [], 0
     for start in range(0, events, FRAME_EVENTS):
         rows = [(s, time.time(), "metrics", s, 0.5, "train", DATA) for s in range(start, min(start + FRAME_EVENTS, events))]
-        out.append(schema.compact_frame(prefix, [schema.encode_row(*row) for row in rows]))
+        out.append(encoding.compact_frame(prefix, [encoding.encode_row(*row) for row in rows]))
         size += sum(len(orjson.dumps({**envelope, **dict(zip(ROW_FIELDS, row))}, option=orjson.OPT_APPEND_NEWLINE))
                     for row in rows)
     return out, size

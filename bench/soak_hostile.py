@@ -26,7 +26,7 @@ from typing import Any, Callable
 import msgpack
 import zmq
 
-from relay.wire import schema
+from relay.wire import encoding, schema
 from sinks.events import ENVELOPE
 
 HOST = "soak-hostile"
@@ -97,36 +97,36 @@ class Hostile:
 
     def _truncated(self, n: int) -> bytes:
         envelope = {k: v for k, v in self.event().items() if k in ENVELOPE}
-        rows = [schema.encode_row(s, time.time(), "metrics", s, 0.1, "train", {"loss": 0.5}) for s in range(20)]
-        whole = schema.compact_frame(schema.compact_prefix(envelope), rows)
+        rows = [encoding.encode_row(s, time.time(), "metrics", s, 0.1, "train", {"loss": 0.5}) for s in range(20)]
+        whole = encoding.compact_frame(encoding.compact_prefix(envelope), rows)
         return whole[: self.rng.randint(1, len(whole) - 1)]
 
     def _oversize(self, n: int) -> bytes:
-        return schema.encode_event(self.event(data={"blob": "x" * (1200 << 10)}))
+        return encoding.encode_event(self.event(data={"blob": "x" * (1200 << 10)}))
 
     def _over_transport(self, n: int) -> bytes:
-        return schema.encode_event(self.event(data={"blob": "y" * (5 << 20)}))
+        return encoding.encode_event(self.event(data={"blob": "y" * (5 << 20)}))
 
     def _multipart(self, n: int) -> list[bytes]:
-        return [schema.encode_event(self.event()), b"second part"]
+        return [encoding.encode_event(self.event()), b"second part"]
 
     def _extreme_ints(self, n: int) -> bytes:
         data = {"i63": 2**63, "u64": 2**64 - 1, "neg": -(2**63), "minus_one": -1, "zero": 0}
         big = (2**63 - 1, 2**63, 2**64 - 1)[n % 3]
-        return schema.encode_event(self.event(seq=big, step=big, rank=schema.MAX_RANK - 2,
+        return encoding.encode_event(self.event(seq=big, step=big, rank=schema.MAX_RANK - 2,
                                               local_rank=schema.MAX_RANK - 1, world_size=schema.MAX_RANK - 1,
                                               data=data))
 
     def _extreme_floats(self, n: int) -> bytes:
         odd = (math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324)
         x = odd[n % len(odd)]
-        return schema.encode_event(self.event(ts=x, epoch=odd[(n + 1) % len(odd)],
+        return encoding.encode_event(self.event(ts=x, epoch=odd[(n + 1) % len(odd)],
                                               data={"nan": math.nan, "inf": math.inf, "ninf": -math.inf, "x": x}))
 
     def _big_strings(self, n: int) -> bytes:
         if n % 3 == 2:
-            return schema.encode_event(self.event(host="h" * (schema.MAX_NAME_LEN + 1)))
-        return schema.encode_event(self.event(data={"s": "x" * 100_000, "u": "\u00e9" * 50_000}))
+            return encoding.encode_event(self.event(host="h" * (schema.MAX_NAME_LEN + 1)))
+        return encoding.encode_event(self.event(data={"s": "x" * 100_000, "u": "\u00e9" * 50_000}))
 
     def _deep_nesting(self, n: int) -> bytes:
         if n % 2:
@@ -134,7 +134,7 @@ class Hostile:
         data: dict[str, Any] = {"leaf": 1}
         for _ in range(schema.MAX_DEPTH + 1):
             data = {"d": data}
-        return schema.encode_event(self.event(data=data))
+        return encoding.encode_event(self.event(data=data))
 
     def _wrong_types(self, n: int) -> bytes:
         breakers: list[Callable[[dict], None]] = [
@@ -149,7 +149,7 @@ class Hostile:
         breakers[n % len(breakers)](event)
         if n % len(breakers) == 0 and n:  # now and then a map with an int key (msgpack strict_map_key)
             return msgpack.packb({1: 2, **event}, use_bin_type=True)
-        return schema.encode_event(event)
+        return encoding.encode_event(event)
 
     def _compact_bad(self, n: int) -> bytes:
         envelope = {k: v for k, v in self.event().items() if k in ENVELOPE}
@@ -165,7 +165,7 @@ class Hostile:
 
     def _spoof_stats(self, n: int) -> bytes:
         upto = SPOOF_UPTO[n % len(SPOOF_UPTO)]
-        return schema.encode_event(self.spoof(type="stats", step=None, epoch=None, stage="client", data={
+        return encoding.encode_event(self.spoof(type="stats", step=None, epoch=None, stage="client", data={
             "dropped": 2**64 - 1, "dropped_full": 0, "dropped_unacked": 2**63, "dropped_bad": 0,
             "dropped_closed": 0, "dropped_error": 0, "dropped_upto": upto, "published": 2**64 - 1, "resent": -1}))
 
@@ -174,15 +174,15 @@ class Hostile:
         event = self.spoof(type="hello", step=None, epoch=None, stage=None, data=data)
         if n % 2 == 0:
             event["seq"] = 0
-        return schema.encode_event(event)
+        return encoding.encode_event(event)
 
     def _odd_lifecycle(self, n: int) -> bytes:
         data = ({"event": 123}, {"event": None, "nested": {"a": [1, {"b": None}]}}, {}, {"event": "x" * 10_000})
         fields = {"type": "lifecycle", "step": None, "stage": None, "data": data[n % len(data)]}
-        return schema.encode_event(self.spoof(**fields) if n % 2 else self.event(**fields))
+        return encoding.encode_event(self.spoof(**fields) if n % 2 else self.event(**fields))
 
     def _fresh_runs(self, n: int) -> bytes:
-        return schema.encode_frame([self.event(seq=0) for _ in range(16)])
+        return encoding.encode_frame([self.event(seq=0) for _ in range(16)])
 
 
 def serve(address: str, good_run: str, ranks: int, rate: float, seed: int, skip: set[str]) -> dict[str, Any]:

@@ -12,10 +12,10 @@ import time
 
 import zmq
 
-from relay.wire import schema
+from relay.wire import encoding, schema
 
 address, run, rank, kind = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-prefix = schema.compact_prefix({"v": 1, "run": run, "rank": rank, "local_rank": 0, "world_size": 1, "host": "flood"})
+prefix = encoding.compact_prefix({"v": 1, "run": run, "rank": rank, "local_rank": 0, "world_size": 1, "host": "flood"})
 text = "a" * (schema.MAX_FRAME_BYTES - 1024) if kind == "text" else "\x01" * ((schema.MAX_LINE_BYTES - 1024) // 6)
 ctx = zmq.Context()
 sock = ctx.socket(zmq.DEALER)
@@ -23,7 +23,7 @@ sock.connect(address)
 print("ready", flush=True)
 seq = 0
 while True:
-    sock.send(schema.compact_frame(prefix, [schema.encode_row(seq, time.time(), "params", None, None, None,
+    sock.send(encoding.compact_frame(prefix, [encoding.encode_row(seq, time.time(), "params", None, None, None,
                                                               {"s": text})]))
     seq += 1
     while sock.poll(0):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, finish, plugin_env, read_jsonl, wait_for
-from relay.wire import schema
+from relay.wire import encoding
 from relay.client.publisher import Publisher
 from relay.daemon.loop import Relay, RelayConfig
 from relay.journal.journal import Journal
@@ -210,9 +210,9 @@ def test_the_derived_events_read_as_documented(relays, tmp_path: Path) -> None:
 
 
 def _rank_frame(rank: int, world: int, reports: list[tuple[int, int, float]]) -> bytes:
-    prefix = schema.compact_prefix({"v": 1, "run": "run", "rank": rank, "local_rank": rank, "world_size": world,
+    prefix = encoding.compact_prefix({"v": 1, "run": "run", "rank": rank, "local_rank": rank, "world_size": world,
                                     "host": "h"})
-    return schema.compact_frame(prefix, [schema.encode_row(seq, 1.0, "metrics", step, None, "rank", {"step_time": took})
+    return encoding.compact_frame(prefix, [encoding.encode_row(seq, 1.0, "metrics", step, None, "rank", {"step_time": took})
                                          for seq, step, took in reports])
 
 

@@ -7,22 +7,22 @@ import random
 import msgpack
 import pytest
 
-from relay.wire import schema
+from relay.wire import encoding, schema
 from sinks.events import FIELDS, ROW_FIELDS
 
 ENVELOPE = {"v": 1, "run": "run-1", "rank": 3, "local_rank": 1, "world_size": 4, "host": "node-a"}
 
 
 def _rows(n: int) -> list[bytes]:
-    return [schema.encode_row(i, 1.5 + i, "metrics", i, 0.25, "train", {"loss": 1.0 / (i + 1), "nested": {"a": [1]}})
+    return [encoding.encode_row(i, 1.5 + i, "metrics", i, 0.25, "train", {"loss": 1.0 / (i + 1), "nested": {"a": [1]}})
             for i in range(n)]
 
 
 def test_compact_batch_decodes_to_the_same_events_as_maps() -> None:
-    events = schema.decode_frame(schema.compact_frame(schema.compact_prefix(ENVELOPE), _rows(20)))
+    events = schema.decode_frame(encoding.compact_frame(encoding.compact_prefix(ENVELOPE), _rows(20)))
     assert [e["seq"] for e in events] == list(range(20))
     assert list(events[0]) == list(FIELDS)  # journal lines keep the field order
-    assert schema.decode_frame(schema.encode_frame(events)) == events
+    assert schema.decode_frame(encoding.encode_frame(events)) == events
 
 
 def _frame(**over: object) -> bytes:
@@ -48,13 +48,13 @@ def test_bad_compact_batches_are_rejected_whole(over: dict, reason: str) -> None
 
 
 def test_a_bad_row_after_good_ones_rejects_the_whole_frame() -> None:
-    rows = _rows(3) + [schema.encode_row(3, 1.0, "metrics", -1, None, "train", {})]
+    rows = _rows(3) + [encoding.encode_row(3, 1.0, "metrics", -1, None, "train", {})]
     with pytest.raises(schema.FrameError) as err:
-        schema.decode_frame(schema.compact_frame(schema.compact_prefix(ENVELOPE), rows))
+        schema.decode_frame(encoding.compact_frame(encoding.compact_prefix(ENVELOPE), rows))
     assert err.value.reason == "bad_type"
-    deep = _rows(2) + [schema.encode_row(2, 1.0, "metrics", 1, None, "train", {"k" * 300: 1})]
+    deep = _rows(2) + [encoding.encode_row(2, 1.0, "metrics", 1, None, "train", {"k" * 300: 1})]
     with pytest.raises(schema.FrameError) as err:
-        schema.decode_frame(schema.compact_frame(schema.compact_prefix(ENVELOPE), deep))
+        schema.decode_frame(encoding.compact_frame(encoding.compact_prefix(ENVELOPE), deep))
     assert err.value.reason == "name_too_long"
 
 
@@ -106,7 +106,7 @@ def test_column_checks_accept_exactly_what_the_row_checks_accept() -> None:
             outcomes["nested"] += 1
         else:
             assert fast is not None, rows
-            assert schema.decode(schema.compact_frame(schema.compact_prefix(ENVELOPE),
+            assert schema.decode(encoding.compact_frame(encoding.compact_prefix(ENVELOPE),
                                                       [msgpack.packb(r) for r in rows])).events == expected
             outcomes["accepted"] += 1
     assert min(outcomes.values()) > 50, outcomes  # every kind was exercised
@@ -114,7 +114,7 @@ def test_column_checks_accept_exactly_what_the_row_checks_accept() -> None:
 
 def test_first_seq_marks_only_gapless_plain_runs() -> None:
     def first_seq(rows: list[tuple]) -> int | None:
-        frame = schema.compact_frame(schema.compact_prefix(ENVELOPE), [schema.encode_row(*r) for r in rows])
+        frame = encoding.compact_frame(encoding.compact_prefix(ENVELOPE), [encoding.encode_row(*r) for r in rows])
         return schema.decode(frame).first_seq
 
     row = (0, 1.0, "metrics", 1, None, "train", {"x": 1})
@@ -122,11 +122,11 @@ def test_first_seq_marks_only_gapless_plain_runs() -> None:
     for kind, stage, derive in (("metrics", "rank", True), ("metrics", "ranks", False), ("metrics", None, False),
                                 ("lifecycle", None, True)):  # the cluster hears of each rank figure and lifecycle
         rows = [(5, *row[1:]), (6, 1.0, kind, 1, None, stage, {"step_time": 0.1})]
-        frame = schema.compact_frame(schema.compact_prefix(ENVELOPE), [schema.encode_row(*r) for r in rows])
+        frame = encoding.compact_frame(encoding.compact_prefix(ENVELOPE), [encoding.encode_row(*r) for r in rows])
         assert schema.decode(frame).derive is derive
     assert first_seq([(s, *row[1:]) for s in (5, 7, 8)]) is None  # a gap
     assert first_seq([(s, *row[1:]) for s in (6, 5)]) is None  # out of order
     assert first_seq([(0, 1.0, "hello", None, None, None, {}), (1, *row[1:])]) is None  # hello: acted on one by one
     assert first_seq([(0, *row[1:]), (1, 1.0, "stats", None, None, None, {"dropped": 1})]) is None
-    assert schema.decode(schema.encode_frame([{**ENVELOPE, "seq": 0, "ts": 1.0, "type": "metrics", "step": 1,
+    assert schema.decode(encoding.encode_frame([{**ENVELOPE, "seq": 0, "ts": 1.0, "type": "metrics", "step": 1,
                                                "epoch": None, "stage": None, "data": {}}])).first_seq is None

@@ -9,7 +9,7 @@ import sys
 
 from conftest import ROOT
 
-from relay.wire import schema
+from relay.wire import encoding, schema
 from sinks.events import ENVELOPE, FIELDS, ROW_FIELDS
 
 
@@ -20,9 +20,9 @@ def test_fields_are_the_envelope_then_the_row() -> None:
 
 def test_a_compact_batch_expands_to_the_models_fields_in_order() -> None:
     envelope = {"v": schema.SCHEMA_VERSION, "run": "r", "rank": 1, "local_rank": 1, "world_size": 2, "host": "h"}
-    rows = [schema.encode_row(seq, 1.0, "metrics", seq, None, "train", {"loss": 0.5}) for seq in range(3)]
-    for frame in (schema.compact_frame(schema.compact_prefix(envelope), rows),  # the column path
-                  schema.compact_frame(schema.compact_prefix(envelope), rows[:1] + [schema.encode_row(9, 1.0, "x",
+    rows = [encoding.encode_row(seq, 1.0, "metrics", seq, None, "train", {"loss": 0.5}) for seq in range(3)]
+    for frame in (encoding.compact_frame(encoding.compact_prefix(envelope), rows),  # the column path
+                  encoding.compact_frame(encoding.compact_prefix(envelope), rows[:1] + [encoding.encode_row(9, 1.0, "x",
                                                                                         None, None, None, {})])):
         try:
             events = schema.decode_frame(frame)

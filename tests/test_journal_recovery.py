@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from conftest import finish, read_jsonl, start_publisher, wait_for
-from relay.wire import schema
+from relay.wire import encoding, schema
 from relay.client.publisher import Publisher
 from relay.journal.journal import Journal
 from relay.journal.reader import read_events
@@ -78,7 +78,7 @@ def _send(address: str, events: list[dict]) -> int:
     sock = ctx.socket(zmq.DEALER)
     sock.connect(address)
     try:
-        sock.send(schema.encode_frame(events))
+        sock.send(encoding.encode_frame(events))
         assert sock.poll(15_000), "no ack"
         return schema.decode_ack(sock.recv())[0][2]
     finally:
@@ -140,9 +140,9 @@ def test_recovery_keeps_every_whole_line_whatever_the_torn_length(tmp_path, torn
 
 
 def _frame_of(data: dict, seq: int = 0, host: str = "h") -> bytes:
-    return schema.compact_frame(schema.compact_prefix({"v": 1, "run": "long", "rank": 0, "local_rank": 0,
+    return encoding.compact_frame(encoding.compact_prefix({"v": 1, "run": "long", "rank": 0, "local_rank": 0,
                                                        "world_size": 1, "host": host}),
-                                [schema.encode_row(seq, time.time(), "metrics", seq, None, "train", data)])
+                                [encoding.encode_row(seq, time.time(), "metrics", seq, None, "train", data)])
 
 
 def test_an_event_whose_line_would_pass_the_bound_is_refused_and_the_publisher_drops_it(relays, tmp_path):

@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from conftest import finish, free_port, line_count, plugin_env, read_jsonl, start_publisher, wait_for
-from relay.wire import schema
+from relay.wire import encoding, schema
 from relay.client.publisher import Publisher
 from sinks.events import from_json_metrics
 
@@ -138,7 +138,7 @@ def test_malformed_frames_are_rejected_with_reasons_and_valid_ones_survive(relay
     hostile = ctx.socket(zmq.DEALER)  # beyond the transport bound ZeroMQ drops this connection
     hostile.connect(relay.address)
     hostile.send(b"\x00" * (schema.MAX_TRANSPORT_BYTES + 1))
-    raw.send(schema.encode_frame([_raw_event(seq=0, data={"ok": 1.0})]))
+    raw.send(encoding.encode_frame([_raw_event(seq=0, data={"ok": 1.0})]))
     for i in range(len(bad_frames), len(bad_frames) + 50):
         pub.publish("metrics", {"i": i}, step=i, stage="train")
     assert pub.close(20) == 0
@@ -250,9 +250,9 @@ def test_idle_run_is_forgotten_and_rebuilt_from_journal(relays, tmp_path, layout
     ctx = zmq.Context()
     raw = ctx.socket(zmq.DEALER)
     raw.connect(relay.address)
-    raw.send(schema.encode_frame(events[:6]))
+    raw.send(encoding.encode_frame(events[:6]))
     wait_for(lambda: "run idle idle for" in relay.log.read_text(), 15, "the silent run was forgotten")
-    raw.send(schema.encode_frame(events))  # a late resend of everything, plus new ones
+    raw.send(encoding.encode_frame(events))  # a late resend of everything, plus new ones
     assert schema.decode_ack(raw.recv())[0][2] in (6, 10)
     journal = path if layout == "file" else path / "idle.jsonl"
     wait_for(lambda: line_count(journal) >= 10, 10, "the new events journaled")

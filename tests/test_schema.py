@@ -6,7 +6,7 @@ import math
 import msgpack
 import pytest
 
-from relay.wire import schema
+from relay.wire import encoding, schema
 from relay.journal.dedupe import RankState
 from sinks.events import from_json_metrics, json_safe
 
@@ -59,7 +59,7 @@ def test_missing_and_unknown_fields():
 def test_valid_edge_values_pass_and_round_trip():
     odd = event(step=None, epoch=None, stage=None, data={"nan": math.nan, "inf": -math.inf, "nested": {"l": [1, "x", None]},
                                                          "flag": True, "ünïcode": "✓"})
-    batch = schema.decode_frame(schema.encode_frame([odd, event(seq=1)]))
+    batch = schema.decode_frame(encoding.encode_frame([odd, event(seq=1)]))
     assert len(batch) == 2 and math.isnan(batch[0]["data"]["nan"]) and batch[0]["data"]["ünïcode"] == "✓"
 
 

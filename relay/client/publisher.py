@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import zmq
 
-from relay.wire import curve, schema
+from relay.wire import curve, encoding, schema
 
 from relay.client import spool
 from relay.wire.address import resolve_address
@@ -95,7 +95,7 @@ class Publisher(LinkMember):
             "local_rank": rank if local_rank is None else local_rank,
             "world_size": max(world_size, 1), "host": (host or socket.gethostname())[: schema.MAX_NAME_LEN],
         }
-        self._prefix = schema.compact_prefix(self.envelope)
+        self._prefix = encoding.compact_prefix(self.envelope)
         self.spool_path = (None if spool_dir is None
                            else os.path.join(os.fspath(spool_dir), f"{run}.rank{rank}.spool.jsonl"))
         self._spool_journal = None if spool_journal is None else os.fspath(spool_journal)
@@ -116,7 +116,7 @@ class Publisher(LinkMember):
         # Owned by the background thread:
         self._window = SendWindow(max_events=max_events, max_bytes=max_bytes, resend_after=resend_after,
                                   now=time.monotonic())
-        self._pack_row = schema.row_packer().pack
+        self._pack_row = encoding.row_packer().pack
         self._dropped_bad = 0  # unencodable or oversized events
         self._reported_drops = 0
         self._last_report = 0.0
@@ -339,4 +339,4 @@ class Publisher(LinkMember):
 
     def _send_batch(self, blobs: list[bytes]) -> bool:
         assert self._link is not None
-        return self._link.send(schema.compact_frame(self._prefix, blobs))
+        return self._link.send(encoding.compact_frame(self._prefix, blobs))

@@ -33,7 +33,7 @@ from typing import Any, Iterable
 
 import zmq
 
-from relay.wire import curve, schema
+from relay.wire import curve, encoding, schema
 
 from relay.daemon import peers
 from relay.wire.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_loopback
@@ -485,7 +485,7 @@ class Relay:
     def _refuse_runs(self, peer: bytes, runs: list[str], events: list[dict[str, Any]]) -> None:
         """Too many new runs from one connection: the frame is refused (counted, dead-lettered, not
         acknowledged, so a real client sends it again later, when its budget has grown back)."""
-        frame = schema.encode_frame(events[:16])
+        frame = encoding.encode_frame(events[:16])
         self._reject("run_rate", f"peer started more than {self.config.run_rate:g} new runs a minute; "
                                  f"refused {', '.join(runs[:3])}", frame, peer)
 
@@ -638,7 +638,7 @@ class Relay:
             return
         for peer, acks in per_peer.items():
             try:
-                self._sock.send_multipart([peer, schema.encode_ack(acks)], zmq.NOBLOCK)
+                self._sock.send_multipart([peer, encoding.encode_ack(acks)], zmq.NOBLOCK)
                 self.counters.acks_sent += 1
             except zmq.ZMQError:
                 pass  # peer gone or slow: it resends, and gets a fresh ack then

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import orjson
 
-from relay.wire import schema
+from relay.wire import encoding, schema
 from relay.wire.lines import event_error, parse_event
 from sinks.events import ENVELOPE, FIELDS, ROW_FIELDS, from_journal
 
@@ -83,5 +83,5 @@ class LineReader:
     def _prefix(self, envelope: tuple) -> bytes:
         if len(self._prefixes) >= MAX_PREFIXES:
             self._prefixes.clear()
-        prefix = self._prefixes[envelope] = schema.compact_prefix(dict(zip(ENVELOPE, envelope)))
+        prefix = self._prefixes[envelope] = encoding.compact_prefix(dict(zip(ENVELOPE, envelope)))
         return prefix

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import zmq
 
-from relay.wire import schema
+from relay.wire import encoding, schema
 from relay.forward.lines import LineReader
 from relay.forward.window import ForwardWindow, Key
 from relay.wire.io_thread import LinkMember
@@ -65,7 +65,7 @@ class Forwarder(LinkMember):
         self.idle = False
         self._lock = threading.Lock()
         self._notified: set[str] = set()
-        self._pack = schema.row_packer().pack
+        self._pack = encoding.row_packer().pack
         self.lines = LineReader(self._bad_line)
         self._next_rescan = self._next_save = 0.0
         self._saved = ""
@@ -238,7 +238,7 @@ class Forwarder(LinkMember):
 
     def _send(self, prefix: bytes, rows: list[bytes]) -> bool:
         assert self._link is not None
-        return self._link.send(schema.compact_frame(prefix, rows))
+        return self._link.send(encoding.compact_frame(prefix, rows))
 
     def _watch(self, now: float) -> None:
         """Say once per outage that the central answers nothing while events wait, and when it does again."""

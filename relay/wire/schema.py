@@ -1,8 +1,9 @@
-"""The wire format of events: framing (a map, a batch, a compact batch), the msgpack codec, the
-validation of what arrives and the frame limits. What an event is (its fields, types, the relay's
-own rank) is the event model's, sinks/events.py; this module imports it and re-exports nothing.
+"""The wire format, as the relay reads it: a frame (a map, a batch, a compact batch) decoded and
+validated, the relay's acks decoded, and the limits. Putting frames on the wire is
+relay/wire/encoding.py; what an event is (its fields, types, the relay's own rank) is the event
+model's, sinks/events.py; this module imports it and re-exports nothing.
 
-One module owns the format so the client, the daemon, replay and every test agree on it.
+One module owns the rules so the client, the daemon, replay and every test agree on them.
 See docs/protocol.md for the field table and the limits. The validation has two paths that must
 agree rule for rule: the column-by-column fast path for compact batches and the row checks that
 name what is wrong (tests/test_compact_frames.py holds them together).
@@ -13,7 +14,7 @@ import math
 import operator
 import re
 from itertools import chain
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import msgpack
 
@@ -69,68 +70,6 @@ class FrameError(ValueError):
 def valid_run_id(run: str) -> bool:
     """Run ids name files in the JSONL directory layout, so they are bounded and path-safe."""
     return isinstance(run, str) and RUN_ID_RE.match(run) is not None
-
-
-def _default(obj: Any) -> Any:
-    """Turn numpy/torch scalars and other strays into msgpack types instead of losing the event."""
-    item = getattr(obj, "item", None)
-    if callable(item):
-        try:
-            return item()
-        except (TypeError, ValueError):
-            pass
-    tolist = getattr(obj, "tolist", None)
-    if callable(tolist):
-        return tolist()
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    return str(obj)
-
-
-
-def encode_event(event: dict[str, Any]) -> bytes:
-    """Encode one event (a msgpack map); batches are these bytes behind an array header."""
-    return msgpack.packb(event, default=_default, use_bin_type=True)
-
-
-def encode_batch(encoded_events: list[bytes]) -> bytes:
-    """Join already-encoded events into one frame: a msgpack array of maps."""
-    n = len(encoded_events)
-    if n < 16:
-        header = bytes((0x90 | n,))
-    elif n < 1 << 16:
-        header = b"\xdc" + n.to_bytes(2, "big")
-    else:
-        header = b"\xdd" + n.to_bytes(4, "big")
-    return header + b"".join(encoded_events)
-
-
-def compact_prefix(envelope: dict[str, Any]) -> bytes:
-    """The constant head of every compact batch of one (run, rank): its envelope fields, then the
-    ``events`` key; a frame is this, an array header, and the rows (see compact_frame)."""
-    body = b"".join(msgpack.packb(k) + msgpack.packb(envelope[k], use_bin_type=True) for k in ENVELOPE)
-    return bytes((0x80 | (len(ENVELOPE) + 1),)) + body + msgpack.packb("events")
-
-
-def encode_row(*row: Any) -> bytes:
-    """One event of a compact batch: the values of its ROW_FIELDS, in order."""
-    return msgpack.packb(row, default=_default, use_bin_type=True)
-
-
-def row_packer() -> msgpack.Packer:
-    """A reusable encoder for rows given as tuples (same bytes as encode_row, a third of the cost,
-    as it is not rebuilt per call); one per thread, since a Packer is not thread-safe."""
-    return msgpack.Packer(default=_default, use_bin_type=True)
-
-
-def compact_frame(prefix: bytes, rows: list[bytes]) -> bytes:
-    """A compact batch frame: the envelope once, then the rows (half the bytes of a batch of maps)."""
-    return prefix + encode_batch(rows)
-
-
-def encode_frame(events: Iterable[dict[str, Any]]) -> bytes:
-    """Encode events into one frame (tests, raw senders and the benchmarks use this)."""
-    return encode_batch([encode_event(e) for e in events])
 
 
 class Frame(NamedTuple):
@@ -420,11 +359,6 @@ def _check_value(val: Any, depth: int) -> None:
             _check_value(item, depth + 1)
     else:
         raise FrameError("bad_type", f"data value of type {kind.__name__} is not allowed")
-
-
-def encode_ack(acks: list[tuple[str, int, int]]) -> bytes:
-    """Relay -> client: cumulative acks, each (run, rank, next_seq): every seq below is durable."""
-    return msgpack.packb({"ack": acks}, use_bin_type=True)
 
 
 def decode_ack(frame: bytes) -> list[tuple[str, int, int]]:

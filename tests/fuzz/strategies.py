@@ -16,7 +16,7 @@ import msgpack
 import orjson
 from hypothesis import strategies as st
 
-from relay.wire import schema
+from relay.wire import encoding, schema
 from relay.wire.lines import encode_line
 from sinks.events import ENVELOPE, EVENT_TYPES, FIELDS, ROW_FIELDS
 
@@ -167,8 +167,8 @@ def compact_frames(draw: st.DrawFn, run: str | None = None) -> bytes:
         else:
             batch[at] = draw(st.one_of(st.lists(scalars, max_size=8), scalars))
     if envelope.keys() == set(ENVELOPE):
-        return schema.compact_frame(schema.compact_prefix(envelope),
-                                    [schema.encode_row(*r) if type(r) is list and len(r) == 7 else _pack(r)
+        return encoding.compact_frame(encoding.compact_prefix(envelope),
+                                    [encoding.encode_row(*r) if type(r) is list and len(r) == 7 else _pack(r)
                                      for r in batch])
     return _pack({**envelope, "events": batch})
 
@@ -182,7 +182,7 @@ def events(draw: st.DrawFn, broken: bool = True) -> dict[str, Any]:
     return event
 
 
-map_batches = st.lists(events(), min_size=1, max_size=5).map(lambda evs: schema.encode_batch([_pack(e) for e in evs]))
+map_batches = st.lists(events(), min_size=1, max_size=5).map(lambda evs: encoding.encode_batch([_pack(e) for e in evs]))
 single_maps = events().map(_pack)
 
 
@@ -227,14 +227,14 @@ def many_runs_frames(draw: st.DrawFn) -> list[bytes]:
                  "ts": 1.7e9, "type": "metrics", "step": None, "epoch": None, "stage": None, "data": {}}
     per_frame = draw(st.sampled_from([1, 500]))
     evs = [{**event, "run": f"many-{i}"} for i in range(count)]
-    return [schema.encode_frame(evs[i:i + per_frame]) for i in range(0, count, per_frame)]
+    return [encoding.encode_frame(evs[i:i + per_frame]) for i in range(0, count, per_frame)]
 
 
 PEERS = (b"peer-0", b"peer-1", b"peer-2")
 
 
 def _compact(envelope: dict[str, Any], batch: list[list[Any]]) -> bytes:
-    return schema.compact_frame(schema.compact_prefix(envelope), [schema.encode_row(*r) for r in batch])
+    return encoding.compact_frame(encoding.compact_prefix(envelope), [encoding.encode_row(*r) for r in batch])
 
 
 @st.composite

@@ -20,7 +20,7 @@ import msgpack
 import orjson
 from hypothesis import strategies as st
 
-from relay.wire import schema
+from relay.wire import encoding, schema
 from relay.sinkhost.replay import replay_files
 from relay.cli.filters import Selection
 from relay.cli.tail import Tail, format_event
@@ -86,7 +86,7 @@ def check_decode(frame: bytes) -> None:
     _check_line_bound(chunk, lines)
     for line, event in zip(lines, events):
         _check_journaled(orjson.loads(line))
-        schema.encode_ack([(event["run"], event["rank"], event["seq"] + 1)])
+        encoding.encode_ack([(event["run"], event["rank"], event["seq"] + 1)])
 
 
 def _check_line_bound(chunk: bytes, lines: list[bytes]) -> None:
@@ -206,7 +206,7 @@ def _check_relay(relay: Any, path: Path, written: int) -> None:
         if state.floor > bound:
             raise Violation("floor", f"{key} floor {state.floor} beyond its highest accepted seq or plausible "
                                      f"claimed drop ({bound - 1}): later events of the rank count as duplicates")
-        schema.encode_ack([(key[0], key[1], state.floor)])
+        encoding.encode_ack([(key[0], key[1], state.floor)])
     for event in events:  # last: target decode covers these lines too, so their bugs mask less here
         _check_journaled(event)
 

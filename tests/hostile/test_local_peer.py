@@ -17,7 +17,7 @@ import pytest
 import zmq
 
 from conftest import free_port, read_jsonl, wait_for
-from relay.wire import schema
+from relay.wire import encoding, schema
 from relay.client.publisher import Publisher
 from relay.wire.curve import load_secret
 from test_curve import keygen
@@ -49,7 +49,7 @@ def _acks(sock: zmq.Socket, wait: float) -> list[tuple[str, int, int]]:
 
 
 def _frames(run: str, seqs: range, tag: str) -> list[bytes]:
-    return [schema.encode_frame([_event(run=run, seq=s, data={"i": -1, "who": tag})]) for s in seqs]
+    return [encoding.encode_frame([_event(run=run, seq=s, data={"i": -1, "who": tag})]) for s in seqs]
 
 
 def test_forged_events_for_a_live_ranks_coming_seqs_are_refused(relays, tmp_path):
@@ -305,7 +305,7 @@ def _squat(address: str, stop: threading.Event, swallowed: list[int],
         events, first, _ = schema.decode(frame)
         swallowed.append(len(events))
         top = max(e["seq"] for e in events) + 1
-        sock.send_multipart([peer, schema.encode_ack([(events[0]["run"], events[0]["rank"], top)])])
+        sock.send_multipart([peer, encoding.encode_ack([(events[0]["run"], events[0]["rank"], top)])])
     ctx.destroy(linger=0)
 
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import zmq
 
-from relay.wire import schema
+from relay.wire import encoding, schema
 from relay.client.publisher import Publisher
 from sinks.events import ENVELOPE, EVENT_TYPES, FIELDS, RELAY_RANK
 from conftest import ROOT, read_jsonl, wait_for
@@ -45,15 +45,15 @@ def _hostile_frames() -> list[bytes]:
         if field in ("v", "run"):
             continue  # covered by the malformed-frame test; here, runs stay apart by rank
         for value in EDGES:
-            frames.append(schema.encode_frame([_event(**{"rank": 1, "seq": next(seq), field: value})]))
+            frames.append(encoding.encode_frame([_event(**{"rank": 1, "seq": next(seq), field: value})]))
     for kind in sorted(EVENT_TYPES):
         for value in EDGES:
             for key in ("dropped", "dropped_upto", "event", "status", "x"):
-                frames.append(schema.encode_frame([_event(rank=2, seq=next(seq), type=kind, data={key: value})]))
+                frames.append(encoding.encode_frame([_event(rank=2, seq=next(seq), type=kind, data={key: value})]))
     # The stats event that stopped the relay: its floor went past what an ack can carry.
-    frames.append(schema.encode_frame([_event(rank=3, seq=5, type="stats", data={"dropped_upto": 2**64 - 1})]))
-    frames.append(schema.encode_frame([_event(rank=3, seq=2**63 - 1, type="stats", data={"dropped_upto": 2**63 - 2})]))
-    frames.append(schema.encode_frame([_event(rank=3, seq=2**64 - 1)]))
+    frames.append(encoding.encode_frame([_event(rank=3, seq=5, type="stats", data={"dropped_upto": 2**64 - 1})]))
+    frames.append(encoding.encode_frame([_event(rank=3, seq=2**63 - 1, type="stats", data={"dropped_upto": 2**63 - 2})]))
+    frames.append(encoding.encode_frame([_event(rank=3, seq=2**64 - 1)]))
     return frames
 
 
@@ -112,7 +112,7 @@ def test_an_unforeseen_error_in_one_frame_is_dead_lettered_and_ingest_goes_on(re
     ctx = zmq.Context()
     raw = ctx.socket(zmq.DEALER)
     raw.connect(relay.address)
-    raw.send(schema.encode_frame([_event(run="broken")]))
+    raw.send(encoding.encode_frame([_event(run="broken")]))
     pub = Publisher("good", 0, address=relay.address)
     for i in range(100):
         pub.publish("metrics", {"i": i}, step=i)
@@ -194,7 +194,7 @@ def test_thousands_of_run_ids_neither_exhaust_files_nor_starve_other_clients(rel
     pub = Publisher("good", 0, address=relay.address)
     most_files = 0
     for i in range(3000):
-        raw.send(schema.encode_frame([_event(run=f"flood-{i}", seq=0)]))
+        raw.send(encoding.encode_frame([_event(run=f"flood-{i}", seq=0)]))
         if i % 100 == 0:
             pub.publish("metrics", {"i": i // 100}, step=i)
             most_files = max(most_files, _open_files(relay.proc))
@@ -217,7 +217,7 @@ def test_a_flood_of_new_runs_from_one_peer_is_refused_and_counted(relays, tmp_pa
     raw = ctx.socket(zmq.DEALER)
     raw.connect(relay.address)
     for i in range(500):
-        raw.send(schema.encode_frame([_event(run=f"flood-{i}", seq=0)]))
+        raw.send(encoding.encode_frame([_event(run=f"flood-{i}", seq=0)]))
     pub = Publisher("good", 0, address=relay.address)  # its own connection, its own budget
     for i in range(20):
         pub.publish("metrics", {"i": i}, step=i)
@@ -244,7 +244,7 @@ def test_a_spoofed_drop_report_cannot_make_the_relay_discard_real_events(relays,
     ctx = zmq.Context()
     spoof = ctx.socket(zmq.DEALER)
     spoof.connect(relay.address)
-    spoof.send(schema.encode_frame([_event(run="victim", rank=0, seq=claimed, type="stats", stage="client",
+    spoof.send(encoding.encode_frame([_event(run="victim", rank=0, seq=claimed, type="stats", stage="client",
                                            data={"dropped": claimed, "dropped_upto": claimed - 1})]))
     time.sleep(0.3)
     for i in range(100, 300):
@@ -267,10 +267,10 @@ def test_no_client_may_publish_as_the_relay(relays, tmp_path):
     raw = ctx.socket(zmq.DEALER)
     raw.connect(relay.address)
     spoofed = _event(run="shared", rank=RELAY_RANK, world_size=2, stage="cluster", data={"slowest_rank": 1})
-    row = schema.encode_row(1, time.time(), "metrics", 1, None, "cluster", {"slowest_rank": 1})
-    frames = [schema.encode_frame([spoofed]),
-              schema.compact_frame(schema.compact_prefix({k: spoofed[k] for k in ENVELOPE}), [row]),
-              schema.encode_frame([_event(run="shared", rank=0, world_size=2, seq=1000), spoofed])]
+    row = encoding.encode_row(1, time.time(), "metrics", 1, None, "cluster", {"slowest_rank": 1})
+    frames = [encoding.encode_frame([spoofed]),
+              encoding.compact_frame(encoding.compact_prefix({k: spoofed[k] for k in ENVELOPE}), [row]),
+              encoding.encode_frame([_event(run="shared", rank=0, world_size=2, seq=1000), spoofed])]
     for frame in frames:
         raw.send(frame)
     stats = journal.with_name("j_stats.json")
