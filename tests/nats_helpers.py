@@ -52,7 +52,7 @@ def free_ports(n: int) -> list[int]:
 class NatsCluster:
     """``size`` nats-server processes forming one JetStream cluster on loopback."""
 
-    def __init__(self, tmp: Path, size: int = 3, extra_config: str = "") -> None:
+    def __init__(self, tmp: Path, size: int = 3, extra_config: str = "", nice: int = 0) -> None:
         self.tmp = Path(tmp)
         self.size = size
         self.binary = nats_server_binary()
@@ -61,6 +61,7 @@ class NatsCluster:
         self.cluster_ports = ports[size:2 * size]
         self.http_ports = ports[2 * size:]
         self.extra_config = extra_config
+        self.nice = nice  # the benchmark's servers yield the CPU, as servers on other machines would
         self.procs: list[subprocess.Popen | None] = [None] * size
         self.stopped: set[int] = set()
 
@@ -93,7 +94,8 @@ class NatsCluster:
     def start_node(self, i: int) -> None:
         config = self._config(i)
         with open(self.dir(i) / "server.log", "ab") as log:
-            self.procs[i] = subprocess.Popen([self.binary, "-c", str(config)], stdout=log, stderr=subprocess.STDOUT)
+            self.procs[i] = subprocess.Popen([self.binary, "-c", str(config)], stdout=log, stderr=subprocess.STDOUT,
+                                             preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
 
     def start(self, timeout: float = 30.0) -> "NatsCluster":
         for i in range(self.size):

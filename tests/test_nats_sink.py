@@ -5,6 +5,7 @@ relay killed and restarted; bad URLs and credentials stop the relay with one lin
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -37,7 +38,8 @@ def sink_args(journal: Path, urls: str, *extra: str) -> list[str]:
 def journal_lines(journal: Path) -> list[bytes]:
     """Every line of a journal (a file, or a directory's run files), each with its newline."""
     paths = sorted(journal.glob("*.jsonl")) if journal.is_dir() else [journal]
-    return [line for path in paths if not path.name.startswith("_") for line in path.read_bytes().splitlines(keepends=True)]
+    return [line for path in paths if not path.name.startswith("_")
+            for line in path.read_bytes().splitlines(keepends=True)]
 
 
 def stream_lines(urls: str) -> tuple[list[bytes], list]:
@@ -55,6 +57,9 @@ def assert_in_stream_exactly_once(urls: str, *journals: Path) -> list:
     lines, as its headers say. (The consuming relay dedupes by (run, rank, seq) on top.)"""
     lines, msgs = stream_lines(urls)
     expected = [line for journal in journals for line in journal_lines(journal)]
+    keys = Counter((e["run"], e["rank"], e["seq"]) for e in map(json.loads, lines))
+    assert max(keys.values()) == 1  # counted by (run, rank, seq) too
+    assert keys.keys() == {(e["run"], e["rank"], e["seq"]) for e in map(json.loads, expected)}
     twice = {line[:80]: n for line, n in Counter(lines).items() if n > 1}
     assert not twice, f"{len(twice)} lines more than once in the stream: {list(twice.items())[:3]}"
     assert Counter(lines) == Counter(expected), (f"{len(set(expected) - set(lines))} journal lines missing, "

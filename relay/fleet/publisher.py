@@ -8,16 +8,16 @@ at most, and the journal is the buffer. A chunk whose ack was lost is published 
 ``Nats-Msg-Id`` (JetStream acknowledges it as a duplicate: that counts as acknowledged), and a
 source's position moves past a chunk only once it and every chunk before it are acknowledged. On
 one connection a run's chunks are stored in journal order; only a chunk published again after a
-failure can land after its successors (the consuming relay's dedupe takes seqs in any order). A source's position is saved (the state file)
-only once acknowledged; a source the state file does not know resumes after the stream's last
-message for this node and run (its ``Relay-End``).
+failure can land after its successors (the consuming relay's dedupe takes seqs in any order). The
+positions are saved (the state file) only once acknowledged; a source the state file does not know
+resumes after the stream's last message for this node and run (its ``Relay-End``).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,8 @@ RESCAN_S = 2.0  # look at the journal for news even without a batch saying so
 SAVE_EVERY = 0.5  # seconds between writes of the state file, when it changed
 HEADER_ROOM = 1024  # bytes of a message's max_payload left for its headers
 RETRY_S = (0.1, 0.25, 0.5, 1.0, 2.0)  # waits between attempts at a chunk, the last repeated
-COUNTERS = ("connected", "chunks", "published", "bytes", "duplicates", "retries", "held", "skipped", "too_big", "errors")
+COUNTERS = ("connected", "chunks", "published", "bytes", "duplicates", "retries", "held", "skipped", "too_big",
+            "errors")
 
 
 @dataclass

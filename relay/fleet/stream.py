@@ -78,7 +78,8 @@ def stream_config(name: str, prefix: str, partitions: int, replicas: int, duplic
         name=name, subjects=[f"{prefix}.>"], storage=StorageType.FILE, num_replicas=replicas,
         duplicate_window=duplicate_window, max_age=max_age,
         subject_transform=SubjectTransform(
-            src=f"{prefix}.*.*", dest=f"{prefix}.{{{{partition({partitions},2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}"))
+            src=f"{prefix}.*.*",
+            dest=f"{prefix}.{{{{partition({partitions},2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}"))
 
 
 async def ensure_stream(js: Any, config: Any) -> tuple[Any, bool]:
