@@ -32,7 +32,7 @@ HISTORY = """## What moved the figures
   2.8 us -> 1.0 us. `RelayCallback.on_log` back to back went from about 8 us to about 3.5 us, which
   moved the hot-path ratios from 160x to over 500x (AimCallback) and from 4.8x to over 15x (file
   callback).
-- **Relay ingest** (`relay/daemon/loop.py`, `relay/journal/journal.py`): each journal line is encoded as its event
+- **Relay ingest** (`relay/daemon/ingest.py`, `relay/journal/journal.py`): each journal line is encoded as its event
   arrives, while the event is still in the CPU cache, instead of 50 ms later at the flush; events are
   kept only when another sink needs them; a compact batch's envelope is validated once; start-up
   objects are frozen out of the cyclic GC and young collections are rarer. One publisher: about

@@ -16,7 +16,9 @@ import pytest
 from conftest import ROOT, finish, plugin_env, read_jsonl, wait_for
 from relay.wire import encoding
 from relay.client.publisher import Publisher
-from relay.daemon.loop import Relay, RelayConfig
+from relay.daemon.cross_rank import ClusterConfig
+from relay.daemon.ingest import Ingest
+from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
 from relay.journal.reader import journal_files, read_events
 from sinks.events import RELAY_RANK
@@ -220,7 +222,7 @@ def test_a_relay_killed_at_any_point_sums_each_step_once(tmp_path: Path) -> None
     """Ranks' reports (some steps dropped, frames interleaved at random) into an ingest that is
     killed after a random frame, losing what it had not journaled, then restarted on the same
     journal with every frame sent again: the relay's seqs stay gapless and every reported step is
-    summed up exactly once. (The ingest loop without its socket, as the fuzzer drives it.)"""
+    summed up exactly once. (Ingest without a socket, relay/daemon/ingest.py, as the fuzzer drives it.)"""
     for trial in range(120):
         rng = random.Random(trial)
         world, steps = rng.choice([2, 3, 4]), rng.randint(3, 30)
@@ -235,17 +237,18 @@ def test_a_relay_killed_at_any_point_sums_each_step_once(tmp_path: Path) -> None
             order.append(rng.choice([q for q in queues if q]).pop(0))
         path = f"{tmp_path}/t{trial}" + ("/" if trial % 2 else ".jsonl")
         for session, frames in enumerate((order[:rng.randint(0, len(order))], order)):
-            relay = Relay(RelayConfig(address="tcp://127.0.0.1:0"), Journal(path), [])
-            relay.open_sinks()
+            journal = Journal(path)
+            journal.open()
+            ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), 0.0, cluster=ClusterConfig())
             for i, frame in enumerate(frames):
-                relay.take_frame(b"peer%d" % i, frame, now=100.0 * session + i)
+                ingest.take_frame(b"peer%d" % i, frame, now=100.0 * session + i)
                 if rng.random() < 0.5:
-                    relay.commit()
+                    ingest.commit(100.0 * session + i)
             if session:
-                relay._publish(relay.cluster.check(1000.0))  # steps rank 0 dropped: settled after the silence
-                relay.commit()
-            relay.journal.close()
-            relay.deadletters.close()
+                ingest.check(1000.0)  # steps rank 0 dropped: settled after the silence
+                ingest.commit(1000.0)
+            journal.close()
+            ingest.deadletters.close()
         events = [e for f in journal_files(Path(path)) for e in read_events(f)]
         ours = [e for e in events if e["rank"] == RELAY_RANK]
         assert [e["seq"] for e in ours] == list(range(len(ours))), trial

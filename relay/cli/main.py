@@ -220,7 +220,8 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
           **sink_params: Any) -> None:
     """Run the relay until SIGINT/SIGTERM."""
     from relay.daemon.cross_rank import ClusterConfig
-    from relay.daemon.loop import Relay, RelayConfig
+    from relay.daemon.config import RelayConfig
+    from relay.daemon.loop import Relay
     from relay.sinkhost.process import check_sinks
 
     private_files(world_readable)

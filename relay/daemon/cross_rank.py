@@ -9,7 +9,7 @@ taken out, trainer/collectives.py) is what tells the straggler. A step whose eve
 sent one is judged by it; a step with a rank that did not (an older or other publisher) falls
 back to ``step_time`` for all, so unlike figures are never compared.
 
-No sockets, no files and no clock of its own: the daemon (relay/daemon/loop.py) hands ``observe`` each
+No sockets, no files and no clock of its own: ingest (relay/daemon/ingest.py) hands ``observe`` each
 new ``stage="rank"`` metrics event with the time it arrived, calls ``check`` about once a second,
 and journals what either returns as events of rank RELAY_RANK; after a restart ``restore`` replays
 the run's recent journal lines so nothing is said twice. Runs of one rank have no peers to compare

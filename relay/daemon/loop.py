@@ -1,19 +1,17 @@
-"""The relay daemon: receive, validate, de-duplicate, journal, acknowledge, fan out.
+"""The relay daemon: the loop around one ROUTER socket that receives, journals, acknowledges and
+fans out.
 
-One ingest thread owns the ROUTER socket and the journal (relay/journal/journal.py). Every
-``flush_interval`` it appends the new events to the journal in one write, then acknowledges
-cumulatively per (run, rank), then hands the same lines to each other sink's process
-(relay/sinkhost/process.py). Acks therefore mean "in the journal", and no other sink can slow ingest down.
-Every second it samples its counters for rates and sink lag, and on a terminal redraws the live
-status line; a status request on the socket is answered from relay/daemon/status.py's budget.
-From every rank's step times it derives cross-rank events of its own (relay/daemon/cross_rank.py), journaled
-and fanned out the same way as rank RELAY_RANK.
-
-It runs over 350 lines because what is here is the one ingest thread's state (routes, dedupe,
-pending lines, acks due) and every step that touches it per frame or per flush; the parts that
-stand alone are in relay/daemon/bounds.py (run budget, byte budgets, memory, descriptors), relay/journal/journal.py
-and relay/journal/dedupe.py. What it holds between receiving and journaling is bounded in bytes
-(limits.COMMIT_BYTES, limits.TURN_BYTES), not only in messages.
+One thread owns the socket and the journal. It reads frames off the socket and hands each, with
+its connection's routing id, to ingest (relay/daemon/ingest.py: validate, de-duplicate through the
+run table, relay/daemon/runs.py, and queue journal lines); every ``flush_interval`` the commit step
+(relay/daemon/commit.py) appends them to the journal in one write, acknowledges cumulatively per
+(run, rank) on this socket, then hands the same lines to each other sink's process
+(relay/sinkhost/process.py). Acks therefore mean "in the journal", and no other sink can slow
+ingest down. What is here is what needs the socket or the clock: status requests (answered from
+relay/daemon/status.py's budget), multipart rejection, which connection closed
+(relay/daemon/peers.py), the memory guard, the timers (counters, cross-rank checks, forgetting idle
+runs, the live status line) and shutdown. What it holds between receiving and journaling is
+bounded in bytes (bounds.COMMIT_BYTES, bounds.TURN_BYTES), not only in messages.
 """
 from __future__ import annotations
 
@@ -21,81 +19,52 @@ import errno
 import gc
 import json
 import logging
-import operator
 import os
 import signal
-import socket
-import threading
 import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import zmq
 
-from relay.wire import curve, encoding, schema
-
 from relay.daemon import peers
-from relay.wire.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_loopback
-from relay.daemon.cross_rank import Cluster, ClusterConfig, Derived
-from relay.journal.deadletter import KEEP_BYTES, DeadLetters
-from relay.journal.dedupe import Dedupe, RankState, claimed_drop
-from relay.journal.journal import NAME as JOURNAL, Journal
-from relay.wire.lines import check_lines, encode_line, encode_lines
-from relay.daemon.bounds import COMMIT_BYTES, RECV_HWM, TURN_BYTES, MemoryProbe, RunBudget, alive, raise_file_limit, trim_heap
+from relay.daemon.bounds import RECV_HWM, TURN_BYTES, MemoryProbe, alive, raise_file_limit, trim_heap
+from relay.daemon.commit import Acks
+from relay.daemon.counters import log_stats, write_stats
+from relay.daemon.config import RelayConfig
+from relay.daemon.fan_out import FanOut
+from relay.daemon.ingest import Ingest
 from relay.daemon.live_line import LiveLine
-from relay.sinkhost.child import SinkSpec
-from relay.sinkhost.process import SinkProcess
-from relay.daemon.counters import Counters, log_stats, run_view, write_stats
-from relay.sinkhost.rate import Rate
 from relay.daemon.status import STATUS_REQUEST, Answers, format_line
+from relay.journal.deadletter import KEEP_BYTES, DeadLetters
+from relay.journal.journal import NAME as JOURNAL, Journal
+from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.rate import Rate
+from relay.wire import curve, encoding, schema
+from relay.wire.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_loopback
 from sinks.base import SinkError
-from sinks.events import RELAY_RANK
 from sinks.files import write_atomic
 
 log = logging.getLogger("relay")
 
 RECV_BURST = 2000  # messages read per poll before the loop checks its timers
-MAX_UNJOURNALED = 200_000  # stop reading (clients keep their events) while the journal is failing
 GC_THRESHOLD = 50_000  # allocations between young collections (Python's default: 700)
 REBIND_TIMEOUT = 5.0  # seconds to get the address back after dropping every connection
-_rank = operator.itemgetter("rank")
-
-
-@dataclass
-class RelayConfig:
-    address: str
-    flush_interval: float = 0.05
-    stats_interval: float = 30.0
-    sink_queue: int = 200_000
-    ready_file: Path | None = None
-    watch_pid: int | None = None
-    curve_cert: Path | None = None
-    curve_clients: Path | None = None
-    shutdown_timeout: float = 10.0
-    forget_after: float = 3600.0
-    #: new run ids one connection may start per minute (and at once): a flood beyond is refused
-    run_rate: float = 60.0
-    #: runs whose dedupe state is kept in memory; past it the least recently active is forgotten
-    max_runs: int = 10_000
-    #: MiB of resident memory at which every connection is dropped (see _guard_memory); 0: never
-    max_memory: int = 1024
-    #: seconds after its last frame a rank still counts as connected in the status
-    active_window: float = 60.0
-    #: cross-rank events derived from the ranks' step times (relay/daemon/cross_rank.py); None: none
-    cluster: ClusterConfig | None = field(default_factory=ClusterConfig)
 
 
 class Relay:
+    """The socket and the loop around ``ingest`` (frames in) and its commit step (journal, acks, fan-out)."""
+
     def __init__(self, config: RelayConfig, journal: Journal, sinks: list[SinkSpec]) -> None:
         self.config = config
         self.journal = journal
         self.sinks = sinks
-        self.counters = Counters()
-        self.dedupe = Dedupe()
-        self.deadletters = DeadLetters(journal.sidecar("_deadletter.jsonl"))
+        now = time.monotonic()
+        self.ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), now,
+                             run_rate=config.run_rate, max_runs=config.max_runs, cluster=config.cluster)
+        self.counters = self.ingest.counters
         self.stats_path: Path = journal.sidecar("_stats.json")
-        self.workers: list[SinkProcess] = []
+        self.fan_out = FanOut()  # the other sinks' processes
         self.address = config.address
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
@@ -104,27 +73,10 @@ class Relay:
         self._peer_frame: zmq.Frame | None = None  # the routing id of the message being taken
         self._auth: curve.ThreadAuthenticator | None = None
         self._stop = False
-        self._ingest_idle = threading.Event()  # set while ingest waits for frames: the sinks get lines then
-        # Accepted events as (run, journal lines) chunks, encoded on arrival while they are still in
-        # the CPU's cache; the other sinks get the same lines.
-        self._lines: list[tuple[str, bytes]] = []
-        self._pending = 0  # events in self._lines
-        self._pending_bytes = 0  # bytes in self._lines
-        self._acks_due: set[tuple[str, int]] = set()  # acks go to each stream's owner (relay/journal/dedupe.py)
-        self._hellos: dict[tuple[str, int], float] = {}  # ts of each rank's hello, to spot reused run ids
-        self._run_budget = RunBudget(config.run_rate)  # new runs each connection may start
-        self._journal_backoff = 0.0
-        self._journal_retry_at = 0.0
         self._memory = MemoryProbe()
         self.live: LiveLine | None = None  # the status line on a terminal (set before open_sinks)
-        self._active: dict[tuple[str, int], float] = {}  # each rank's last frame, for "ranks connected"
-        self._world: dict[str, int] = {}  # each run's world size
         self._rate = Rate()
         self._answers = Answers(self.snapshot)
-        self._journal_ok_at = time.monotonic()  # the last journal write that worked
-        self.cluster = Cluster(config.cluster) if config.cluster is not None else None
-        self._host = socket.gethostname()
-        self._derived_runs: set[str] = set()  # runs with derived events not journaled yet
         self._journal_open = False
 
     # -- setup -----------------------------------------------------------------------------------
@@ -141,6 +93,8 @@ class Relay:
                         "publish; use --curve-cert (see docs/security.md)", self.config.address)
         self._monitor = peers.watch(self._sock)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.ingest.claimed = self._claimed
+        self.ingest.batch.send = self._send_acks
         return self.address
 
     def _listen(self, address: str) -> zmq.Socket:
@@ -178,22 +132,16 @@ class Relay:
         them: each opens its sink in its own time beside a relay that already listens, takes the
         lines that arrive meanwhile, and catches up from the journal (relay/sinkhost/process.py)."""
         self.open_journal()
-        if self.workers:
+        if self.fan_out.workers:
             return
-        journal = self.journal
-        where = str(journal.path) + (os.sep if journal.directory else "")
         try:
-            for spec in self.sinks:
-                deadletter = journal.sidecar(f"_deadletter_{spec.name}.jsonl")
-                worker = SinkProcess(replace(spec, journal=where, deadletter=str(deadletter),
-                                             max_events=self.config.sink_queue,
-                                             drain_timeout=self.config.shutdown_timeout), self._ingest_idle,
-                                     None if self.live is None else self.live.write_above)
-                worker.start()
-                self.workers.append(worker)
+            self.fan_out.start(self.sinks, self.journal, self.config.sink_queue, self.config.shutdown_timeout,
+                               None if self.live is None else self.live.write_above)
         except SinkError:  # a usage error: leave no lock (and no empty journal folder) behind
-            journal.abandon()
+            self.journal.abandon()
             raise
+        if self.fan_out.workers:
+            self.ingest.batch.fan_out = self.fan_out.submit
 
     def write_ready_file(self) -> None:
         path = self.config.ready_file
@@ -226,30 +174,30 @@ class Relay:
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, 20, 20)
         interval = self.config.flush_interval
+        ingest, batch = self.ingest, self.ingest.batch
         next_flush = time.monotonic() + interval
         next_stats = time.monotonic() + self.config.stats_interval
         next_watch = time.monotonic() + 1.0
         while not self._stop:
             now = time.monotonic()
-            reading = self._pending < MAX_UNJOURNALED and self._pending_bytes < COMMIT_BYTES
             timeout = max(0.0, min(next_flush, next_watch) - now)
-            if reading:
+            if batch.reading:
                 if self._wait_for_frames(poller, timeout):
                     self._receive(self._sock)
             else:
-                self._ingest_idle.set()
+                self.fan_out.idle.set()
                 time.sleep(timeout)
-                self._ingest_idle.clear()
+                self.fan_out.idle.clear()
             now = time.monotonic()
-            if now >= next_flush or self._pending_bytes >= COMMIT_BYTES:
+            if now >= next_flush or batch.full:
                 self._peers_gone()
-                self.commit()
+                ingest.commit(now)
                 next_flush = now + interval
                 if self._guard_memory():
                     poller = zmq.Poller()
                     poller.register(self._sock, zmq.POLLIN)
             if now >= next_stats:
-                self._forget_idle(now - self.config.forget_after)
+                ingest.forget_idle(now - self.config.forget_after, now)
                 snap = self.snapshot(self.config.stats_interval)
                 if self.live is None:
                     log_stats(snap)
@@ -258,8 +206,7 @@ class Relay:
             if now >= next_watch:
                 next_watch = now + 1.0
                 self._each_second(now)
-                if self.cluster is not None:
-                    self._publish(self.cluster.check(now))
+                ingest.check(now)
                 if self.config.watch_pid and not alive(self.config.watch_pid):
                     log.info("watched process %d is gone; shutting down", self.config.watch_pid)
                     self._stop = True
@@ -269,13 +216,14 @@ class Relay:
         """Poll; while that blocks, the other sinks' lines go to their processes. Under a burst the
         journal, the acks and the relay's CPU are all ingest's, and the sinks catch up after it."""
         assert self._sock is not None
-        if not self.workers or self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        idle = self.fan_out.idle
+        if not self.fan_out.workers or self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             return bool(poller.poll(timeout * 1000))
-        self._ingest_idle.set()
+        idle.set()
         try:
             return bool(poller.poll(timeout * 1000))
         finally:
-            self._ingest_idle.clear()
+            idle.clear()
 
     def _receive(self, sock: zmq.Socket) -> None:
         """Read up to RECV_BURST messages or TURN_BYTES, and only until COMMIT_BYTES of lines wait
@@ -283,8 +231,9 @@ class Relay:
         rejected whole, read part by part so that the relay never holds more than one part of it."""
         now = time.monotonic()
         budget = TURN_BYTES
+        batch, take_frame = self.ingest.batch, self.ingest.take_frame
         for _ in range(RECV_BURST):
-            if budget <= 0 or self._pending_bytes >= COMMIT_BYTES:
+            if budget <= 0 or batch.full:
                 return
             try:
                 self._peer_frame = part = sock.recv(zmq.NOBLOCK, copy=False)  # (its descriptor: relay/daemon/peers.py)
@@ -298,7 +247,7 @@ class Relay:
             elif frame == STATUS_REQUEST:
                 self._answer_status(sock, peer, now)
             else:
-                self.take_frame(peer, frame, now)
+                take_frame(peer, frame, now)
 
     def _peers_gone(self) -> None:
         """The streams of owners whose connections closed pass to whichever connection sends for
@@ -306,13 +255,21 @@ class Relay:
         if self._monitor is None:
             return
         for fd in peers.closed_fds(self._monitor):
-            self._peer_gone(self._connections.closed(fd))
+            self.ingest.peer_gone(self._connections.closed(fd))
 
-    def _peer_gone(self, peer: bytes | None) -> None:
-        released = self.dedupe.release(peer) if peer is not None else 0
-        if released:
-            self.counters.owners_released += released
-            log.debug("peer %s disconnected: %d streams it sent are free", peer.hex(), released)
+    def _claimed(self, peer: bytes) -> None:
+        """``peer`` now owns a stream: note the connection its message came in on, and free what the
+        connection that had that descriptor before owned (it is gone)."""
+        if self._peer_frame is not None:
+            self.ingest.peer_gone(self._connections.arrived(peer, self._peer_frame.get(zmq.SRCFD)))
+
+    def _send_acks(self, peer: bytes, acks: Acks) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.send_multipart([peer, encoding.encode_ack(acks)], zmq.NOBLOCK)
+            self.counters.acks_sent += 1
+        except zmq.ZMQError:
+            pass  # peer gone or slow: it resends, and gets a fresh ack then
 
     def _answer_status(self, sock: zmq.Socket, peer: bytes, now: float) -> None:
         """A status request: not a frame, never a reject; answered within relay/daemon/status.py's budget."""
@@ -335,224 +292,7 @@ class Relay:
             size += len(part)
             if sum(map(len, kept)) < KEEP_BYTES:
                 kept.append(part.bytes[:KEEP_BYTES])
-        self._reject("multipart", f"{parts} message parts ({size} bytes), expected 1", b"".join(kept), peer)
-
-    def take_frame(self, peer: bytes, frame: bytes, now: float | None = None) -> None:
-        """One client message: validated, de-duplicated and queued for the journal, or rejected
-        with a counted reason. Never raises: whatever one frame does, ingest goes on; an error this
-        code did not foresee is logged, counted as ``internal_error`` and the frame dead-lettered,
-        and since nothing of it was acknowledged its client sends it again."""
-        self.counters.frames += 1
-        try:
-            events, first_seq, derive = schema.decode(frame)
-        except schema.FrameError as exc:
-            self._reject(exc.reason, exc.detail, frame, peer)
-            return
-        if (events[0]["rank"] if first_seq is not None else max(map(_rank, events))) == RELAY_RANK:
-            self._reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it derives); "
-                                          "no client may publish as it", frame, peer)
-            return
-        now = time.monotonic() if now is None else now
-        taken = self._owned_elsewhere(peer, events, first_seq, now)
-        if taken is not None:
-            self._reject("not_owner", f"run {taken[0]} rank {taken[1]} is being sent by another live connection; "
-                                      "refused until that one disconnects", frame, peer)
-            return
-        try:
-            self._take_events(peer, events, first_seq, now, derive)
-            run = events[0]["run"]
-            if run not in self._world and run in self.dedupe.run_ranks:  # (for the status)
-                self._world[run] = events[0]["world_size"]
-        except schema.FrameError as exc:  # its journal lines would be too long (check_lines)
-            self._reject(exc.reason, exc.detail, frame, peer)
-        except Exception as exc:  # counted and dead-lettered below; one frame never stops ingest
-            log.exception("frame from peer %s raised; dead-lettered", peer.hex())
-            self._reject("internal_error", f"{type(exc).__name__}: {exc}", frame, peer)
-
-    def _owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
-                         now: float) -> tuple[str, int] | None:
-        """The first (run, rank) of the frame that another live connection owns; None if none does."""
-        ranks = self.dedupe.ranks
-        if first_seq is not None:
-            keys: Iterable[tuple[str, int]] = ((events[0]["run"], events[0]["rank"]),)
-        else:
-            keys = {(e["run"], e["rank"]) for e in events}
-        for key in keys:
-            state = ranks.get(key)
-            if state is not None and state.foreign(peer, now):
-                return key
-        return None
-
-    def _take_events(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None, now: float,
-                     derive: bool) -> None:
-        counters = self.counters
-        if first_seq is not None:  # one rank's plain events, seqs without a gap: maybe all new
-            run, rank = events[0]["run"], events[0]["rank"]
-            chunk = encode_lines(events)
-            check_lines(chunk)
-            state = self._state(peer, run, rank, now)
-            if state is None:
-                self._refuse_runs(peer, [run], events)
-                return
-            counters.events += len(events)
-            if state.take_run(first_seq, len(events)):
-                self._lines.append((run, chunk))  # (not bound before _state: making room may commit)
-                self._pending += len(events)
-                self._pending_bytes += len(chunk)
-                if derive and self.cluster is not None:
-                    self._derive(events, now)
-                return
-            lines = None
-        else:
-            lines = [encode_line(event) for event in events]
-            check_lines(lines)
-            new = {e["run"] for e in events}.difference(self.dedupe.run_ranks)
-            if new and not self._run_budget.admit(peer, len(new), now):
-                self._refuse_runs(peer, sorted(new), events)
-                return
-            counters.events += len(events)
-        last_key = None
-        for event, line in zip(events, lines or map(encode_line, events)):
-            key = (event["run"], event["rank"])
-            if key != last_key:  # a frame normally holds one rank's events: look it up once
-                state = self._state(peer, key[0], key[1], now, admitted=True)
-                last_key = key
-            if state.take(event["seq"], peer):
-                self._lines.append((key[0], line))
-                self._pending += 1
-                self._pending_bytes += len(line)
-                if event["type"] == "stats":
-                    self._client_drops(key, state, event, peer)
-                elif event["type"] == "hello":
-                    self._hellos[key] = event["ts"]
-                elif self.cluster is not None and (event["stage"] == "rank" or event["type"] == "lifecycle"):
-                    self._derive((event,), now)
-            else:
-                counters.duplicates += 1
-                if event["type"] == "hello" and self._hellos.get(key, event["ts"]) != event["ts"]:
-                    self._reused_run(key)
-
-    def _derive(self, events: Iterable[dict[str, Any]], now: float) -> None:
-        """Hand the new per-rank figures and lifecycle events among ``events`` to the cluster derivation."""
-        cluster = self.cluster
-        assert cluster is not None
-        for event in events:
-            if event["stage"] == "rank" and event["type"] == "metrics":
-                self._publish(cluster.observe(event, now))
-            elif event["type"] == "lifecycle":
-                cluster.ended(event, now)
-
-    def _publish(self, derived: list[Derived]) -> None:
-        """The relay's own events go where every taken event goes, numbered on from what the journal
-        holds of (run, RELAY_RANK); no one is acknowledged for them."""
-        for item in derived:
-            state = self.dedupe.lookup(item.run, RELAY_RANK, self.journal)
-            seq = state.floor
-            state.take(seq)
-            event = {"v": schema.SCHEMA_VERSION, "run": item.run, "rank": RELAY_RANK, "local_rank": 0,
-                     "world_size": item.world_size, "host": self._host, "seq": seq, "ts": time.time(),
-                     "type": item.type, "step": item.step, "epoch": item.epoch, "stage": "cluster",
-                     "data": item.data}
-            line = encode_line(event)
-            self._lines.append((item.run, line))
-            self._pending += 1
-            self._pending_bytes += len(line)
-            self.counters.derived += 1
-            self._derived_runs.add(item.run)
-
-    def _state(self, peer: bytes, run: str, rank: int, now: float, admitted: bool = False) -> RankState | None:
-        """(run, rank)'s dedupe state, with its ack route and activity noted; None if ``run`` is new
-        and ``peer`` has used up its budget of new runs (unless already ``admitted``)."""
-        dedupe = self.dedupe
-        key = (run, rank)
-        state = dedupe.ranks.get(key)
-        if state is None:
-            new = run not in dedupe.run_ranks
-            if new:
-                if not admitted and not self._run_budget.admit(peer, 1, now):
-                    return None
-                self._make_room()
-            state = dedupe.lookup(run, rank, self.journal)
-            if new and self.cluster is not None and (state.floor or state.above or len(dedupe.run_ranks[run]) > 1):
-                self.cluster.restore(self.journal.recent(run), now)  # met again: a restart, or forgotten
-        if dedupe.claim(key, state, peer, now) and self._peer_frame is not None:  # (take_frame checked)
-            self._peer_gone(self._connections.arrived(peer, self._peer_frame.get(zmq.SRCFD)))
-        self._acks_due.add(key)
-        self._active[key] = now
-        dedupe.touch(run, now)
-        return state
-
-    def _refuse_runs(self, peer: bytes, runs: list[str], events: list[dict[str, Any]]) -> None:
-        """Too many new runs from one connection: the frame is refused (counted, dead-lettered, not
-        acknowledged, so a real client sends it again later, when its budget has grown back)."""
-        frame = encoding.encode_frame(events[:16])
-        self._reject("run_rate", f"peer started more than {self.config.run_rate:g} new runs a minute; "
-                                 f"refused {', '.join(runs[:3])}", frame, peer)
-
-    def _make_room(self) -> None:
-        """Before a new run: if ``max_runs`` are tracked, forget the least recently active one."""
-        while len(self.dedupe.run_ranks) >= self.config.max_runs:
-            run = self.dedupe.least_recent()
-            if run is None or not self._forget(run):
-                return
-            self.counters.runs_evicted += 1
-
-    def _reused_run(self, key: tuple[str, int]) -> None:
-        """Another process started publishing under a (run, rank) that already has events: its
-        events look like duplicates, so say so loudly instead of dropping them quietly."""
-        self.counters.reused_run_ids += 1
-        log.error("run %s rank %d was started again by another process (a new hello at seq 0): its events "
-                  "repeat seqs already journaled and are dropped as duplicates; give every job its own run id",
-                  key[0], key[1])
-
-    def _forget_idle(self, before: float) -> None:
-        """Drop per-run state of runs silent since ``before``; the journal can rebuild it."""
-        for run in self.dedupe.idle_runs(before):
-            if self._forget(run):
-                log.info("run %s idle for %.0f s: forgot its dedupe state", run, self.config.forget_after)
-
-    def _forget(self, run: str) -> bool:
-        """Drop ``run``'s state; False (kept) while events it vouches for cannot be journaled."""
-        if self.cluster is not None:
-            self._publish(self.cluster.close(run, time.monotonic()))  # an ended run's ranks left behind
-        ranks = self.dedupe.run_ranks.get(run, ())
-        if run in self._derived_runs or any((run, rank) in self._acks_due for rank in ranks):
-            self.commit()  # journal its last events before the state that deduplicated (or numbered) them goes
-            if self._lines:
-                return False
-        for rank in self.dedupe.forget(run):
-            key = (run, rank)
-            self._hellos.pop(key, None)
-            self._active.pop(key, None)
-            self.counters.forget_client_drops(key)
-        self.journal.release(run)
-        self._world.pop(run, None)
-        if self.cluster is not None:
-            self.cluster.forget(run)
-        return True
-
-    def _client_drops(self, key: tuple[str, int], state: RankState, event: dict[str, Any], peer: bytes) -> None:
-        """A client's own loss report. Its ``dropped_upto`` moves the rank's floor past the gap, but
-        only for seqs below this very event (a client drops only what it numbered before) and as a
-        claim of this connection alone (see relay/journal/dedupe.py)."""
-        data = event["data"]
-        dropped = data.get("dropped")
-        if type(dropped) is int and dropped > self.counters.client_dropped.get(key, 0):
-            log.warning("run %s rank %d reports %d events dropped in the client", key[0], key[1], dropped)
-            self.counters.client_dropped[key] = dropped
-        skip, upto = claimed_drop(event), data.get("dropped_upto")
-        if skip is not None:
-            state.skip_to(skip, peer)
-        elif upto is not None and upto != -1:
-            self.counters.bad_drop_reports += 1
-
-    def _reject(self, reason: str, detail: str, frame: bytes, peer: bytes) -> None:
-        self.counters.rejected[reason] += 1
-        total = sum(self.counters.rejected.values())
-        if total <= 10 or total % 1000 == 0:
-            log.warning("rejected frame from peer %s (%d rejected so far): %s: %s", peer.hex(), total, reason, detail)
-        if not self.deadletters.add(reason, detail, frame, peer):
-            self.counters.deadletter_overflow += 1
+        self.ingest.reject("multipart", f"{parts} message parts ({size} bytes), expected 1", b"".join(kept), peer)
 
     def _guard_memory(self) -> bool:
         """ZeroMQ assembles a whole message before the relay sees any of it, and bounds each part
@@ -574,9 +314,9 @@ class Relay:
         self._sock.disable_monitor()
         self._monitor.close(0)
         self._sock.close(linger=0)
-        self.dedupe.release_all()  # routing ids belong to the closed connections
+        self.ingest.runs.dedupe.release_all()  # routing ids belong to the closed connections
         self._connections.clear()
-        self._acks_due.clear()
+        self.ingest.batch.acks_due.clear()
         deadline = time.monotonic() + REBIND_TIMEOUT
         while True:  # ZeroMQ lets go of the address in its own thread, a moment after the close
             try:
@@ -590,113 +330,51 @@ class Relay:
         trim_heap()
         return True
 
-    def commit(self) -> None:
-        """Journal the batch, acknowledge, then fan out; on a journal failure keep everything.
-        (Before bind() there is no one to acknowledge: the fuzz tests drive ingest that way.)"""
-        lines = self._lines
-        if lines:
-            now = time.monotonic()
-            if now < self._journal_retry_at:
-                return
-            try:
-                self.journal.write_lines(lines)
-                self.journal.flush()
-            except Exception as exc:  # counted and retried with backoff; no acks until it works
-                left = sum(chunk.count(b"\n") for _, chunk in lines)  # one newline per event
-                self.counters.written += self._pending - left  # files that did take their part
-                self._pending = left
-                self._pending_bytes = sum(len(chunk) for _, chunk in lines)
-                self.counters.journal_errors += 1
-                self._journal_backoff = min(max(self._journal_backoff * 2, 0.1), 5.0)
-                self._journal_retry_at = now + self._journal_backoff
-                log.error("journal write failed (%d errors, %d events waiting), retrying in %.1f s: %s: %s",
-                          self.counters.journal_errors, self._pending, self._journal_backoff, type(exc).__name__, exc)
-                return
-            self._journal_backoff = 0.0
-            self._journal_ok_at = now
-            self.counters.written += self._pending
-            if self.workers:
-                joined = b"".join([chunk for _, chunk in lines])
-                for worker in self.workers:
-                    worker.submit(joined, self._pending)
-            self._lines, self._pending, self._pending_bytes = [], 0, 0
-            self._derived_runs.clear()
-        self._send_acks()
-
-    def _send_acks(self) -> None:
-        if not self._acks_due:
-            return
-        per_peer: dict[bytes, list[tuple[str, int, int]]] = {}
-        ranks = self.dedupe.ranks
-        for key in self._acks_due:
-            state = ranks[key]
-            peer = state.owner
-            if peer is not None:  # gone: its next connection is acknowledged when it sends
-                per_peer.setdefault(peer, []).append((key[0], key[1], state.ack_for(peer)))
-        self._acks_due.clear()
-        if self._sock is None:
-            return
-        for peer, acks in per_peer.items():
-            try:
-                self._sock.send_multipart([peer, encoding.encode_ack(acks)], zmq.NOBLOCK)
-                self.counters.acks_sent += 1
-            except zmq.ZMQError:
-                pass  # peer gone or slow: it resends, and gets a fresh ack then
-
     # -- shutdown -----------------------------------------------------------------------------------
 
     def _each_second(self, now: float) -> None:
         """Sample what rates and lags are computed from; redraw the live line."""
         self._rate.sample(now, self.counters.events)
-        for worker in self.workers:
-            worker.sample(now)
+        self.fan_out.sample(now)
         if self.live is not None:
             self.live.show(format_line(self.snapshot()))
 
     def snapshot(self, window: float = 1.0, final: bool = False) -> dict[str, Any]:
         """Every counter, plus events/s over about the last ``window`` seconds and the runs' ranks."""
         now = time.monotonic()
-        sinks = {JOURNAL: {"written": self.counters.written, "errors": self.counters.journal_errors,
-                                     "dropped": 0, "queued": self._pending,
-                                     "lag_s": round(now - self._journal_ok_at, 1) if self._pending else 0.0}}
-        sinks.update((w.name, w.stats()) for w in self.workers)
-        ranks = self.dedupe.ranks
-        relay_ranks = sum((run, RELAY_RANK) in ranks for run in self.dedupe.run_ranks)
-        snap = self.counters.snapshot(sinks, len(ranks) - relay_ranks)
+        runs = self.ingest.runs
+        sinks: dict[str, Any] = {JOURNAL: self.ingest.batch.journal_stats(now)}
+        sinks.update(self.fan_out.stats())
+        snap = self.counters.snapshot(sinks, runs.client_ranks())
         snap.update(ts=round(time.time(), 3), address=self.address, pid=os.getpid(), final=final,
                     events_per_s=round(self._rate.per_s(now, self.counters.events, window), 1), rate_window_s=window,
-                    runs=len(self.dedupe.run_ranks), active_window_s=self.config.active_window,
-                    per_run=run_view(reversed(self.dedupe.last_seen), self.dedupe.run_ranks, self._active,
-                                     self._world, now, self.config.active_window))
+                    runs=len(runs.dedupe.run_ranks), active_window_s=self.config.active_window,
+                    per_run=runs.view(now, self.config.active_window))
         return snap
 
     def _shutdown(self) -> None:
         if self.live is not None:  # the last live line stays on the terminal
             self.live.show(format_line(self.snapshot()))
             self.live.close()
-        if self.cluster is not None:
-            now = time.monotonic()
-            for run in list(self.cluster.runs):
-                self._publish(self.cluster.close(run, now))  # an ended run's ranks left behind
-        log.info("shutting down: flushing %d events", self._pending)
+        ingest, batch = self.ingest, self.ingest.batch
+        ingest.close_runs(time.monotonic())
+        log.info("shutting down: flushing %d events", batch.pending)
         deadline = time.monotonic() + self.config.shutdown_timeout
-        self._journal_retry_at = 0.0
-        self.commit()
-        while self._lines and time.monotonic() < deadline:
-            time.sleep(min(self._journal_backoff, 0.5))
-            self.commit()
-        if self._lines:
+        batch.retry_now()
+        ingest.commit(time.monotonic())
+        while batch.lines and time.monotonic() < deadline:
+            time.sleep(min(batch.backoff, 0.5))
+            ingest.commit(time.monotonic())
+        if batch.lines:
             log.error("shutting down with %d events the journal could not take; their clients still hold "
-                      "them and will resend to the next relay", self._pending)
-        self._ingest_idle.set()  # for good: the sinks drain what they have
-        for worker in self.workers:
-            worker.close(max(0.5, deadline - time.monotonic()))
+                      "them and will resend to the next relay", batch.pending)
+        self.fan_out.close(deadline)
         try:
             self.journal.close()
         except OSError as exc:
             self.counters.journal_errors += 1
             log.error("journal close failed: %s", exc)
-        self.deadletters.close()
+        ingest.deadletters.close()
         snap = self.snapshot(self.config.stats_interval, final=True)
         log_stats(snap, final=True)
         write_stats(self.stats_path, snap)

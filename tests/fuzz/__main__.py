@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
 
     targets = [t for t in TARGETS.values() if args.target in ("all", t.name, t.alias)]
     if not ingest_available() and any(t.name == "ingest" for t in targets):
-        log.warning("ingest: relay.daemon.Relay has no take_frame/commit yet; skipping that target")
+        log.warning("ingest: relay.daemon.ingest.Ingest has no take_frame/commit yet; skipping that target")
         targets = [t for t in targets if t.name != "ingest"]
     session = Session(targets, log)
     session.replay_corpus()

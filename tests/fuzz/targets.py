@@ -12,6 +12,7 @@ import io
 import os
 import resource
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -129,62 +130,81 @@ def _check_journaled(line: Any) -> None:
         raise Violation("journal_roundtrip", f"an accepted event reads back from the journal invalid: {exc}") from None
 
 
-# -- b: ingest (dedupe, drops, acks) through a socketless Relay ----------------------------------
+# -- b: ingest (dedupe, drops, acks) without a socket: relay/daemon/ingest.py and its commit step ---
 
 
 def ingest_available() -> bool:
     """The socketless ingest API (take_frame, commit) this target drives."""
-    from relay.daemon.loop import Relay
+    from relay.daemon.ingest import Ingest
 
-    return hasattr(Relay, "take_frame") and hasattr(Relay, "commit")
+    return hasattr(Ingest, "take_frame") and hasattr(Ingest, "commit")
 
 
 def check_ingest(session: bytes) -> None:
     """Several peers' frames into one relay, then into a restarted one that meets the same journal
     and gets every frame again (clients resend what they hold): nothing escapes take_frame, the
-    journal holds each (run, rank, seq) once, the counters add up, and every ack is sendable."""
+    journal holds each (run, rank, seq) once, the counters add up, and every ack is sendable, goes to
+    the stream's owner and says no more than the journal holds."""
     layout, ops = msgpack.unpackb(session, raw=False)
     frames = [op for op in ops if op is not None]
     with tempfile.TemporaryDirectory(prefix="fuzz-ingest-") as tmp, fd_budget():
         path = os.path.join(tmp, "journal") + (os.sep if layout == "dir" else ".jsonl")
         written = 0
         for session_ops in (ops, frames):
-            relay = _open_relay(path)
+            ingest, acked = _open_ingest(path)
             try:
                 for op in session_ops:
                     if op is None:
-                        relay.commit()
+                        ingest.commit(time.monotonic())
                     elif len(op) == 1:
-                        relay._peer_gone(op[0])  # what the socket monitor reports (relay/daemon/peers.py)
+                        ingest.peer_gone(op[0])  # what the socket monitor reports (relay/daemon/peers.py)
                     else:
-                        relay.take_frame(op[0], op[1])
-                relay.commit()
-                written += relay.counters.written
-                _check_relay(relay, Path(path), written)
+                        ingest.take_frame(op[0], op[1], time.monotonic())
+                ingest.commit(time.monotonic())
+                written += ingest.counters.written
+                _check_ingest(ingest, Path(path), written, acked)
             finally:
-                relay.journal.close()
-                relay.deadletters.close()
+                ingest.journal.close()
+                ingest.deadletters.close()
 
 
-def _open_relay(path: str) -> Any:
-    from relay.daemon.loop import Relay, RelayConfig
-
-    relay = Relay(RelayConfig(address="tcp://127.0.0.1:0"), Journal(path), [])
-    relay.open_sinks()  # with no other sinks: only opens the journal
-    return relay
+Acked = dict[tuple[str, int], tuple[bytes, int]]
 
 
-def _check_relay(relay: Any, path: Path, written: int) -> None:
-    counters = relay.counters
+def _open_ingest(path: str) -> tuple[Any, Acked]:
+    """Ingest as the relay builds it, on an open journal; every ack it sends lands in the dict
+    returned, by stream: (the connection it went to, the ack)."""
+    from relay.daemon.cross_rank import ClusterConfig
+    from relay.daemon.ingest import Ingest
+    from relay.journal.deadletter import DeadLetters
+
+    journal = Journal(path)
+    journal.open()
+    ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), time.monotonic(),
+                    cluster=ClusterConfig())
+    acked: Acked = {}
+
+    def send(peer: bytes, acks: list[tuple[str, int, int]]) -> None:
+        encoding.encode_ack(acks)
+        acked.update(((run, rank), (peer, ack)) for run, rank, ack in acks)
+
+    ingest.batch.send = send
+    return ingest, acked
+
+
+def _check_ingest(ingest: Any, path: Path, written: int, acked: Acked) -> None:
+    counters = ingest.counters
     if counters.rejected.get("internal_error"):
-        detail = _last_deadletter(relay)
+        detail = _last_deadletter(ingest)
         raise Violation(f"internal_error ({detail.split(':', 1)[0]})", f"take_frame swallowed an exception: {detail}")
     if counters.journal_errors:
         raise Violation("journal_error", f"{counters.journal_errors} journal writes failed with a writable journal")
-    if counters.events + counters.derived != counters.written + counters.duplicates + relay._pending:
+    pending = ingest.batch.pending
+    if counters.events + counters.derived != counters.written + counters.duplicates + pending:
         raise Violation("counters", f"events {counters.events} + derived {counters.derived} != written "
-                                    f"{counters.written} + duplicates {counters.duplicates} + pending {relay._pending}")
-    _check_owners(relay.dedupe)
+                                    f"{counters.written} + duplicates {counters.duplicates} + pending {pending}")
+    dedupe = ingest.runs.dedupe
+    _check_owners(dedupe)
     seqs: dict[tuple[str, int], set[int]] = {}
     drops: dict[tuple[str, int], set[int]] = {}
     events = [event for file in journal_files(path) for event in read_events(file)]
@@ -201,12 +221,17 @@ def _check_relay(relay: Any, path: Path, written: int) -> None:
         upto = event["data"].get("dropped_upto") if event["type"] == "stats" else None
         if type(upto) is int and upto < event["seq"]:  # a client gives up only seqs it numbered before
             drops.setdefault(key, set()).add(upto)
-    for key, state in relay.dedupe.ranks.items():
+    for key, state in dedupe.ranks.items():
         bound = 1 + max(seqs.get(key, set()) | drops.get(key, set()), default=-1)
         if state.floor > bound:
             raise Violation("floor", f"{key} floor {state.floor} beyond its highest accepted seq or plausible "
                                      f"claimed drop ({bound - 1}): later events of the rank count as duplicates")
         encoding.encode_ack([(key[0], key[1], state.floor)])
+    for key, (peer, ack) in acked.items():  # the last ack each stream got, after the final commit
+        state = dedupe.ranks.get(key)
+        if state is not None and (ack > state.floor or state.owner not in (peer, None)):
+            raise Violation("ack", f"{key} acknowledged to {peer.hex()} up to {ack}: floor {state.floor}, "
+                                   f"owner {state.owner!r}")
     for event in events:  # last: target decode covers these lines too, so their bugs mask less here
         _check_journaled(event)
 
@@ -222,9 +247,9 @@ def _check_owners(dedupe: Any) -> None:
         raise Violation("owners", f"owner index {sorted(owned.items())[:3]} != states' owners {sorted(held.items())[:3]}")
 
 
-def _last_deadletter(relay: Any) -> str:
+def _last_deadletter(ingest: Any) -> str:
     try:
-        *_, last = relay.deadletters.path.read_bytes().splitlines()
+        *_, last = ingest.deadletters.path.read_bytes().splitlines()
         return orjson.loads(last)["detail"]
     except (OSError, ValueError, KeyError):
         return "(no dead letter)"

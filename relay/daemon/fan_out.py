@@ -1,0 +1,53 @@
+"""The fan-out: the other sinks' processes (relay/sinkhost/process.py), each handed every batch the
+journal took, and fed only while ingest waits for frames (``idle``), so that under a burst the
+journal, the acks and the relay's CPU are all ingest's and the sinks catch up after it."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+from relay.journal.journal import Journal
+from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.process import SinkProcess
+
+
+class FanOut:
+    """One SinkProcess per sink spec, started once; ``idle`` is set while ingest does not need the CPU."""
+
+    def __init__(self) -> None:
+        self.workers: list[SinkProcess] = []
+        self.idle = threading.Event()
+
+    def start(self, specs: list[SinkSpec], journal: Journal, sink_queue: int, drain_timeout: float,
+              write_above: Callable[[bytes], None] | None) -> None:
+        """Start each sink's process without waiting for it: it opens its sink in its own time, takes
+        the lines that arrive meanwhile, and catches up from the journal."""
+        where = str(journal.path) + (os.sep if journal.directory else "")
+        for spec in specs:
+            deadletter = journal.sidecar(f"_deadletter_{spec.name}.jsonl")
+            worker = SinkProcess(replace(spec, journal=where, deadletter=str(deadletter), max_events=sink_queue,
+                                         drain_timeout=drain_timeout), self.idle, write_above)
+            worker.start()
+            self.workers.append(worker)
+
+    def submit(self, lines: bytes, events: int) -> None:
+        """A batch the journal took, for every other sink."""
+        for worker in self.workers:
+            worker.submit(lines, events)
+
+    def sample(self, now: float) -> None:
+        for worker in self.workers:
+            worker.sample(now)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        return {worker.name: worker.stats() for worker in self.workers}
+
+    def close(self, deadline: float) -> None:
+        """Let the sinks have the CPU for good: each drains what it has until ``deadline`` (monotonic),
+        given half a second at least."""
+        self.idle.set()
+        for worker in self.workers:
+            worker.close(max(0.5, deadline - time.monotonic()))

@@ -1,0 +1,262 @@
+"""Ingest: one client frame in, its new events out as journal lines waiting for the commit step.
+
+``take_frame`` decodes and validates the frame (relay/wire/schema.py), refuses what no client may
+send (the relay's own rank, a stream another live connection owns, too many new runs), takes each
+event once per (run, rank, seq) through the run table (relay/daemon/runs.py) and queues the new
+ones' lines for the journal (relay/daemon/commit.py); the ranks' step times go to the cross-rank
+derivation (relay/daemon/cross_rank.py), whose events are numbered on and queued the same way as
+rank RELAY_RANK. A frame that is refused is counted and dead-lettered, never acknowledged.
+
+No socket and no clock of its own: the caller passes each frame with its connection's identity
+and the time; the daemon's loop (relay/daemon/loop.py) reads them off its ROUTER socket, the
+fuzzer and the tests hand them in directly. ``claimed`` is how the loop learns that a connection
+became a stream's owner (to see it disconnect, relay/daemon/peers.py).
+"""
+from __future__ import annotations
+
+import logging
+import operator
+import socket
+import time
+from typing import Any, Callable, Iterable
+
+from relay.daemon.commit import Commit
+from relay.daemon.counters import Counters
+from relay.daemon.cross_rank import Cluster, ClusterConfig, Derived
+from relay.daemon.runs import Key, Runs
+from relay.journal.deadletter import DeadLetters
+from relay.journal.dedupe import RankState, claimed_drop
+from relay.journal.journal import Journal
+from relay.wire import encoding, schema
+from relay.wire.lines import check_lines, encode_line, encode_lines
+from sinks.events import RELAY_RANK
+
+log = logging.getLogger("relay")
+
+_rank = operator.itemgetter("rank")
+
+
+class Ingest:
+    """The relay without its socket: frames in, journal lines and acks out through ``batch``."""
+
+    def __init__(self, journal: Journal, deadletters: DeadLetters, now: float, *, run_rate: float = 60.0,
+                 max_runs: int = 10_000, cluster: ClusterConfig | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.journal = journal
+        self.deadletters = deadletters
+        self.counters = Counters()
+        self.runs = Runs(journal, run_rate, max_runs)
+        self.batch = Commit(journal, self.counters, self.runs.dedupe.ranks, now)
+        self.cluster = Cluster(cluster) if cluster is not None else None
+        self.run_rate = run_rate
+        self.claimed: Callable[[bytes], None] | None = None  # a connection became a stream's owner
+        self._wall_clock = wall_clock  # the ts of the relay's own events
+        self._host = socket.gethostname()
+
+    def take_frame(self, peer: bytes, frame: bytes, now: float) -> None:
+        """One client message: validated, de-duplicated and queued for the journal, or rejected
+        with a counted reason. Never raises: whatever one frame does, ingest goes on; an error this
+        code did not foresee is logged, counted as ``internal_error`` and the frame dead-lettered,
+        and since nothing of it was acknowledged its client sends it again."""
+        self.counters.frames += 1
+        try:
+            events, first_seq, derive = schema.decode(frame)
+        except schema.FrameError as exc:
+            self.reject(exc.reason, exc.detail, frame, peer)
+            return
+        if (events[0]["rank"] if first_seq is not None else max(map(_rank, events))) == RELAY_RANK:
+            self.reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it derives); "
+                                         "no client may publish as it", frame, peer)
+            return
+        taken = self.runs.owned_elsewhere(peer, events, first_seq, now)
+        if taken is not None:
+            self.reject("not_owner", f"run {taken[0]} rank {taken[1]} is being sent by another live connection; "
+                                     "refused until that one disconnects", frame, peer)
+            return
+        try:
+            self._take_events(peer, events, first_seq, now, derive)
+            self.runs.note_world(events[0]["run"], events[0]["world_size"])
+        except schema.FrameError as exc:  # its journal lines would be too long (check_lines)
+            self.reject(exc.reason, exc.detail, frame, peer)
+        except Exception as exc:  # counted and dead-lettered below; one frame never stops ingest
+            log.exception("frame from peer %s raised; dead-lettered", peer.hex())
+            self.reject("internal_error", f"{type(exc).__name__}: {exc}", frame, peer)
+
+    def commit(self, now: float) -> None:
+        """Journal what waits, then acknowledge and fan out (relay/daemon/commit.py)."""
+        self.batch.commit(now)
+
+    def _take_events(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None, now: float,
+                     derive: bool) -> None:
+        counters, batch = self.counters, self.batch
+        if first_seq is not None:  # one rank's plain events, seqs without a gap: maybe all new
+            run, rank = events[0]["run"], events[0]["rank"]
+            chunk = encode_lines(events)
+            check_lines(chunk)
+            state = self._state(peer, run, rank, now)
+            if state is None:
+                self._refuse_runs(peer, [run], events)
+                return
+            counters.events += len(events)
+            if state.take_run(first_seq, len(events)):
+                batch.add(run, chunk, len(events))  # (not before _state: making room may commit)
+                if derive and self.cluster is not None:
+                    self._derive(events, now)
+                return
+            lines = None
+        else:
+            lines = [encode_line(event) for event in events]
+            check_lines(lines)
+            new = self.runs.new_runs(e["run"] for e in events)
+            if new and not self.runs.budget.admit(peer, len(new), now):
+                self._refuse_runs(peer, sorted(new), events)
+                return
+            counters.events += len(events)
+        last_key = None
+        for event, line in zip(events, lines or map(encode_line, events)):
+            key = (event["run"], event["rank"])
+            if key != last_key:  # a frame normally holds one rank's events: look it up once
+                state = self._state(peer, key[0], key[1], now, admitted=True)
+                last_key = key
+            if state.take(event["seq"], peer):
+                batch.add(key[0], line, 1)
+                if event["type"] == "stats":
+                    self._client_drops(key, state, event, peer)
+                elif event["type"] == "hello":
+                    self.runs.hello(key, event["ts"])
+                elif self.cluster is not None and (event["stage"] == "rank" or event["type"] == "lifecycle"):
+                    self._derive((event,), now)
+            else:
+                counters.duplicates += 1
+                if event["type"] == "hello" and self.runs.reused(key, event["ts"]):
+                    self._reused_run(key)
+
+    def _state(self, peer: bytes, run: str, rank: int, now: float, admitted: bool = False) -> RankState | None:
+        """(run, rank)'s dedupe state, with its ack route and activity noted; None if ``run`` is new
+        and ``peer`` has used up its budget of new runs (unless already ``admitted``)."""
+        runs = self.runs
+        key = (run, rank)
+        state = runs.dedupe.ranks.get(key)
+        if state is None:
+            new = run not in runs.dedupe.run_ranks
+            if new:
+                if not admitted and not runs.budget.admit(peer, 1, now):
+                    return None
+                self._make_room(now)
+            state = runs.lookup(run, rank)
+            if new and self.cluster is not None and runs.met_again(run, state):
+                self.cluster.restore(self.journal.recent(run), now)  # met again: a restart, or forgotten
+        if runs.claim(key, state, peer, now) and self.claimed is not None:
+            self.claimed(peer)
+        self.batch.acks_due.add(key)
+        return state
+
+    def _derive(self, events: Iterable[dict[str, Any]], now: float) -> None:
+        """Hand the new per-rank figures and lifecycle events among ``events`` to the cluster derivation."""
+        cluster = self.cluster
+        assert cluster is not None
+        for event in events:
+            if event["stage"] == "rank" and event["type"] == "metrics":
+                self.publish(cluster.observe(event, now))
+            elif event["type"] == "lifecycle":
+                cluster.ended(event, now)
+
+    def check(self, now: float) -> None:
+        """About once a second: what the cross-rank derivation settles by silence alone."""
+        if self.cluster is not None:
+            self.publish(self.cluster.check(now))
+
+    def publish(self, derived: list[Derived]) -> None:
+        """The relay's own events go where every taken event goes, numbered on from what the journal
+        holds of (run, RELAY_RANK); no one is acknowledged for them."""
+        for item in derived:
+            state = self.runs.lookup(item.run, RELAY_RANK)
+            seq = state.floor
+            state.take(seq)
+            event = {"v": schema.SCHEMA_VERSION, "run": item.run, "rank": RELAY_RANK, "local_rank": 0,
+                     "world_size": item.world_size, "host": self._host, "seq": seq, "ts": self._wall_clock(),
+                     "type": item.type, "step": item.step, "epoch": item.epoch, "stage": "cluster",
+                     "data": item.data}
+            self.batch.add(item.run, encode_line(event), 1)
+            self.batch.derived_runs.add(item.run)
+            self.counters.derived += 1
+
+    def _refuse_runs(self, peer: bytes, runs: list[str], events: list[dict[str, Any]]) -> None:
+        """Too many new runs from one connection: the frame is refused (counted, dead-lettered, not
+        acknowledged, so a real client sends it again later, when its budget has grown back)."""
+        frame = encoding.encode_frame(events[:16])
+        self.reject("run_rate", f"peer started more than {self.run_rate:g} new runs a minute; "
+                                f"refused {', '.join(runs[:3])}", frame, peer)
+
+    def _make_room(self, now: float) -> None:
+        """Before a new run: if ``max_runs`` are tracked, forget the least recently active one."""
+        while self.runs.full:
+            run = self.runs.dedupe.least_recent()
+            if run is None or not self.forget(run, now):
+                return
+            self.counters.runs_evicted += 1
+
+    def _reused_run(self, key: Key) -> None:
+        """Another process started publishing under a (run, rank) that already has events: its
+        events look like duplicates, so say so loudly instead of dropping them quietly."""
+        self.counters.reused_run_ids += 1
+        log.error("run %s rank %d was started again by another process (a new hello at seq 0): its events "
+                  "repeat seqs already journaled and are dropped as duplicates; give every job its own run id",
+                  key[0], key[1])
+
+    def forget_idle(self, before: float, now: float) -> None:
+        """Drop per-run state of runs silent since ``before``; the journal can rebuild it."""
+        for run in self.runs.dedupe.idle_runs(before):
+            if self.forget(run, now):
+                log.info("run %s idle for %.0f s: forgot its dedupe state", run, now - before)
+
+    def forget(self, run: str, now: float) -> bool:
+        """Drop ``run``'s state; False (kept) while events it vouches for cannot be journaled."""
+        if self.cluster is not None:
+            self.publish(self.cluster.close(run, now))  # an ended run's ranks left behind
+        if self.batch.holds(run, self.runs.ranks_of(run)):
+            self.commit(now)  # journal its last events before the state that deduplicated (or numbered) them goes
+            if self.batch.lines:
+                return False
+        for rank in self.runs.forget(run):
+            self.counters.forget_client_drops((run, rank))
+        if self.cluster is not None:
+            self.cluster.forget(run)
+        return True
+
+    def close_runs(self, now: float) -> None:
+        """At shutdown: what the cross-rank derivation can still say of every run (ranks left behind)."""
+        if self.cluster is not None:
+            for run in list(self.cluster.runs):
+                self.publish(self.cluster.close(run, now))
+
+    def peer_gone(self, peer: bytes | None) -> None:
+        """``peer``'s connection closed: the streams it owned pass to whichever connection sends next."""
+        released = self.runs.release(peer) if peer is not None else 0
+        if released:
+            self.counters.owners_released += released
+            log.debug("peer %s disconnected: %d streams it sent are free", peer.hex(), released)
+
+    def _client_drops(self, key: Key, state: RankState, event: dict[str, Any], peer: bytes) -> None:
+        """A client's own loss report. Its ``dropped_upto`` moves the rank's floor past the gap, but
+        only for seqs below this very event (a client drops only what it numbered before) and as a
+        claim of this connection alone (see relay/journal/dedupe.py)."""
+        data = event["data"]
+        dropped = data.get("dropped")
+        if type(dropped) is int and dropped > self.counters.client_dropped.get(key, 0):
+            log.warning("run %s rank %d reports %d events dropped in the client", key[0], key[1], dropped)
+            self.counters.client_dropped[key] = dropped
+        skip, upto = claimed_drop(event), data.get("dropped_upto")
+        if skip is not None:
+            state.skip_to(skip, peer)
+        elif upto is not None and upto != -1:
+            self.counters.bad_drop_reports += 1
+
+    def reject(self, reason: str, detail: str, frame: bytes, peer: bytes) -> None:
+        """A refused frame: counted by ``reason``, logged (the first ten, then every thousandth), dead-lettered."""
+        self.counters.rejected[reason] += 1
+        total = sum(self.counters.rejected.values())
+        if total <= 10 or total % 1000 == 0:
+            log.warning("rejected frame from peer %s (%d rejected so far): %s: %s", peer.hex(), total, reason, detail)
+        if not self.deadletters.add(reason, detail, frame, peer):
+            self.counters.deadletter_overflow += 1

@@ -1,0 +1,108 @@
+"""The run table: every (run, rank) the relay knows, who sends it, when it last did, and the
+budget of new runs each connection may start.
+
+Beside each stream's dedupe state (relay/journal/dedupe.py) it keeps what the status shows (each
+rank's last frame, each run's world size) and each rank's hello, to spot a run id used again by
+another job. What to forget and when is ingest's call (relay/daemon/ingest.py): a run's last
+events must be journaled before the state that deduplicated them goes. No socket, no clock.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from relay.daemon.bounds import RunBudget
+from relay.daemon.counters import run_view
+from relay.journal.dedupe import Dedupe, RankState
+from relay.journal.journal import Journal
+from sinks.events import RELAY_RANK
+
+Key = tuple[str, int]
+
+
+class Runs:
+    """The table; ``dedupe`` is its core, the rest is per (run, rank) or per run beside it."""
+
+    def __init__(self, journal: Journal, run_rate: float, max_runs: int) -> None:
+        self.journal = journal  # what a run met again already has (Dedupe.lookup)
+        self.dedupe = Dedupe()
+        self.budget = RunBudget(run_rate)  # new runs each connection may start
+        self.max_runs = max_runs
+        self.hellos: dict[Key, float] = {}  # ts of each rank's hello, to spot reused run ids
+        self.active: dict[Key, float] = {}  # each rank's last frame, for "ranks connected"
+        self.world: dict[str, int] = {}  # each run's world size
+
+    def owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
+                        now: float) -> Key | None:
+        """The first (run, rank) of the frame that another live connection owns; None if none does."""
+        ranks = self.dedupe.ranks
+        if first_seq is not None:
+            keys: Iterable[Key] = ((events[0]["run"], events[0]["rank"]),)
+        else:
+            keys = {(e["run"], e["rank"]) for e in events}
+        for key in keys:
+            state = ranks.get(key)
+            if state is not None and state.foreign(peer, now):
+                return key
+        return None
+
+    def new_runs(self, runs: Iterable[str]) -> set[str]:
+        return set(runs).difference(self.dedupe.run_ranks)
+
+    @property
+    def full(self) -> bool:
+        """As many runs as ``max_runs`` are tracked: one must be forgotten before a new one."""
+        return len(self.dedupe.run_ranks) >= self.max_runs
+
+    def lookup(self, run: str, rank: int) -> RankState:
+        """(run, rank)'s state, learned first from the journal for a run not met before."""
+        return self.dedupe.lookup(run, rank, self.journal)
+
+    def met_again(self, run: str, state: RankState) -> bool:
+        """Whether a run just looked up had a past: events journaled, or other ranks known."""
+        return bool(state.floor or state.above or len(self.dedupe.run_ranks[run]) > 1)
+
+    def claim(self, key: Key, state: RankState, peer: bytes, now: float) -> bool:
+        """``peer`` sends ``key`` at ``now``; True if it is the stream's owner only from now on."""
+        claimed = self.dedupe.claim(key, state, peer, now)
+        self.active[key] = now
+        self.dedupe.touch(key[0], now)
+        return claimed
+
+    def note_world(self, run: str, world_size: int) -> None:
+        """A known run's world size (for the status), from its first accepted frame."""
+        if run not in self.world and run in self.dedupe.run_ranks:
+            self.world[run] = world_size
+
+    def hello(self, key: Key, ts: float) -> None:
+        self.hellos[key] = ts
+
+    def reused(self, key: Key, ts: float) -> bool:
+        """A duplicate hello with another ts: another process publishes under this (run, rank)."""
+        return self.hellos.get(key, ts) != ts
+
+    def release(self, peer: bytes) -> int:
+        """``peer``'s connection is gone: the streams it owned are free. Returns how many."""
+        return self.dedupe.release(peer)
+
+    def forget(self, run: str) -> list[int]:
+        """Drop ``run``'s state (the journal can rebuild it); returns the ranks it had."""
+        ranks = self.dedupe.forget(run)
+        for rank in ranks:
+            self.hellos.pop((run, rank), None)
+            self.active.pop((run, rank), None)
+        self.journal.release(run)
+        self.world.pop(run, None)
+        return ranks
+
+    def ranks_of(self, run: str) -> list[int]:
+        return self.dedupe.run_ranks.get(run, [])
+
+    def client_ranks(self) -> int:
+        """Ranks known, the relay's own (RELAY_RANK) not counted."""
+        ranks = self.dedupe.ranks
+        return len(ranks) - sum((run, RELAY_RANK) in ranks for run in self.dedupe.run_ranks)
+
+    def view(self, now: float, window: float) -> dict[str, dict[str, Any]]:
+        """The most recently active runs first, as the status lists them (counters.run_view)."""
+        dedupe = self.dedupe
+        return run_view(reversed(dedupe.last_seen), dedupe.run_ranks, self.active, self.world, now, window)

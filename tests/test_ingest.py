@@ -1,0 +1,208 @@
+"""Ingest, the run table and the commit step on their own (relay/daemon/ingest.py, runs.py, commit.py):
+frames in with a peer id and the test's clock, journal lines and acks out, no socket and no relay
+process. tests/test_relay_core.py and tests/hostile/ run the same rules through a real relay."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from relay.daemon.cross_rank import ClusterConfig
+from relay.daemon.ingest import Ingest
+from relay.journal.deadletter import DeadLetters
+from relay.journal.journal import Journal
+from relay.journal.reader import journal_files, read_events
+from relay.wire import encoding
+from sinks.events import RELAY_RANK
+
+Acks = dict[bytes, list[list[tuple[str, int, int]]]]
+
+
+def event(seq: int, run: str = "run", rank: int = 0, type: str = "metrics", stage: str | None = None,
+          **data: Any) -> dict[str, Any]:
+    return {"v": 1, "run": run, "rank": rank, "local_rank": rank, "world_size": 2, "host": "h", "seq": seq,
+            "ts": 1.0 + seq, "type": type, "step": seq, "epoch": None, "stage": stage, "data": data or {"loss": 0.5}}
+
+
+def compact(run: str, rank: int, seqs: range, stage: str | None = None) -> bytes:
+    """What a Publisher sends: one rank's events in a compact batch (decoded with first_seq)."""
+    prefix = encoding.compact_prefix({"v": 1, "run": run, "rank": rank, "local_rank": rank, "world_size": 2,
+                                    "host": "h"})
+    return encoding.compact_frame(prefix, [encoding.encode_row(s, 1.0 + s, "metrics", s, None, stage,
+                                                           {"step_time": 0.1} if stage else {"loss": 0.5})
+                                         for s in seqs])
+
+
+@pytest.fixture
+def ingest(tmp_path: Path) -> Any:
+    """Ingest on a directory journal, with every ack it sends kept per connection."""
+    made = []
+
+    def make(cluster: ClusterConfig | None = None, **options: Any) -> tuple[Ingest, Acks]:
+        journal = Journal(str(tmp_path / "journal") + os.sep)
+        journal.open()
+        ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), 0.0, cluster=cluster, **options)
+        acks: Acks = {}
+        ingest.batch.send = lambda peer, sent: acks.setdefault(peer, []).append(sorted(sent))
+        made.append(ingest)
+        return ingest, acks
+
+    yield make
+    for ingest in made:
+        ingest.journal.close()
+        ingest.deadletters.close()
+
+
+def journaled(ingest: Ingest) -> list[tuple[str, int, int]]:
+    return [(e["run"], e["rank"], e["seq"]) for f in journal_files(ingest.journal.path) for e in read_events(f)]
+
+
+def test_a_frame_is_journaled_once_and_acknowledged_only_after_the_commit(ingest) -> None:
+    relay, acks = ingest()
+    relay.take_frame(b"a", compact("run", 0, range(0, 4)), now=1.0)
+    assert journaled(relay) == [] and acks == {}, "nothing written or acknowledged before the commit"
+    assert relay.batch.pending == 4
+    relay.take_frame(b"a", compact("run", 0, range(2, 6)), now=1.1)  # a resend overlapping the first
+    relay.commit(now=1.2)
+    assert journaled(relay) == [("run", 0, s) for s in range(6)]
+    assert acks == {b"a": [[("run", 0, 6)]]}
+    counters = relay.counters
+    assert (counters.frames, counters.events, counters.written, counters.duplicates) == (2, 8, 6, 2)
+    relay.take_frame(b"a", compact("run", 0, range(0, 6)), now=1.3)
+    relay.commit(now=1.4)
+    assert journaled(relay) == [("run", 0, s) for s in range(6)] and counters.duplicates == 8
+    assert acks[b"a"][-1] == [("run", 0, 6)], "a frame of duplicates is acknowledged again"
+
+
+def test_acks_go_to_each_streams_owner_one_message_per_connection(ingest) -> None:
+    relay, acks = ingest()
+    relay.take_frame(b"a", compact("run", 0, range(3)), now=1.0)
+    relay.take_frame(b"a", compact("other", 0, range(2)), now=1.0)
+    relay.take_frame(b"b", compact("run", 1, range(5)), now=1.0)
+    relay.take_frame(b"b", compact("run", 0, range(3, 9)), now=1.0)  # a's stream, a live: refused
+    relay.commit(now=1.1)
+    assert acks == {b"a": [[("other", 0, 2), ("run", 0, 3)]], b"b": [[("run", 1, 5)]]}
+    assert relay.counters.rejected == {"not_owner": 1}
+    relay.peer_gone(b"a")  # a's connection closed: its streams pass to whoever sends next
+    relay.take_frame(b"b", compact("run", 0, range(3, 9)), now=2.0)
+    relay.commit(now=2.1)
+    assert acks[b"b"][-1] == [("run", 0, 9)] and relay.counters.owners_released == 2
+
+
+def test_a_connection_that_becomes_an_owner_is_reported_once(ingest) -> None:
+    relay, _ = ingest()
+    owners: list[bytes] = []
+    relay.claimed = owners.append
+    relay.take_frame(b"a", compact("run", 0, range(2)), now=1.0)
+    relay.take_frame(b"a", compact("run", 0, range(2, 4)), now=1.0)
+    relay.take_frame(b"b", compact("run", 1, range(2)), now=1.0)
+    assert owners == [b"a", b"b"]
+
+
+def test_refused_frames_are_counted_dead_lettered_and_never_acknowledged(ingest) -> None:
+    relay, acks = ingest(run_rate=2)
+    relay.take_frame(b"a", b"\x93not a frame", now=1.0)
+    relay.take_frame(b"a", encoding.encode_frame([event(0, rank=RELAY_RANK)]), now=1.0)
+    for i in range(3):  # a budget of two new runs: the third is refused
+        relay.take_frame(b"a", compact(f"run-{i}", 0, range(1)), now=1.0)
+    relay.commit(now=1.1)
+    assert relay.counters.rejected == {"undecodable": 1, "reserved_rank": 1, "run_rate": 1}
+    assert journaled(relay) == [("run-0", 0, 0), ("run-1", 0, 0)]
+    assert acks == {b"a": [[("run-0", 0, 1), ("run-1", 0, 1)]]}
+    letters = [orjson.loads(line) for line in relay.deadletters.path.read_bytes().splitlines()]
+    assert [letter["reason"] for letter in letters][1:] == ["reserved_rank", "run_rate"]
+    relay.take_frame(b"a", compact("run-2", 0, range(1)), now=61.0)  # its budget grew back
+    assert relay.counters.rejected["run_rate"] == 1 and relay.batch.pending == 1
+
+
+def test_a_client_drop_report_moves_the_floor_and_a_reused_run_id_is_reported(ingest) -> None:
+    relay, acks = ingest()
+    relay.take_frame(b"a", encoding.encode_frame([event(0, type="hello"), event(1)]), now=1.0)
+    relay.take_frame(b"a", encoding.encode_frame([event(5, type="stats", dropped=3, dropped_upto=4)]), now=1.0)
+    relay.commit(now=1.1)
+    assert acks[b"a"] == [[("run", 0, 6)]], "seqs 2..4 were dropped in the client: acknowledged past them"
+    assert relay.counters.snapshot({}, 0)["client_dropped"] == 3
+    relay.take_frame(b"b", encoding.encode_frame([dict(event(0, type="hello"), ts=99.0)]), now=200.0)
+    assert relay.counters.reused_run_ids == 1 and relay.counters.duplicates == 1
+
+
+def test_the_oldest_run_is_forgotten_for_a_new_one_after_its_lines_are_journaled(ingest) -> None:
+    relay, acks = ingest(max_runs=2)
+    relay.take_frame(b"a", compact("one", 0, range(3)), now=1.0)
+    relay.take_frame(b"a", compact("two", 0, range(3)), now=2.0)
+    relay.take_frame(b"a", compact("three", 0, range(3)), now=3.0)  # "one" must go: its lines first
+    assert journaled(relay) == [("one", 0, s) for s in range(3)] + [("two", 0, s) for s in range(3)]
+    assert acks == {b"a": [[("one", 0, 3), ("two", 0, 3)]]}, "acknowledged before its state went"
+    assert set(relay.runs.dedupe.run_ranks) == {"two", "three"} and relay.counters.runs_evicted == 1
+    relay.take_frame(b"a", compact("one", 0, range(5)), now=4.0)  # back: the journal tells what it had
+    relay.commit(now=4.1)
+    assert [k for k in journaled(relay) if k[0] == "one"] == [("one", 0, s) for s in range(5)]
+
+
+def test_idle_runs_are_forgotten_and_rebuilt_from_the_journal(ingest) -> None:
+    relay, _ = ingest()
+    relay.take_frame(b"a", compact("old", 0, range(4)), now=1.0)
+    relay.take_frame(b"a", compact("new", 0, range(4)), now=100.0)
+    relay.forget_idle(before=50.0, now=100.0)
+    assert set(relay.runs.dedupe.run_ranks) == {"new"} and ("old", 0) not in relay.runs.active
+    relay.take_frame(b"a", compact("old", 0, range(6)), now=101.0)
+    relay.commit(now=101.1)
+    assert sorted(k for k in journaled(relay) if k[0] == "old") == [("old", 0, s) for s in range(6)]
+
+
+def test_cross_rank_events_are_numbered_on_as_the_relays_rank(ingest) -> None:
+    relay, acks = ingest(cluster=ClusterConfig(), wall_clock=lambda: 1234.5)
+    for rank in (0, 1):
+        relay.take_frame(b"r%d" % rank, compact("run", rank, range(3), stage="rank"), now=1.0)
+    relay.check(now=2.0)
+    relay.commit(now=2.0)
+    ours = [e for f in journal_files(relay.journal.path) for e in read_events(f) if e["rank"] == RELAY_RANK]
+    assert [(e["seq"], e["step"], e["stage"], e["ts"]) for e in ours] == [(s, s, "cluster", 1234.5) for s in range(3)]
+    assert relay.counters.derived == 3 and all(RELAY_RANK not in {k[1] for ack in sent for k in ack}
+                                                for sent in acks.values())
+
+
+def test_a_failing_journal_keeps_every_line_and_acks_nothing_until_it_works(ingest, tmp_path: Path) -> None:
+    """The fault is real: one run's journal file cannot be opened (a directory stands in its place)."""
+    relay, acks = ingest()
+    relay.take_frame(b"a", compact("a", 0, range(3)), now=1.0)
+    relay.take_frame(b"a", compact("b", 0, range(2)), now=1.0)
+    blocker = tmp_path / "journal" / "b.jsonl"
+    blocker.mkdir()
+    relay.commit(now=1.0)
+    batch = relay.batch
+    assert relay.counters.journal_errors == 1 and relay.counters.written == 3, "run a's file took its part"
+    assert batch.pending == 2 and batch.lines == [("b", batch.lines[0][1])] and acks == {}
+    relay.commit(now=1.05)  # within the backoff: not even tried
+    assert relay.counters.journal_errors == 1
+    relay.commit(now=1.1)
+    assert relay.counters.journal_errors == 2 and batch.backoff == 0.2
+    blocker.rmdir()
+    relay.commit(now=1.35)
+    assert relay.counters.written == 5 and batch.pending == 0 and batch.backoff == 0.0
+    assert acks == {b"a": [[("a", 0, 3), ("b", 0, 2)]]}
+    assert batch.journal_stats(2.0) == {"written": 5, "errors": 2, "dropped": 0, "queued": 0, "lag_s": 0.0}
+
+
+def test_the_other_sinks_get_exactly_the_journaled_bytes(ingest) -> None:
+    relay, _ = ingest()
+    handed: list[tuple[bytes, int]] = []
+    relay.batch.fan_out = lambda lines, events: handed.append((lines, events))
+    relay.take_frame(b"a", compact("x", 0, range(3)), now=1.0)
+    relay.take_frame(b"a", encoding.encode_frame([event(0, run="y"), event(1, run="y")]), now=1.0)
+    relay.commit(now=1.1)
+    relay.commit(now=1.2)  # nothing new: nothing handed on
+    files = b"".join(f.read_bytes() for f in journal_files(relay.journal.path))
+    assert len(handed) == 1 and handed[0][1] == 5 and sorted(handed[0][0].splitlines()) == sorted(files.splitlines())
+
+
+def test_the_run_table_says_what_the_status_shows(ingest) -> None:
+    relay, _ = ingest()
+    relay.take_frame(b"a", compact("run", 0, range(2)), now=10.0)
+    relay.take_frame(b"b", compact("run", 1, range(2)), now=50.0)
+    view = relay.runs.view(now=80.0, window=60.0)
+    assert view == {"run": {"connected": 1, "ranks": 2, "world_size": 2, "idle_s": 30.0}}
+    assert relay.runs.client_ranks() == 2
