@@ -84,6 +84,26 @@ def test_replay_missing_file(tmp_path):
     assert "does not exist" in proc.stderr
 
 
+def test_replay_into_a_journal_it_cannot_write(relays, tmp_path):
+    """The journal's own errors (JournalError) are usage errors in replay too: one line, exit 2,
+    whether the folder cannot be made or a relay holds the journal."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(encode_line({"v": 1, "run": "r", "rank": 0, "local_rank": 0, "world_size": 1, "host": "h",
+                                    "seq": 0, "ts": 1.0, "type": "metrics", "step": 1, "epoch": None,
+                                    "stage": "train", "data": {"loss": 1.0}}))
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    proc = run_relay("replay", str(source), "--sink", "jsonl", "--path", str(blocker / "sub") + "/")
+    assert proc.returncode == 2
+    assert error_line(proc).startswith("relay: error: cannot write the JSONL journal at ")
+    first = relays(["--path", str(tmp_path / "logs") + "/"])
+    proc = run_relay("replay", str(source), "--sink", "jsonl", "--path", str(tmp_path / "logs") + "/")
+    assert proc.returncode == 2
+    assert error_line(proc).startswith("relay: error: another relay is already writing ")
+    assert first.stop() == 0
+    assert not list((tmp_path / "logs").glob("r.jsonl"))
+
+
 def imported_modules(proc: subprocess.CompletedProcess) -> set[str]:
     """Module names from ``python -X importtime`` output (stderr)."""
     return {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
