@@ -132,11 +132,11 @@ class Relay:
 
 
 def publish(sandbox: Path, opts: dict[str, str]) -> dict[str, str]:
-    """``relay=ARGS`` serves while the two ranks of ``tests/aim_helpers.py`` publish a run
+    """``relay=ARGS`` serves while the two ranks of ``tests/sink_helpers.py`` publish a run
     (``run``, ``steps``, ``experiment``, ``output_dir``), then stops."""
     relay = Relay(sandbox, shlex.split(opts.get("relay", "")))
     try:
-        ranks = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "aim_helpers.py"), relay.address,
+        ranks = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "sink_helpers.py"), relay.address,
                                    opts.get("run", "job-42"), str(rank), opts.get("steps", "6"),
                                    opts.get("experiment", "-"),
                                    str(sandbox / opts["output_dir"]) if "output_dir" in opts else "-", "0.02"],

@@ -16,15 +16,16 @@ import pytest
 
 pytest.importorskip("aim")
 
-from aim_helpers import finish_ranks as finish  # noqa: E402
-from aim_helpers import (check_training_run, drive, fill, read_repo, same_float, small_fs,  # noqa: E402,F401
+from sink_helpers import finish_ranks as finish  # noqa: E402
+from sink_readback import check_aim as check_training_run, read_repo, same_float  # noqa: E402
+from sink_helpers import (drive, fill, small_fs,  # noqa: E402,F401
                          training_events)
 from relay.wire.lines import encode_line  # noqa: E402
 from sinks.aim import AimSink  # noqa: E402
 from conftest import free_port, wait_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
+HELPERS = Path(__file__).resolve().parent / "sink_helpers.py"
 
 
 def publish(address: str, run: str, rank: int, steps: int, experiment: str | None = None,

@@ -17,7 +17,8 @@ from sinks.spans import SeqSpans  # noqa: E402
 from sinks.base import SinkContext, SinkError  # noqa: E402
 from sinks.events import RELAY_RANK  # noqa: E402
 from relay.wire.lines import encode_line  # noqa: E402
-from aim_helpers import (Events, check_training_run, drive, fill, read_repo, same_float, small_fs,  # noqa: E402,F401
+from sink_readback import check_aim as check_training_run, read_repo, same_float  # noqa: E402
+from sink_helpers import (Events, drive, fill, small_fs,  # noqa: E402,F401
                                training_events)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

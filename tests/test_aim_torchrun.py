@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("aim")
 
-from aim_helpers import read_repo  # noqa: E402
+from sink_readback import read_repo  # noqa: E402
 from conftest import free_port  # noqa: E402
 from trainer_fixtures import EXP_METADATA, demo_model, run_trainer, seed_flags, torchrun  # noqa: E402
 

@@ -13,21 +13,20 @@ from typing import Any
 
 import psutil
 import pytest
-from aim_helpers import finish_ranks as finish  # noqa: E402
-from aim_helpers import check_training_run as check_aim_run
-from aim_helpers import read_repo
+from sink_helpers import finish_ranks as finish  # noqa: E402
+from sink_readback import check_aim as check_aim_run, read_repo
 from conftest import ROOT
 from test_sink_tensorboard import check_training_run as check_tb_run
 from test_sink_tensorboard import read_logdir
 
 from relay.journal.journal import Journal
 
-HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
+HELPERS = Path(__file__).resolve().parent / "sink_helpers.py"
 STEPS = 30
 
 
 def publish(address: str, run: str, rank: int, steps: int, pause: float = 0.0) -> subprocess.Popen:
-    """One training rank: a real Publisher in its own process (tests/aim_helpers.py publish_rank)."""
+    """One training rank: a real Publisher in its own process (tests/sink_helpers.py publish_rank)."""
     cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-", "-", str(pause)]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -3,14 +3,11 @@ offline ``Task.get_task`` for task.json, and ``Metrics.report_offline_session``,
 ``Task.import_offline_session`` runs, with a session that keeps the requests instead of sending them)."""
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 import sys
 import time
-import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +15,15 @@ import pytest
 
 pytest.importorskip("clearml")
 
-from aim_helpers import finish_ranks as finish  # noqa: E402
-from aim_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
+from sink_helpers import finish_ranks as finish  # noqa: E402
+from sink_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
+from sink_readback import SUMMARY, TaskView, check_clearml as check_training_run, read_sessions  # noqa: E402,F401
 from conftest import free_port  # noqa: E402
 from sinks.base import SinkContext  # noqa: E402
 from sinks.clearml import ClearmlSink  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
-SUMMARY = -(2 ** 31)
+HELPERS = Path(__file__).resolve().parent / "sink_helpers.py"
 
 
 @pytest.fixture(autouse=True)
@@ -35,96 +32,6 @@ def clearml_env(monkeypatch, tmp_path: Path) -> None:
     lands in ~/.clearml."""
     monkeypatch.setenv("CLEARML_CACHE_DIR", str(tmp_path / "clearml-default"))
     monkeypatch.setenv("CLEARML_OFFLINE_MODE", "1")
-
-
-@dataclass
-class TaskView:
-    """An offline session as plain values: what an import would create on a ClearML server."""
-
-    task_id: str
-    name: str
-    project: str
-    tags: list[str]
-    params: dict[str, Any]
-    model_config: dict[str, Any] | None
-    scalars: dict[tuple[str, str], dict[int, float]] = field(default_factory=dict)
-    timestamps: dict[tuple[str, str], list[int]] = field(default_factory=dict)
-    requests: int = 0
-    zip_names: set[str] = field(default_factory=set)
-
-
-class _KeepRequests:
-    """Stands in for the ClearML API session of an import: keeps what would be sent."""
-
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    def send(self, request: Any) -> None:
-        self.sent.append(request)
-
-
-def read_sessions(cache_dir: Path) -> dict[str, TaskView]:
-    """Every offline session under ``cache_dir``, by its relay run id, read with ClearML's code."""
-    from clearml import Task
-    from clearml.backend_interface.metrics import Metrics
-
-    os.environ["CLEARML_CACHE_DIR"] = str(cache_dir)
-    Task.set_offline(True)
-    views: dict[str, TaskView] = {}
-    for folder in sorted(p for p in (cache_dir / "offline").glob("offline-*") if p.is_dir()):
-        task = Task.get_task(task_id=folder.name)
-        params = task.get_parameters_as_dict()
-        stored = task.get_configuration_object("Model Configuration")
-        view = TaskView(task.id, task.name, task.data.project_name, task.get_tags(), params,
-                        json.loads(stored) if stored else None)
-        keep = _KeepRequests()
-        Metrics.report_offline_session(task, str(folder), remote_url="file:///not-sent", only_with_id=task.id,
-                                       session=keep)
-        for batch in keep.sent:
-            for point in batch.requests:
-                key, step = (point["metric"], point["variant"]), point["iter"]
-                series = view.scalars.setdefault(key, {})
-                assert step == SUMMARY or step not in series, f"{key} step {step} written twice"
-                series[step] = point["value"]  # a single value: the last one wins, as on a server
-                view.timestamps.setdefault(key, []).append(point["timestamp"])
-                view.requests += 1
-        archive = folder.with_name(folder.name + ".zip")
-        if archive.exists():
-            with zipfile.ZipFile(archive) as zf:
-                view.zip_names = set(zf.namelist())
-                assert zf.read("metrics.jsonl") == (folder / "metrics.jsonl").read_bytes(), "zip is stale"
-        run_id = params["relay"]["run_id"]
-        assert run_id not in views, f"two tasks for run {run_id}"
-        views[run_id] = view
-    return views
-
-
-def check_training_run(view: TaskView, steps: int = 6) -> None:
-    """What training_events() must look like in ClearML, named as transformers' ClearMLCallback."""
-    loss = view.scalars[("train", "loss")]
-    assert sorted(loss) == list(range(1, steps + 1))
-    assert loss[3] == 0.0 and loss[2] == 1.0  # NaN: ClearML reports it as 0.0 (its default)
-    assert view.scalars[("train", "grad_norm")] == {s: 1.5 for s in range(1, steps + 1)}
-    assert view.scalars[("eval", "loss")] == {s: 1 / s for s in range(3, steps + 1, 3)}
-    assert view.scalars[("eval", "runtime")] == {s: 0.5 for s in range(3, steps + 1, 3)}
-    summary = {series: values[SUMMARY] for (title, series), values in view.scalars.items() if title == "Summary"}
-    assert summary == {"train_loss": 0.9, "train_runtime": 12.0, "total_flos": 1e9, "epoch": 1.0,
-                       "model_load_time": 3.25}
-    for rank in (0, 1):
-        step_time = view.scalars[(":monitor:rank_step_time_s", f"rank {rank}")]  # the wire's step_time, for display
-        assert sorted(step_time) == list(range(1, steps + 1))
-        assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
-    assert view.params["Transformers"] == {"learning_rate": "2e-05", "max_grad_norm": "Infinity", "seed": "42"}
-    assert view.model_config == {"model_type": "llama", "hidden_size": 64}
-    assert view.params["experiment_metadata"] == {"dataset": "v3", "owner": "team-a"}
-    relay = view.params["relay"]
-    assert set(relay["ranks"]) == {"0", "1"} and relay["ranks"]["1"]["pid"].isdigit()
-    assert {rank: c["dropped"] for rank, c in relay["client"].items()} == {"rank0": "0", "rank1": "0"}
-    assert not [title for title, _ in view.scalars if "relay_" in title], "client counters are params, none dropped"
-    checkpoints = {s: c["path"] for s, c in relay["checkpoints"].items()}
-    assert checkpoints == {str(s): f"ckpt-{s}" for s in range(3, steps + 1, 3)}
-    assert "completed" in view.tags and relay["lifecycle"]["train_end"]["status"] == "completed"
-    assert {"task.json", "metrics.jsonl"} <= view.zip_names
 
 
 def run_sink(cache_dir: Path, batches: list[list[dict]], **options: Any) -> ClearmlSink:
@@ -316,7 +223,7 @@ def test_cli_refuses_an_unusable_clearml_sink(tmp_path: Path) -> None:
 
 
 def publish(address: str, run: str, rank: int, steps: int, pause: float = 0.0) -> subprocess.Popen:
-    """A real Publisher for one rank (tests/aim_helpers.py's stand-in for a training rank)."""
+    """A real Publisher for one rank (tests/sink_helpers.py's stand-in for a training rank)."""
     cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-", "-", str(pause)]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

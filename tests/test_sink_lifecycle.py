@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aim_helpers import training_events  # noqa: E402
+from sink_helpers import training_events  # noqa: E402
 from sinks.base import SinkContext  # noqa: E402
 
 

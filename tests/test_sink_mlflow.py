@@ -3,14 +3,12 @@ directly and behind real relay processes; everything is read back through ``Mlfl
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +17,9 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-from aim_helpers import finish_ranks as finish  # noqa: E402
-from aim_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
+from sink_helpers import finish_ranks as finish  # noqa: E402
+from sink_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
+from sink_readback import EXPERIMENT, check_mlflow as check_training_run, comparable, read_run  # noqa: E402,F401
 from conftest import free_port  # noqa: E402
 from relay.journal.reader import JournalReader  # noqa: E402
 from relay.wire.lines import encode_line
@@ -29,8 +28,7 @@ from sinks.base import PermanentError, SinkContext, SinkError  # noqa: E402
 from sinks.mlflow import MAX_PARAM, MlflowSink, batches  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
-EXPERIMENT = "sft"
+HELPERS = Path(__file__).resolve().parent / "sink_helpers.py"
 QUIET = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
 
 
@@ -57,69 +55,9 @@ def db(template_db: Path, tmp_path: Path):
     return fresh
 
 
-@dataclass
-class RunView:
-    """An MLflow run as plain values: info, params, tags, and every metric's whole history."""
-
-    info: Any
-    params: dict[str, str]
-    tags: dict[str, str]
-    history: dict[str, list[tuple[int, Any, int]]]  # key -> sorted (step, value, timestamp ms)
-
-    def series(self, key: str) -> dict[int, float]:
-        steps = [s for s, _, _ in self.history[key]]
-        assert len(set(steps)) == len(steps), f"{key}: repeated steps {steps}"
-        return {s: (math.nan if v == "nan" else v) for s, v, _ in self.history[key]}
-
-
-def read_run(uri: str, run: str, experiment: str = EXPERIMENT) -> RunView:
-    """The one MLflow run holding relay run ``run``, read through MLflow's public client."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`relay.run_id` = '{run}'")
-    assert len(found) == 1, f"{len(found)} MLflow runs for run {run}"
-    r = found[0]
-    history = {key: sorted((m.step, "nan" if math.isnan(m.value) else m.value, m.timestamp)
-                           for m in client.get_metric_history(r.info.run_id, key)) for key in r.data.metrics}
-    return RunView(r.info, r.data.params, r.data.tags, history)
-
-
 def run_sink(uri: str, batches_: list[list[dict]], journal: Path | None = None,
              experiment: str = EXPERIMENT) -> MlflowSink:
     return drive(MlflowSink(uri, experiment), batches_, journal)
-
-
-def check_training_run(view: RunView, steps: int = 6) -> None:
-    """What training_events() must give, named as HF's MLflowCallback and fms-hf-tuning name it."""
-    loss = view.series("loss")
-    assert sorted(loss) == list(range(1, steps + 1)) and math.isnan(loss[3]) and loss[2] == 1.0
-    assert view.series("eval_loss") == {s: 1 / s for s in range(3, steps + 1, 3)}
-    assert view.series("train_loss") == {steps: 0.9} and view.series("train_runtime") == {steps: 12.0}
-    assert view.series("total_flos") == {steps: 1e9}
-    # epoch: once per logging step, again with each eval log and the final train_* figures (as HF logs it)
-    assert sorted({s for s, _, _ in view.history["epoch"]}) == list(range(1, steps + 1))
-    for rank in (0, 1):
-        step_time = view.series(f"system/rank_step_time_s/rank_{rank}")  # the wire's step_time, named for display
-        assert sorted(step_time) == list(range(1, steps + 1))
-        assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
-    assert list(view.series("additional_metrics.model_load_time").values()) == [3.25]
-    p = view.params
-    assert (p["learning_rate"], p["max_grad_norm"], p["seed"]) == ("2e-05", "Infinity", "42")
-    assert (p["model_type"], p["hidden_size"], p["dataset"], p["owner"]) == ("llama", "64", "v3", "team-a")
-    assert {"relay.ranks.0", "relay.ranks.1", "relay.world_size"} <= p.keys()
-    assert "'dropped': 0" in p["relay.client.rank0"] and "'dropped': 0" in p["relay.client.rank1"]
-    assert not [name for name in view.history if "relay_" in name], "client counters are params, none dropped"
-    checkpoints = {int(k.rsplit(".", 1)[1]): v for k, v in p.items() if k.startswith("relay.checkpoints.")}
-    assert sorted(checkpoints) == list(range(3, steps + 1, 3))
-    assert all(f"ckpt-{s}" in checkpoints[s] for s in checkpoints)
-
-
-def comparable(view: RunView) -> tuple:
-    tags = {k: v for k, v in view.tags.items() if not k.startswith("mlflow.")}
-    return (view.history, view.params, tags, view.info.status, view.info.start_time, view.info.end_time,
-            view.info.run_name)
 
 
 # -- the sink called directly ---------------------------------------------------------------------
@@ -344,7 +282,7 @@ def test_cli_says_what_is_missing(tmp_path: Path) -> None:
 
 def publish(address: str, run: str, rank: int, steps: int, output_dir: Path | None = None,
             pause: float = 0.0) -> subprocess.Popen:
-    """One training rank, as a real process with a real Publisher (tests/aim_helpers.py)."""
+    """One training rank, as a real process with a real Publisher (tests/sink_helpers.py)."""
     cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-",
            str(output_dir) if output_dir else "-", str(pause)]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

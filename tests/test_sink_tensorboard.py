@@ -8,118 +8,23 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("tensorboard")
 
-import numpy as np  # noqa: E402
 
-from aim_helpers import finish_ranks as finish  # noqa: E402
-from aim_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
+from sink_helpers import finish_ranks as finish  # noqa: E402
+from sink_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
+from sink_readback import check_tensorboard as check_training_run, read_logdir, values  # noqa: E402,F401
 from conftest import free_port, wait_for  # noqa: E402
 from relay.wire.lines import encode_line  # noqa: E402
 from sinks.base import PermanentError, SinkContext, SinkError  # noqa: E402
 from sinks.tensorboard import STATE_NAME, TensorBoardSink, _tag  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
-
-
-def f32(value: float) -> float:
-    """What TensorBoard keeps of a scalar: a float32, as torch's SummaryWriter.add_scalar writes it."""
-    return float(np.float32(value))
-
-
-@dataclass
-class Board:
-    """A TensorBoard run read back through TensorBoard's EventAccumulator."""
-
-    points: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)  # tag -> (step, value, wall)
-    texts: dict[str, list[str]] = field(default_factory=dict)
-    hparams: dict[str, Any] = field(default_factory=dict)
-    group: str = ""
-    status: str | None = None
-    files: list[str] = field(default_factory=list)
-
-    def series(self, tag: str) -> dict[int, float]:
-        steps = [s for s, _, _ in self.points[tag]]
-        assert len(set(steps)) == len(steps), f"{tag}: a point written twice: {sorted(steps)}"
-        return {s: v for s, v, _ in self.points[tag]}
-
-    def text(self, tag: str) -> dict[str, Any]:
-        merged: dict[str, Any] = {}
-        for text in self.texts[tag + "/text_summary"]:
-            merged.update(json.loads(text))
-        return merged
-
-
-def read_logdir(logdir: Path) -> dict[str, Board]:
-    """Every run directory of ``logdir``, as TensorBoard reads it."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.plugins.hparams import api_pb2, metadata
-
-    boards = {}
-    for folder in sorted(p for p in logdir.iterdir() if p.is_dir()):
-        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
-        acc.Reload()
-        board = Board(files=sorted(p.name for p in folder.iterdir() if "tfevents" in p.name))
-        tags = acc.Tags()
-        for tag in tags["scalars"]:
-            board.points[tag] = [(e.step, e.value, e.wall_time) for e in acc.Scalars(tag)]
-        for tag in tags["tensors"]:
-            if tag.endswith("/text_summary"):
-                board.texts[tag] = [e.tensor_proto.string_val[0].decode() for e in acc.Tensors(tag)]
-        content = acc.PluginTagToContent("hparams") if "_hparams_/session_start_info" in tags["tensors"] else {}
-        if metadata.SESSION_START_INFO_TAG in content:
-            start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
-            board.hparams = {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
-            board.group = start.group_name
-        if metadata.SESSION_END_INFO_TAG in content:
-            end = metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])
-            board.status = api_pb2.Status.Name(end.status)
-        boards[folder.name] = board
-    return boards
-
-
-def values(board: Board) -> dict[str, dict[int, str]]:
-    """Every point as step -> repr(value), so NaN equals NaN."""
-    return {tag: {s: repr(v) for s, v, _ in points} for tag, points in board.points.items()}
-
-
-def check_training_run(board: Board, steps: int = 6) -> None:
-    """What every test expects of training_events(), named as transformers' TensorBoardCallback does."""
-    loss = board.series("train/loss")
-    assert sorted(loss) == list(range(1, steps + 1))
-    assert math.isnan(loss[3]) and loss[2] == 1.0 and loss[4] == 0.5
-    assert board.series("train/learning_rate")[2] == f32(2e-5)
-    assert board.series("eval/loss") == {s: f32(1 / s) for s in range(3, steps + 1, 3)}
-    assert board.series("train/train_loss") == {steps: f32(0.9)}
-    assert board.series("train/train_runtime") == {steps: 12.0}
-    assert board.series("train/total_flos") == {steps: 1e9}
-    # the Trainer adds the epoch to every log, eval's and the final one's too, and HF's callback writes each
-    assert sorted(s for s, _, _ in board.points["train/epoch"]) == sorted([*range(1, steps + 1), *range(3, steps + 1, 3),
-                                                                           steps])
-    for rank in (0, 1):
-        step_time = board.series(f"system/rank_step_time_s/rank_{rank}")  # the wire's step_time, named for display
-        assert sorted(step_time) == list(range(1, steps + 1))
-        assert step_time[2] == f32(0.1 * (rank + 1) + 0.002)
-    assert board.series("model_load_time") == {0: 3.25}
-    assert board.text("args")["learning_rate"] == 2e-5
-    assert board.text("args")["max_grad_norm"] in (math.inf, "Infinity")  # direct / through the journal
-    assert board.text("model_config") == {"model_type": "llama", "hidden_size": 64}
-    assert board.text("experiment_metadata") == {"dataset": "v3", "owner": "team-a"}
-    assert set(board.text("relay.ranks")) == {"0", "1"}
-    assert {rank: c["dropped"] for rank, c in board.text("relay.client").items()} == {"rank0": 0, "rank1": 0}
-    assert not [tag for tag in board.points if "relay_" in tag], "client counters are text, none dropped"
-    assert {k: c["path"] for k, c in board.text("relay.checkpoints").items()} == {
-        str(s): f"ckpt-{s}" for s in range(3, steps + 1, 3)}
-    assert board.hparams["learning_rate"] == 2e-5 and board.hparams["seed"] == 42
-    assert board.hparams["model.model_type"] == "llama" and board.hparams["experiment_metadata.dataset"] == "v3"
-    assert not any(k.startswith("relay") for k in board.hparams)
+HELPERS = Path(__file__).resolve().parent / "sink_helpers.py"
 
 
 def run_sink(logdir: Path, batches: list[list[dict]], journal: Path | None = None) -> TensorBoardSink:
@@ -145,7 +50,7 @@ def test_mapping_of_a_two_rank_run(tmp_path: Path) -> None:
 
 
 def test_writes_with_tensorboard_alone(tmp_path: Path) -> None:
-    code = ("import sys; sys.path.insert(0, 'tests'); from aim_helpers import training_events; "
+    code = ("import sys; sys.path.insert(0, 'tests'); from sink_helpers import training_events; "
             "from sinks.tensorboard import TensorBoardSink; from sinks.base import SinkContext; "
             f"s = TensorBoardSink(logdir={str(tmp_path)!r}); s.open(SinkContext()); "
             "s.write(training_events('job-lean')); s.close(); "
@@ -212,7 +117,7 @@ def test_a_failed_commit_then_a_crash_leave_every_point_once(tmp_path: Path) -> 
     assert sink.counters["discarded_batches"] == 1
 
     # Now a sink process dies between appending a batch and saving its state.
-    code = ("import sys, os; sys.path.insert(0, 'tests'); from aim_helpers import training_events; "
+    code = ("import sys, os; sys.path.insert(0, 'tests'); from sink_helpers import training_events; "
             "from sinks.tensorboard import TensorBoardSink; from sinks.base import SinkContext; "
             f"s = TensorBoardSink(logdir={str(logdir)!r}); s.open(SinkContext()); "
             f"events = training_events('job-f', steps=12); s.write(events[30:35]); "
@@ -326,7 +231,7 @@ def test_cli_refuses_an_unusable_tensorboard_sink(tmp_path: Path) -> None:
 
 
 def publish(address: str, run: str, rank: int, steps: int, pause: float = 0.0) -> subprocess.Popen:
-    """One training rank: a real Publisher in its own process (tests/aim_helpers.py publish_rank)."""
+    """One training rank: a real Publisher in its own process (tests/sink_helpers.py publish_rank)."""
     cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-", "-", str(pause)]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

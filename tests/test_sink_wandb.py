@@ -9,128 +9,27 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("wandb")
 
-from aim_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
+from sink_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
+from sink_readback import check_wandb as check_training_run, read_wandb, run_dirs  # noqa: E402,F401
 from conftest import free_port, wait_for  # noqa: E402
 from relay.wire.lines import encode_line  # noqa: E402
 from sinks.base import PermanentError, SinkContext  # noqa: E402
-from sinks.wandb import SEQ_KEY, STEP_KEY, WandbSink  # noqa: E402
+from sinks.wandb import WandbSink  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HELPERS = Path(__file__).resolve().parent / "aim_helpers.py"
-WANDB = str(Path(sys.executable).parent / "wandb")
-NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+HELPERS = Path(__file__).resolve().parent / "sink_helpers.py"
 
 
-@dataclass
-class WandbView:
-    """One W&B run id as ``wandb sync`` would upload it: its directories (resumed instances) in
-    start order, merged config and summary, and every series as {x: value} (x = its step metric)."""
-
-    instances: list[dict[str, Any]] = field(default_factory=list)
-    config: dict[str, Any] = field(default_factory=dict)
-    summary: dict[str, Any] = field(default_factory=dict)
-    series: dict[str, dict[Any, float]] = field(default_factory=dict)
-    seen: set[tuple[str, Any, float]] = field(default_factory=set)  # (key, x, the event's time)
-    unstepped: dict[str, list[float]] = field(default_factory=dict)
-
-    def points(self) -> set[tuple[str, Any]]:
-        return {(k, x) for k, s in self.series.items() for x in s}
-
-
-def inspect(path: Path) -> list[dict[str, Any]]:
-    """Every record of a .wandb file, decoded by wandb-core."""
-    out = subprocess.run([WANDB, "leet", "inspect", "--json", str(path)], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-
-
-def read_wandb(root: Path) -> dict[str, WandbView]:
-    """The runs under ``root/wandb`` that ``wandb sync root/wandb`` would find (one level down)."""
-    files = []
-    for path in {p.resolve() for p in (root / "wandb").glob("*/*.wandb")}:  # latest-run is a link
-        records = inspect(path)
-        run = next(r["run"] for r in records if r["type"] == "run")
-        files.append((run["start_time"], run["run_id"], path, records))
-    views: dict[str, WandbView] = {}
-    for start, run_id, path, records in sorted(files):
-        view = views.setdefault(run_id, WandbView())
-        instance = {"dir": path.parent.name, "start": start, "exit_code": None, "steps": []}
-        x_of: dict[str, str] = {}
-        for record in records:
-            kind, body = record["type"], record.get(record["type"], {})
-            if kind == "run":
-                view.config.update(body.get("config", {}).get("update", {}))
-            elif kind == "config":
-                view.config.update(body["update"])
-            elif kind == "summary":
-                view.summary.update({k: v for k, v in body["update"].items() if not k.startswith("_")})
-            elif kind == "metric" and "name" in body and "step_metric" in body:
-                x_of[body["name"]] = body["step_metric"]
-            elif kind == "history":
-                item = body["item"]
-                instance["steps"].append(item["_step"])
-                for key, value in item.items():
-                    if key.startswith("_") or key in (STEP_KEY, SEQ_KEY):
-                        continue
-                    value = NONFINITE.get(value, value)
-                    x = item.get(x_of.get(key, STEP_KEY))
-                    point = (key, x, item["_timestamp"])  # the same point twice has the same time
-                    assert point not in view.seen, f"{key} at {x} twice (in {path.parent.name})"
-                    view.seen.add(point)
-                    if x is None:
-                        view.unstepped.setdefault(key, []).append(value)
-                    else:
-                        view.series.setdefault(key, {})[x] = value
-            elif kind == "exit":
-                instance["exit_code"] = body.get("exit_code", 0)
-        view.instances.append(instance)
-    for view in views.values():  # `wandb sync` appends instances in start order: _step must go on
-        steps = [s for instance in view.instances for s in instance["steps"]]
-        assert steps == sorted(set(steps)), "W&B _step not increasing across the run's directories"
-    view.config.pop("_wandb", None)
-    return views
-
-
-def check_training_run(view: WandbView, steps: int = 6) -> None:
-    """What every test expects from aim_helpers.training_events(), in W&B's HF-callback names."""
-    loss = view.series["train/loss"]
-    assert sorted(loss) == list(range(1, steps + 1))
-    assert math.isnan(loss[3]) and loss[2] == 1.0
-    assert view.series["eval/loss"] == {s: 1 / s for s in range(3, steps + 1, 3)}
-    assert view.series["eval/runtime"] == {s: 0.5 for s in range(3, steps + 1, 3)}
-    assert sorted(view.series["train/epoch"]) == list(range(1, steps + 1))
-    assert view.series["train/learning_rate"][2] == pytest.approx(2e-5)
-    for rank in (0, 1):
-        step_time = view.series[f"system/rank_step_time_s/rank_{rank}"]  # the wire's step_time, named for display
-        assert sorted(step_time) == list(range(1, steps + 1))
-        assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
-        assert "published" in view.config[f"relay.client.rank{rank}"]  # the clients' counters
-    assert view.unstepped["model_load_time"] == [3.25]
-    assert {k: view.summary[k] for k in ("train_loss", "train_runtime", "total_flos")} == {
-        "train_loss": 0.9, "train_runtime": 12.0, "total_flos": 1e9}
-    assert view.config["learning_rate"] == 2e-5 and view.config["seed"] == 42
-    assert view.config["max_grad_norm"] == "Infinity"  # as the JSONL journal keeps it
-    assert view.config["model.model_type"] == "llama" and view.config["model.hidden_size"] == 64
-    assert view.config["experiment_metadata.dataset"] == "v3"
-    assert all(view.config[f"relay.ranks.{r}"]["local_rank"] == r for r in (0, 1))
-    assert {k for k in view.config if k.startswith("relay.checkpoints.")} == {
-        f"relay.checkpoints.{s}" for s in range(3, steps + 1, 3)}
 
 
 def run_sink(root: Path, batches: list[list[dict]], journal: Path | None = None) -> WandbSink:
     return drive(WandbSink(wandb_project="relay-tests", wandb_dir=str(root)), batches, journal)
-
-
-def run_dirs(root: Path) -> list[str]:
-    return sorted(p.name for p in (root / "wandb").glob("*run-*") if p.is_dir())
 
 
 def test_mapping_replay_and_resume(tmp_path: Path) -> None:
@@ -198,7 +97,7 @@ def test_an_ended_run_is_finished_when_quiet_and_late_events_resume_it(tmp_path:
 CRASH = """
 import os, sys
 sys.path[:0] = [{root!r}, {tests!r}]
-from aim_helpers import training_events
+from sink_helpers import training_events
 from sinks.base import SinkContext
 from sinks.wandb import WandbSink
 sink = WandbSink(wandb_project="relay-tests", wandb_dir={dir!r})

@@ -50,7 +50,7 @@ def test_torchrun_with_every_tracker(demo_model: Path, tmp_path: Path) -> None:
     events.Reload()
     assert [s.step for s in events.Scalars("train/loss")] == list(range(1, STEPS + 1))
 
-    from aim_helpers import read_repo
+    from sink_readback import read_repo
 
     assert sorted(read_repo(str(out / "aim"))[run_id].series("loss")) == list(range(1, STEPS + 1))
     assert list((out / "wandb-relay").rglob("*.wandb")), "an offline W&B run"

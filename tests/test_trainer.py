@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from aim_helpers import read_repo
+from sink_readback import read_repo
 from conftest import read_jsonl
 from trainer_fixtures import DEMO_DATA, ROOT, demo_model, error_lines, run_trainer, start_trainer, trainer_env
 

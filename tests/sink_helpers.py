@@ -1,5 +1,6 @@
-"""Shared helpers for the Aim sink tests: build envelope events and read an Aim repo back through
-Aim's own API (no private state of the sink)."""
+"""Shared helpers for the sink tests: envelope events of a small training run, real rank processes
+that publish them, a small filesystem to fill, and ``drive`` (a sink driven as its process drives
+it). Reading each tracker back is tests/sink_readback.py."""
 from __future__ import annotations
 
 import gc
@@ -9,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,87 +71,9 @@ def training_events(run: str, output_dir: str | None = None, steps: int = 6, exp
     return out
 
 
-@dataclass
-class AimRunView:
-    """An Aim run as a plain value: params, experiment, Aim's own times (``creation_time``,
-    ``end_time``, ``duration``) and every metric as {step: value}."""
-
-    hash: str
-    name: str
-    experiment: str
-    active: bool
-    params: dict[str, Any]
-    creation_time: float
-    end_time: float | None
-    duration: float
-    metrics: dict[tuple[str, tuple], dict[int, float]] = field(default_factory=dict)
-    timestamps: dict[tuple[str, tuple], list[float]] = field(default_factory=dict)
-
-    def series(self, name: str, **context: Any) -> dict[int, float]:
-        return self.metrics[(name, tuple(sorted(context.items())))]
-
-
-def read_repo(path: str) -> dict[str, AimRunView]:
-    """Every run of the repo at ``path``, by its relay run id, read the way the issue asks:
-    ``Repo.list_all_runs()`` and ``Run(hash, read_only=True)``."""
-    from aim import Repo, Run
-
-    # Aim caches the directory listing for 0.5 s per repo path; a test reads right after writing.
-    Repo._all_run_hashes.cache_clear()
-    repo = Repo(path)
-    runs: dict[str, AimRunView] = {}
-    for run_hash in repo.list_all_runs():
-        run = Run(run_hash, repo=repo, read_only=True)
-        params = run.get(..., {}) or {}
-        view = AimRunView(run_hash, run.name, run.experiment, run.active, params, run.creation_time, run.end_time,
-                          run.duration)
-        for name, context, _ in run.iter_metrics_info():
-            metric = run.get_metric(name, context)
-            steps, (values, _epochs, times) = metric.data.items_list()
-            key = (name, tuple(sorted(context.to_dict().items())))
-            assert len(set(steps)) == len(steps), f"{key}: repeated steps {steps}"
-            view.metrics[key] = dict(zip(steps, values))
-            view.timestamps[key] = list(times)
-        run_id = params.get("relay", {}).get("run_id", run_hash)
-        assert run_id not in runs, f"two Aim runs for run id {run_id}"
-        runs[run_id] = view
-    return runs
-
-
-def same_float(a: float, b: float) -> bool:
-    return (math.isnan(a) and math.isnan(b)) or a == b
-
-
-def check_training_run(view, steps: int = 6) -> None:
-    """The content every test expects from training_events(): one place, so replay compares alike."""
-    loss = view.series("loss")
-    assert sorted(loss) == list(range(1, steps + 1))
-    assert math.isnan(loss[3]) and loss[2] == 1.0
-    assert view.series("loss", subset="eval") == {s: 1 / s for s in range(3, steps + 1, 3)}
-    assert view.series("loss", subset="train") == {steps: 0.9}
-    assert view.series("runtime", subset="train") == {steps: 12.0}
-    assert view.series("total_flos") == {steps: 1e9}
-    assert sorted(view.series("epoch")) == list(range(1, steps + 1))
-    for rank in (0, 1):
-        step_time = view.series("__system__rank_step_time_s", rank=rank)  # the wire's step_time, named for display
-        assert sorted(step_time) == list(range(1, steps + 1))
-        assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
-        assert set(view.series("__system__rank_steps_per_log", rank=rank).values()) == {1}
-        assert view.params["relay"]["client"][f"rank{rank}"]["dropped"] == 0
-    assert not [name for name, _ in view.metrics if name.startswith("relay_")], "no counter drawn while none dropped"
-    assert list(view.series("model_load_time", subset="additional_metrics", rank=0).values()) == [3.25]
-    assert view.params["hparams"]["learning_rate"] == 2e-5
-    assert view.params["hparams"]["max_grad_norm"] == "Infinity"  # as the JSONL journal keeps it
-    assert view.params["model"] == {"model_type": "llama", "hidden_size": 64}
-    assert view.params["experiment_metadata"] == {"dataset": "v3", "owner": "team-a"}
-    assert set(view.params["relay"]["ranks"]) == {"0", "1"}
-    assert {k: c["path"] for k, c in view.params["relay"]["checkpoints"].items()} == {
-        str(s): f"ckpt-{s}" for s in range(3, steps + 1, 3)}
-
-
 @pytest.fixture
 def small_fs(tmp_path: Path):
-    """A real 24 MiB filesystem for the Aim repo, to fill up mid-run (needs mount rights)."""
+    """A real 24 MiB filesystem for a tracker's files, to fill up mid-run (needs mount rights)."""
     mnt = tmp_path / "fs"
     mnt.mkdir()
     if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)],
@@ -192,7 +114,7 @@ def publish_rank(address: str, run: str, rank: int, steps: int, experiment: str 
 
 
 if __name__ == "__main__":
-    # python tests/aim_helpers.py ADDRESS RUN RANK STEPS EXPERIMENT|- OUTPUT_DIR|- PAUSE
+    # python tests/sink_helpers.py ADDRESS RUN RANK STEPS EXPERIMENT|- OUTPUT_DIR|- PAUSE
     addr, run_id, rank_s, steps_s, exp, out_dir, pause_s = sys.argv[1:8]
     result = publish_rank(addr, run_id, int(rank_s), int(steps_s), None if exp == "-" else exp,
                           None if out_dir == "-" else out_dir, float(pause_s))
