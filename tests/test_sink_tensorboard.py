@@ -1,30 +1,26 @@
 """The TensorBoard sink against real event files, read back with TensorBoard's own EventAccumulator:
-called directly with constructed events, and behind real relay processes fed by real Publishers."""
+called directly with constructed events (what every sink must do, through real relay processes too, is
+tests/test_sink_contract.py)."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("tensorboard")
 
-
-from sink_helpers import finish_ranks as finish  # noqa: E402
-from sink_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
-from sink_readback import check_tensorboard as check_training_run, read_logdir, values  # noqa: E402,F401
-from conftest import free_port, wait_for  # noqa: E402
+from sink_helpers import Events, drive, training_events  # noqa: E402
+from sink_readback import check_tensorboard as check_training_run, read_logdir  # noqa: E402
+from conftest import free_port  # noqa: E402
 from relay.wire.lines import encode_line  # noqa: E402
 from sinks.base import PermanentError, SinkContext, SinkError  # noqa: E402
 from sinks.tensorboard import STATE_NAME, TensorBoardSink, _tag  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HELPERS = Path(__file__).resolve().parent / "sink_helpers.py"
 
 
 def run_sink(logdir: Path, batches: list[list[dict]], journal: Path | None = None) -> TensorBoardSink:
@@ -69,17 +65,6 @@ def test_trainer_names_as_transformers_rewrite_logs() -> None:
     assert _tag(0, {"subset": "additional_metrics", "rank": 0}, "model_load_time") == "model_load_time"
     assert _tag(1, {"subset": "additional_metrics", "rank": 1}, "step_time") == "rank/1/additional_metrics/step_time"
     assert _tag(0, {"subset": "data", "rank": 0}, "tokens") == "data/tokens"
-
-
-def test_replaying_twice_adds_nothing(tmp_path: Path) -> None:
-    events = training_events("job-2")
-    run_sink(tmp_path / "tb", [events])
-    first = read_logdir(tmp_path / "tb")["job-2"]
-    again = run_sink(tmp_path / "tb", [events[:20], events[20:]])
-    assert again.counters["events"] == 0 and again.counters["duplicates"] == len(events)
-    second = read_logdir(tmp_path / "tb")["job-2"]
-    assert second.files == first.files  # not even an empty event file
-    assert values(second) == values(first) and second.texts == first.texts
 
 
 def test_a_restarted_sink_resumes_the_run(tmp_path: Path) -> None:
@@ -186,20 +171,6 @@ def test_a_second_writer_of_a_run_waits(tmp_path: Path) -> None:
     check_training_run(read_logdir(tmp_path / "tb")["job-busy"])
 
 
-def test_full_disk_mid_run_then_recovery(small_fs: Path) -> None:
-    logdir, events = small_fs / "tb", training_events("job-full", steps=40)
-    sink = TensorBoardSink(logdir=str(logdir))
-    sink.open(SinkContext())
-    sink.write(events[:30])
-    fill(small_fs / "filler")
-    with pytest.raises(OSError):
-        sink.write(events[30:])
-    (small_fs / "filler").unlink()
-    sink.write(events[30:])
-    sink.close()
-    check_training_run(read_logdir(logdir)["job-full"], steps=40)
-
-
 def test_config_errors_say_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(SinkError, match="--logdir"):
         TensorBoardSink()
@@ -225,59 +196,3 @@ def test_cli_refuses_an_unusable_tensorboard_sink(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")]))
     done = serve(tmp_path, "--sink", "tensorboard", "--logdir", str(tmp_path / "tb"), env=env)
     assert done.returncode == 2 and "pip install './[tensorboard]' in the metrics-relay checkout" in done.stderr, done.stderr[-2000:]
-
-
-# -- behind a real relay ----------------------------------------------------------------------------
-
-
-def publish(address: str, run: str, rank: int, steps: int, pause: float = 0.0) -> subprocess.Popen:
-    """One training rank: a real Publisher in its own process (tests/sink_helpers.py publish_rank)."""
-    cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-", "-", str(pause)]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-
-def replay(journal: Path, logdir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "relay", "replay", str(journal), "--sink", "tensorboard",
-                           "--logdir", str(logdir)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-
-
-
-
-def test_two_ranks_through_the_relay_then_replay_twice(relays, tmp_path: Path) -> None:
-    logdir, journal = tmp_path / "runs", tmp_path / "relay-logs"
-    relay = relays(["--sink", "tensorboard", "--logdir", str(logdir)])  # as typed: default journal
-    finish([publish(relay.address, "job-live", rank, 8) for rank in (0, 1)])
-    assert relay.stop() == 0
-    live = read_logdir(logdir)["job-live"]
-    check_training_run(live, steps=8)
-    assert live.status == "STATUS_SUCCESS"
-    fresh = tmp_path / "rebuilt"
-    for attempt in range(2):
-        done = replay(journal / "job-live.jsonl", fresh)
-        assert done.returncode == 0, done.stderr[-2000:]
-        rebuilt = read_logdir(fresh)["job-live"]
-        assert values(rebuilt) == values(live)
-        assert rebuilt.hparams == live.hparams and rebuilt.status == live.status
-        assert {t: [json.loads(x) for x in v] for t, v in rebuilt.texts.items()} == {
-            t: [json.loads(x) for x in v] for t, v in live.texts.items()}
-        assert len(rebuilt.files) == 1  # the second replay wrote nothing at all
-
-
-def test_relay_sigkill_and_restart_mid_run_exactly_once(relays, tmp_path: Path) -> None:
-    logdir, journal = tmp_path / "runs", tmp_path / "logs"
-    args = ["--path", f"{journal}/", "--sink", "tensorboard", "--logdir", str(logdir)]
-    relay = relays(args)
-    procs = [publish(relay.address, "job-kill", rank, 120, pause=0.05) for rank in (0, 1)]
-    time.sleep(1.5)
-    # The sink opens beside a relay that already listens: kill once it has written, mid-run.
-    wait_for(lambda: list(logdir.rglob("events.out.tfevents*")), 120, "the first relay's TensorBoard file")
-    assert any(proc.poll() is None for proc in procs), "the publishers finished before the kill"
-    relay.kill()  # SIGKILL: its sink process sees its pipe close, drains and exits
-    time.sleep(0.5)
-    restarted = relays(args, address=relay.address)
-    finish(procs)
-    assert restarted.stop() == 0
-    board = read_logdir(logdir)["job-kill"]
-    check_training_run(board, steps=120)  # every series: each step once, none missing
-    assert len(board.files) >= 2
