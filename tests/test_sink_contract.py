@@ -20,7 +20,8 @@ import pytest
 
 from conftest import ROOT, line_count, wait_for
 from relay.journal.deadletter import DeadLetters
-from relay.journal.journal import Journal, JournalReader
+from relay.journal.journal import Journal
+from relay.journal.reader import JournalReader
 from relay.sinkhost.child import SinkSpec, build_sink
 from relay.sinkhost.driver import SinkDriver
 from relay.sinkhost.replay import ReplayResult, replay_files
