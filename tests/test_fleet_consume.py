@@ -76,20 +76,31 @@ def test_each_line_once_a_redelivery_dropped_and_partitions_handed_over_at_sigte
         asyncio.run(create())
         central = tmp_path / "central"
         first = ConsumerProcess(tmp_path, "first", urls, central).start()
-        wait_held([first], 4, 60)
-        runs = {f"run-{i}": lines(f"run-{i}", 300) for i in range(6)}
-        expected = {(run, 0, seq): line for run, got in runs.items() for seq, line in enumerate(got)}
-        asyncio.run(publish_raw(urls, "relay.events", "n1", runs, 40))
-        wait_complete(central, expected, 60)
-        # the same chunks under other message ids: JetStream stores them again, the relay's dedupe drops them
-        asyncio.run(publish_raw(urls, "relay.events", "n1-again", runs, 40))
-        second = ConsumerProcess(tmp_path, "second", urls, central).start()
-        wait_for(lambda: len(first.held()) == len(second.held()) == 2, 60, "the second relay got its share")
-        assert first.stop() == 0
-        wait_held([second], 4, 10)  # given back at SIGTERM: taken at once, not after the lease's 6 s
-        wait_acknowledged(urls, "RELAY", 60)
-        assert_exactly_once(central, expected)
-        assert second.stop() == 0
-        logs = (tmp_path / "consume-first.log").read_text() + (tmp_path / "consume-second.log").read_text()
-        dropped = sum(int(n) for n in re.findall(r"duplicates=(\d+)", logs))  # each partition's, as it stopped
-        assert dropped >= len(expected), "the re-sent lines were not dropped by the relay's own dedupe"
+        second = ConsumerProcess(tmp_path, "second", urls, central)
+        try:
+            check_hand_over(urls, central, first, second, tmp_path)
+        finally:
+            for consumer in (first, second):
+                if consumer.alive():
+                    consumer.kill()
+
+
+def check_hand_over(urls: str, central: Path, first: ConsumerProcess, second: ConsumerProcess, tmp_path: Path) -> None:
+    """Each line once, the re-sent chunks dropped, the partitions handed over at SIGTERM."""
+    wait_held([first], 4, 60)
+    runs = {f"run-{i}": lines(f"run-{i}", 300) for i in range(6)}
+    expected = {(run, 0, seq): line for run, got in runs.items() for seq, line in enumerate(got)}
+    asyncio.run(publish_raw(urls, "relay.events", "n1", runs, 40))
+    wait_complete(central, expected, 60)
+    # the same chunks under other message ids: JetStream stores them again, the relay's dedupe drops them
+    asyncio.run(publish_raw(urls, "relay.events", "n1-again", runs, 40))
+    second.start()
+    wait_for(lambda: len(first.held()) == len(second.held()) == 2, 60, "the second relay got its share")
+    assert first.stop() == 0
+    wait_held([second], 4, 10)  # given back at SIGTERM: taken at once, not after the lease's 10 s
+    wait_acknowledged(urls, "RELAY", 60)
+    assert_exactly_once(central, expected)
+    assert second.stop() == 0
+    logs = (tmp_path / "consume-first.log").read_text() + (tmp_path / "consume-second.log").read_text()
+    dropped = sum(int(n) for n in re.findall(r"duplicates=(\d+)", logs))  # each partition's, as it stopped
+    assert dropped >= len(expected), "the re-sent lines were not dropped by the relay's own dedupe"

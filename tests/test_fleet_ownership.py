@@ -225,3 +225,12 @@ def test_a_leaving_relay_stops_renews_until_stopped_then_gives_everything_back()
     assert not a.consuming and a.own.done()
     run([a, b], now, now + 3, never_shared([a, b]))
     assert b.consuming == set(range(P)), "given back, not left to expire"
+
+
+def test_a_partition_that_ended_by_itself_is_started_again_while_the_lease_is_ours():
+    own = Ownership("a", 1, ttl=6.0, renew=2.0, margin=1.5)
+    own.claimed(0, 1, 0.0)
+    assert own.plan(0.1, {}, set()) == [Start(0)]
+    own.ended(0)  # its task saw the lease expire at a late check, and the renewal then came through
+    own.renewed(0, 2, 0.5)
+    assert own.plan(1.0, {}, set()) == [Start(0)]

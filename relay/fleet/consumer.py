@@ -244,7 +244,18 @@ class Consumer:
     def _start(self, k: int) -> None:
         previous = self._tasks.get(k)
         quit_ = self._quit[k] = asyncio.Event()
-        self._tasks[k] = asyncio.create_task(self._consume(k, quit_, previous), name=f"partition-{k}")
+        task = self._tasks[k] = asyncio.create_task(self._consume(k, quit_, previous), name=f"partition-{k}")
+        task.add_done_callback(lambda done: self._ended(k, quit_, done))
+
+    def _ended(self, k: int, quit_: asyncio.Event, task: asyncio.Task) -> None:
+        """A partition's task is over: say why if it failed, and if nobody stopped it, let the next
+        plan start it again (while the lease is ours)."""
+        if not task.cancelled() and task.exception() is not None:
+            self.errors += 1
+            log.error("partition %d failed, starting it again: %s", k, describe(task.exception()),
+                      exc_info=task.exception())
+        if not quit_.is_set() and self.own is not None:
+            self.own.ended(k)
 
     def _halt(self, action: Stop) -> None:
         quit_ = self._quit.get(action.partition)
@@ -330,11 +341,12 @@ class Consumer:
             if not own.valid(part.number, time.monotonic()):
                 return  # our lease may have run out meanwhile: leave them to its next holder
             now = time.monotonic()
-            for msg in msgs:
-                part.take(msg.data, now)
+            loop = asyncio.get_running_loop()
+            # on a thread: the leases are renewed on this loop meanwhile, however long the batch takes
+            await loop.run_in_executor(None, part.take_all, [msg.data for msg in msgs], now)
             while True:
                 try:
-                    part.commit()
+                    await loop.run_in_executor(None, part.commit)
                     break
                 except (OSError, JournalError) as exc:
                     self.errors += 1

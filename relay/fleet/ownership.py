@@ -147,6 +147,13 @@ class Ownership:
             return [Stop(partition)]
         return []
 
+    def ended(self, partition: int) -> None:
+        """Consuming ``partition`` ended without a Stop (its lease looked expired at a late check, or
+        it failed): the next plan starts it again while the lease is still ours."""
+        held = self.held.get(partition)
+        if held is not None:
+            held.consuming = False
+
     def stopped(self, partition: int) -> bool:
         """Consuming ``partition`` has stopped; True if its key should now be deleted (a release),
         after which it is no longer ours."""

@@ -77,6 +77,10 @@ class Partition:
             worker.start()
             self.workers.append(worker)
 
+    def take_all(self, bodies: list[bytes], now: float) -> None:
+        for body in bodies:
+            self.take(body, now)
+
     def take(self, body: bytes, now: float) -> None:
         """Keep the lines of one message that this journal does not hold yet."""
         self.counters.messages += 1
