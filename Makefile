@@ -19,12 +19,18 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m trainer --demo --output_dir demo-output
 
+# Tests run in TEST_WORKERS pytest-xdist processes: most of a test's time is spent waiting on the relay,
+# publisher and torchrun processes it starts, so more workers than cores pay (docs/development.md).
+# --dist loadgroup keeps the tests of one xdist_group (tests/conftest.py) on one worker.
+TEST_WORKERS ?= 4
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q $(XDIST) --durations=15
 
 # The edit-test loop: everything but torchrun training jobs, benchmark and soak smoke runs (docs/development.md).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 bench: $(STAMP)
 	$(PY) -m bench

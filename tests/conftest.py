@@ -17,6 +17,25 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLISHER = Path(__file__).resolve().parent / "publisher_proc.py"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """For pytest-xdist (Makefile: ``-n 4 --dist loadgroup``): modules with slow tests first, so
+    their long tests start while short ones fill the other workers instead of one worker ending
+    the run alone (whole modules move, so a module's fixtures are still built once); and every
+    test that uses a module- or class-scoped fixture (a torchrun job, a journal built once) goes in
+    its module's xdist_group, so that fixture is built on one worker, not on each."""
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    with_slow = {module(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: module(item) not in with_slow)
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        chains = info.name2fixturedefs.values() if info is not None else ()
+        if any(d.scope in ("module", "class") for chain in chains for d in chain):
+            item.add_marker(pytest.mark.xdist_group(module(item)))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -104,7 +123,10 @@ def relays(tmp_path: Path) -> Iterator[callable]:
     started: list[RelayProcess] = []
 
     def make(args: list[str], address: str | None = None, start: bool = True, env: dict | None = None) -> RelayProcess:
-        relay = RelayProcess(tmp_path, args, address or f"tcp://127.0.0.1:{free_port()}", env)
+        # Started now: the relay binds a port of its own choosing ('*'; its ready file says which), so no
+        # other test or xdist worker can take it between a free_port() and the relay's bind.
+        address = address or f"tcp://127.0.0.1:{'*' if start else free_port()}"
+        relay = RelayProcess(tmp_path, args, address, env)
         started.append(relay)
         return relay.start() if start else relay
 

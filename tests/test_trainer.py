@@ -18,7 +18,6 @@ from conftest import read_jsonl
 from trainer_fixtures import DEMO_DATA, ROOT, demo_model, error_lines, run_trainer, start_trainer, trainer_env
 
 from trainer import set_params, track
-from trainer.callback import split_logs
 from trainer.embedded import default_run_id
 
 __all__ = ["demo_model"]  # a fixture, used by name
@@ -134,6 +133,8 @@ def test_run_id_sources(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_trainer_logs_split_by_stage() -> None:
+    from trainer.callback import split_logs  # imports transformers: not at collection, in every xdist worker
+
     logs = {"loss": 1.0, "eval_loss": 2.0, "eval_runtime": 0.5, "train_loss": 1.5, "epoch": 0.5, "note": "x"}
     assert split_logs(logs) == {"train": {"loss": 1.0, "train_loss": 1.5},
                                 "eval": {"loss": 2.0, "runtime": 0.5}}

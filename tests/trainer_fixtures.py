@@ -1,6 +1,7 @@
 """Helpers for the trainer tests: the demo model, real trainer processes and JSONL content checks."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -20,10 +21,17 @@ EXP_METADATA = {"dataset": "demo-v1", "purpose": "trainer tests"}
 
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The offline demo model and tokenizer, built once per session."""
+    """The offline demo model and tokenizer, built once per test run (tens of seconds under load):
+    in the run's base temp dir, shared by every module that imports this fixture and, under
+    pytest-xdist, by every worker (a lock makes the others wait for the first build)."""
     from trainer.demo import build_demo
 
-    return Path(build_demo(str(tmp_path_factory.mktemp("demo") / "model")))
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' base temp dirs are siblings under the run's
+    with open(root / "demo-model.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return Path(build_demo(str(root / "demo-model")))
 
 
 def trainer_env(**extra: str) -> dict[str, str]:
