@@ -368,6 +368,9 @@ class Consumer:
 
     def _write_stats(self) -> None:
         own = self.own
+        now = time.monotonic()
+        for part in self._parts.values():
+            part.fan_out.sample(now)  # the sinks' lag
         snap = {"name": self.config.name, "pid": os.getpid(), "ts": round(time.time(), 3), "errors": self.errors,
                 "held": sorted(own.consuming()) if own else [],
                 "partitions": {k: part.stats() for k, part in self._parts.items()}}

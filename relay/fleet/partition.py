@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay.journal.dedupe import Dedupe
 from relay.journal.journal import Journal
 from relay.journal.reader import journal_files
+from relay.daemon.fan_out import FanOut
 from relay.sinkhost.child import SinkSpec
-from relay.sinkhost.process import SinkProcess
 from relay.wire.lines import parse_event
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class Partition:
     def __post_init__(self) -> None:
         self.journal = Journal(f"{self.root / f'p{self.number}'}{os.sep}", fsync=self.fsync)
         self.dedupe = Dedupe()
-        self.workers: list[SinkProcess] = []
+        self.fan_out = FanOut()
         self._lines: list[tuple[str, bytes]] = []
         self._pending = 0
 
@@ -69,13 +70,9 @@ class Partition:
                 raise
 
     def _start_sinks(self) -> None:
-        where = str(self.journal.path) + os.sep
-        for spec in self.sinks:
-            worker = SinkProcess(replace(spec, journal=where,
-                                         deadletter=str(self.journal.sidecar(f"_deadletter_{spec.name}.jsonl")),
-                                         max_events=self.sink_queue, drain_timeout=self.shutdown_timeout))
-            worker.start()
-            self.workers.append(worker)
+        """The daemon's fan-out (relay/daemon/fan_out.py), always fed: no ingest here to make room for."""
+        self.fan_out.idle.set()
+        self.fan_out.start(self.sinks, self.journal, self.sink_queue, self.shutdown_timeout, None)
 
     def take_all(self, bodies: list[bytes], now: float) -> None:
         for body in bodies:
@@ -108,12 +105,10 @@ class Partition:
             return
         self.journal.write_lines(self._lines)
         self.journal.flush()
-        if self.sinks and not self.workers:
+        if self.sinks and not self.fan_out.workers:
             self._start_sinks()
-        if self.workers:
-            joined = b"".join([chunk for _, chunk in self._lines])
-            for worker in self.workers:
-                worker.submit(joined, self._pending)
+        if self.fan_out.workers:
+            self.fan_out.submit(b"".join([chunk for _, chunk in self._lines]), self._pending)
         self.counters.written += self._pending
         self._lines, self._pending = [], 0
 
@@ -126,9 +121,8 @@ class Partition:
     def close(self) -> None:
         """Let the sinks drain, then unlock the journal for the next holder. Lines not committed are
         dropped: their messages were not acknowledged, so JetStream delivers them again."""
-        for worker in self.workers:
-            worker.close(self.shutdown_timeout)
-        self.workers = []
+        self.fan_out.close(time.monotonic() + self.shutdown_timeout)
+        self.fan_out = FanOut()
         self._lines, self._pending = [], 0
         try:
             self.journal.close()
@@ -137,5 +131,5 @@ class Partition:
 
     def stats(self) -> dict:
         out = {"partition": self.number, **self.counters.__dict__,
-               "sinks": {worker.name: worker.stats() for worker in self.workers}}
+               "sinks": self.fan_out.stats()}
         return out
