@@ -138,6 +138,11 @@ def fleet(quick: bool) -> Section:
     return bench_fleet.run(quick)
 
 
+def consume(quick: bool) -> Section:
+    from bench import bench_consume
+    return bench_consume.run(quick)
+
+
 def startup(quick: bool) -> Section:
     from bench import bench_startup
     return bench_startup.run(quick)
@@ -145,7 +150,8 @@ def startup(quick: bool) -> Section:
 
 SECTIONS: dict[str, Callable[[bool], Section]] = {
     "hotpath": hotpath, "ingest": ingest, "latency": latency, "scale": scale, "training": training, "aim": aim,
-    "core": core, "transport": transport, "forward": forward, "fleet": fleet, "startup": startup,
+    "core": core, "transport": transport, "forward": forward, "fleet": fleet, "consume": consume,
+    "startup": startup,
     **{f"sink_{name}": sink_section(name) for name in ("mlflow", "tensorboard", "wandb", "clearml")},
 }
 

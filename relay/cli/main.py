@@ -159,6 +159,7 @@ def main() -> None:
     relay tail PATH [-f] [--view steps] [--json] [filters]          follow a journal, readably
     relay plot PATH --metric NAME ... -o OUT.png                    draw metrics against the step
     relay status [ADDRESS|JOURNAL|STATS_FILE] [--json]              a relay's status line, once
+    relay consume --nats-url URL [--sink NAME ...]                  journal the fleet's NATS stream, fan out
     relay keygen DIR [--name NAME]                                  CURVE certificates for remote ranks
     """
 
