@@ -353,15 +353,25 @@ def test_a_permanent_error_is_dead_lettered_and_the_rest_written(workspace, tmp_
     t.check(settled(t, ws, "job-dl"), 6)
 
 
-@pytest.mark.parametrize("name", ["tensorboard", "clearml"])
+@pytest.mark.parametrize("name", [
+    "tensorboard", "clearml",
+    pytest.param("mlflow", marks=pytest.mark.xfail(strict=True, reason="found here: after a full disk, the directory "
+                                                   "store holds a checkpoint param without its value")),
+    pytest.param("csv", marks=pytest.mark.xfail(strict=True, reason="found here: the docs' CSV example writes the "
+                                                "rows of a batch that failed half-way again when it is retried")),
+])  # Aim's (its read-back after the outage is not yet steady here), W&B's full disk (its sink process exits)
+#      and the forward sink's central down: in their own files
 def test_a_full_disk_is_caught_up_once_there_is_room(small_fs: Path, workspace, tmp_path: Path, name: str) -> None:
     """The tool's files fill their filesystem mid-run: writes fail, the driver retries with backoff,
     and once there is room again everything is there, each point once, as written without the outage."""
+    import gc
+
     t, _, env = workspace(name)
     events = training_events("job-full", steps=40)
     reference = tmp_path / "reference"
     reference.mkdir()
-    for ws, outage in ((reference, False), (small_fs, True)):
+    views = {}
+    for ws, outage in ((small_fs, True), (reference, False)):
         sink = built(t, ws, env)
         sink.open(SinkContext())
         failures = []
@@ -379,6 +389,8 @@ def test_a_full_disk_is_caught_up_once_there_is_room(small_fs: Path, workspace, 
         assert driver.write(events[30:]) and driver.flush()
         driver.close()
         del sink, driver
+        gc.collect()  # the tool's handles dropped after a failure, before it is read back
         assert len(failures) == (3 if outage else 0)
-    t.same(settled(t, reference, "job-full"), settled(t, small_fs, "job-full"))
-    t.check(settled(t, small_fs, "job-full"), 40)
+        views[outage] = settled(t, ws, "job-full")
+    t.check(views[True], 40)
+    t.same(views[False], views[True])
