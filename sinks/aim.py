@@ -17,13 +17,12 @@ idempotent replay and catch-up from the journal; this module is what is Aim's ow
 * **The job's times.** A new run is created at its first event's ``ts`` and closed at its last
   one's (sinks/aim_run.py), so a replayed or late-written run has the job's start and duration.
 
-Aim is imported only when the sink opens, so the relay works without the ``[aim]`` extra. The
-module runs over 350 lines because all of it is Aim's run lifecycle (find a run by its relay id,
-resume or take it over, index, close, export) and its remote client's failure modes.
+Aim is imported only when the sink opens, so the relay works without the ``[aim]`` extra. Finding
+a run by its relay id and indexing a closed one are in sinks/aim_repo.py, the ``aim_tracker.json``
+export in sinks/tracker_export.py.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -34,20 +33,19 @@ from typing import Any, Iterable, Sequence
 import click
 import orjson
 
+from sinks.aim_repo import PARAMS_KEY, RunLookup, forget_listing, index
 from sinks.aim_run import close_at, relay_run_class
 from sinks.base import SinkContext, SinkError
 from sinks.events import json_safe
-from sinks.files import write_atomic
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
+from sinks.tracker_export import tracker_file, write_tracker_file
 
 log = logging.getLogger(__name__)
 
 #: The run-id export file the seed's users already script against.
 EXPORT_NAME = "aim_tracker.json"
-#: Run params holding the relay's identity of the run (queryable in Aim: ``run.relay.run_id``).
-PARAMS_KEY = "relay"
 #: Aim's prefix for system metrics (``aim.ext.resource.configs.AIM_RESOURCE_METRIC_PREFIX``): its UI
 #: shows such series in the run page's System tab and the explorers' System group.
 SYSTEM_PREFIX = "__system__"
@@ -121,10 +119,7 @@ class AimSink(TrackerSink):
         self.default_experiment = experiment
         self.remote = repo.startswith("aim://")
         self._repo: Any = None
-        self._journal: Path | None = None
         self._aim: dict[str, _RunState] = {}
-        self._hash_of: dict[str, str] = {}  # run id -> Aim run hash, from runs we scanned or made
-        self._scanned: set[str] = set()  # Aim run hashes whose run id we read
         self.idle_close_s = IDLE_CLOSE_S
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -140,10 +135,10 @@ class AimSink(TrackerSink):
     def open(self, context: SinkContext) -> None:
         """Open (or create) the repository; SinkError when it cannot be used at all."""
         super().open(context)
+        self._lookup = RunLookup(self.counters)
         repo_cls = _import_aim()
         # One INFO line per opened run from Aim's status reporter is noise in the relay's log.
         logging.getLogger("aim.sdk.reporter").setLevel(logging.WARNING)
-        self._journal = context.journal
         if self.remote:
             self._open_remote(repo_cls)
         else:
@@ -318,19 +313,18 @@ class AimSink(TrackerSink):
         """Resume the Aim run of this run id, or create it; load what it already holds."""
         run_class = relay_run_class()
         quiet = {"system_tracking_interval": None, "log_system_params": False, "capture_terminal_logs": False}
-        run_hash = self._find(state.run_id)
+        run_hash = self._lookup.find(self._repo, state.run_id)
         if run_hash is None:
             run = run_class(repo=self._repo, experiment=state.experiment or self.default_experiment,
                             created_at=state.first_ts, **quiet)
             run[PARAMS_KEY] = {"run_id": state.run_id}
             run.name = state.run_id
-            self._hash_of[state.run_id] = run.hash
-            self._scanned.add(run.hash)
+            self._lookup.made(state.run_id, run.hash)
             state.export_due = True
             self.counters["runs_created"] += 1
             log.info("aim run %s created for run %s", run.hash, state.run_id)
         else:
-            self._forget_listing()  # Aim refuses to resume a run missing from its listing
+            forget_listing(self._repo)  # Aim refuses to resume a run missing from its listing
             run = run_class(run_hash, repo=self._repo, force_resume=state.take_over, **quiet)
             state.take_over = False
             stored = run.meta_run_tree.get(LAST_TS_KEY, None)
@@ -341,52 +335,6 @@ class AimSink(TrackerSink):
             self.counters["runs_opened"] += 1
             log.info("aim run %s resumed for run %s", run_hash, state.run_id)
         state.handle = run
-
-    def _find(self, run_id: str) -> str | None:
-        """The Aim run already holding ``run_id``: each repo run is read once per relay lifetime.
-
-        ``list_all_runs`` (unlike ``iter_runs``) also sees runs not indexed yet, such as ones a
-        crashed relay left open.
-        """
-        found = self._hash_of.get(run_id)
-        if found is not None:
-            return found
-        self._forget_listing()
-        for run_hash in sorted(set(self._repo.list_all_runs()) - self._scanned):
-            self._scanned.add(run_hash)
-            try:
-                owner = self._run_id_of(run_hash)
-            except Exception as exc:  # a corrupt or half-deleted run is not ours to fix; counted
-                self.counters["unreadable_runs"] += 1
-                log.warning("aim run %s unreadable while looking for run %s: %s: %s",
-                            run_hash, run_id, type(exc).__name__, exc)
-                continue
-            if isinstance(owner, str):
-                self._hash_of.setdefault(owner, run_hash)
-        return self._hash_of.get(run_id)
-
-    def _forget_listing(self) -> None:
-        """Aim caches a repo's run listing for 0.5 s, which hides a run made a moment ago (by
-        this sink or another process); the listing is one directory read, so read it afresh."""
-        type(self._repo)._all_run_hashes.cache_clear()
-
-    def _run_id_of(self, run_hash: str) -> Any:
-        """Read the run's own metadata, as Aim's indexer does: a read-only ``Run`` reads the
-        repo index, which does not hold runs that were never closed or indexed."""
-        tree = self._repo.request_tree("meta", run_hash, read_only=True, skip_read_optimization=True)
-        return tree.subtree(("meta", "chunks", run_hash, "attrs", PARAMS_KEY)).get("run_id")
-
-    def _index(self, run_hash: str) -> None:
-        """Index a closed run as ``aim up`` would, so ``Repo.iter_runs`` and read-only ``Run``
-        objects see it at once; if the index is busy (``aim up`` indexing), it does it later."""
-        from aim.sdk.index_manager import RepoIndexManager
-
-        try:
-            RepoIndexManager.get_index_manager(self._repo).index(run_hash)
-        except Exception as exc:  # counted; aim up / aim server index the run themselves
-            self.counters["index_errors"] += 1
-            log.warning("aim run %s not indexed yet (%s: %s); `aim up` indexes it", run_hash,
-                        type(exc).__name__, exc)
 
     def _close_handle(self, state: _RunState) -> None:
         """Close and index the run. Aim cannot retry a failed close, but the handle stays
@@ -406,7 +354,7 @@ class AimSink(TrackerSink):
         state.handle = None
         self.counters["runs_closed"] += 1
         if not self.remote:
-            self._index(run.hash)
+            index(self._repo, run.hash, self.counters)
 
     def _export(self, state: _RunState) -> None:
         """Write ``aim_tracker.json`` where the job's scripts look (its output dir), else beside
@@ -417,26 +365,17 @@ class AimSink(TrackerSink):
         run = state.handle
         if run is None:
             return
-        if self.context.replay:
-            if self.remote:
-                return
+        if not self.context.replay:
+            target = tracker_file(EXPORT_NAME, state.run_id, state.output_dir, self.context.journal)
+        elif not self.remote:
             target = Path(self.repo_spec).expanduser() / f"{state.run_id}.{EXPORT_NAME}"
-        elif state.output_dir:
-            target = Path(state.output_dir).expanduser() / EXPORT_NAME
-        elif self._journal is not None:
-            folder = self._journal if self._journal.is_dir() else self._journal.parent
-            name = f"{state.run_id}.{EXPORT_NAME}" if self._journal.is_dir() else EXPORT_NAME
-            target = folder / name
         else:
+            target = None
+        if target is None:
             return
         record = {"run_hash": run.hash, "run_id": state.run_id, "repo": self._repo_display(),
                   "experiment": state.experiment or self.default_experiment or "default"}
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(target, json.dumps(record, indent=2) + "\n")
-        except OSError as exc:
-            self.counters["export_errors"] += 1
-            log.warning("aim sink: cannot write %s for run %s: %s", target, state.run_id, exc)
+        write_tracker_file(target, record, self.counters, self.name, state.run_id)
 
     def _repo_display(self) -> str:
         return self.repo_spec if self.remote else str(Path(self.repo_spec).expanduser().resolve())

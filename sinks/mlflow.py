@@ -11,18 +11,14 @@ Built on the sink-author API (sinks/tracker_base.py); what is MLflow's own:
 * **Immutable params**: a changed value keeps the first and tags the newest; what MLflow's limits
   cut is counted and kept whole as an artifact.
 
-MLflow is imported only when the sink opens: the relay works without the ``[mlflow]`` extra. The
-module runs over 350 lines because of MLflow's own rules: immutable params, size limits, and a
-directory store that appends and can be left torn.
+MLflow is imported only when the sink opens: the relay works without the ``[mlflow]`` extra. MLflow's
+rules for names, keys and batch sizes are in sinks/mlflow_rules.py.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import posixpath
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -31,10 +27,11 @@ import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.events import json_safe
-from sinks.files import write_atomic
+from sinks.mlflow_rules import LABEL_MAPS, MAX_PARAM, MAX_TAG, PLAIN_GROUPS, batches, metric_name, mlflow_key, point
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
 from sinks.tracker_base import Spans, TrackerSink
+from sinks.tracker_export import tracker_file, write_tracker_file
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +46,8 @@ OLD_APPLIED_TAG = "relay.applied"  # where runs written before kept them: still 
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 CHANGED_PREFIX = "relay.changed."
 FULL_VALUES = "relay_params"  # artifact folder: the whole of what was cut to MLflow's limits
-#: Param groups logged under their bare keys, as HF's callback logs TrainingArguments and the model
-#: config and fms-hf-tuning its --exp_metadata; any other group is ``<group>.<key>``.
-PLAIN_GROUPS = frozenset({"hparams", "model", "experiment_metadata"})
-#: Model-config params whose integer keys JSON turned into strings; PretrainedConfig turns them back,
-#: so HF's MLflowCallback logs ``{0: 'LABEL_0'}``, and so does this sink.
-LABEL_MAPS = frozenset({"id2label"})
 STATUS = {"completed": "FINISHED", "finished": "FINISHED", "success": "FINISHED",
           "killed": "KILLED", "interrupted": "KILLED", "cancelled": "KILLED"}  # anything else: FAILED
-# MLflow's limits (mlflow.utils.validation); MAX_BYTES keeps a call under a server's 1 MB bound.
-MAX_KEY, MAX_PARAM, MAX_TAG = 250, 6000, 8000
-MAX_ITEMS, MAX_PARAMS_TAGS, MAX_BYTES, METRIC_BYTES = 1000, 100, 900_000, 320
-_BAD_CHARS = re.compile(r"[^0-9A-Za-z_\-\.\ :/]")  # what HF's MLflowCallback replaces by "_"
 #: This process's defaults (the user's environment wins): no telemetry, and one HTTP attempt per
 #: call, since the relay retries a failed batch itself, with backoff.
 ENV_DEFAULTS = {"MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
@@ -120,7 +107,6 @@ class MlflowSink(TrackerSink):
         self._ml: dict[str, _MlRun] = {}
         self._keys: dict[tuple, str] = {}  # (rank, subset, sub_dataset, system, name) -> MLflow metric key
         self._exports: set[str] = set()
-        self._journal: Path | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -135,7 +121,6 @@ class MlflowSink(TrackerSink):
     def open(self, context: SinkContext) -> None:
         """Reach the store (not a server: it may come up later); SinkError if it cannot be used."""
         super().open(context)
-        self._journal = context.journal
         for key, value in ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
         if self.directory:  # MLflow 3 keeps directory stores in maintenance mode, behind this opt-in
@@ -357,8 +342,8 @@ class MlflowSink(TrackerSink):
         for m in r.metrics:
             points = held.get(m.key)
             if points is None:
-                points = held[m.key] = {_point(x) for x in self._client.get_metric_history(r.run_id, m.key)}
-            if _point(m) not in points:
+                points = held[m.key] = {point(x) for x in self._client.get_metric_history(r.run_id, m.key)}
+            if point(m) not in points:
                 lacking.append(m)
         for m, _, _ in batches(lacking, [], [], []):
             self._client.log_batch(r.run_id, metrics=m)
@@ -376,13 +361,9 @@ class MlflowSink(TrackerSink):
         log.warning("mlflow sink: param %r changed; MLflow keeps its first value, the newest is in tag %r", key, tag)
 
     def _key(self, name: str) -> str:
-        """A key MLflow takes: HF's character rule, not a path that resolves elsewhere, <= 250 chars."""
-        key = _BAD_CHARS.sub("_", name)
-        if posixpath.normpath(key) != key or key.startswith(("/", "..")):
-            key = "_" + key.replace("/", "_")
-        if len(key) > MAX_KEY:
-            key = f"{key[:MAX_KEY - 9]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
-        if key != _BAD_CHARS.sub("_", name):
+        """A key MLflow takes (sinks/mlflow_rules.py); one renamed past HF's character rule is counted."""
+        key, renamed = mlflow_key(name)
+        if renamed:
             self.counters["renamed_keys"] += 1
             log.warning("mlflow sink: %r is %r in MLflow (too long, or a path that resolves elsewhere)", name, key)
         return key
@@ -401,14 +382,8 @@ class MlflowSink(TrackerSink):
         beside the journal); a failure is counted and logged, never worth retrying a batch for.
         Not under ``relay replay``: the job's file names its live run, which a rebuilt copy must
         not replace (the copy is found by its ``relay.run_id`` tag)."""
-        journal = self._journal
-        if self.context.replay:
-            return
-        if r.output_dir:
-            target = Path(r.output_dir).expanduser() / EXPORT_NAME
-        elif journal is not None:
-            target = journal / f"{run}.{EXPORT_NAME}" if journal.is_dir() else journal.parent / EXPORT_NAME
-        else:
+        target = tracker_file(EXPORT_NAME, run, r.output_dir, self.context.journal)
+        if self.context.replay or target is None:
             return
         host = self.uri.rstrip("/") if self.remote else "<host_url>"  # fms-hf-tuning's placeholder
         where = self.uri  # a local store's absolute path, for readers elsewhere than the relay's cwd
@@ -418,51 +393,4 @@ class MlflowSink(TrackerSink):
             where = str(self._folder().resolve())
         record = {"run_name": r.name or run, "run_uri": f"{host}/#/experiments/{r.experiment_id}/runs/{r.run_id}",
                   "run_id": r.run_id, "experiment_id": r.experiment_id, "tracking_uri": where}
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(target, json.dumps(record, indent=2) + "\n")
-        except OSError as exc:
-            self.counters["export_errors"] += 1
-            log.warning("mlflow sink: cannot write %s for run %s: %s", target, run, exc)
-
-
-def metric_name(rank: int | None, subset: str | None, sub_dataset: str | None, name: str) -> str:
-    """A series' MLflow name (before MLflow's character rules). The Trainer's (``rank`` None): the
-    key HF's MLflowCallback logs (``loss``, ``eval_loss``, ``eval_<set>_loss``, ``train_runtime``).
-    Custom metrics: ``<stage>.<name>``, as fms-hf-tuning's MLflow tracker; another rank's under
-    ``rank/<n>/``. (The relay's system figures are ``naming.system_key``'s.)"""
-    if rank is None or subset is None:
-        return "_".join(part for part in (subset, sub_dataset, name) if part)
-    return f"{subset}.{name}" if rank == 0 else f"rank/{rank}/{subset}.{name}"
-
-
-def batches(metrics: list[Any], params: list[Any], tags: list[Any],
-            last: list[Any]) -> list[tuple[list[Any], list[Any], list[Any]]]:
-    """``log_batch`` calls (metrics, params, tags) within MLflow's limits, in order, with every
-    tag of ``last`` together in the final call."""
-    calls: list[tuple[list[Any], list[Any], list[Any]]] = []
-    call: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
-    count = size = 0
-    for slot, items in ((1, params), (0, metrics), (2, tags)):
-        for item in items:
-            cost = METRIC_BYTES if slot == 0 else len(item.key) + len(item.value) + 20
-            if count == MAX_ITEMS or (slot and len(call[slot]) == MAX_PARAMS_TAGS) or size + cost > MAX_BYTES:
-                calls.append(call)
-                call, count, size = ([], [], []), 0, 0
-            call[slot].append(item)
-            count += 1
-            size += cost
-    extra = sum(len(t.key) + len(t.value) + 20 for t in last)
-    if last and (count + len(last) > MAX_ITEMS or len(call[2]) + len(last) > MAX_PARAMS_TAGS
-                 or size + extra > MAX_BYTES):
-        calls.append(call)
-        call = ([], [], [])
-    call[2].extend(last)
-    if any(call):
-        calls.append(call)
-    return calls
-
-
-def _point(m: Any) -> tuple:
-    """A point's identity, NaN equal to NaN (as MLflow's SQL stores compare them)."""
-    return m.timestamp, m.step, "nan" if m.value != m.value else float(m.value)
+        write_tracker_file(target, record, self.counters, self.name, run)

@@ -11,20 +11,16 @@ On the sink-author API (sinks/tracker_base.py); what is W&B's own:
   instance of the same run. A replay that adds nothing opens no W&B run.
 * **State** in ``<dir>/wandb/relay-applied/<run>.json`` (spans, next ``_step``, the directory being
   written), with a lock file that keeps two processes (a restarted relay's sink and the old one,
-  still draining) off one run.
+  still draining) off one run (sinks/wandb_run.py).
 * **No silent loss.** wandb-core drops records on a write error (full disk) without telling the
   caller, and if it dies every call fails. On either, the sink exits; the relay starts it again, and
   the new process moves the open directory to ``relay-discarded/`` and applies its part again from
   the journal.
 
-The module runs over 350 lines because all of that is W&B's own: a run's life across processes
-(lock, resumed instances, discarded directories) and wandb-core's silent failure modes. wandb is
-imported only when the sink opens, so the relay works without the ``[wandb]`` extra.
+wandb is imported only when the sink opens, so the relay works without the ``[wandb]`` extra.
 """
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
 import netrc
 import os
@@ -37,10 +33,10 @@ from typing import Any, Callable, Sequence
 import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
-from sinks.files import write_atomic
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
+from sinks.wandb_run import STATE_DIR, WbRun
 
 log = logging.getLogger(__name__)
 
@@ -48,28 +44,11 @@ STEP_KEY = "train/global_step"  # the x-axis of W&B's own Hugging Face callback
 SEQ_KEY = "relay/seq"  # the x-axis of the clients' counters (``stats`` events)
 SUMMARY_ONLY = frozenset({"total_flos"})  # with ``train_*``: what W&B's HF callback keeps as summary
 RESERVED = frozenset({"", "_step", "_runtime", "_timestamp", "_wandb"})  # W&B drops or overwrites these
-STATE_DIR, DISCARD_DIR = "relay-applied", "relay-discarded"
-LOCK_WAIT_S = 30.0  # a restarted relay's sink waits this long for the old one to finish the run
+DISCARD_DIR = "relay-discarded"
 ENDED_CLOSE_S = 30.0  # quiet seconds after rank 0's train_end before the W&B run is finished
 IDLE_CLOSE_S = 600.0  # quiet seconds before a run that never ended is finished (as failed)
 EXIT_DATA_LOST = 75  # the process exits with it when W&B may have lost points (the relay restarts it)
 CORE_WRITE_ERROR = b"failed to save record"  # what wandb-core logs when the .wandb file fails
-
-
-class _WbRun:
-    """One relay run's W&B side in this process: handle, lock, ``_step``s and what is saved."""
-
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-        self.handle: Any = None  # wandb Run while open
-        self.lock: Any = None  # the locked file while this process owns the run
-        self.step = self.saved_step = self.logged_step = 0  # next _step: now, as saved, as sent
-        self.saved_spans: Spans = {}
-        self.open: dict[str, Any] | None = None  # {"dir", "spans", "step"} of the directory being written
-        self.exit_code: int | None = None  # from rank 0's train_end
-        self.last_event = 0.0
-        self.defined: set[str] = set()
-        self.core_log_at = 0  # bytes of wandb-core's log already checked
 
 
 def _import_wandb() -> tuple[Any, tuple[type[Exception], ...]]:
@@ -119,7 +98,7 @@ class WandbSink(TrackerSink):
             raise SinkError("--sink wandb needs --wandb-project NAME (or $WANDB_PROJECT)")
         self.project, self.entity, self.mode, self.dir_option = wandb_project, wandb_entity, wandb_mode, wandb_dir
         self.idle_close_s, self.ended_close_s = IDLE_CLOSE_S, ENDED_CLOSE_S
-        self._wb: dict[str, _WbRun] = {}
+        self._wb: dict[str, WbRun] = {}
         self._lock = threading.RLock()  # the relay's writer thread and this sink's closer thread
         self._stop = threading.Event()
 
@@ -195,7 +174,7 @@ class WandbSink(TrackerSink):
     # -- the sink-author API ----------------------------------------------------------------------
 
     def start_run(self, run: str, params: dict[str, Any]) -> None:
-        self._wb.setdefault(run, _WbRun(run))
+        self._wb.setdefault(run, WbRun(run))
 
     def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
                     context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
@@ -249,10 +228,9 @@ class WandbSink(TrackerSink):
     def load_applied(self, run: str) -> Spans:
         """Take the run's lock (waiting for a process still finishing it), then its saved state; a
         directory left open by a process that died is moved aside and its part applied again."""
-        wb = self._wb.setdefault(run, _WbRun(run))
-        self._acquire(wb)
-        path = self.state_dir / f"{run}.json"
-        state = json.loads(path.read_text()) if path.exists() else {}
+        wb = self._wb.setdefault(run, WbRun(run))
+        wb.acquire(self.state_dir)
+        state = wb.read_state(self.state_dir)
         wb.exit_code = state.get("exit_code")
         left_open = state.get("open")
         if left_open:  # out of `wandb sync`'s way, which looks one level down only
@@ -268,7 +246,7 @@ class WandbSink(TrackerSink):
         wb.saved_spans = {int(r): s for r, s in state.get("spans", {}).items()}
         wb.step = wb.saved_step = wb.logged_step = state.get("step", 0)
         if left_open:
-            self._write_state(wb)
+            wb.write_state(self.state_dir)
         return wb.saved_spans
 
     def save_applied(self, run: str, spans: Spans) -> None:
@@ -276,20 +254,16 @@ class WandbSink(TrackerSink):
         saved = wb.saved_spans, wb.saved_step
         wb.saved_spans, wb.saved_step = spans, wb.step
         try:
-            self._write_state(wb)
+            wb.write_state(self.state_dir)
         except OSError as exc:
             wb.saved_spans, wb.saved_step = saved
             if wb.handle is not None:  # the same disk holds the .wandb file wandb-core is buffering
                 self._data_lost(f"W&B run {run}: cannot save the sink's state ({exc})")
             raise
 
-    def _write_state(self, wb: _WbRun) -> None:
-        write_atomic(self.state_dir / f"{wb.run_id}.json", json.dumps(
-            {"spans": wb.saved_spans, "step": wb.saved_step, "open": wb.open, "exit_code": wb.exit_code}))
-
     # -- W&B runs -------------------------------------------------------------------------------
 
-    def _handle(self, run: str) -> _WbRun:
+    def _handle(self, run: str) -> WbRun:
         """The run's open W&B run, made (or resumed, as a new instance) on demand."""
         wb = self._wb[run]
         wb.last_event = time.monotonic()
@@ -315,14 +289,14 @@ class WandbSink(TrackerSink):
         # directory and applies again what came after the run's earlier directories.
         wb.open = {"dir": str(Path(handle.dir).parent), "spans": wb.saved_spans, "step": wb.saved_step}
         try:
-            self._write_state(wb)
+            wb.write_state(self.state_dir)
         except OSError as exc:
             self._data_lost(f"W&B run {run}: cannot save the sink's state ({exc})")
         self.counters["wandb_runs_opened"] += 1
         log.info("W&B run %s opened in %s", run, wb.open["dir"])
         return wb
 
-    def _finish(self, wb: _WbRun) -> None:
+    def _finish(self, wb: WbRun) -> None:
         """Finish the W&B run; its directory counts as complete only if wandb-core wrote it all."""
         handle, wb.handle = wb.handle, None
         try:
@@ -339,7 +313,7 @@ class WandbSink(TrackerSink):
         self._check_core(wb, handle)
         wb.open = None
         try:
-            self._write_state(wb)
+            wb.write_state(self.state_dir)
         except OSError as exc:  # the directory stays marked open: the next process rebuilds it
             self.counters["state_errors"] += 1
             log.error("W&B run %s finished but the sink's state was not saved: %s", wb.run_id, exc)
@@ -358,25 +332,7 @@ class WandbSink(TrackerSink):
                         self._finish(wb)
                         self._release(wb)
 
-    def _acquire(self, wb: _WbRun) -> None:
-        """Own the run across processes: a restarted relay's sink waits for the old one to finish."""
-        if wb.lock is not None:  # already ours (a load that failed after taking it is retried)
-            return
-        fh = open(self.state_dir / f"{wb.run_id}.lock", "a+")
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                wb.lock = fh
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    fh.close()
-                    raise RuntimeError(f"W&B run {wb.run_id} is still written by another process "
-                                       f"(lock {fh.name}); retrying") from None
-                time.sleep(0.1)
-
-    def _release(self, wb: _WbRun) -> None:
+    def _release(self, wb: WbRun) -> None:
         """Let another process take the run; a later event here reloads its state (and the lock)."""
         if wb.lock is not None:
             wb.lock.close()
@@ -384,7 +340,7 @@ class WandbSink(TrackerSink):
         self._wb.pop(wb.run_id, None)
         self.forget_run(wb.run_id)
 
-    def _check_core(self, wb: _WbRun, handle: Any) -> None:
+    def _check_core(self, wb: WbRun, handle: Any) -> None:
         """wandb-core reports a failed write of the .wandb file only in its own log."""
         try:
             with open(handle.settings.log_internal, "rb") as fh:

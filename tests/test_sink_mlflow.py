@@ -25,7 +25,8 @@ from relay.journal.reader import JournalReader  # noqa: E402
 from relay.wire.lines import encode_line
 from relay.sinkhost.replay import replay_files  # noqa: E402
 from sinks.base import PermanentError, SinkContext, SinkError  # noqa: E402
-from sinks.mlflow import MAX_PARAM, MlflowSink, batches  # noqa: E402
+from sinks.mlflow import MlflowSink  # noqa: E402
+from sinks.mlflow_rules import MAX_PARAM, batches  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).resolve().parent / "sink_helpers.py"

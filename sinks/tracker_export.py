@@ -1,0 +1,35 @@
+"""The ``<tool>_tracker.json`` file a tracker sink leaves for the job's own scripts (the Aim run's
+hash, the MLflow run's id and URI): where it goes and how it is written, the same for every sink
+that writes one (aim, mlflow; W&B, TensorBoard and ClearML name their runs by the relay's run id)."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Counter
+
+from sinks.files import write_atomic
+
+log = logging.getLogger(__name__)
+
+
+def tracker_file(name: str, run: str, output_dir: str | None, journal: Path | None) -> Path | None:
+    """Where ``run``'s file ``name`` goes: the job's output directory, where its scripts look (as
+    fms-hf-tuning writes it); else beside the journal, as ``<run>.<name>`` in a journal folder of
+    one file per run; None when neither is known."""
+    if output_dir:
+        return Path(output_dir).expanduser() / name
+    if journal is None:
+        return None
+    return journal / f"{run}.{name}" if journal.is_dir() else journal.parent / name
+
+
+def write_tracker_file(target: Path, record: dict[str, Any], counters: Counter[str], sink: str, run: str) -> None:
+    """Write ``record`` to ``target`` whole; a failure is counted (``export_errors``) and logged,
+    never worth retrying the sink's batch for: the tracker holds the run either way."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(target, json.dumps(record, indent=2) + "\n")
+    except OSError as exc:
+        counters["export_errors"] += 1
+        log.warning("%s sink: cannot write %s for run %s: %s", sink, target, run, exc)
