@@ -4,6 +4,8 @@ rule runs in milliseconds without processes."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -144,3 +146,29 @@ def test_sleep_for_gives_up_past_its_limit_and_starts_afresh_after_a_success() -
     assert not wait(0.1)  # 0.3 s after the first failure
     assert wait(0.0)  # a success: counting starts again
     assert wait(0.001)
+
+
+def test_relay_replay_drives_sinks_as_their_process_does(tmp_path: Path) -> None:
+    """``relay replay`` goes through the same driver: a transient failure is retried, an event
+    refused for good goes to the sink's dead-letter file beside the journal (and the replay exits
+    1 saying so), the rest is written to both sinks."""
+    from conftest import ROOT, plugin_env, read_jsonl
+    from relay.wire.lines import encode_line
+    from sink_helpers import Events
+
+    env = plugin_env(tmp_path)
+    journal = tmp_path / "logs"
+    journal.mkdir()
+    ev = Events("job-r", world_size=1)
+    sent = [ev(0, "metrics", {"bad" if i == 3 else "loss": float(i)}, step=i, stage="train") for i in range(8)]
+    (journal / "job-r.jsonl").write_bytes(b"".join(encode_line(e) for e in sent))
+    done = subprocess.run([sys.executable, "-m", "relay", "replay", str(journal),
+                           "--sink", "refuse", "--refuse-file", str(tmp_path / "refused.jsonl"),
+                           "--sink", "flaky", "--flaky-file", str(tmp_path / "flaky.jsonl"), "--flaky-failures", "2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "1 refused for good" in done.stderr, done.stderr[-2000:]
+    assert "sink flaky failed (2 errors so far)" in done.stderr, done.stderr[-2000:]
+    (kept,) = read_jsonl(journal / "_relay_deadletter_refuse.jsonl")
+    assert kept["reason"] == "permanent" and kept["event"]["seq"] == 3
+    assert [e["seq"] for e in read_jsonl(tmp_path / "refused.jsonl")] == [0, 1, 2, 4, 5, 6, 7]
+    assert [e["seq"] for e in read_jsonl(tmp_path / "flaky.jsonl")] == list(range(8))
