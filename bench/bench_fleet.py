@@ -7,8 +7,9 @@ Each round starts fresh relays and a fresh stream (its own name and subject pref
 started for the section, and releases the same pre-encoded frames bench_ingest sends (512 metrics
 events per frame, one rank per publisher process):
 - ingest, no sink: until the node relay's journal holds every event;
-- ingest, nats sink: the same with ``--sink nats`` attached (the same-run ratio is the target);
-  the clock then runs on until the sink's counters say JetStream acknowledged every line;
+- ingest, nats sink: the same with ``--sink nats`` attached (the same-run ratio is the target),
+  started once the sink is connected; the clock then runs on until the stream's last message of the
+  run ends where the journal ends (its ``Relay-End``): JetStream holds every line;
 - raw nats-py: that journal cut into the sink's chunks (1,000 lines) published by nats-py alone,
   16 in flight, until all are acknowledged: the client's own ceiling on this machine;
 - forward two hops (bench_forward): publishers -> node relay -> forward -> central relay's journal.
@@ -22,6 +23,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from bench import bench_forward
 from bench.bench_ingest import _timed_feed
@@ -65,19 +67,37 @@ def _with_nats(work: Path, urls: str, publishers: int, total: int, journals: lis
             time.sleep(0.02)
         ingest = _timed_feed("dealer", relay.address, journal.stem, publishers, total, journal, relay.check_alive)
         ingested = time.perf_counter()
-        deadline = time.monotonic() + 120
-        while _counter(stats, "published") < total:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the nats sink published {_counter(stats, 'published')} of {total} lines in 120 s: "
-                                   f"{relay.log_tail()}")
-            relay.check_alive()
-            time.sleep(0.01)
-        to_js = ingest + time.perf_counter() - ingested  # from the publishers' release, as ingest
+        stored = asyncio.run(_stored(urls, f"B{n}", f"bench.r{n}.*.node.{journal.stem}", journal.stat().st_size,
+                                     relay.check_alive))
+        to_js = ingest + stored - ingested  # from the publishers' release, as ingest
     finally:
         relay.stop()
     journals.append(journal)
     return {"events/s": total / ingest, "to JetStream events/s": total / to_js,
             "raw events/s": _raw(urls, journal, f"R{n}", f"raw.r{n}")}
+
+
+async def _stored(urls: str, stream: str, subject: str, size: int, alive: Callable[[], None]) -> float:
+    """perf_counter() when the stream's last message on ``subject`` ends at ``size`` (its ``Relay-End``):
+    the sink publishes a run's chunks in order, so JetStream then holds the whole journal."""
+    import nats
+    from nats.js.errors import NotFoundError
+
+    nc = await nats.connect(urls.split(","))
+    try:
+        js, deadline = nc.jetstream(), time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                msg = await js.get_last_msg(stream, subject)
+                if int(msg.headers["Relay-End"].rpartition(":")[2]) >= size:
+                    return time.perf_counter()
+            except NotFoundError:
+                pass
+            alive()
+            await asyncio.sleep(0.005)
+        raise RuntimeError(f"{subject}: the stream {stream} does not hold the journal's {size} bytes after 120 s")
+    finally:
+        await nc.close()
 
 
 def _counter(stats: Path, name: str) -> int:

@@ -160,6 +160,15 @@ class NatsPublisher:
         except Exception as exc:  # nats-py's API, timeout and connection errors: logged, retried
             self._count_error(f"stream {spec.name}: {connection.describe(exc)}")
             return False
+        if created:  # a new replicated stream takes a moment to elect its leader: publishing waits for it
+            for _ in range(100):
+                if info.cluster is None or info.cluster.leader:
+                    break
+                await asyncio.sleep(0.1)
+                try:
+                    info = await self._js.stream_info(spec.name)
+                except Exception as exc:  # timeouts while it is being placed: asked again
+                    log.debug("stream %s: %s", spec.name, connection.describe(exc))
         subjects = info.config.subjects or []
         if f"{spec.prefix}.>" not in subjects:
             log.warning("stream %s takes %s, not %s.>: messages to %s.NODE.RUN may not be stored there",
