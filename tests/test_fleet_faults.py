@@ -56,7 +56,7 @@ class Fleet:
         self.consumers = [ConsumerProcess(tmp, f"c{i}", cluster.urls, self.central,
                                           [*stream, "--sink", "mlflow", "--mlflow-tracking-uri", self.uri,
                                            "--mlflow-experiment", "fleet"]) for i in range(2)]
-        self.node_args = [*stream, "--no-cluster", "--sink", "nats", "--nats-url", cluster.urls,
+        self.node_args = [*stream, "--no-cluster", "--stats-interval", "1", "--sink", "nats", "--nats-url", cluster.urls,
                           "--nats-partitions", str(PARTITIONS), "--nats-replicas", "3"]
 
     def runs(self) -> list[str]:
@@ -92,6 +92,8 @@ class Fleet:
         expected = node_lines(*self.node_dirs)
         assert len(expected) == 4 * (self.count + 2)  # each rank's hello, its metrics, its closing stats
         wait_complete(self.central, expected, 180)
+        for node, journal in zip(self.nodes, self.node_dirs):
+            wait_for(lambda: _nats_sink(node, journal).get("held") == 0, 60, "the node's nats sink all acknowledged")
         wait_acknowledged(self.cluster.urls, self.stream, 120)
         assert_exactly_once(self.central, expected)
         for run in self.runs():
@@ -100,6 +102,11 @@ class Fleet:
         assert codes and set(codes) == {0}, codes
         for node in self.nodes:
             assert node.stop() == 0
+
+
+def _nats_sink(node, journal: Path) -> dict:
+    """The node relay's nats sink counters, from its stats file."""
+    return node.stats(journal)["sinks"].get("nats", {}).get("sink", {})
 
 
 def _steps(uri: str, run: str) -> list[int] | None:
