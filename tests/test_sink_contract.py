@@ -242,6 +242,12 @@ def settled(t: Target, ws: Path, run: str) -> Any:
 
 
 SINKS = list(TARGETS)
+HEAVY = {"aim", "mlflow", "wandb"}  # their libraries take 10-20 s a test here: the full tier
+
+
+def params(names: list[str]) -> list:
+    """``names`` as parameters, the heavy trackers' marked slow, so the fast tier stays fast."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in names]
 
 
 def files(t: Target, ws: Path) -> list[tuple[Path, int]]:
@@ -253,7 +259,7 @@ def files(t: Target, ws: Path) -> list[tuple[Path, int]]:
                   and "relay-applied" not in p.parts and not p.name.endswith((".json", ".db-journal", ".lock", ".zip")))
 
 
-@pytest.mark.parametrize("name", SINKS)
+@pytest.mark.parametrize("name", params(SINKS))
 def test_replayed_twice_adds_nothing(workspace, tmp_path: Path, name: str) -> None:
     t, ws, env = workspace(name)
     source = tmp_path / "source"
@@ -335,7 +341,7 @@ def poisoned(t: Target) -> tuple[list[dict], dict, Callable | None]:
     return events[:12] + [bad] + events[12:], bad, None if t.refused else fault
 
 
-@pytest.mark.parametrize("name", [n for n in SINKS if n != "jsonl"])  # the journal is not driven: it is the source
+@pytest.mark.parametrize("name", params([n for n in SINKS if n != "jsonl"]))  # the journal is not driven: it is the source
 def test_a_permanent_error_is_dead_lettered_and_the_rest_written(workspace, tmp_path: Path, name: str) -> None:
     t, ws, env = workspace(name)
     events, bad, fault = poisoned(t)
