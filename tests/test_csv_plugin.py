@@ -91,5 +91,5 @@ def test_serve_help_lists_installed_sinks_third_party_too(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr[-2000:]
     listed = done.stdout.split("Installed sinks", 1)[1]
     names = re.findall(r"^  (\S+)  ", listed, re.M)
-    assert names == ["jsonl", "aim", "clearml", "csv", "forward", "mlflow", "tensorboard", "wandb"], listed
+    assert names == ["jsonl", "aim", "clearml", "csv", "forward", "mlflow", "nats", "tensorboard", "wandb"], listed
     assert re.search(r"^  csv +\S", listed, re.M), "one line about each sink, from its docstring"
