@@ -7,12 +7,10 @@ no socket, and a consumer's options (stream, leases, fetch size) mean nothing to
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -60,10 +58,13 @@ def consume(ctx: click.Context, sink_names: tuple[str, ...], name: str, lease_tt
             **params: Any) -> None:
     """Consume the fleet's stream: journal each event once (under --path, one folder per partition) and
     fan out to the sinks. Several consuming relays share the partitions; see docs/deployment.md."""
+    import asyncio  # here: the other relay commands start without it
+
     from relay.fleet.connection import check_package, probe, settings_from_options
     from relay.fleet.consumer import ConsumeConfig, Consumer
     from relay.fleet.stream import check_prefix
     from relay.sinkhost.process import check_sinks
+    from sinks.preflight import need_writable_dir
 
     private_files(world_readable)
     _setup_logging(log_level)
@@ -74,7 +75,7 @@ def consume(ctx: click.Context, sink_names: tuple[str, ...], name: str, lease_tt
         settings = settings_from_options(**nats_params)
         check_prefix(prefix)
         journal, sinks = build_sinks(ctx, params, log_level)
-        _writable(journal.path)
+        need_writable_dir(journal.path, "the partition journals' folder", "choose a writable --path", create=True)
         check_sinks(sinks, journal.path)
         down = asyncio.run(probe(settings))
     except SinkError as exc:
@@ -90,18 +91,9 @@ def consume(ctx: click.Context, sink_names: tuple[str, ...], name: str, lease_tt
     os._exit(0)  # as serve: a sink library's exit handler must not hang a finished relay
 
 
-def _writable(path: Path) -> None:
-    """SinkError unless the partition journals can be made under ``path``."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        writable = os.access(path, os.W_OK | os.X_OK)
-    except OSError:
-        writable = False
-    if not writable:
-        raise SinkError(f"cannot write the partition journals under {path}; choose a writable --path")
-
-
 async def _serve(consumer: Any) -> None:
+    import asyncio
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, consumer.stop)
