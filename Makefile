@@ -21,9 +21,8 @@ demo: $(STAMP)
 
 # Tests run in TEST_WORKERS pytest-xdist processes: most of a test's time is spent waiting on the relay,
 # publisher and torchrun processes it starts, so more workers than cores pay (docs/development.md).
-# --dist loadgroup keeps the tests of one xdist_group (tests/conftest.py) on one worker.
 TEST_WORKERS ?= 4
-XDIST := -n $(TEST_WORKERS) --dist loadgroup
+XDIST := -n $(TEST_WORKERS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) --durations=15

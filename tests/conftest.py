@@ -1,6 +1,8 @@
 """Fixtures that start real relay processes and real publisher processes on loopback."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -19,21 +21,27 @@ PUBLISHER = Path(__file__).resolve().parent / "publisher_proc.py"
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """For pytest-xdist (Makefile: ``-n 4 --dist loadgroup``): modules with slow tests first, so
-    their long tests start while short ones fill the other workers instead of one worker ending
-    the run alone (whole modules move, so a module's fixtures are still built once); and every
-    test that uses a module- or class-scoped fixture (a torchrun job, a journal built once) goes in
-    its module's xdist_group, so that fixture is built on one worker, not on each."""
+    """For pytest-xdist (Makefile: ``-n 4``): modules with slow tests first, so their long tests start
+    while short ones fill the other workers, instead of one worker ending the run alone (whole
+    modules move: a module's tests stay in their order)."""
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::")[0]
 
     with_slow = {module(item) for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: module(item) not in with_slow)
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        chains = info.name2fixturedefs.values() if info is not None else ()
-        if any(d.scope in ("module", "class") for chain in chains for d in chain):
-            item.add_marker(pytest.mark.xdist_group(module(item)))
+
+
+@contextlib.contextmanager
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """``name`` in the test run's base temp dir, held under a file lock: what a fixture builds there
+    once (the demo model, a training job) is built once per run, not once per module or per
+    pytest-xdist worker (each worker has its own base temp dir, under the run's)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield root / name
 
 
 def free_port() -> int:

@@ -6,12 +6,13 @@ remaining difference is in docs/sinks/mlflow.md and docs/sinks/tensorboard.md.""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from conftest import free_port, once_per_run
 from trainer_fixtures import demo_model, run_trainer, seed_flags
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,17 @@ RELAY_PARAM_GROUPS = ("run.", "relay.", "versions.", "peft.", "dataset", "purpos
 
 @pytest.fixture(scope="module")
 def job(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fidelity")
+    """The job, run once per test run (a pytest-xdist worker running one of these tests finds it done)."""
+    with once_per_run(tmp_path_factory, "fidelity") as out:
+        if not (out / "job-done").exists():
+            shutil.rmtree(out, ignore_errors=True)  # what a failed run on another worker left
+            out.mkdir()
+            run_job(demo_model, out)
+            (out / "job-done").touch()
+    return out
+
+
+def run_job(demo_model: Path, out: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            f"--master_port={free_port()}", str(JOB)]
     cmd += seed_flags(demo_model, out, steps=6, eval_steps=3) + [
@@ -35,7 +46,6 @@ def job(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = run_trainer(cmd, timeout=600, MLFLOW_TRACKING_URI=f"sqlite:///{out / 'hf.db'}", MLFLOW_EXPERIMENT_NAME="hf",
                        TENSORBOARD_LOGGING_DIR=str(out / "hf-runs"), MLFLOW_DISABLE_TELEMETRY="true")
     assert done.returncode == 0, done.stderr[-3000:]
-    return out
 
 
 def _mlflow_run(uri: str, experiment: str):

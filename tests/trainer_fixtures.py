@@ -1,7 +1,6 @@
 """Helpers for the trainer tests: the demo model, real trainer processes and JSONL content checks."""
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import once_per_run
 from relay.wire.address import ADDRESS_ENV
 from sinks.events import RELAY_RANK
 
@@ -21,17 +21,12 @@ EXP_METADATA = {"dataset": "demo-v1", "purpose": "trainer tests"}
 
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The offline demo model and tokenizer, built once per test run (tens of seconds under load):
-    in the run's base temp dir, shared by every module that imports this fixture and, under
-    pytest-xdist, by every worker (a lock makes the others wait for the first build)."""
+    """The offline demo model and tokenizer, built once per test run (tens of seconds under load),
+    shared by every module that imports this fixture and every pytest-xdist worker."""
     from trainer.demo import build_demo
 
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the workers' base temp dirs are siblings under the run's
-    with open(root / "demo-model.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return Path(build_demo(str(root / "demo-model")))
+    with once_per_run(tmp_path_factory, "demo-model") as folder:
+        return Path(build_demo(str(folder)))
 
 
 def trainer_env(**extra: str) -> dict[str, str]:
