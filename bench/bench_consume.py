@@ -9,11 +9,15 @@ partition journals hold every line (until it acknowledged the last message): the
 consuming tier drains a backlog, which is its ceiling in steady state too.
 
     python -m bench.bench_consume [--quick]
+
+With ``BENCH_CONSUME_BASELINE=<a checkout of another commit>`` the rounds are the raw reader and one
+consuming relay of this tree beside one of that tree's (a before/after in the same run).
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -56,7 +60,7 @@ async def _fill(urls: str, prefix: str, runs: int, per_run: int) -> None:
     await nc.close()
 
 
-def _relays(work: Path, urls: str, n: int, total: int, round_id: str) -> dict[str, float]:
+def _relays(work: Path, urls: str, n: int, total: int, round_id: str, root: Path = ROOT) -> dict[str, float]:
     name, prefix = f"C{round_id}", f"bench.c{round_id}"
     asyncio.run(_create(urls, name, prefix))
     asyncio.run(_fill(urls, prefix, 8, total // 8))
@@ -67,7 +71,7 @@ def _relays(work: Path, urls: str, n: int, total: int, round_id: str) -> dict[st
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "relay", "consume", "--nats-url", urls, "--nats-stream", name, "--nats-prefix",
                  prefix, "--path", f"{central}/", "--name", f"r{i}", "--log-level", "warning"],
-                cwd=ROOT, stderr=log))
+                cwd=root, stderr=log, env={**os.environ, "PYTHONPATH": str(root)}))
     try:
         while not (first := _count(central)):
             time.sleep(0.005)
@@ -128,17 +132,24 @@ def run(quick: bool = False) -> Section:
     from tests.nats_helpers import NatsCluster
 
     total, rounds = (16_000, 1) if quick else (400_000, 3)
+    baseline = os.environ.get("BENCH_CONSUME_BASELINE")
     section = Section("consume", "Issue 18: the fleet tier's consuming relays")
     counter = iter(range(1_000_000))
     with tempfile.TemporaryDirectory(prefix="bench-consume-") as tmp, NatsCluster(Path(tmp) / "nats") as cluster:
         work = Path(tmp)
-        figures = alternate_many({
+        contenders = {
             RAW: lambda: _raw(cluster.urls, total, f"{next(counter)}"),
             ONE: lambda: _relays(work, cluster.urls, 1, total, f"{next(counter)}"),
-            TWO: lambda: _relays(work, cluster.urls, 2, total, f"{next(counter)}"),
-        }, rounds)
+        }
+        if baseline:  # the third reader: one relay of that tree's code
+            base = Path(baseline).resolve()
+            contenders[f"{ONE}, the code of {baseline}"] = \
+                lambda: _relays(work, cluster.urls, 1, total, f"{next(counter)}", base)
+        else:
+            contenders[TWO] = lambda: _relays(work, cluster.urls, 2, total, f"{next(counter)}")
+        figures = alternate_many(contenders, rounds)
     raw = figures[RAW]["events/s"]
-    rows = [figures[name]["events/s"].row(None if name == RAW else raw) for name in (RAW, ONE, TWO)]
+    rows = [figures[name]["events/s"].row(None if name == RAW else raw) for name in contenders]
     section.add_table(f"a backlog of {total:,} events (8 runs, chunks of {CHUNK:,} lines, 8 partitions) drained, "
                       f"events/s, {rounds} rounds", rows)
     return section

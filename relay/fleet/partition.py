@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relay.journal.dedupe import Dedupe
+from relay.journal.dedupe import Dedupe, RankState
 from relay.journal.journal import Journal
 from relay.journal.reader import journal_files
 from relay.daemon.fan_out import FanOut
 from relay.sinkhost.child import SinkSpec
-from relay.wire.lines import parse_event
+from relay.wire.lines import ChunkCheck
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ class Partition:
         self.dedupe = Dedupe()
         self.fan_out = FanOut()
         self._lines: list[tuple[str, bytes]] = []
-        self._pending = 0
+        self.check = ChunkCheck(self._bad_line)
+        self._pending = 0  # lines in _lines
 
     def open(self) -> None:
         """Lock the journal (JournalError if another relay still writes it); start the sinks if it holds
@@ -79,24 +80,32 @@ class Partition:
             self.take(body, now)
 
     def take(self, body: bytes, now: float) -> None:
-        """Keep the lines of one message that this journal does not hold yet."""
+        """Keep the lines of one message that this journal does not hold yet: the message itself when
+        it is all new events of one run (the common case: one write of it, not one per line)."""
         self.counters.messages += 1
-        for line in body.split(b"\n"):
-            if not line:
-                continue
-            event = parse_event(line)
-            if event is None:
-                self.counters.bad_lines += 1
-                log.warning("partition %d: a message line is not an event, skipped: %.200r", self.number, line)
-                continue
-            run = event["run"]
-            state = self.dedupe.lookup(run, event["rank"], self.journal)
-            self.dedupe.touch(run, now)
-            if state.take(event["seq"]):
-                self._lines.append((run, line + b"\n"))
-                self._pending += 1
+        lines = [line for line in body.split(b"\n") if line]
+        states: dict[tuple[str, int], RankState] = {}
+        taken: list[tuple[str, bytes]] = []
+        for line, _, envelope, row in self.check.events(lines):
+            key = envelope[1:3]  # (run, rank)
+            state = states.get(key)
+            if state is None:
+                state = states[key] = self.dedupe.lookup(key[0], key[1], self.journal)
+                self.dedupe.touch(key[0], now)
+            if state.take(row[0]):
+                taken.append((key[0], line))
             else:
                 self.counters.duplicates += 1
+        self._pending += len(taken)
+        if taken and len(taken) == len(lines) == body.count(b"\n") + (body[-1:] != b"\n") \
+                and len({run for run, _ in states}) == 1:  # every line, and no empty one between them
+            self._lines.append((taken[0][0], body if body[-1:] == b"\n" else body + b"\n"))
+        else:
+            self._lines.extend([(run, line + b"\n") for run, line in taken])
+
+    def _bad_line(self, line: bytes, why: str) -> None:
+        self.counters.bad_lines += 1
+        log.warning("partition %d: a message line is not an event, skipped (%s): %.200r", self.number, why, line)
 
     def commit(self) -> None:
         """Journal what ``take`` kept (one write, flushed), then hand it to the sinks. Raises on a

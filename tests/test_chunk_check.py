@@ -1,0 +1,107 @@
+"""The chunk-level check of journal lines (relay.wire.lines.ChunkCheck, which the forward sink and the
+consuming relays read lines with) accepts exactly the lines ``parse_event`` accepts, as the same
+events, and reports every other line once; and a consuming relay's partition journals the
+very bytes, and counts the very lines, that a line-by-line reading would."""
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+from relay.fleet.partition import Partition
+from relay.wire.lines import ChunkCheck, encode_line, parse_event, parse_line
+from sinks.events import FIELDS
+
+
+def _event(rng: random.Random, seq: int) -> dict:
+    return {"v": 1, "run": rng.choice(["run-a", "run-b"]), "rank": rng.randrange(3), "local_rank": 0,
+            "world_size": 3, "host": "node", "seq": seq, "ts": 1.7e9 + seq, "type": "metrics",
+            "step": seq, "epoch": rng.choice([None, 0.5, 2]), "stage": rng.choice(["train", None]),
+            "data": {"loss": rng.choice([1.0 / (seq + 1), float("nan"), "x", 3])}}
+
+
+#: Ways a line breaks (or, for some, only bends) the rules: each makes the line one parse_event may refuse.
+_BREAKS = [
+    lambda e: e.update(rank=-1), lambda e: e.update(rank=True), lambda e: e.update(v=2), lambda e: e.update(v=True),
+    lambda e: e.update(run="bad run/"), lambda e: e.update(seq=-3), lambda e: e.update(seq="7"),
+    lambda e: e.update(ts=-1.0), lambda e: e.update(ts="NaN"), lambda e: e.update(type="nope"),
+    lambda e: e.update(step=-1), lambda e: e.update(step=1.5), lambda e: e.update(epoch="NaN"),
+    lambda e: e.update(stage="s" * 300), lambda e: e.update(data=[1]), lambda e: e.update(extra=1),
+    lambda e: e.update(data={"deep": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": {}}}}}}}}}}),
+    lambda e: e.update(data={"nested": {"ok": [1, 2]}}), lambda e: e.pop("host"), lambda e: e.pop("step"),
+    lambda e: e.pop("seq"), lambda e: e.update(world_size=0), lambda e: e.update(host=5),
+    lambda e: e.update(data={"k" * 300: 1}), lambda e: e.update(rank=1, world_size=1.0),
+]
+_JUNK = [b"not json", b"[1, 2]", b"{}", b"42", b'{"v": 1', b"null", b'"a string"']
+
+
+def _lines(rng: random.Random, n: int, bad: float) -> list[bytes]:
+    lines = []
+    for seq in range(n):
+        event = _event(rng, seq)
+        if rng.random() < bad:
+            if rng.random() < 0.2:
+                lines.append(rng.choice(_JUNK))
+                continue
+            rng.choice(_BREAKS)(event)
+        lines.append(encode_line(event).rstrip(b"\n"))
+    return lines
+
+
+def test_a_chunk_check_accepts_exactly_what_parse_event_accepts() -> None:
+    rng = random.Random(1818)
+    for _ in range(400):
+        lines = _lines(rng, rng.randrange(1, 40), rng.choice([0.0, 0.02, 0.2, 0.6]))
+        run = rng.choice([None, None, "run-a"])
+        heard: list[bytes] = []
+        check = ChunkCheck(lambda line, why: heard.append(line))
+        got = check.events(lines, run)
+        expected = [(line, event) for line in lines if (event := parse_event(line)) is not None
+                    and (run is None or event["run"] == run)]
+        assert [(line, event) for line, event, _, _ in got] == expected
+        assert all(list(env) + row == [event[k] for k in FIELDS] for _, event, env, row in got)
+        refused = [line for line in lines if parse_event(line) is None]
+        if run is None:
+            assert sorted(heard) == sorted(refused)  # each once (those the column check finds, last)
+        else:  # a line of another run is skipped, checked or not; one of this run's never is
+            assert Counter(heard) <= Counter(refused)
+            assert Counter(line for line in refused if (parse_line(line) or {}).get("run") == run) <= Counter(heard)
+
+
+def _journal(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.glob("p0/*.jsonl"))}
+
+
+def test_a_partition_journals_the_same_bytes_as_a_line_by_line_reading(tmp_path: Path) -> None:
+    rng = random.Random(18)
+    bodies = []
+    for _ in range(60):
+        lines = _lines(rng, rng.randrange(1, 30), rng.choice([0.0, 0.0, 0.1]))
+        if rng.random() < 0.3:  # a message sent again: its lines are duplicates now
+            bodies.append(rng.choice(bodies) if bodies else b"")
+            continue
+        body = b"\n".join(lines) + rng.choice([b"\n", b"", b"\n\n"])
+        bodies.append(body)
+    part = Partition(0, tmp_path / "fast", [])
+    part.open()
+    for i in range(0, len(bodies), 7):
+        part.take_all(bodies[i:i + 7], 0.0)
+        part.commit()
+    part.close()
+    expected: dict[str, bytearray] = {}
+    seen: set[tuple] = set()
+    bad = duplicates = written = 0
+    for body in bodies:
+        for line in filter(None, body.split(b"\n")):
+            event = parse_event(line)
+            if event is None:
+                bad += 1
+            elif (key := (event["run"], event["rank"], event["seq"])) in seen:
+                duplicates += 1
+            else:
+                seen.add(key)
+                written += 1
+                expected.setdefault(f"{event['run']}.jsonl", bytearray()).extend(line + b"\n")
+    assert _journal(tmp_path / "fast") == {name: bytes(lines) for name, lines in sorted(expected.items())}
+    assert (part.counters.bad_lines, part.counters.duplicates, part.counters.written) == (bad, duplicates, written)
+    assert part.counters.messages == len(bodies)
