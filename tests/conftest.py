@@ -103,7 +103,9 @@ class RelayProcess:
             self.address = json.loads(self.ready.read_text())["address"]
         return self
 
-    def stop(self, timeout: float = 30) -> int:
+    def stop(self, timeout: float = 120) -> int:
+        """A wait, not a limit under test: a relay's shutdown waits on its sink processes, and on a
+        loaded machine an Aim sink's close alone took over 30 s."""
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
