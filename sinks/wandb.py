@@ -234,20 +234,30 @@ class WandbSink(TrackerSink):
         wb.exit_code = state.get("exit_code")
         left_open = state.get("open")
         if left_open:  # out of `wandb sync`'s way, which looks one level down only
-            run_dir = Path(left_open["dir"])
-            target = self.root / "wandb" / DISCARD_DIR / run_dir.name
-            if run_dir.is_dir() and not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(run_dir, target)
-                self.counters["discarded_dirs"] += 1
-                log.warning("W&B directory %s left incomplete: moved to %s, its points are applied again",
-                            run_dir, target)
+            for run_dir in self._left_open(run, left_open):
+                target = self.root / "wandb" / DISCARD_DIR / run_dir.name
+                if run_dir.is_dir() and not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(run_dir, target)
+                    self.counters["discarded_dirs"] += 1
+                    log.warning("W&B directory %s left incomplete: moved to %s, its points are applied again",
+                                run_dir, target)
             state = left_open
         wb.saved_spans = {int(r): s for r, s in state.get("spans", {}).items()}
         wb.step = wb.saved_step = wb.logged_step = state.get("step", 0)
         if left_open:
             wb.write_state(self.state_dir)
         return wb.saved_spans
+
+    def _run_dirs(self, run: str) -> list[Path]:
+        return sorted((self.root / "wandb").glob(f"*-run-*-{run}"))
+
+    def _left_open(self, run: str, left_open: dict[str, Any]) -> list[Path]:
+        """The directories a dead process left open: the one it recorded, or, if it died in
+        wandb.init before it could record one, every directory of the run made since it began."""
+        if left_open.get("dir"):
+            return [Path(left_open["dir"])]
+        return [d for d in self._run_dirs(run) if d.name not in left_open.get("before", [])]
 
     def save_applied(self, run: str, spans: Spans) -> None:
         wb = self._wb[run]
@@ -273,6 +283,14 @@ class WandbSink(TrackerSink):
             mode=self.mode, reinit="create_new", silent=True, console="off", x_disable_stats=True,
             x_disable_meta=True, x_disable_machine_info=True, disable_code=True, disable_git=True,
             save_code=False, x_save_requirements=False)
+        # Marked as opening before wandb.init writes anything: a process that dies in between (a full
+        # disk) leaves a directory the next one finds by what was not there before, and discards.
+        wb.open = {"dir": None, "before": [d.name for d in self._run_dirs(run)], "spans": wb.saved_spans,
+                   "step": wb.saved_step}
+        try:
+            wb.write_state(self.state_dir)
+        except OSError as exc:
+            self._data_lost(f"W&B run {run}: cannot save the sink's state ({exc})")
         try:
             handle = self._wandb.init(project=self.project, entity=self.entity, id=run, name=run,
                                       resume="allow", dir=str(self.root), settings=settings)

@@ -106,7 +106,8 @@ os._exit(9)  # the sink's process dies with its W&B run open
 """
 
 
-def test_a_directory_left_open_by_a_dead_process_is_rebuilt_from_the_journal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("recorded", [True, False], ids=["dir-recorded", "died-in-wandb-init"])
+def test_a_directory_left_open_by_a_dead_process_is_rebuilt_from_the_journal(tmp_path: Path, recorded: bool) -> None:
     journal = tmp_path / "logs"
     journal.mkdir()
     events = training_events("job-crash")
@@ -114,6 +115,11 @@ def test_a_directory_left_open_by_a_dead_process_is_rebuilt_from_the_journal(tmp
     script = CRASH.format(root=str(ROOT), tests=str(HELPERS.parent), dir=str(tmp_path))
     assert subprocess.run([sys.executable, "-c", script], timeout=120).returncode == 9
     (dead,) = run_dirs(tmp_path)
+    if not recorded:  # what a process that died inside wandb.init leaves: its directory, not its name
+        state_file = tmp_path / "wandb" / "relay-applied" / "job-crash.json"
+        state = json.loads(state_file.read_text())
+        state["open"].update({"dir": None, "before": []})
+        state_file.write_text(json.dumps(state))
     sink = run_sink(tmp_path, [events[30:]], journal=journal)  # the restarted sink's next events
     assert sink.counters["discarded_dirs"] == 1 and sink.counters["sweeps"] == 1
     assert (tmp_path / "wandb" / "relay-discarded" / dead).is_dir()
@@ -135,13 +141,16 @@ def test_full_disk_mid_run_loses_nothing(relays, small_fs: Path, tmp_path: Path)
     journal = tmp_path / "logs"
     relay = relays(["--path", f"{journal}/", "--sink", "wandb", "--wandb-project", "relay-tests",
                     "--wandb-dir", str(small_fs)])
-    procs = [publish(relay.address, "job-full", rank, 60, 0.2) for rank in (0, 1)]
-    # The sink opens beside a listening relay: the disk fills once it writes, mid-run.
+    # The sink's process opens beside a listening relay (under load, that can outlast a short job):
+    # the ranks start once it is open, and the disk fills once the W&B run writes, mid-run.
     wait_for(lambda: "sink wandb open" in relay.log.read_text(), 120, "the W&B sink open")
-    time.sleep(1.0)
+    procs = [publish(relay.address, "job-full", rank, 60, 0.2) for rank in (0, 1)]
+    wait_for(lambda: "W&B run job-full opened" in relay.log.read_text(), 60, "the W&B run open")
     assert any(proc.poll() is None for proc in procs), "the publishers finished before the disk filled"
     fill(small_fs / "filler")
-    time.sleep(2.0)
+    # Full until the sink has seen it (under load wandb-core may not write for seconds), then space again.
+    wait_for(lambda: "exiting, so that the relay starts this sink again" in relay.log.read_text(), 60,
+             "the W&B sink noticing the full disk")
     (small_fs / "filler").unlink()
     for proc in procs:
         out, err = proc.communicate(timeout=120)
