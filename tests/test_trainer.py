@@ -38,7 +38,7 @@ def on_demo(model: Path, output_dir: Path, *flags: str) -> list[str]:
     (["--response_template", "\\n### Answer:"],
      "response template '\\n### Answer:' not found in 268 record(s), first in record 1"),
     (["--tracker", "jsonl", "--tracker", "comet"],
-     "--tracker: unknown tracker 'comet'; known trackers: jsonl, aim, mlflow, tensorboard, wandb, clearml, none"),
+     "--tracker: unknown tracker 'comet'; known trackers: jsonl, aim, mlflow, tensorboard, wandb, clearml, nats, none"),
     (["--tracker", "wandb", "--wandb_mode", "disabled"], "--wandb_mode: 'disabled' must be offline or online"),
     (["--exp_metadata", "[1, 2]"], "--exp_metadata: '[1, 2]' is neither a JSON object nor an existing file"),
     (["--exp_metadata", "{tmp}/meta.json"], "--exp_metadata file {tmp}/meta.json: must be a JSON object, got list"),
