@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from relay.daemon.cross_rank import MAX_WAITING, Cluster, ClusterConfig, Derived
+from relay.daemon.cross_rank import MAX_WAITING, Cluster, ClusterConfig, Derived, Standing
 from sinks.events import RELAY_RANK
 
 CONFIG = ClusterConfig(factor=1.5, steps=3, silence=10.0)
@@ -58,6 +58,22 @@ def test_a_straggler_is_named_after_n_slow_steps_and_not_before() -> None:
         assert kinds(feed(cluster, {**normal, 2: 0.4}, step)) == ["figures"]
     assert kinds(feed(cluster, {**normal, 2: 0.4}, 8)) == ["figures", "straggler"]
     assert kinds(feed(cluster, {0: 0.1, 1: 0.1, 2: 0.1, 3: 0.14}, 9)) == ["figures"]  # within the factor
+
+
+def test_standing_names_the_straggler_while_it_stays_slow_and_the_lost_ranks() -> None:
+    cluster = Cluster(CONFIG)
+    assert cluster.standing("r") is None  # not followed
+    normal = {0: 0.10, 1: 0.11, 3: 0.09}
+    for step in (1, 2):
+        feed(cluster, {**normal, 2: 0.4}, step, now=step)
+    assert cluster.standing("r") == Standing((), ())  # slow, not yet a straggler
+    feed(cluster, {**normal, 2: 0.4}, 3, now=3)
+    assert cluster.standing("r") == Standing((2,), ())
+    feed(cluster, {**normal, 2: 0.1}, 4, now=4)
+    assert cluster.standing("r") == Standing((), ())  # back within the factor
+    feed(cluster, {0: 0.1, 1: 0.1, 2: 0.1}, 5, now=5)  # rank 3 silent from t=4 while its peers go on
+    cluster.check(15.0)
+    assert cluster.standing("r") == Standing((), (3,))
 
 
 def feed_own(cluster: Cluster, reports: dict[int, tuple[float, object]], step: int, world: int = 2) -> list[Derived]:

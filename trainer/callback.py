@@ -10,6 +10,7 @@ bounded flush at the end of training.
 """
 from __future__ import annotations
 
+import os
 import platform
 import resource
 import sys
@@ -125,6 +126,7 @@ class RelayCallback(TrainerCallback):
             "event": "train_begin", "world_size": args.world_size, "max_steps": state.max_steps,
             "num_train_epochs": state.num_train_epochs, "train_batch_size": state.train_batch_size,
             "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),  # torchrun's restarts so far
         }, step=state.global_step, epoch=state.epoch)
         pub.publish("params", to_wire(args.to_dict()), stage="hparams")
         if model is not None:

@@ -56,6 +56,14 @@ class ClusterConfig:
     end_grace: float = 5.0
 
 
+class Standing(NamedTuple):
+    """What the derivation holds of one run now: the ranks named stragglers and not cleared since,
+    and the ranks lost and not back (the Prometheus endpoint reads it, relay/metrics/)."""
+
+    stragglers: tuple[int, ...]
+    lost: tuple[int, ...]
+
+
 class Derived(NamedTuple):
     """One event to publish as the relay (the daemon adds the envelope: seq, host, ts)."""
 
@@ -222,6 +230,17 @@ class Cluster:
 
     def forget(self, run: str) -> None:
         self.runs.pop(run, None)
+
+    def standing(self, run: str) -> Standing | None:
+        """``run``'s stragglers and lost ranks now (None: a run this derivation does not follow).
+        The one reader of the per-rank state from outside: another thread may call it."""
+        state = self.runs.get(run)
+        if state is None:
+            return None
+        ranks = sorted(dict(state.ranks).items())  # a copy first: the ingest thread may add a rank meanwhile
+        needed = self.config.steps
+        return Standing(tuple(rank for rank, info in ranks if info.slow >= needed and not info.lost),
+                        tuple(rank for rank, info in ranks if info.lost))
 
     # -- internals ---------------------------------------------------------------------------------
 
