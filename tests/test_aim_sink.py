@@ -272,7 +272,9 @@ def test_relay_derived_figures_are_run_level_series_and_no_finding_hides_another
     batch += [relay_event(ev, "lifecycle", {**straggler, "rank": r}, step) for r, step in ((2, 3), (2, 4), (1, 4))]
     batch += [relay_event(ev, "lifecycle", {"event": "rank_lost", "rank": 1, "silent_s": 30.0, "last_step": 4}),
               relay_event(ev, "lifecycle", {"event": "rank_back", "rank": 1, "silent_s": 42.0}),
-              relay_event(ev, "lifecycle", {"event": "rank_lost", "rank": 2, "silent_s": 30.0, "last_step": 5})]
+              relay_event(ev, "lifecycle", {"event": "rank_lost", "rank": 2, "silent_s": 30.0, "last_step": 5}),
+              relay_event(ev, "lifecycle", {"event": "straggler_cleared", "rank": 2, "why": "recovered",
+                                            "named_step": 3, "by": "own_time", "ratio": 1.1, "steps": 3}, 7)]
     run_sink(tmp_path / "aim", [batch[:5], batch[5:]])
     view = read_repo(str(tmp_path / "aim"))["job-cluster"]
     assert view.series("__system__cluster_step_time_max_s") == {1: 1.3, 2: 2.3, 3: 3.3}  # context {}: one series per run
@@ -285,6 +287,8 @@ def test_relay_derived_figures_are_run_level_series_and_no_finding_hides_another
         "rank2_step3": 2.8, "rank2_step4": 2.8, "rank1_step4": 2.8}
     assert {key: r["silent_s"] for key, r in found["rank_lost"].items()} == {"rank1_step4": 30.0, "rank2_step5": 30.0}
     assert [r["rank"] for r in found["rank_back"].values()] == [1]
+    assert {key: (r["named_step"], r["why"]) for key, r in found["straggler_cleared"].items()} == {
+        "rank2_step7": (3, "recovered")}  # the episode's end, beside its start
     assert "straggler" not in view.params["relay"].get("lifecycle", {})
 
 

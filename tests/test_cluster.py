@@ -53,10 +53,6 @@ def test_a_straggler_is_named_after_n_slow_steps_and_not_before() -> None:
                                                              "steps": 3})
     assert out[0].data["slowest_rank"] == 2
     assert kinds(feed(cluster, {**normal, 2: 0.4}, 4)) == ["figures"]  # said once while it stays slow
-    assert kinds(feed(cluster, {**normal, 2: 0.1}, 5)) == ["figures"]  # back to normal: the count starts over
-    for step in (6, 7):
-        assert kinds(feed(cluster, {**normal, 2: 0.4}, step)) == ["figures"]
-    assert kinds(feed(cluster, {**normal, 2: 0.4}, 8)) == ["figures", "straggler"]
     assert kinds(feed(cluster, {0: 0.1, 1: 0.1, 2: 0.1, 3: 0.14}, 9)) == ["figures"]  # within the factor
 
 
@@ -70,10 +66,52 @@ def test_standing_names_the_straggler_while_it_stays_slow_and_the_lost_ranks() -
     feed(cluster, {**normal, 2: 0.4}, 3, now=3)
     assert cluster.standing("r") == Standing((2,), ())
     feed(cluster, {**normal, 2: 0.1}, 4, now=4)
-    assert cluster.standing("r") == Standing((), ())  # back within the factor
-    feed(cluster, {0: 0.1, 1: 0.1, 2: 0.1}, 5, now=5)  # rank 3 silent from t=4 while its peers go on
-    cluster.check(15.0)
+    assert cluster.standing("r") == Standing((2,), ())  # one step within the factor: the episode goes on
+    feed(cluster, {**normal, 2: 0.1}, 5, now=5)
+    feed(cluster, {**normal, 2: 0.1}, 6, now=6)
+    assert cluster.standing("r") == Standing((), ())  # three in a row: cleared
+    feed(cluster, {0: 0.1, 1: 0.1, 2: 0.1}, 7, now=7)  # rank 3 silent from t=6 while its peers go on
+    cluster.check(17.0)
     assert cluster.standing("r") == Standing((), (3,))
+
+
+def test_a_straggler_is_said_once_per_episode_and_its_recovery_once() -> None:
+    """One step (or two) under the factor does not end an episode: a persistent straggler with dips
+    is named once; ``steps`` calm steps in a row clear it, and only then can it be named again."""
+    cluster = Cluster(CONFIG)
+    normal = {0: 0.10, 1: 0.11, 3: 0.09}
+    said = []
+    for step, rank2 in enumerate([0.4, 0.4, 0.4, 0.4, 0.1, 0.4, 0.1, 0.1, 0.4, 0.4, 0.1, 0.1], start=1):
+        said += [(d.step, d.data["event"]) for d in feed(cluster, {**normal, 2: rank2}, step) if d.type == "lifecycle"]
+    assert said == [(3, "straggler")], said  # dips of one and two steps in the episode: said once
+    out = feed(cluster, {**normal, 2: 0.1}, 13)
+    assert kinds(out) == ["figures", "straggler_cleared"]  # 3 calm steps in a row: 11, 12, 13
+    assert out[-1] == Derived("r", 4, "lifecycle", 13, 0.13, {
+        "event": "straggler_cleared", "rank": 2, "why": "recovered", "named_step": 3, "by": "step_time",
+        "ratio": pytest.approx(0.1 / statistics.median([0.1, 0.11, 0.09, 0.1])), "steps": 3})
+    for step in (14, 15):
+        assert kinds(feed(cluster, {**normal, 2: 0.1}, step)) == ["figures"]  # cleared once
+    for step in (16, 17):
+        assert kinds(feed(cluster, {**normal, 2: 0.4}, step)) == ["figures"]
+    assert kinds(feed(cluster, {**normal, 2: 0.4}, 18)) == ["figures", "straggler"]  # a new episode
+
+
+def test_a_straggler_that_is_lost_ends_its_episode() -> None:
+    cluster = Cluster(CONFIG)
+    for step in (1, 2, 3):
+        out = feed(cluster, {0: 0.1, 1: 0.1, 2: 0.5}, step, now=step, world=3)
+    assert kinds(out) == ["figures", "straggler"]
+    for step in (4, 5):  # rank 2 is silent from t=3
+        feed(cluster, {0: 0.1, 1: 0.1}, step, now=step, world=3)
+    lost, cleared, *figures = cluster.check(14.0)
+    assert (lost.data["event"], lost.data["rank"]) == ("rank_lost", 2)
+    assert cleared == Derived("r", 3, "lifecycle", 5, 0.05, {"event": "straggler_cleared", "rank": 2, "why": "lost",
+                                                            "named_step": 3})
+    assert kinds(cluster.observe(report(2, 6, 0.5, world=3), 15.0)) == ["rank_back"]
+    for step in (6, 7):  # back and still slow: a new episode, named after its own 3 steps
+        assert kinds(feed(cluster, {0: 0.1, 1: 0.1}, step, now=15.0, world=3)
+                     + ([] if step == 6 else cluster.observe(report(2, step, 0.5, world=3), 15.0))) == ["figures"]
+    assert kinds(feed(cluster, {0: 0.1, 1: 0.1, 2: 0.5}, 8, now=16.0, world=3)) == ["figures", "straggler"]
 
 
 def feed_own(cluster: Cluster, reports: dict[int, tuple[float, object]], step: int, world: int = 2) -> list[Derived]:
@@ -283,6 +321,14 @@ def test_restore_from_journal_events_says_nothing_twice() -> None:
     out = again.observe(report(2, 4, 0.5, world=3), 100.0)
     assert [(d.step, d.data["ranks"]) for d in out] == [(4, 3)]  # rank 0's report came from the journal
     assert kinds(feed(again, {0: 0.1, 1: 0.1, 2: 0.5}, 5, now=101.0, world=3)) == ["figures"]  # no 2nd straggler
+    calm = [kinds(feed(again, {0: 0.1, 1: 0.1, 2: 0.1}, step, now=102.0, world=3)) for step in (6, 7, 8)]
+    assert calm == [["figures"], ["figures"], ["figures", "straggler_cleared"]]  # the episode it read back ends
+    cleared = Cluster(CONFIG)  # ... and one whose end the journal holds is not ended twice
+    cleared.restore(journal + [{"run": "r", "rank": RELAY_RANK, "world_size": 3, "type": "lifecycle",
+                                "stage": "cluster", "step": 8, "epoch": None,
+                                "data": {"event": "straggler_cleared", "rank": 2, "why": "recovered"}}], 100.0)
+    out = [d for step in (9, 10, 11) for d in feed(cleared, {0: 0.1, 1: 0.1, 2: 0.1}, step, now=101.0, world=3)]
+    assert set(kinds(out)) == {"figures"}
 
     journal.append({"run": "r", "rank": RELAY_RANK, "world_size": 3, "type": "lifecycle", "stage": "cluster",
                     "step": 9, "epoch": None, "data": {"event": "rank_lost", "rank": 1, "silent_s": 60.0,

@@ -319,3 +319,29 @@ def test_closed_pipe_ends_cleanly(tmp_path: Path) -> None:
         time.sleep(0.1)
     out, err = follow.communicate(timeout=30)
     assert len(out.splitlines()) == 3 and err == "tail exited 0\n", err
+
+
+def test_steps_view_shows_a_straggler_episode_from_its_start_to_its_end() -> None:
+    """The relay says a straggler once per episode and when it ends (relay/daemon/cross_rank.py): both
+    are flags on their step's line, a late one on the next line."""
+    from relay.cli.step_view import StepView
+
+    view = StepView()
+    cluster = {"step_time_max": 0.2, "step_time_spread": 1.0, "slowest_rank": 1, "own_time_max": 0.3,
+               "own_slowest_rank": 1, "ranks": 2}
+    said = {3: {"event": "straggler", "rank": 1, "by": "own_time", "ratio": 1.8, "steps": 3},
+            6: {"event": "straggler_cleared", "rank": 1, "why": "recovered", "named_step": 3, "ratio": 1.0, "steps": 3},
+            8: {"event": "straggler_cleared", "rank": 0, "why": "lost", "named_step": 5}}
+    for step in range(1, 10):
+        spread = 1.8 if step <= 3 else 1.0
+        view.feed({"run": "r", "rank": RELAY_RANK, "world_size": 2, "type": "metrics", "stage": "cluster",
+                   "step": step, "ts": 0.0, "data": {**cluster, "own_time_spread": spread}}, 0.0)
+        if step in said:
+            view.feed({"run": "r", "rank": RELAY_RANK, "world_size": 2, "type": "lifecycle", "stage": "cluster",
+                       "step": step if step != 8 else 7, "ts": 0.0, "data": said[step]}, 0.0)
+    lines = {int(text.split()[1]): text for _, text in view.ready(0.0, final=True)}
+    assert lines[3].endswith("STRAGGLER r1 x1.80 (3 steps)")
+    assert lines[2].endswith("slow r1 x1.80")  # over --straggler-ratio, not (yet) named
+    assert lines[6].endswith("cleared r1 (named at 3)")
+    assert lines[7].endswith("cleared r0 (named at 5, lost)")  # said for step 7 once step 8 was in
+    assert not any(lines[s].endswith(")") for s in (4, 5, 8, 9))

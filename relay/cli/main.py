@@ -195,7 +195,8 @@ def main() -> None:
 @click.option("--straggler-factor", type=click.FloatRange(1.0, min_open=True), default=1.5, show_default=True,
               help="A rank is slow at a step when its step time exceeds the step's median by this factor.")
 @click.option("--straggler-steps", type=click.IntRange(1), default=3, show_default=True,
-              help="Logged steps in a row a rank must be slow to get a 'straggler' event.")
+              help="Logged steps in a row a rank must be slow to get a 'straggler' event (once per episode), "
+                   "and then within the factor to get 'straggler_cleared'.")
 @click.option("--rank-silence", type=click.FloatRange(1.0), default=60.0, show_default=True, metavar="SECONDS",
               help="A rank silent this long while its peers went on to later steps gets 'rank_lost' ('rank_back' "
                    "when it reports again); a step also waits at most this long for its ranks. Keep it above "

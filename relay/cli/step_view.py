@@ -14,9 +14,10 @@ and its spread, and a flag for a straggler. Where each comes from:
   rank is the one by step time (``slowest_rank``) and own_s, own_x are "-". A journal without
   cluster metrics (an older relay) gets the same figures from the ranks' own ``stage="rank"``
   ``own_time`` and ``step_time`` of the step.
-- flag: ``STRAGGLER rN`` from the relay's ``straggler`` event (shown on that step's line, or the
-  next one if it came after that line); without one, ``slow rN`` where the spread the relay judges
-  by (own_x, else step_x) is at least ``straggler_ratio``. ``rank_lost``, ``rank_back`` and ``train_end`` are lines of their own.
+- flag: ``STRAGGLER rN`` from the relay's ``straggler`` event and ``cleared rN`` from its
+  ``straggler_cleared`` (the episode's end: recovered, or lost), each shown on that step's line, or
+  the next one if it came after that line; without one, ``slow rN`` where the spread the relay
+  judges by (own_x, else step_x) is at least ``straggler_ratio``. ``rank_lost``, ``rank_back`` and ``train_end`` are lines of their own.
 
 With ``--metric``, those metrics take the place of loss, learning rate and tokens/s.
 
@@ -40,6 +41,7 @@ GRACE_S = 0.25
 SETTLE_S = 1.5
 
 _NOTES = {"rank_lost": "red", "rank_back": "green", "train_end": "yellow"}
+_FLAG_COLOURS = {"STRAGGLER": "red", "cleared": "green"}
 
 
 @dataclass
@@ -143,10 +145,14 @@ class StepView:
         event = data.get("event")
         if event == "train_begin" and number(ev.get("ts")) is not None:
             self._begin[run] = number(ev["ts"])
-        elif event == "straggler" and type(data.get("rank")) is int:
-            ratio, steps, step = number(data.get("ratio")), data.get("steps"), ev.get("step")
-            flag = (f"STRAGGLER r{data['rank']}" + (f" x{ratio:.2f}" if ratio is not None else "")
-                    + (f" ({steps} steps)" if type(steps) is int else ""))
+        elif event in ("straggler", "straggler_cleared") and type(data.get("rank")) is int:
+            ratio, steps, step, named = number(data.get("ratio")), data.get("steps"), ev.get("step"), data.get("named_step")
+            if event == "straggler":
+                flag = (f"STRAGGLER r{data['rank']}" + (f" x{ratio:.2f}" if ratio is not None else "")
+                        + (f" ({steps} steps)" if type(steps) is int else ""))
+            else:
+                flag = (f"cleared r{data['rank']}" + (f" (named at {named}" if type(named) is int else " (")
+                        + (", lost)" if data.get("why") == "lost" else ")")).replace(" ()", "")
             rec = state.steps.get(step) if type(step) is int else None
             (rec.flags if rec is not None else state.late).append(flag)
         elif type(event) is str and event in _NOTES:
@@ -186,9 +192,9 @@ class StepView:
         row = "  ".join([clock(rec.ts), f"{rec.step:>7}", *(t.rjust(w) for t, w in zip(texts, self._widths)),
                          (f"r{slowest}" if slowest is not None else "-").rjust(7), _fmt(own_s, ".4g").rjust(8),
                          _fmt(own_x, ".2f").rjust(6), _fmt(step_s, ".4g").rjust(8), _fmt(step_x, ".2f").rjust(6)])
-        flag = " ".join(flags)
-        if flag:
-            row += "  " + self._style(flag, fg="red" if flag.startswith("STRAGGLER") else "yellow", bold=True)
+        if flags:
+            row += "  " + " ".join(self._style(flag, fg=_FLAG_COLOURS.get(flag.split()[0], "yellow"), bold=True)
+                                   for flag in flags)
         return row
 
     @staticmethod

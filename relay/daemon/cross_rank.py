@@ -1,7 +1,12 @@
 """What the relay derives across ranks from every rank's step time and own work: per logged step the
-spread (``cluster`` metrics), a rank that stays slow (``straggler``), a rank that stops while its
-peers go on or that the run ended without (``rank_lost``) and one that returns (``rank_back``).
-docs/protocol.md has the events' shape.
+spread (``cluster`` metrics), a rank that stays slow (``straggler``) and its recovery
+(``straggler_cleared``), a rank that stops while its peers go on or that the run ended without
+(``rank_lost``) and one that returns (``rank_back``). docs/protocol.md has the events' shape.
+
+A straggler is said once per episode: named after ``steps`` logged steps in a row above the median
+× ``factor``, then not again while it stays slow, whatever single steps dip under the factor; the
+episode ends (``straggler_cleared``, ``why="recovered"``) after ``steps`` logged steps in a row within
+the factor, or when the rank is lost (``why="lost"``). Only then can the rank be named again.
 
 Under DDP every rank waits for the slowest in its collectives, so step times come out equal and a
 rank slow between steps even shows the shortest; a rank's ``own_time`` (its time with the waits
@@ -76,12 +81,14 @@ class Derived(NamedTuple):
 
 
 class _Rank:
-    __slots__ = ("last_step", "last_seen", "slow", "lost", "ended")
+    __slots__ = ("last_step", "last_seen", "slow", "calm", "named", "lost", "ended")
 
     def __init__(self, now: float) -> None:
         self.last_step = -1  # the highest step it reported
         self.last_seen = now  # when it last reported anything
         self.slow = 0  # logged steps in a row above median * factor
+        self.calm = 0  # ... and within it, while named
+        self.named: int | None = None  # the step it was named a straggler at; None: not straggling now
         self.lost = False
         self.ended = False  # it sent its own train_end
 
@@ -238,8 +245,7 @@ class Cluster:
         if state is None:
             return None
         ranks = sorted(dict(state.ranks).items())  # a copy first: the ingest thread may add a rank meanwhile
-        needed = self.config.steps
-        return Standing(tuple(rank for rank, info in ranks if info.slow >= needed and not info.lost),
+        return Standing(tuple(rank for rank, info in ranks if info.named is not None and not info.lost),
                         tuple(rank for rank, info in ranks if info.lost))
 
     # -- internals ---------------------------------------------------------------------------------
@@ -250,7 +256,7 @@ class Cluster:
         out = []
         for rank, info in run.ranks.items():
             if not info.lost and now - info.last_seen > silence and info.last_step < ahead:
-                out.append(self._lost(name, run, rank, info, ahead, now, "silent"))
+                out += self._lost(name, run, rank, info, ahead, now, "silent")
         return out
 
     def _left_behind(self, name: str, run: _Run, now: float, grace: float) -> list[Derived]:
@@ -258,16 +264,24 @@ class Cluster:
         have been silent ``grace`` seconds since the end: lost."""
         assert run.ended is not None
         ahead = max(r.last_step for r in run.ranks.values())
-        return [self._lost(name, run, rank, info, ahead, now, "ended") for rank, info in run.ranks.items()
+        return [derived for rank, info in run.ranks.items()
                 if not (info.lost or info.ended) and info.last_step < ahead
-                and now - max(info.last_seen, run.ended) > grace]
+                and now - max(info.last_seen, run.ended) > grace
+                for derived in self._lost(name, run, rank, info, ahead, now, "ended")]
 
-    def _lost(self, name: str, run: _Run, rank: int, info: _Rank, ahead: int, now: float, why: str) -> Derived:
-        """``rank`` is lost (``why``: silent while its peers went on, or the run ended without it)."""
+    def _lost(self, name: str, run: _Run, rank: int, info: _Rank, ahead: int, now: float,
+              why: str) -> list[Derived]:
+        """``rank`` is lost (``why``: silent while its peers went on, or the run ended without it);
+        a straggler episode of it ends with it."""
         info.lost = True
         run.lost += 1
-        return self._lifecycle(name, run, ahead, event="rank_lost", rank=rank, why=why,
-                               silent_s=round(now - info.last_seen, 3), last_step=info.last_step, peers_step=ahead)
+        out = [self._lifecycle(name, run, ahead, event="rank_lost", rank=rank, why=why,
+                               silent_s=round(now - info.last_seen, 3), last_step=info.last_step, peers_step=ahead)]
+        if info.named is not None:
+            out.append(self._lifecycle(name, run, ahead, event="straggler_cleared", rank=rank, why="lost",
+                                       named_step=info.named))
+            info.named, info.slow, info.calm = None, 0, 0
+        return out
 
     def _settle(self, name: str, run: _Run, upto: int) -> list[Derived]:
         """Sum up every waiting step up to ``upto``, in order."""
@@ -307,15 +321,25 @@ class Cluster:
         factor, needed = self.config.factor, self.config.steps
         for rank, took in basis.items():
             info = run.ranks[rank]
-            if median > 0 and took > median * factor:
+            ratio = took / median if median > 0 else 1.0
+            if ratio > factor:
                 info.slow += 1
-                if info.slow == needed:
+                info.calm = 0
+                if info.named is None and info.slow >= needed:
+                    info.named = step
                     own_time = {"own_time": took} if own else {}
                     out.append(self._lifecycle(name, run, step, epoch=entry.epoch, event="straggler", rank=rank,
                                                by=by, **own_time, step_time=times[rank], median=median,
-                                               ratio=took / median, steps=needed))
-            else:
-                info.slow = 0
+                                               ratio=ratio, steps=needed))
+                continue
+            info.slow = 0
+            if info.named is not None:
+                info.calm += 1
+                if info.calm >= needed:
+                    out.append(self._lifecycle(name, run, step, epoch=entry.epoch, event="straggler_cleared",
+                                               rank=rank, why="recovered", named_step=info.named, by=by,
+                                               ratio=ratio, steps=needed))
+                    info.named, info.calm = None, 0
         return out
 
     def _replay(self, event: dict[str, Any], now: float) -> None:
@@ -334,8 +358,11 @@ class Cluster:
         if info is None:
             info = run.ranks[rank] = _Rank(now)
         what = data.get("event")
-        if what == "straggler":
-            info.slow = max(info.slow, self.config.steps)  # said once: not again while it stays slow
+        if what == "straggler":  # said once: not again in this episode
+            info.named = step if type(step) is int else run.done
+            info.slow, info.calm = max(info.slow, self.config.steps), 0
+        elif what == "straggler_cleared":
+            info.named, info.slow, info.calm = None, 0, 0
         elif what == "rank_lost" and not info.lost:
             info.lost = True
             run.lost += 1
