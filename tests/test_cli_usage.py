@@ -24,6 +24,10 @@ from relay.wire.address import BadAddress, check_bind_address, check_connect_add
     (["replay"], "Missing argument 'FILES...'; see 'relay replay --help'"),
     (["serve", "--bogus"], "No such option '--bogus'; see 'relay serve --help'"),
     (["--sink-queue", "0"], "Invalid value for '--sink-queue': 0 is not in the range x>=1; see 'relay serve --help'"),
+    (["tial", "x.jsonl"], "no such command 'tial'; did you mean 'tail'?"),
+    (["stauts", "relay-logs/"], "no such command 'stauts'; did you mean 'status'?"),
+    (["frobnicate"], "no such command 'frobnicate'; commands: serve, tail, plot, status, replay, consume, "
+                     "keygen (see 'relay --help')"),
 ], ids=lambda v: v if isinstance(v, str) and " " not in v else None)
 def test_usage_errors_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     done = subprocess.run([sys.executable, "-m", "relay", *args], capture_output=True, text=True, timeout=60,
@@ -31,6 +35,16 @@ def test_usage_errors_are_one_line(tmp_path: Path, args: list[str], message: str
     assert done.returncode == 2
     assert done.stderr == f"relay: error: {message}\n"
     assert list(tmp_path.iterdir()) == [], "a usage error writes nothing"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["serve", "--help"], ["tail", "--help"],
+                                  ["plot", "--help"], ["status", "--help"], ["replay", "--help"],
+                                  ["consume", "--help"], ["keygen", "--help"]], ids=lambda a: a[0])
+def test_help_fits_an_80_column_terminal(args: list[str]) -> None:
+    done = relay_cmd(*args, env=cli_env(COLUMNS="80"), timeout=60)
+    assert done.returncode == 0, done.stderr
+    wide = [line for line in done.stdout.splitlines() if len(line) > 80]
+    assert not wide, wide
 
 
 @pytest.mark.parametrize("address, message", [

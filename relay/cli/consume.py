@@ -33,7 +33,8 @@ def _fleet_options(command: Any) -> Any:
 
 
 @_fleet_options
-@click.command(cls=_SinkCommand, journal_always=True)
+@click.command(cls=_SinkCommand, journal_always=True,
+               short_help="Journal the fleet's NATS stream and fan it out to sinks.")
 @click.option("--sink", "sink_names", multiple=True, metavar="NAME",
               help="A sink to write to besides the journal (repeatable), as for relay serve.")
 @click.option("--name", default="", help="This relay's name among the consuming relays (default: HOST-PID).")

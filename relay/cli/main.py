@@ -2,7 +2,7 @@
 ``replay`` a JSONL journal into sinks, ``tail`` a journal for humans, ``plot`` its metrics, and ``status``
 of a relay.
 
-Exit codes: 0 clean stop, 1 runtime failure, 2 bad usage or configuration, 3 address in use.
+Exit codes: 0 clean stop, 1 runtime failure, 2 bad usage or configuration, 3 address in use, 130 Ctrl-C.
 
 A module over 350 lines: every command's options are declared here, the one place the command line is
 read from; what each command does lives in its own module, imported when it runs.
@@ -31,6 +31,8 @@ log = logging.getLogger("relay")
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 EXIT_ADDRESS_IN_USE = 3
+EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C), as the shell reports a command it killed
+_ORDER = ("serve", "tail", "runs", "plot", "status", "replay", "consume", "keygen")  # as relay --help lists them
 _SINKS = "relay.sinks"  # ctx.meta: name -> (what to load, class) of the sinks named on the command line
 _SINK_PARAMS = "relay.sink_params"  # ctx.meta: their options, added to the command's own
 WORLD_READABLE = click.option(
@@ -41,12 +43,19 @@ WORLD_READABLE = click.option(
 
 
 class _ServeByDefault(click.Group):
-    """``relay [OPTIONS]`` means ``relay serve [OPTIONS]``."""
+    """``relay [OPTIONS]`` means ``relay serve [OPTIONS]``; a first word that is no option and no
+    command is a mistyped command (serve takes no arguments), said as one with the nearest name.
+    Commands are listed most used first."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            _fail(EXIT_USAGE, _no_such_command(args[0], self.list_commands(ctx)))
         if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
             args = ["serve", *args]
         return super().parse_args(ctx, args)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(self.commands, key=lambda name: (_ORDER.index(name) if name in _ORDER else len(_ORDER), name))
 
     def main(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Every command's usage errors in one line (``relay: error: ...; see 'relay CMD --help'``),
@@ -59,8 +68,8 @@ class _ServeByDefault(click.Group):
             _fail(EXIT_USAGE, f"{' '.join(exc.format_message().split()).rstrip('.')}; see '{where} --help'")
         except click.ClickException as exc:
             _fail(exc.exit_code, exc.format_message())
-        except click.Abort:
-            _fail(EXIT_RUNTIME, "aborted")
+        except click.Abort:  # Ctrl-C where a command does not say more itself
+            _fail(EXIT_INTERRUPTED, "interrupted")
         sys.exit(status if isinstance(status, int) else 0)
 
 
@@ -116,6 +125,15 @@ class _SinkCommand(click.Command):
         return params
 
 
+def _no_such_command(word: str, commands: list[str]) -> str:
+    import difflib
+
+    near = difflib.get_close_matches(word, commands, n=1, cutoff=0.6)
+    if near:
+        return f"no such command {word!r}; did you mean {near[0]!r}?"
+    return f"no such command {word!r}; commands: {', '.join(commands)} (see 'relay --help')"
+
+
 def _fail(code: int, message: str) -> NoReturn:
     click.echo(f"relay: error: {message}", err=True)
     sys.exit(code)
@@ -153,18 +171,13 @@ def _jsonable(value: Any) -> Any:
 def main() -> None:
     """metrics-relay: receive training metrics from every rank and write them to sinks.
 
-    \b
-    relay [serve] [--bind ADDR] [--sink NAME ...] [sink options]   run the relay (default)
-    relay replay FILE.jsonl --sink NAME [sink options]              rebuild a sink from a journal
-    relay tail PATH [-f] [--view steps] [--json] [filters]          follow a journal, readably
-    relay plot PATH --metric NAME ... -o OUT.png                    draw metrics against the step
-    relay status [ADDRESS|JOURNAL|STATS_FILE] [--json]              a relay's status line, once
-    relay consume --nats-url URL [--sink NAME ...]                  journal the fleet's NATS stream, fan out
-    relay keygen DIR [--name NAME]                                  CURVE certificates for remote ranks
+    With no command, relay serves: 'relay --sink aim --repo PATH' is 'relay serve --sink aim --repo
+    PATH'. 'relay COMMAND --help' shows a command's options.
     """
 
 
-@main.command(cls=_SinkCommand, journal_always=True)
+@main.command(cls=_SinkCommand, journal_always=True,
+              short_help="Run the relay (the default command): --bind ADDR, --sink NAME ...")
 @click.option("--bind", "--address", "address", envvar=ADDRESS_ENV, default=DEFAULT_ADDRESS, show_default=True,
               help=f"Where to listen: tcp://HOST:PORT (port '*' picks a free one) or ipc:///path.sock. "
                    f"Also ${ADDRESS_ENV}.")
@@ -257,7 +270,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
     os._exit(0)
 
 
-@main.command(cls=_SinkCommand)
+@main.command(cls=_SinkCommand, short_help="Rebuild a sink (or a journal) from journal files.")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--sink", "sink_names", multiple=True, required=True, metavar="NAME",
               help="A sink to rebuild (repeatable); jsonl: a journal (--path), given only what it lacks.")
@@ -293,7 +306,7 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
         sys.exit(EXIT_RUNTIME)
 
 
-@main.command()
+@main.command(short_help="Show a journal readably from its end; -f follows it.")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("-f", "--follow", is_flag=True,
               help="Keep printing as lines are written, like tail -F: PATH may appear later, be rotated or truncated.")
@@ -331,7 +344,7 @@ def tail(path: Path, follow: bool, view: str, as_json: bool, types: tuple[str, .
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-@main.command()
+@main.command(short_help="Draw a journal's metrics against the step into an image.")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--metric", "metrics", multiple=True, required=True, metavar="NAME",
               help="A metric to draw, one panel each (repeatable): name, or stage/name (eval/loss, rank/step_time).")
@@ -352,7 +365,7 @@ def plot(path: Path, metrics: tuple[str, ...], by: str, output: Path, **filters:
         _fail(EXIT_USAGE, str(exc))
 
 
-@main.command()
+@main.command(short_help="A relay's status line, once (a live relay, or its stats file).")
 @click.argument("target", required=False, metavar="[ADDRESS|JOURNAL|STATS_FILE]")
 @click.option("--json", "as_json", is_flag=True, help="The whole snapshot as JSON instead of the line.")
 @click.option("--timeout", type=click.FloatRange(0.01), default=2.0, show_default=True,
@@ -369,7 +382,7 @@ def status(target: str | None, as_json: bool, timeout: float) -> None:
         _fail(EXIT_USAGE, str(exc))
 
 
-@main.command()
+@main.command(short_help="Create CURVE certificates for remote ranks.")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--name", default="relay", show_default=True, help="Certificate name (relay, or one per client machine).")
 @click.option("--role", type=click.Choice(["relay", "client"]),
