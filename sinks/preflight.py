@@ -13,13 +13,21 @@ from sinks.base import SinkError
 
 def need_package(module: str, sink: str, extra: str) -> None:
     """SinkError unless ``module`` can be found on the import path (found, not imported)."""
+    if not package_found(module):
+        raise SinkError(f"the {sink} sink needs {module}, which is not installed; {install_hint(extra)}")
+
+
+def package_found(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it (only its parent packages are)."""
     try:
-        found = importlib.util.find_spec(module) is not None
+        return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a parent package that fails, or a module set to None
-        found = False
-    if not found:
-        raise SinkError(f"the {sink} sink needs {module}, which is not installed; "
-                        f"pip install './[{extra}]' in the metrics-relay checkout")
+        return False
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs an extra of this package (it is not on PyPI: README)."""
+    return f"pip install './[{extra}]' in the metrics-relay checkout"
 
 
 def need_writable_dir(path: Path, what: str, fix: str, create: bool = False) -> Path:

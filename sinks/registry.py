@@ -6,11 +6,12 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
-import sys
+import importlib.util
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 from sinks.base import Sink, SinkError
+from sinks.preflight import install_hint, package_found
 
 GROUP = "metrics_relay.sinks"
 #: This package's own tracker sinks (registered as entry points too, pyproject.toml), found without
@@ -19,6 +20,10 @@ GROUP = "metrics_relay.sinks"
 BUILTIN = {"aim": "sinks.aim:AimSink", "mlflow": "sinks.mlflow:MlflowSink",
            "tensorboard": "sinks.tensorboard:TensorBoardSink", "wandb": "sinks.wandb:WandbSink",
            "clearml": "sinks.clearml:ClearmlSink"}
+#: The package each built-in sink needs beyond the relay's own; each is also the name of the extra
+#: that installs it (pyproject.toml).
+NEEDS = {"aim": "aim", "mlflow": "mlflow", "tensorboard": "tensorboard", "wandb": "wandb", "clearml": "clearml",
+         "nats": "nats"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,27 +36,37 @@ def available() -> dict[str, EntryPoint]:
 
 def summaries() -> list[tuple[str, str]]:
     """Each installed sink's name and one line about it (its class docstring's first sentence), for
-    ``relay serve --help``. Read from the source with ``ast``, never imported: help stays fast and
-    a broken plugin cannot break it."""
-    return [(name, _first_sentence(ep.value)) for name, ep in sorted(available().items())]
+    ``relay serve --help``; a built-in sink whose package is missing says so, with the command that
+    installs it. Read from the source with ``ast``, never imported: help stays fast and a broken
+    plugin cannot break it."""
+    return [(name, _first_sentence(ep.value) + _missing(name)) for name, ep in sorted(available().items())]
+
+
+def _missing(name: str) -> str:
+    module = NEEDS.get(name)
+    if module is None or package_found(module):
+        return ""
+    return f" [not installed: {install_hint(module)}]"
 
 
 def _first_sentence(target: str) -> str:
     module, _, attr = target.partition(":")
-    relative = Path(*module.split("."))
-    for entry in sys.path:
-        for path in (Path(entry or ".") / relative.with_suffix(".py"), Path(entry or ".") / relative / "__init__.py"):
-            if path.is_file():
-                try:
-                    tree = ast.parse(path.read_text(encoding="utf-8"))
-                except (OSError, SyntaxError, ValueError) as exc:
-                    return f"(cannot be read: {type(exc).__name__})"
-                for node in tree.body:
-                    if isinstance(node, ast.ClassDef) and node.name == attr.split(".")[-1]:
-                        doc = " ".join((ast.get_docstring(node) or "").split()).replace("``", "")
-                        first = doc.split(". ")[0].rstrip(".")
-                        return first + "." if first else "(no description)"
-                return "(no description)"
+    try:  # found wherever the import system finds it: an editable install's finder is not on sys.path
+        spec = importlib.util.find_spec(module)
+    except Exception as exc:  # a plugin's parent package that fails to import: said, and help goes on
+        return f"(cannot be read: {type(exc).__name__})"
+    origin = getattr(spec, "origin", None) or ""
+    if not origin.endswith(".py"):
+        return "(no description)"
+    try:
+        tree = ast.parse(Path(origin).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError) as exc:
+        return f"(cannot be read: {type(exc).__name__})"
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == attr.split(".")[-1]:
+            doc = " ".join((ast.get_docstring(node) or "").split()).replace("``", "")
+            first = doc.split(". ")[0].rstrip(".")
+            return first + "." if first else "(no description)"
     return "(no description)"
 
 

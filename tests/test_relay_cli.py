@@ -1,10 +1,13 @@
 """The relay command's errors: one clear line, a meaningful exit code, nothing left half-done."""
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 
-from conftest import free_port, plugin_env, read_jsonl
+import pytest
+from conftest import ROOT, finish, free_port, line_count, plugin_env, read_jsonl, start_publisher
 from relay.wire.lines import encode_line
 
 
@@ -122,7 +125,7 @@ def test_tail_keygen_and_help_import_no_sink_plugin(tmp_path):
         modules = imported_modules(proc)
         assert "relay.cli.main" in modules
         plugins = {m for m in modules if m.startswith(("throwaway_sinks", "aim", "mlflow", "wandb", "clearml"))
-                   or m.startswith("sinks.") and m not in ("sinks.base", "sinks.events", "sinks.files", "sinks.registry")}
+                   or m.startswith("sinks.") and m not in ("sinks.base", "sinks.events", "sinks.files", "sinks.registry", "sinks.preflight")}
         assert not plugins, (args, sorted(plugins))
     assert "loss=NaN" in subprocess.run([sys.executable, "-m", "relay", "tail", str(journal)], capture_output=True,
                                         text=True, timeout=60).stdout
@@ -154,3 +157,52 @@ def test_sink_options_show_with_their_sink(tmp_path):
     assert "--collect-file" in shown and "[collect sink]" in shown and "--path" in shown
     proc = run_relay("replay", str(tmp_path), "--sink", "collect", "--path", str(tmp_path / "o.jsonl"), env=env)
     assert proc.returncode == 2 and "--path belongs to the jsonl sink; add --sink jsonl" in proc.stderr
+
+
+def _no_ipv6_loopback() -> str | None:
+    """Why this machine cannot listen on ::1 (None: it can)."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        return f"this machine has no IPv6 loopback to bind: {exc}"
+    return None
+
+
+def test_serve_publish_and_status_on_ipv6_loopback(relays, tmp_path):
+    why = _no_ipv6_loopback()
+    if why:
+        pytest.skip(why)
+    journal = tmp_path / "logs"
+    relay = relays(["--path", f"{journal}/"], address="tcp://[::1]:*")
+    assert relay.address.startswith("tcp://[::1]:"), relay.address
+    assert finish(start_publisher(relay.address, "v6", 0, 50))["left"] == 0
+    assert line_count(journal / "v6.jsonl") >= 51  # its hello and the 50 events
+    status = run_relay("status", relay.address)
+    assert status.returncode == 0 and "1 run: v6 " in status.stdout, status.stderr
+    assert relay.stop() == 0
+
+
+def test_serve_help_describes_each_sink_and_says_which_are_not_installed():
+    """As in an editable install (the checkout not on sys.path, its packages found by the import
+    system), and with aim missing: each built-in sink's docstring, and the command that installs aim."""
+    code = ("import sys; from relay.cli import main; "
+            f"sys.path[:] = [p for p in sys.path if p not in ('', '.', {str(ROOT)!r})]; "
+            "sys.modules['aim'] = None; "  # what a missing package looks like to the import system
+            "main(['serve', '--help'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT.parent, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    listed: dict[str, str] = {}
+    for line in done.stdout.split("Installed sinks", 1)[1].splitlines()[1:]:
+        if line.startswith("  ") and not line.startswith("   "):  # "  name  text", then wrapped text
+            name, text = line.split(None, 1)
+            listed[name] = text
+        elif line.strip():
+            listed[name] += " " + line.strip()
+    assert "(no description)" not in done.stdout, listed
+    assert listed["aim"] == ("Write relay events into an Aim repository, local (a path) or remote (aim://host:port). "
+                             "[not installed: pip install './[aim]' in the metrics-relay checkout]")
+    assert listed["mlflow"].startswith("Write relay events into MLflow") and "not installed" not in listed["mlflow"]
+    assert listed["forward"] == "Forward every event of this relay's journal to a central relay."
+

@@ -41,7 +41,7 @@ from relay.journal.journal import NAME as JOURNAL, Journal
 from relay.sinkhost.child import SinkSpec
 from relay.sinkhost.rate import Rate
 from relay.wire import curve, encoding, schema
-from relay.wire.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_loopback
+from relay.wire.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_ipv6, is_loopback
 from sinks.base import SinkError
 from sinks.files import write_atomic
 
@@ -104,6 +104,7 @@ class Relay:
         sock.setsockopt(zmq.RCVHWM, RECV_HWM)  # per peer: bounds what ZeroMQ buffers for us
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.IPV6, is_ipv6(address))
         if self.config.curve_cert is not None:
             try:
                 auth = curve.secure_server(self._ctx, sock, self.config.curve_cert, self.config.curve_clients)

@@ -20,7 +20,7 @@ import msgpack
 import zmq
 
 from relay.wire import curve
-from relay.wire.address import resolve_address
+from relay.wire.address import is_ipv6, resolve_address
 from relay.journal.journal import Journal
 
 #: The whole request frame; any other frame is an event frame (and judged as one).
@@ -171,6 +171,7 @@ def query(address: str, timeout: float) -> dict[str, Any]:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IPV6, is_ipv6(address))
     try:
         server_key = os.environ.get(curve.SERVER_KEY_ENV)
         try:

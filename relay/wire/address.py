@@ -50,6 +50,12 @@ def _check(address: str, wildcard: bool) -> str:
     return scheme
 
 
+def is_ipv6(address: str) -> bool:
+    """A tcp:// address whose host is an IPv6 literal (``tcp://[::1]:5557``): ZeroMQ binds and
+    connects those only on a socket with its IPV6 option set, and says "No such device" otherwise."""
+    return address.startswith("tcp://[")
+
+
 def is_loopback(address: str) -> bool:
     """ipc:// sockets and loopback TCP stay on this machine; anything else is reachable from outside."""
     if address.startswith("ipc://"):

@@ -20,6 +20,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from relay.wire import curve, schema
+from relay.wire.address import is_ipv6
 
 
 class Member(Protocol):
@@ -150,6 +151,7 @@ class Link:
         # Sends fail (and events stay in the bounded window) while no relay is connected, so after
         # a reconnect everything unacknowledged goes out again from the oldest, in order.
         sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.IPV6, is_ipv6(address))
         monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         try:
             if curve_server_key:
