@@ -169,7 +169,7 @@ def test_relay_status_asks_a_live_relay_and_reads_the_stats_file_a_stopped_one_l
                     r"0 rejected, 0 client drops \| sinks: jsonl 0 queued", text.stdout), text.stdout
 
     assert relay.stop() == 0
-    for target in (journal, journal / "_relay_stats.json"):
+    for target in (journal, journal / "_relay_stats.json", journal / "run-s.jsonl"):  # a run file: its folder's
         text = relay_status(str(target))
         assert text.returncode == 0, text.stderr
         assert f"run-s 2/2 | {lines} events" in text.stdout and "the relay had stopped" in text.stdout

@@ -210,9 +210,15 @@ def _decode_reply(frame: bytes) -> dict[str, Any] | None:
 
 
 def stats_file_for(path: Path) -> Path:
-    """The one beside a journal (a directory, or a file named ``*.jsonl``), else ``path`` itself."""
+    """The one beside a journal (a directory, or a file named ``*.jsonl``), else ``path`` itself. A
+    run file of a directory journal (``relay-logs/my-run.jsonl``) has no stats file of its own: its
+    folder's is the relay's that wrote it."""
     if path.is_dir() or path.name.endswith(".jsonl"):
-        return Journal(path).sidecar("_stats.json")
+        own = Journal(path).sidecar("_stats.json")
+        folder = Journal(f"{path.parent}{os.sep}").sidecar("_stats.json")
+        if path.is_file() and not own.exists() and folder.exists():
+            return folder
+        return own
     return path
 
 
