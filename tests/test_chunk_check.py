@@ -1,14 +1,17 @@
 """The chunk-level check of journal lines (relay.wire.lines.ChunkCheck, which the forward sink and the
 consuming relays read lines with) accepts exactly the lines ``parse_event`` accepts, as the same
 events, and reports every other line once; and a consuming relay's partition journals the
-very bytes, and counts the very lines, that a line-by-line reading would."""
+very bytes, and counts the very lines, that a line-by-line reading would, a failed write included."""
 from __future__ import annotations
 
 import random
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from relay.fleet.partition import Partition
+from relay.journal.journal import JournalError
 from relay.wire.lines import ChunkCheck, encode_line, parse_event, parse_line
 from sinks.events import FIELDS
 
@@ -105,3 +108,23 @@ def test_a_partition_journals_the_same_bytes_as_a_line_by_line_reading(tmp_path:
     assert _journal(tmp_path / "fast") == {name: bytes(lines) for name, lines in sorted(expected.items())}
     assert (part.counters.bad_lines, part.counters.duplicates, part.counters.written) == (bad, duplicates, written)
     assert part.counters.messages == len(bodies)
+
+
+def test_a_partitions_failed_write_counts_what_went_in_once_and_retries_only_the_rest(tmp_path: Path) -> None:
+    """The daemon's commit step (JournalQueue) serves the partition too: a real fault, run-b's file
+    cannot be opened (a directory in its place), leaves run-a's lines written and counted once."""
+    part = Partition(0, tmp_path / "fail", [])
+    part.open()
+    lines = [encode_line(dict(_event(random.Random(seq), seq), run=run, rank=0))
+             for run in ("run-a", "run-b") for seq in range(5)]
+    part.take(b"".join(lines), 0.0)
+    blocker = tmp_path / "fail" / "p0" / "run-b.jsonl"
+    blocker.mkdir()
+    with pytest.raises(JournalError, match="Is a directory"):
+        part.commit()
+    assert part.counters.written == 5 and len((tmp_path / "fail" / "p0" / "run-a.jsonl").read_bytes().splitlines()) == 5
+    blocker.rmdir()
+    part.commit()
+    part.close()
+    assert part.counters.written == 10
+    assert _journal(tmp_path / "fail") == {"run-a.jsonl": b"".join(lines[:5]), "run-b.jsonl": b"".join(lines[5:])}

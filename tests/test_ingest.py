@@ -166,8 +166,11 @@ def test_cross_rank_events_are_numbered_on_as_the_relays_rank(ingest) -> None:
 
 
 def test_a_failing_journal_keeps_every_line_and_acks_nothing_until_it_works(ingest, tmp_path: Path) -> None:
-    """The fault is real: one run's journal file cannot be opened (a directory stands in its place)."""
+    """The fault is real: one run's journal file cannot be opened (a directory stands in its place).
+    What the files before it took goes to the other sinks at once, and only the rest is retried."""
     relay, acks = ingest()
+    handed: list[tuple[bytes, int]] = []
+    relay.batch.fan_out = lambda lines, events: handed.append((lines, events))
     relay.take_frame(b"a", compact("a", 0, range(3)), now=1.0)
     relay.take_frame(b"a", compact("b", 0, range(2)), now=1.0)
     blocker = tmp_path / "journal" / "b.jsonl"
@@ -176,15 +179,23 @@ def test_a_failing_journal_keeps_every_line_and_acks_nothing_until_it_works(inge
     batch = relay.batch
     assert relay.counters.journal_errors == 1 and relay.counters.written == 3, "run a's file took its part"
     assert batch.pending == 2 and batch.lines == [("b", batch.lines[0][1])] and acks == {}
+    assert [(sorted(orjson.loads(line)["seq"] for line in lines.splitlines()), n) for lines, n in handed] \
+        == [([0, 1, 2], 3)], "run a's lines go to the other sinks as soon as they are in the journal"
+    relay.take_frame(b"a", compact("a", 0, range(3, 5)), now=1.02)  # more of run a, while b's file fails
     relay.commit(now=1.05)  # within the backoff: not even tried
     assert relay.counters.journal_errors == 1
     relay.commit(now=1.1)
-    assert relay.counters.journal_errors == 2 and batch.backoff == 0.2
+    assert relay.counters.journal_errors == 2 and batch.backoff == 0.2 and relay.counters.written == 5
+    assert handed[-1][1] == 2 and len(handed) == 2, "run a's new lines, not its old ones again"
     blocker.rmdir()
     relay.commit(now=1.35)
-    assert relay.counters.written == 5 and batch.pending == 0 and batch.backoff == 0.0
-    assert acks == {b"a": [[("a", 0, 3), ("b", 0, 2)]]}
-    assert batch.journal_stats(2.0) == {"written": 5, "errors": 2, "dropped": 0, "queued": 0, "lag_s": 0.0}
+    assert relay.counters.written == 7 and batch.pending == 0 and batch.backoff == 0.0
+    assert acks == {b"a": [[("a", 0, 5), ("b", 0, 2)]]}
+    assert batch.journal_stats(2.0) == {"written": 7, "errors": 2, "dropped": 0, "queued": 0, "lag_s": 0.0}
+    handed_lines = sorted(line for lines, _ in handed for line in lines.splitlines())
+    files = b"".join(f.read_bytes() for f in journal_files(relay.journal.path))
+    assert handed_lines == sorted(files.splitlines()), "every journaled line handed on, each once"
+    assert sum(n for _, n in handed) == 7
 
 
 def test_the_other_sinks_get_exactly_the_journaled_bytes(ingest) -> None:

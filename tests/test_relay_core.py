@@ -1,6 +1,7 @@
 """End-to-end behaviour of the relay core: real relay processes, real publishers, real sockets."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -370,3 +371,40 @@ def test_only_a_lost_connection_makes_the_publisher_resend():
         client.close(0)
         relay_side.close(0)
         ctx.term()
+
+
+def test_lines_journaled_before_a_failed_write_reach_every_sink_once(relays, tmp_path, tiny_disk):
+    """A directory journal where one run's file is on a full disk (a file of a 1 MiB tmpfs bound over
+    it): each commit writes run a's lines and fails on run b's. Run a's lines go to the sinks as they
+    are written, b's once the disk has room; a plugin sink without catch-up (``collect``) gets every
+    journaled line exactly once (relay/daemon/commit.py's JournalQueue)."""
+    journal, collected = tmp_path / "journal", tmp_path / "collected.jsonl"
+    journal.mkdir()
+    (journal / "b.jsonl").touch()
+    (tiny_disk / "b.jsonl").touch()
+    if subprocess.run(["mount", "--bind", str(tiny_disk / "b.jsonl"), str(journal / "b.jsonl")]).returncode:
+        pytest.skip("cannot bind-mount a file here")
+    try:
+        filler = tiny_disk / "filler"
+        with contextlib.suppress(OSError), filler.open("wb", buffering=0) as fh:  # full to its last block
+            while True:
+                fh.write(b"x" * 4096)
+        relay = relays(["--path", f"{journal}/", "--sink", "collect", "--collect-file", str(collected),
+                        "--stats-interval", "0.2"], env=plugin_env(tmp_path))
+        b = start_publisher(relay.address, "b", 0, 300, flush_timeout=60)
+        a = start_publisher(relay.address, "a", 0, 600, rate=300, flush_timeout=60)
+        wait_for(lambda: "journal write failed" in relay.log.read_text() and line_count(journal / "a.jsonl") >= 300,
+                 60, "run a journaled while run b's file is full")
+        assert line_count(journal / "b.jsonl") == 0 and b.poll() is None, "b waits for its acks"
+        filler.unlink()
+        assert finish(a)["left"] == 0 and finish(b)["left"] == 0
+        wait_for(lambda: line_count(collected) >= 900, 60, "the sink has every journaled line")
+        assert relay.stop() == 0
+        journaled = read_jsonl(journal / "a.jsonl") + read_jsonl(journal / "b.jsonl")
+    finally:
+        subprocess.run(["umount", str(journal / "b.jsonl")], check=False)
+    assert_exactly_once(journaled, {("a", 0): 600, ("b", 0): 300})
+    got = sorted((e["run"], e["rank"], e["seq"]) for e in read_jsonl(collected))
+    assert got == sorted((e["run"], e["rank"], e["seq"]) for e in journaled), "each journaled line once"
+    stats = relay.stats(journal / "")
+    assert stats["journal_errors"] >= 1 and stats["sinks"]["collect"]["written"] == stats["sinks"]["jsonl"]["written"] == len(journaled)

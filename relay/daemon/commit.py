@@ -1,10 +1,12 @@
 """The commit step: accepted events wait here as journal lines until one write puts them in the
 journal; only then are their senders acknowledged and the same lines handed to the other sinks.
 
-So an ack always means "in the journal". A failing journal keeps every line (retried with backoff,
-no acks meanwhile, and ingest stops reading at MAX_UNJOURNALED: clients keep their events). No
-socket and no clock of its own: the caller gives the time, a ``fan_out`` for the other sinks and a
-``send`` for the acks (the daemon's ROUTER socket, relay/daemon/loop.py; none before it binds).
+So an ack always means "in the journal". A failing journal keeps every line it did not take
+(retried with backoff, no acks meanwhile, and ingest stops reading at MAX_UNJOURNALED: clients keep
+their events). The other sinks get exactly the lines the journal took, each once, even when a write
+fails part way (``JournalQueue``, which a consuming relay's partitions use too, relay/fleet/partition.py).
+No socket and no clock of its own: the caller gives the time, a ``fan_out`` for the other sinks and
+a ``send`` for the acks (the daemon's ROUTER socket, relay/daemon/loop.py; none before it binds).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Callable, Mapping, Protocol
 from relay.daemon.bounds import COMMIT_BYTES
 from relay.daemon.counters import Counters
 from relay.journal.dedupe import RankState
+from relay.journal.journal import PartialWrite
 
 log = logging.getLogger("relay")
 
@@ -27,9 +30,69 @@ Acks = list[tuple[str, int, int]]
 class LineJournal(Protocol):
     """What the commit step needs of the journal (relay/journal/journal.py)."""
 
-    def write_lines(self, lines: list[tuple[str, bytes]]) -> None: ...
+    def write_lines(self, lines: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]: ...
 
     def flush(self) -> None: ...
+
+
+#: Hands on what the journal took: (its lines, joined; how many events they are).
+Deliver = Callable[[bytes, int], None]
+
+
+class JournalQueue:
+    """Journal lines waiting for one write, and the one way they are written: the daemon's commit
+    step and each partition of a consuming relay (relay/fleet/partition.py) both use it, so both
+    hand on exactly what the journal took, once.
+
+    A write that fails part way (a directory journal where a later run's file fails) leaves the
+    files before it written: those lines are handed on at once and forgotten, so a retry neither
+    writes them twice nor leaves them out of the other sinks; the rest wait for the next call."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, bytes]] = []  # (run, one or more of its journal lines)
+        self.events = 0  # events in self.lines (one line each)
+        self.bytes = 0  # bytes in self.lines
+        self.unflushed = False  # written, but the flush after it failed: flushed before any ack
+
+    def add(self, run: str, chunk: bytes, count: int) -> None:
+        """``count`` events of ``run``, as their journal lines, wait for the next write."""
+        self.lines.append((run, chunk))
+        self.events += count
+        self.bytes += len(chunk)
+
+    @property
+    def due(self) -> bool:
+        """Whether a write (or a flush) waits."""
+        return bool(self.lines) or self.unflushed
+
+    def write(self, journal: LineJournal, deliver: Deliver) -> None:
+        """Append the waiting lines (one write per file), flush, and hand ``deliver`` exactly the
+        lines the journal took, with their event count. When the journal fails, what it did take
+        is still flushed and delivered (it is never written again), the rest waits for the next
+        call, and the error is raised. Once this returns, nothing waits and all is flushed."""
+        written: list[tuple[str, bytes]] = []
+        events = 0
+        error: PartialWrite | None = None
+        if self.lines:
+            try:
+                written = journal.write_lines(self.lines)
+                left: list[tuple[str, bytes]] = []
+            except PartialWrite as exc:
+                written, left, error = exc.written, exc.left, exc
+            if written:
+                events = self.events if not left else sum(chunk.count(b"\n") for _, chunk in written)
+                self.lines, self.events = left, self.events - events
+                self.bytes = sum(len(chunk) for _, chunk in left)
+                self.unflushed = True
+        try:
+            if self.unflushed:
+                journal.flush()
+                self.unflushed = False
+        finally:
+            if written:
+                deliver(b"".join([chunk for _, chunk in written]), events)
+        if error is not None:
+            raise error
 
 
 class Commit:
@@ -41,14 +104,12 @@ class Commit:
         self.counters = counters
         self.ranks = ranks  # each stream's dedupe state: its owner and its floor are the ack
         #: the other sinks' share of each written batch (lines, events); None: no other sinks
-        self.fan_out: Callable[[bytes, int], None] | None = None
+        self.fan_out: Deliver | None = None
         #: sends one connection its acks; None: no one to acknowledge (before the socket is bound)
         self.send: Callable[[bytes, Acks], None] | None = None
         # Accepted events as (run, journal lines) chunks, encoded on arrival while they are still in
         # the CPU's cache; the other sinks get the same lines.
-        self.lines: list[tuple[str, bytes]] = []
-        self.pending = 0  # events in self.lines
-        self.pending_bytes = 0  # bytes in self.lines
+        self.queue = JournalQueue()
         self.acks_due: set[tuple[str, int]] = set()  # acks go to each stream's owner (relay/journal/dedupe.py)
         self.derived_runs: set[str] = set()  # runs with derived events not journaled yet
         self.backoff = 0.0
@@ -57,60 +118,63 @@ class Commit:
 
     def add(self, run: str, chunk: bytes, count: int) -> None:
         """``count`` events of ``run``, as their journal lines, wait for the next commit."""
-        self.lines.append((run, chunk))
-        self.pending += count
-        self.pending_bytes += len(chunk)
+        self.queue.add(run, chunk, count)
+
+    @property
+    def lines(self) -> list[tuple[str, bytes]]:
+        """The (run, lines) chunks the journal has not taken yet."""
+        return self.queue.lines
+
+    @property
+    def pending(self) -> int:
+        """Events the journal has not taken yet."""
+        return self.queue.events
 
     @property
     def reading(self) -> bool:
         """Whether ingest may read more: not while COMMIT_BYTES or MAX_UNJOURNALED wait."""
-        return self.pending < MAX_UNJOURNALED and self.pending_bytes < COMMIT_BYTES
+        return self.queue.events < MAX_UNJOURNALED and self.queue.bytes < COMMIT_BYTES
 
     @property
     def full(self) -> bool:
         """Enough lines wait that they go to the journal now, whatever the flush interval says."""
-        return self.pending_bytes >= COMMIT_BYTES
+        return self.queue.bytes >= COMMIT_BYTES
 
     def holds(self, run: str, ranks: list[int]) -> bool:
         """Whether ``run`` has lines or acks waiting (its state must not be forgotten before)."""
         return run in self.derived_runs or any((run, rank) in self.acks_due for rank in ranks)
 
     def commit(self, now: float) -> None:
-        """Journal the batch, acknowledge, then fan out; on a journal failure keep everything."""
-        lines = self.lines
-        if lines:
+        """Journal the batch, then acknowledge; the other sinks get what the journal took, as it
+        takes it. On a journal failure keep the rest and acknowledge nothing."""
+        if self.queue.due:
             if now < self.retry_at:
                 return
             try:
-                self.journal.write_lines(lines)
-                self.journal.flush()
+                self.queue.write(self.journal, self._journaled)
             except Exception as exc:  # counted and retried with backoff; no acks until it works
                 self._failed(exc, now)
                 return
             self.backoff = 0.0
             self.ok_at = now
-            self.counters.written += self.pending
-            if self.fan_out is not None:
-                self.fan_out(b"".join([chunk for _, chunk in lines]), self.pending)
-            self.lines, self.pending, self.pending_bytes = [], 0, 0
             self.derived_runs.clear()
         self._acknowledge()
+
+    def _journaled(self, lines: bytes, events: int) -> None:
+        self.counters.written += events
+        if self.fan_out is not None:
+            self.fan_out(lines, events)
 
     def retry_now(self) -> None:
         """Forget the backoff (at shutdown: one more try at once)."""
         self.retry_at = 0.0
 
     def _failed(self, exc: Exception, now: float) -> None:
-        lines = self.lines
-        left = sum(chunk.count(b"\n") for _, chunk in lines)  # one newline per event
-        self.counters.written += self.pending - left  # files that did take their part
-        self.pending = left
-        self.pending_bytes = sum(len(chunk) for _, chunk in lines)
         self.counters.journal_errors += 1
         self.backoff = min(max(self.backoff * 2, 0.1), MAX_BACKOFF)
         self.retry_at = now + self.backoff
         log.error("journal write failed (%d errors, %d events waiting), retrying in %.1f s: %s: %s",
-                  self.counters.journal_errors, self.pending, self.backoff, type(exc).__name__, exc)
+                  self.counters.journal_errors, self.pending, self.backoff, type(exc.__cause__ or exc).__name__, exc)
 
     def _acknowledge(self) -> None:
         """Each stream's owner gets its cumulative ack, one message per connection."""
@@ -131,4 +195,4 @@ class Commit:
     def journal_stats(self, now: float) -> dict[str, float]:
         """The journal's figures as the status shows each sink's (lag: since the last write that worked)."""
         return {"written": self.counters.written, "errors": self.counters.journal_errors, "dropped": 0,
-                "queued": self.pending, "lag_s": round(now - self.ok_at, 1) if self.pending else 0.0}
+                "queued": self.pending, "lag_s": round(now - self.ok_at, 1) if self.queue.due else 0.0}

@@ -10,7 +10,8 @@ relay's own dedupe by (run, rank, seq) is the guarantee, JetStream's time-bounde
 
 ``take`` keeps each message's new lines, byte for byte as the node wrote them; ``commit`` appends
 them to the journal in one write and flushes, and only then does the caller acknowledge the
-messages, and the same lines go to every other sink's process, as the daemon does.
+messages; every other sink's process gets exactly the lines the journal took, through the daemon's
+own commit step (relay/daemon/commit.py's ``JournalQueue``).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from relay.daemon.commit import JournalQueue
 from relay.journal.dedupe import Dedupe, RankState
 from relay.journal.journal import Journal
 from relay.journal.reader import journal_files
@@ -54,9 +56,8 @@ class Partition:
         self.journal = Journal(f"{self.root / f'p{self.number}'}{os.sep}", fsync=self.fsync)
         self.dedupe = Dedupe()
         self.fan_out = FanOut()
-        self._lines: list[tuple[str, bytes]] = []
+        self._queue = JournalQueue()
         self.check = ChunkCheck(self._bad_line)
-        self._pending = 0  # lines in _lines
 
     def open(self) -> None:
         """Lock the journal (JournalError if another relay still writes it); start the sinks if it holds
@@ -96,30 +97,29 @@ class Partition:
                 taken.append((key[0], line))
             else:
                 self.counters.duplicates += 1
-        self._pending += len(taken)
         if taken and len(taken) == len(lines) == body.count(b"\n") + (body[-1:] != b"\n") \
                 and len({run for run, _ in states}) == 1:  # every line, and no empty one between them
-            self._lines.append((taken[0][0], body if body[-1:] == b"\n" else body + b"\n"))
+            self._queue.add(taken[0][0], body if body[-1:] == b"\n" else body + b"\n", len(taken))
         else:
-            self._lines.extend([(run, line + b"\n") for run, line in taken])
+            for run, line in taken:
+                self._queue.add(run, line + b"\n", 1)
 
     def _bad_line(self, line: bytes, why: str) -> None:
         self.counters.bad_lines += 1
         log.warning("partition %d: a message line is not an event, skipped (%s): %.200r", self.number, why, line)
 
     def commit(self) -> None:
-        """Journal what ``take`` kept (one write, flushed), then hand it to the sinks. Raises on a
-        journal failure, keeping the lines: the caller acknowledges nothing and tries again."""
-        if not self._lines:
-            return
-        self.journal.write_lines(self._lines)
-        self.journal.flush()
+        """Journal what ``take`` kept (one write, flushed), handing the sinks what the journal took.
+        Raises on a journal failure, keeping the lines it did not take: the caller acknowledges
+        nothing and tries again."""
+        self._queue.write(self.journal, self._journaled)
+
+    def _journaled(self, lines: bytes, events: int) -> None:
+        self.counters.written += events
         if self.sinks and not self.fan_out.workers:
             self._start_sinks()
         if self.fan_out.workers:
-            self.fan_out.submit(b"".join([chunk for _, chunk in self._lines]), self._pending)
-        self.counters.written += self._pending
-        self._lines, self._pending = [], 0
+            self.fan_out.submit(lines, events)
 
     def forget_idle(self, before: float) -> None:
         """Drop the dedupe state of runs silent since ``before``; the journal rebuilds it if they return."""
@@ -132,7 +132,7 @@ class Partition:
         dropped: their messages were not acknowledged, so JetStream delivers them again."""
         self.fan_out.close(time.monotonic() + self.shutdown_timeout)
         self.fan_out = FanOut()
-        self._lines, self._pending = [], 0
+        self._queue = JournalQueue()
         try:
             self.journal.close()
         except OSError as exc:

@@ -46,6 +46,17 @@ class JournalError(Exception):
     one line saying what is wrong and what to do."""
 
 
+class PartialWrite(JournalError):
+    """A journal write that failed part way (``Journal.write_lines``): ``written``, the (run, lines)
+    pairs that are in the journal, in their order; ``left``, those that are not. Like
+    ``BlockingIOError.characters_written``, it says how far the write went."""
+
+    def __init__(self, cause: Exception, written: list[tuple[str, bytes]], left: list[tuple[str, bytes]]) -> None:
+        super().__init__(str(cause))
+        self.written = written
+        self.left = left
+
+
 class BadRunId(schema.FrameError):
     """A run id the journal cannot name a file after: a ValueError (and a FrameError, reason
     ``bad_run``) that callers count; the journal creates no file for it."""
@@ -119,27 +130,35 @@ class Journal:
         """Append events (``relay replay``); the relay itself appends lines it encoded on arrival."""
         self.write_lines([(e["run"], encode_line(e)) for e in events])
 
-    def write_lines(self, lines: list[tuple[str, bytes]]) -> None:
+    def write_lines(self, lines: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
         """Append (run, lines) pairs, each one or more encoded lines of one run (encode_line,
-        encode_lines), with one write per file: the relay encodes lines as their events arrive,
-        while the events are still in the CPU's cache.
+        encode_lines), with one write per file, and return the pairs written (all of them): the
+        relay encodes lines as their events arrive, while the events are still in the CPU's cache.
 
-        All or nothing per file: a failed append is cut back off, and when this raises, ``lines``
-        keeps only the pairs not yet written, so a retry writes nothing twice."""
+        All or nothing per file: a failed append is cut back off, and the other files are still
+        written. When a file fails, PartialWrite says which pairs did go in and which did not, so
+        the caller hands on exactly what the journal holds and retries the rest without writing
+        anything twice."""
         if not self.directory:
-            self._append(self._fd(None), b"".join([line for _, line in lines]))
-            return
+            try:
+                self._append(self._fd(None), b"".join([line for _, line in lines]))
+            except Exception as exc:  # raised on, saying that nothing went in
+                raise PartialWrite(exc, [], lines) from exc
+            return lines
         per_run: dict[str, list[bytes]] = {}
         for run, line in lines:
             per_run.setdefault(run, []).append(line)
-        done: set[str] = set()
-        try:
-            for run, chunk in per_run.items():
+        failed: dict[str, Exception] = {}
+        for run, chunk in per_run.items():
+            try:
                 self._append(self._fd(run), b"".join(chunk))
-                done.add(run)
-        except Exception:
-            lines[:] = [pair for pair in lines if pair[0] not in done]
-            raise
+            except Exception as exc:  # raised on below, saying how far the write went
+                failed[run] = exc
+        if failed:
+            first = next(iter(failed.values()))
+            raise PartialWrite(first, [pair for pair in lines if pair[0] not in failed],
+                               [pair for pair in lines if pair[0] in failed]) from first
+        return lines
 
     def flush(self) -> None:
         if self.fsync:
