@@ -11,6 +11,7 @@ stream, subjects, lease bucket, journals and MLflow store, so it checks only its
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import time
@@ -24,7 +25,7 @@ pytest.importorskip("mlflow")
 from conftest import finish, free_port, start_publisher, wait_for  # noqa: E402
 from fleet_helpers import (ConsumerProcess, assert_exactly_once, central_lines, node_lines,  # noqa: E402
                            stop_all, wait_acknowledged, wait_complete, wait_held)
-from nats_helpers import NatsCluster  # noqa: E402
+from nats_helpers import NatsCluster, read_stream  # noqa: E402
 from test_sink_mlflow import read_run, template_db  # noqa: E402,F401
 from trainer_fixtures import demo_model, run_trainer, seed_flags, torchrun  # noqa: E402,F401
 
@@ -209,6 +210,8 @@ def test_torchrun_job_publishing_to_the_cluster_ends_in_the_central_journal_and_
                               "--nats_replicas", "3"], timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         run = json.loads((out / "tracking_run.json").read_text())["run"]
+        node = json.loads((out / "training_logs_nats_node.json").read_text())["node"]  # the job's own id
+        assert {m.headers["Relay-Node"] for m in asyncio.run(read_stream(cluster.urls, stream))} == {node}
         expected = node_lines(out / "training_logs.jsonl")
         assert {key[0] for key in expected} == {run} and len(expected) > 2 * steps
         wait_complete(central, expected, 120)

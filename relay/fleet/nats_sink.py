@@ -11,12 +11,13 @@ the sink's face: options, their checks, open/write/close.
 from __future__ import annotations
 
 import logging
-import socket
+import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import click
 
-from relay.fleet import connection, stream
+from relay.fleet import connection, identity, stream
 from relay.fleet.connection import LoopThread
 from relay.fleet.publisher import NatsPublisher, StreamSpec
 from sinks.base import Sink, SinkContext, SinkError
@@ -38,7 +39,8 @@ class NatsSink(Sink):
             *connection.nats_options(),
             *stream.stream_options(),
             click.Option(["--nats-node"], default=None, metavar="NAME",
-                         help="This relay's name in the subjects and headers (default: the host name)."),
+                         help="This relay's name in the subjects and headers (default: HOST-<16 hex digits>, made once "
+                              "and kept beside the journal); two live relays can never hold one name."),
             click.Option(["--nats-chunk-events"], type=click.IntRange(1), default=1000, show_default=True,
                          help="Journal lines per message at most."),
             click.Option(["--nats-chunk-bytes"], type=click.IntRange(1024), default=256 << 10, show_default=True,
@@ -67,7 +69,7 @@ class NatsSink(Sink):
                                replicas=nats_replicas,
                                duplicate_window=stream.seconds(nats_duplicate_window, "--nats-duplicate-window"),
                                max_age=stream.seconds(nats_max_age, "--nats-max-age"))
-        self.node = stream.run_token(nats_node or socket.gethostname())
+        self.given_node = stream.run_token(nats_node) if nats_node else None
         self.limits = dict(max_lines=nats_chunk_events, max_bytes=nats_chunk_bytes, linger=nats_linger,
                            inflight=nats_inflight)
         self.counters: dict[str, int] = {}  # the publisher's, once open (the relay's stats show them)
@@ -75,12 +77,18 @@ class NatsSink(Sink):
 
     def check(self, context: SinkContext) -> None:
         """Before the relay listens: the package, the journal, and one attempt to connect, so credentials the
-        server refuses stop the relay (exit 2); a server down now is waited for, not fatal."""
+        server refuses, or a node name another relay holds live, stop the relay (exit 2); a server down
+        now is waited for, not fatal."""
         connection.check_package()
-        _need_journal(context)
+        journal = _need_journal(context)
+        node = self.node(journal)
         loop = LoopThread("nats-check")
         try:
             down = loop.run(connection.probe(self.settings), 10.0)
+            if not down:
+                loop.run(identity.check_live(self.settings, self.spec.name, node,
+                                             identity.Claimant.here(journal, os.getpid()), self.id_file(journal)),
+                         30.0)
         finally:
             loop.stop()
         if down:
@@ -91,11 +99,22 @@ class NatsSink(Sink):
         journal = _need_journal(context)
         connection.check_package()
         connection.tls_context(self.settings)  # certificates that do not load: SinkError now, not retries later
-        publisher = self._publisher = NatsPublisher(journal, self.settings, self.spec, self.node, **self.limits)
+        node = self.node(journal)
+        publisher = self._publisher = NatsPublisher(journal, self.settings, self.spec, node,
+                                                    identity.Claimant.here(journal, os.getppid()),
+                                                    self.id_file(journal), **self.limits)
         self.counters = publisher.counters
         publisher.start()
         log.info("publishing the journal to NATS %s, stream %s, subjects %s.%s.RUN; state in %s",
-                 self.settings.display, self.spec.name, self.spec.prefix, self.node, publisher.state.path)
+                 self.settings.display, self.spec.name, self.spec.prefix, node, publisher.state.path)
+
+    def node(self, journal: Path) -> str:
+        """``--nats-node``, else the journal's own node id (made once, kept beside it)."""
+        return self.given_node or identity.local_id(journal, stream.run_token)
+
+    def id_file(self, journal: Path) -> Path | None:
+        """Where the node is kept (None: it is --nats-node's)."""
+        return None if self.given_node else identity.id_file(journal)
 
     def write(self, events: Sequence[dict[str, Any]]) -> None:
         """The events are already in the journal, which is what is published: only note which runs

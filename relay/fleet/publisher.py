@@ -25,6 +25,7 @@ from typing import Any
 from relay.fleet import connection, stream
 from relay.fleet.chunks import Chunk, ChunkReader, Positions, key_source, source_key
 from relay.fleet.connection import NatsSettings
+from relay.fleet.identity import Claimant, NodeClaim
 
 log = logging.getLogger("relay.fleet.nats_sink")
 
@@ -51,9 +52,11 @@ class NatsPublisher:
     """Publishes a journal's chunks to a JetStream stream. ``start()``/``notify()``/``stop()`` from
     any thread; the rest runs on the loop's thread."""
 
-    def __init__(self, journal: Path, settings: NatsSettings, spec: StreamSpec, node: str, *,
-                 max_lines: int, max_bytes: int, linger: float, inflight: int) -> None:
+    def __init__(self, journal: Path, settings: NatsSettings, spec: StreamSpec, node: str, claimant: Claimant,
+                 id_file: Path | None, *, max_lines: int, max_bytes: int, linger: float, inflight: int) -> None:
         self.settings, self.spec, self.node = settings, spec, node
+        self.claim = NodeClaim(node, spec.name, spec.replicas, claimant, id_file, self._count_error)
+        self.host = claimant.host
         self.max_lines, self.max_bytes, self.linger = max_lines, max_bytes, linger
         self.chunks = ChunkReader(journal)
         self.state = Positions(journal, {"stream": spec.name, "prefix": spec.prefix, "node": node})
@@ -72,6 +75,7 @@ class NatsPublisher:
         self._js: Any = None
         self._stream_ok = False
         self._main: Any = None
+        self._holding: Any = None  # the node claim's task
         self._down_since: float | None = None
 
     # -- any thread -----------------------------------------------------------------------------------
@@ -148,6 +152,7 @@ class NatsPublisher:
             self._stream_ok = await self._ensure_stream()
             if not self._stream_ok:
                 await asyncio.sleep(1.0)
+        self._holding = asyncio.ensure_future(self.claim.hold(self._js))
         self.counters["connected"] = int(self._nc.is_connected)
         self._wake.set()
 
@@ -175,6 +180,7 @@ class NatsPublisher:
                         spec.name, subjects, spec.prefix, spec.prefix)
         log.info("%s stream %s on %s (replicas %s)", "created" if created else "using", spec.name,
                  self.settings.display, info.config.num_replicas)
+        self.claim.replicas = info.config.num_replicas or 1
         return True
 
     async def _drain(self, source: str | None) -> None:
@@ -182,6 +188,7 @@ class NatsPublisher:
         its position moving past each in order as they are acknowledged."""
         pending: deque[tuple[Chunk, asyncio.Future]] = deque()
         try:
+            await self.claim.wait()  # this node is ours: the stream's messages of it are this journal's
             if source not in self._resumed:
                 await self._resume(source)
                 self._resumed.add(source)
@@ -249,7 +256,7 @@ class NatsPublisher:
     async def _publish(self, chunk: Chunk) -> None:
         """Publish ``chunk`` until JetStream acknowledges it (a duplicate ack too)."""
         subject = stream.publish_subject(self.spec.prefix, self.node, chunk.run)
-        headers = chunk.headers(self.node)
+        headers = {**chunk.headers(self.node), "Relay-Host": self.host}
         if len(chunk.body) > self._nc.max_payload - HEADER_ROOM:  # one line over the server's max_payload
             self.counters["too_big"] += 1
             log.error("%s: a line of %d bytes exceeds the NATS server's max_payload (%d): not published (it stays in "
@@ -261,6 +268,7 @@ class NatsPublisher:
         try:
             while True:
                 await self._connected.wait()
+                await self.claim.wait()
                 try:
                     ack = await self._js.publish(subject, chunk.body, timeout=ACK_TIMEOUT, stream=self.spec.name,
                                                  headers=headers)
@@ -318,7 +326,11 @@ class NatsPublisher:
 
     async def _close(self) -> None:
         self.state.save(self.acked)
+        if self._holding is not None:
+            self._holding.cancel()
         if self._nc is not None and not self._nc.is_closed:
+            if self._nc.is_connected:
+                await self.claim.release(self._js)
             await self._nc.close()
         if not self.idle:
             log.warning("nats sink stopped with journal lines not acknowledged by NATS: they stay in the journal "
