@@ -5,13 +5,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bench fuzz soak clean
+.PHONY: setup demo test test-servers test-fast bench fuzz soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,aim,mlflow,tensorboard,wandb,clearml,nats,test,bench,plot]'
+	$(PY) -m pip install -q -e '.[train,aim,mlflow,tensorboard,wandb,clearml,nats,test,bench,plot,prometheus]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -26,8 +26,17 @@ demo: $(STAMP)
 TEST_WORKERS ?= 4
 SUITE_WORKERS ?= 2
 
-test: $(STAMP)
+test: $(STAMP) test-servers
 	$(PY) -m pytest -q -n $(SUITE_WORKERS) --durations=15
+
+# tests/test_prometheus_torchrun.py runs Debian's Prometheus and Alertmanager: installed when missing, as
+# root (CI runs as root); elsewhere the test says why it skips.
+test-servers:
+	@if ! command -v prometheus >/dev/null || ! command -v prometheus-alertmanager >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus prometheus-alertmanager >/dev/null; \
+	  else echo "prometheus/prometheus-alertmanager missing and not root: their test will skip"; fi; \
+	fi
 
 # The edit-test loop: everything but torchrun training jobs, benchmark and soak smoke runs (docs/development.md).
 test-fast: $(STAMP)

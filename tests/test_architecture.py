@@ -23,8 +23,9 @@ ROOMS: dict[str, set[str]] = {
     "relay.daemon": {"relay.wire", "relay.journal", "relay.sinkhost", "sinks", "sinks.events"},
     "relay.forward": {"relay.wire", "relay.client", "relay.journal", "sinks", "sinks.events"},
     "relay.fleet": {"relay.wire", "relay.journal", "relay.sinkhost", "relay.daemon", "sinks", "sinks.events"},
+    "relay.metrics": {"relay.wire", "relay.daemon", "relay.fleet", "sinks.events"},
     "relay.cli": {"relay.wire", "relay.client", "relay.journal", "relay.sinkhost", "relay.daemon", "relay.forward",
-                  "relay.fleet", "sinks", "sinks.events"},
+                  "relay.fleet", "relay.metrics", "sinks", "sinks.events"},
     "relay": {"relay.client", "relay.wire", "relay.cli"},
     "trainer": {"relay", "relay.client", "relay.wire", "sinks.events"},
 }

@@ -88,7 +88,8 @@ def test_a_partition_journals_the_same_bytes_as_a_line_by_line_reading(tmp_path:
     part = Partition(0, tmp_path / "fast", [])
     part.open()
     for i in range(0, len(bodies), 7):
-        part.take_all(bodies[i:i + 7], 0.0)
+        for body in bodies[i:i + 7]:
+            part.take(body, 0.0)
         part.commit()
     part.close()
     expected: dict[str, bytearray] = {}

@@ -15,7 +15,9 @@ from typing import Any
 
 import click
 
-from relay.cli.main import EXIT_USAGE, WORLD_READABLE, _fail, _setup_logging, _SinkCommand, build_sinks
+from relay.cli.main import (EXIT_ADDRESS_IN_USE, EXIT_USAGE, WORLD_READABLE, _fail, _setup_logging, _SinkCommand,
+                            build_sinks)
+from relay.cli.metrics_flags import metrics_options, take_metrics_options
 from relay.daemon.bounds import private_files
 from sinks.base import SinkError
 
@@ -53,6 +55,7 @@ def _fleet_options(command: Any) -> Any:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
               default="info", show_default=True)
 @WORLD_READABLE
+@metrics_options(per_run=False)
 @click.pass_context
 def consume(ctx: click.Context, sink_names: tuple[str, ...], name: str, lease_ttl: float, fetch: int,
             max_ack_pending: int, ack_wait: float, sink_queue: int, log_level: str, world_readable: bool,
@@ -72,6 +75,7 @@ def consume(ctx: click.Context, sink_names: tuple[str, ...], name: str, lease_tt
     nats_params = {k: params.pop(k) for k in list(params) if k.startswith("nats_")}
     stream, prefix = nats_params.pop("nats_stream"), nats_params.pop("nats_prefix")
     try:
+        metrics = take_metrics_options(params)
         check_package()
         settings = settings_from_options(**nats_params)
         check_prefix(prefix)
@@ -86,7 +90,15 @@ def consume(ctx: click.Context, sink_names: tuple[str, ...], name: str, lease_tt
     config = ConsumeConfig(settings=settings, path=journal.path, sinks=sinks, stream=stream, prefix=prefix, name=name,
                            ttl=lease_ttl, renew=min(2.0, lease_ttl / 3), fetch=fetch, max_ack_pending=max_ack_pending,
                            ack_wait=ack_wait, fsync=journal.fsync, sink_queue=sink_queue)
-    asyncio.run(_serve(Consumer(config)))
+    consumer = Consumer(config)
+    if metrics is not None:
+        from relay.metrics.endpoint import serve_consumer
+        from relay.wire.address import AddressInUse, BadAddress
+        try:
+            serve_consumer(consumer, metrics)
+        except (AddressInUse, BadAddress) as exc:
+            _fail(EXIT_ADDRESS_IN_USE if isinstance(exc, AddressInUse) else EXIT_USAGE, str(exc))
+    asyncio.run(_serve(consumer))
     logging.shutdown()
     sys.stderr.flush()
     os._exit(0)  # as serve: a sink library's exit handler must not hang a finished relay

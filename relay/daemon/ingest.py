@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable
 from relay.daemon.commit import Commit
 from relay.daemon.counters import Counters
 from relay.daemon.cross_rank import Cluster, ClusterConfig, Derived
+from relay.daemon.run_health import RunHealth
 from relay.daemon.runs import Key, Runs
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import RankState, claimed_drop
@@ -40,7 +41,7 @@ class Ingest:
     """The relay without its socket: frames in, journal lines and acks out through ``batch``."""
 
     def __init__(self, journal: Journal, deadletters: DeadLetters, now: float, *, run_rate: float = 60.0,
-                 max_runs: int = 10_000, cluster: ClusterConfig | None = None,
+                 max_runs: int = 10_000, cluster: ClusterConfig | None = None, health: RunHealth | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.journal = journal
         self.deadletters = deadletters
@@ -48,6 +49,7 @@ class Ingest:
         self.runs = Runs(journal, run_rate, max_runs)
         self.batch = Commit(journal, self.counters, self.runs.dedupe.ranks, now)
         self.cluster = Cluster(cluster) if cluster is not None else None
+        self.follow_health(health)
         self.run_rate = run_rate
         self.claimed: Callable[[bytes], None] | None = None  # a connection became a stream's owner
         self._wall_clock = wall_clock  # the ts of the relay's own events
@@ -82,6 +84,12 @@ class Ingest:
             log.exception("frame from peer %s raised; dead-lettered", peer.hex())
             self.reject("internal_error", f"{type(exc).__name__}: {exc}", frame, peer)
 
+    def follow_health(self, health: RunHealth | None) -> None:
+        """Keep each run's health in ``health`` (for the Prometheus endpoint, relay/daemon/run_health.py)."""
+        self.health = health
+        self._watching = self.cluster is not None or health is not None  # the events _derive takes
+        self._watch_train = health is not None and health.loss  # and rank 0's train logs (their loss)
+
     def commit(self, now: float) -> None:
         """Journal what waits, then acknowledge and fan out (relay/daemon/commit.py)."""
         self.batch.commit(now)
@@ -100,7 +108,7 @@ class Ingest:
             counters.events += len(events)
             if state.take_run(first_seq, len(events)):
                 batch.add(run, chunk, len(events))  # (not before _state: making room may commit)
-                if derive and self.cluster is not None:
+                if (derive or self._watch_train) and self._watching:
                     self._derive(events, now)
                 return
             lines = None
@@ -124,7 +132,7 @@ class Ingest:
                     self._client_drops(key, state, event, peer)
                 elif event["type"] == "hello":
                     self.runs.hello(key, event["ts"])
-                elif self.cluster is not None and (event["stage"] == "rank" or event["type"] == "lifecycle"):
+                elif self._watching and (event["stage"] == "rank" or event["type"] == "lifecycle" or self._watch_train):
                     self._derive((event,), now)
             else:
                 counters.duplicates += 1
@@ -152,19 +160,26 @@ class Ingest:
         return state
 
     def _derive(self, events: Iterable[dict[str, Any]], now: float) -> None:
-        """Hand the new per-rank figures and lifecycle events among ``events`` to the cluster derivation."""
-        cluster = self.cluster
-        assert cluster is not None
+        """Hand the new per-rank figures and lifecycle events among ``events`` to the cluster derivation
+        and the runs' health."""
+        cluster, health = self.cluster, self.health
         for event in events:
+            if health is not None:
+                health.observe(event, now)
+            if cluster is None:
+                continue
             if event["stage"] == "rank" and event["type"] == "metrics":
                 self.publish(cluster.observe(event, now))
             elif event["type"] == "lifecycle":
                 cluster.ended(event, now)
 
     def check(self, now: float) -> None:
-        """About once a second: what the cross-rank derivation settles by silence alone."""
+        """About once a second: what the cross-rank derivation settles by silence alone; ended runs'
+        health dropped once kept long enough."""
         if self.cluster is not None:
             self.publish(self.cluster.check(now))
+        if self.health is not None:
+            self.health.expire(now)
 
     def publish(self, derived: list[Derived]) -> None:
         """The relay's own events go where every taken event goes, numbered on from what the journal
@@ -222,6 +237,8 @@ class Ingest:
             self.counters.forget_client_drops((run, rank))
         if self.cluster is not None:
             self.cluster.forget(run)
+        if self.health is not None:
+            self.health.forget(run)
         return True
 
     def close_runs(self, now: float) -> None:

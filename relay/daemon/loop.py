@@ -23,7 +23,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 
@@ -78,6 +78,7 @@ class Relay:
         self._rate = Rate()
         self._answers = Answers(self.snapshot)
         self._journal_open = False
+        self.each_second: list[Callable[[], None]] = []  # called on this thread (the Prometheus endpoint's snapshot)
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -337,6 +338,8 @@ class Relay:
         """Sample what rates and lags are computed from; redraw the live line."""
         self._rate.sample(now, self.counters.events)
         self.fan_out.sample(now)
+        for call in self.each_second:
+            call()
         if self.live is not None:
             self.live.show(format_line(self.snapshot()))
 

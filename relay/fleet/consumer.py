@@ -86,6 +86,7 @@ class Consumer:
         self.own: Ownership | None = None
         self.errors = 0
         self._closing = False
+        self.latest: dict[str, Any] | None = None  # the last stats written (the Prometheus endpoint reads it)
 
     def stop(self) -> None:
         self._stop.set()
@@ -343,7 +344,7 @@ class Consumer:
             now = time.monotonic()
             loop = asyncio.get_running_loop()
             # on a thread: the leases are renewed on this loop meanwhile, however long the batch takes
-            await loop.run_in_executor(None, part.take_all, [msg.data for msg in msgs], now)
+            await loop.run_in_executor(None, part.take_messages, msgs, now)
             while True:
                 try:
                     await loop.run_in_executor(None, part.commit)
@@ -371,7 +372,7 @@ class Consumer:
         now = time.monotonic()
         for part in self._parts.values():
             part.fan_out.sample(now)  # the sinks' lag
-        snap = {"name": self.config.name, "pid": os.getpid(), "ts": round(time.time(), 3), "errors": self.errors,
+        snap = self.latest = {"name": self.config.name, "pid": os.getpid(), "ts": round(time.time(), 3), "errors": self.errors,
                 "held": sorted(own.consuming()) if own else [],
                 "partitions": {k: part.stats() for k, part in self._parts.items()}}
         try:

@@ -76,6 +76,8 @@ class Ownership:
     held: dict[int, Held] = field(default_factory=dict)
     #: set to stop: every partition is stopped and given back, none is claimed
     leaving: bool = False
+    #: each partition's holder as the last plan was told (None: free; "?": could not be read)
+    last_read: dict[int, str | None] = field(default_factory=dict)
     _first: float | None = None  # the first plan's time: claims wait ``renew`` for the others' member keys
 
     def share(self, members: set[str]) -> int:
@@ -93,6 +95,7 @@ class Ownership:
         """What to do at ``now``, given each partition's holder as last read (None: free) and the
         live members. Leases this relay holds are judged by its own record, not by ``leases``."""
         actions: list[Action] = []
+        self.last_read = leases
         if self._first is None:
             self._first = now
         for partition, held in sorted(self.held.items()):

@@ -20,6 +20,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from relay.daemon.commit import JournalQueue
 from relay.journal.dedupe import Dedupe, RankState
@@ -58,6 +59,8 @@ class Partition:
         self.fan_out = FanOut()
         self._queue = JournalQueue()
         self.check = ChunkCheck(self._bad_line)
+        self.pending = 0  # messages of the partition in the stream not yet delivered, after the last fetch
+        self.published: float | None = None  # unix time of the last message fetched
 
     def open(self) -> None:
         """Lock the journal (JournalError if another relay still writes it); start the sinks if it holds
@@ -76,9 +79,13 @@ class Partition:
         self.fan_out.idle.set()
         self.fan_out.start(self.sinks, self.journal, self.sink_queue, self.shutdown_timeout, None)
 
-    def take_all(self, bodies: list[bytes], now: float) -> None:
-        for body in bodies:
-            self.take(body, now)
+    def take_messages(self, msgs: list[Any], now: float) -> None:
+        """A fetch's JetStream messages; the last one says what waits behind it in the stream, and since when."""
+        for msg in msgs:
+            self.take(msg.data, now)
+        if msgs:
+            meta = msgs[-1].metadata
+            self.pending, self.published = meta.num_pending, meta.timestamp.timestamp()
 
     def take(self, body: bytes, now: float) -> None:
         """Keep the lines of one message that this journal does not hold yet: the message itself when
@@ -139,6 +146,7 @@ class Partition:
             log.error("partition %d: journal close failed: %s", self.number, exc)
 
     def stats(self) -> dict:
-        out = {"partition": self.number, **self.counters.__dict__,
+        lag = time.time() - self.published if self.pending and self.published is not None else 0.0
+        out = {"partition": self.number, **self.counters.__dict__, "pending": self.pending, "lag_s": round(lag, 3),
                "sinks": self.fan_out.stats()}
         return out

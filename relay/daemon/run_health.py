@@ -1,0 +1,151 @@
+"""Each run's health as the Prometheus endpoint shows it (relay/metrics/): its last step and when it
+came, its recent pace, each rank's last step time and own work, its attempt, whether it ended and,
+opt-in, its last loss.
+
+Ingest (relay/daemon/ingest.py) hands ``observe`` the events it already looks at for the cross-rank
+derivation (``stage="rank"`` metrics and ``lifecycle`` events) and, with ``loss`` on, rank 0's
+``stage="train"`` metrics; each costs a few dict writes, and nothing here builds a metric. The
+endpoint's thread reads ``runs`` at scrape time (``view``): every structure it reads is replaced or
+copied whole in one C call (a dict copy, ``tuple`` of a deque), so the ingest thread never waits for a
+scrape and a scrape never sees half an update. No socket, no clock: the caller gives the time
+(monotonic); ``expire`` drops runs that ended ``keep_ended`` seconds ago, ``forget`` one the relay forgot.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import statistics
+from typing import Any, NamedTuple
+
+#: Logged steps whose arrival times a run keeps: its pace (steps/s) and its median interval between
+#: logged steps (what the stall rule scales with) are taken over these.
+PACE_STEPS = 64
+
+
+class _Run:
+    __slots__ = ("world_size", "last_step", "last_step_at", "pace", "step_time", "own_time", "rank_step",
+                 "attempt", "loss", "ended_at", "status")
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.last_step = -1
+        self.last_step_at: float | None = None
+        self.pace: collections.deque[tuple[float, int]] = collections.deque(maxlen=PACE_STEPS)
+        self.step_time: dict[int, float] = {}  # rank -> its last reported step time (s)
+        self.own_time: dict[int, float] = {}  # rank -> its last reported own work (s)
+        self.rank_step: dict[int, int] = {}  # rank -> the last step it reported
+        self.attempt: int | None = None
+        self.loss: float | None = None
+        self.ended_at: float | None = None
+        self.status: str | None = None
+
+
+class RunView(NamedTuple):
+    """One run as a scrape sees it; times are monotonic, as given to ``observe``."""
+
+    world_size: int
+    last_step: int | None
+    last_step_at: float | None
+    steps_per_s: float | None
+    interval_median_s: float | None
+    step_time: dict[int, float]
+    own_time: dict[int, float]
+    rank_step: dict[int, int]
+    attempt: int | None
+    loss: float | None
+    ended_at: float | None
+    status: str | None
+
+
+def _figure(value: Any) -> float | None:
+    if type(value) in (int, float) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+class RunHealth:
+    """The runs' health, fed by the ingest thread, read by the endpoint's."""
+
+    def __init__(self, keep_ended: float = 300.0, loss: bool = False) -> None:
+        self.keep_ended = keep_ended
+        self.loss = loss
+        self.runs: dict[str, _Run] = {}
+
+    def _run(self, event: dict[str, Any]) -> _Run:
+        run = self.runs.get(event["run"])
+        if run is None:
+            run = self.runs[event["run"]] = _Run(event["world_size"])
+        run.world_size = event["world_size"]
+        return run
+
+    def observe(self, event: dict[str, Any], now: float) -> None:
+        """A new event of the kinds named above, arrived at ``now``."""
+        kind, stage, data = event["type"], event["stage"], event["data"]
+        if kind == "lifecycle":
+            self._lifecycle(event, data, now)
+        elif kind != "metrics":
+            return
+        elif stage == "rank":
+            self._rank(event, data, now)
+        elif stage == "train" and self.loss and event["rank"] == 0:
+            loss = _figure(data.get("loss"))
+            if loss is not None:
+                self._run(event).loss = loss
+
+    def _rank(self, event: dict[str, Any], data: dict[str, Any], now: float) -> None:
+        run, rank, step = self._run(event), event["rank"], event["step"]
+        if rank >= run.world_size:
+            return
+        took, own = _figure(data.get("step_time")), _figure(data.get("own_time"))
+        if took is not None:
+            run.step_time[rank] = took
+        if own is not None:
+            run.own_time[rank] = own
+        if type(step) is int:
+            run.rank_step[rank] = step
+            if step > run.last_step:
+                run.last_step, run.last_step_at = step, now
+                run.pace.append((now, step))
+
+    def _lifecycle(self, event: dict[str, Any], data: dict[str, Any], now: float) -> None:
+        what = data.get("event")
+        if what == "train_begin":
+            run = self._run(event)
+            attempt = data.get("attempt")
+            run.attempt = attempt if type(attempt) is int else run.attempt
+            run.ended_at = run.status = None  # a run id reused by a restart begins again
+        elif what == "train_end":
+            run = self._run(event)
+            if run.ended_at is None:
+                run.ended_at = now
+                status = data.get("status")
+                run.status = status if isinstance(status, str) else "completed"
+
+    def expire(self, now: float) -> None:
+        """Drop the runs that ended ``keep_ended`` seconds ago or more."""
+        gone = [name for name, run in self.runs.items()
+                if run.ended_at is not None and now - run.ended_at >= self.keep_ended]
+        for name in gone:
+            del self.runs[name]
+
+    def forget(self, run: str) -> None:
+        self.runs.pop(run, None)
+
+    def view(self, limit: int) -> dict[str, RunView]:
+        """Up to ``limit`` runs, the most recent steps first; safe from another thread (see above)."""
+        runs = list(self.runs.items())  # one C call: the ingest thread may add a run meanwhile
+        runs.sort(key=lambda item: -(item[1].last_step_at or 0.0))
+        return {name: _view(run) for name, run in runs[:limit]}
+
+
+def _view(run: _Run) -> RunView:
+    pace = tuple(run.pace)
+    steps_per_s = interval = None
+    if len(pace) >= 2:
+        (t0, s0), (t1, s1) = pace[0], pace[-1]
+        steps_per_s = (s1 - s0) / (t1 - t0) if t1 > t0 else None
+        interval = statistics.median(b[0] - a[0] for a, b in zip(pace, pace[1:]))
+    last = run.last_step
+    return RunView(run.world_size, last if last >= 0 else None, run.last_step_at, steps_per_s, interval,
+                   run.step_time.copy(), run.own_time.copy(), run.rank_step.copy(), run.attempt, run.loss,
+                   run.ended_at, run.status)
