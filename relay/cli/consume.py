@@ -17,7 +17,7 @@ import click
 
 from relay.cli.main import (EXIT_ADDRESS_IN_USE, EXIT_USAGE, WORLD_READABLE, _fail, _setup_logging, _SinkCommand,
                             build_sinks)
-from relay.cli.metrics_flags import metrics_options, take_metrics_options
+from relay.cli.metrics_flags import take_metrics_options
 from relay.daemon.bounds import private_files
 from sinks.base import SinkError
 
@@ -55,7 +55,6 @@ def _fleet_options(command: Any) -> Any:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
               default="info", show_default=True)
 @WORLD_READABLE
-@metrics_options(per_run=False)
 @click.pass_context
 def consume(ctx: click.Context, sink_names: tuple[str, ...], name: str, lease_ttl: float, fetch: int,
             max_ack_pending: int, ack_wait: float, sink_queue: int, log_level: str, world_readable: bool,

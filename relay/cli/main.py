@@ -22,7 +22,7 @@ from relay.journal.journal import NAME as JOURNAL, Journal, JournalError
 from relay.daemon.bounds import private_files
 from relay.daemon.live_line import LiveLine, LiveLogHandler, wanted
 from relay.cli.filters import selection, selection_options
-from relay.cli.metrics_flags import metrics_options, take_metrics_options
+from relay.cli.metrics_flags import start_metrics
 from relay.cli.targets import JOURNAL_SUMMARY, JournalFlags, load_named, named, owner
 from relay.sinkhost.child import SinkSpec
 from sinks.base import SinkError
@@ -227,7 +227,6 @@ def main() -> None:
 @WORLD_READABLE
 @click.option("--live", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
               help="A status line redrawn every second on stderr (auto: on a terminal), else logged.")
-@metrics_options(per_run=True)
 @click.pass_context
 def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_interval: float,
           stats_interval: float, sink_queue: int, forget_after: float, run_rate: float, max_runs: int,
@@ -250,7 +249,6 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
                          curve_cert=curve_cert, curve_clients=curve_clients,
                          cluster=ClusterConfig(straggler_factor, straggler_steps, rank_silence) if cluster else None)
     try:  # every check before the relay listens: a bad option stops it before any training starts
-        metrics = take_metrics_options(sink_params)
         journal, sinks = build_sinks(ctx, sink_params, log_level)
     except SinkError as exc:
         _fail(EXIT_USAGE, str(exc))
@@ -260,9 +258,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
         check_sinks(sinks, journal.path)
         relay.live = line
         relay.bind()
-        if metrics is not None:
-            from relay.metrics.endpoint import serve_relay
-            serve_relay(relay, metrics)
+        start_metrics(relay, sink_params)  # --metrics-bind (its options: relay/cli/metrics_flags.py)
     except (SinkError, JournalError, AddressInUse, BadAddress) as exc:
         journal.abandon()
         if isinstance(exc, AddressInUse):
