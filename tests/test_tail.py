@@ -339,7 +339,7 @@ def test_steps_view_shows_a_straggler_episode_from_its_start_to_its_end() -> Non
         if step in said:
             view.feed({"run": "r", "rank": RELAY_RANK, "world_size": 2, "type": "lifecycle", "stage": "cluster",
                        "step": step if step != 8 else 7, "ts": 0.0, "data": said[step]}, 0.0)
-    lines = {int(text.split()[1]): text for _, text in view.ready(0.0, final=True)}
+    lines = {int(row.text.split()[1]): row.text for row in view.ready(0.0, final=True)}
     assert lines[3].endswith("STRAGGLER r1 x1.80 (3 steps)")
     assert lines[2].endswith("slow r1 x1.80")  # over --straggler-ratio, not (yet) named
     assert lines[6].endswith("cleared r1 (named at 3)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -82,3 +83,54 @@ class LiveCommand:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def training_journal(path: Path, run: str, steps: int, *, t0: float, ranks: int = 2, straggler_every: int = 0,
+                     mode: str = "wb") -> int:
+    """A journal of a ``ranks``-rank job of ``steps`` logged steps, as a relay writes one: each rank's
+    hello, train_begin, then per step each rank's own figures (stage rank), the Trainer's log (stage
+    train) and the relay's cluster figures, a straggler named and cleared every ``straggler_every``
+    steps, train_end. Written in pieces (a million lines need not fit in memory); the lines written."""
+    seqs = dict.fromkeys([*range(ranks), RELAY_RANK], 0)
+    written = 0
+
+    def ev(rank: int, ts: float, kind: str, data: Any, **kw: Any) -> bytes:
+        seqs[rank] += 1
+        return encode_line(event(run, rank, seqs[rank] - 1, ts, kind, data, world_size=ranks, **kw))
+
+    with open(path, mode) as fh:
+        chunk = [ev(r, t0, "hello", {"pid": 1000 + r, "version": 1}) for r in range(ranks)]
+        chunk.append(ev(0, t0, "lifecycle", {"event": "train_begin", "world_size": ranks, "max_steps": steps,
+                                             "attempt": 0}, step=0))
+        for step in range(1, steps + 1):
+            ts = t0 + step * 0.5
+            slow = 1 if straggler_every and step % straggler_every < 3 else None
+            own = {r: 0.2 * (2.5 if r == slow else 1.0) for r in range(ranks)}
+            for r in range(ranks):
+                chunk.append(ev(r, ts, "metrics", {
+                    "step_time": 0.5, "step_time_max": 0.5, "samples_per_second": 16.0, "steps": 1,
+                    "rss_peak_mb": 812.5, "own_time": own[r], "outside_time": 0.01, "collective_wait": 0.5 - own[r],
+                    "outside_wait": 0.001}, step=step, stage="rank"))
+            chunk.append(ev(0, ts, "metrics", {"loss": 2.0 / (1 + step / 1000), "grad_norm": 0.9,
+                                               "learning_rate": 1e-4 * (1 - step / (steps + 1)),
+                                               "num_tokens": 2048.0 * step, "mean_token_accuracy": 0.5,
+                                               "epoch": step / steps}, step=step, stage="train"))
+            median = statistics.median(own.values())
+            chunk.append(ev(RELAY_RANK, ts + 0.01, "metrics", {
+                "step_time_min": 0.5, "step_time_median": 0.5, "step_time_max": 0.5, "step_time_spread": 1.0,
+                "slowest_rank": 0, "ranks": ranks, "own_time_min": min(own.values()), "own_time_median": median,
+                "own_time_max": max(own.values()), "own_time_spread": max(own.values()) / median,
+                "own_slowest_rank": max(own, key=own.__getitem__)}, step=step, stage="cluster"))
+            if straggler_every and step % straggler_every in (2, 5):
+                said = ({"event": "straggler", "rank": 1, "by": "own_time", "ratio": 2.5, "steps": 3}
+                        if step % straggler_every == 2 else
+                        {"event": "straggler_cleared", "rank": 1, "why": "recovered", "named_step": step - 3})
+                chunk.append(ev(RELAY_RANK, ts + 0.02, "lifecycle", said, step=step, stage="cluster"))
+            if len(chunk) >= 4096:
+                fh.write(b"".join(chunk))
+                written += len(chunk)
+                chunk = []
+        chunk.append(ev(0, t0 + steps * 0.5 + 1, "lifecycle", {"event": "train_end", "status": "completed",
+                                                              "global_step": steps}, step=steps))
+        fh.write(b"".join(chunk))
+    return written + len(chunk)

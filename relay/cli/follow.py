@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from relay.cli.backward import Identity, end_of_last_line
 from relay.journal.reader import READ_SIZE, journal_files
 
 #: Files kept open at once; past it a file is let go once read, and reopened by name (and
@@ -31,7 +32,7 @@ QUIET_LOOKS = 25
 
 @dataclass
 class _File:
-    identity: tuple[int, int]  # (st_dev, st_ino) of the file we read
+    identity: Identity  # (st_dev, st_ino) of the file we read
     offset: int = 0  # bytes of it consumed as complete lines
     pending: bytes = b""  # a last line without its newline yet
     fh: BinaryIO | None = None
@@ -50,11 +51,30 @@ class Follower:
         self._files: dict[Path, _File] = {}
         self._open = 0
 
+    def skip_to_end(self, final: bool = False) -> list[tuple[Path, int, Identity]]:
+        """Take each file as read up to its end without reading it, and say where that is: (name,
+        end, identity) per file, for a caller that shows the end of what is there by reading it
+        backwards (relay/cli/backward.py). The end is that of the last complete line, so ``poll``
+        gives a line still being written once it is whole; ``final``: the file's very end."""
+        out = []
+        for name in self._names():
+            try:
+                fh = open(name, "rb")
+            except OSError:  # gone between the listing and now: the next poll sees what happened
+                continue
+            stat = os.fstat(fh.fileno())
+            end = stat.st_size if final else end_of_last_line(fh.fileno(), stat.st_size)
+            fh.seek(end)
+            state = self._files[name] = _File((stat.st_dev, stat.st_ino), offset=end, fh=fh)
+            self._open += 1
+            if self._open > MAX_OPEN // 2:  # kept open, so a file renamed away is still read to its end
+                self._close(state)
+                state.quiet = 1  # closed: opened again by name only once it grows
+            out.append((name, end, state.identity))
+        return out
+
     def poll(self, final: bool = False) -> list[tuple[Path, list[bytes]]]:
-        if self.path.is_dir():
-            names = journal_files(self.path)
-        else:
-            names = [self.path] if self.path.exists() else []
+        names = self._names()
         out = []
         for gone in set(self._files).difference(names):  # a run file removed: what it still held, then forget it
             state = self._files.pop(gone)
@@ -72,6 +92,11 @@ class Follower:
     def close(self) -> None:
         for state in self._files.values():
             self._close(state)
+
+    def _names(self) -> list[Path]:
+        if self.path.is_dir():
+            return journal_files(self.path)
+        return [self.path] if self.path.exists() else []
 
     def _look(self, name: Path, final: bool) -> list[bytes]:
         try:

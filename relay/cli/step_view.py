@@ -21,15 +21,18 @@ and its spread, and a flag for a straggler. Where each comes from:
 
 With ``--metric``, those metrics take the place of loss, learning rate and tokens/s.
 
-A step is complete once a later step of its run has begun (and one more look found nothing late
-for it), once its run has been quiet for ``SETTLE_S``, or at the end of a one-shot read; data that
-arrives for a step already shown is not shown."""
+A step is complete once a later step of its run has begun or its run ended (``train_end``), and one
+more look found nothing late for it, once its run has been quiet for ``SETTLE_S``, or at the end of
+a one-shot read; data that arrives for a step already shown is not shown. The lines of several runs
+come merged by their steps' times."""
 from __future__ import annotations
 
+import heapq
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 import click
 
@@ -44,6 +47,21 @@ _NOTES = {"rank_lost": "red", "rank_back": "green", "train_end": "yellow"}
 _FLAG_COLOURS = {"STRAGGLER": "red", "cleared": "green"}
 
 
+class Row(NamedTuple):
+    """A line of the view and its run; ``certain`` False for a line that events before the first
+    one fed may change (a view fed from the middle of a journal: ``StepView(from_middle=True)``)."""
+
+    run: str
+    text: str
+    certain: bool = True
+
+
+#: Steps of a run fed from the middle of its journal whose lines may lack events read before: the
+#: first, cut by where reading began, and the next (ranks report a step at about the same time, so
+#: its first events may come before the first step's last).
+_UNSURE_STEPS = 2
+
+
 @dataclass
 class _Step:
     step: int
@@ -55,6 +73,8 @@ class _Step:
     rank_own: dict[int, float] = field(default_factory=dict)
     cluster: dict[str, Any] | None = None
     tokens_per_s: float | None = None
+    certain: bool = True  # see Row
+    ended: float = math.inf  # when its run's train_end was read, which completes it like a later step
     flags: list[str] = field(default_factory=list)  # the relay's straggler events of this step
     notes: list[str] = field(default_factory=list)  # lines to show after this step's (a rank lost meanwhile)
 
@@ -65,15 +85,18 @@ class _Run:
     shown: int | None = None  # the latest step shown
     tokens: tuple[float, float] | None = None  # (num_tokens, ts) of the previous train log
     late: list[str] = field(default_factory=list)  # flags for steps already shown: on the next line
+    begun: int = 0  # steps seen
 
 
 class StepView:
-    """Feed it events (``feed``), take the lines that are ready (``ready``): each a (run, text) pair;
-    ``header`` is the column line, ``run_line`` the line that opens a run's rows."""
+    """Feed it events (``feed``), take the lines that are ready (``ready``): each a Row;
+    ``header`` is the column line, ``run_line`` the line that opens a run's rows. ``from_middle``:
+    the first events fed are not a run's first (relay/cli/backlog.py reads a journal's end)."""
 
     def __init__(self, metrics: tuple[MetricName, ...] = (), *, color: bool = False,
-                 straggler_ratio: float = 1.3) -> None:
+                 straggler_ratio: float = 1.3, from_middle: bool = False) -> None:
         self.metrics = metrics
+        self.from_middle = from_middle
         self.color = color
         self.straggler_ratio = straggler_ratio
         self._runs: dict[str, _Run] = {}
@@ -90,7 +113,7 @@ class StepView:
         ranks = "" if not world else " (1 rank)" if world == 1 else f" ({world} ranks)"
         return self._style(f"run {run}{ranks}", fg="cyan", bold=True)
 
-    def feed(self, ev: dict[str, Any], now: float) -> list[tuple[str, str]]:
+    def feed(self, ev: dict[str, Any], now: float) -> list[Row]:
         """Take one event; what must be shown at once: a rank lost or back, the end of training, when
         no step is waiting to be shown before it."""
         run, step, data, stage, kind = ev.get("run"), ev.get("step"), ev.get("data"), ev.get("stage"), ev.get("type")
@@ -100,12 +123,14 @@ class StepView:
             self._world[run] = ev["world_size"]
         state = self._runs.setdefault(run, _Run())
         if kind == "lifecycle":
-            return self._lifecycle(run, state, ev, data)
+            return self._lifecycle(run, state, ev, data, now)
         if kind != "metrics" or type(step) is not int or (state.shown is not None and step <= state.shown):
             return []
         rec = state.steps.get(step)
         if rec is None:
-            rec = state.steps[step] = _Step(step, now, now, ev.get("ts"))
+            rec = state.steps[step] = _Step(step, now, now, ev.get("ts"),
+                                            certain=not self.from_middle or state.begun >= _UNSURE_STEPS)
+            state.begun += 1
         rec.last = now
         for key, value in data.items():
             rec.values.setdefault((stage, key), value)
@@ -116,32 +141,41 @@ class StepView:
         elif stage == "cluster":
             rec.cluster = data
         elif stage == "train" and number(data.get("num_tokens")) is not None:
+            if self.from_middle and state.tokens is None and run not in self._begin:
+                rec.certain = False  # the train log its tokens grew from is before where reading began
             rec.tokens_per_s = self._tokens_per_s(run, state, number(data["num_tokens"]), ev.get("ts"))
         return []
 
-    def ready(self, now: float, *, final: bool = False, backlog: bool = False) -> list[tuple[str, str]]:
-        """Lines of the steps now complete, in step order per run (``final``: every step left;
-        ``backlog``: a step with a later step after it needs no grace, all was read at once)."""
-        out = []
-        for run, state in self._runs.items():
+    def ready(self, now: float, *, final: bool = False, backlog: bool = False) -> list[Row]:
+        """Lines of the steps now complete, in step order per run and runs merged by the steps' times
+        (``final``: every step left; ``backlog``: a step with a later step after it, or with its run's
+        end after it, needs no grace, all was read at once)."""
+        runs = []
+        for run, state in sorted(self._runs.items()):  # (steps of two runs at the same time: by run id)
+            done: list[tuple[float, list[Row]]] = []
             pending = sorted(state.steps)
             later_seen = [math.inf] * len(pending)  # when the first step after each was first read
             for i in range(len(pending) - 1, 0, -1):
                 later_seen[i - 1] = min(later_seen[i], state.steps[pending[i]].seen)
             for step, later in zip(pending, later_seen):
                 rec = state.steps[step]
+                later = min(later, rec.ended)
                 if not (final or now - rec.last >= SETTLE_S
                         or (later < math.inf and (backlog or now - later >= GRACE_S))):
                     break
                 del state.steps[step]
                 state.shown = step
                 line = self._line(state, rec)
-                out += [(run, text) for text in ([line] if line is not None else []) + rec.notes]
-        return out
+                ts = number(rec.ts)
+                key = ts if ts is not None and math.isfinite(ts) else done[-1][0] if done else -math.inf
+                done.append((key, ([Row(run, line, rec.certain)] if line is not None else [])
+                             + [Row(run, note) for note in rec.notes]))
+            runs.append(done)
+        return [row for _, rows in heapq.merge(*runs, key=itemgetter(0)) for row in rows]
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _lifecycle(self, run: str, state: _Run, ev: dict[str, Any], data: dict[str, Any]) -> list[tuple[str, str]]:
+    def _lifecycle(self, run: str, state: _Run, ev: dict[str, Any], data: dict[str, Any], now: float) -> list[Row]:
         event = data.get("event")
         if event == "train_begin" and number(ev.get("ts")) is not None:
             self._begin[run] = number(ev["ts"])
@@ -160,8 +194,11 @@ class StepView:
             step = f"{ev['step']:>7}" if type(ev.get("step")) is int else "      -"
             note = self._style(f"{clock(ev.get('ts'))}  {step}  {event} {detail}", fg=_NOTES[event])
             if not state.steps:
-                return [(run, note)]
+                return [Row(run, note)]
             state.steps[max(state.steps)].notes.append(note)  # after the steps begun before it
+            if event == "train_end":  # the run has said all it will: its steps need not wait for a later one
+                for rec in state.steps.values():
+                    rec.ended = min(rec.ended, now)
         return []
 
     def _tokens_per_s(self, run: str, state: _Run, tokens: float, ts: Any) -> float | None:

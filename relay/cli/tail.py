@@ -4,14 +4,15 @@ steps``) or for ``jq`` (``--json``: the lines as written), optionally following 
 
 A viewer, so it shows every JSON object line as far as it can, also those the other readers skip
 as not events (a hand edit, an older relay's "NaN" ts): nothing in a line stops it. The first look
-shows the last ``last`` lines of what is there: each file in its own order, files merged by time."""
+shows the last ``last`` lines of what is there, read from the files' ends (relay/cli/backlog.py),
+or, with no ``last`` (``--since``), all of it read forwards: each file in its own order, files merged
+by time."""
 from __future__ import annotations
 
 import heapq
 import select
 import sys
 import time
-from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, TextIO
@@ -19,10 +20,11 @@ from typing import Any, Iterable, Iterator, TextIO
 import click
 import orjson
 
+from relay.cli.backlog import last_events, last_steps
 from relay.cli.follow import Follower
 from relay.wire.lines import parse_line
 from relay.cli.filters import Selection, clock
-from relay.cli.step_view import StepView
+from relay.cli.step_view import Row, StepView
 from sinks.events import RELAY_RANK
 
 #: Seconds between two looks at the journal when following.
@@ -101,7 +103,9 @@ class Tail:
         self.selection = replace(selection, metrics=()) if view == "steps" and not as_json else selection
         self.as_json = as_json
         self.color = color
-        self.steps = StepView(selection.metrics, color=color, straggler_ratio=straggler_ratio)
+        self.metrics = selection.metrics
+        self.straggler_ratio = straggler_ratio
+        self.steps = self._view(False)
         self._run_shown: str | None = None
         self._follower = Follower(path, notice=lambda text: click.echo(f"relay tail: {text}", err=True))
 
@@ -112,30 +116,46 @@ class Tail:
         if follow and not self.path.exists():
             click.echo(f"relay tail: waiting for {self.path} to appear", err=True)
         try:
-            backlog = self._backlog(final=not follow)
-            now = time.monotonic()
-            if self.view == "steps" and not self.as_json:
-                rows: deque[tuple[str, str]] = deque(maxlen=last)
-                for i, (ev, _) in enumerate(backlog):
-                    rows.extend(self.steps.feed(ev, now))
-                    if i % 4096 == 4095:  # steps shown leave memory as the backlog is read
-                        rows.extend(self.steps.ready(now, backlog=True))
-                rows.extend(self.steps.ready(now, final=not follow, backlog=True))
-                self._show_rows(list(rows))
+            if last is None:
+                self._show_all(final=not follow)
             else:
-                self._show_events(list(deque(backlog, maxlen=last)))
+                self._show_last(last, final=not follow)
             while follow and not reader_gone(sys.stdout, POLL_S):
                 self.poll_once()
         finally:
             self._follower.close()
 
-    def _backlog(self, final: bool) -> Iterator[tuple[dict[str, Any], bytes]]:
-        """What is there already: each file in its own order, files merged by time; parsed as it is
-        consumed, so only what the view keeps stays in memory."""
+    def _view(self, from_middle: bool) -> StepView:
+        return StepView(self.metrics, color=self.color, straggler_ratio=self.straggler_ratio, from_middle=from_middle)
+
+    def _show_last(self, last: int, final: bool) -> None:
+        """The last ``last`` events or steps, read from the files' ends; the follower goes on from there."""
+        files = self._follower.skip_to_end(final=final)
+        if self.view == "steps" and not self.as_json:
+            self.steps, rows = last_steps(files, self.selection.wants, last, self._view, now=time.monotonic(),
+                                          final=final)
+            self._show_rows(rows)
+        else:
+            self._show_events(last_events(files, self.selection.wants, last))
+
+    def _show_all(self, final: bool) -> None:
+        """Everything there is (that the selection wants), read forwards: each file in its own order,
+        files merged by time; parsed as it is consumed, so only what the view keeps stays in memory."""
         files = [self._wanted(lines) for _, lines in self._follower.poll(final=final)]
-        if len(files) == 1:
-            return files[0]
-        return ((ev, raw) for _, ev, raw in heapq.merge(*map(_ts_keys, files), key=lambda k: k[0]))
+        backlog = files[0] if len(files) == 1 else (
+            (ev, raw) for _, ev, raw in heapq.merge(*map(_ts_keys, files), key=lambda k: k[0]))
+        if self.view != "steps" or self.as_json:
+            self._show_events(list(backlog))
+            return
+        now = time.monotonic()
+        rows: list[Row] = []
+        for i, (ev, _) in enumerate(backlog):
+            rows.extend(self.steps.feed(ev, now))
+            if i % 4096 == 4095:  # steps shown leave memory as the backlog is read
+                rows.extend(self.steps.ready(now, backlog=True))
+                self._show_rows(rows)
+                rows = []
+        self._show_rows(rows + self.steps.ready(now, final=final, backlog=True))
 
     def poll_once(self) -> None:
         """One look when following: what was written since, shown."""
@@ -168,14 +188,14 @@ class Tail:
         sys.stdout.write("".join(format_event(ev, narrow(ev), self.color) + "\n" for ev, _ in events))
         sys.stdout.flush()
 
-    def _show_rows(self, rows: list[tuple[str, str]]) -> None:
+    def _show_rows(self, rows: list[Row]) -> None:
         if not rows:
             return
         text = []
-        for run, line in rows:
-            if run != self._run_shown:  # each run's rows under its own name and the column names
-                text += [self.steps.run_line(run), self.steps.header]
-                self._run_shown = run
-            text.append(line)
+        for row in rows:
+            if row.run != self._run_shown:  # each run's rows under its own name and the column names
+                text += [self.steps.run_line(row.run), self.steps.header]
+                self._run_shown = row.run
+            text.append(row.text)
         sys.stdout.write("\n".join(text) + "\n")
         sys.stdout.flush()

@@ -272,7 +272,8 @@ def check_journal(journal_bytes: bytes) -> None:
         kept = {(e["run"], e["rank"], e["seq"]) for e in read_events(source, whole_lines=True)}
         with contextlib.redirect_stdout(io.StringIO()):
             for view in ("events", "steps"):  # a viewer for humans shows whatever a file holds
-                Tail(source, Selection(), view=view).run(follow=False, last=None)
+                for last in (None, 3):  # read forwards, and from the end (relay/cli/backlog.py)
+                    Tail(source, Selection(), view=view).run(follow=False, last=last)
         out = root / "out"
         _replay(source, out, events)
         before = _tree(root)
