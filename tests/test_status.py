@@ -93,8 +93,12 @@ def test_live_line_on_a_terminal_is_redrawn_in_place_and_logs_pass_above_it(tmp_
             return [int(m.group(1)) for d in relay.draws() if (m := EVENTS.search(d)) and "run-a 2/2" in d]
 
         wait_for(lambda: len(set(counts())) >= 3, 60, "three live lines showing run-a 2/2 with new counts")
-        relay.resize(60)  # a line that wrapped could not be redrawn in place: it is cut to the width
-        wait_for(lambda: relay.draws()[-1].endswith("...") and len(relay.draws()[-1]) == 59, 30, "a cut line")
+        relay.resize(80)  # a line that wrapped could not be redrawn in place: it says less, the sinks' queues kept
+        wait_for(lambda: re.fullmatch(r"\d+ ev/s \| sinks: jsonl \d+q, collect \d+q, flaky \d+q[^|]* \| 1 run \| "
+                                      r"\d+ ev", relay.draws()[-1]) and len(relay.draws()[-1]) <= 79, 30,
+                 "a short line with every sink's queue")
+        relay.resize(50)  # and what does not fit even so is cut to the width
+        wait_for(lambda: relay.draws()[-1].endswith("...") and len(relay.draws()[-1]) == 49, 30, "a cut line")
         relay.resize(200)
         raw = zmq.Context.instance().socket(zmq.DEALER)
         raw.connect(relay.address)

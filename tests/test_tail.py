@@ -2,13 +2,16 @@
 relay while the command follows them."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
 import shutil
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from datetime import datetime
 from pathlib import Path
@@ -16,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import finish, start_publisher, wait_for
-from watch_helpers import RELAY_RANK, LiveCommand, cli_env, event, relay_cmd, write_journal
+from watch_helpers import RELAY_RANK, LiveCommand, cli_env, event, relay_cmd, training_journal, write_journal
 
 from relay.wire.lines import encode_line
 
@@ -269,19 +272,21 @@ def test_follow_steps_view_prints_each_step_once_it_is_in(tmp_path: Path) -> Non
     assert code == 0 and "Traceback" not in stderr, stderr
 
 
+def _read_pty(leader: int) -> bytes:
+    """What a pseudo-terminal's program wrote next; b"" once it is closed."""
+    try:
+        return os.read(leader, 65536)
+    except OSError:  # EIO: the terminal's other side is closed
+        return b""
+
+
 def run_on_pty(args: list[str], env: dict[str, str]) -> bytes:
     """Run ``python -m relay ARGS`` with stdout on a pseudo-terminal; everything it wrote there."""
     leader, follower = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "relay", *args], stdout=follower, stderr=subprocess.PIPE, env=env)
     os.close(follower)
     out = b""
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # EIO: the terminal's other side is closed
-            break
-        if not chunk:
-            break
+    while chunk := _read_pty(leader):
         out += chunk
     os.close(leader)
     assert proc.wait(60) == 0, proc.stderr.read()
@@ -345,3 +350,28 @@ def test_steps_view_shows_a_straggler_episode_from_its_start_to_its_end() -> Non
     assert lines[6].endswith("cleared r1 (named at 3)")
     assert lines[7].endswith("cleared r0 (named at 5, lost)")  # said for step 7 once step 8 was in
     assert not any(lines[s].endswith(")") for s in (4, 5, 8, 9))
+
+
+def test_steps_view_fits_the_terminal(tmp_path: Path) -> None:
+    """80 columns ($COLUMNS, or the terminal's own size): fewer columns and a short flag, no line
+    wider; with no terminal and no $COLUMNS, every column (what scripts read)."""
+    path = tmp_path / "j.jsonl"
+    training_journal(path, "wide-run", 60, t0=time.time() - 600, ranks=12, straggler_every=20)
+    narrow = relay_cmd("tail", str(path), "--view", "steps", "-n", "30", env=cli_env(COLUMNS="80")).stdout
+    assert max(map(len, narrow.splitlines())) <= 80, narrow
+    assert narrow.splitlines()[1].split() == ["time", "step", "loss", "lr", "tok/s", "slowest", "spread", "flag"]
+    assert "STRAGGLER r1 x2.50" in narrow and "cleared r1" in narrow
+    wide = relay_cmd("tail", str(path), "--view", "steps", "-n", "30").stdout
+    assert wide.splitlines()[1].split()[5:] == ["slowest", "own_s", "own_x", "step_s", "step_x", "flag"]
+    assert "STRAGGLER r1 x2.50 (3 steps)" in wide and max(map(len, wide.splitlines())) > 80
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "tail", str(path), "--view", "steps", "-n", "30"],
+                            stdout=follower, stderr=subprocess.PIPE, env=cli_env(NO_COLOR="1"))
+    os.close(follower)
+    out = b""
+    while chunk := _read_pty(leader):
+        out += chunk
+    os.close(leader)
+    assert proc.wait(60) == 0
+    assert out.decode().replace("\r\n", "\n") == narrow

@@ -33,7 +33,8 @@ def write_journal(path: Path, events: list[dict[str, Any]]) -> bytes:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    """This environment without what changes how the viewers print (NO_COLOR, COLUMNS), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS")}
     env.update(extra)
     return env
 

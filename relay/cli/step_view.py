@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -36,6 +37,7 @@ from typing import Any, NamedTuple
 
 import click
 
+from relay.cli.columns import Column, Layout, cut, fit
 from relay.cli.filters import MetricName, clock, number
 
 #: Seconds a step waits after a later step began, for a rank's late report (one look of ``tail -f``).
@@ -45,6 +47,10 @@ SETTLE_S = 1.5
 
 _NOTES = {"rank_lost": "red", "rank_back": "green", "train_end": "yellow"}
 _FLAG_COLOURS = {"STRAGGLER": "red", "cleared": "green"}
+#: Room kept for the flag: "STRAGGLER r12 x2.01 (3 steps)"; on a narrow terminal, "STRAGGLER r12 x2.01".
+FLAG_ROOM = 29
+SHORT_FLAG_ROOM = 19
+_BRACKETS = re.compile(r" \(.*?\)")
 
 
 class Row(NamedTuple):
@@ -94,24 +100,22 @@ class StepView:
     the first events fed are not a run's first (relay/cli/backlog.py reads a journal's end)."""
 
     def __init__(self, metrics: tuple[MetricName, ...] = (), *, color: bool = False,
-                 straggler_ratio: float = 1.3, from_middle: bool = False) -> None:
+                 straggler_ratio: float = 1.3, from_middle: bool = False, width: int | None = None) -> None:
         self.metrics = metrics
         self.from_middle = from_middle
         self.color = color
         self.straggler_ratio = straggler_ratio
+        self.width = width
         self._runs: dict[str, _Run] = {}
         self._world: dict[str, int] = {}
         self._begin: dict[str, float] = {}
-        heads = [m.text for m in metrics] if metrics else ["loss", "lr", "tok/s"]
-        self._widths = [max(9, len(h)) for h in heads]
-        self.header = self._style("  ".join(["time    ", "   step", *(h.rjust(w) for h, w in zip(heads, self._widths)),
-                                             "slowest", "   own_s", " own_x", "  step_s", "step_x",
-                                             "flag"]), bold=True)
+        self.layout = fit(_layouts([m.text for m in metrics] if metrics else ["loss", "lr", "tok/s"]), width)
+        self.header = self._style(cut(self.layout.header("flag"), width), bold=True)
 
     def run_line(self, run: str) -> str:
         world = self._world.get(run)
         ranks = "" if not world else " (1 rank)" if world == 1 else f" ({world} ranks)"
-        return self._style(f"run {run}{ranks}", fg="cyan", bold=True)
+        return self._style(cut(f"run {run}{ranks}", self.width), fg="cyan", bold=True)
 
     def feed(self, ev: dict[str, Any], now: float) -> list[Row]:
         """Take one event; what must be shown at once: a rank lost or back, the end of training, when
@@ -192,7 +196,7 @@ class StepView:
         elif type(event) is str and event in _NOTES:
             detail = " ".join(f"{k}={_fmt(v, '.4g')}" for k, v in data.items() if k != "event")
             step = f"{ev['step']:>7}" if type(ev.get("step")) is int else "      -"
-            note = self._style(f"{clock(ev.get('ts'))}  {step}  {event} {detail}", fg=_NOTES[event])
+            note = self._style(cut(f"{clock(ev.get('ts'))}  {step}  {event} {detail}", self.width), fg=_NOTES[event])
             if not state.steps:
                 return [Row(run, note)]
             state.steps[max(state.steps)].notes.append(note)  # after the steps begun before it
@@ -226,13 +230,19 @@ class StepView:
             flags.append(f"slow r{slowest} x{spread:.2f}")
         if all(c is None for c in cells) and slowest is None and not flags:
             return None  # a step with only other figures (an eval): nothing for these columns
-        row = "  ".join([clock(rec.ts), f"{rec.step:>7}", *(t.rjust(w) for t, w in zip(texts, self._widths)),
-                         (f"r{slowest}" if slowest is not None else "-").rjust(7), _fmt(own_s, ".4g").rjust(8),
-                         _fmt(own_x, ".2f").rjust(6), _fmt(step_s, ".4g").rjust(8), _fmt(step_x, ".2f").rjust(6)])
-        if flags:
-            row += "  " + " ".join(self._style(flag, fg=_FLAG_COLOURS.get(flag.split()[0], "yellow"), bold=True)
-                                   for flag in flags)
-        return row
+        row = self.layout.line({"time": clock(rec.ts), "step": str(rec.step), **{f"metric{i}": text for i, text in enumerate(texts)},
+                                "slowest": f"r{slowest}" if slowest is not None else "-",
+                                "own_s": _fmt(own_s, ".4g"), "own_x": _fmt(own_x, ".2f"), "step_s": _fmt(step_s, ".4g"),
+                                "step_x": _fmt(step_x, ".2f"), "spread": _fmt(spread, ".2f")})
+        if self.layout.room < FLAG_ROOM:  # a narrow terminal: the flag without what the columns say
+            flags = [_BRACKETS.sub("", flag) for flag in flags]
+        if not flags:
+            return cut(row, self.width)
+        room = None if self.width is None else self.width - len(row) - len(self.layout.sep)
+        if room is not None and len(" ".join(flags)) > room:
+            flags = [cut(" ".join(flags), max(room, 1))]
+        return row + self.layout.sep + " ".join(
+            self._style(flag, fg=_FLAG_COLOURS.get(flag.split()[0], "yellow"), bold=True) for flag in flags)
 
     @staticmethod
     def _metric(rec: _Step, metric: MetricName) -> Any:
@@ -261,6 +271,21 @@ class StepView:
 
     def _style(self, text: str, **style: Any) -> str:
         return click.style(text, **style) if self.color else text
+
+
+def _layouts(heads: list[str]) -> list[Layout]:
+    """The steps view's columns, widest first: every figure; without the slowest own work and step
+    time in seconds; then, one space apart, one spread (own_x, else step_x) and ever fewer of the
+    metric columns, with a short flag."""
+    time, step, slowest = Column("time", "time", 8, left=True), Column("step", "step", 7), Column("slowest", "slowest", 7)
+    metrics = [Column(f"metric{i}", head, max(9, len(head))) for i, head in enumerate(heads)]
+    own_x, step_x = Column("own_x", "own_x", 6), Column("step_x", "step_x", 6)
+    return [Layout((time, step, *metrics, slowest, Column("own_s", "own_s", 8), own_x, Column("step_s", "step_s", 8),
+                    step_x), room=FLAG_ROOM),
+            Layout((time, step, *metrics, slowest, own_x, step_x), room=FLAG_ROOM),
+            *(Layout((time, Column("step", "step", 6), *metrics[:shown], slowest, Column("spread", "spread", 6)), " ",
+                     room=SHORT_FLAG_ROOM)
+              for shown in range(len(metrics), 0, -1))]
 
 
 def _spread(figures: dict[int, float]) -> tuple[int, float, float | None]:

@@ -21,6 +21,7 @@ import click
 import orjson
 
 from relay.cli.backlog import last_events, last_steps
+from relay.cli.columns import terminal_width
 from relay.cli.follow import Follower
 from relay.wire.lines import parse_line
 from relay.cli.filters import Selection, clock
@@ -126,7 +127,8 @@ class Tail:
             self._follower.close()
 
     def _view(self, from_middle: bool) -> StepView:
-        return StepView(self.metrics, color=self.color, straggler_ratio=self.straggler_ratio, from_middle=from_middle)
+        return StepView(self.metrics, color=self.color, straggler_ratio=self.straggler_ratio, from_middle=from_middle,
+                        width=terminal_width(sys.stdout))
 
     def _show_last(self, last: int, final: bool) -> None:
         """The last ``last`` events or steps, read from the files' ends; the follower goes on from there."""

@@ -37,10 +37,11 @@ class LiveLine:
         self.closed = False
 
     def show(self, text: str) -> None:
+        """Draw ``text`` in place, cut to ``width()``: a caller that can say less says it in that."""
         with self.lock:
             if self.closed:
                 return
-            width = max(4, self._width() - 1)  # the last column would wrap on some terminals
+            width = self.width()
             self.text = text if len(text) <= width else text[:width - 3] + "..."
             self._write(CLEAR + self.text)
 
@@ -66,11 +67,12 @@ class LiveLine:
                 self._write("\n")
             self.closed = True
 
-    def _width(self) -> int:
+    def width(self) -> int:
+        """The columns a line may take: the terminal's but the last, which would wrap on some terminals."""
         try:
-            return os.get_terminal_size(self.stream.fileno()).columns
+            return max(4, os.get_terminal_size(self.stream.fileno()).columns - 1)
         except (OSError, ValueError):
-            return 200
+            return 199
 
     def _write(self, text: str) -> None:
         try:

@@ -341,7 +341,7 @@ class Relay:
         for call in self.each_second:
             call()
         if self.live is not None:
-            self.live.show(format_line(self.snapshot()))
+            self.live.show(format_line(self.snapshot(), width=self.live.width()))
 
     def snapshot(self, window: float = 1.0, final: bool = False) -> dict[str, Any]:
         """Every counter, plus events/s over about the last ``window`` seconds and the runs' ranks."""
@@ -358,7 +358,7 @@ class Relay:
 
     def _shutdown(self) -> None:
         if self.live is not None:  # the last live line stays on the terminal
-            self.live.show(format_line(self.snapshot()))
+            self.live.show(format_line(self.snapshot(), width=self.live.width()))
             self.live.close()
         ingest, batch = self.ingest, self.ingest.batch
         ingest.close_runs(time.monotonic())

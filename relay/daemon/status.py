@@ -70,15 +70,14 @@ class Answers:
 # -- the line ---------------------------------------------------------------------------------------
 
 
-def format_line(snap: dict[str, Any], *, detail: bool = False) -> str:
+def format_line(snap: dict[str, Any], *, detail: bool = False, width: int | None = None) -> str:
     """``1520 ev/s | 1 run: run-a 2/2 | 30120 events, 0 duplicates, 0 rejected, 0 client drops |
     sinks: jsonl 0 queued, aim 812 queued (1.0 s behind)``. ``detail`` adds frames, derived,
     written, rejection reasons and each sink's written count (the log line and ``relay status``). Fields
-    a stats file of an older relay lacks are left out."""
-    parts = []
-    if "events_per_s" in snap:
-        parts.append(f"{snap['events_per_s']:.0f} ev/s")
-    parts.append(_runs(snap))
+    a stats file of an older relay lacks are left out. ``width`` (the live line on a terminal): the
+    line shortened to fit, run names, zero counters and words going first, the sinks' queues kept
+    (``1520 ev/s | sinks: jsonl 0q, aim 812q 1.0s behind | 1 run | 30120 ev``)."""
+    rate = f"{snap['events_per_s']:.0f} ev/s" if "events_per_s" in snap else ""
     counts = f"{snap.get('events', 0)} events"
     if detail:
         counts += f" in {snap.get('frames', 0)} frames"
@@ -88,19 +87,46 @@ def format_line(snap: dict[str, Any], *, detail: bool = False) -> str:
     rejected = f"{snap.get('rejected_total', 0)} rejected"
     if detail and snap.get("rejected"):
         rejected += " (" + ", ".join(f"{k} {v}" for k, v in sorted(snap["rejected"].items())) + ")"
-    parts.append(f"{counts}, {snap.get('duplicates', 0)} duplicates, {rejected}, "
-                 f"{snap.get('client_dropped', 0)} client drops")
+    counts += (f", {snap.get('duplicates', 0)} duplicates, {rejected}, "
+               f"{snap.get('client_dropped', 0)} client drops")
     sinks = snap.get("sinks") or {}
-    parts.append("sinks: " + (", ".join(_sink(name, s, detail) for name, s in sinks.items()) or "none"))
-    return " | ".join(parts)
+    queues = "sinks: " + (", ".join(_sink(name, s, detail) for name, s in sinks.items()) or "none")
+    line = _joined(rate, _runs(snap), counts, queues)
+    if width is None or len(line) <= width:
+        return line
+    runs = _runs(snap, named=False)
+    few = ", ".join([f"{snap.get('events', 0)} ev", *(f"{snap[key]} {word}" for key, word in _TROUBLE if snap.get(key))])
+    short = "sinks: " + (", ".join(_short_sink(name, s) for name, s in sinks.items()) or "none")
+    for line in (_joined(rate, runs, counts, queues), _joined(rate, runs, few, queues), _joined(rate, queues, runs, few),
+                 _joined(rate, short, runs, few)):
+        if len(line) <= width:
+            return line
+    return line[:max(0, width - 3)] + "..."
 
 
-def _runs(snap: dict[str, Any]) -> str:
+#: The counters the shortest line names only when they are not zero, and how.
+_TROUBLE = (("duplicates", "dup"), ("rejected_total", "rejected"), ("client_dropped", "client drops"))
+
+
+def _joined(*parts: str) -> str:
+    return " | ".join(part for part in parts if part)
+
+
+def _short_sink(name: str, s: dict[str, Any]) -> str:
+    text = f"{name} {s.get('queued', 0)}q"
+    if s.get("lag_s") and s.get("queued"):
+        text += f" {s['lag_s']:.0f}s behind"
+    return text + "".join(f" {s[key]} {key}" for key in ("errors", "dropped") if s.get(key))
+
+
+def _runs(snap: dict[str, Any], named: bool = True) -> str:
     """``2 runs: run-a 4/4, run-b 1/2`` (ranks that sent something lately / world size): the most
-    recently active runs, shown by name."""
+    recently active runs, shown by name (``named``)."""
     count = snap.get("runs")
     if count is None:  # an older relay's stats file
         return f"{snap.get('ranks', 0)} ranks"
+    if not named:
+        return f"{count} run{'' if count == 1 else 's'}"
     per_run = snap.get("per_run") or {}
     recent = sorted(per_run, key=lambda run: _number(per_run[run].get("idle_s"), float("inf")))
     shown = sorted(recent[:RUNS_SHOWN])

@@ -1,0 +1,76 @@
+"""Tables fitted to the terminal (``relay tail --view steps``, ``relay runs``): the width to fit, and
+the first of a table's layouts, widest first, whose lines fit it.
+
+The width is the terminal's, or ``$COLUMNS`` when set; a pipe or a file without ``$COLUMNS`` gets
+every column (a script reads the widest layout, always the same). A line still too wide (a long
+cell) is cut, with "…" where it was cut: a line that wraps breaks the table."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable, TextIO
+
+ELLIPSIS = "…"
+
+
+def terminal_width(stream: TextIO) -> int | None:
+    """The columns to fit on ``stream``: $COLUMNS, else its terminal's; None: no limit."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        if stream.isatty():
+            return os.get_terminal_size(stream.fileno()).columns or None  # (0: a terminal that never said)
+    except (AttributeError, ValueError, OSError):  # not a real file (captured output), or closed
+        pass
+    return None
+
+
+def cut(text: str, width: int | None) -> str:
+    """``text`` in ``width`` columns at most, "…" where it was cut."""
+    if width is None or len(text) <= width:
+        return text
+    return text[:max(0, width - 1)] + ELLIPSIS
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column: its key in a row's cells, its heading, its width (a longer cell widens its line,
+    never cut), and which side it keeps to (numbers right, text left)."""
+
+    key: str
+    head: str
+    width: int
+    left: bool = False
+
+    def show(self, text: str) -> str:
+        return text.ljust(self.width) if self.left else text.rjust(self.width)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Columns, the space between them, and the room kept after them for a last free text (a flag)."""
+
+    columns: tuple[Column, ...]
+    sep: str = "  "
+    room: int = 0
+
+    @property
+    def width(self) -> int:
+        return sum(c.width for c in self.columns) + len(self.sep) * (len(self.columns) - 1)
+
+    def header(self, tail: str = "") -> str:
+        return self.sep.join([*(c.show(c.head) for c in self.columns), *([tail] if tail else [])])
+
+    def line(self, cells: dict[str, str]) -> str:
+        return self.sep.join(c.show(cells.get(c.key, "-")) for c in self.columns)
+
+
+def fit(layouts: Iterable[Layout], width: int | None) -> Layout:
+    """The first layout whose columns and room fit ``width`` (the widest for no limit), else the last."""
+    chosen = None
+    for chosen in layouts:
+        if width is None or chosen.width + (len(chosen.sep) + chosen.room if chosen.room else 0) <= width:
+            return chosen
+    assert chosen is not None, "no layout given"
+    return chosen

@@ -1,0 +1,74 @@
+"""The commands that show a journal to people: ``relay tail`` (its events or steps, from the end,
+following it), ``relay runs`` (a listing of its runs) and ``relay plot`` (its metrics in an image).
+Their options are declared here; what each does lives in its own module, imported when it runs.
+relay/cli/__init__.py adds them to the ``relay`` group."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from relay.cli.filters import selection, selection_options
+from relay.cli.main import EXIT_USAGE, _fail
+
+
+@click.command(short_help="Show a journal readably from its end; -f follows it.")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing as lines are written, like tail -F: PATH may appear later, be rotated or truncated.")
+@click.option("--view", type=click.Choice(["events", "steps"]), default="events", show_default=True,
+              help="One line per event, or per logged step (loss, lr, tokens/s, slowest rank, straggler flag).")
+@click.option("--json", "as_json", is_flag=True, help="Print the journal lines as written (for jq); filters apply.")
+@selection_options
+@click.option("--type", "types", multiple=True, metavar="TYPE", help="Only these event types (metrics, params, ...).")
+@click.option("--metric", "metrics", multiple=True, metavar="NAME",
+              help="Only events with these data keys, and only those keys shown (repeatable; stage/name "
+                   "picks one stage, as in eval/loss); in --view steps, the columns instead of loss, lr, tok/s.")
+@click.option("-n", "--lines", type=click.IntRange(0), default=None,
+              help="Start with the last N lines (events or steps) [default: 20, all with --since].")
+@click.option("--straggler-ratio", type=click.FloatRange(1.0), default=1.3, show_default=True,
+              help="--view steps: flag a step whose slowest rank took this many times the median.")
+def tail(path: Path, follow: bool, view: str, as_json: bool, types: tuple[str, ...], metrics: tuple[str, ...],
+         lines: int | None, straggler_ratio: float, **filters: Any) -> None:
+    """Print a journal (a JSONL file or directory) readably, or its lines for jq; follow it with -f.
+
+    Colour only on a terminal (and not with NO_COLOR set); Ctrl-C and a closed pipe end it with status 0."""
+    from relay.cli.tail import Tail
+
+    chosen = selection(types=types, metrics=metrics, **filters)
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    if lines is None:
+        lines = None if chosen.since is not None else 20
+    try:
+        Tail(path, chosen, view=view, as_json=as_json, color=color, straggler_ratio=straggler_ratio).run(
+            follow=follow, last=lines)
+    except FileNotFoundError:
+        _fail(EXIT_USAGE, f"{path} does not exist; give the relay's --path (file or directory), or -f to wait for it")
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:  # the reader went away (| head): nothing more to say, and nothing to flush at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+@click.command(short_help="Draw a journal's metrics against the step into an image.")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--metric", "metrics", multiple=True, required=True, metavar="NAME",
+              help="A metric to draw, one panel each (repeatable): name, or stage/name (eval/loss, rank/step_time).")
+@click.option("--by", type=click.Choice(["run", "rank"]), default="run", show_default=True,
+              help="One line per run, or per run and rank.")
+@selection_options
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="The image to write: .png, .svg or .pdf.")
+def plot(path: Path, metrics: tuple[str, ...], by: str, output: Path, **filters: Any) -> None:
+    """Draw metrics of a journal (file or directory) against the step, for users without a UI."""
+    from relay.cli.plot import PlotError, plot_journal
+
+    if not path.exists():
+        _fail(EXIT_USAGE, f"{path} does not exist; give the relay's --path (file or directory)")
+    try:
+        plot_journal(path, selection(metrics=metrics, **filters), output, by_rank=by == "rank")
+    except PlotError as exc:
+        _fail(EXIT_USAGE, str(exc))
