@@ -59,11 +59,14 @@ def read_jsonl(path: Path, live: bool = False) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def wait_for(condition: Callable[[], object], timeout: float, what: str = "condition") -> None:
-    """Poll ``condition`` until it holds; fail after ``timeout`` s (a fixed sleep flakes on a busy machine)."""
+def wait_for(condition: Callable[[], object], timeout: float, what: str = "condition",
+             detail: Callable[[], str] | None = None) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` s (a fixed sleep flakes on a busy
+    machine), saying ``what`` and, if given, ``detail()`` (a log's tail, the last stats)."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"{what}: not met within {timeout:g} s"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not met within {timeout:g} s" + (f"\n{detail()}" if detail else ""))
         time.sleep(0.02)
 
 

@@ -143,12 +143,15 @@ def test_malformed_frames_are_rejected_with_reasons_and_valid_ones_survive(relay
     for i in range(len(bad_frames), len(bad_frames) + 50):
         pub.publish("metrics", {"i": i}, step=i, stage="train")
     assert pub.close(20) == 0
-    time.sleep(0.5)
+    expected = dict.fromkeys(bad_frames, 1) | {"multipart": 1}
+    expected[noise_reason.value.reason] = expected.get(noise_reason.value.reason, 0) + 1
+    # the raw socket's last frame is a good one: once it is journaled, every frame before it was judged
+    wait_for(lambda: any(e["run"] == "raw" for e in read_jsonl(journal, live=True)), 30, "the raw good frame")
+    wait_for(lambda: sum(relay.stats(journal)["rejected"].values()) >= sum(expected.values()), 30,
+             "every bad frame counted in the stats")
     assert relay.proc.poll() is None, "relay must survive bad input"
     assert relay.stop() == 0
     counters = relay.stats(journal)
-    expected = dict.fromkeys(bad_frames, 1) | {"multipart": 1}
-    expected[noise_reason.value.reason] = expected.get(noise_reason.value.reason, 0) + 1
     assert counters["rejected"] == expected
     dead = read_jsonl(journal.with_name("j_deadletter.jsonl"))
     assert sorted(d["reason"] for d in dead) == sorted(r for r, n in expected.items() for _ in range(n))
@@ -358,13 +361,13 @@ def test_only_a_lost_connection_makes_the_publisher_resend():
     monitor = client.get_monitor_socket()  # every event, as a test of the filter in _read_monitor
     try:
         client.connect(f"tcp://127.0.0.1:{port}")
-        assert monitor.poll(5000)
-        time.sleep(0.2)  # let the connection's events (connect delayed, connected, handshake) all arrive
+        # A frame through the connection: its handshake is done, so its monitor events (connect
+        # delayed, connected, handshake succeeded) were all queued on the monitor before it was sent.
+        client.send(b"up")
+        assert relay_side.poll(10_000) and relay_side.recv_multipart()[1] == b"up"
         assert Publisher._read_monitor(monitor) is False
         relay_side.close(0)
-        assert monitor.poll(5000)
-        time.sleep(0.2)
-        assert Publisher._read_monitor(monitor) is True
+        wait_for(lambda: Publisher._read_monitor(monitor), 10, "the lost connection seen on the monitor")
     finally:
         client.disable_monitor()
         monitor.close(0)

@@ -7,11 +7,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port, plugin_env, start_publisher
+from conftest import free_port, plugin_env, start_publisher, wait_for
 from conftest import finish as finish_publisher
 
 from trainer.tracker_flags import TrackingArguments, sink_args
@@ -32,15 +31,13 @@ def test_ready_before_any_sink_opens_and_every_sink_gets_the_events(relays, tmp_
     relay = relays(["--path", f"{journal}/", "--stats-interval", "0.3", *five_sinks(tmp_path)],
                    env=dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true"))
     assert finish_publisher(start_publisher(relay.address, "early", 0, 200))["left"] == 0  # all journaled
-    deadline = time.monotonic() + 180
-    while True:
-        snap = relay.stats(journal)
-        sinks = snap["sinks"]
-        if all(sinks[name]["open"] and not sinks[name]["queued"] for name in FIVE) and \
-                all(sinks[name]["written"] + sinks[name]["caught_up"] >= 200 for name in FIVE):
-            break
-        assert time.monotonic() < deadline, json.dumps(sinks)[-3000:]
-        time.sleep(0.3)
+    def caught_up() -> bool:
+        sinks.update(relay.stats(journal)["sinks"])
+        return all(sinks[name]["open"] and not sinks[name]["queued"]
+                   and sinks[name]["written"] + sinks[name]["caught_up"] >= 200 for name in FIVE)
+
+    sinks: dict = {}
+    wait_for(caught_up, 180, "the five sinks open and caught up", lambda: json.dumps(sinks)[-3000:])
     assert relay.stop(timeout=120) == 0  # five sinks drain and close, on a busy machine
     log = relay.log.read_text()
     listening = log.index("relay listening on")
@@ -96,16 +93,13 @@ def test_a_sink_that_fails_to_open_after_ready_is_reported_counted_and_retried(r
     relay = relays(["--path", f"{journal}/", "--stats-interval", "0.3", "--sink", "failopen",
                     "--failopen-file", str(tmp_path / "gate")], env=env)
     assert finish_publisher(start_publisher(relay.address, "r", 0, 20))["left"] == 0  # ingest goes on
-    deadline = time.monotonic() + 60
-    while (sink := relay.stats(journal)["sinks"]["failopen"]) \
-            .get("open_failures", 0) < 2:
-        assert time.monotonic() < deadline, relay.log.read_text()[-3000:]
-        time.sleep(0.2)
+    failopen = lambda: relay.stats(journal)["sinks"]["failopen"]  # noqa: E731
+    log = lambda: relay.log.read_text()[-3000:]  # noqa: E731
+    wait_for(lambda: failopen().get("open_failures", 0) >= 2, 60, "two failed opens", log)
+    sink = failopen()
     assert not sink["open"] and "gate is missing" in sink["open_error"] and sink["errors"] >= 2, sink
     assert "sink failopen could not open (1 attempts; trying again in 1 s" in relay.log.read_text()
     (tmp_path / "gate").write_text("")  # what it needed is there now: the next attempt opens it
-    while not (sink := relay.stats(journal)["sinks"]["failopen"])["open"]:
-        assert time.monotonic() < deadline + 60, relay.log.read_text()[-3000:]
-        time.sleep(0.2)
-    assert "open_error" not in sink
+    wait_for(lambda: failopen()["open"], 60, "the sink open once its gate is there", log)
+    assert "open_error" not in failopen()
     assert relay.stop() == 0

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import ROOT, line_count, wait_for
+from conftest import ROOT, line_count, read_jsonl, wait_for
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
 from relay.journal.reader import JournalReader
@@ -230,14 +230,14 @@ def replay(journal: Path, t: Target, ws: Path, env: dict[str, str] | None) -> su
     return done
 
 
-def settled(t: Target, ws: Path, run: str) -> Any:
-    """The run read back; for the forward sink once the central journal stops growing."""
+def settled(t: Target, ws: Path, run: str, sent: list[dict]) -> Any:
+    """The run read back; for the forward sink once the central journal holds every event of ``sent``
+    (the ranks' events the sink was given: the forward sink sends on after its writes return)."""
     if t.name == "forward":
         path = ws / "central" / f"{run}.jsonl"
-        wait_for(path.exists, 60, "the central journal")
-        sizes = [-1]
-        wait_for(lambda: sizes.append(path.stat().st_size) or sizes[-1] == sizes[-2] and time.sleep(0.5) is None
-                 and path.stat().st_size == sizes[-1], 60, "the central journal settled")
+        wanted = {(e["rank"], e["seq"]) for e in sent if e["rank"] != RELAY_RANK}
+        wait_for(lambda: path.exists() and wanted <= {(e["rank"], e["seq"]) for e in read_jsonl(path, live=True)},
+                 60, f"the central journal holding the {len(wanted)} events sent")
     return t.read(ws, run)
 
 
@@ -267,11 +267,11 @@ def test_replayed_twice_adds_nothing(workspace, tmp_path: Path, name: str) -> No
     events = training_events("job-replay")
     (source / "job-replay.jsonl").write_bytes(b"".join(encode_line(e) for e in events))
     replay_here(source / "job-replay.jsonl", t, ws, env)
-    first = settled(t, ws, "job-replay")
+    first = settled(t, ws, "job-replay", events)
     t.check(first, 6)
     written = files(t, ws)
     done, sink = replay_here(source / "job-replay.jsonl", t, ws, env)
-    second = settled(t, ws, "job-replay")
+    second = settled(t, ws, "job-replay", events)
     t.same(first, second)
     t.check(second, 6)
     assert done.events == len(events) and done.dead_lettered == 0 and done.bad_lines == 0
@@ -309,7 +309,8 @@ def test_relay_sigkill_mid_run_is_exactly_once(relays, workspace, tmp_path: Path
     finish_ranks(procs)
     assert restarted.stop() == 0
     assert 0 < killed_at < len((journal / "job-kill.jsonl").read_bytes().splitlines())  # killed mid-run
-    live = journal_view(journal / "job-kill.jsonl") if name == "jsonl" else settled(t, ws, "job-kill")
+    sent = read_jsonl(journal / "job-kill.jsonl")
+    live = journal_view(journal / "job-kill.jsonl") if name == "jsonl" else settled(t, ws, "job-kill", sent)
     t.check(live, steps)
     if t.after_restart:
         t.after_restart(live)
@@ -322,7 +323,7 @@ def test_relay_sigkill_mid_run_is_exactly_once(relays, workspace, tmp_path: Path
         (fresh / "central.address").write_text(central.address)
     for attempt in range(2):
         replay(journal / "job-kill.jsonl", t, fresh, env)
-        t.same(live, settled(t, fresh, "job-kill"))
+        t.same(live, settled(t, fresh, "job-kill", sent))
         if attempt == 0:
             written = files(t, fresh)
     assert files(t, fresh) == written, "the second replay wrote something"
@@ -356,7 +357,7 @@ def test_a_permanent_error_is_dead_lettered_and_the_rest_written(workspace, tmp_
     assert (driver.dead_lettered, driver.deadletter_overflow, driver.written) == (1, 0, len(events) - 1)
     (kept,) = [json.loads(line) for line in (tmp_path / "dead.jsonl").read_text().splitlines()]
     assert kept["reason"] == "permanent" and kept["event"]["seq"] == bad["seq"], kept
-    t.check(settled(t, ws, "job-dl"), 6)
+    t.check(settled(t, ws, "job-dl", [e for e in events if e is not bad]), 6)
 
 
 @pytest.mark.parametrize("name", [
@@ -397,6 +398,6 @@ def test_a_full_disk_is_caught_up_once_there_is_room(small_fs: Path, workspace, 
         del sink, driver
         gc.collect()  # the tool's handles dropped after a failure, before it is read back
         assert len(failures) == (3 if outage else 0)
-        views[outage] = settled(t, ws, "job-full")
+        views[outage] = settled(t, ws, "job-full", events)
     t.check(views[True], 40)
     t.same(views[False], views[True])
