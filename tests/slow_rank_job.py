@@ -1,10 +1,10 @@
 """A real trainer job (``python -m trainer``'s ``main``) with one rank made slow, or killed, for the
 straggler tests (tests/test_stragglers_torchrun.py): run under torchrun as a script,
 
-    slow_rank_job.py RANK collator|forward SECONDS -- TRAINER FLAGS...
+    slow_rank_job.py RANK|all collator|forward SECONDS -- TRAINER FLAGS...
     slow_rank_job.py RANK kill STEP -- TRAINER FLAGS...
 
-``collator``: rank RANK's data collator sleeps SECONDS per batch (slow between steps: its peers
+``collator``: rank RANK's (or every rank's: ``all``) data collator sleeps SECONDS per batch (slow between steps: its peers
 wait in the token-count gather before the step). ``forward``: its model's forward sleeps SECONDS
 per micro-batch (slow inside the step: its peers wait in the gradient all-reduce). ``kill``: rank
 RANK flushes what it published and SIGKILLs itself at the end of step STEP, after the step's
@@ -27,12 +27,12 @@ from trainer.sft import main
 
 
 class SlowRank(TrainerCallback):
-    def __init__(self, rank: int, where: str, seconds: float) -> None:
-        self.rank, self.where, self.seconds = rank, where, seconds
+    def __init__(self, rank: int | None, where: str, seconds: float) -> None:
+        self.rank, self.where, self.seconds = rank, where, seconds  # rank None: every rank
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        train_dataloader: Any = None, **kwargs: Any) -> None:
-        if args.process_index != self.rank:
+        if self.rank is not None and args.process_index != self.rank:
             return
         if self.where == "forward":
             model.register_forward_pre_hook(lambda module, inputs: time.sleep(self.seconds))
@@ -65,5 +65,8 @@ if __name__ == "__main__":
     rank, where, value, dashes, *flags = sys.argv[1:]
     if dashes != "--" or where not in ("collator", "forward", "kill"):
         sys.exit(__doc__)
-    callback = KilledRank(int(rank), int(value)) if where == "kill" else SlowRank(int(rank), where, float(value))
+    if where == "kill":
+        callback: TrainerCallback = KilledRank(int(rank), int(value))
+    else:
+        callback = SlowRank(None if rank == "all" else int(rank), where, float(value))
     sys.exit(main(flags, callbacks=[callback]))
