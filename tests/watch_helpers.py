@@ -48,11 +48,11 @@ def relay_cmd(*args: str, timeout: float = 120, env: dict[str, str] | None = Non
 class LiveCommand:
     """A ``python -m relay ARGS`` left running, its stdout lines (and stderr) collected as they come."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         # Ctrl-C as at a terminal: a test run started in the background (SIGINT ignored, and so
         # inherited ignored) must not make ``stop(SIGINT)`` a no-op.
         self.proc = subprocess.Popen([sys.executable, "-m", "relay", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=cli_env(),
+                                     stderr=subprocess.PIPE, env=env or cli_env(),
                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.lines: list[bytes] = []
         self.errors: list[bytes] = []

@@ -277,25 +277,39 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
 @click.option("--sink", "sink_names", multiple=True, required=True, metavar="NAME",
               help="A sink to rebuild (repeatable); jsonl: a journal (--path), given only what it lacks.")
 @click.option("--run", "runs", multiple=True, help="Only these run ids (repeatable).")
+@click.option("--progress-every", type=click.FloatRange(0.0), default=10.0, show_default=True, metavar="SECONDS",
+              help="Off a terminal, log how far the replay got this often (on a terminal a bar says it).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
               default="info", show_default=True)
 @WORLD_READABLE
 @click.pass_context
 def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, ...], runs: tuple[str, ...],
-           log_level: str, world_readable: bool, **sink_params: Any) -> None:
-    """Feed JSONL journal FILES (or directories of them) through sinks, in order."""
+           progress_every: float, log_level: str, world_readable: bool, **sink_params: Any) -> None:
+    """Feed JSONL journal FILES (or directories of them) through sinks, in order.
+
+    Stopped part way (Ctrl-C, exit 130), it says how far it got: run it again to finish, what each
+    sink already holds is skipped."""
+    from relay.cli.progress import Progress, size_of
     from relay.sinkhost.replay import replay_files
 
     private_files(world_readable)
-    _setup_logging(log_level)
+    line = LiveLine(sys.stderr) if wanted("auto", sys.stderr) else None
+    _setup_logging(log_level, line)
+    progress = Progress(size_of(files), line=line, every=progress_every)
     classes: dict[str, tuple[str, type]] = dict(ctx.meta[_SINKS])
     journal = JournalFlags.journal(sink_params) if classes.pop(JOURNAL, None) else None
     try:
         sinks = [cls(**{o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params})
                  for _, cls in classes.values()]
-        result = replay_files(files, sinks, set(runs), journal)
+        result = replay_files(files, sinks, set(runs), journal, progress=progress.update)
     except (SinkError, JournalError) as exc:
+        progress.close()
         _fail(EXIT_USAGE, str(exc))
+    except KeyboardInterrupt:
+        progress.close()
+        _fail(EXIT_INTERRUPTED, f"replay stopped by Ctrl-C after {progress.said()}; what the sinks took is kept: "
+                                "run the same command again to finish (what each sink already holds is skipped)")
+    progress.close()
     done = []
     if journal is not None:
         done.append(f"{result.new} new in the journal {journal.path}, {result.events - result.new} it held already")

@@ -70,9 +70,10 @@ class LiveLine:
     def width(self) -> int:
         """The columns a line may take: the terminal's but the last, which would wrap on some terminals."""
         try:
-            return max(4, os.get_terminal_size(self.stream.fileno()).columns - 1)
+            columns = os.get_terminal_size(self.stream.fileno()).columns
         except (OSError, ValueError):
-            return 199
+            columns = 0
+        return max(4, columns - 1) if columns else 199  # (0: a terminal that never said its size)
 
     def _write(self, text: str) -> None:
         try:

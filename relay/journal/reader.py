@@ -42,13 +42,17 @@ def is_directory_layout(path: str | Path) -> bool:
     return str(path).endswith(os.sep) or Path(path).is_dir()
 
 
-def read_events(path: Path, bad_lines: list[int] | None = None, whole_lines: bool = False) -> Iterator[dict[str, Any]]:
+def read_events(path: Path, bad_lines: list[int] | None = None, whole_lines: bool = False,
+                read_bytes: list[int] | None = None) -> Iterator[dict[str, Any]]:
     """Events of one JSONL file in file order, as written; lines that are not events (unparsable,
     or see ``event_error``) are skipped and their line numbers appended to ``bad_lines`` so callers
     can report them (each also logged at debug level, with why). ``whole_lines``: a last line
-    without its newline (torn, or still being written) is left out."""
+    without its newline (torn, or still being written) is left out. ``read_bytes``: its one item
+    grows by each line's bytes as it is read (a caller that shows how far it got)."""
     with open(path, "rb") as fh:
         for number, line in enumerate(fh, 1):
+            if read_bytes is not None:
+                read_bytes[0] += len(line)
             if not line.strip() or (whole_lines and not line.endswith(b"\n")):
                 continue
             event = parse_line(line)

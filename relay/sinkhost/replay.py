@@ -12,7 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import Dedupe
@@ -38,7 +38,8 @@ class ReplayResult:
 
 
 def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None = None,
-                 journal: Journal | None = None, retry_for: float = RETRY_FOR) -> ReplayResult:
+                 journal: Journal | None = None, retry_for: float = RETRY_FOR,
+                 progress: Callable[[int, int], None] | None = None) -> ReplayResult:
     """Write every event of ``paths`` (files or journal directories) to ``sinks`` in file order,
     and to ``journal`` what it lacks.
 
@@ -47,6 +48,7 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
     ``relay.wire.lines.event_error``: unparsable, hand-edited, an older relay's "NaN" ts) are skipped
     and counted in ``bad_lines``, as are events ``journal`` refuses (a run id it cannot name a file
     after, which the reader already keeps out). SinkError when a sink still fails after ``retry_for`` s.
+    ``progress(events, bytes)`` is told after each batch how many events and bytes were read so far.
     """
     result = ReplayResult()
     files = [f for p in paths for f in journal_files(Path(p))]
@@ -61,11 +63,12 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
             sink.open(context)
             drivers.append(SinkDriver(sink.name, sink, _deadletters(files, sink.name), wait=sleep_for(retry_for)))
         try:
+            read = [0]
             for path in files:
                 result.files += 1
                 bad: list[int] = []
                 batch = []
-                for event in read_events(path, bad):
+                for event in read_events(path, bad, read_bytes=read):
                     if runs and event.get("run") not in runs:
                         continue
                     batch.append(from_journal(event))
@@ -73,9 +76,13 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
                         result.new += _write(target, drivers, batch)
                         result.events += len(batch)
                         batch = []
+                        if progress is not None:
+                            progress(result.events, read[0])
                 if batch:
                     result.new += _write(target, drivers, batch)
                     result.events += len(batch)
+                if progress is not None:
+                    progress(result.events, read[0])
                 if bad:
                     log.warning("%s: skipped %d lines that are not valid events (first at line %d; "
                                 "--log-level debug says why for each)", path, len(bad), bad[0])
