@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 import click
 import orjson
 
-from sinks.aim_repo import PARAMS_KEY, RunLookup, forget_listing, index
+from sinks.aim_repo import PARAMS_KEY, RunLookup, forget_listing, index, open_local
 from sinks.aim_run import close_at, relay_run_class
 from sinks.base import SinkContext, SinkError
 from sinks.events import json_safe
@@ -148,7 +148,7 @@ class AimSink(TrackerSink):
         root = Path(self.repo_spec).expanduser()
         need_writable_dir(root, "Aim repository", "pass a writable --repo directory", create=True)
         try:
-            self._repo = repo_cls.from_path(str(root), init=True)
+            self._repo = open_local(repo_cls, root)
         except OSError as exc:
             raise SinkError(f"Aim repository {root} is not usable: {exc.strerror or exc}; "
                             "pass a writable --repo directory") from None

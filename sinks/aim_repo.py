@@ -1,15 +1,55 @@
-"""Which Aim run of a repository holds which relay run, for the Aim sink (sinks/aim.py): found by the
-relay's run id stored in each Aim run, read once per relay lifetime; and the indexing of a closed
-run, so Aim's own readers see it at once."""
+"""The Aim sink's repository (sinks/aim.py): its one-time set-up, safe against a kill; which Aim run
+holds which relay run, found by the relay's run id stored in each Aim run, read once per relay
+lifetime; and the indexing of a closed run, so Aim's own readers see it at once."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Counter
+
+from sinks.store_setup import build_into_place, setup_lock
 
 log = logging.getLogger(__name__)
 
 #: Run params holding the relay's identity of the run (queryable in Aim: ``run.relay.run_id``).
 PARAMS_KEY = "relay"
+
+
+def open_local(repo_cls: Any, root: Path) -> Any:
+    """The local repository at ``root``, set up first if it is not (sinks/store_setup.py): a new one
+    is made in a temporary folder and renamed into place once Aim has written its ``VERSION``, so a
+    kill leaves no half-made repository; one that an older relay's interrupted set-up left without
+    a whole ``VERSION`` (Aim writes it last) gets Aim's set-up again in place, which is safe to
+    repeat. Aim's set-up is not run on a whole repository (it rewrites ``VERSION`` every time)."""
+    from aim.sdk.configs import get_aim_repo_name
+
+    aim_dir = root / get_aim_repo_name()
+    if _versioned(aim_dir):
+        return repo_cls.from_path(str(root))
+    with setup_lock(aim_dir, "Aim repository"):
+        if not aim_dir.exists():
+            build_into_place(aim_dir, lambda tmp: _set_up(repo_cls, tmp) / get_aim_repo_name())
+        elif not _versioned(aim_dir):
+            log.warning("Aim repository %s was left half made by an interrupted set-up; setting it up again", root)
+            (aim_dir / "VERSION").unlink(missing_ok=True)  # a torn one fails Aim before its set-up starts
+            return repo_cls.from_path(str(root), init=True)
+    return repo_cls.from_path(str(root))
+
+
+def _versioned(aim_dir: Path) -> bool:
+    """Whether Aim's set-up of the repository finished: its last step writes a whole ``VERSION``."""
+    try:
+        parts = (aim_dir / "VERSION").read_text().strip().split(".")
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return all(part.isdigit() for part in parts)
+
+
+def _set_up(repo_cls: Any, root: Path) -> Path:
+    """Aim's own set-up of a repository at ``root``, every file closed once it returns."""
+    repo = repo_cls(str(root), init=True)
+    repo.structured_db.engine.dispose()
+    return root
 
 
 class RunLookup:

@@ -27,6 +27,7 @@ import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.events import json_safe
+from sinks.mlflow_store import ready_sqlite, sqlite_path
 from sinks.mlflow_rules import LABEL_MAPS, MAX_PARAM, MAX_TAG, PLAIN_GROUPS, batches, metric_name, mlflow_key, point
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
@@ -135,6 +136,8 @@ class MlflowSink(TrackerSink):
             folder = self._folder()
             if folder is not None:
                 folder.mkdir(parents=True, exist_ok=True)
+            if sqlite_path(self.uri) is not None:  # its one-time set-up, safe against a kill at any moment
+                ready_sqlite(sqlite_path(self.uri))
             self._client = MlflowClient(tracking_uri=self.uri)
             if not self.remote:
                 self._experiment()
