@@ -173,7 +173,8 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
     writes, then appends to --flaky-file) and ``slowflush`` (takes 0.1 s per write, and appends a
     record of every write and flush, with the time, to --slow-file) and ``runsonly`` (``wants_events``
     False: appends each stand-in it gets to --runs-file) and ``failopen`` (its ``open()`` raises SinkError
-    while --failopen-file does not exist, then appends to it)."""
+    while --failopen-file does not exist, then appends to it) and ``hangopen`` (its ``open()`` waits until
+--hangopen-file exists, as a tracker's first set-up can take minutes)."""
     site = tmp_path / "plugins"
     (site / "throwaway_sinks-0.1.dist-info").mkdir(parents=True)
     (site / "throwaway_sinks-0.1.dist-info" / "METADATA").write_text(
@@ -181,7 +182,8 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
     (site / "throwaway_sinks-0.1.dist-info" / "entry_points.txt").write_text(
         "[metrics_relay.sinks]\nexplode = throwaway_sinks:Explode\ncollect = throwaway_sinks:Collect\n"
         "crashonce = throwaway_sinks:CrashOnce\nrefuse = throwaway_sinks:Refuse\nflaky = throwaway_sinks:Flaky\n"
-        "slowflush = throwaway_sinks:SlowFlush\nrunsonly = throwaway_sinks:RunsOnly\nfailopen = throwaway_sinks:FailOpen\n")
+        "slowflush = throwaway_sinks:SlowFlush\nrunsonly = throwaway_sinks:RunsOnly\nfailopen = throwaway_sinks:FailOpen\n"
+        "hangopen = throwaway_sinks:HangOpen\n")
     (site / "throwaway_sinks.py").write_text('''
 import click, json, os, time
 from sinks.base import PermanentError, Sink, SinkError
@@ -281,5 +283,17 @@ class FailOpen(Collect):
         if not os.path.exists(self.gate):
             raise SinkError(f"{self.gate} is missing; create it")
         self.fh = open(self.gate, "a")
+
+class HangOpen(FailOpen):
+    name = "hangopen"
+    @classmethod
+    def options(cls):
+        return [click.Option(["--hangopen-file"], default="hang")]
+    def __init__(self, hangopen_file):
+        super().__init__(hangopen_file)
+    def open(self, context):
+        while not os.path.exists(self.gate):
+            time.sleep(0.05)
+        super().open(context)
 ''')
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))

@@ -1,6 +1,6 @@
 """Inside a sink's process: read journal lines from the relay, write them to the sink.
 
-    python -m relay.sinkhost.child SPEC_JSON     (started by relay/sinkhost/process.py, not by hand)
+    python -m relay.sinkhost.child SPEC_JSON LIFELINE_FD     (started by relay/sinkhost/process.py, not by hand)
 
 Relay -> child, on stdin: journal lines (``relay.journal.reader.LineDecoder`` turns them into events, as
 ``relay replay`` would: non-finite metrics restored; for a sink whose ``wants_events`` is False,
@@ -12,6 +12,10 @@ One thread reads the pipe; one ``BatchWorker`` thread writes to the sink through
 ``SinkDriver`` (relay/sinkhost/driver.py: retry with backoff, ``PermanentError`` bisection to the
 sink's dead-letter file, a flush when the queue empties and every second under load), so reading
 never waits for a slow or failing sink, and the sink is driven as ``relay replay`` drives it.
+
+The process ends within moments of its relay's death, however the relay died, and a sink's process
+opens only once the process of the same sink under an earlier relay of the same journal is gone
+(relay/sinkhost/lifeline.py).
 """
 from __future__ import annotations
 
@@ -32,7 +36,9 @@ import click
 from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.catch_up import CatchUp
 from relay.sinkhost.driver import SinkDriver
+from relay.sinkhost.lifeline import hold_sink_lock, tie_to_relay
 from relay.journal.deadletter import DeadLetters
+from relay.journal.journal import Journal
 from relay.journal.reader import JournalReader, LineDecoder
 from sinks.base import Sink, SinkContext, SinkError
 
@@ -172,7 +178,8 @@ def build_sink(spec: SinkSpec) -> Sink:
         raise SinkError(f"sink {spec.name} failed to start: {type(exc).__name__}: {exc}") from None
 
 
-def child_main(spec: SinkSpec) -> int:
+def child_main(spec: SinkSpec, lifeline: int | None = None) -> int:
+    """``lifeline``: the pipe from the relay that reads end-of-file once the relay is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the relay decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(NICE)
@@ -191,6 +198,10 @@ def child_main(spec: SinkSpec) -> int:
 
     logging.basicConfig(level=spec.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s [sink {spec.name} {os.getpid()}]: %(message)s")
+    if lifeline is not None:
+        tie_to_relay(lifeline, spec.name)
+    if spec.journal:  # held until the process ends: one process per sink and journal
+        hold_sink_lock(Journal(spec.journal).sidecar(f"_sink_{spec.name}.lock"), spec.name)
     try:
         sink = build_sink(spec)
         sink.open(SinkContext(journal=Path(spec.journal) if spec.journal else None,
@@ -231,4 +242,4 @@ def child_main(spec: SinkSpec) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(child_main(SinkSpec(**json.loads(sys.argv[1]))))
+    sys.exit(child_main(SinkSpec(**json.loads(sys.argv[1])), int(sys.argv[2]) if len(sys.argv) > 2 else None))

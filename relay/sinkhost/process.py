@@ -30,6 +30,7 @@ from typing import IO, Any, Callable
 
 from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.child import SinkSpec, build_sink
+from relay.sinkhost.lifeline import spawn
 from relay.sinkhost.rate import Rate
 from sinks.base import SinkContext, SinkError
 
@@ -42,9 +43,9 @@ log = logging.getLogger(__name__)
 SINK_QUEUE_BYTES = 64 << 20
 
 #: Importing and opening a sink (Aim: creating a repository; MLflow: creating a database, whose
-#: migrations took over 120 s at load 16 on 2 cores). The relay does not wait for it; a child killed
-#: in the middle of that can leave the store half made, so only one still opening after this long is
-#: taken as hung (and started again).
+#: migrations took over 120 s at load 16 on 2 cores). The relay does not wait for it; only a child
+#: still opening after this long is taken as hung (and started again). A child killed in the middle
+#: of it leaves the store as it was (sinks/store_setup.py): the next one sets it up.
 START_TIMEOUT = 600.0
 RESTART_START = 1.0  # seconds before the first attempt to start a crashed sink again
 RESTART_MAX = 30.0  # at most, doubling while it keeps failing
@@ -153,14 +154,15 @@ class SinkProcess:
     def close(self, timeout: float) -> None:
         """Hand the child what is queued, let it drain (``spec.drain_timeout``), then stop it. A child
         still opening its sink is waited for first (up to START_TIMEOUT, as the relay once waited
-        before it listened), never killed then: that could leave a store half made (an MLflow
-        database half migrated); one still opening after that finishes on its own."""
+        before it listened), so that the job's last events reach the sink before the relay exits;
+        one still opening after that stops with the relay (relay/sinkhost/lifeline.py), and the next
+        relay's sink catches up from the journal."""
         self._worker.stop(timeout)
         if self._opener is not None:
             self._opener.join(START_TIMEOUT)
             if self._opener.is_alive():
                 left = self._worker.abandon()
-                log.warning("sink %s is still opening at shutdown; its process finishes on its own. %d events "
+                log.warning("sink %s is still opening at shutdown; its process stops with the relay. %d events "
                             "were not handed to it: they are in the journal (a sink that catches up reads them "
                             "there; relay replay rebuilds any sink)", self.name, left)
                 return
@@ -247,8 +249,8 @@ class SinkProcess:
 
     def _spawn(self) -> None:
         spec = json.dumps(asdict(self.spec))
-        proc = subprocess.Popen([sys.executable, "-m", "relay.sinkhost.child", spec], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=None if self.stderr is None else subprocess.PIPE)
+        proc = spawn([sys.executable, "-m", "relay.sinkhost.child", spec], stdin=subprocess.PIPE,
+                     stdout=subprocess.PIPE, stderr=None if self.stderr is None else subprocess.PIPE)
         if self.stderr is not None:
             threading.Thread(target=self._pass_stderr, args=(proc.stderr,), name=f"sink-{self.name}-stderr",
                              daemon=True).start()
