@@ -15,8 +15,22 @@ from typing import Callable, Iterator
 
 import pytest
 
+import budget
+import skip_policy
+
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHER = Path(__file__).resolve().parent / "publisher_proc.py"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    budget.add_options(parser)
+    skip_policy.add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's cost per test and tier (tests/budget.py) and its skip policy (tests/skip_policy.py)."""
+    config.pluginmanager.register(budget.Budget(config), "suite-budget")
+    config.pluginmanager.register(skip_policy.SkipPolicy(config), "suite-skip-policy")
 
 
 @pytest.hookimpl(tryfirst=True)
