@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-servers test-fast bench fuzz soak clean
+.PHONY: setup demo test test-servers test-fast test-loaded bench fuzz soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,10 @@ demo: $(STAMP)
 TEST_WORKERS ?= 4
 SUITE_WORKERS ?= 2
 
+# Both print what each tier cost in CPU and wall seconds, the load, and the costliest tests
+# (tests/budget.py); `make test` fails on a skip that is not on tests/skip_policy.py's allow-list.
 test: $(STAMP) test-servers
-	$(PY) -m pytest -q -n $(SUITE_WORKERS) --durations=15
+	$(PY) -m pytest -q -n $(SUITE_WORKERS) --budget=20 --strict-skips
 
 # tests/test_prometheus_torchrun.py runs Debian's Prometheus and Alertmanager: installed when missing, as
 # root (CI runs as root); elsewhere the test says why it skips.
@@ -40,7 +42,12 @@ test-servers:
 
 # The edit-test loop: everything but torchrun training jobs, benchmark and soak smoke runs (docs/development.md).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" --budget=10
+
+# The whole suite beside BURN_PROCS busy loops (load >= 6): what must pass on a busy machine.
+BURN_PROCS ?= 6
+test-loaded: $(STAMP)
+	$(PY) tests/burn.py --procs $(BURN_PROCS) -- $(MAKE) --no-print-directory test
 
 bench: $(STAMP)
 	$(PY) -m bench
