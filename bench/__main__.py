@@ -143,6 +143,11 @@ def consume(quick: bool) -> Section:
     return bench_consume.run(quick)
 
 
+def metrics(quick: bool) -> Section:
+    from bench import bench_metrics
+    return bench_metrics.run(quick)
+
+
 def startup(quick: bool) -> Section:
     from bench import bench_startup
     return bench_startup.run(quick)
@@ -151,7 +156,7 @@ def startup(quick: bool) -> Section:
 SECTIONS: dict[str, Callable[[bool], Section]] = {
     "hotpath": hotpath, "ingest": ingest, "latency": latency, "scale": scale, "training": training, "aim": aim,
     "core": core, "transport": transport, "forward": forward, "fleet": fleet, "consume": consume,
-    "startup": startup,
+    "startup": startup, "metrics": metrics,
     **{f"sink_{name}": sink_section(name) for name in ("mlflow", "tensorboard", "wandb", "clearml")},
 }
 

@@ -53,13 +53,13 @@ def test_unusable_figures_and_ranks_beyond_the_world_are_left_out() -> None:
     assert view.step_time == {} and view.own_time == {} and view.last_step == 1
 
 
-def test_loss_only_when_asked_and_only_rank_0s() -> None:
-    off, on = RunHealth(), RunHealth(loss=True)
-    for health in (off, on):
-        health.observe(ev(0, 3, stage="train", loss=1.25, learning_rate=1e-5), 0.0)
-        health.observe(ev(1, 3, stage="train", loss=9.0), 0.0)
-    assert "r" not in off.runs
-    assert on.view(1)["r"].loss == 1.25
+def test_the_loss_is_the_last_one_of_a_frame() -> None:
+    health = RunHealth(loss=True)
+    health.observe(ev(0, 3, stage="train", loss=1.25), 0.0)
+    assert "r" not in health.runs, "observe takes no loss"
+    health.take_loss([ev(0, 3, stage="train", loss=1.25), ev(0, 4, stage="train", loss=1.0, learning_rate=1e-5),
+                      ev(0, 4, stage="train", train_runtime=9.0), ev(0, 4, stage="rank", step_time=0.1)])
+    assert health.view(1)["r"].loss == 1.0, "the frame's last loss"
 
 
 def test_attempt_end_and_expiry() -> None:
@@ -96,7 +96,7 @@ def test_ingest_feeds_health_from_compact_frames_and_forgets_with_the_run(tmp_pa
             for step in (1, 2, 3):
                 rows.append(encoding.encode_row(2 * step - 1, 1.0, "metrics", step, None, "rank",
                                                 {"step_time": 0.2 + rank, "own_time": 0.1 + rank}))
-                rows.append(encoding.encode_row(2 * step, 1.0, "metrics", step, None, "train", {"loss": 3.0 - step}))
+                rows.append(encoding.encode_row(2 * step, 1.0, "metrics", step, None, "train", {"loss": 3.0 - step + 10 * rank}))
             ingest.take_frame(b"peer%d" % rank, encoding.compact_frame(prefix, rows), now=float(rank))
         view = health.view(5)["r"]
         assert (view.last_step, view.attempt, view.loss) == (3, 1, 0.0)

@@ -88,7 +88,7 @@ class Ingest:
         """Keep each run's health in ``health`` (for the Prometheus endpoint, relay/daemon/run_health.py)."""
         self.health = health
         self._watching = self.cluster is not None or health is not None  # the events _derive takes
-        self._watch_train = health is not None and health.loss  # and rank 0's train logs (their loss)
+        self._losses = health is not None and health.loss  # rank 0's train logs: their loss
 
     def commit(self, now: float) -> None:
         """Journal what waits, then acknowledge and fan out (relay/daemon/commit.py)."""
@@ -108,8 +108,10 @@ class Ingest:
             counters.events += len(events)
             if state.take_run(first_seq, len(events)):
                 batch.add(run, chunk, len(events))  # (not before _state: making room may commit)
-                if (derive or self._watch_train) and self._watching:
+                if derive and self._watching:
                     self._derive(events, now)
+                if self._losses and rank == 0:
+                    self.health.take_loss(events)  # type: ignore[union-attr]
                 return
             lines = None
         else:
@@ -132,8 +134,10 @@ class Ingest:
                     self._client_drops(key, state, event, peer)
                 elif event["type"] == "hello":
                     self.runs.hello(key, event["ts"])
-                elif self._watching and (event["stage"] == "rank" or event["type"] == "lifecycle" or self._watch_train):
+                elif self._watching and (event["stage"] == "rank" or event["type"] == "lifecycle"):
                     self._derive((event,), now)
+                elif self._losses and event["stage"] == "train" and key[1] == 0:
+                    self.health.take_loss((event,))  # type: ignore[union-attr]
             else:
                 counters.duplicates += 1
                 if event["type"] == "hello" and self.runs.reused(key, event["ts"]):

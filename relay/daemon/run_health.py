@@ -3,8 +3,9 @@ came, its recent pace, each rank's last step time and own work, its attempt, whe
 opt-in, its last loss.
 
 Ingest (relay/daemon/ingest.py) hands ``observe`` the events it already looks at for the cross-rank
-derivation (``stage="rank"`` metrics and ``lifecycle`` events) and, with ``loss`` on, rank 0's
-``stage="train"`` metrics; each costs a few dict writes, and nothing here builds a metric. The
+derivation (``stage="rank"`` metrics and ``lifecycle`` events) and, with ``loss`` on, ``take_loss``
+each of rank 0's frames (read from its end: the latest loss is all it keeps); each costs a few dict
+writes, and nothing here builds a metric. The
 endpoint's thread reads ``runs`` at scrape time (``view``): every structure it reads is replaced or
 copied whole in one C call (a dict copy, ``tuple`` of a deque), so the ingest thread never waits for a
 scrape and a scrape never sees half an update. No socket, no clock: the caller gives the time
@@ -15,7 +16,7 @@ from __future__ import annotations
 import collections
 import math
 import statistics
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 #: Logged steps whose arrival times a run keeps: its pace (steps/s) and its median interval between
 #: logged steps (what the stall rule scales with) are taken over these.
@@ -80,17 +81,20 @@ class RunHealth:
 
     def observe(self, event: dict[str, Any], now: float) -> None:
         """A new event of the kinds named above, arrived at ``now``."""
-        kind, stage, data = event["type"], event["stage"], event["data"]
+        kind, data = event["type"], event["data"]
         if kind == "lifecycle":
             self._lifecycle(event, data, now)
-        elif kind != "metrics":
-            return
-        elif stage == "rank":
+        elif kind == "metrics" and event["stage"] == "rank":
             self._rank(event, data, now)
-        elif stage == "train" and self.loss and event["rank"] == 0:
-            loss = _figure(data.get("loss"))
-            if loss is not None:
-                self._run(event).loss = loss
+
+    def take_loss(self, events: Sequence[dict[str, Any]]) -> None:
+        """Rank 0's new events of one frame, oldest first: the last training loss among them."""
+        for event in reversed(events):
+            if event["stage"] == "train" and event["type"] == "metrics":
+                loss = _figure(event["data"].get("loss"))
+                if loss is not None:
+                    self._run(event).loss = loss
+                    return
 
     def _rank(self, event: dict[str, Any], data: dict[str, Any], now: float) -> None:
         run, rank, step = self._run(event), event["rank"], event["step"]

@@ -1,0 +1,96 @@
+"""The Prometheus endpoint's cost to ingest: events/s into the JSONL journal from 4 publisher processes,
+a relay without the endpoint against one with it (``--metrics-bind``) scraped every second for the
+whole feed, and one that also keeps each run's loss (``--metrics-loss``: every event of the feed
+passes through the run health then, the worst case), alternating round by round.
+
+The feed is bench/bench_ingest.py's: 512-event compact frames of ``stage="train"`` metrics, as fast as
+the socket takes them; the clock runs until the journal holds every event. A scraper thread in this
+process GETs /metrics once a second from the start of the feed to its end and counts its answers.
+
+    python -m bench.bench_metrics [--quick]
+"""
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+from bench.bench_ingest import _timed_feed
+from bench.common import RelayRun, Sample, Section, alternate_many, cli, free_port
+
+PLAIN, SCRAPED, LOSS = "relay, no endpoint", "relay, endpoint scraped every 1 s", "relay, --metrics-loss, scraped every 1 s"
+PUBLISHERS = 4
+
+
+class Scraper(threading.Thread):
+    """GET ``url`` every ``period`` seconds until stopped; ``answers`` counts the 200s, ``failures`` the rest."""
+
+    def __init__(self, url: str, period: float = 1.0) -> None:
+        super().__init__(name="scraper", daemon=True)
+        self.url, self.period = url, period
+        self.answers = self.failures = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as answer:
+                    answer.read()
+                    self.answers += answer.status == 200
+            except OSError:
+                self.failures += 1
+            self.done.wait(self.period)
+
+
+def _rate(work: Path, total: int, endpoint: list[str] | None) -> dict[str, float]:
+    journal = work / f"j{time.monotonic_ns()}.jsonl"
+    port = free_port()
+    relay = RelayRun(work, ["--path", str(journal), *(["--metrics-bind", str(port), *endpoint] if endpoint is not None
+                                                        else [])])
+    scraper = Scraper(f"http://127.0.0.1:{port}/metrics") if endpoint is not None else None
+    try:
+        if scraper is not None:
+            scraper.start()
+        seconds = _timed_feed("dealer", relay.address, journal.stem, PUBLISHERS, total, journal, relay.check_alive)
+        out = {"events/s": total / seconds}
+        if scraper is not None:
+            scraper.done.set()
+            scraper.join(10)
+            if scraper.failures or not scraper.answers:
+                raise RuntimeError(f"scrapes: {scraper.answers} answered, {scraper.failures} failed")
+            out["scrapes"] = scraper.answers
+        return out
+    finally:
+        relay.stop(30.0)
+
+
+def run(quick: bool = False) -> Section:
+    total, rounds = (20_000, 1) if quick else (1_000_000, 5)
+    section = Section("metrics", "Prometheus endpoint: ingest with the endpoint scraped every second")
+    with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
+        work = Path(tmp)
+        contenders: dict[str, Callable[[], dict[str, float]]] = {
+            PLAIN: lambda: _rate(work, total, None),
+            SCRAPED: lambda: _rate(work, total, []),
+            LOSS: lambda: _rate(work, total, ["--metrics-loss"]),
+        }
+        samples = alternate_many(contenders, rounds)
+    base = samples[PLAIN]["events/s"]
+    section.add_table(f"{PUBLISHERS} publisher processes, {total:,} events per round",
+                      [base.row()] + [samples[name]["events/s"].row(base) for name in (SCRAPED, LOSS)])
+    for name, what in ((SCRAPED, "with the endpoint scraped every second"), (LOSS, "with --metrics-loss as well")):
+        held = Sample(f"{name} / without, same round", "x", [a / b for a, b in zip(
+            samples[name]["events/s"].values, base.values)])
+        section.target(f"ingest {what} >= 95% of without (median same-round ratio)", held.median, 0.95, True,
+                       f"{held.median:.0%} (rounds {', '.join(f'{v:.0%}' for v in held.values)})")
+    scrapes = ", ".join(f"{name}: {samples[name]['scrapes'].median:.0f}" for name in (SCRAPED, LOSS))
+    section.notes.append(f"{rounds} rounds per contender, alternating, each a fresh relay and fresh publishers; "
+                         f"scrapes answered per round (median): {scrapes}.")
+    return section
+
+
+if __name__ == "__main__":
+    cli(run, __doc__, None)
