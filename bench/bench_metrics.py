@@ -7,10 +7,18 @@ The feed is bench/bench_ingest.py's: 512-event compact frames of ``stage="train"
 the socket takes them; the clock runs until the journal holds every event. A scraper thread in this
 process GETs /metrics once a second from the start of the feed to its end and counts its answers.
 
+End to end the figures swing with the machine's load; a second table measures what the run health
+adds to ingest's own CPU, in one process without sockets: frames of nothing but ``stage="rank"``
+reports of a 64-rank run (each event through the cross-rank derivation and, with the endpoint, the
+run health: the worst case, where a real job sends one such event per rank per logged step) through
+``Ingest.take_frame`` and the commit step, the health off and on, alternating round by round.
+
     python -m bench.bench_metrics [--quick]
 """
 from __future__ import annotations
 
+import os
+import statistics
 import tempfile
 import threading
 import time
@@ -20,6 +28,12 @@ from typing import Callable
 
 from bench.bench_ingest import _timed_feed
 from bench.common import RelayRun, Sample, Section, alternate_many, cli, free_port
+from relay.daemon.cross_rank import ClusterConfig
+from relay.daemon.ingest import Ingest
+from relay.daemon.run_health import RunHealth
+from relay.journal.deadletter import DeadLetters
+from relay.journal.journal import Journal
+from relay.wire import encoding
 
 PLAIN, SCRAPED, LOSS = "relay, no endpoint", "relay, endpoint scraped every 1 s", "relay, --metrics-loss, scraped every 1 s"
 PUBLISHERS = 4
@@ -67,8 +81,59 @@ def _rate(work: Path, total: int, endpoint: list[str] | None) -> dict[str, float
         relay.stop(30.0)
 
 
+def _rank_frames(ranks: int, steps: int, per_frame: int = 32) -> list[tuple[bytes, bytes]]:
+    """(peer, frame): each rank's stage="rank" reports, ``per_frame`` logged steps to a frame."""
+    out = []
+    for rank in range(ranks):
+        prefix = encoding.compact_prefix({"v": 1, "run": "bench", "rank": rank, "local_rank": rank % 8,
+                                          "world_size": ranks, "host": "h"})
+        for first in range(0, steps, per_frame):
+            rows = [encoding.encode_row(step, 1.0 + step, "metrics", step + 1, None, "rank",
+                                        {"step_time": 0.1 + rank / 1000, "own_time": 0.05, "steps": 1})
+                    for step in range(first, min(steps, first + per_frame))]
+            out.append((b"peer%d" % rank, encoding.compact_frame(prefix, rows)))
+    return out
+
+
+def _cpu_per_event(frames: list[tuple[bytes, bytes]], folder: str, health: bool) -> float:
+    """Microseconds of this process's CPU per event: every frame taken, a commit every 8 frames."""
+    journal = Journal(os.path.join(folder, f"j{time.monotonic_ns()}") + os.sep)
+    journal.open()
+    ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), 0.0, cluster=ClusterConfig(),
+                    health=RunHealth() if health else None)
+    events = 0
+    t0 = time.process_time()
+    for i, (peer, frame) in enumerate(frames):
+        ingest.take_frame(peer, frame, i * 0.001)
+        if i % 8 == 7:
+            ingest.commit(i * 0.001)
+    ingest.commit(len(frames) * 0.001)
+    took = time.process_time() - t0
+    events = ingest.counters.events
+    journal.close()
+    ingest.deadletters.close()
+    return took / events * 1e6
+
+
+def _in_process(section: Section, quick: bool) -> None:
+    ranks, steps, rounds = (8, 64, 3) if quick else (64, 1024, 9)
+    frames = _rank_frames(ranks, steps)
+    off, on = [], []
+    with tempfile.TemporaryDirectory(prefix="bench-metrics-cpu-") as folder:
+        for r in range(rounds):
+            for health in ((False, True) if r % 2 == 0 else (True, False)):
+                (on if health else off).append(_cpu_per_event(frames, folder, health))
+    base = Sample("ingest, cross-rank on, no endpoint", "us/event", off)
+    with_health = Sample("ingest, cross-rank on, run health kept", "us/event", on)
+    section.add_table(f"in-process CPU per event, {ranks} ranks x {steps:,} stage=\"rank\" reports (worst case)",
+                      [base.row(), with_health.row(base)])
+    ratio = statistics.median(a / b for a, b in zip(off, on))
+    section.target("in process, rank reports only: ingest rate with the run health >= 95% of without (median "
+                   "same-round ratio)", ratio, 0.95, True, f"{ratio:.0%}")
+
+
 def run(quick: bool = False) -> Section:
-    total, rounds = (20_000, 1) if quick else (1_000_000, 5)
+    total, rounds = (20_000, 1) if quick else (300_000, 5)
     section = Section("metrics", "Prometheus endpoint: ingest with the endpoint scraped every second")
     with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
         work = Path(tmp)
@@ -89,6 +154,7 @@ def run(quick: bool = False) -> Section:
     scrapes = ", ".join(f"{name}: {samples[name]['scrapes'].median:.0f}" for name in (SCRAPED, LOSS))
     section.notes.append(f"{rounds} rounds per contender, alternating, each a fresh relay and fresh publishers; "
                          f"scrapes answered per round (median): {scrapes}.")
+    _in_process(section, quick)
     return section
 
 

@@ -14,14 +14,28 @@ import pytest
 
 pytest.importorskip("nats")
 
-from conftest import ROOT, wait_for  # noqa: E402
+from conftest import ROOT, free_port, wait_for  # noqa: E402
 from fleet_helpers import (ConsumerProcess, assert_exactly_once, publish_raw, wait_acknowledged,  # noqa: E402
                            wait_complete, wait_held)
 from nats_helpers import NatsCluster  # noqa: E402
 from relay.fleet.stream import stream_config  # noqa: E402
 from relay.wire.lines import encode_line  # noqa: E402
+from test_metrics import check_against_table, scrape  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def fleet_series_agree(port: int, first: set[int], second: set[int]) -> bool:
+    """The second relay's endpoint: each partition's holder, the partitions it consumes, nothing pending."""
+    families = scrape(port)
+    check_against_table(families)
+    if "relay_fleet_partition_held" not in families or "relay_fleet_partition_pending_messages" not in families:
+        return False
+    holders = {s.labels["partition"]: s.labels["holder"] for s in families["relay_fleet_partition_holder"].samples}
+    held = {s.labels["partition"] for s in families["relay_fleet_partition_held"].samples}
+    pending = {s.labels["partition"]: s.value for s in families["relay_fleet_partition_pending_messages"].samples}
+    return (holders == {**{str(k): "first" for k in first}, **{str(k): "second" for k in second}}
+            and held == {str(k) for k in second} and pending == {str(k): 0 for k in second})
 
 
 def consume_exits(tmp_path: Path, *args: str, prelude: str = "") -> subprocess.CompletedProcess:
@@ -76,17 +90,20 @@ def test_each_line_once_a_redelivery_dropped_and_partitions_handed_over_at_sigte
         asyncio.run(create())
         central = tmp_path / "central"
         first = ConsumerProcess(tmp_path, "first", urls, central).start()
-        second = ConsumerProcess(tmp_path, "second", urls, central)
+        metrics = free_port()
+        second = ConsumerProcess(tmp_path, "second", urls, central, ["--metrics-bind", str(metrics)])
         try:
-            check_hand_over(urls, central, first, second, tmp_path)
+            check_hand_over(urls, central, first, second, tmp_path, metrics)
         finally:
             for consumer in (first, second):
                 if consumer.alive():
                     consumer.kill()
 
 
-def check_hand_over(urls: str, central: Path, first: ConsumerProcess, second: ConsumerProcess, tmp_path: Path) -> None:
-    """Each line once, the re-sent chunks dropped, the partitions handed over at SIGTERM."""
+def check_hand_over(urls: str, central: Path, first: ConsumerProcess, second: ConsumerProcess, tmp_path: Path,
+                    metrics: int) -> None:
+    """Each line once, the re-sent chunks dropped, the partitions handed over at SIGTERM; the second
+    relay's Prometheus endpoint names each partition's holder."""
     wait_held([first], 4, 60)
     runs = {f"run-{i}": lines(f"run-{i}", 300) for i in range(6)}
     expected = {(run, 0, seq): line for run, got in runs.items() for seq, line in enumerate(got)}
@@ -96,6 +113,7 @@ def check_hand_over(urls: str, central: Path, first: ConsumerProcess, second: Co
     asyncio.run(publish_raw(urls, "relay.events", "n1-again", runs, 40))
     second.start()
     wait_for(lambda: len(first.held()) == len(second.held()) == 2, 60, "the second relay got its share")
+    wait_for(lambda: fleet_series_agree(metrics, first.held(), second.held()), 30, "the endpoint names the holders")
     assert first.stop() == 0
     wait_held([second], 4, 10)  # given back at SIGTERM: taken at once, not after the lease's 10 s
     wait_acknowledged(urls, "RELAY", 60)

@@ -88,7 +88,8 @@ class Ingest:
         """Keep each run's health in ``health`` (for the Prometheus endpoint, relay/daemon/run_health.py)."""
         self.health = health
         self._watching = self.cluster is not None or health is not None  # the events _derive takes
-        self._losses = health is not None and health.loss  # rank 0's train logs: their loss
+        #: with --metrics-loss, what takes each of rank 0's frames for its last loss
+        self._take_loss = health.take_loss if health is not None and health.loss else None
 
     def commit(self, now: float) -> None:
         """Journal what waits, then acknowledge and fan out (relay/daemon/commit.py)."""
@@ -110,8 +111,8 @@ class Ingest:
                 batch.add(run, chunk, len(events))  # (not before _state: making room may commit)
                 if derive and self._watching:
                     self._derive(events, now)
-                if self._losses and rank == 0:
-                    self.health.take_loss(events)  # type: ignore[union-attr]
+                if self._take_loss is not None and rank == 0:
+                    self._take_loss(events)
                 return
             lines = None
         else:
@@ -136,8 +137,8 @@ class Ingest:
                     self.runs.hello(key, event["ts"])
                 elif self._watching and (event["stage"] == "rank" or event["type"] == "lifecycle"):
                     self._derive((event,), now)
-                elif self._losses and event["stage"] == "train" and key[1] == 0:
-                    self.health.take_loss((event,))  # type: ignore[union-attr]
+                elif self._take_loss is not None and event["stage"] == "train" and key[1] == 0:
+                    self._take_loss((event,))
             else:
                 counters.duplicates += 1
                 if event["type"] == "hello" and self.runs.reused(key, event["ts"]):

@@ -14,7 +14,7 @@ scrape and a scrape never sees half an update. No socket, no clock: the caller g
 from __future__ import annotations
 
 import collections
-import math
+from math import isfinite
 import statistics
 from typing import Any, NamedTuple, Sequence
 
@@ -58,8 +58,11 @@ class RunView(NamedTuple):
     status: str | None
 
 
+_NUMBERS = (int, float)
+
+
 def _figure(value: Any) -> float | None:
-    if type(value) in (int, float) and math.isfinite(value):
+    if type(value) in _NUMBERS and isfinite(value):
         return float(value)
     return None
 
@@ -80,12 +83,30 @@ class RunHealth:
         return run
 
     def observe(self, event: dict[str, Any], now: float) -> None:
-        """A new event of the kinds named above, arrived at ``now``."""
-        kind, data = event["type"], event["data"]
+        """A new event of the kinds named above, arrived at ``now``. A rank's report is inlined: it is
+        the one kind every rank sends at every logged step."""
+        kind = event["type"]
         if kind == "lifecycle":
-            self._lifecycle(event, data, now)
-        elif kind == "metrics" and event["stage"] == "rank":
-            self._rank(event, data, now)
+            self._lifecycle(event, event["data"], now)
+            return
+        if kind != "metrics" or event["stage"] != "rank":
+            return
+        run = self.runs.get(event["run"])
+        if run is None:
+            run = self.runs[event["run"]] = _Run(event["world_size"])
+        rank, step, data = event["rank"], event["step"], event["data"]
+        if rank >= run.world_size:
+            return
+        took, own = data.get("step_time"), data.get("own_time")
+        if type(took) in _NUMBERS and isfinite(took):
+            run.step_time[rank] = took
+        if type(own) in _NUMBERS and isfinite(own):
+            run.own_time[rank] = own
+        if type(step) is int:
+            run.rank_step[rank] = step
+            if step > run.last_step:
+                run.last_step, run.last_step_at = step, now
+                run.pace.append((now, step))
 
     def take_loss(self, events: Sequence[dict[str, Any]]) -> None:
         """Rank 0's new events of one frame, oldest first: the last training loss among them."""
@@ -95,21 +116,6 @@ class RunHealth:
                 if loss is not None:
                     self._run(event).loss = loss
                     return
-
-    def _rank(self, event: dict[str, Any], data: dict[str, Any], now: float) -> None:
-        run, rank, step = self._run(event), event["rank"], event["step"]
-        if rank >= run.world_size:
-            return
-        took, own = _figure(data.get("step_time")), _figure(data.get("own_time"))
-        if took is not None:
-            run.step_time[rank] = took
-        if own is not None:
-            run.own_time[rank] = own
-        if type(step) is int:
-            run.rank_step[rank] = step
-            if step > run.last_step:
-                run.last_step, run.last_step_at = step, now
-                run.pace.append((now, step))
 
     def _lifecycle(self, event: dict[str, Any], data: dict[str, Any], now: float) -> None:
         what = data.get("event")
