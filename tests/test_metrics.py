@@ -19,6 +19,7 @@ from test_cluster_relay import start_rank
 
 from relay.daemon.cross_rank import Cluster, ClusterConfig
 from relay.daemon.run_health import RunHealth
+from relay.metrics import relay_collector
 from relay.metrics.relay_collector import RelayCollector
 from relay.metrics.table import TABLE
 
@@ -83,11 +84,13 @@ def test_a_scrape_follows_the_table_and_the_journal(relays, tmp_path: Path) -> N
         took = per_rank[rank]["data"]["step_time"]
         assert value(families, "relay_rank_step_duration_seconds", run="r", rank=str(rank)) == pytest.approx(took)
         assert value(families, "relay_rank_own_duration_seconds", run="r", rank=str(rank)) == pytest.approx(took)
-    assert value(families, "relay_run_step_duration_seconds", run="r") == pytest.approx(per_rank[1]["data"]["step_time"])
+    slowest = per_rank[1]["data"]["step_time"]
+    assert value(families, "relay_run_step_duration_seconds", run="r") == pytest.approx(slowest)
     assert value(families, "relay_run_rank_step_duration_seconds", run="r", stat="max") == pytest.approx(
         per_rank[1]["data"]["step_time"])
     assert value(families, "relay_run_straggler_rank", run="r", rank="1") == 1
-    assert value(families, "relay_run_stragglers", run="r") == 1 and value(families, "relay_run_ranks_lost", run="r") == 0
+    assert value(families, "relay_run_stragglers", run="r") == 1
+    assert value(families, "relay_run_ranks_lost", run="r") == 0
     assert 1 < value(families, "relay_run_steps_per_second", run="r") < 1 / 0.05 * 1.2  # the first rank's pace
     assert 0 <= value(families, "relay_run_seconds_since_last_step", run="r") < 60
     solo_loss = [e["data"]["loss"] for e in events if e["run"] == "solo" and "loss" in e["data"]][-1]
@@ -112,7 +115,7 @@ def test_counters_end_in_total_and_units_are_base_units() -> None:
         assert not re.search(r"_(ms|milliseconds|mb|mib|minutes)(_|$)", name), name
 
 
-def test_per_rank_series_stop_at_the_documented_world_size_and_runs_at_theirs() -> None:
+def test_per_rank_series_stop_at_the_documented_world_size_and_runs_at_theirs(monkeypatch: pytest.MonkeyPatch) -> None:
     health, cluster = RunHealth(), Cluster(ClusterConfig())
     for run, world in (("small", 2), ("big", 3)):
         for rank in range(world):
@@ -125,6 +128,10 @@ def test_per_rank_series_stop_at_the_documented_world_size_and_runs_at_theirs() 
     assert ("relay_run_rank_step_duration_seconds", {"run": "big", "stat": "median"}) in samples
     collector.max_runs = 1
     assert {labels.get("run") for family in collector.collect() for _, labels, *_ in family.samples} == {"big"}
+    collector.max_runs, collector.max_ranks = 5, 64
+    monkeypatch.setattr(relay_collector, "RANK_SERIES", 4)  # "big" (3 ranks, the most recent) first, then 1 left
+    assert {s.labels["run"] for family in collector.collect() for s in family.samples
+            if s.name.startswith("relay_rank_")} == {"big"}
 
 
 def metric_names(text: str) -> set[str]:
@@ -135,7 +142,8 @@ def test_the_rules_and_the_dashboard_name_only_metrics_of_the_table() -> None:
     known = set(TABLE)
     rules = RULES.read_text()
     assert metric_names(rules) <= known
-    assert {"TrainingRunStalled", "TrainingRankStraggling", "MetricsRelayDown"} <= set(re.findall(r"alert: (\w+)", rules))
+    alerts = set(re.findall(r"alert: (\w+)", rules))
+    assert {"TrainingRunStalled", "TrainingRankStraggling", "MetricsRelayDown"} <= alerts
     dashboard = json.loads(DASHBOARD.read_text())
     assert dashboard["uid"] and dashboard["title"] and isinstance(dashboard["schemaVersion"], int)
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
@@ -167,8 +175,8 @@ def test_a_metrics_port_in_use_is_exit_3_and_leaves_no_journal(tmp_path: Path) -
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "relay", "--bind", "tcp://127.0.0.1:*", "--metrics-bind", str(port),
-                               "--live", "off"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        done = subprocess.run([sys.executable, "-m", "relay", "--bind", "tcp://127.0.0.1:*", "--metrics-bind",
+                               str(port), "--live", "off"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 3, done.stderr
     assert done.stderr.splitlines()[-1] == (f"relay: error: --metrics-bind 127.0.0.1:{port} is already in use; "
                                             "stop the other relay or choose another address")

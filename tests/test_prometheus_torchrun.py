@@ -41,7 +41,8 @@ JOB = ROOT / "tests" / "slow_rank_job.py"
 def quick_rules() -> str:
     """The shipped rules, with the stall bar at 3 x the median interval and 5 s at least, and 2 s ``for:``."""
     rules = (MONITORING / "relay-rules.yml").read_text()
-    quick = rules.replace("10 * relay_run_step_interval_median_seconds, 600", "3 * relay_run_step_interval_median_seconds, 5")
+    quick = rules.replace("10 * relay_run_step_interval_median_seconds, 600",
+                          "3 * relay_run_step_interval_median_seconds, 5")
     quick = quick.replace("> 600 unless", "> 5 unless")
     quick, fors = re.subn(r"for: \d+m", "for: 2s", quick)
     assert quick.count(", 5)") == 1 and "> 5 unless" in quick and fors == 6, "the shipped rules changed: update here"
@@ -92,7 +93,7 @@ scrape_configs:
                       work / "alertmanager.log"),
                Server([PROMETHEUS, "--config.file=prometheus.yml", "--storage.tsdb.path=prom-data",
                        f"--web.listen-address=127.0.0.1:{ports['prometheus']}"], work / "prometheus.log")]
-    base = {"prometheus": f"http://127.0.0.1:{ports['prometheus']}", "alertmanager": f"http://127.0.0.1:{ports['alertmanager']}"}
+    base = {name: f"http://127.0.0.1:{ports[name]}" for name in ("prometheus", "alertmanager")}
     try:
         for name, url in base.items():
             wait_for(lambda: _ready(url + "/-/ready"), 60, f"{name} ready")

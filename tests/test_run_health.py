@@ -96,7 +96,8 @@ def test_ingest_feeds_health_from_compact_frames_and_forgets_with_the_run(tmp_pa
             for step in (1, 2, 3):
                 rows.append(encoding.encode_row(2 * step - 1, 1.0, "metrics", step, None, "rank",
                                                 {"step_time": 0.2 + rank, "own_time": 0.1 + rank}))
-                rows.append(encoding.encode_row(2 * step, 1.0, "metrics", step, None, "train", {"loss": 3.0 - step + 10 * rank}))
+                rows.append(encoding.encode_row(2 * step, 1.0, "metrics", step, None, "train",
+                                                {"loss": 3.0 - step + 10 * rank}))  # rank 0's counts
             ingest.take_frame(b"peer%d" % rank, encoding.compact_frame(prefix, rows), now=float(rank))
         view = health.view(5)["r"]
         assert (view.last_step, view.attempt, view.loss) == (3, 1, 0.0)

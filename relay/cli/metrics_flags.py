@@ -20,9 +20,9 @@ def metrics_params(per_run: bool) -> list[click.Option]:
         params += [
             click.Option(["--metrics-loss"], is_flag=True, help="Also show each run's last training loss (rank 0's)."),
             click.Option(["--metrics-max-ranks"], type=click.IntRange(1), default=64, show_default=True,
-                         help="Per-rank series only for runs of up to this many ranks; bigger runs get "
-                              "min/median/max."),
-            click.Option(["--metrics-max-runs"], type=click.IntRange(1), default=500, show_default=True,
+                         help="Per-rank series only for runs of up to this many ranks (and 2048 ranks in all, the "
+                              "most recent runs first); every run gets min/median/max over its ranks."),
+            click.Option(["--metrics-max-runs"], type=click.IntRange(1), default=200, show_default=True,
                          help="Runs shown, those with the most recent steps first."),
             click.Option(["--metrics-keep-ended"], type=click.FloatRange(0.0), default=300.0, show_default=True,
                          metavar="SECONDS", help="Seconds a run that ended is still shown."),

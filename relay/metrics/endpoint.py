@@ -20,7 +20,7 @@ class MetricsOptions:
     bind: str
     loss: bool = False  # each run's last loss
     max_ranks: int = 64  # per-rank series only for runs of up to this many ranks
-    max_runs: int = 500  # runs shown, the most recent steps first
+    max_runs: int = 200  # runs shown, the most recent steps first
     keep_ended: float = 300.0  # seconds an ended run is still shown
 
 

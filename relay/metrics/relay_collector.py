@@ -5,9 +5,9 @@ The runs' figures are read live (relay/daemon/run_health.py, relay/daemon/cross_
 ``standing``: both safe to read from this thread). The relay's counters and its sinks' figures are
 the ingest thread's own (the sinks' lag is computed from samples only it touches), so that thread
 hands over a snapshot once a second (``take``, hooked on ``Relay.each_second``) and a scrape reads
-the latest: a counter is at most a second old. A scrape's work is bounded by ``max_runs`` runs and,
-per run, by ``max_ranks`` ranks (per-rank series only up to that world size; the min/median/max over
-the ranks always).
+the latest: a counter is at most a second old. A scrape's work is bounded by ``max_runs`` runs and
+RANK_SERIES ranks in all: per-rank series only for runs of up to ``max_ranks`` ranks, the most recent
+first while RANK_SERIES lasts; the min/median/max over the ranks for every run.
 """
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from prometheus_client.metrics_core import Metric
 from relay.daemon.cross_rank import Cluster
 from relay.daemon.run_health import RunHealth, RunView
 from relay.metrics.table import Families
+
+#: Ranks with per-rank series in one scrape, all runs together (a rendering's cost grows with them).
+RANK_SERIES = 2048
 
 
 class RelayCollector:
@@ -49,11 +52,14 @@ class RelayCollector:
             relay_figures(out, snap, self.max_memory)
         if self.health is not None:
             now, wall = self._clock(), self._wall_clock()
+            budget = RANK_SERIES
             for run, view in self.health.view(self.max_runs).items():
-                self._run(out, run, view, now, wall)
+                per_rank = view.world_size <= min(self.max_ranks, budget)
+                budget -= view.world_size if per_rank else 0
+                self._run(out, run, view, now, wall, per_rank)
         return out.all()
 
-    def _run(self, out: Families, run: str, view: RunView, now: float, wall: float) -> None:
+    def _run(self, out: Families, run: str, view: RunView, now: float, wall: float, per_rank: bool) -> None:
         out.add("relay_run_world_size", view.world_size, run)
         out.add("relay_run_last_step", view.last_step, run)
         if view.last_step_at is not None:
@@ -65,7 +71,6 @@ class RelayCollector:
         out.add("relay_run_attempt", view.attempt, run)
         out.add("relay_run_ended", 0 if view.ended_at is None else 1, run)
         out.add("relay_run_loss", view.loss, run)
-        per_rank = view.world_size <= self.max_ranks
         standing = self.cluster.standing(run) if self.cluster is not None else None
         if standing is not None:
             out.add("relay_run_stragglers", len(standing.stragglers), run)

@@ -46,7 +46,8 @@ TABLE: dict[str, Spec] = {
         "gauge", _STAT, "Min, median and max over the run's ranks of their last own work (step time less waits)."),
     # -- each rank, for runs up to --metrics-max-ranks ranks -------------------------------------------
     "relay_rank_step_duration_seconds": Spec("gauge", _RANK, "The rank's last reported step time."),
-    "relay_rank_own_duration_seconds": Spec("gauge", _RANK, "The rank's last reported own work (step time less waits)."),
+    "relay_rank_own_duration_seconds": Spec("gauge", _RANK,
+                                            "The rank's last reported own work (step time less waits)."),
     "relay_rank_last_step": Spec("gauge", _RANK, "The last step the rank reported."),
     # -- the relay itself --------------------------------------------------------------------------------
     "relay_frames_received_total": Spec("counter", (), "Frames received from clients."),
