@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import RelayProcess, free_port
-from watch_helpers import cli_env, relay_cmd
+from watch_helpers import cli_env, relay_cmd, training_journal
 
 from relay.client.publisher import Publisher
 
@@ -128,3 +128,22 @@ def test_without_matplotlib(journal: Path, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code, "plot", str(journal), "--metric", "loss", "-o",
                            str(tmp_path / "x.png")], capture_output=True, text=True, timeout=60, env=cli_env())
     assert "pip install './[plot]' in the metrics-relay checkout" in one_line_error(proc)
+
+
+def test_a_long_line_is_decimated_and_says_so(tmp_path: Path) -> None:
+    """3,000 steps: each line is drawn as the lowest and highest point of 1,000 buckets, the panel
+    and the command say so, and the straggler's spikes in the own-work spread are all there."""
+    path = tmp_path / "long.jsonl"
+    training_journal(path, "long", 3000, t0=1.7e9, straggler_every=500)
+    out = tmp_path / "long.svg"
+    proc = relay_cmd("plot", str(path), "-o", str(out), "--metric", "loss", "--metric", "cluster/own_time_spread")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ("relay plot: 6,000 points read; 2 of 2 lines had more than 2,000 and are drawn as the "
+                           "lowest and highest point of each of 1,000 buckets (every spike kept)\n")
+    svg = out.read_text()
+    assert labels(svg).count("min/max of 1,000 buckets") == 2
+    spread = re.search(r'<g id="series-1">.*?<path d="([^"]*)"', svg, re.S).group(1)
+    heights = [float(y) for y in re.findall(r"[ML] -?[\d.]+ (-?[\d.]+)", spread)]  # (matplotlib drops collinear ones)
+    top = min(heights)  # SVG's y grows downwards
+    episodes = sum(1 for before, y in zip([None] + heights, heights) if y == top and before != top)
+    assert episodes == 7, heights  # steps 1-2, 500-502, ..., 2500-2502, 3000: every episode a spike, none averaged away

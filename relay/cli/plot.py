@@ -2,65 +2,123 @@
 ``--metric``, one line per run (and per rank with ``--by rank``), for users without a UI.
 
 matplotlib is imported only here, when the command runs, with the Agg backend (no display
-needed); without it the command says which extra to install. Only lines that are events are read
-(``relay.journal.reader.read_events``); a metric the journal holds as "NaN" or "Infinity" is a gap in
-its line. The image format follows the output's extension."""
+needed); without it the command says which extra to install. Like ``relay tail`` it reads lines as
+written, and takes from a JSON object what it needs if it has the right type (run, rank, stage,
+step, data); only lines that hold a metric's name are parsed at all. A metric the journal holds as
+"NaN" or "Infinity" is a gap in its line. A line of more than 2,000 points is drawn as the lowest
+and highest point of each of 1,000 buckets (relay/cli/decimate.py): memory stays bounded whatever
+the journal's size, every spike shows, and the plot and the command say so. The image format
+follows the output's extension."""
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from relay.journal.reader import journal_files, read_events
+import orjson
+
+from relay.cli.decimate import BUCKETS, MinMax
 from relay.cli.filters import MetricName, Selection, number
+from relay.journal.reader import journal_files
+from relay.wire.lines import parse_line
 from sinks.events import RELAY_RANK
 
 FORMATS = (".png", ".svg", ".pdf")
 #: Metrics named in an error, at most (a journal of custom metrics may hold thousands).
 _LISTED = 40
 
-#: (run, stage, rank or None) -> [(step, value)], per metric
-Series = dict[tuple[str, str, int | None], list[tuple[int, float]]]
+#: (run, stage/name, rank or None) -> its points, per metric
+Series = dict[tuple[str, str, int | None], MinMax]
 
 
 class PlotError(Exception):
     """What the user must change (a usage error, exit 2): said in one line."""
 
 
-def collect(path: Path, chosen: Selection, by_rank: bool) -> tuple[dict[MetricName, Series], set[str]]:
-    """Each selected metric's points, and every ``stage/name`` of the metrics the selected events
-    hold (to name when a metric is found nowhere). Points of one series keep the journal's order."""
-    found: dict[MetricName, Series] = {m: defaultdict(list) for m in chosen.metrics}
-    known: set[str] = set()
+@dataclass
+class Drawn:
+    """What a plot drew: its lines, the points read for them, and how many lines were decimated."""
+
+    lines: int = 0
+    points: int = 0
+    decimated: int = 0
+
+    def note(self) -> str:
+        """What the command says when lines were decimated (nothing otherwise)."""
+        if not self.decimated:
+            return ""
+        return (f"{self.points:,} points read; {self.decimated} of {self.lines} lines had more than {2 * BUCKETS:,} "
+                f"and are drawn as the lowest and highest point of each of {BUCKETS:,} buckets (every spike kept)")
+
+
+def _metric_events(path: Path, chosen: Selection, needles: tuple[bytes, ...] | None) -> Iterator[
+        tuple[str, int, str, Any, dict[str, Any]]]:
+    """(run, rank, stage, step, data) of each selected metrics event of the journal; with
+    ``needles``, only of the lines that hold one of them (the rest are not parsed)."""
     everything = Selection(chosen.runs, chosen.ranks, chosen.stages, frozenset({"metrics"}), chosen.since)
+    unfiltered = everything == Selection(types=everything.types)
+    wants = (lambda ev: ev.get("type") == "metrics") if unfiltered else everything.wants
+    holds = re.compile(b"|".join(map(re.escape, needles))).search if needles else None
     for file in journal_files(path):
-        for ev in read_events(file):
-            if not everything.wants(ev):
-                continue
-            stage, step, data = ev["stage"] or "", ev["step"], ev["data"]
-            if type(data) is not dict:
-                continue
-            known.update(f"{stage}/{key}" if stage else key for key in data)
-            if type(step) is not int:
-                continue
-            for metric, series in found.items():
-                for key, value in data.items():
-                    num = number(value)
-                    if num is not None and metric.matches(stage, key):
-                        series[(ev["run"], f"{stage}/{key}" if stage else key, ev["rank"] if by_rank else None)]\
-                            .append((step, num))
-    return found, known
+        with open(file, "rb") as fh:
+            for line in fh:
+                if holds is not None and holds(line) is None:
+                    continue
+                ev = parse_line(line)
+                if ev is None or not wants(ev):
+                    continue
+                run, rank, stage, data = ev.get("run"), ev.get("rank"), ev.get("stage"), ev.get("data")
+                if type(run) is str and type(rank) is int and type(data) is dict and (stage is None or type(stage) is str):
+                    yield run, rank, stage or "", ev.get("step"), data
 
 
-def plot_journal(path: Path, chosen: Selection, output: Path, *, by_rank: bool = False) -> int:
-    """Draw ``chosen.metrics`` of the journal at ``path`` into ``output``; the number of lines drawn.
-    PlotError for a format, a metric, matplotlib or an output that cannot be had."""
+def collect(path: Path, chosen: Selection, by_rank: bool) -> dict[MetricName, Series]:
+    """Each selected metric's series. Points of one series keep the journal's order."""
+    found: dict[MetricName, Series] = {m: {} for m in chosen.metrics}
+    needles = tuple({orjson.dumps(key) for m in chosen.metrics for key in (m.text, m.name)})  # b'"loss"'
+    keys: dict[str, list[tuple[Series, str, str]]] = {}  # per stage: (series, data key, stage/key) to look up
+    for run, rank, stage, step, data in _metric_events(path, chosen, needles):
+        if type(step) is not int:
+            continue
+        wanted = keys.get(stage)
+        if wanted is None:
+            wanted = keys[stage] = [
+                (series, key, f"{stage}/{key}" if stage else key) for metric, series in found.items()
+                for key in dict.fromkeys([metric.text] + ([metric.name] if metric.stage == stage else []))]
+        for series, key, name in wanted:
+            value = data.get(key)
+            if value is None:
+                continue
+            if type(value) is not float:  # (most are: no call for them)
+                value = number(value)
+                if value is None:
+                    continue
+            line = series.get((run, name, rank if by_rank else None))
+            if line is None:
+                line = series[(run, name, rank if by_rank else None)] = MinMax()
+            line.add(step, value)
+    return found
+
+
+def known_metrics(path: Path, chosen: Selection) -> set[str]:
+    """Every ``stage/name`` of the metrics the selected events hold: named when a metric is found
+    nowhere (the one path that parses every line)."""
+    return {f"{stage}/{key}" if stage else key for _, _, stage, _, data in _metric_events(path, chosen, None)
+            for key in data}
+
+
+def plot_journal(path: Path, chosen: Selection, output: Path, *, by_rank: bool = False) -> Drawn:
+    """Draw ``chosen.metrics`` of the journal at ``path`` into ``output``; what it drew. PlotError
+    for a format, a metric, matplotlib or an output that cannot be had."""
     if output.suffix.lower() not in FORMATS:
         raise PlotError(f"cannot tell the image format of {output}; end it with {', '.join(FORMATS)}")
-    found, known = collect(path, chosen, by_rank)
+    found = collect(path, chosen, by_rank)
     missing = [m.text for m, series in found.items() if not series]
     if missing:
+        known = known_metrics(path, chosen)
         listed = ", ".join(sorted(known)[:_LISTED]) + (", ..." if len(known) > _LISTED else "")
         raise PlotError(f"no metric {', '.join(missing)} with a step in {path}"
                         + (f" (with these filters)" if chosen != Selection(metrics=chosen.metrics) else "")
@@ -72,21 +130,29 @@ def plot_journal(path: Path, chosen: Selection, output: Path, *, by_rank: bool =
     all_runs = {run for series in found.values() for run, _, _ in series}
     if len(all_runs) == 1:
         fig.suptitle(f"run {next(iter(all_runs))}", fontsize=10)
-    drawn = 0
+    drawn = Drawn()
     for ax, (metric, series) in zip(axes[:, 0], found.items()):
         stages = {name for _, name, _ in series}
         ranks: dict[tuple[str, str], int] = defaultdict(int)  # ranks per (run, name): one needs no label
         for run, name, _ in series:
             ranks[(run, name)] += 1
+        decimated = 0
         for run, name, rank in sorted(series, key=_order):
-            points = sorted(series[(run, name, rank)], key=lambda p: p[0])  # stable: a repeated step keeps its order
+            kept = series[(run, name, rank)]
+            points = sorted(kept.points(), key=lambda p: p[0])  # stable: a repeated step keeps its order
             values = [v if math.isfinite(v) else math.nan for _, v in points]  # NaN breaks the line: a gap
             who = "" if rank is None or ranks[(run, name)] == 1 else "relay" if rank == RELAY_RANK else f"rank {rank}"
             label = " ".join(filter(None, [run if len(all_runs) > 1 else "", name if len(stages) > 1 else "", who]))
             line, = ax.plot([s for s, _ in points], values, label=label or run,
                             marker="." if len(points) < 40 else None, linewidth=1.2)
-            line.set_gid(f"series-{drawn}")  # each line findable in an SVG
-            drawn += 1
+            line.set_gid(f"series-{drawn.lines}")  # each line findable in an SVG
+            drawn.lines += 1
+            drawn.points += kept.seen
+            decimated += kept.decimated
+        drawn.decimated += decimated
+        if decimated:  # said on the panel: what is drawn is not every point
+            ax.text(1.0, 1.0, f"min/max of {BUCKETS:,} buckets", transform=ax.transAxes, ha="right", va="bottom",
+                    fontsize=7, color="0.4")
         ax.set_title(metric.text, fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="best")

@@ -69,6 +69,8 @@ def plot(path: Path, metrics: tuple[str, ...], by: str, output: Path, **filters:
     if not path.exists():
         _fail(EXIT_USAGE, f"{path} does not exist; give the relay's --path (file or directory)")
     try:
-        plot_journal(path, selection(metrics=metrics, **filters), output, by_rank=by == "rank")
+        drawn = plot_journal(path, selection(metrics=metrics, **filters), output, by_rank=by == "rank")
     except PlotError as exc:
         _fail(EXIT_USAGE, str(exc))
+    if drawn.note():
+        click.echo(f"relay plot: {drawn.note()}", err=True)
