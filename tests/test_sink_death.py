@@ -23,42 +23,55 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT, plugin_env, wait_for
+from conftest import ROOT, finish, plugin_env, start_publisher, wait_for
 from relay.journal.reader import read_events
 
 #: What "dies with its relay" allows: seconds from the relay's death until its sink processes are gone.
 GONE_WITHIN = 1.0
 
-#: A stand-in relay: asks for a tied child from a thread that waits until the child is tied (as the relay's
-#: opener thread waits for its sink's ready line) and then ends: the parent-death trap. Prints the child's
-#: pid and what it said, and lives on until killed.
-STAND_IN = textwrap.dedent("""
-    import subprocess, sys, threading, time
-    from relay.sinkhost import lifeline
-    child = []
-
-    def ask():
-        proc = lifeline.spawn([sys.executable, "-c", sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE, text=True)
-        child.append(f"{proc.pid} {proc.stdout.readline().strip()}")
-
-    asker = threading.Thread(target=ask)
-    asker.start()
-    asker.join()
-    print(child[0], flush=True)
-    time.sleep(600)
-""")
-#: The tied child: only the kernel's signal, or only the pipe, so each is shown to work on its own.
-TIED = textwrap.dedent("""
+#: The tied child, a module the launcher can run: in mode "launched" the launcher tied it; in "kernel" or
+#: "pipe" it ties itself with that one mechanism, so each is shown to work on its own.
+TIED_CHILD = textwrap.dedent("""
     import sys, time
     from relay.sinkhost import lifeline
-    mode, fd = sys.argv[1], int(sys.argv[2])
-    if mode == "kernel":
+    if sys.argv[1] == "kernel":
         assert lifeline.die_with_parent("test")
-    else:
-        lifeline.watch_lifeline(fd, "test")
+    elif sys.argv[1] == "pipe":
+        lifeline.watch_lifeline(int(sys.argv[2]), "test")
     print("tied", flush=True)
     time.sleep(600)
 """)
+#: A stand-in relay: "launched" asks for the child from a thread that waits until the child is tied (as
+#: the relay's opener thread waits for its sink's ready line) and then ends, the parent-death trap; the
+#: other modes start it from the main thread. Prints the child's pid and what it said, then waits.
+STAND_IN = textwrap.dedent("""
+    import os, subprocess, sys, threading, time
+    from relay.sinkhost import lifeline
+    mode, child = sys.argv[1], []
+
+    def ask():
+        if mode == "launched":
+            proc = lifeline.spawn("test", "tied_child", ["launched"], stdout=subprocess.PIPE, text=True)
+        else:
+            read_end, write_end = os.pipe()  # the write end stays open here, as in a relay
+            proc = subprocess.Popen([sys.executable, "-m", "tied_child", mode, str(read_end)], pass_fds=(read_end,),
+                                    stdout=subprocess.PIPE, text=True)
+        child.append(f"{proc.pid} {proc.stdout.readline().strip()}")
+
+    if mode == "launched":
+        asker = threading.Thread(target=ask)
+        asker.start()
+        asker.join()
+    else:
+        ask()
+    print(child[0], flush=True)
+    time.sleep(600)
+""")
+
+
+def _tied_child_env(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "tied_child.py").write_text(TIED_CHILD)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
 
 
 def _gone(pid: int) -> bool:
@@ -68,10 +81,10 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def seconds_until_gone(pids: list[int], limit: float = 30.0) -> float:
-    """How long until every process of ``pids`` is gone (dead), measured from now; ``limit`` when
-    some outlive it (so a failure says how long they lived, not only that they did)."""
-    started = time.monotonic()
+def seconds_until_gone(pids: list[int], limit: float = 30.0, since: float | None = None) -> float:
+    """How long until every process of ``pids`` is gone (dead), from ``since`` (monotonic; default now);
+    ``limit`` when some outlive it (so a failure says how long they lived, not only that they did)."""
+    started = time.monotonic() if since is None else since
     while not all(_gone(pid) for pid in pids):
         if time.monotonic() - started > limit:
             return limit
@@ -80,15 +93,16 @@ def seconds_until_gone(pids: list[int], limit: float = 30.0) -> float:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
-@pytest.mark.parametrize("mode", ["kernel", "pipe"])
-def test_a_tied_process_outlives_the_thread_that_asked_for_it_and_dies_with_its_relay(mode, tmp_path):
-    relay = subprocess.Popen([sys.executable, "-c", STAND_IN, TIED, mode], stdout=subprocess.PIPE, text=True,
-                             cwd=ROOT)
+@pytest.mark.parametrize("mode", ["launched", "kernel", "pipe"])
+def test_a_tied_process_dies_with_its_relay_and_not_with_the_thread_that_asked_for_it(mode, tmp_path):
+    relay = subprocess.Popen([sys.executable, "-c", STAND_IN, mode], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                             env=_tied_child_env(tmp_path))
     try:
         pid, said = relay.stdout.readline().split()
         assert said == "tied"
         child = psutil.Process(int(pid))
-        wait_for(lambda: len(psutil.Process(relay.pid).threads()) == 2, 30, "the asking thread gone")  # main, spawner
+        threads = 2 if mode == "launched" else 1  # main and the spawner: the asking thread is gone
+        wait_for(lambda: len(psutil.Process(relay.pid).threads()) == threads, 30, "the asking thread gone")
         assert not _gone(child.pid) and child.ppid() == relay.pid
         relay.kill()
         relay.wait(10)
@@ -97,6 +111,20 @@ def test_a_tied_process_outlives_the_thread_that_asked_for_it_and_dies_with_its_
     finally:
         relay.kill()
         relay.wait(10)
+
+
+def test_a_process_whose_relay_died_before_it_was_tied_ends_at_once(tmp_path):
+    """The kernel's signal comes only for a death after it was asked for: the launcher checks its parent."""
+    read_end, write_end = os.pipe()
+    try:
+        done = subprocess.run([sys.executable, "-m", "relay.sinkhost.lifeline", "1", str(read_end), "test", "tied_child",
+                               "launched"], pass_fds=(read_end,), capture_output=True, text=True, timeout=120,
+                              cwd=ROOT, env=_tied_child_env(tmp_path))
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert done.returncode == 75 and "tied" not in done.stdout, done
+    assert "test (pid" in done.stderr and "the relay that started it is gone" in done.stderr, done.stderr
 
 
 def test_a_new_sink_process_waits_for_the_one_of_the_dead_relay(tmp_path):
@@ -232,3 +260,4 @@ def test_a_store_that_an_older_set_up_left_half_made_is_mended(tool, tmp_path):
             Repo(str(tmp_path), init=True)
         open_local(Repo, tmp_path)
     _opens(tool, store)
+

@@ -1,6 +1,6 @@
 """Inside a sink's process: read journal lines from the relay, write them to the sink.
 
-    python -m relay.sinkhost.child SPEC_JSON LIFELINE_FD     (started by relay/sinkhost/process.py, not by hand)
+    python -m relay.sinkhost.child SPEC_JSON     (started by relay/sinkhost/process.py, through relay/sinkhost/lifeline.py)
 
 Relay -> child, on stdin: journal lines (``relay.journal.reader.LineDecoder`` turns them into events, as
 ``relay replay`` would: non-finite metrics restored; for a sink whose ``wants_events`` is False,
@@ -36,7 +36,7 @@ import click
 from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.catch_up import CatchUp
 from relay.sinkhost.driver import SinkDriver
-from relay.sinkhost.lifeline import hold_sink_lock, tie_to_relay
+from relay.sinkhost.lifeline import hold_sink_lock
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
 from relay.journal.reader import JournalReader, LineDecoder
@@ -178,8 +178,7 @@ def build_sink(spec: SinkSpec) -> Sink:
         raise SinkError(f"sink {spec.name} failed to start: {type(exc).__name__}: {exc}") from None
 
 
-def child_main(spec: SinkSpec, lifeline: int | None = None) -> int:
-    """``lifeline``: the pipe from the relay that reads end-of-file once the relay is gone."""
+def child_main(spec: SinkSpec) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the relay decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(NICE)
@@ -198,8 +197,6 @@ def child_main(spec: SinkSpec, lifeline: int | None = None) -> int:
 
     logging.basicConfig(level=spec.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s [sink {spec.name} {os.getpid()}]: %(message)s")
-    if lifeline is not None:
-        tie_to_relay(lifeline, spec.name)
     if spec.journal:  # held until the process ends: one process per sink and journal
         hold_sink_lock(Journal(spec.journal).sidecar(f"_sink_{spec.name}.lock"), spec.name)
     try:
@@ -242,4 +239,4 @@ def child_main(spec: SinkSpec, lifeline: int | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(child_main(SinkSpec(**json.loads(sys.argv[1])), int(sys.argv[2]) if len(sys.argv) > 2 else None))
+    sys.exit(child_main(SinkSpec(**json.loads(sys.argv[1]))))

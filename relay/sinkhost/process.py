@@ -21,7 +21,6 @@ import fcntl
 import json
 import logging
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict
@@ -249,7 +248,7 @@ class SinkProcess:
 
     def _spawn(self) -> None:
         spec = json.dumps(asdict(self.spec))
-        proc = spawn([sys.executable, "-m", "relay.sinkhost.child", spec], stdin=subprocess.PIPE,
+        proc = spawn(f"sink {self.name}", "relay.sinkhost.child", [spec], stdin=subprocess.PIPE,
                      stdout=subprocess.PIPE, stderr=None if self.stderr is None else subprocess.PIPE)
         if self.stderr is not None:
             threading.Thread(target=self._pass_stderr, args=(proc.stderr,), name=f"sink-{self.name}-stderr",
