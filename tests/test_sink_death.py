@@ -261,3 +261,118 @@ def test_a_store_that_an_older_set_up_left_half_made_is_mended(tool, tmp_path):
         open_local(Repo, tmp_path)
     _opens(tool, store)
 
+
+# -- the relay SIGKILLed again and again in its first seconds, three tracker sinks ----------------------
+
+KILLS = 50
+#: Each relay is killed at a random moment of its sinks' first seconds, counted from when its three sink
+#: processes started: most within SHORT s (importing their tool, setting its store up), and one in
+#: BUSY_EVERY within a second after one of them began setting its store up or writing events, if that
+#: comes within FIRST s.
+SHORT, FIRST, BUSY_EVERY = 2.0, 10.0, 10
+TRACKERS = ("mlflow", "aim", "tensorboard")
+RUN, EVENTS, RATE = "storm", 1500, 15.0  # one publisher across the kills: about 100 s of events
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _busy(relay_pid: int, journal: Path, stores: list[Path]) -> str | None:
+    """What one of this relay's tracker sinks is doing, if anything yet: setting its store up (its
+    temporary is there) or writing (its stats, written every 0.5 s, count events written)."""
+    from relay.journal.journal import Journal
+
+    if any(next(store.parent.glob(f".{store.name.lstrip('.')}.relay-setup-*"), None) for store in stores):  # not .lock
+        return "set-up"
+    try:
+        stats = json.loads(Journal(journal).sidecar("_stats.json").read_text())
+    except (OSError, ValueError):  # not written yet, or being replaced
+        return None
+    sinks = stats.get("sinks", {}) if stats.get("pid") == relay_pid else {}
+    written = sum(sinks.get(name, {}).get("written", 0) + sinks.get(name, {}).get("caught_up", 0) for name in TRACKERS)
+    return "writing" if written else None
+
+
+def _sink_processes(relay_pid: int, tmp_path: Path) -> list[int]:
+    """The relay's descendants, and any sink process of this test's stores (its spec names tmp_path)."""
+    found = set(_children(relay_pid))
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "relay.sinkhost.child" in cmdline and str(tmp_path) in " ".join(cmdline) and not _gone(proc.pid):
+            found.add(proc.pid)
+    return sorted(found)
+
+
+def _settled(stats: dict, relay_pid: int) -> bool:
+    """The relay's every tracker sink open, its first catch-up pass done, nothing queued or unconfirmed."""
+    sinks = [stats.get("sinks", {}).get(name, {}) for name in TRACKERS]
+    return stats.get("pid") == relay_pid and all(s.get("open") and s["catch_up_passes"] >= 1 and s["queued"] == 0
+                                                 for s in sinks)
+
+
+@pytest.mark.slow  # ~3 min at load 20 (50 relays started and killed, then three trackers caught up)
+def test_relay_sigkilled_50_times_in_its_first_seconds_every_store_holds_every_value_once(relays, tmp_path):
+    """One publisher sends 1,500 metrics over about 100 s; meanwhile the relay (MLflow on SQLite, Aim,
+    TensorBoard) is started and SIGKILLed 50 times, each at a random moment of its first seconds. No
+    sink process outlives a relay by more than a second; then a last relay lives, and each store opens
+    with its own client and holds every value exactly once (the sinks killed mid-write lost nothing:
+    the next relay's caught up from the journal)."""
+    for tool in TRACKERS:
+        pytest.importorskip(tool)
+    from sink_readback import EXPERIMENT, f32, read_logdir, read_repo, read_run
+
+    seed = int(os.environ.get("SINK_DEATH_SEED") or time.time_ns() % 2 ** 32)
+    rng = random.Random(seed)
+    db, repo, logdir, journal = tmp_path / "ml" / "mlflow.db", tmp_path / "aim", tmp_path / "tb", tmp_path / "j.jsonl"
+    args = ["--path", str(journal), "--stats-interval", "0.5",
+            "--sink", "mlflow", "--mlflow-tracking-uri", f"sqlite:///{db}", "--mlflow-experiment", EXPERIMENT,
+            "--sink", "aim", "--repo", str(repo), "--sink", "tensorboard", "--logdir", str(logdir)]
+    stores = [db, repo / ".aim"]
+    address = f"ipc://{tmp_path}/relay.sock"  # the same address for every relay: the publisher reconnects
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
+    publisher = start_publisher(address, RUN, 0, EVENTS, rate=RATE, flush_timeout=600)
+    kills = []
+    for k in range(KILLS):
+        relay = relays(args, address=address, start=False, env=env)
+        relay.start(wait=False)
+        wait_for(lambda: len(_children(relay.proc.pid)) >= len(TRACKERS), 120, "the relay's sink processes started")
+        started, at = time.monotonic(), rng.uniform(0, SHORT)
+        if k % BUSY_EVERY == BUSY_EVERY - 1:  # wait until a sink is busy (a condition), then a random moment
+            while not _busy(relay.proc.pid, journal, stores) and time.monotonic() - started < FIRST:
+                time.sleep(0.05)
+            at = min(FIRST, time.monotonic() - started + rng.uniform(0, 1.0))
+        time.sleep(max(0.0, started + at - time.monotonic()))  # the kill moment, at random: it decides no outcome
+        before, doing = _sink_processes(relay.proc.pid, tmp_path), _busy(relay.proc.pid, journal, stores)
+        relay.proc.send_signal(signal.SIGKILL)
+        relay.proc.wait(30)
+        died = time.monotonic()
+        sinks = sorted({*before, *_sink_processes(relay.proc.pid, tmp_path)})  # one started meanwhile too
+        kills.append({"at": round(at, 2), "sinks": len(sinks), "gone_s": round(seconds_until_gone(sinks, since=died), 3),
+                      "busy": doing})
+        relay.kill()
+    summary = f"seed {seed} (SINK_DEATH_SEED reruns it); kills: {kills}"
+    (tmp_path / "kills.json").write_text(json.dumps({"seed": seed, "kills": kills}))
+    assert max(k["gone_s"] for k in kills) <= GONE_WITHIN, summary
+
+    relay = relays(args, address=address, env=env)  # the last one lives
+    sent = finish(publisher, timeout=600)
+    assert sent["left"] == 0 and sent["dropped"] == 0, sent
+    wait_for(lambda: _settled(relay.stats(journal), relay.proc.pid), 300, "every sink caught up")
+    assert relay.stop() == 0
+    expected = {i: 1.0 / (i + 1) for i in range(EVENTS)}
+    seqs = [e["seq"] for e in read_events(journal) if e["run"] == RUN and e["type"] == "metrics"]
+    assert sorted(seqs) == sorted(set(seqs)) and len(seqs) == EVENTS, "the journal: every event once"
+
+    ml = read_run(f"sqlite:///{db}", RUN)
+    assert ml.series("loss") == expected and len(ml.history["loss"]) == EVENTS, summary
+    aim = read_repo(str(repo))[RUN]
+    assert aim.series("loss") == expected, summary
+    board = read_logdir(logdir)[RUN]
+    assert board.series("train/loss") == {i: f32(v) for i, v in expected.items()}, summary
+    assert len(board.points["train/loss"]) == EVENTS, summary
+    left = [p.name for p in (db.parent, repo) for p in p.iterdir() if ".relay-setup-" in p.name or "half-made" in p.name]
+    assert not left, f"set-ups left {left}"
