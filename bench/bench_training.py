@@ -15,7 +15,7 @@ our relay callback and AimCallback every few steps, so drift cancels, and every 
 process, or Aim's threads) is timed. Hooks: our callback's own hooks for one logged step, driving
 the real callback and a real publisher connected to a real relay, against the demo's median step
 time. Collective timing: a two-rank DDP job (bench/ddp_timing_job.py) whose gradient all-reduce and
-gather go through the plain default or the timed ones (trainer/collectives.py) in turns, step
+blocking collectives go through the plain default or the timed ones (trainer/collectives.py) in turns, step
 cycles compared in the same run.
 
     python -m bench.bench_training [--steps 200] [--rounds 7] [--quick] [--collectives-only] [--json FILE]

@@ -1,7 +1,9 @@
 """One rank of the collective-timing benchmark (bench/bench_training.py runs it under torchrun on two
-CPU ranks): the demo fine-tune under DDP whose gradient all-reduce and ``accelerator.gather`` go,
-in turns of ``BLOCK`` steps, through the plain default (``allreduce_hook``, the accelerator's own
-gather) and through trainer/collectives.py's timed ones, so drift hits both alike. Rank 0 writes
+CPU ranks): the demo fine-tune under DDP whose gradient all-reduce and blocking ``torch.distributed``
+collectives go, in turns of ``BLOCK`` steps, through the plain default (``allreduce_hook`` as a Python
+communication hook, torch's own functions) and through trainer/collectives.py's timed ones (its hook,
+trainer/dist_waits.py installed), so drift hits both alike. (Against DDP's built-in C++ all-reduce,
+which a hook cannot be switched back to within a job: whole jobs, bench/bench_collectives.py.) Rank 0 writes
 each mode's step cycle times (begin to begin) as JSON to ``OUT``.
 
     torchrun --nproc_per_node 2 bench/ddp_timing_job.py WORKDIR STEPS BLOCK OUT
@@ -26,6 +28,7 @@ def main(workdir: Path, steps: int, block: int, out: Path) -> None:
     from trl import SFTConfig, SFTTrainer
 
     from trainer.args import DEMO_DATA, DEMO_RESPONSE_TEMPLATE
+    from trainer import dist_waits
     from trainer.collectives import CollectiveClock
     from trainer.dataset import load_sft_dataset
     from trainer.demo import build_demo
@@ -56,9 +59,6 @@ def main(workdir: Path, steps: int, block: int, out: Path) -> None:
                 return clock.allreduce_hook(state, bucket) if mode[0] == TIMED else allreduce_hook(state, bucket)
 
             self.trainer.model_wrapped.register_comm_hook(None, hook)
-            accelerator = self.trainer.accelerator
-            plain, timed = accelerator.gather, clock.timed(accelerator.gather)
-            accelerator.gather = lambda *a, **k: (timed if mode[0] == TIMED else plain)(*a, **k)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             now = time.perf_counter()
@@ -66,6 +66,10 @@ def main(workdir: Path, steps: int, block: int, out: Path) -> None:
                 cycles[mode[0]].append(now - self.last)
             self.last = now
             mode[0] = MODES[(state.global_step // block) % len(MODES)]
+            if mode[0] == TIMED:
+                dist_waits.install(clock.waited)
+            else:
+                dist_waits.uninstall()
             clock.in_step = True
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

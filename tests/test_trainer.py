@@ -274,3 +274,29 @@ def test_sft_config_implies_the_cpu_as_the_command_line_does(tmp_path: Path) -> 
         SFTConfig(output_dir=str(tmp_path))  # what train()'s callers met before
     assert sft_config(output_dir=str(tmp_path)).use_cpu is True
     assert sft_config(output_dir=str(tmp_path), use_cpu=True, bf16=False).bf16 is False
+
+
+@pytest.mark.slow  # importing trl takes seconds
+def test_fsdp_without_an_accelerator_says_in_one_line_it_runs_as_plain_data_parallel(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import torch
+
+    from trainer.args import parse_args, validate
+
+    if torch.accelerator.is_available():
+        pytest.skip("only a machine without an accelerator runs --fsdp as DDP")
+    flags = ["--model_name_or_path", str(tmp_path), "--data_path", str(DEMO_DATA), "--dataset_text_field", "output",
+             "--output_dir", str(tmp_path / "out")]
+    with caplog.at_level("WARNING", logger="trainer.args"):
+        model, data, tracking, training = parse_args([*flags, "--fsdp", "full_shard auto_wrap",
+                                                      "--time_collectives", "false"])
+        validate(model, data, training, tracking)
+    said = [r.getMessage() for r in caplog.records if "--fsdp" in r.getMessage()]
+    assert said == ["--fsdp: no accelerator here, so accelerate runs this job as plain data parallel (DDP on gloo, "
+                    "the whole model on every rank), not sharded"]
+    assert tracking.time_collectives is False
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="trainer.args"):
+        model, data, tracking, training = parse_args(flags)
+        validate(model, data, training, tracking)
+    assert not [r for r in caplog.records if "--fsdp" in r.getMessage()] and tracking.time_collectives is True

@@ -298,6 +298,9 @@ def validate(
     for name in ("relay_flush_timeout", "relay_start_timeout"):
         if not getattr(tracking, name) > 0:
             raise UsageError(f"--{name} must be positive, got {getattr(tracking, name)}")
+    if training.fsdp and _cpu_only() and training.process_index == 0:
+        log.warning("--fsdp: no accelerator here, so accelerate runs this job as plain data parallel (DDP on gloo, "
+                    "the whole model on every rank), not sharded")
     if training.run_name is not None:
         from relay.wire.schema import RUN_ID_RE, valid_run_id
 

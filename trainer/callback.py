@@ -3,8 +3,9 @@
 It runs on every rank. Global rank 0 publishes what the Trainer already reduced (train and eval
 logs, run metadata, checkpoints, the end of training); every rank adds what only it knows, its
 own step time, samples per second and peak memory, as ``stage="rank"`` metrics on each logging
-step, so a straggler shows up in the log; under DDP also how its time splits into its own work and
-waiting for its peers (trainer/collectives.py), so the relay can name a straggler DDP hides. Each
+step, so a straggler shows up in the log; under DDP and FSDP also how its time splits into its own
+work and waiting for its peers (trainer/collectives.py), so the relay can name a straggler they
+hide, and rank 0 says once what was timed or why nothing could be (stage ``own_work``). Each
 hook builds a small dict and calls ``publish``, which never blocks; no I/O happens here except the
 bounded flush at the end of training.
 """
@@ -82,9 +83,11 @@ class RelayCallback(TrainerCallback):
     """Publish a Trainer's metrics and lifecycle through ``publisher`` (default: tracking's)."""
 
     def __init__(self, publisher: Publisher | None = None, *, flush_timeout: float = 30.0,
-                 run_params: Mapping[str, Mapping[str, Any]] | None = None, trainer: Any = None) -> None:
-        """``trainer``: the Trainer this callback is added to, so that under DDP the waits in its
-        collectives are timed on the model it wraps (on_train_begin gets the unwrapped one)."""
+                 run_params: Mapping[str, Mapping[str, Any]] | None = None, trainer: Any = None,
+                 time_collectives: bool = True) -> None:
+        """``trainer``: the Trainer this callback is added to, so that under DDP or FSDP the waits in
+        its collectives are timed on the model it wraps (on_train_begin gets the unwrapped one);
+        ``time_collectives=False`` times nothing (ranks then send no own work)."""
         pub = publisher or custom_metrics.publisher()
         if pub is None:
             raise ValueError("no publisher: call trainer.custom_metrics.start(...) first or pass one")
@@ -96,7 +99,9 @@ class RelayCallback(TrainerCallback):
         self._samples_per_step = 1
         self._cuda = None
         self._trainer = trainer
+        self._time_collectives = time_collectives
         self._clock: collectives.CollectiveClock | None = None
+        self._timing: collectives.Timing | None = None
         self._reset_window()
         self._step_start = 0.0
         self._step_end = 0.0
@@ -118,7 +123,8 @@ class RelayCallback(TrainerCallback):
         self._cuda = torch.cuda if torch is not None and torch.cuda.is_available() else None
         self._train_start = self._step_end = time.perf_counter()
         if self._trainer is not None and args.world_size > 1:
-            self._clock = collectives.attach(self._trainer)
+            self._timing = collectives.attach(self._trainer, self._time_collectives)
+            self._clock = self._timing.clock
         if not state.is_world_process_zero:
             return
         pub = self._pub
@@ -140,6 +146,9 @@ class RelayCallback(TrainerCallback):
                             stage="peft")
         for name, params in self._run_params.items():
             pub.publish("params", to_wire(params), stage=name)
+        if self._timing is not None:
+            pub.publish("params", {"measured": self._timing.clock is not None, "timed": self._timing.what},
+                        stage="own_work")
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                       **kwargs: Any) -> None:
@@ -203,7 +212,7 @@ class RelayCallback(TrainerCallback):
                      **kwargs: Any) -> None:
         self._publish_rank_window(state)
         if self._clock is not None:
-            collectives.detach(self._trainer)
+            collectives.detach()
             self._clock = None
         custom_metrics.current_step = None
         if state.is_world_process_zero:

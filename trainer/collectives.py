@@ -1,10 +1,11 @@
-"""How long a rank waits for its peers: the waits DDP's collectives impose, timed where they happen.
+"""How long a rank waits for its peers: the waits of a job's collectives, timed where they happen.
 
-Under DDP a straggler makes its peers wait, so their step times grow with its; the relay can name
-it only by what each rank did itself (its *own work*), which is what is left of its time once the
-waits are taken out. Two waits are timed, on the model and accelerator the Trainer prepared:
+Under synchronous data parallelism a straggler makes its peers wait, so their step times grow with
+its; the relay can name it only by what each rank did itself (its *own work*), which is what is
+left of its time once the waits are taken out. The waits are timed on the model the Trainer
+prepared, by what wraps it:
 
-- **the gradient all-reduce, inside the step**: a DDP communication hook that is the default
+- **DDP's gradient all-reduce, inside the step**: a DDP communication hook that is the default
   all-reduce (``allreduce_hook``) plus two timestamps. The all-reduce overlaps the backward pass:
   buckets are sent while gradients of earlier layers are still being computed, so the time from a
   bucket's launch to its completion is not all waiting. The rank stops computing when it launches
@@ -13,27 +14,34 @@ waits are taken out. Two waits are timed, on the model and accelerator the Train
   ``[last launch, completion]`` over the buckets completing after the last launch) is the wait.
   A rank that launches its last bucket late waits least and makes its peers wait as long as it was
   late, so the straggler is the rank with the *least* wait and the most own work.
-- **the Trainer's blocking collectives**, ``accelerator.gather`` (and ``gather_for_metrics``,
-  which calls it): before each step the Trainer gathers the next batches' token count across ranks
-  (``average_tokens_across_devices``) right after loading them, so a rank slow to load makes its
-  peers wait there, not in the all-reduce, and every rank then starts its step together; inside
-  the step trl's SFTTrainer gathers its per-batch metrics (``num_tokens``, entropy, accuracy) in
-  the loss, so a rank slow in the forward pass makes its peers wait there first. The wait is the
-  call's wall time (gloo blocks in it until every rank has sent); it counts as inside or outside
-  the step by when it happens (``in_step``, kept by the callback).
+- **every blocking ``torch.distributed`` collective** (trainer/dist_waits.py), DDP or FSDP: the
+  Trainer's token-count gather before each step (a rank slow to load makes its peers wait there),
+  trl's per-batch metric gathers inside the step, the loss and FLOs gathers when the Trainer logs
+  (a rank slow *after* the all-reduce, in its optimizer step, makes its peers wait there when every
+  step is logged), evaluation gathers and checkpoint barriers, and under FSDP (FSDP2's
+  ``fully_shard``, FSDP1) every parameter all-gather before a layer's forward and backward and
+  every gradient reduce-scatter after it: a rank slow anywhere in its step makes its peers wait in
+  the next of these. The wait is the call's wall time (gloo blocks in it until every rank has sent);
+  it counts as inside or outside the step by when it happens (``in_step``, kept by the callback).
 
-The completion stamp is taken in a ``then`` callback that DDP waits on, so it is written before the
-backward pass returns: no device synchronisation, nothing allocated per bucket but the timestamp
-(and the future ``then`` returns, as the default hook's own ``then`` does). With NCCL the future
-completes once the collective is queued on the GPU stream, so this measures the launch, not the
-wait (docs/trainer.md says what is exact where).
+The completion stamp of the hook is taken in a ``then`` callback that DDP waits on, so it is written
+before the backward pass returns: no device synchronisation, nothing allocated per bucket but the
+timestamp (and the future ``then`` returns, as the default hook's own ``then`` does).
+
+Timed only where that is the wait: the gloo backend on the CPU. With NCCL (any accelerator) a
+collective returns once it is queued on the device's stream, so its host-side time is not the wait,
+and timing it there would need a device synchronisation on the hot path: such a job reports no own
+work, and says why (``Timing.what``), so the relay judges it by step time and the steps view says
+so. The GPU path is untested (docs/watching.md).
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, NamedTuple
+
+from trainer import dist_waits
 
 log = logging.getLogger("trainer")
 
@@ -80,44 +88,63 @@ class CollectiveClock:
                 self._covered = now
         return fut.value()
 
-    def timed(self, collective: Callable[..., Any]) -> Callable[..., Any]:
-        """``collective`` (a blocking call every rank makes) with its wall time added to the wait."""
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return collective(*args, **kwargs)
-            finally:
-                took = time.perf_counter() - started
-                with self._lock:
-                    if self.in_step:
-                        self.inside += took
-                    else:
-                        self.outside += took
-        wrapper.__wrapped__ = collective  # type: ignore[attr-defined]
-        return wrapper
+    def waited(self, seconds: float) -> None:
+        """A blocking collective took ``seconds`` (trainer/dist_waits.py)."""
+        with self._lock:
+            if self.in_step:
+                self.inside += seconds
+            else:
+                self.outside += seconds
 
 
-def attach(trainer: Any) -> CollectiveClock | None:
-    """Time the waits of ``trainer``'s DDP model (call after it was wrapped: on_train_begin); None
-    when it is not a DDP job or its model already has a communication hook (logged)."""
+class Timing(NamedTuple):
+    """What :func:`attach` set up: the clock (None: own work is not measured) and, in words, what is
+    timed or why nothing is (rank 0 publishes it, stage ``own_work``)."""
+
+    clock: CollectiveClock | None
+    what: str
+
+
+def attach(trainer: Any, enabled: bool = True) -> Timing:
+    """Time the waits of ``trainer``'s prepared model (``trainer.model_wrapped``; call after it was
+    wrapped: on_train_begin): DDP or FSDP on gloo on the CPU. Nothing is timed where that cannot
+    be done without synchronising the device, or for a model this does not know."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
     from torch.nn.parallel import DistributedDataParallel
 
+    if not enabled:
+        return Timing(None, "collective timing turned off (--time_collectives false): judged by step time")
     model = getattr(trainer, "model_wrapped", None)
-    if not isinstance(model, DistributedDataParallel):
-        return None
+    if not dist.is_initialized():
+        return Timing(None, "no process group: judged by step time")
+    backend = dist.get_backend()  # "gloo", "nccl", or per device: "cpu:gloo,cuda:nccl"
+    device = next((p.device.type for p in model.parameters()), "cpu") if model is not None else "cpu"
+    if device != "cpu" or "gloo" not in backend:
+        return Timing(None, f"{backend} on {device}: a collective returns before the device has done it, so its "
+                            "wait cannot be timed without synchronising the device: judged by step time")
+    if isinstance(model, DistributedDataParallel):
+        kind = "DDP gradient all-reduce (communication hook)"
+    elif isinstance(model, FSDPModule):
+        kind = "FSDP2 all-gathers and reduce-scatters"
+    elif isinstance(model, FullyShardedDataParallel):
+        kind = "FSDP1 all-gathers and reduce-scatters"
+    else:
+        return Timing(None, f"a {type(model).__name__} model: not DDP or FSDP, its waits are not known here: "
+                            "judged by step time")
     clock = CollectiveClock()
-    try:
-        model.register_comm_hook(None, clock.allreduce_hook)
-    except RuntimeError as exc:  # DDP takes one hook: accelerate's comm_hook option, or a second train()
-        log.warning("not timing the gradient all-reduce (own work and stragglers fall back to step time): %s", exc)
-        return None
-    accelerator = trainer.accelerator
-    accelerator.gather = clock.timed(accelerator.gather)
-    return clock
+    if isinstance(model, DistributedDataParallel):
+        try:
+            model.register_comm_hook(None, clock.allreduce_hook)
+        except RuntimeError as exc:  # DDP takes one hook: accelerate's comm_hook option, or a second train()
+            log.warning("not timing the gradient all-reduce (own work and stragglers fall back to step time): %s", exc)
+            return Timing(None, f"DDP has a communication hook already, the all-reduce is not timed ({exc}): "
+                                "judged by step time")
+    dist_waits.install(clock.waited)
+    return Timing(clock, f"{kind}, blocking torch.distributed collectives (gathers, barriers)")
 
 
-def detach(trainer: Any) -> None:
-    """Give ``trainer``'s accelerator back its own gather (the DDP hook stays: DDP cannot drop one)."""
-    gather = getattr(trainer.accelerator, "gather", None)
-    if hasattr(gather, "__wrapped__"):
-        del trainer.accelerator.gather
+def detach() -> None:
+    """Stop timing the blocking collectives (a DDP hook stays: DDP cannot drop one, and without the
+    callback reading the clock it costs what the plain hook does)."""
+    dist_waits.uninstall()

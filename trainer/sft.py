@@ -173,8 +173,9 @@ def train(
             processing_class=tokenizer, peft_config=peft_config, callbacks=list(callbacks or []),
         )
         if plan.tracking_on:
-            # Given the trainer, it times the waits in DDP's collectives on the model the trainer wraps.
-            relay_callback = RelayCallback(flush_timeout=plan.tracking.relay_flush_timeout, trainer=trainer)
+            # Given the trainer, it times the waits in the collectives of the model the trainer wraps (DDP, FSDP).
+            relay_callback = RelayCallback(flush_timeout=plan.tracking.relay_flush_timeout, trainer=trainer,
+                                           time_collectives=plan.tracking.time_collectives)
             trainer.add_callback(relay_callback)
         result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
         trainer.save_model()

@@ -65,6 +65,11 @@ class TrackingArguments:
     relay_start_timeout: float = field(
         default=60.0, metadata={"help": "Seconds to wait for the embedded relay to come up."}
     )
+    time_collectives: bool = field(
+        default=True,
+        metadata={"help": "Time each rank's waits in the job's collectives (DDP, FSDP; gloo on the CPU) so the relay "
+                          "names a straggler by its own work; false: ranks send step times only (docs/watching.md)."},
+    )
 
 
 def _aim(t: TrackingArguments, out: str) -> list[str]:

@@ -17,7 +17,10 @@ and its spread, and a flag for a straggler. Where each comes from:
 - flag: ``STRAGGLER rN`` from the relay's ``straggler`` event and ``cleared rN`` from its
   ``straggler_cleared`` (the episode's end: recovered, or lost), each shown on that step's line, or
   the next one if it came after that line; without one, ``slow rN`` where the spread the relay
-  judges by (own_x, else step_x) is at least ``straggler_ratio``. ``rank_lost``, ``rank_back`` and ``train_end`` are lines of their own.
+  judges by (own_x, else step_x) is at least ``straggler_ratio``. ``rank_lost``, ``rank_back`` and
+  ``train_end`` are lines of their own, and so is a job's word that its ranks' own work is not
+  measured (rank 0's ``params`` of stage ``own_work`` with ``measured`` false: collective timing
+  off, or waits that cannot be timed, trainer/collectives.py), so no level own_s is taken for one.
 
 With ``--metric``, those metrics take the place of loss, learning rate and tokens/s.
 
@@ -128,6 +131,8 @@ class StepView:
         state = self._runs.setdefault(run, _Run())
         if kind == "lifecycle":
             return self._lifecycle(run, state, ev, data, now)
+        if kind == "params" and stage == "own_work" and data.get("measured") is False:
+            return self._note(run, state, ev, f"own work not measured: {data.get('timed')}", "yellow")
         if kind != "metrics" or type(step) is not int or (state.shown is not None and step <= state.shown):
             return []
         rec = state.steps.get(step)
@@ -195,14 +200,20 @@ class StepView:
             (rec.flags if rec is not None else state.late).append(flag)
         elif type(event) is str and event in _NOTES:
             detail = " ".join(f"{k}={_fmt(v, '.4g')}" for k, v in data.items() if k != "event")
-            step = f"{ev['step']:>7}" if type(ev.get("step")) is int else "      -"
-            note = self._style(cut(f"{clock(ev.get('ts'))}  {step}  {event} {detail}", self.width), fg=_NOTES[event])
-            if not state.steps:
-                return [Row(run, note)]
-            state.steps[max(state.steps)].notes.append(note)  # after the steps begun before it
+            out = self._note(run, state, ev, f"{event} {detail}", _NOTES[event])
             if event == "train_end":  # the run has said all it will: its steps need not wait for a later one
                 for rec in state.steps.values():
                     rec.ended = min(rec.ended, now)
+            return out
+        return []
+
+    def _note(self, run: str, state: _Run, ev: dict[str, Any], text: str, colour: str) -> list[Row]:
+        """A line of its own: now, or after the lines of the steps begun before it."""
+        step = f"{ev['step']:>7}" if type(ev.get("step")) is int else "      -"
+        note = self._style(cut(f"{clock(ev.get('ts'))}  {step}  {text}", self.width), fg=colour)
+        if not state.steps:
+            return [Row(run, note)]
+        state.steps[max(state.steps)].notes.append(note)
         return []
 
     def _tokens_per_s(self, run: str, state: _Run, tokens: float, ts: Any) -> float | None:
