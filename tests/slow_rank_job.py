@@ -5,12 +5,12 @@ straggler tests (tests/test_stragglers_torchrun.py): run under torchrun as a scr
     slow_rank_job.py RANK optimizer CPU_SECONDS@STEPS -- TRAINER FLAGS...
     slow_rank_job.py RANK kill STEP -- TRAINER FLAGS...
 
-``collator``: rank RANK's (or every rank's: ``all``) data collator sleeps SECONDS per batch (slow between steps: its peers
-wait in the token-count gather before the step). ``forward``: its model's forward sleeps SECONDS
-per micro-batch (slow inside the step: its peers wait in the gradient all-reduce). ``optimizer``:
-after its optimizer step, at the steps STEPS (``1-5,7-10``), it burns CPU_SECONDS of CPU time (tests/cpu_burn.py): slow after the gradient
-all-reduce, so with every step logged its peers wait in the Trainer's loss gather for logging, between
-steps. ``kill``: rank
+``collator``: rank RANK's (or every rank's: ``all``) data collator sleeps SECONDS per batch (slow
+between steps: its peers wait in the token-count gather before the step). ``forward``: its model's
+forward sleeps SECONDS per micro-batch (slow inside the step: its peers wait in the gradient
+all-reduce). ``optimizer``: after its optimizer step, at the steps STEPS (``1-5,7-10``), it burns
+CPU_SECONDS of CPU time (tests/cpu_burn.py): slow after the gradient all-reduce, so with every step
+logged its peers wait in the Trainer's loss gather for logging, between steps. ``kill``: rank
 RANK flushes what it published and SIGKILLs itself at the end of step STEP, after the step's
 gradient all-reduce and before it reports the step (its peers report STEP, then block at their next
 collective). The slowness or death is a callback given to ``trainer.sft.main(argv, callbacks=...)``

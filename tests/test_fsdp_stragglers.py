@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, RelayProcess, free_port, read_jsonl
+from watch_helpers import relay_cmd
 from trainer_fixtures import trainer_env
 
 from sinks.events import RELAY_RANK
@@ -87,6 +88,5 @@ def test_with_the_timing_off_no_own_work_is_sent_and_the_steps_view_says_so(jour
     assert len(ranks) == 8 and not any("own_time" in d or "collective_wait" in d for d in ranks), ranks
     figures, _ = relay_said(events)
     assert figures and not any("own_time_median" in f for f in figures)  # judged by step time
-    view = subprocess.run([sys.executable, "-m", "relay", "tail", str(journals["fsdp2-none-off"]), "--view", "steps"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    view = relay_cmd("tail", str(journals["fsdp2-none-off"]), "--view", "steps")  # (every column: COLUMNS dropped)
     assert "own work not measured: collective timing turned off (--time_collectives false)" in view.stdout, view
