@@ -7,7 +7,8 @@ import statistics
 
 import pytest
 
-from relay.daemon.cross_rank import MAX_WAITING, Cluster, ClusterConfig, Derived, Standing
+from relay.daemon.cross_rank import MAX_WAITING, Cluster, ClusterConfig, Standing
+from relay.wire.lines import Derived
 from sinks.events import RELAY_RANK
 
 CONFIG = ClusterConfig(factor=1.5, steps=3, silence=10.0)
@@ -231,6 +232,25 @@ def test_a_rank_a_synchronous_job_ended_without_is_lost_after_the_grace() -> Non
                                                            "silent_s": 8.5, "last_step": 12, "peers_step": 13})
     assert (figures.step, figures.data["ranks"]) == (13, 1)  # no longer awaited
     assert cluster.check(100.0) == []  # said once
+
+
+def test_a_rank_killed_mid_step_is_lost_when_the_run_fails_without_its_own_end() -> None:
+    """Killed inside step 13 (forward, backward, optimizer): both ranks reported step 12 and no more,
+    so rank 1 is behind no one; the run failed and every rank that lived through it sent its own
+    train_end, so the one that did not is lost. A completed run at the same steps loses no one."""
+    cluster = Cluster(CONFIG)
+    for step in range(1, 13):
+        feed(cluster, {0: 0.1, 1: 0.1}, step, now=step, world=2)
+    cluster.ended(train_end(0, "failed"), 15.0)
+    assert cluster.check(15.0 + CONFIG.end_grace - 0.5) == []
+    (lost,) = cluster.check(15.0 + CONFIG.end_grace + 0.5)
+    assert lost == Derived("r", 2, "lifecycle", 12, 0.12, {"event": "rank_lost", "rank": 1, "why": "ended",
+                                                           "silent_s": 8.5, "last_step": 12, "peers_step": 12})
+    completed = Cluster(CONFIG)
+    for step in range(1, 13):
+        feed(completed, {0: 0.1, 1: 0.1}, step, now=step, world=2)
+    completed.ended(train_end(0), 15.0)
+    assert completed.check(100.0) == [] and completed.close("r", 100.0) == []
 
 
 def test_forgetting_or_stopping_judges_an_ended_run_at_once_and_a_running_one_not_at_all() -> None:

@@ -12,7 +12,6 @@ import logging
 import os
 import shlex
 import shutil
-import signal
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -23,6 +22,7 @@ from trainer.args import (
 )
 from trainer.embedded import JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id
 from trainer.errors import UsageError
+from trainer.stopping import STOP
 from trainer.tracker_flags import TrackingArguments, sink_args
 
 if TYPE_CHECKING:
@@ -182,12 +182,14 @@ def train(
         completed = True
         return result
     except BaseException as exc:
+        STOP.closing = True  # first: from here a SIGTERM must not cut the closing short (trainer/stopping.py)
         pub = custom_metrics.publisher()
         if pub is not None:
             pub.publish("lifecycle", {"event": "train_end", "status": "failed",
                                       "error": f"{type(exc).__name__}: {exc}"[:2000]})
         raise
     finally:
+        STOP.closing = True
         try:
             if custom_metrics.publisher() is not None:
                 # --relay_flush_timeout bounds the whole wait: closing gets what the callback's flush left.
@@ -228,14 +230,6 @@ def _configure_logging() -> None:
     )
 
 
-class Terminated(SystemExit):
-    """SIGTERM as an exception, so a stopped job still reports its end and flushes its events."""
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated(128 + signum)
-
-
 def main(argv: list[str] | None = None, callbacks: list["TrainerCallback"] | None = None) -> int:
     """Command line entry point; returns the exit status (2: bad usage or input, 143: SIGTERM; 0 on
     a rank that torchrun stopped after rank 0 reported the job's error). ``callbacks``: as for train()."""
@@ -243,7 +237,7 @@ def main(argv: list[str] | None = None, callbacks: list["TrainerCallback"] | Non
     _configure_logging()
     # torchrun stops the surviving ranks with SIGTERM when one fails; unwinding (instead of dying
     # on the spot) lets train() publish the failure, flush, and stop the embedded relay.
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    STOP.install()
     if demo_requested(argv):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # a model this small only loses by spreading out
@@ -270,7 +264,7 @@ def _fail(message: str, status: int, *, rank0_has_it: bool) -> int:
     """
     rank = int(os.environ.get("RANK", "0") or 0)
     if rank != 0:
-        if _stopped_within(PEER_ERROR_WAIT):
+        if STOP.stopped_within(PEER_ERROR_WAIT):
             return 0
         if rank0_has_it:
             return status
@@ -278,15 +272,6 @@ def _fail(message: str, status: int, *, rank0_has_it: bool) -> int:
     log.error("%s", message)
     _write_error_file(message, status)
     return status
-
-
-def _stopped_within(seconds: float) -> bool:
-    """Whether SIGTERM (the launcher stopping the job) arrives within ``seconds``."""
-    try:
-        time.sleep(seconds)
-    except Terminated:
-        return True
-    return False
 
 
 def _write_error_file(message: str, status: int) -> None:

@@ -22,10 +22,13 @@ with and get nothing.
 
 A rank killed in a synchronous (DDP) job stops its peers at their next collective, so nobody goes
 on and silence alone never names it; the job then ends (a ``train_end`` from some rank, the daemon
-hands it to ``ended``). A rank that sent no ``train_end`` of its own, is behind the furthest step any
-rank reported and stays silent ``end_grace`` seconds after the end is lost (``why="ended"``); when
-the relay forgets the run or shuts down it does not wait (``close``). The grace is for the end of a
-healthy job, where rank 0's ``train_end`` may arrive before a peer's last step. A run that never
+hands it to ``ended``). A rank that sent no ``train_end`` of its own and stays silent ``end_grace``
+seconds after the end is lost (``why="ended"``) if it is behind the furthest step any rank reported,
+or if the run failed: every rank that lives through a failed job sends its own failed
+``train_end`` (trainer/sft.py), so one that does not died, even at the same step as its peers (it
+was killed mid-step, and they stopped in that step's collective). When the relay forgets the run or
+shuts down it does not wait (``close``). The grace is for the end of a healthy job, where rank 0's
+``train_end`` may arrive before a peer's last step. A run that never
 ended is not judged when the relay stops: a restart mid-run must not call a rank in flight lost.
 
 A logged step is summed up once every rank that is not lost reported it. A rank that reported a
@@ -42,6 +45,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
+from relay.wire.lines import Derived
 from sinks.events import RELAY_RANK
 
 #: Reports one run may hold for steps still waiting for their other ranks; past it the oldest step is
@@ -69,17 +73,6 @@ class Standing(NamedTuple):
     lost: tuple[int, ...]
 
 
-class Derived(NamedTuple):
-    """One event to publish as the relay (the daemon adds the envelope: seq, host, ts)."""
-
-    run: str
-    world_size: int
-    type: str
-    step: int | None
-    epoch: float | None
-    data: dict[str, Any]
-
-
 class _Rank:
     __slots__ = ("last_step", "last_seen", "slow", "calm", "named", "lost", "ended")
 
@@ -104,7 +97,8 @@ class _Step:
 
 
 class _Run:
-    __slots__ = ("world_size", "ranks", "pending", "order", "waiting", "done", "lost", "epoch", "active", "ended")
+    __slots__ = ("world_size", "ranks", "pending", "order", "waiting", "done", "lost", "epoch", "active", "ended",
+                 "failed")
 
     def __init__(self, world_size: int, now: float) -> None:
         self.world_size = world_size
@@ -117,6 +111,7 @@ class _Run:
         self.epoch: float | None = None
         self.active = now  # when any rank last reported
         self.ended: float | None = None  # when the first train_end came
+        self.failed = False  # a train_end said status "failed": each rank that lived through it sends one
 
 
 def seconds(data: dict[str, Any], name: str = "step_time") -> float | None:
@@ -193,6 +188,8 @@ class Cluster:
         info.ended = True
         if run.ended is None:
             run.ended = now
+        if event["data"].get("status") == "failed":
+            run.failed = True
 
     def check(self, now: float) -> list[Derived]:
         """The timers: ranks silent for ``silence`` seconds while a peer went on to a later step
@@ -260,12 +257,12 @@ class Cluster:
         return out
 
     def _left_behind(self, name: str, run: _Run, now: float, grace: float) -> list[Derived]:
-        """The ranks of ended ``run`` that did not end themselves, are behind the furthest step and
-        have been silent ``grace`` seconds since the end: lost."""
+        """The ranks of ended ``run`` that did not end themselves, are behind the furthest step (or
+        the run failed) and have been silent ``grace`` seconds since the end: lost."""
         assert run.ended is not None
         ahead = max(r.last_step for r in run.ranks.values())
         return [derived for rank, info in run.ranks.items()
-                if not (info.lost or info.ended) and info.last_step < ahead
+                if not (info.lost or info.ended) and (info.last_step < ahead or run.failed)
                 and now - max(info.last_seen, run.ended) > grace
                 for derived in self._lost(name, run, rank, info, ahead, now, "ended")]
 

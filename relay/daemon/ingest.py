@@ -22,14 +22,14 @@ from typing import Any, Callable, Iterable
 
 from relay.daemon.commit import Commit
 from relay.daemon.counters import Counters
-from relay.daemon.cross_rank import Cluster, ClusterConfig, Derived
+from relay.daemon.cross_rank import Cluster, ClusterConfig
 from relay.daemon.run_health import RunHealth
 from relay.daemon.runs import Key, Runs
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import RankState, claimed_drop
 from relay.journal.journal import Journal
 from relay.wire import encoding, schema
-from relay.wire.lines import check_lines, encode_line, encode_lines
+from relay.wire.lines import Derived, check_lines, encode_line, encode_lines, relay_event
 from sinks.events import RELAY_RANK
 
 log = logging.getLogger("relay")
@@ -193,10 +193,7 @@ class Ingest:
             state = self.runs.lookup(item.run, RELAY_RANK)
             seq = state.floor
             state.take(seq)
-            event = {"v": schema.SCHEMA_VERSION, "run": item.run, "rank": RELAY_RANK, "local_rank": 0,
-                     "world_size": item.world_size, "host": self._host, "seq": seq, "ts": self._wall_clock(),
-                     "type": item.type, "step": item.step, "epoch": item.epoch, "stage": "cluster",
-                     "data": item.data}
+            event = relay_event(item, seq, self._host, self._wall_clock())
             self.batch.add(item.run, encode_line(event), 1)
             self.batch.derived_runs.add(item.run)
             self.counters.derived += 1

@@ -4,12 +4,36 @@ the wire room's side so none of them needs the journal to speak it."""
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import orjson
 
 from relay.wire import schema
-from sinks.events import ENVELOPE, FIELDS, ROW_FIELDS, json_safe
+from sinks.events import ENVELOPE, FIELDS, RELAY_RANK, ROW_FIELDS, json_safe
+
+
+#: How a Publisher names a spool file (relay/client/publisher.py): one rank's journal lines, none of
+#: them the relay's own, which ``relay replay`` derives as it journals them (relay/daemon/rederive.py).
+SPOOL_SUFFIX = ".spool.jsonl"
+
+
+class Derived(NamedTuple):
+    """One event to publish as the relay (relay/daemon/cross_rank.py derives them): ``relay_event``
+    adds the envelope (seq, host, ts)."""
+
+    run: str
+    world_size: int
+    type: str
+    step: int | None
+    epoch: float | None
+    data: dict[str, Any]
+
+
+def relay_event(item: Derived, seq: int, host: str, ts: float) -> dict[str, Any]:
+    """One of the relay's own events as it is journaled (rank RELAY_RANK, stage ``cluster``)."""
+    return {"v": schema.SCHEMA_VERSION, "run": item.run, "rank": RELAY_RANK, "local_rank": 0,
+            "world_size": item.world_size, "host": host, "seq": seq, "ts": ts, "type": item.type, "step": item.step,
+            "epoch": item.epoch, "stage": "cluster", "data": item.data}
 
 
 def encode_line(event: dict[str, Any]) -> bytes:
