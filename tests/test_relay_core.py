@@ -385,13 +385,13 @@ def test_lines_journaled_before_a_failed_write_reach_every_sink_once(relays, tmp
     journal.mkdir()
     (journal / "b.jsonl").touch()
     (tiny_disk / "b.jsonl").touch()
+    filler = tiny_disk / "filler"
+    with contextlib.suppress(OSError), filler.open("wb", buffering=0) as fh:  # full to its last block
+        while True:
+            fh.write(b"x" * 4096)
     if subprocess.run(["mount", "--bind", str(tiny_disk / "b.jsonl"), str(journal / "b.jsonl")]).returncode:
         pytest.skip("cannot bind-mount a file here")
     try:
-        filler = tiny_disk / "filler"
-        with contextlib.suppress(OSError), filler.open("wb", buffering=0) as fh:  # full to its last block
-            while True:
-                fh.write(b"x" * 4096)
         relay = relays(["--path", f"{journal}/", "--sink", "collect", "--collect-file", str(collected),
                         "--stats-interval", "0.2"], env=plugin_env(tmp_path))
         b = start_publisher(relay.address, "b", 0, 300, flush_timeout=60)
