@@ -50,8 +50,9 @@ import relay, relay.sinkhost.child, relay.daemon.loop
 print("io_thread" if "relay.wire.io_thread" in sys.modules else "-",
       "publisher" if "relay.client.publisher" in sys.modules else "-")
 import relay.client.publisher as publisher
+import relay.wire.io_thread as io_thread
 assert relay.Publisher is publisher.Publisher
-print(publisher._hub, threading.active_count(), len(os.listdir("/proc/self/fd")) - fds)
+print(io_thread._hub, threading.active_count(), len(os.listdir("/proc/self/fd")) - fds)
 """
 
 

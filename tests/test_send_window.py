@@ -150,8 +150,12 @@ def test_drops_at_max_events_count_and_skip_the_oldest() -> None:
     w.push(blob(7))
     assert seqs(w) == [5, 6, 7] and (w.dropped_unacked, w.dropped_upto) == (5, 4)
     assert w.next_send == 5, "the dropped unsent events are skipped"
+    assert w.dropped_sent == 3, "0, 1 and 2 had been sent (a relay may have them), 3 and 4 not"
     w.pump(0.1, wire)
     assert wire.take()[-3:] == [blob(5), blob(6), blob(7)]
+    w.rewind("connection lost")  # 5..7 unsent again, but sent once: a relay may have them still
+    w.push(blob(8))
+    assert (w.dropped_unacked, w.dropped_sent) == (6, 4)
 
 
 def test_drops_at_max_bytes() -> None:

@@ -25,8 +25,10 @@ import zmq
 from relay.wire import curve, encoding, schema
 
 from relay.client import spool
+from relay.client.fork import ForkHandover, ForkPipe, live
 from relay.wire.address import resolve_address
-from relay.wire.io_thread import Hub, LinkMember, read_monitor
+from relay.wire.lines import SPOOL_SUFFIX
+from relay.wire.io_thread import LinkMember, read_monitor, shared_hub
 from relay.client.send_window import SendWindow
 from sinks.events import RELAY_RANK
 
@@ -37,21 +39,14 @@ log = logging.getLogger(__name__)
 #: What the replay command of the close warning names when the relay's journal is not known here.
 UNKNOWN_JOURNAL = "YOUR_JOURNAL"
 
-_hub: Hub | None = None
-_hub_lock = threading.Lock()
+#: Stands in the queue for the closing ``stats`` event's counters until the I/O thread numbers it:
+#: counted then, they take in every drop of the events numbered before it (and its children's
+#: last events go before it: _FORKED_TAKEN says that was done).
+_CLOSING_REPORT: dict[str, int] = {}
+_FORKED_TAKEN: dict[str, int] = {}
 
 
-def _the_hub() -> Hub:
-    """The process's one I/O thread and its pipe, made for the first Publisher: importing this
-    module (the sink child, the daemon, any ``relay.*`` import) starts nothing."""
-    global _hub
-    with _hub_lock:
-        if _hub is None:
-            _hub = Hub()
-        return _hub
-
-
-class Publisher(LinkMember):
+class Publisher(ForkHandover, LinkMember):
     """One rank's connection to the relay.
 
     Memory is bounded twice over: at most ``max_events`` events wait to be encoded, and at most
@@ -97,7 +92,7 @@ class Publisher(LinkMember):
         }
         self._prefix = encoding.compact_prefix(self.envelope)
         self.spool_path = (None if spool_dir is None
-                           else os.path.join(os.fspath(spool_dir), f"{run}.rank{rank}.spool.jsonl"))
+                           else os.path.join(os.fspath(spool_dir), f"{run}.rank{rank}{SPOOL_SUFFIX}"))
         self._spool_journal = None if spool_journal is None else os.fspath(spool_journal)
         self._spooled = 0  # written to the spool at close: not acknowledged, not lost either
         self._dropped_spool = 0  # meant for the spool, which could not be written
@@ -109,7 +104,8 @@ class Publisher(LinkMember):
         self._pending: collections.deque[tuple] = collections.deque()
         self._closed = False
         self._flush_requested = False
-        self._published = 0
+        self._published = 0  # publish() calls
+        self._reports = 0  # its own stats events numbered so far (the I/O thread's)
         self._dropped_full = 0  # by publish(): pending queue full
         self._dropped_closed = 0  # by publish(): after close()
         self._dropped_error = 0  # by publish(): could not even build the event
@@ -122,13 +118,19 @@ class Publisher(LinkMember):
         self._last_report = 0.0
         self._malformed_acks = 0
 
+        self._fork: ForkPipe | None = None  # made at the first fork (relay/client/fork.py)
+        self._child = False  # a forked child's copy: publish() hands events to the parent
+        self._forwarded = 0  # events its forked children handed over (the I/O thread's)
+        self._dropped_forked = 0  # ... and those they could not (the I/O thread's)
+
         self._ready = threading.Event()
         self._done = threading.Event()
+        live.add(self)
         self.publish("hello", {
             "pid": os.getpid(), "address": self.address, "python": sys.version.split()[0],
             "pyzmq": zmq.__version__, "max_events": max_events,
         })
-        self._hub = _the_hub()
+        self._hub = shared_hub()
         self._hub.register(self)
         self._ready.wait(5.0)
         atexit.register(self._close_at_exit)
@@ -146,6 +148,9 @@ class Publisher(LinkMember):
         ``data`` is encoded later, on the I/O thread: hand over a dict you will not change.
         """
         try:
+            if self._child:
+                self._to_parent((time.time(), type, step, epoch, stage, data))
+                return
             if self._closed:
                 self._dropped_closed += 1
                 return
@@ -170,16 +175,31 @@ class Publisher(LinkMember):
 
     def close(self, timeout: float = 5.0) -> int:
         """Flush, stop the background thread and release the socket; returns how many events the
-        relay never acknowledged (written to the spool, when there is one, and logged in one line)."""
+        relay never acknowledged (written to the spool, when there is one, and logged in one line).
+        An exception that interrupts the flush (a signal's handler, Ctrl-C) still gets the rest of
+        the closing, the spool included, before it goes on."""
         if self._stop.is_set():
             return self.unacknowledged
         atexit.unregister(self._close_at_exit)
-        self.publish("stats", self._drop_report(), stage="client")  # the final word on losses
-        self.flush(timeout)
+        if self._child:  # what it published went to the parent, whose Publisher sends it
+            self._closed = True
+            return 0
+        # the final word on losses (never dropped for a full queue; its counters taken as it is numbered)
+        self._pending.append((time.time(), "stats", None, None, "client", _CLOSING_REPORT))
+        try:
+            self.flush(timeout)
+        finally:
+            left = self._stop_and_spool(timeout)
+        return left
+
+    def _stop_and_spool(self, timeout: float) -> int:
         self._closed = True
+        live.discard(self)
         self._stop.set()
         self._hub.wake()
         self._done.wait(max(timeout, 1.0))
+        if self._fork is not None and self._done.is_set():
+            self._fork.close()  # a child that publishes from now on loses what it publishes
         left = self.unacknowledged
         if not left:
             return 0
@@ -229,21 +249,27 @@ class Publisher(LinkMember):
         return len(self._pending) + len(self._window.unacked)
 
     @property
+    def published(self) -> int:
+        """Events this client made: its publish() calls, its own stats events and its forked children's."""
+        return self._published + self._reports + self._forwarded + self._dropped_forked
+
+    @property
     def dropped(self) -> int:
         """Events this client gave up on, for any reason."""
         return (self._dropped_full + self._dropped_closed + self._dropped_error
-                + self._window.dropped_unacked + self._dropped_bad + self._dropped_spool)
+                + self._window.dropped_unacked + self._dropped_bad + self._dropped_spool + self._dropped_forked)
 
     @property
     def stats(self) -> dict[str, int]:
         """Counters for logs and tests."""
         w = self._window
         return {
-            "published": self._published, "acked": w.acked, "unacked": self.unacknowledged,
+            "published": self.published, "acked": w.acked, "unacked": self.unacknowledged,
+            "forwarded": self._forwarded, "dropped_forked": self._dropped_forked,
             "resent": w.resent, "dropped": self.dropped, "dropped_full": self._dropped_full,
             "dropped_unacked": w.dropped_unacked, "dropped_bad": self._dropped_bad,
             "dropped_closed": self._dropped_closed, "dropped_error": self._dropped_error,
-            "dropped_spool": self._dropped_spool, "spooled": self._spooled,
+            "dropped_spool": self._dropped_spool, "spooled": self._spooled, "dropped_sent": w.dropped_sent,
             "protocol_errors": self._malformed_acks + w.protocol_errors,
         }
 
@@ -286,8 +312,9 @@ class Publisher(LinkMember):
     def _tick(self, now: float) -> None:
         """Every ``send_interval``: encode what was published, resend if stalled, send."""
         if not (self._pending or self._window.unacked or self._flush_requested
-                or self.dropped != self._reported_drops):
+                or self.dropped != self._reported_drops or self._fork is not None):
             return  # an idle rank costs the shared thread next to nothing
+        self._pending.extendleft(reversed(self._take_forked()))  # before a closing report close() queued
         self._take_pending()
         self._report_drops()
         if self._flush_requested:
@@ -302,6 +329,13 @@ class Publisher(LinkMember):
         limit = schema.MAX_FRAME_BYTES - len(self._prefix) - 8
         while pending:
             ts, kind, step, epoch, stage, data = pending.popleft()
+            if data is _CLOSING_REPORT:  # its forked children's last events first
+                pending.appendleft((ts, kind, step, epoch, stage, _FORKED_TAKEN))
+                pending.extendleft(reversed(self._take_forked()))
+                continue
+            if data is _FORKED_TAKEN:
+                data = self._drop_report()
+                self._reports += 1
             try:
                 blob = self._pack_row((window.next_seq, ts, kind, step, epoch, stage, data))
             except Exception as exc:  # noqa: BLE001 - an unencodable event is counted, not raised
@@ -326,15 +360,22 @@ class Publisher(LinkMember):
         self._reported_drops = dropped
         self._last_report = now
         self._pending.append((time.time(), "stats", None, None, "client", self._drop_report()))
+        self._reports += 1
         self._take_pending()
 
     def _drop_report(self) -> dict[str, int]:
+        """The counters a ``stats`` event carries. ``published`` is every event this client made
+        before it, its own earlier ``stats`` events included, so the rank's lines before its last
+        ``stats`` line number exactly ``published - dropped`` (docs/jsonl.md); ``dropped_sent`` are
+        those of ``dropped_unacked`` given up after they were sent (a relay that took them but could
+        not journal them yet may still write them)."""
         w = self._window
         return {
             "dropped": self.dropped, "dropped_full": self._dropped_full,
             "dropped_unacked": w.dropped_unacked, "dropped_bad": self._dropped_bad,
             "dropped_closed": self._dropped_closed, "dropped_error": self._dropped_error,
-            "dropped_upto": w.dropped_upto, "published": self._published, "resent": w.resent,
+            "dropped_upto": w.dropped_upto, "published": self.published,
+            "resent": w.resent, "dropped_sent": w.dropped_sent, "dropped_forked": self._dropped_forked,
         }
 
     def _send_batch(self, blobs: list[bytes]) -> bool:

@@ -31,6 +31,8 @@ class SendWindow:
         self.acked = 0
         self.resent = 0
         self.dropped_unacked = 0
+        self.dropped_sent = 0  # of those, once handed to a connection: a relay may have them
+        self.sent_before = 0  # every seq below it was handed to a connection before the last rewind
         self.dropped_upto = -1  # the highest seq given up, for the relay to move its floor past
         self.protocol_errors = 0  # acks beyond what was numbered
         self.max_events = max_events
@@ -59,6 +61,8 @@ class SendWindow:
             self.unacked_bytes -= len(old)
             self.dropped_unacked += 1
             self.dropped_upto = seq
+            if seq < self.next_send or seq < self.sent_before:
+                self.dropped_sent += 1
             if self.next_send <= seq:
                 self.next_send = seq + 1
 
@@ -87,6 +91,7 @@ class SendWindow:
             self.resent += self.next_send - self.unacked[0][0]
             log.debug("resending %d unacknowledged events (%s)", self.next_send - self.unacked[0][0], why)
         if self.unacked:
+            self.sent_before = max(self.sent_before, self.next_send)
             self.next_send = self.unacked[0][0]
 
     def hurry(self) -> None:

@@ -21,6 +21,7 @@ from sinks.files import write_atomic
 log = logging.getLogger("relay.daemon.counters")
 
 RUNS_LISTED = 100  # runs the snapshot details (the most recently active); ``runs`` counts them all
+MAX_FORGOTTEN = 4096  # forgotten ranks whose client-reported drops are kept by rank
 
 
 class Counters:
@@ -45,11 +46,26 @@ class Counters:
         self.status_answered = 0  # status requests answered (relay/daemon/status.py); never counted as frames or rejects
         self.status_unanswered = 0  # beyond the answer budget, or undeliverable
         self.client_dropped: dict[tuple[str, int], int] = {}
-        self._client_dropped_forgotten = 0  # of runs whose state was forgotten
+        #: of ranks whose run was forgotten, the last MAX_FORGOTTEN by rank (a run met again takes
+        #: its figure back instead of counting it twice), the rest summed
+        self._forgotten: dict[tuple[str, int], int] = {}
+        self._client_dropped_forgotten = 0
 
     def forget_client_drops(self, key: tuple[str, int]) -> None:
         """Keep a forgotten rank's drop count in the total without keeping the rank."""
-        self._client_dropped_forgotten += self.client_dropped.pop(key, 0)
+        dropped = self.client_dropped.pop(key, 0)
+        if dropped:
+            self._forgotten[key] = dropped
+            if len(self._forgotten) > MAX_FORGOTTEN:
+                self._client_dropped_forgotten += self._forgotten.pop(next(iter(self._forgotten)))
+
+    def client_reported(self, key: tuple[str, int], dropped: int) -> bool:
+        """A rank's client said it dropped ``dropped`` events in all (a live ``stats`` event, or
+        the journal's last word on a rank met again); True if that is more than was known."""
+        known = max(self.client_dropped.get(key, 0), self._forgotten.pop(key, 0))
+        if max(known, dropped) > 0:
+            self.client_dropped[key] = max(known, dropped)
+        return dropped > known
 
     def snapshot(self, sinks: dict[str, dict[str, int]], ranks: int) -> dict[str, Any]:
         return {
@@ -71,7 +87,8 @@ class Counters:
             "owners_released": self.owners_released,
             "status_answered": self.status_answered,
             "status_unanswered": self.status_unanswered,
-            "client_dropped": sum(self.client_dropped.values()) + self._client_dropped_forgotten,
+            "client_dropped": (sum(self.client_dropped.values()) + sum(self._forgotten.values())
+                               + self._client_dropped_forgotten),
             "ranks": ranks,
             "sinks": sinks,
         }

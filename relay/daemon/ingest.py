@@ -159,6 +159,10 @@ class Ingest:
             state = runs.lookup(run, rank)
             if new and self.cluster is not None and runs.met_again(run, state):
                 self.cluster.restore(self.journal.recent(run), now)  # met again: a restart, or forgotten
+            if runs.reported:  # the losses its clients reported before (a restart): counted from now on
+                for known, dropped in runs.reported.items():
+                    self.counters.client_reported(known, dropped)
+                runs.reported.clear()
         if runs.claim(key, state, peer, now) and self.claimed is not None:
             self.claimed(peer)
         self.batch.acks_due.add(key)
@@ -262,9 +266,8 @@ class Ingest:
         claim of this connection alone (see relay/journal/dedupe.py)."""
         data = event["data"]
         dropped = data.get("dropped")
-        if type(dropped) is int and dropped > self.counters.client_dropped.get(key, 0):
+        if type(dropped) is int and self.counters.client_reported(key, dropped):
             log.warning("run %s rank %d reports %d events dropped in the client", key[0], key[1], dropped)
-            self.counters.client_dropped[key] = dropped
         skip, upto = claimed_drop(event), data.get("dropped_upto")
         if skip is not None:
             state.skip_to(skip, peer)

@@ -30,6 +30,8 @@ class Runs:
         self.hellos: dict[Key, float] = {}  # ts of each rank's hello, to spot reused run ids
         self.active: dict[Key, float] = {}  # each rank's last frame, for "ranks connected"
         self.world: dict[str, int] = {}  # each run's world size
+        #: what the clients of ranks met again had reported dropped, per the journal (ingest counts it)
+        self.reported: dict[Key, int] = {}
 
     def owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
                         now: float) -> Key | None:
@@ -55,7 +57,16 @@ class Runs:
 
     def lookup(self, run: str, rank: int) -> RankState:
         """(run, rank)'s state, learned first from the journal for a run not met before."""
-        return self.dedupe.lookup(run, rank, self.journal)
+        return self.dedupe.lookup(run, rank, self)
+
+    def seen(self, run: str) -> dict[int, Any]:
+        """The journal's word on a run met again (relay/journal/dedupe.py's History), noting what
+        its ranks' clients reported dropped there, so that a restarted relay counts it at once."""
+        seen = self.journal.seen(run)
+        for rank, held in seen.items():
+            if held.reported:
+                self.reported[(run, rank)] = held.reported
+        return seen
 
     def met_again(self, run: str, state: RankState) -> bool:
         """Whether a run just looked up had a past: events journaled, or other ranks known."""

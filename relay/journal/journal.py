@@ -296,14 +296,16 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 class Seen:
-    """What a journal holds of one (run, rank): contiguous [start, end) seq ``spans``, and how far
-    its client said it dropped (``dropped``: the highest ``claimed_drop`` of its stats events, 0: none)."""
+    """What a journal holds of one (run, rank): contiguous [start, end) seq ``spans``, how far its
+    client said it dropped (``dropped``: the highest ``claimed_drop`` of its stats events, 0: none)
+    and how many events it said it dropped (``reported``: the highest ``dropped`` count there)."""
 
-    __slots__ = ("spans", "dropped")
+    __slots__ = ("spans", "dropped", "reported")
 
     def __init__(self) -> None:
         self.spans: list[list[int]] = []
         self.dropped = 0
+        self.reported = 0
 
     def seqs(self) -> Iterator[int]:
         """Every seq the spans hold, in order (tests and the fuzzer compare them with whole lines)."""
@@ -332,4 +334,7 @@ def _scan(paths: Iterable[Path]) -> dict[str, dict[int, Seen]]:
                 spans.append([seq, seq + 1])
             if event["type"] == "stats":
                 seen.dropped = max(seen.dropped, claimed_drop(event) or 0)
+                count = event["data"].get("dropped")
+                if type(count) is int and count > seen.reported:
+                    seen.reported = count
     return index

@@ -136,6 +136,30 @@ class Hub:
             pass
 
 
+_hub: Hub | None = None
+_hub_lock = threading.Lock()
+
+
+def shared_hub() -> Hub:
+    """The process's one I/O thread and its pipe, made for the first Publisher: importing this
+    module (the sink child, the daemon, any ``relay.*`` import) starts nothing."""
+    global _hub
+    with _hub_lock:
+        if _hub is None:
+            _hub = Hub()
+        return _hub
+
+
+def _hub_in_child() -> None:
+    """A forked child has none of its parent's threads: its first Publisher makes its own hub (and
+    a lock another thread of the parent may have held at the fork is not the child's)."""
+    global _hub, _hub_lock
+    _hub, _hub_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_hub_in_child)
+
+
 class Link:
     """One Publisher's DEALER socket, connected to the relay, and the monitor that says when the
     connection is lost. Raises zmq.ZMQError or ValueError (bad address or CURVE key), holding nothing."""
