@@ -290,6 +290,7 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
     Stopped part way (Ctrl-C, exit 130), it says how far it got: run it again to finish, what each
     sink already holds is skipped."""
     from relay.cli.progress import Progress, size_of
+    from relay.daemon.rederive import SpoolDerivation
     from relay.sinkhost.replay import replay_files
 
     private_files(world_readable)
@@ -301,7 +302,8 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
     try:
         sinks = [cls(**{o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params})
                  for _, cls in classes.values()]
-        result = replay_files(files, sinks, set(runs), journal, progress=progress.update)
+        result = replay_files(files, sinks, set(runs), journal, progress=progress.update,
+                              derive=SpoolDerivation() if journal is not None else None)
     except (SinkError, JournalError) as exc:
         progress.close()
         _fail(EXIT_USAGE, str(exc))
@@ -312,7 +314,8 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
     progress.close()
     done = []
     if journal is not None:
-        done.append(f"{result.new} new in the journal {journal.path}, {result.events - result.new} it held already")
+        done.append(f"{result.new} new in the journal {journal.path}, {result.events - result.new} it held already"
+                    + (f", {result.derived} of the relay's own derived from them" if result.derived else ""))
     if sinks:
         done.append("replayed into " + ", ".join(classes))
     refused = f"; {result.dead_lettered} refused for good (see _deadletter files)" if result.dead_lettered else ""

@@ -1,7 +1,9 @@
 """Rebuild any sink from the JSONL journal: the journal is the source of truth, so a sink that
 was down, added later or lost can be brought back to what it would have been live. Replayed into a
 journal (``--sink jsonl``: a spool into the relay's journal, say), only what that journal lacks is
-written, so replaying twice adds nothing.
+written, so replaying twice adds nothing; and a spool's events (a rank's events no relay took) get
+the relay's own events a live relay would have derived from them (a ``Derivation``:
+relay/daemon/rederive.py), numbered on from what the journal holds.
 
 Each sink is driven as its process drives it live (relay/sinkhost/driver.py): retried with backoff
 (for up to ``RETRY_FOR`` seconds), events it refuses for good dead-lettered beside the journal
@@ -10,17 +12,20 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import Dedupe
 from relay.journal.journal import BadRunId, Journal
 from relay.journal.reader import JournalReader, journal_files, read_events
 from relay.sinkhost.driver import SinkDriver, sleep_for
+from relay.wire.lines import SPOOL_SUFFIX, Derived, relay_event
 from sinks.base import Sink, SinkContext, SinkError
-from sinks.events import from_journal
+from sinks.events import RELAY_RANK, from_journal
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +40,28 @@ class ReplayResult:
     new: int = 0  # of those, written to the journal target: what it did not hold yet
     bad_lines: int = 0
     dead_lettered: int = 0  # refused for good by a sink (each in its dead-letter file)
+    derived: int = 0  # the relay's own events derived from spooled ones, written to the journal
+
+
+class Derivation(Protocol):
+    """What derives the relay's own events from events replayed into a journal."""
+
+    def meet(self, run: str, recent: list[dict[str, Any]]) -> None:
+        """``run`` is met for the first time: what the journal holds of it last, before any replayed event."""
+
+    def take(self, events: list[dict[str, Any]]) -> list[Derived]:
+        """New events of the journal, in order: what they settle."""
+
+    def finish(self) -> list[Derived]:
+        """The replay is over: what every run's end still settles."""
 
 
 def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None = None,
                  journal: Journal | None = None, retry_for: float = RETRY_FOR,
-                 progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+                 progress: Callable[[int, int], None] | None = None,
+                 derive: Derivation | None = None) -> ReplayResult:
     """Write every event of ``paths`` (files or journal directories) to ``sinks`` in file order,
-    and to ``journal`` what it lacks.
+    and to ``journal`` what it lacks, with what ``derive`` derives from what a spool file adds.
 
     Non-finite metric values, stored as "NaN"/"Infinity" strings, become floats again. Sinks are
     expected to be idempotent, so replaying twice adds nothing. Lines that are not events (see
@@ -54,7 +74,7 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
     files = [f for p in paths for f in journal_files(Path(p))]
     single = files[0] if len(files) == 1 else None
     context = SinkContext(journal=single, journal_events=JournalReader(single) if single else None, replay=True)
-    target = _JournalTarget(journal) if journal is not None else None
+    target = _JournalTarget(journal, derive) if journal is not None else None
     if journal is not None:
         journal.open()
     drivers: list[SinkDriver] = []
@@ -66,6 +86,8 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
             read = [0]
             for path in files:
                 result.files += 1
+                if target is not None:
+                    target.deriving = path.name.endswith(SPOOL_SUFFIX)
                 bad: list[int] = []
                 batch = []
                 for event in read_events(path, bad, read_bytes=read):
@@ -87,6 +109,9 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
                     log.warning("%s: skipped %d lines that are not valid events (first at line %d; "
                                 "--log-level debug says why for each)", path, len(bad), bad[0])
                     result.bad_lines += len(bad)
+            if target is not None:
+                _write(None, drivers, [from_journal(e) for e in target.finish()])
+                result.derived = target.derived
             for driver in drivers:
                 if not driver.flush():
                     raise SinkError(f"sink {driver.name} failed to flush at the end of the replay "
@@ -105,18 +130,50 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
 
 
 class _JournalTarget:
-    """A journal being replayed into: fed only what it lacks (``Journal.seen``, as a restarted relay)."""
+    """A journal being replayed into: fed only what it lacks (``Journal.seen``, as a restarted relay),
+    and, while ``deriving`` (a spool file), what ``derive`` derives from that."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, derive: Derivation | None) -> None:
         self.journal = journal
         self.dedupe = Dedupe()
         self.refused = 0
+        self.derive = derive
+        self.deriving = False
+        self.derived = 0
+        self._met: set[str] = set()
+        self._host = socket.gethostname()
 
-    def write(self, batch: list[dict]) -> int:
-        fresh = [e for e in batch if self._take(e)]
+    def write(self, batch: list[dict]) -> tuple[int, list[dict]]:
+        """Journal what ``batch`` holds that the journal lacks; (how many, the events derived from them)."""
+        derive = self.derive if self.deriving else None
+        fresh = []
+        for event in batch:
+            if derive is not None and event["run"] not in self._met:
+                self._met.add(event["run"])  # before any of its new events is written
+                derive.meet(event["run"], self.journal.recent(event["run"]))
+            if self._take(event):
+                fresh.append(event)
         if fresh:
             self.journal.write(fresh)
-        return len(fresh)
+        own = self._own(derive.take(fresh)) if derive is not None and fresh else []
+        return len(fresh), own
+
+    def finish(self) -> list[dict]:
+        """The relay's own events the end of the replay settles (written here)."""
+        return self._own(self.derive.finish()) if self.derive is not None and self._met else []
+
+    def _own(self, derived: list[Derived]) -> list[dict]:
+        """Derived events, numbered on from what the journal holds of (run, RELAY_RANK), and journaled."""
+        events = []
+        for item in derived:
+            state = self.dedupe.lookup(item.run, RELAY_RANK, self.journal)
+            seq = state.floor
+            state.take(seq)
+            events.append(relay_event(item, seq, self._host, time.time()))
+        if events:
+            self.journal.write(events)
+            self.derived += len(events)
+        return events
 
     def _take(self, event: dict) -> bool:
         try:
@@ -129,8 +186,12 @@ class _JournalTarget:
 
 
 def _write(target: _JournalTarget | None, drivers: list[SinkDriver], batch: list[dict]) -> int:
-    """Write ``batch`` to the journal target first, then to each sink; the events new to the journal."""
-    new = target.write(batch) if target is not None else 0
+    """Write ``batch`` to the journal target first, then to each sink (with what the target derived
+    from it); the events new to the journal."""
+    new, own = target.write(batch) if target is not None else (0, [])
+    batch = batch + [from_journal(e) for e in own] if own else batch
+    if not batch:
+        return new
     for driver in drivers:
         if not driver.write(batch):
             raise SinkError(f"sink {driver.name} kept failing ({driver.last_error}); "

@@ -1,0 +1,47 @@
+"""The relay's own events for a spool replayed into a journal (``relay replay SPOOL --sink jsonl``).
+
+A rank's spool holds what no relay took: a live relay would have derived its cross-rank events
+(relay/daemon/cross_rank.py: per-step figures, stragglers, lost ranks) from those events as they
+came, so the replay derives them with the same code (relay/sinkhost/replay.py numbers and journals
+them). A run met for the first time is restored from the journal's last lines first, as a restarted
+relay restores it, so nothing the live relay said is said again. The replay has no clock of its
+own: each event counts as heard at its own ``ts``, and the timers a live relay runs (a rank silent
+while its peers went on, a step still waiting) are not run while files are read in their order,
+which is not the order the ranks sent in; at the end every waiting step is settled and the ranks an
+ended run left behind are lost, as a relay does once the timers ran out."""
+from __future__ import annotations
+
+from typing import Any
+
+from relay.daemon.cross_rank import Cluster, ClusterConfig
+from relay.wire.lines import Derived
+
+
+class SpoolDerivation:
+    """A ``relay.sinkhost.replay.Derivation`` made of the relay's cross-rank derivation."""
+
+    def __init__(self, config: ClusterConfig | None = None) -> None:
+        self.cluster = Cluster(config or ClusterConfig())
+        self.last = 0.0  # the latest ts read: the replay's "now"
+
+    def meet(self, run: str, recent: list[dict[str, Any]]) -> None:
+        self.last = max([self.last] + [e["ts"] for e in recent])
+        self.cluster.restore(recent, self.last)
+
+    def take(self, events: list[dict[str, Any]]) -> list[Derived]:
+        out: list[Derived] = []
+        cluster = self.cluster
+        for event in events:
+            self.last = max(self.last, event["ts"])
+            if event["type"] == "metrics" and event["stage"] == "rank":
+                out += cluster.observe(event, event["ts"])
+            elif event["type"] == "lifecycle":
+                cluster.ended(event, event["ts"])
+        return out
+
+    def finish(self) -> list[Derived]:
+        cluster = self.cluster
+        out: list[Derived] = []
+        for run in list(cluster.runs):  # an ended run: the ranks it left behind are lost, its steps settled
+            out += cluster.close(run, self.last)
+        return out + cluster.check(self.last + cluster.config.silence + 1)  # any other run's waiting steps
