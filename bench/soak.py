@@ -566,6 +566,7 @@ def report(summary: dict[str, Any], plot_name: str) -> str:
         f"{s['relay'].get('journal_errors', 0):,} journal errors.",
         "All figures, every relay process's counters and the RSS samples are in `soak.json` and `rss.csv` in the "
         f"soak's output directory ({s['out']}).",
+        EDGES,
     ]
     return "\n\n".join(parts) + "\n"
 
@@ -590,6 +591,30 @@ SINK_DEATH = [
     "an older relay left half made is mended (the module's other slow tests).",
     "How: [relay.md](relay.md#a-sinks-process-dies-with-its-relay-and-a-kill-never-breaks-a-store).",
 ]
+
+
+#: What holds where the soak does not reach, each claim with the test of `make test` that proves it;
+#: written into every report (the soak regenerates this page).
+EDGES = """## At the edges: what the tests prove
+
+- **A rank that dies still closes its run.** Rank 1 of a two-rank torchrun job (external relay,
+  `--rank-silence 5`) SIGKILLed in its forward pass, backward pass, optimizer step or between
+  steps, ten times in a row: each time rank 0's every event, its failed `train_end` and its last
+  `stats` included, is in the journal or its spool before torchrun's grace ends, and the relay names
+  rank 1 `rank_lost` (`tests/test_rank_death.py`; trainer/stopping.py, relay/daemon/cross_rank.py).
+- **What was written is delivered.** A directory journal whose one run's file is on a full disk:
+  the other runs' lines go to every sink as they are written, each once, and the rest once the disk
+  has room, also to a plugin sink without catch-up
+  (`tests/test_relay_core.py::test_lines_journaled_before_a_failed_write_reach_every_sink_once`;
+  relay/daemon/commit.py's `JournalQueue`, which a consuming relay's partitions use too).
+- **Losses add up.** A rank's lines before its last `stats` line number exactly
+  `published - dropped`, also when the client dropped its own earlier reports; a restarted relay's
+  `client_dropped` holds a rank's journaled report as soon as the rank sends again
+  (`tests/test_drop_accounting.py`).
+- **A forked child's events are sent or counted.** `os.fork`, `multiprocessing` with fork and a
+  DataLoader's workers publish through the parent's Publisher (`tests/test_publisher_fork.py`).
+- **A replayed spool is what a live relay would have journaled**, the relay's own cross-rank events
+  included (`tests/test_spool_cluster.py`)."""
 
 
 def crash_section(crashes: list[dict[str, Any]]) -> list[str]:
