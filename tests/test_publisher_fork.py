@@ -42,8 +42,12 @@ def test_events_of_forked_children_reach_the_journal_once_and_their_losses_are_c
         try:
             _publish_as_child(pub, "os.fork", 50)
             pub.publish("params", {"blob": "x" * (2 * RECORD_MAX)})  # more than one pipe record holds
+            grandchild = os.fork()
+            if grandchild == 0:
+                _publish_as_child(pub, "grandchild", 10)  # to the same parent
+                os._exit(0)
+            code = os.waitpid(grandchild, 0)[1]
             pub.close()  # a child's close() waits for nothing: its events are the parent's to send
-            code = 0
         finally:
             os._exit(code)
     assert os.waitpid(pid, 0)[1] == 0
@@ -58,9 +62,10 @@ def test_events_of_forked_children_reach_the_journal_once_and_their_losses_are_c
     assert [e["seq"] for e in lines] == list(range(len(lines)))
     assert _values(lines, PARENT) == list(range(5)) and _values(lines, "parent-after") == list(range(5))
     assert _values(lines, "os.fork") == list(range(50)) and _values(lines, "multiprocessing") == list(range(30))
+    assert _values(lines, "grandchild") == list(range(10))
     final = _final(lines)
     assert (final["dropped"], final["dropped_forked"]) == (1, 1), "the oversized event, counted and reported"
-    assert pub.stats["forwarded"] == 80
+    assert pub.stats["forwarded"] == 90
 
 
 def test_a_dataloaders_workers_can_track_metrics(relays, tmp_path: Path) -> None:

@@ -45,8 +45,10 @@ class ForkPipe:
     # -- a child's side -------------------------------------------------------------------------
 
     def in_child(self) -> None:
-        """Now in the child: it only writes."""
-        os.close(self.r)
+        """Now in the child (or a child's child, which writes to the same parent): it only writes."""
+        if self.r >= 0:
+            os.close(self.r)
+            self.r = -1
 
     def send(self, event: tuple[Any, ...]) -> None:
         """Hand one event (publish()'s tuple) to the parent; never blocks, never raises."""
@@ -99,10 +101,9 @@ class ForkPipe:
 
     def close(self) -> None:
         for fd in (self.r, self.w):
-            try:
+            if fd >= 0:
                 os.close(fd)
-            except OSError:  # the child's side closed its read end already
-                pass
+        self.r = self.w = -1
 
 
 class ForkHandover:
