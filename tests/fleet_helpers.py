@@ -27,10 +27,13 @@ class ConsumerProcess:
     def stats_path(self) -> Path:
         return self.path / f"_relay_consume_{self.name}.json"
 
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "relay", "consume"]
+
     def start(self) -> "ConsumerProcess":
         self.stats_path.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "relay", "consume", "--nats-url", self.urls, "--path", f"{self.path}/",
-               "--name", self.name, "--ack-wait", "5", *self.extra]
+        cmd = [*self.command(), "--nats-url", self.urls, "--path", f"{self.path}/", "--name", self.name,
+               "--ack-wait", "5", *self.extra]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         return self
@@ -103,6 +106,43 @@ def node_lines(*journals: Path, skip_rank: int | None = None) -> dict[tuple[str,
     return out
 
 
+def central_journal(urls: str, stream: str) -> dict[tuple[str, int, int], list[bytes]]:
+    """(run, rank, seq) -> every line holding it in the central journal of ``stream`` (relay/fleet/central.py)."""
+    from nats_helpers import read_stream
+    from relay.fleet.central import journal_stream
+    found: dict[tuple[str, int, int], list[bytes]] = {}
+    for msg in asyncio.run(read_stream(urls, journal_stream(stream))):
+        for line in msg.data.splitlines():
+            event = json.loads(line)
+            found.setdefault((event["run"], event["rank"], event["seq"]), []).append(line)
+    return found
+
+
+def assert_exactly_once_on_own_disks(roots: list[Path], expected: dict[tuple[str, int, int], bytes], urls: str,
+                                     stream: str) -> None:
+    """Consuming relays each on a folder of its own: every expected line exactly once in the central
+    journal, byte for byte, and nothing else; each folder a view of it (no line twice, none other),
+    the folders together the whole; one run in one partition."""
+    central = central_journal(urls, stream)
+    twice = {key: len(lines) for key, lines in central.items() if len(lines) > 1}
+    assert not twice, f"duplicated in the central journal: {dict(list(twice.items())[:5])}"
+    assert set(central) == set(expected), (f"{len(set(expected) - set(central))} events missing from the central "
+                                           f"journal, {len(set(central) - set(expected))} nobody sent")
+    differ = [key for key, line in expected.items() if central[key][0] != line]
+    assert not differ, f"{len(differ)} lines differ from the node's, e.g. {differ[0]}: {central[differ[0]][0]!r}"
+    union: set[tuple[str, int, int]] = set()
+    for root in roots:
+        view = central_lines(root)
+        assert not {key for key, lines in view.items() if len(lines) > 1}, f"{root} holds an event twice"
+        assert all(lines[0] == expected.get(key) for key, lines in view.items()), f"{root} holds what nobody sent"
+        union |= set(view)
+        runs: dict[str, set[str]] = {}
+        for path in root.glob("p*/*.jsonl"):
+            runs.setdefault(path.stem, set()).add(path.parent.name)
+        assert all(len(parts) == 1 for parts in runs.values()), f"a run in two partitions: {runs}"
+    assert union == set(expected), f"{len(set(expected) - union)} events in no consuming relay's folder"
+
+
 def assert_exactly_once(root: Path, expected: dict[tuple[str, int, int], bytes]) -> None:
     """Every expected line exactly once under ``root``, byte for byte, and nothing else; one run in one partition."""
     got = central_lines(root)
@@ -120,8 +160,10 @@ def assert_exactly_once(root: Path, expected: dict[tuple[str, int, int], bytes])
     assert all(len(parts) == 1 for parts in runs.values()), f"a run in two partitions: {runs}"
 
 
-def wait_complete(root: Path, expected: dict, timeout: float) -> None:
-    wait_for(lambda: set(expected) <= set(central_lines(root)), timeout,
+def wait_complete(root: Path | list[Path], expected: dict, timeout: float) -> None:
+    """Until the folder (or the folders together) hold every expected event."""
+    roots = root if isinstance(root, list) else [root]
+    wait_for(lambda: set(expected) <= set().union(*(central_lines(r) for r in roots)), timeout,
              f"all {len(expected)} events in the consuming relays' journals")
 
 
@@ -185,3 +227,18 @@ async def publish_raw(urls: str, prefix: str, node: str, runs: dict[str, list[by
                     await asyncio.sleep(pause)
     finally:
         await nc.close()
+
+
+def create_stream(urls: str, name: str = "RELAY", prefix: str = "relay.events", partitions: int = 4,
+                  replicas: int = 1) -> None:
+    """The fleet stream as a node relay creates it (relay/fleet/stream.py), made up front."""
+    from relay.fleet.stream import stream_config
+
+    async def create() -> None:
+        import nats
+        nc = await nats.connect(urls.split(","))
+        try:
+            await nc.jetstream().add_stream(stream_config(name, prefix, partitions, replicas, 600, 0))
+        finally:
+            await nc.close()
+    asyncio.run(create())

@@ -52,7 +52,7 @@ def free_ports(n: int) -> list[int]:
 class NatsCluster:
     """``size`` nats-server processes forming one JetStream cluster on loopback."""
 
-    def __init__(self, tmp: Path, size: int = 3, extra_config: str = "", nice: int = 0) -> None:
+    def __init__(self, tmp: Path, size: int = 3, extra_config: str = "", nice: int = 0, sync: str = "") -> None:
         self.tmp = Path(tmp)
         self.size = size
         self.binary = nats_server_binary()
@@ -62,6 +62,7 @@ class NatsCluster:
         self.http_ports = ports[2 * size:]
         self.extra_config = extra_config
         self.nice = nice  # the benchmark's servers yield the CPU, as servers on other machines would
+        self.sync = sync  # JetStream's sync_interval ("always": fsync before each acknowledgement), else its default
         self.procs: list[subprocess.Popen | None] = [None] * size
         self.stopped: set[int] = set()
 
@@ -85,7 +86,7 @@ class NatsCluster:
             f"server_name: n{i}\n"
             f"listen: 127.0.0.1:{self.client_ports[i]}\n"
             f"http: 127.0.0.1:{self.http_ports[i]}\n"
-            f"jetstream {{ store_dir: {json.dumps(str(store))} }}\n"
+            f"jetstream {{ store_dir: {json.dumps(str(store))}{f', sync_interval: {self.sync}' if self.sync else ''} }}\n"
             + (f"cluster {{ name: relaytest, listen: 127.0.0.1:{self.cluster_ports[i]}, routes: [{routes}] }}\n"
                if self.size > 1 else "") +
             f"{self.extra_config}\n")

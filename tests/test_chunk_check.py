@@ -86,11 +86,10 @@ def test_a_partition_journals_the_same_bytes_as_a_line_by_line_reading(tmp_path:
         body = b"\n".join(lines) + rng.choice([b"\n", b"", b"\n\n"])
         bodies.append(body)
     part = Partition(0, tmp_path / "fast", [])
-    part.open()
+    part.open("central")
     for i in range(0, len(bodies), 7):
-        for body in bodies[i:i + 7]:
-            part.take(body, 0.0)
-        part.commit()
+        part.take_all(bodies[i:i + 7], 0.0)
+        part.write()
     part.close()
     expected: dict[str, bytearray] = {}
     seen: set[tuple] = set()
@@ -115,17 +114,17 @@ def test_a_partitions_failed_write_counts_what_went_in_once_and_retries_only_the
     """The daemon's commit step (JournalQueue) serves the partition too: a real fault, run-b's file
     cannot be opened (a directory in its place), leaves run-a's lines written and counted once."""
     part = Partition(0, tmp_path / "fail", [])
-    part.open()
+    part.open("central")
     lines = [encode_line(dict(_event(random.Random(seq), seq), run=run, rank=0))
              for run in ("run-a", "run-b") for seq in range(5)]
     part.take(b"".join(lines), 0.0)
     blocker = tmp_path / "fail" / "p0" / "run-b.jsonl"
     blocker.mkdir()
     with pytest.raises(JournalError, match="Is a directory"):
-        part.commit()
+        part.write()
     assert part.counters.written == 5 and len((tmp_path / "fail" / "p0" / "run-a.jsonl").read_bytes().splitlines()) == 5
     blocker.rmdir()
-    part.commit()
+    part.write()
     part.close()
     assert part.counters.written == 10
     assert _journal(tmp_path / "fail") == {"run-a.jsonl": b"".join(lines[:5]), "run-b.jsonl": b"".join(lines[5:])}

@@ -15,10 +15,9 @@ import pytest
 pytest.importorskip("nats")
 
 from conftest import ROOT, free_port, wait_for  # noqa: E402
-from fleet_helpers import (ConsumerProcess, assert_exactly_once, publish_raw, wait_acknowledged,  # noqa: E402
-                           wait_complete, wait_held)
+from fleet_helpers import (ConsumerProcess, assert_exactly_once, create_stream, publish_raw,  # noqa: E402
+                           wait_acknowledged, wait_complete, wait_held)
 from nats_helpers import NatsCluster  # noqa: E402
-from relay.fleet.stream import stream_config  # noqa: E402
 from relay.wire.lines import encode_line  # noqa: E402
 from test_metrics import check_against_table, scrape  # noqa: E402
 
@@ -82,12 +81,7 @@ def test_each_line_once_a_redelivery_dropped_and_partitions_handed_over_at_sigte
     with NatsCluster(tmp_path / "nats", size=1) as server:
         urls = server.url(0)
 
-        async def create() -> None:
-            import nats
-            nc = await nats.connect(urls)
-            await nc.jetstream().add_stream(stream_config("RELAY", "relay.events", 4, 1, 600, 0))
-            await nc.close()
-        asyncio.run(create())
+        create_stream(urls)
         central = tmp_path / "central"
         first = ConsumerProcess(tmp_path, "first", urls, central).start()
         metrics = free_port()
@@ -122,3 +116,42 @@ def check_hand_over(urls: str, central: Path, first: ConsumerProcess, second: Co
     logs = (tmp_path / "consume-first.log").read_text() + (tmp_path / "consume-second.log").read_text()
     dropped = sum(int(n) for n in re.findall(r"duplicates=(\d+)", logs))  # each partition's, as it stopped
     assert dropped >= len(expected), "the re-sent lines were not dropped by the relay's own dedupe"
+
+
+def test_options_that_must_agree_are_one_line_and_those_that_may_change_are_applied(tmp_path):
+    """Another relay's --lease-ttl (the lease bucket's) or --nats-prefix (the stream's) stops a
+    consuming relay with one line and exit 2, before it takes anything; another --ack-wait and
+    --max-ack-pending update the partitions' existing consumers, and the relay says so."""
+    with NatsCluster(tmp_path / "nats", size=1) as server:
+        urls = server.url(0)
+
+        create_stream(urls, partitions=2)
+        first = ConsumerProcess(tmp_path, "first", urls, tmp_path / "first").start()
+        try:
+            wait_held([first], 2, 60)
+            assert first.stop() == 0
+            other = ["--nats-url", urls, "--path", f"{tmp_path}/other/"]
+            done = consume_exits(tmp_path, *other, "--lease-ttl", "4")
+            one_error(done, "--lease-ttl 4 differs from the lease bucket RELAY-leases's 10 s")
+            assert "give --lease-ttl 10" in done.stderr and "Traceback" not in done.stderr
+            done = consume_exits(tmp_path, *other, "--nats-prefix", "other.events")
+            one_error(done, "stream RELAY takes relay.events.>, not other.events.>")
+            changed = ConsumerProcess(tmp_path, "changed", urls, tmp_path / "changed",
+                                      ["--ack-wait", "7", "--max-ack-pending", "100"]).start()
+            wait_held([changed], 2, 60)
+            assert changed.stop() == 0
+        finally:
+            if first.alive():
+                first.kill()
+        assert [(c.ack_wait, c.max_ack_pending) for c in asyncio.run(_consumers(urls))] == [(7, 100)] * 2
+        log = (tmp_path / "consume-changed.log").read_text()
+        assert "consumer relay-p0: ack_wait 5 -> 7, max_ack_pending 512 -> 100" in log, log
+
+
+async def _consumers(urls: str) -> list:
+    import nats
+    nc = await nats.connect(urls)
+    try:
+        return [info.config for info in sorted(await nc.jetstream().consumers_info("RELAY"), key=lambda i: i.name)]
+    finally:
+        await nc.close()

@@ -1,9 +1,11 @@
 """The fleet tier end to end through its faults (issue 18's proof): a real 3-node JetStream cluster
 (R3 stream), two node relays with two publisher processes each publishing through the ``nats`` sink,
-and two consuming relays (``relay consume``) writing their partition journals and MLflow.
+and two consuming relays (``relay consume``), each on a folder of its own, writing their partition
+views and MLflow.
 
 Each scenario kills or stops something mid-run, then checks the same things: every event of the node
-journals in the consuming relays' journals exactly once and byte for byte, one run in one partition,
+journals in the central journal exactly once and byte for byte, each consuming relay's folder a view
+of it (no event twice) and the two together whole, one run in one partition,
 MLflow holding each step once, the publishers acknowledged by their node relays and every partition's
 consumer acknowledged by the consuming relays. Last, a real two-rank torchrun job whose embedded relay
 publishes to the cluster. The cluster is started once for the module; each scenario has its own
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -23,7 +26,7 @@ pytest.importorskip("nats")
 pytest.importorskip("mlflow")
 
 from conftest import finish, free_port, start_publisher, wait_for  # noqa: E402
-from fleet_helpers import (ConsumerProcess, assert_exactly_once, central_lines, node_lines,  # noqa: E402
+from fleet_helpers import (ConsumerProcess, assert_exactly_once_on_own_disks, central_lines, node_lines,  # noqa: E402
                            stop_all, wait_acknowledged, wait_complete, wait_held)
 from nats_helpers import NatsCluster, read_stream  # noqa: E402
 from test_sink_mlflow import read_run, template_db  # noqa: E402,F401
@@ -48,13 +51,13 @@ class Fleet:
     def __init__(self, cluster: NatsCluster, tmp: Path, relays, name: str, db: Path, count: int = COUNT) -> None:
         self.cluster, self.tmp, self.relays, self.name, self.count = cluster, tmp, relays, name, count
         self.stream, self.prefix = f"S_{name}", f"{name}.events"
-        self.central = tmp / "central"
+        self.folders = [tmp / f"central-{i}" for i in range(2)]  # each consuming relay's own disk
         self.uri = f"sqlite:///{db}"
         self.node_dirs = [tmp / "node-a", tmp / "node-b"]
         self.nodes: list = []
         self.pubs: list = []
         stream = ["--nats-stream", self.stream, "--nats-prefix", self.prefix]
-        self.consumers = [ConsumerProcess(tmp, f"c{i}", cluster.urls, self.central,
+        self.consumers = [ConsumerProcess(tmp, f"c{i}", cluster.urls, self.folders[i],
                                           [*stream, "--sink", "mlflow", "--mlflow-tracking-uri", self.uri,
                                            "--mlflow-experiment", "fleet"]) for i in range(2)]
         self.node_args = [*stream, "--no-cluster", "--stats-interval", "1", "--sink", "nats", "--nats-url", cluster.urls,
@@ -84,7 +87,7 @@ class Fleet:
         return self
 
     def journaled(self) -> int:
-        return len(central_lines(self.central))
+        return len(set().union(*(central_lines(folder) for folder in self.folders)))
 
     def check(self) -> None:
         """The scenario's end: everything acknowledged, exactly once, byte for byte, and in MLflow once."""
@@ -92,11 +95,11 @@ class Fleet:
         assert all(s["left"] == 0 and s["dropped"] == 0 for s in stats), stats
         expected = node_lines(*self.node_dirs)
         assert len(expected) == 4 * (self.count + 2)  # each rank's hello, its metrics, its closing stats
-        wait_complete(self.central, expected, 180)
+        wait_complete(self.folders, expected, 180)
         for node, journal in zip(self.nodes, self.node_dirs):
             wait_for(lambda: _nats_sink(node, journal).get("held") == 0, 60, "the node's nats sink all acknowledged")
         wait_acknowledged(self.cluster.urls, self.stream, 120)
-        assert_exactly_once(self.central, expected)
+        assert_exactly_once_on_own_disks(self.folders, expected, self.cluster.urls, self.stream)
         for run in self.runs():
             wait_for(lambda: _steps(self.uri, run) == list(range(self.count)), 180, f"MLflow holds run {run}")
         codes = stop_all(self.consumers)
@@ -164,8 +167,11 @@ def test_consuming_relay_killed_and_the_other_takes_its_partitions(fleet):
     wait_held(f.consumers, PARTITIONS, 120)
     wait_for(lambda: f.journaled() > 1000, 120, "the consuming relays journaled the first events")
     victim, other = (f.consumers if f.consumers[0].held() else f.consumers[::-1])
+    killed = time.monotonic()
     victim.kill()
     wait_held([other], PARTITIONS, 60)
+    print(f"takeover: the other relay holds every partition {time.monotonic() - killed:.1f} s after the kill",
+          file=sys.stderr)
     f.check()
 
 
@@ -199,8 +205,8 @@ def test_torchrun_job_publishing_to_the_cluster_ends_in_the_central_journal_and_
     stream, steps = "S_torchrun", 4
     db = tmp_path / "mlflow.db"
     shutil.copy(template_db, db)
-    central = tmp_path / "central"
-    consumers = [ConsumerProcess(tmp_path, f"c{i}", cluster.urls, central,
+    folders = [tmp_path / f"central-{i}" for i in range(2)]
+    consumers = [ConsumerProcess(tmp_path, f"c{i}", cluster.urls, folders[i],
                                  ["--nats-stream", stream, "--sink", "mlflow", "--mlflow-tracking-uri",
                                   f"sqlite:///{db}", "--mlflow-experiment", "fleet"]).start() for i in range(2)]
     try:
@@ -214,9 +220,9 @@ def test_torchrun_job_publishing_to_the_cluster_ends_in_the_central_journal_and_
         assert {m.headers["Relay-Node"] for m in asyncio.run(read_stream(cluster.urls, stream))} == {node}
         expected = node_lines(out / "training_logs.jsonl")
         assert {key[0] for key in expected} == {run} and len(expected) > 2 * steps
-        wait_complete(central, expected, 120)
+        wait_complete(folders, expected, 120)
         wait_acknowledged(cluster.urls, stream, 60)
-        assert_exactly_once(central, expected)
+        assert_exactly_once_on_own_disks(folders, expected, cluster.urls, stream)
         wait_for(lambda: _steps(f"sqlite:///{db}", run) == list(range(1, steps + 1)), 180, "MLflow holds the job's loss")
         assert stop_all(consumers) == [0, 0]
     finally:

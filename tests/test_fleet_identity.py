@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, finish, start_publisher, wait_for
+from conftest import finish, start_publisher, wait_for
 from relay.fleet import identity
 from relay.fleet.stream import run_token
 
@@ -81,7 +81,8 @@ def test_two_node_relays_sharing_a_host_name_lose_nothing_and_a_live_node_is_ref
         copy = tmp_path / "copy-of-a"  # a cloned machine's journal, its id file with it
         shutil.copytree(a, copy, ignore=shutil.ignore_patterns("_relay.lock"))
         done = relay_exits(["--path", f"{copy}/", *sink], tmp_path)
-        one_line(done, f"node {identity.local_id(a, run_token)} is live in the fleet", f"delete {copy}/_relay_nats_node.json")
+        one_line(done, f"node {identity.local_id(a, run_token)} is live in the fleet",
+                 f"delete {copy}/_relay_nats_node.json")
         done = relay_exits(["--path", f"{tmp_path / 'named'}/", *sink, "--nats-node", identity.local_id(b, run_token)],
                            tmp_path)
         one_line(done, f"journal {b}", "give this relay another --nats-node")

@@ -65,6 +65,7 @@ def consume(ctx: click.Context, sink_names: tuple[str, ...], name: str, lease_tt
 
     from relay.fleet.connection import check_package, probe, settings_from_options
     from relay.fleet.consumer import ConsumeConfig, Consumer
+    from relay.fleet.reconcile import Mismatch
     from relay.fleet.stream import check_prefix
     from relay.sinkhost.process import check_sinks
     from sinks.preflight import need_writable_dir
@@ -97,7 +98,10 @@ def consume(ctx: click.Context, sink_names: tuple[str, ...], name: str, lease_tt
             serve_consumer(consumer, metrics)
         except (AddressInUse, BadAddress) as exc:
             _fail(EXIT_ADDRESS_IN_USE if isinstance(exc, AddressInUse) else EXIT_USAGE, str(exc))
-    asyncio.run(_serve(consumer))
+    try:
+        asyncio.run(_serve(consumer))
+    except Mismatch as exc:  # an option other consuming relays of the stream set otherwise
+        _fail(EXIT_USAGE, str(exc))
     logging.shutdown()
     sys.stderr.flush()
     os._exit(0)  # as serve: a sink library's exit handler must not hang a finished relay

@@ -1,14 +1,16 @@
 """A relay that consumes the fleet's stream: ``relay consume``. One asyncio loop, one NATS connection.
 
-Every ``tick`` it reads the leases and the live members from the KV bucket, lets the ownership
-rules (relay/fleet/ownership.py) say what to do, and does it: claims, renews, and starts or stops a
-task per partition it holds. A partition's task (``_consume``) opens the partition's journal and
-sinks (relay/fleet/partition.py), binds the partition's durable pull consumer (one per partition,
-shared by whichever relay holds it: the stream remembers what was acknowledged), and loops: fetch
-at most ``fetch`` messages, journal their new lines, flush, then acknowledge them. The consumer's
-``max_ack_pending`` and the fetch size bound what is held in memory; a message unacknowledged when
-its relay died is delivered again after ``ack_wait`` to the relay that took the partition over, whose
-dedupe drops what the journal already has.
+At start it checks its options against the stream, the lease bucket and the partitions' durable
+consumers as they exist (relay/fleet/reconcile.py: what must agree is one line and exit 2, what may
+change is applied) and makes sure of the central journal (relay/fleet/central.py). Then every
+``tick`` it reads the leases and the live members from the KV bucket, lets the ownership rules
+(relay/fleet/ownership.py) say what to do, and does it: claims, renews, and starts or stops a task
+per partition it holds (relay/fleet/holder.py: the partition's view caught up from the central
+journal, its durable pull consumer bound, and each fetched batch committed: fenced into the central
+journal, written into the view, acknowledged). The consumer's ``max_ack_pending`` and the fetch size
+bound what is held in memory; a message unacknowledged when its relay died is delivered again after
+``ack_wait`` to the relay that took the partition over, whose dedupe drops what the central journal
+already has.
 
 A stats file (``_relay_consume_<name>.json`` under ``--path``) says every second which partitions
 this relay holds and what each took, for operators and the tests.
@@ -25,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relay.fleet.central import CentralJournal
 from relay.fleet.connection import NatsSettings, connect, describe
+from relay.fleet.holder import Holder, quietly, wait
 from relay.fleet.ownership import Claim, Ownership, Renew, Start, Stop
-from relay.fleet.partition import Partition
-from relay.fleet.stream import partition_filter
-from relay.journal.journal import JournalError
+from relay.fleet.reconcile import check_stream, lease_bucket, update_consumers
 from relay.sinkhost.child import SinkSpec
 from sinks.files import write_atomic
 
@@ -37,7 +39,6 @@ log = logging.getLogger("relay.fleet")
 
 _PARTITIONS = re.compile(r"partition\((\d+)")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-FORGET_AFTER = 3600.0  # seconds a run stays silent before its dedupe state is dropped (the journal keeps it)
 
 
 @dataclass
@@ -82,7 +83,7 @@ class Consumer:
         self._stop = asyncio.Event()
         self._tasks: dict[int, asyncio.Task] = {}
         self._quit: dict[int, asyncio.Event] = {}
-        self._parts: dict[int, Partition] = {}
+        self._holders: dict[int, Holder] = {}
         self.own: Ownership | None = None
         self.errors = 0
         self._closing = False
@@ -104,12 +105,18 @@ class Consumer:
             return
         self.nc = connecting.result()
         self.js = self.nc.jetstream()
-        partitions = await self._wait_for_stream()
-        if partitions is None:
+        try:
+            info = await self._wait_for_stream()
+            ready = info is not None and await self._set_up(info)
+        except BaseException:  # reconcile.Mismatch: the command line says it in one line
+            self._closing = True
+            await quietly(self.nc.close())
+            raise
+        if not ready:
+            self._closing = True
+            await quietly(self.nc.close())
             return
-        from nats.js.api import StorageType
-        self.kv = await self.js.create_key_value(bucket=cfg.bucket, ttl=cfg.ttl, history=1,
-                                                 replicas=self._replicas, storage=StorageType.FILE)
+        partitions = partitions_of(info.config) or 1
         self.own = Ownership(cfg.name, partitions, ttl=cfg.ttl, renew=cfg.renew, margin=cfg.ttl / 4)
         log.info("consuming stream %s (%d partitions) as %s; journals under %s", cfg.stream, partitions,
                  cfg.name, cfg.path)
@@ -124,23 +131,21 @@ class Consumer:
             if self._stop.is_set():
                 await asyncio.sleep(cfg.tick)
             else:
-                await _wait(self._stop, cfg.tick)
+                await wait(self._stop, cfg.tick)
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         self._write_stats()
         self._closing = True
-        await _quietly(self.nc.flush(2))  # the last acks
-        await _quietly(self.nc.close())
+        await quietly(self.nc.flush(2))  # the last acks
+        await quietly(self.nc.close())
 
-    async def _wait_for_stream(self) -> int | None:
-        """The stream's partition count, once the stream exists (a node relay creates it)."""
+    async def _wait_for_stream(self) -> Any:
+        """The stream's info, once the stream exists (a node relay creates it); None if stopped first."""
         from nats.errors import Error as NatsError
         from nats.js.errors import NotFoundError
         warned = False
         while not self._stop.is_set():
             try:
-                info = await self.js.stream_info(self.config.stream)
-                self._replicas = info.config.num_replicas or 1
-                return partitions_of(info.config) or 1
+                return await self.js.stream_info(self.config.stream)
             except NotFoundError:
                 if not warned:
                     log.warning("stream %s does not exist yet; waiting for a node relay to create it",
@@ -148,11 +153,28 @@ class Consumer:
                     warned = True
             except (NatsError, asyncio.TimeoutError) as exc:
                 log.debug("stream %s: %s", self.config.stream, describe(exc))
-            try:
-                await asyncio.wait_for(self._stop.wait(), 1.0)
-            except asyncio.TimeoutError:
-                pass
+            await wait(self._stop, 1.0)
         return None
+
+    async def _set_up(self, info: Any) -> bool:
+        """The options against what exists (reconcile.Mismatch: one line, exit 2), the central journal,
+        the lease bucket (retried while JetStream does not answer); False if stopped first."""
+        from nats.errors import Error as NatsError
+        cfg = self.config
+        check_stream(info, cfg)
+        replicas = info.config.num_replicas or 1
+        self.central = CentralJournal(self.js, cfg.stream, cfg.prefix, self.nc.max_payload, cfg.name)
+        while not self._stop.is_set():
+            try:
+                await self.central.ensure(replicas)
+                self.kv = await lease_bucket(self.js, cfg, replicas)
+                await update_consumers(self.js, cfg, partitions_of(info.config) or 1)
+                return True
+            except (NatsError, asyncio.TimeoutError) as exc:
+                log.warning("cannot set up the stream's central journal and leases now (%s); trying again",
+                            describe(exc))
+            await wait(self._stop, 1.0)
+        return False
 
     # -- leases ---------------------------------------------------------------------------------------
 
@@ -281,82 +303,15 @@ class Consumer:
                 log.info("gave partition %d back (its lease expires: %s)", k, describe(exc))
 
     async def _consume(self, k: int, quit_: asyncio.Event, previous: asyncio.Task | None) -> None:
-        """Hold partition ``k`` until ``quit_``: journal each fetched message's new lines, then ack it."""
+        """Hold partition ``k`` until ``quit_`` (relay/fleet/holder.py)."""
         if previous is not None:
-            await asyncio.gather(previous, return_exceptions=True)  # its journal is closed first
-        cfg, own = self.config, self.own
-        assert own is not None
-        loop = asyncio.get_running_loop()
-        part = Partition(k, cfg.path, cfg.sinks, fsync=cfg.fsync, sink_queue=cfg.sink_queue,
-                         shutdown_timeout=cfg.shutdown_timeout)
-        while True:
-            try:
-                await loop.run_in_executor(None, part.open)
-                break
-            except JournalError as exc:  # its journal is still locked by the relay that held it
-                log.warning("partition %d: %s; trying again", k, exc)
-                if await _wait(quit_, 1.0):
-                    return
-        self._parts[k] = part
+            await asyncio.gather(previous, return_exceptions=True)  # its view is closed first
+        holder = self._holders[k] = Holder(k, self, self.central)
         try:
-            sub = await self._subscribe(k, quit_)
-            if sub is not None:
-                await self._loop(part, sub, quit_)
-                await _quietly(sub.unsubscribe())
+            await holder.run(quit_)
         finally:
-            self._parts.pop(k, None)
-            await loop.run_in_executor(None, part.close)
-            log.info("partition %d stopped (%s)", k, part.counters)
-
-    async def _subscribe(self, k: int, quit_: asyncio.Event) -> Any:
-        from nats.errors import Error as NatsError
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-        cfg = self.config
-        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
-                                max_ack_pending=cfg.max_ack_pending, ack_wait=cfg.ack_wait,
-                                max_waiting=64, filter_subject=partition_filter(cfg.prefix, k))
-        while not quit_.is_set():
-            try:
-                return await self.js.pull_subscribe(partition_filter(cfg.prefix, k), durable=f"{cfg.durable}-p{k}",
-                                                    stream=cfg.stream, config=config,
-                                                    pending_msgs_limit=cfg.fetch * 4)
-            except (NatsError, asyncio.TimeoutError) as exc:
-                log.debug("partition %d: cannot bind its consumer yet: %s", k, describe(exc))
-                if await _wait(quit_, 1.0):
-                    break
-        return None
-
-    async def _loop(self, part: Partition, sub: Any, quit_: asyncio.Event) -> None:
-        from nats.errors import Error as NatsError
-        own = self.own
-        assert own is not None
-        while not quit_.is_set() and own.valid(part.number, time.monotonic()):
-            try:
-                msgs = await sub.fetch(self.config.fetch, timeout=1.0)
-            except asyncio.TimeoutError:
-                continue
-            except NatsError as exc:
-                log.debug("partition %d: fetch: %s", part.number, describe(exc))
-                await _wait(quit_, 0.5)
-                continue
-            if not own.valid(part.number, time.monotonic()):
-                return  # our lease may have run out meanwhile: leave them to its next holder
-            now = time.monotonic()
-            loop = asyncio.get_running_loop()
-            # on a thread: the leases are renewed on this loop meanwhile, however long the batch takes
-            await loop.run_in_executor(None, part.take_messages, msgs, now)
-            while True:
-                try:
-                    await loop.run_in_executor(None, part.commit)
-                    break
-                except (OSError, JournalError) as exc:
-                    self.errors += 1
-                    log.error("partition %d: journal write failed, nothing acknowledged; retrying: %s", part.number, exc)
-                    if await _wait(quit_, 1.0):
-                        return
-            for msg in msgs:
-                await _quietly(msg.ack())
-            part.forget_idle(now - FORGET_AFTER)
+            if self._holders.get(k) is holder:
+                del self._holders[k]
 
     # -- the rest -----------------------------------------------------------------------------------
 
@@ -370,31 +325,15 @@ class Consumer:
     def _write_stats(self) -> None:
         own = self.own
         now = time.monotonic()
-        for part in self._parts.values():
+        parts = {k: holder.part for k, holder in self._holders.items() if holder.part is not None}
+        for part in parts.values():
             part.fan_out.sample(now)  # the sinks' lag
-        snap = self.latest = {"name": self.config.name, "pid": os.getpid(), "ts": round(time.time(), 3), "errors": self.errors,
+        snap = self.latest = {"name": self.config.name, "pid": os.getpid(), "ts": round(time.time(), 3),
+                              "errors": self.errors,
                 "held": sorted(own.consuming()) if own else [],
-                "partitions": {k: part.stats() for k, part in self._parts.items()}}
+                "partitions": {k: part.stats() for k, part in parts.items()}}
         try:
             self.config.path.mkdir(parents=True, exist_ok=True)
             write_atomic(self.stats_path, json.dumps(snap))
         except OSError as exc:
             log.warning("cannot write %s: %s", self.stats_path, exc)
-
-
-async def _wait(event: asyncio.Event, seconds: float) -> bool:
-    """Wait up to ``seconds`` for ``event``; whether it is set."""
-    try:
-        await asyncio.wait_for(event.wait(), seconds)
-    except asyncio.TimeoutError:
-        pass
-    return event.is_set()
-
-
-async def _quietly(coro: Any) -> None:
-    """An ack or unsubscribe that may fail while NATS is away: the message comes again, deduplicated."""
-    from nats.errors import Error as NatsError
-    try:
-        await coro
-    except (NatsError, asyncio.TimeoutError, OSError) as exc:
-        log.debug("NATS: %s", describe(exc))

@@ -14,7 +14,9 @@ other's member keys and split the partitions without handing any over; one that 
 (``leaving``) keeps renewing while it stops each partition, then gives it back. A lease is trusted only until ``sent + ttl - margin``, where ``sent`` is when the last
 renewal that succeeded was sent (before the server saw it, so before the server's own clock started
 its ttl): a relay cut off from NATS stops consuming a partition before anyone else can take it.
-The journal of a partition is also locked (relay/journal/journal.py), a second fence.
+A lease is not what makes a takeover exact (a relay paused past its lease does not know it): the
+central journal's fence is (relay/fleet/central.py); leases keep one relay at a time consuming a
+partition, so that fence is seldom met.
 
 This module decides; relay/fleet/consumer.py talks to NATS and feeds the answers back.
 """

@@ -1,26 +1,32 @@
-"""One partition of the stream as a consuming relay holds it: its own journal, dedupe and sinks.
+"""One partition of the stream as a consuming relay holds it: its view of the central journal,
+its dedupe and its sinks.
 
-A partition's journal is the folder ``<path>/p<k>/`` (one ``<run>.jsonl`` per run; a run is on one
-partition, so in one journal). It moves between consuming relays with the partition's lease, so it
-lives on storage every consuming relay can reach; its lock (relay/journal/journal.py) makes sure
-that only one relay writes it at a time, whatever the leases say. A relay that takes a partition
-over learns from the journal what is already there (``Dedupe.lookup``), so the messages the last
-holder journaled but had not acknowledged, redelivered by JetStream, are not written twice: the
-relay's own dedupe by (run, rank, seq) is the guarantee, JetStream's time-bounded one only saves work.
+The partition's history is the central journal's subject for it (relay/fleet/central.py). The
+folder ``<path>/p<k>/`` (one ``<run>.jsonl`` per run; a run is on one partition) is this relay's
+view of it: every commit of the subject up to ``position``, each line once, on a disk of its own.
+``position`` is kept beside the lines (``_relay_view.json``, written after them), so a relay that
+takes the partition (again, or for the first time with an empty folder) applies only the commits
+after it (``apply``): whichever relay holds a partition has its whole history, and its sinks catch
+up from it. A position older than the lines (a kill between the two writes) only means commits
+applied twice, and ``take`` drops what the folder holds already (its dedupe by (run, rank, seq)
+reads the folder); the journal's lock keeps two relays off one folder.
 
-``take`` keeps each message's new lines, byte for byte as the node wrote them; ``commit`` appends
-them to the journal in one write and flushes, and only then does the caller acknowledge the
-messages; every other sink's process gets exactly the lines the journal took, through the daemon's
-own commit step (relay/daemon/commit.py's ``JournalQueue``).
+``take`` keeps each fetched message's new lines, byte for byte as the node wrote them;
+``uncommitted`` is what the caller commits to the central journal, and only then does ``write`` put
+the lines in the folder (relay/daemon/commit.py's ``JournalQueue``: one write, flushed, and every
+other sink's process gets exactly the lines the folder took) and ``settle`` move the position.
+After a failure anywhere in between, ``reset`` forgets what was taken and not written, and the
+caller applies the central journal again: the view is rebuilt from it, never from a guess.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from relay.daemon.commit import JournalQueue
 from relay.journal.dedupe import Dedupe, RankState
@@ -29,6 +35,7 @@ from relay.journal.reader import journal_files
 from relay.daemon.fan_out import FanOut
 from relay.sinkhost.child import SinkSpec
 from relay.wire.lines import ChunkCheck
+from sinks.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +46,8 @@ class PartitionCounters:
     written: int = 0
     duplicates: int = 0
     bad_lines: int = 0
+    applied: int = 0  # lines the view took from the central journal (what another relay committed)
+    withheld: int = 0  # lines written into the view once the lease could not be trusted: not handed to the sinks
 
 
 @dataclass
@@ -59,14 +68,25 @@ class Partition:
         self.fan_out = FanOut()
         self._queue = JournalQueue()
         self.check = ChunkCheck(self._bad_line)
+        self.position = 0  # the central journal's last commit of this partition that the view holds
+        self._position_path = self.journal.sidecar("_view.json")
+        self._central = ""  # the central journal the position is of (its stream's creation time)
+        #: whether the lease is still surely ours: a relay that may have lost it hands its sinks nothing
+        #: more (the next holder's sinks take those lines from its own view)
+        self.holding: Callable[[], bool] = lambda: True
+        self._counted = [0, 0]  # messages and duplicates counted by the last take_all (reset uncounts them)
         self.pending = 0  # messages of the partition in the stream not yet delivered, after the last fetch
         self.published: float | None = None  # unix time of the last message fetched
 
-    def open(self) -> None:
-        """Lock the journal (JournalError if another relay still writes it); start the sinks if it holds
-        runs already (they catch up from it what the last holder's sinks may lack), else at the first
-        commit: a partition without runs costs no sink processes."""
+    def open(self, central: str) -> None:
+        """Lock the journal (JournalError if another relay still writes it) and read its position in
+        ``central`` (the central journal's stream and creation time: a view of another one starts
+        from 0); start the sinks if it holds runs already (they catch up from it what the last
+        holder's sinks may lack), else at the first write: a partition without runs costs no sink
+        processes."""
         self.journal.open()
+        self._central = central
+        self.position = self._read_position()
         if journal_files(self.journal.path):
             try:
                 self._start_sinks()
@@ -81,16 +101,29 @@ class Partition:
 
     def take_messages(self, msgs: list[Any], now: float) -> None:
         """A fetch's JetStream messages; the last one says what waits behind it in the stream, and since when."""
-        for msg in msgs:
-            self.take(msg.data, now)
+        self.take_all([msg.data for msg in msgs], now)
         if msgs:
             meta = msgs[-1].metadata
             self.pending, self.published = meta.num_pending, meta.timestamp.timestamp()
 
+    def take_all(self, bodies: list[bytes], now: float) -> None:
+        """``take`` each of a batch (a batch taken again after ``reset`` is counted once)."""
+        self._counted = [0, 0]
+        for body in bodies:
+            self.take(body, now)
+
     def take(self, body: bytes, now: float) -> None:
         """Keep the lines of one message that this journal does not hold yet: the message itself when
         it is all new events of one run (the common case: one write of it, not one per line)."""
+        duplicates = self._keep(body, now)
         self.counters.messages += 1
+        self.counters.duplicates += duplicates
+        self._counted[0] += 1
+        self._counted[1] += duplicates
+
+    def _keep(self, body: bytes, now: float) -> int:
+        """Queue ``body``'s lines the view does not hold; how many it held already."""
+        duplicates = 0
         lines = [line for line in body.split(b"\n") if line]
         states: dict[tuple[str, int], RankState] = {}
         taken: list[tuple[str, bytes]] = []
@@ -103,26 +136,72 @@ class Partition:
             if state.take(row[0]):
                 taken.append((key[0], line))
             else:
-                self.counters.duplicates += 1
+                duplicates += 1
         if taken and len(taken) == len(lines) == body.count(b"\n") + (body[-1:] != b"\n") \
                 and len({run for run, _ in states}) == 1:  # every line, and no empty one between them
             self._queue.add(taken[0][0], body if body[-1:] == b"\n" else body + b"\n", len(taken))
         else:
             for run, line in taken:
                 self._queue.add(run, line + b"\n", 1)
+        return duplicates
 
     def _bad_line(self, line: bytes, why: str) -> None:
         self.counters.bad_lines += 1
         log.warning("partition %d: a message line is not an event, skipped (%s): %.200r", self.number, why, line)
 
-    def commit(self) -> None:
-        """Journal what ``take`` kept (one write, flushed), handing the sinks what the journal took.
-        Raises on a journal failure, keeping the lines it did not take: the caller acknowledges
-        nothing and tries again."""
+    def uncommitted(self) -> bytes:
+        """The lines ``take`` kept and the view does not hold: what the caller commits centrally."""
+        return b"".join([chunk for _, chunk in self._queue.lines])
+
+    def write(self) -> None:
+        """Put what ``take`` kept in the view (one write, flushed), handing the sinks what it took.
+        Raises on a journal failure: the caller resets and applies the central journal again."""
         self._queue.write(self.journal, self._journaled)
+
+    def settle(self, position: int) -> None:
+        """The view holds every commit up to ``position``: say so beside it."""
+        self.position = position
+        write_atomic(self._position_path, json.dumps({"central": self._central, "position": position}))
+
+    def apply(self, commits: list[tuple[int, bytes]], now: float) -> None:
+        """Commits of the central journal after ``position``, in order, into the view: what another
+        relay committed (or this one did, and was stopped before its view took it)."""
+        if not commits:
+            return
+        for _, body in commits:
+            self._keep(body, now)
+        self.counters.applied += self._queue.events
+        self.write()
+        self.settle(commits[-1][0])
+
+    def reset(self) -> None:
+        """Forget what was taken and not written (and its counts): the dedupe state is read from the
+        view again."""
+        self._queue = JournalQueue()
+        self.dedupe = Dedupe()
+        self.counters.messages -= self._counted[0]
+        self.counters.duplicates -= self._counted[1]
+        self._counted = [0, 0]
+
+    def _read_position(self) -> int:
+        try:
+            kept = json.loads(self._position_path.read_text())
+            if kept.get("central") == self._central:
+                return int(kept["position"])
+            log.info("partition %d: the view was of another central journal (%s): reading this one from its start",
+                     self.number, kept.get("central"))
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("partition %d: cannot read %s (%s): reading the central journal from its start",
+                        self.number, self._position_path, exc)
+        return 0
 
     def _journaled(self, lines: bytes, events: int) -> None:
         self.counters.written += events
+        if not self.holding():
+            self.counters.withheld += events
+            return
         if self.sinks and not self.fan_out.workers:
             self._start_sinks()
         if self.fan_out.workers:
@@ -135,8 +214,8 @@ class Partition:
             self.journal.release(run)
 
     def close(self) -> None:
-        """Let the sinks drain, then unlock the journal for the next holder. Lines not committed are
-        dropped: their messages were not acknowledged, so JetStream delivers them again."""
+        """Let the sinks drain, then unlock the journal. Lines not committed are dropped: their
+        messages were not acknowledged, so JetStream delivers them again."""
         self.fan_out.close(time.monotonic() + self.shutdown_timeout)
         self.fan_out = FanOut()
         self._queue = JournalQueue()
@@ -147,6 +226,6 @@ class Partition:
 
     def stats(self) -> dict:
         lag = time.time() - self.published if self.pending and self.published is not None else 0.0
-        out = {"partition": self.number, **self.counters.__dict__, "pending": self.pending, "lag_s": round(lag, 3),
-               "sinks": self.fan_out.stats()}
+        out = {"partition": self.number, **self.counters.__dict__, "position": self.position,
+               "pending": self.pending, "lag_s": round(lag, 3), "sinks": self.fan_out.stats()}
         return out

@@ -1,0 +1,134 @@
+"""The central journal: the fleet tier's record of every event, once, in a JetStream stream of its
+own, written only through a fence.
+
+The consuming relays share no disk. What makes a takeover exact is that a partition's history has
+one place, and that a write to it only lands on top of what its writer has read: stream
+``<stream>-journal`` (file storage, the fleet stream's replicas, kept for ever unless an operator
+limits it) has one subject per partition, ``<prefix>-journal.<k>``, and a commit of partition k is
+a message of its new journal lines published with ``Nats-Expected-Last-Subject-Sequence`` set to
+the last sequence of that subject its writer has applied. JetStream stores it only if no other
+message of the subject came in between; otherwise the writer gets ``Fenced`` (nothing written),
+reads what came in and decides again. So a relay paused for minutes after its lease ran out cannot
+add anything its successor did not see: at worst its write lands first and the successor's is
+refused and redone on top of it. Each relay's ``p<k>/`` folder is a view of the subject, rebuilt
+from it (``read``).
+
+A commit longer than a message may be (the servers' ``max_payload``) is cut into several at line
+boundaries, each fenced on the one before. Each carries a ``Nats-Msg-Id`` of its writer, partition
+and expected sequence: published again after a lost acknowledgement, a clustered stream answers
+"duplicate" with its sequence; a single server answers ``Fenced``, and the writer rereads.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import Any, AsyncIterator
+
+from relay.fleet.connection import describe
+
+log = logging.getLogger(__name__)
+
+EXPECTED = "Nats-Expected-Last-Subject-Sequence"
+HEADER_ROOM = 1024  # bytes of max_payload left for the headers
+WRONG_LAST = (10071, 10164)  # JSStreamWrongLastSequence(Constant)Err
+ATTEMPTS = 3  # publishes of one piece whose acknowledgement did not come, before the commit fails
+
+
+class Fenced(Exception):
+    """Another relay committed the partition since this one last read it: nothing was written."""
+
+
+def journal_stream(stream: str) -> str:
+    return f"{stream}-journal"
+
+
+def journal_subject(prefix: str, k: int) -> str:
+    return f"{prefix}-journal.{k}"
+
+
+class CentralJournal:
+    """The central journal of one fleet stream, for one consuming relay (``writer`` names it in
+    message ids)."""
+
+    def __init__(self, js: Any, stream: str, prefix: str, max_payload: int, writer: str) -> None:
+        self.js, self.name, self.prefix = js, journal_stream(stream), prefix
+        self.limit = max(1 << 10, max_payload - HEADER_ROOM)
+        self.writer = f"{writer}-{secrets.token_hex(4)}"
+        self.identity = self.name  # the stream and its creation time, once ensured: what a view is a view of
+
+    async def ensure(self, replicas: int) -> Any:
+        """The stream's info, creating it when missing (an existing one is used as it is)."""
+        from nats.js.api import StorageType, StreamConfig
+        from relay.fleet.stream import ensure_stream
+        config = StreamConfig(name=self.name, subjects=[f"{self.prefix}-journal.>"], storage=StorageType.FILE,
+                              num_replicas=replicas, max_age=0)
+        info, created = await ensure_stream(self.js, config)
+        self.identity = f"{self.name}@{info.created}"
+        if created:
+            log.info("created the central journal, stream %s (replicas %d)", self.name, replicas)
+        return info
+
+    async def last(self, k: int) -> int:
+        """The sequence of partition ``k``'s last commit (0: none yet)."""
+        from nats.js.errors import NotFoundError
+        try:
+            msg = await self.js.get_last_msg(self.name, journal_subject(self.prefix, k))
+        except NotFoundError:
+            return 0
+        return int(msg.seq)
+
+    async def read(self, k: int, after: int) -> AsyncIterator[tuple[int, bytes]]:
+        """Partition ``k``'s commits after sequence ``after``, in order, up to its last one now."""
+        from nats.js.errors import NotFoundError
+        subject = journal_subject(self.prefix, k)
+        end = await self.last(k)
+        seq = after
+        while seq < end:
+            try:
+                msg = await self.js.get_msg(self.name, seq + 1, subject=subject, next=True)
+            except NotFoundError:  # removed by the stream's own limits: nothing more to read
+                log.warning("central journal %s: partition %d has no commit after %d (the stream's limits removed "
+                            "it?); the view goes on from its end", self.name, k, seq)
+                return
+            seq = int(msg.seq)
+            yield seq, msg.data or b""
+
+    async def append(self, k: int, body: bytes, expected: int) -> int:
+        """Commit ``body`` (whole journal lines) to partition ``k`` on top of sequence ``expected``;
+        the sequence of its last message. Fenced if another commit came in between."""
+        for piece in pieces(body, self.limit):
+            expected = await self._publish(k, piece, expected)
+        return expected
+
+    async def _publish(self, k: int, piece: bytes, expected: int) -> int:
+        from nats.js.errors import APIError
+        headers = {EXPECTED: str(expected), "Nats-Msg-Id": f"{self.writer}:{k}:{expected}"}
+        for attempt in range(ATTEMPTS):
+            try:
+                ack = await self.js.publish(journal_subject(self.prefix, k), piece, stream=self.name, headers=headers)
+                return int(ack.seq)
+            except APIError as exc:
+                if exc.err_code in WRONG_LAST:
+                    raise Fenced(f"partition {k}: another relay committed since sequence {expected}") from None
+                raise
+            except asyncio.TimeoutError as exc:
+                log.debug("central journal: partition %d: no acknowledgement (%s), publishing again", k,
+                          describe(exc))
+                if attempt == ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def pieces(body: bytes, limit: int) -> list[bytes]:
+    """``body`` cut at line ends into pieces of at most ``limit`` bytes (a longer line alone)."""
+    if len(body) <= limit:
+        return [body]
+    out, start = [], 0
+    while start < len(body):
+        end = body.rfind(b"\n", start, start + limit) + 1
+        if end <= start:  # one line longer than the limit
+            end = body.index(b"\n", start) + 1
+        out.append(body[start:end])
+        start = end
+    return out

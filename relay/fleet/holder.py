@@ -1,0 +1,203 @@
+"""A partition while this consuming relay holds its lease: ``Holder.run`` opens the partition's view
+(relay/fleet/partition.py), applies what the central journal holds beyond it, binds the partition's
+durable pull consumer, and then fetches and commits until it is told to stop or the lease can no
+longer be trusted.
+
+A commit, for each batch fetched, in this order:
+
+1. **take**: the batch's lines the view does not hold (dedupe by (run, rank, seq));
+2. **fence**: the lease checked, then those lines appended to the central journal on top of the
+   view's position (relay/fleet/central.py): stored only if nobody committed the partition since.
+   Refused (another relay got in first), the view applies what came in and the batch is taken
+   again; the outcome unknown (NATS away), the batch is left for a later delivery;
+3. **write** and **flush**: the lines into the view, then its sinks;
+4. **settle**: the view's position moves to the commit;
+5. **ack**: the batch's messages acknowledged. Once the central journal has a batch this is
+   safe whatever the view did: a view that failed is rebuilt from the central journal first.
+
+A relay killed or paused between any two steps leaves the central journal with the batch once or
+not at all; what its view or acknowledgements lack, the next holder's view applies from the central
+journal and JetStream delivers again (and ``take`` drops).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from relay.fleet.central import CentralJournal, Fenced
+from relay.fleet.connection import describe
+from relay.fleet.partition import Partition
+from relay.journal.journal import JournalError
+
+log = logging.getLogger("relay.fleet")
+
+FORGET_AFTER = 3600.0  # seconds a run stays silent before its dedupe state is dropped (the view keeps it)
+APPLY_BYTES = 16 << 20  # central journal commits applied to the view in one write, at most
+REFUSALS = 3  # fences refused in a row before a batch is left for a later delivery
+
+
+class Holder:
+    """Partition ``k`` of ``consumer``'s stream (relay/fleet/consumer.py has the leases)."""
+
+    def __init__(self, k: int, consumer: Any, central: CentralJournal) -> None:
+        self.k, self.consumer, self.central = k, consumer, central
+        self.config = consumer.config
+        self.part: Partition | None = None
+
+    def valid(self) -> bool:
+        own = self.consumer.own
+        return own is not None and own.valid(self.k, time.monotonic())
+
+    async def run(self, quit_: asyncio.Event) -> None:
+        """Hold partition ``k`` until ``quit_``, or until the lease can no longer be trusted."""
+        cfg, loop = self.config, asyncio.get_running_loop()
+        part = Partition(self.k, cfg.path, cfg.sinks, fsync=cfg.fsync, sink_queue=cfg.sink_queue,
+                         shutdown_timeout=cfg.shutdown_timeout)
+        part.holding = self.valid
+        while True:
+            try:
+                await loop.run_in_executor(None, part.open, self.central.identity)
+                break
+            except JournalError as exc:  # another relay process on this folder
+                log.warning("partition %d: %s; trying again", self.k, exc)
+                if await wait(quit_, 1.0):
+                    return
+        self.part = part
+        try:
+            if await self.catch_up(part, quit_):
+                sub = await self.subscribe(quit_)
+                if sub is not None:
+                    await self.loop(part, sub, quit_)
+                    await quietly(sub.unsubscribe())
+        finally:
+            self.part = None
+            await loop.run_in_executor(None, part.close)
+            log.info("partition %d stopped (%s)", self.k, part.counters)
+
+    async def catch_up(self, part: Partition, quit_: asyncio.Event) -> bool:
+        """Apply the central journal's commits after the view's position (retrying while NATS or the
+        folder fails); False if stopped first."""
+        from nats.errors import Error as NatsError
+        loop = asyncio.get_running_loop()
+        while not quit_.is_set():
+            try:
+                last = await self.central.last(self.k)
+                if last < part.position:  # the subject was purged, or the view is of an older stream
+                    log.warning("partition %d: the central journal ends at %d, before this view's position %d: "
+                                "going on from its end", self.k, last, part.position)
+                    await loop.run_in_executor(None, part.settle, last)
+                commits: list[tuple[int, bytes]] = []
+                size = 0
+                async for seq, body in self.central.read(self.k, part.position):
+                    commits.append((seq, body))
+                    size += len(body)
+                    if size >= APPLY_BYTES:
+                        await loop.run_in_executor(None, part.apply, commits, time.monotonic())
+                        commits, size = [], 0
+                await loop.run_in_executor(None, part.apply, commits, time.monotonic())
+                return True
+            except (NatsError, asyncio.TimeoutError) as exc:
+                log.warning("partition %d: cannot read the central journal now (%s); trying again", self.k,
+                            describe(exc))
+            except (OSError, JournalError) as exc:
+                self.consumer.errors += 1
+                log.error("partition %d: the view cannot be written (%s); trying again", self.k, exc)
+            part.reset()
+            if await wait(quit_, 1.0):
+                break
+        return False
+
+    async def subscribe(self, quit_: asyncio.Event) -> Any:
+        from nats.errors import Error as NatsError
+        from relay.fleet.reconcile import bind_consumer
+        cfg = self.config
+        while not quit_.is_set():
+            try:
+                return await bind_consumer(self.consumer.js, cfg, self.k)
+            except (NatsError, asyncio.TimeoutError) as exc:
+                log.debug("partition %d: cannot bind its consumer yet: %s", self.k, describe(exc))
+                if await wait(quit_, 1.0):
+                    break
+        return None
+
+    async def loop(self, part: Partition, sub: Any, quit_: asyncio.Event) -> None:
+        from nats.errors import Error as NatsError
+        while not quit_.is_set() and self.valid():
+            try:
+                msgs = await sub.fetch(self.config.fetch, timeout=1.0)
+            except asyncio.TimeoutError:
+                continue
+            except NatsError as exc:
+                log.debug("partition %d: fetch: %s", self.k, describe(exc))
+                await wait(quit_, 0.5)
+                continue
+            if not await self.commit(part, msgs, quit_):
+                await asyncio.gather(*(quietly(msg.nak()) for msg in msgs))  # to the next holder now
+                if not self.valid() or quit_.is_set():
+                    return
+            part.forget_idle(time.monotonic() - FORGET_AFTER)
+
+    async def commit(self, part: Partition, msgs: list[Any], quit_: asyncio.Event) -> bool:
+        """Take, fence, write, flush, settle and acknowledge one batch (the module's docstring);
+        False when the batch was left unacknowledged."""
+        from nats.errors import Error as NatsError
+        loop = asyncio.get_running_loop()
+        for _ in range(REFUSALS):
+            await loop.run_in_executor(None, part.take_messages, msgs, time.monotonic())
+            body = part.uncommitted()
+            if body:
+                if not self.valid():  # the lease may be gone: the central journal would refuse us anyway
+                    part.reset()
+                    return False
+                try:
+                    position = await self.central.append(self.k, body, part.position)
+                except Fenced as exc:
+                    log.info("%s: applying what came in, then committing again", exc)
+                    part.reset()
+                    if not await self.catch_up(part, quit_):
+                        return False
+                    continue
+                except (NatsError, asyncio.TimeoutError) as exc:  # stored or not: the central journal says
+                    log.warning("partition %d: the central journal did not answer (%s): the batch comes again",
+                                self.k, describe(exc))
+                    part.reset()
+                    await self.catch_up(part, quit_)
+                    return False
+                try:
+                    await loop.run_in_executor(None, part.write)
+                    await loop.run_in_executor(None, part.settle, position)
+                except (OSError, JournalError) as exc:  # committed: the view is rebuilt from the central journal
+                    self.consumer.errors += 1
+                    log.error("partition %d: the view cannot be written (%s); rebuilding it", self.k, exc)
+                    part.reset()
+                    if not await self.catch_up(part, quit_):
+                        return False
+            await self.ack(msgs)
+            return True
+        part.reset()
+        return False
+
+    async def ack(self, msgs: list[Any]) -> None:
+        for msg in msgs:
+            await quietly(msg.ack())
+
+
+async def wait(event: asyncio.Event, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``event``; whether it is set."""
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except asyncio.TimeoutError:
+        pass
+    return event.is_set()
+
+
+async def quietly(coro: Any) -> None:
+    """An ack or unsubscribe that may fail while NATS is away: the message comes again, deduplicated."""
+    from nats.errors import Error as NatsError
+    try:
+        await coro
+    except (NatsError, asyncio.TimeoutError, OSError) as exc:
+        log.debug("NATS: %s", describe(exc))
+

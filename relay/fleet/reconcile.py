@@ -1,0 +1,95 @@
+"""A consuming relay's options against the stream, the durable consumers and the lease bucket as
+they exist, before it takes a partition: what every consuming relay of a stream must agree on is
+checked (one line, exit 2, saying which option differs and how to change it), what may differ is
+applied.
+
+- ``--lease-ttl`` is the lease bucket's max age: a lease expires that long after its last renewal,
+  and every relay's ownership rules (relay/fleet/ownership.py) count on it. A relay with another
+  ttl would take a partition its holder still trusts: ``Mismatch``.
+- ``--ack-wait`` and ``--max-ack-pending`` are the partition consumers' own settings, shared by
+  whichever relay holds a partition; JetStream lets them change, so a relay started with other
+  values updates every existing consumer (and says so): the last one started decides.
+- ``--nats-prefix`` must be the stream's: its subjects take ``<prefix>.>``, and each existing
+  consumer filters its partition, ``<prefix>.<k>.>``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from relay.fleet.stream import partition_filter
+
+log = logging.getLogger("relay.fleet")
+
+MAX_WAITING = 64  # pull requests a partition's consumer keeps waiting
+
+
+class Mismatch(Exception):
+    """An option that must agree across the consuming relays differs from what exists: one line."""
+
+
+def consumer_config(cfg: Any, k: int) -> Any:
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+    durable = f"{cfg.durable}-p{k}"
+    return ConsumerConfig(name=durable, durable_name=durable, ack_policy=AckPolicy.EXPLICIT,
+                          deliver_policy=DeliverPolicy.ALL, max_ack_pending=cfg.max_ack_pending,
+                          ack_wait=cfg.ack_wait, max_waiting=MAX_WAITING,
+                          filter_subject=partition_filter(cfg.prefix, k))
+
+
+def check_stream(info: Any, cfg: Any) -> None:
+    """The stream must take ``<prefix>.>``."""
+    subjects = info.config.subjects or []
+    if f"{cfg.prefix}.>" not in subjects:
+        raise Mismatch(f"stream {cfg.stream} takes {', '.join(subjects) or 'no subjects'}, not {cfg.prefix}.>: give "
+                       f"the --nats-prefix its node relays publish with, or another --nats-stream")
+
+
+async def lease_bucket(js: Any, cfg: Any, replicas: int) -> Any:
+    """The leases' KV bucket, created with ``--lease-ttl`` when missing; Mismatch if it exists with
+    another ttl."""
+    from nats.js.api import StorageType
+    from nats.js.errors import BadRequestError, BucketNotFoundError
+    try:
+        kv = await js.key_value(cfg.bucket)
+    except BucketNotFoundError:
+        try:
+            return await js.create_key_value(bucket=cfg.bucket, ttl=cfg.ttl, history=1, replicas=replicas,
+                                             storage=StorageType.FILE)
+        except BadRequestError:  # another relay created it meanwhile: checked below like any
+            kv = await js.key_value(cfg.bucket)
+    ttl = (await kv.status()).ttl or 0.0
+    if abs(ttl - cfg.ttl) > 1e-3:
+        raise Mismatch(f"--lease-ttl {cfg.ttl:g} differs from the lease bucket {cfg.bucket}'s {ttl:g} s, which every "
+                       f"consuming relay of stream {cfg.stream} uses: give --lease-ttl {ttl:g}, or to change it stop "
+                       f"them all and delete the bucket (nats kv del {cfg.bucket})")
+    return kv
+
+
+async def update_consumers(js: Any, cfg: Any, partitions: int) -> None:
+    """Each partition's existing durable consumer: Mismatch if it filters another prefix's subjects;
+    updated when its ack wait or max ack pending differ from this relay's options."""
+    from nats.js.errors import NotFoundError
+    for k in range(partitions):
+        want = consumer_config(cfg, k)
+        try:
+            have = (await js.consumer_info(cfg.stream, want.durable_name)).config
+        except NotFoundError:
+            continue  # made with these options when a relay first takes the partition
+        if have.filter_subject != want.filter_subject:
+            raise Mismatch(f"consumer {want.durable_name} of stream {cfg.stream} takes {have.filter_subject}, not "
+                           f"{want.filter_subject}: give the stream's --nats-prefix")
+        changed = [f"{name} {old:g} -> {new:g}" for name, old, new in
+                   (("ack_wait", have.ack_wait or 0.0, cfg.ack_wait),
+                    ("max_ack_pending", have.max_ack_pending or 0, cfg.max_ack_pending)) if abs(old - new) > 1e-3]
+        if changed:
+            await js.add_consumer(cfg.stream, config=want)  # an existing durable: JetStream updates it
+            log.info("consumer %s: %s (this relay's --ack-wait / --max-ack-pending)", want.durable_name,
+                     ", ".join(changed))
+
+
+async def bind_consumer(js: Any, cfg: Any, k: int) -> Any:
+    """Partition ``k``'s durable pull consumer, created with this relay's options when missing."""
+    want = consumer_config(cfg, k)
+    return await js.pull_subscribe(want.filter_subject, durable=want.durable_name, stream=cfg.stream, config=want,
+                                   pending_msgs_limit=cfg.fetch * 4)

@@ -1,0 +1,208 @@
+"""Exactly once without shared storage (issue 27, section 2): two consuming relays, each on a folder
+of its own, one of them killed or stopped (SIGSTOP, then SIGCONT once the other took over and
+committed on top) at every step of a commit in turn, while runs keep arriving; a real 3-node
+JetStream cluster, started once for the module.
+
+The faults come from inside the relay at the chosen step (tests/fence_consumer_proc.py: the real
+``relay consume``, which sends itself the signal there): before the central journal's fence, between
+it and the view's write, between write and flush, before the view's position moves, before and after
+the acknowledgements. Each is a takeover: the other relay's lease claim, its view brought up to date
+from the central journal, and its commits on top. At the end every event is in the central journal
+exactly once, no folder holds an event twice, the ledger sink (tests/fence_sink.py, shared like a
+tracker server) holds each once, and a third relay started on an empty folder rebuilds every run
+whole from the central journal.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nats")
+
+from conftest import ROOT, wait_for  # noqa: E402
+from fence_sink import rows  # noqa: E402
+from fleet_helpers import (ConsumerProcess, central_journal, central_lines, create_stream, stop_all,  # noqa: E402
+                           wait_acknowledged, wait_held)
+from nats_helpers import NatsCluster  # noqa: E402
+from relay.wire.lines import encode_line  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+STREAM, PREFIX, PARTITIONS = "S_fence", "fence.events", 4
+STEPS = ("fence", "write", "flush", "settle", "ack", "acked")
+FAULTS = [(step, sig) for sig in ("STOP", "KILL") for step in STEPS] * 2  # 24 takeovers
+RUNS, RANKS, CHUNK, EVERY = 8, 2, 5, 0.2  # 400 events/s
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    with NatsCluster(tmp_path_factory.mktemp("nats")) as nats:
+        yield nats
+
+
+class FaultyRelay(ConsumerProcess):
+    """A consuming relay that kills or stops itself at a commit's step when told (``arm``)."""
+
+    def __init__(self, tmp: Path, name: str, urls: str, ledger: Path) -> None:
+        super().__init__(tmp, name, urls, tmp / name,
+                         ["--nats-stream", STREAM, "--nats-prefix", PREFIX, "--lease-ttl", "2", "--ack-wait", "1",
+                          "--fetch", "8", "--sink", "tests.fence_sink:LedgerSink", "--ledger-db", str(ledger)])
+        self.control = tmp / f"{name}.fault"
+
+    def command(self) -> list[str]:
+        return [sys.executable, str(ROOT / "tests" / "fence_consumer_proc.py"), str(self.control), "consume"]
+
+    def start(self) -> "FaultyRelay":
+        self.control.unlink(missing_ok=True)
+        super().start()
+        return self
+
+    def arm(self, step: str, sig: str) -> None:
+        Path(f"{self.control}.hit").unlink(missing_ok=True)
+        self.control.write_text(json.dumps({"step": step, "signal": sig}))
+
+    def hit(self) -> dict | None:
+        try:
+            return json.loads(Path(f"{self.control}.hit").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def stopped(self) -> bool:
+        """SIGSTOPped: the kernel says state T."""
+        assert self.proc is not None
+        try:
+            return Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt"
+        except FileNotFoundError:
+            return False
+
+    def claims(self) -> list[int]:
+        """How often this relay took each partition, from its log."""
+        text = self.log.read_text() if self.log.exists() else ""
+        return [text.count(f"took partition {k}\n") for k in range(PARTITIONS)]
+
+    def position(self, k: int) -> int:
+        return self.stats().get("partitions", {}).get(str(k), {}).get("position", -1)
+
+
+class Runs:
+    """Runs published as a node relay's sink would (chunks of one run's lines, each held until
+    JetStream took it), from a thread of their own until ``stop``; ``sent`` is every event."""
+
+    def __init__(self, urls: str) -> None:
+        self.urls, self.sent = urls, {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._publish()), daemon=True)
+
+    async def _publish(self) -> None:
+        import nats
+        nc = await nats.connect(self.urls.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+        js = nc.jetstream()
+        seq = 0
+        try:
+            while not self.done.is_set():
+                for r in range(RUNS):
+                    run = f"run-{r}"
+                    for rank in range(RANKS):
+                        lines = [encode_line({"v": 1, "run": run, "rank": rank, "local_rank": rank,
+                                              "world_size": RANKS, "host": "h", "seq": s, "ts": 1.0 + s,
+                                              "type": "metrics", "step": s, "epoch": None, "stage": "rank",
+                                              "data": {"step_time": 0.5 + s % 7}}) for s in range(seq, seq + CHUNK)]
+                        while True:
+                            try:
+                                await js.publish(f"{PREFIX}.node.{run}", b"".join(lines), timeout=5,
+                                                 headers={"Nats-Msg-Id": f"{run}:{rank}:{seq}"})
+                                break
+                            except Exception:  # a leader election: the same id again
+                                await asyncio.sleep(0.2)
+                        for line in lines:
+                            event = json.loads(line)
+                            self.sent[(run, rank, event["seq"])] = line.rstrip(b"\n")
+                seq += CHUNK
+                await asyncio.sleep(EVERY)
+        finally:
+            await nc.close()
+
+    def __enter__(self) -> "Runs":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join(60)
+
+
+def test_killed_or_stopped_at_every_step_of_a_commit_each_event_is_once(cluster, tmp_path):
+    create_stream(cluster.urls, STREAM, PREFIX, PARTITIONS, replicas=3)
+    began = time.monotonic()
+    ledger = tmp_path / "ledger.db"
+    relays = [FaultyRelay(tmp_path, name, cluster.urls, ledger).start() for name in ("x", "y")]
+    takeovers, rounds = 0, []
+    try:
+        with Runs(cluster.urls) as runs:
+            wait_held(relays, PARTITIONS, 120)
+            for i, (step, sig) in enumerate(FAULTS):
+                # the victim holds every partition but a just restarted one's, which the victim's faults hand it
+                victim, other = relays[i % 2], relays[1 - i % 2]
+                wait_for(lambda: victim.held() and other.stats().get("pid") == other.proc.pid, 120,
+                         f"{victim.name} holds partitions, {other.name} is up")
+                start = time.monotonic()
+                claims = other.claims()
+                victim.arm(step, sig)
+                wait_for(lambda: victim.hit() is not None, 120, f"{victim.name} reaches step {step}")
+                k = victim.hit()["partition"]
+                wait_for(victim.stopped if sig == "STOP" else (lambda: not victim.alive()), 30,
+                         f"{victim.name} {sig}")
+                wait_for(lambda: other.claims()[k] > claims[k] and k in other.held(), 120,
+                         f"{other.name} takes partition {k} over")
+                taken_at = other.position(k)
+                wait_for(lambda: other.position(k) > taken_at, 120, f"{other.name} commits partition {k}")
+                takeovers += 1
+                rounds.append(time.monotonic() - start)
+                print(f"takeover {takeovers}: {victim.name} {sig} at {step} of partition {k}, "
+                      f"{rounds[-1]:.1f} s", file=sys.stderr)
+                if sig == "STOP":
+                    victim.proc.send_signal(signal.SIGCONT)
+                else:
+                    victim.start()
+        published = dict(runs.sent)
+        wait_for(lambda: set(published) <= set(central_journal(cluster.urls, STREAM)), 180,
+                 "every event in the central journal")
+        wait_acknowledged(cluster.urls, STREAM, 120)
+        wait_for(lambda: len(rows(str(ledger))) >= len(published), 300, "the ledger sink caught up")
+        assert stop_all(relays) == [0, 0]
+        central = central_journal(cluster.urls, STREAM)
+        twice = {key: len(lines) for key, lines in central.items() if len(lines) > 1}
+        assert not twice, f"{len(twice)} events twice in the central journal, e.g. {list(twice.items())[:3]}"
+        assert set(central) == set(published), (len(set(published) - set(central)), len(set(central) - set(published)))
+        assert all(central[key][0] == line for key, line in published.items())
+        for relay in relays:  # each folder a view: a part of the history, nothing in it twice
+            view = central_lines(relay.path)
+            assert not {key for key, lines in view.items() if len(lines) > 1}, f"{relay.name}'s folder repeats"
+            assert set(view) <= set(central)
+        refused = sum(relay.log.read_text().count("another relay committed since") for relay in relays)
+        fresh = FaultyRelay(tmp_path, "z", cluster.urls, ledger).start()  # an empty folder: the whole history
+        wait_held([fresh], PARTITIONS, 60)
+        wait_for(lambda: set(central_lines(fresh.path)) == set(published), 120, "the fresh relay's view whole")
+        assert stop_all([fresh]) == [0]
+        view = central_lines(fresh.path)
+        assert all(len(lines) == 1 for lines in view.values())
+        held = rows(str(ledger))
+        assert {key for key, n in held.items() if n > 1} == set(), "a step twice in the ledger sink"
+        assert set(held) == set(published), (len(set(published) - set(held)), len(set(held) - set(published)))
+        print(f"fence test: {takeovers} takeovers (each {min(rounds):.1f}-{max(rounds):.1f} s, median "
+              f"{sorted(rounds)[len(rounds) // 2]:.1f}), {len(published)} events, 0 duplicated, 0 lost, {refused} "
+              f"commits refused by the fence, {time.monotonic() - began:.0f} s")
+        assert takeovers >= 20
+    finally:
+        for relay in relays:
+            if relay.alive():
+                if relay.stopped():
+                    relay.proc.send_signal(signal.SIGCONT)
+                relay.kill()
