@@ -118,6 +118,7 @@ def check_hand_over(urls: str, central: Path, first: ConsumerProcess, second: Co
     assert dropped >= len(expected), "the re-sent lines were not dropped by the relay's own dedupe"
 
 
+@pytest.mark.slow  # over 10 s: a server and three relays one after another
 def test_options_that_must_agree_are_one_line_and_those_that_may_change_are_applied(tmp_path):
     """Another relay's --lease-ttl (the lease bucket's) or --nats-prefix (the stream's) stops a
     consuming relay with one line and exit 2, before it takes anything; another --ack-wait and

@@ -43,13 +43,16 @@ def _fleet_options(command: Any) -> Any:
 @click.option("--lease-ttl", type=click.FloatRange(1.0), default=10.0, show_default=True, metavar="SECONDS",
               help="A dead relay's partitions are taken over this long after its last lease renewal "
                    "(renewed every 2 s, or a third of it if less); a relay cut off from NATS stops "
-                   "consuming a quarter of it before that.")
+                   "consuming a quarter of it before that. The lease bucket's: every consuming relay of a "
+                   "stream gives the same (another is refused, exit 2).")
 @click.option("--fetch", type=click.IntRange(1, 1024), default=64, show_default=True,
               help="Messages fetched (and journaled in one write) at once per partition.")
 @click.option("--max-ack-pending", type=click.IntRange(1), default=512, show_default=True,
-              help="Messages a partition's consumer may have delivered and not acknowledged.")
+              help="Messages a partition's consumer may have delivered and not acknowledged (applied to the "
+                   "existing consumers).")
 @click.option("--ack-wait", type=click.FloatRange(1.0), default=10.0, show_default=True, metavar="SECONDS",
-              help="A message not acknowledged this long (its relay died) is delivered again.")
+              help="A message not acknowledged this long (its relay died) is delivered again (applied to the "
+                   "existing consumers).")
 @click.option("--sink-queue", type=click.IntRange(1), default=200_000, show_default=True,
               help="Events each non-journal sink may fall behind before its batches are dropped (counted).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
@@ -59,8 +62,9 @@ def _fleet_options(command: Any) -> Any:
 def consume(ctx: click.Context, sink_names: tuple[str, ...], name: str, lease_ttl: float, fetch: int,
             max_ack_pending: int, ack_wait: float, sink_queue: int, log_level: str, world_readable: bool,
             **params: Any) -> None:
-    """Consume the fleet's stream: journal each event once (under --path, one folder per partition) and
-    fan out to the sinks. Several consuming relays share the partitions; see docs/deployment.md."""
+    """Consume the fleet's stream: commit each event once to the central journal, keep a view of each
+    partition held under --path (a folder of this machine's own) and fan out to the sinks. Several
+    consuming relays share the partitions; see docs/deployment.md."""
     import asyncio  # here: the other relay commands start without it
 
     from relay.fleet.connection import check_package, probe, settings_from_options
@@ -80,7 +84,7 @@ def consume(ctx: click.Context, sink_names: tuple[str, ...], name: str, lease_tt
         settings = settings_from_options(**nats_params)
         check_prefix(prefix)
         journal, sinks = build_sinks(ctx, params, log_level)
-        need_writable_dir(journal.path, "the partition journals' folder", "choose a writable --path", create=True)
+        need_writable_dir(journal.path, "the partition views' folder", "choose a writable --path", create=True)
         check_sinks(sinks, journal.path)
         down = asyncio.run(probe(settings))
     except SinkError as exc:
