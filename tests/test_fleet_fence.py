@@ -172,6 +172,7 @@ def test_killed_or_stopped_at_every_step_of_a_commit_each_event_is_once(cluster,
                 else:
                     victim.start()
         published = dict(runs.sent)
+        wait_for(lambda: all(r.stats().get("pid") == r.proc.pid for r in relays), 120, "the last victim is up again")
         wait_for(lambda: set(published) <= set(central_journal(cluster.urls, STREAM)), 180,
                  "every event in the central journal")
         wait_acknowledged(cluster.urls, STREAM, 120)
