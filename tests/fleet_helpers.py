@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from conftest import ROOT, wait_for
+from nats_helpers import JS_TIMEOUT
 
 
 class ConsumerProcess:
@@ -171,7 +172,7 @@ async def _consumers_state(urls: str, stream: str) -> list[tuple[str, int, int]]
     import nats
     nc = await nats.connect(urls.split(","), connect_timeout=5)
     try:
-        js = nc.jetstream()
+        js = nc.jetstream(timeout=JS_TIMEOUT)
         return [(c.name, c.num_pending, c.num_ack_pending) for c in await js.consumers_info(stream)]
     finally:
         await nc.close()
@@ -208,7 +209,7 @@ async def publish_raw(urls: str, prefix: str, node: str, runs: dict[str, list[by
     deterministic Nats-Msg-Id, each held until JetStream acknowledged it (retried until then)."""
     import nats
     nc = await nats.connect(urls.split(","), connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
-    js = nc.jetstream()
+    js = nc.jetstream(timeout=JS_TIMEOUT)
     try:
         for run, lines in runs.items():
             for start in range(0, len(lines), chunk):
@@ -238,7 +239,8 @@ def create_stream(urls: str, name: str = "RELAY", prefix: str = "relay.events", 
         import nats
         nc = await nats.connect(urls.split(","))
         try:
-            await nc.jetstream().add_stream(stream_config(name, prefix, partitions, replicas, 600, 0))
+            js = nc.jetstream(timeout=JS_TIMEOUT)
+            await js.add_stream(stream_config(name, prefix, partitions, replicas, 600, 0))
         finally:
             await nc.close()
     asyncio.run(create())

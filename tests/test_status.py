@@ -108,6 +108,9 @@ def test_live_line_on_a_terminal_is_redrawn_in_place_and_logs_pass_above_it(tmp_
         for pub in pubs:
             finish(pub)
         wait_for(lambda: any("| 3004 events" in d for d in relay.draws()), 30, "every event counted")
+        # the flaky sink's process logs its failure while the line is up (its start alone can take
+        # seconds on a busy machine: waited for, not assumed)
+        wait_for(lambda: "sink flaky failed" in relay.text(), 60, "the flaky sink's failure logged")
     finally:
         code = relay.stop()
     assert code == 0, relay.text()[-3000:]
