@@ -110,7 +110,7 @@ class RelayProcess:
         self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=self._logfh, stderr=subprocess.STDOUT,
                                      env=self.env)
         if wait:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120  # a wait: 2 s is usual, a machine at load 40 took ten times that
             while not self.ready.exists():
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"relay exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
@@ -142,6 +142,22 @@ class RelayProcess:
         path = Journal(journal).sidecar("_stats.json")
         wait_for(path.exists, 30, f"{path.name} written")
         return json.loads(path.read_text())
+
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of the relay's log without its periodic stats lines: what to show when a wait fails."""
+        lines = [line for line in self.log.read_text(errors="replace").splitlines(keepends=True)
+                 if "relay.daemon.counters: stats:" not in line]
+        return "".join(lines)[-chars:]
+
+    def sink_stats(self, journal: Path, name: str) -> dict:
+        """Sink ``name``'s counters in the stats file as this relay (not an earlier one on the same
+        journal) wrote it last; {} while there is none of its own."""
+        from relay.journal.journal import Journal
+        try:
+            snap = json.loads(Journal(journal).sidecar("_stats.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return snap["sinks"].get(name, {}) if snap["pid"] == self.proc.pid else {}
 
 
 @pytest.fixture

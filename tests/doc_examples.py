@@ -111,7 +111,7 @@ class Relay:
         self.proc = subprocess.Popen([sys.executable, "-m", "relay", "--bind", "tcp://127.0.0.1:*", "--ready-file",
                                       str(ready), "--live", "off", *args], cwd=sandbox, stdout=self.log,
                                      stderr=subprocess.STDOUT, env=_env(sandbox))
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # a wait: a relay with tracker sinks on a loaded machine
         while not ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
@@ -124,7 +124,7 @@ class Relay:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            code = self.proc.wait(120)
+            code = self.proc.wait(300)
         finally:
             self.log.close()
         if code != 0:
@@ -152,7 +152,7 @@ def publish(sandbox: Path, opts: dict[str, str]) -> dict[str, str]:
     return {}
 
 
-def _settled(sandbox: Path, timeout: float = 60) -> None:
+def _settled(sandbox: Path, timeout: float = 300) -> None:
     """Wait until no process started there is left: a tracker's own helper (wandb-core) may
     outlive the sink process that started it and still be writing what the example reads."""
     import psutil

@@ -7,6 +7,7 @@ import gc
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from conftest import once_per_run
 from relay.wire.schema import SCHEMA_VERSION
 
 
@@ -72,6 +74,27 @@ def training_events(run: str, output_dir: str | None = None, steps: int = 6, exp
 
 
 @pytest.fixture
+def aim_repo(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tmp_path / "aim"``, holding an Aim repository as Aim's own set-up leaves it (``aim init``),
+    copied from one set up once per test run: the set-up runs Aim's database migrations in a Python
+    process of their own (over a CPU-second), which a test of what the sink writes into a repository
+    need not pay again. Tests of the sink's own set-up of a new repository give it an empty folder."""
+    with once_per_run(tmp_path_factory, "aim-template") as template:
+        if not (template / "done").exists():
+            from aim.sdk.repo import Repo
+
+            shutil.rmtree(template, ignore_errors=True)
+            template.mkdir()
+            repo = Repo.from_path(str(template / "repo"), init=True)
+            repo.structured_db.engine.dispose()
+            del repo
+            gc.collect()
+            (template / "done").touch()
+        shutil.copytree(template / "repo", tmp_path / "aim")
+    return tmp_path / "aim"
+
+
+@pytest.fixture
 def small_fs(tmp_path: Path):
     """A real 24 MiB filesystem for a tracker's files, to fill up mid-run (needs mount rights)."""
     mnt = tmp_path / "fs"
@@ -97,15 +120,20 @@ def fill(path: Path) -> None:
 
 
 def publish_rank(address: str, run: str, rank: int, steps: int, experiment: str | None,
-                 output_dir: str | None, pause: float) -> dict[str, Any]:
+                 output_dir: str | None, pause: float, gate: str | None = None) -> dict[str, Any]:
     """Stand-in for one training rank: publish its share of training_events() through a real
-    Publisher, ``pause`` seconds apart per step, then flush."""
+    Publisher, ``pause`` seconds apart per step, then flush. With ``gate`` (a path), the second
+    half of the steps waits until that file exists: a test opens it when its fault is ready, so
+    the fault comes mid-run however slow the machine is."""
     from relay.client.publisher import Publisher
 
     pub = Publisher(run, rank, world_size=2, address=address)
     for event in training_events(run, output_dir, steps, experiment):
         if event["rank"] != rank or event["type"] in ("hello", "stats"):  # the Publisher sends those
             continue
+        if gate and (event["step"] or 0) > steps // 2:
+            wait_file(Path(gate))
+            gate = None
         pub.publish(event["type"], event["data"], step=event["step"], epoch=event["epoch"], stage=event["stage"])
         if event["stage"] == "rank" and pause:
             time.sleep(pause)
@@ -113,11 +141,29 @@ def publish_rank(address: str, run: str, rank: int, steps: int, experiment: str 
     return {**pub.stats, "left": left}
 
 
+def wait_file(path: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} not there within {timeout} s")
+        time.sleep(0.02)
+
+
+def start_rank(address: str, run: str, rank: int, steps: int, *, experiment: str | None = None,
+               output_dir: Path | None = None, pause: float = 0.0, gate: Path | None = None,
+               env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``publish_rank`` in a process of its own (a real rank: its own Publisher and sockets)."""
+    cmd = [sys.executable, __file__, address, run, str(rank), str(steps), experiment or "-",
+           str(output_dir) if output_dir else "-", str(pause), str(gate) if gate else "-"]
+    return subprocess.Popen(cmd, cwd=Path(__file__).resolve().parent.parent, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
 if __name__ == "__main__":
-    # python tests/sink_helpers.py ADDRESS RUN RANK STEPS EXPERIMENT|- OUTPUT_DIR|- PAUSE
-    addr, run_id, rank_s, steps_s, exp, out_dir, pause_s = sys.argv[1:8]
+    # python tests/sink_helpers.py ADDRESS RUN RANK STEPS EXPERIMENT|- OUTPUT_DIR|- PAUSE [GATE|-]
+    addr, run_id, rank_s, steps_s, exp, out_dir, pause_s, gate_path = (sys.argv[1:9] + ["-"])[:8]
     result = publish_rank(addr, run_id, int(rank_s), int(steps_s), None if exp == "-" else exp,
-                          None if out_dir == "-" else out_dir, float(pause_s))
+                          None if out_dir == "-" else out_dir, float(pause_s), None if gate_path == "-" else gate_path)
     print(__import__("json").dumps(result))
 
 

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("aim")
 
-from sink_helpers import finish_ranks as finish  # noqa: E402
+from sink_helpers import finish_ranks as finish, start_rank  # noqa: E402
 from sink_readback import check_aim as check_training_run, read_repo, same_float  # noqa: E402
 from sink_helpers import (drive, fill, small_fs,  # noqa: E402,F401
                          training_events)
@@ -25,14 +25,6 @@ from sinks.aim import AimSink  # noqa: E402
 from conftest import free_port, wait_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HELPERS = Path(__file__).resolve().parent / "sink_helpers.py"
-
-
-def publish(address: str, run: str, rank: int, steps: int, experiment: str | None = None,
-            output_dir: Path | None = None, pause: float = 0.0) -> subprocess.Popen:
-    cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), experiment or "-",
-           str(output_dir) if output_dir else "-", str(pause)]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 
@@ -58,7 +50,7 @@ def assert_same_content(a, b) -> None:
 def test_two_ranks_through_the_relay_then_replay(relays, tmp_path: Path) -> None:
     repo, journal, job = tmp_path / "aim", tmp_path / "relay-logs", tmp_path / "job"
     relay = relays(["--sink", "aim", "--repo", str(repo)])  # exactly as users type it: default journal
-    finish([publish(relay.address, "job-live", rank, 8, "sft-demo", job) for rank in (0, 1)])
+    finish([start_rank(relay.address, "job-live", rank, 8, experiment="sft-demo", output_dir=job) for rank in (0, 1)])
     assert relay.stop() == 0
     runs = read_repo(str(repo))
     assert list(runs) == ["job-live"]
@@ -135,7 +127,7 @@ def test_cli_refuses_an_unusable_aim_sink(tmp_path: Path) -> None:
 def test_two_training_runs_at_once_through_one_relay(relays, tmp_path: Path) -> None:
     repo = tmp_path / "aim"
     relay = relays(["--sink", "jsonl", "--path", f"{tmp_path / 'logs'}/", "--sink", "aim", "--repo", str(repo)])
-    procs = [publish(relay.address, run, rank, steps, f"exp-{run}")
+    procs = [start_rank(relay.address, run, rank, steps, experiment=f"exp-{run}")
              for run, steps in (("job-a", 6), ("job-b", 9)) for rank in (0, 1)]
     finish(procs)
     assert relay.stop() == 0
@@ -155,16 +147,19 @@ def test_repo_unwritable_mid_run(relays, small_fs: Path, tmp_path: Path) -> None
     # A short queue for the Aim sink, so the outage also makes the relay drop batches for it:
     # the sink must then take them from the journal.
     relay = relays(["--sink", "jsonl", "--path", f"{journal}/", "--sink", "aim", "--repo", str(repo),
-                    "--sink-queue", "40"])
-    procs = [publish(relay.address, "job-full", rank, 300, pause=0.05) for rank in (0, 1)]
-    # The sink opens beside a relay that already listens: the disk fills once it writes, mid-run.
-    wait_for(lambda: "sink aim open" in relay.log.read_text(), 120, "the Aim sink open")
-    time.sleep(1.0)
-    assert any(proc.poll() is None for proc in procs), "the publishers finished before the outage"
+                    "--sink-queue", "40", "--stats-interval", "0.3"])
+    gate = tmp_path / "gate"  # the ranks' second halves wait for it: the outage comes mid-run, whatever the load
+    procs = [start_rank(relay.address, "job-full", rank, 300, pause=0.05, gate=gate) for rank in (0, 1)]
+    # The sink opens beside a relay that already listens: the disk fills once it has written, mid-run.
+    aim = lambda: relay.stats(journal)["sinks"]["aim"]  # noqa: E731
+    wait_for(lambda: aim()["written"] > 0, 300, "the Aim sink writing", relay.log_tail)
     fill(small_fs / "filler")
     before = journal_lines(journal / "job-full.jsonl")
-    time.sleep(2.0)
-    assert journal_lines(journal / "job-full.jsonl") > before  # the journal did not wait for Aim
+    gate.touch()
+    assert any(proc.poll() is None for proc in procs), "the publishers finished before the outage"
+    wait_for(lambda: journal_lines(journal / "job-full.jsonl") > before, 60, "the journal going on without Aim")
+    wait_for(lambda: "sink aim failed" in relay.log.read_text(), 120, "the Aim sink failing on the full disk")
+    wait_for(lambda: aim()["dropped"] > 0, 120, "the relay dropping batches for the failing Aim sink")
     (small_fs / "filler").unlink()
     finish(procs)
     assert relay.stop() == 0
@@ -237,7 +232,7 @@ def test_remote_aim_server_down_at_start_then_up(relays, aim_server, tmp_path: P
     """`--repo aim://HOST:PORT` while the server is still down: the relay starts anyway, training
     goes on, the Aim sink retries, and once the server is up the Aim run is complete."""
     relay = relays(["--sink", "jsonl", "--path", f"{tmp_path / 'logs'}/", "--sink", "aim", "--repo", aim_server.url])
-    procs = [publish(relay.address, "job-remote", rank, 40, "remote-exp", pause=0.05) for rank in (0, 1)]
+    procs = [start_rank(relay.address, "job-remote", rank, 40, experiment="remote-exp", pause=0.05) for rank in (0, 1)]
     # The sink opens beside a listening relay: the server comes up once the sink has met it down.
     wait_for(lambda: "not reachable yet" in relay.log.read_text(), 120, "the Aim sink finding the server down")
     aim_server.start()

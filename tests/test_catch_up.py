@@ -2,51 +2,28 @@
 real relay processes, real sink processes, the trackers read back through their own API."""
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from sink_helpers import finish_ranks as finish  # noqa: E402
+from conftest import wait_for
+from sink_helpers import finish_ranks as finish, start_rank  # noqa: E402
 from sink_readback import check_aim as check_aim_run, read_repo
-from conftest import ROOT
 from test_sink_tensorboard import check_training_run as check_tb_run
 from test_sink_tensorboard import read_logdir
 
-from relay.journal.journal import Journal
 
-HELPERS = Path(__file__).resolve().parent / "sink_helpers.py"
 STEPS = 30
 
 
-def publish(address: str, run: str, rank: int, steps: int, pause: float = 0.0) -> subprocess.Popen:
-    """One training rank: a real Publisher in its own process (tests/sink_helpers.py publish_rank)."""
-    cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-", "-", str(pause)]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-
-
-def sink_stats(journal: Path, name: str, relay: Any) -> dict[str, Any]:
-    """The sink's counters in the stats file ``relay`` (not an earlier one) wrote last."""
-    try:
-        snap = json.loads(Journal(journal).sidecar("_stats.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-    return snap["sinks"][name] if snap["pid"] == relay.proc.pid else {}
 
 
 def wait_stats(journal: Path, name: str, ok: Any, timeout: float, relay: Any) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while not ok(stats := sink_stats(journal, name, relay)):
-        assert time.monotonic() < deadline, f"{stats}\n{relay.log.read_text()[-3000:]}"
-        time.sleep(0.2)
-    return stats
+    wait_for(lambda: ok(relay.sink_stats(journal, name)), timeout, f"sink {name}'s stats",
+             lambda: f"{relay.sink_stats(journal, name)}\n{relay.log_tail()}")
+    return relay.sink_stats(journal, name)
 
 
 def sink_children(relay: Any) -> list[psutil.Process]:
@@ -66,12 +43,12 @@ def test_a_finished_run_the_sink_missed_is_caught_up_after_a_restart(relays, tmp
     wait_stats(journal, name, lambda s: s.get("open"), 120, relay)
     (child,) = sink_children(relay)
     child.suspend()
-    finish([publish(relay.address, "job-missed", rank, STEPS) for rank in (0, 1)])
+    finish([start_rank(relay.address, "job-missed", rank, STEPS) for rank in (0, 1)])
     relay.kill()
     child.kill()
     child.wait(10)
     restarted = relays(args, address=relay.address)  # nothing is published to it
-    stats = wait_stats(journal, name, lambda s: s.get("catch_up_passes", 0) >= 1, 120, restarted)
+    stats = wait_stats(journal, name, lambda s: s.get("catch_up_passes", 0) >= 1, 300, restarted)
     assert stats["caught_up"] >= 2 * STEPS, stats
     assert restarted.stop() == 0
     if name == "tensorboard":
@@ -80,6 +57,6 @@ def test_a_finished_run_the_sink_missed_is_caught_up_after_a_restart(relays, tmp
         check_aim_run(read_repo(str(out))["job-missed"], steps=STEPS)
     # A third start reads nothing again: the state file says how far each run file was delivered.
     again = relays(args, address=relay.address)
-    wait_stats(journal, name, lambda s: s.get("open") and s.get("catch_up_passes", 0) >= 1, 120, again)
-    assert sink_stats(journal, name, again)["caught_up"] == 0
+    wait_stats(journal, name, lambda s: s.get("open") and s.get("catch_up_passes", 0) >= 1, 300, again)
+    assert again.sink_stats(journal, name)["caught_up"] == 0
     assert again.stop() == 0

@@ -37,7 +37,7 @@ def test_ready_before_any_sink_opens_and_every_sink_gets_the_events(relays, tmp_
                    and sinks[name]["written"] + sinks[name]["caught_up"] >= 200 for name in FIVE)
 
     sinks: dict = {}
-    wait_for(caught_up, 180, "the five sinks open and caught up", lambda: json.dumps(sinks)[-3000:])
+    wait_for(caught_up, 300, "the five sinks open and caught up", lambda: json.dumps(sinks)[-3000:])
     assert relay.stop(timeout=120) == 0  # five sinks drain and close, on a busy machine
     log = relay.log.read_text()
     listening = log.index("relay listening on")

@@ -9,7 +9,6 @@ import csv
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import ROOT, line_count, read_jsonl, wait_for
+from conftest import line_count, read_jsonl, wait_for
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
 from relay.journal.reader import JournalReader
@@ -26,12 +25,11 @@ from relay.sinkhost.child import SinkSpec, build_sink
 from relay.sinkhost.driver import SinkDriver
 from relay.sinkhost.replay import ReplayResult, replay_files
 from relay.wire.lines import encode_line
-from sink_helpers import Events, fill, finish_ranks, small_fs, training_events  # noqa: F401 (small_fs: a fixture)
+from sink_helpers import Events, fill, finish_ranks, small_fs, start_rank, training_events  # noqa: F401 (small_fs: a fixture)
 import sink_readback as rb
 from sinks.base import PermanentError, SinkContext
 from sinks.events import RELAY_RANK
 
-HELPERS = Path(__file__).resolve().parent / "sink_helpers.py"
 
 
 @dataclass
@@ -49,6 +47,7 @@ class Target:
     env: Callable[[Path], dict[str, str]] | None = None  # for a plugin: where it is installed
     source: str = ""  # what a sink built in this process loads (a plugin: module:Class, on env's PYTHONPATH)
     after_restart: Callable[[Any], None] | None = None  # what a relay restarted mid-run leaves, particular to the tool
+    run_open: str = ""  # what the relay's log says once the tool has the run on disk ({run}), where it says so
 
 
 def journal_view(path: Path) -> dict[tuple[int, int], dict]:
@@ -142,8 +141,10 @@ def tensorboard_restarted(board: rb.Board) -> None:
 
 
 def wandb_restarted(view: rb.WandbView) -> None:
-    """One W&B directory per sink process, the last one exited cleanly."""
-    assert len(view.instances) >= 2 and view.instances[-1]["exit_code"] == 0
+    """The last W&B directory exited cleanly. (The killed sink process's directory is there too,
+    unless it was killed while W&B was still setting it up: then the next process moved it aside,
+    sinks/wandb_run.py; either way every point is there once, which check_wandb sees.)"""
+    assert view.instances and view.instances[-1]["exit_code"] == 0, view.instances
 
 
 TARGETS = {
@@ -161,7 +162,7 @@ TARGETS = {
     "wandb": Target("wandb", lambda ws: {"--wandb-project": "relay-tests", "--wandb-dir": str(ws)},
                     lambda ws, run: rb.read_wandb(ws)[run], rb.check_wandb, same_wandb,
                     refused=lambda ev: ev(0, "metrics", {"_step": 1.0}, step=2, stage="additional_metrics"),
-                    module="wandb", after_restart=wandb_restarted),
+                    module="wandb", after_restart=wandb_restarted, run_open="W&B run {run} opened"),
     "clearml": Target("clearml", lambda ws: {"--clearml-project": "relay-tests", "--clearml-dir": str(ws / "clearml")},
                       lambda ws, run: rb.read_sessions(ws / "clearml")[run], rb.check_clearml, same_clearml,
                       module="clearml"),
@@ -221,13 +222,6 @@ def replay_here(journal: Path, t: Target, ws: Path, env: dict[str, str] | None) 
         return replay_files([journal], [], journal=Journal(f"{ws}/journal/")), None
     sink = built(t, ws, env)
     return replay_files([journal], [sink]), sink
-
-
-def replay(journal: Path, t: Target, ws: Path, env: dict[str, str] | None) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "relay", "replay", str(journal), *cli_args(t, ws)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
 
 
 def settled(t: Target, ws: Path, run: str, sent: list[dict]) -> Any:
@@ -293,20 +287,29 @@ def test_relay_sigkill_mid_run_is_exactly_once(relays, workspace, tmp_path: Path
     replayed twice into a fresh place, gives what the live sink shows."""
     t, ws, env = workspace(name)
     journal, steps = tmp_path / "logs", 120
-    args = ["--path", f"{journal}/"] + ([] if name == "jsonl" else cli_args(t, ws))
+    args = ["--path", f"{journal}/", "--stats-interval", "0.3"] + ([] if name == "jsonl" else cli_args(t, ws))
     relay = relays(args, env=env)
-    wait_for(lambda: f"sink {name} open" in relay.log.read_text() or name == "jsonl", 120, "the sink open")
-    procs = [subprocess.Popen([sys.executable, str(HELPERS), relay.address, "job-kill", str(rank), str(steps), "-",
-                               "-", "0.05"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for rank in (0, 1)]
-    wait_for(lambda: line_count(journal / "job-kill.jsonl") > 40, 60, "the ranks under way")
-    time.sleep(1.0)
+    gate = tmp_path / "gate"  # the ranks' second halves wait for it: the kill comes mid-run, whatever the load
+    procs = [start_rank(relay.address, "job-kill", rank, steps, pause=0.05, gate=gate, env=env) for rank in (0, 1)]
+    wait_for(lambda: line_count(journal / "job-kill.jsonl") > 40, 120, "the ranks under way")
+    if name != "jsonl":
+        wait_for(lambda: relay.sink_stats(journal, name).get("written", 0) > 0
+                 and t.run_open.format(run="job-kill") in relay.log.read_text(), 300, f"the {name} sink writing",
+                 relay.log_tail)
+    gate.touch()
     assert any(proc.poll() is None for proc in procs), "the publishers finished before the kill"
     relay.kill()
     killed_at = len((journal / "job-kill.jsonl").read_bytes().splitlines())
     time.sleep(0.5)
     restarted = relays(args, address=relay.address, env=env)
     finish_ranks(procs)
+    # The new relay's sink has read the journal back (its first catch-up pass; the forward sink reads
+    # it as it forwards) before the relay stops: a sink still opening when its relay stops leaves
+    # that to the next relay, which here never comes.
+    if name != "jsonl":
+        wait_for(lambda: (s := restarted.sink_stats(journal, name)).get("open") and not s["queued"]
+                 and (s["catch_up_passes"] >= 1 or name == "forward"), 300, "the restarted relay's sink caught up",
+                 lambda: f"{restarted.sink_stats(journal, name)}\n{relay.log_tail()}")
     assert restarted.stop() == 0
     assert 0 < killed_at < len((journal / "job-kill.jsonl").read_bytes().splitlines())  # killed mid-run
     sent = read_jsonl(journal / "job-kill.jsonl")
@@ -321,8 +324,8 @@ def test_relay_sigkill_mid_run_is_exactly_once(relays, workspace, tmp_path: Path
     if name == "forward":  # a second central, to rebuild into
         central = relays(["--path", f"{fresh / 'central'}/"])
         (fresh / "central.address").write_text(central.address)
-    for attempt in range(2):
-        replay(journal / "job-kill.jsonl", t, fresh, env)
+    for attempt in range(2):  # in this process: `relay replay` as a command is tested in each tool's own file
+        replay_here(journal / "job-kill.jsonl", t, fresh, env)
         t.same(live, settled(t, fresh, "job-kill", sent))
         if attempt == 0:
             written = files(t, fresh)

@@ -17,10 +17,10 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-from sink_helpers import finish_ranks as finish  # noqa: E402
+from sink_helpers import finish_ranks as finish, start_rank  # noqa: E402
 from sink_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
 from sink_readback import EXPERIMENT, check_mlflow as check_training_run, comparable, read_run  # noqa: E402,F401
-from conftest import free_port  # noqa: E402
+from conftest import free_port, wait_for  # noqa: E402
 from relay.journal.reader import JournalReader  # noqa: E402
 from relay.wire.lines import encode_line
 from relay.sinkhost.replay import replay_files  # noqa: E402
@@ -29,7 +29,6 @@ from sinks.mlflow import MlflowSink  # noqa: E402
 from sinks.mlflow_rules import MAX_PARAM, batches  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HELPERS = Path(__file__).resolve().parent / "sink_helpers.py"
 QUIET = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
 
 
@@ -281,12 +280,6 @@ def test_cli_says_what_is_missing(tmp_path: Path) -> None:
 # -- behind a real relay ----------------------------------------------------------------------------
 
 
-def publish(address: str, run: str, rank: int, steps: int, output_dir: Path | None = None,
-            pause: float = 0.0) -> subprocess.Popen:
-    """One training rank, as a real process with a real Publisher (tests/sink_helpers.py)."""
-    cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-",
-           str(output_dir) if output_dir else "-", str(pause)]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 
@@ -304,7 +297,7 @@ def test_two_ranks_relay_killed_mid_run_then_replay_twice(relays, db, tmp_path: 
     uri, job = db(), tmp_path / "job"
     relay = relays(["--sink", "mlflow", "--mlflow-tracking-uri", uri, "--mlflow-experiment", EXPERIMENT],
                    env=QUIET)
-    procs = [publish(relay.address, "job-live", rank, 40, job, pause=0.05) for rank in (0, 1)]
+    procs = [start_rank(relay.address, "job-live", rank, 40, output_dir=job, pause=0.05) for rank in (0, 1)]
     time.sleep(1.5)
     relay.kill()  # no flush, no goodbye: the publishers keep what was not acknowledged and resend it
     time.sleep(0.5)
@@ -380,23 +373,23 @@ def test_mlflow_server_restarted_mid_run(relays, mlflow_server, tmp_path: Path) 
     mlflow_server.start()
     relay = relays(["--sink", "mlflow", "--mlflow-tracking-uri", mlflow_server.url,
                     "--mlflow-experiment", EXPERIMENT], env=QUIET)
-    # Slow enough that the sink, opened beside a listening relay, still has events to write
-    # when the server goes away.
-    procs = [publish(relay.address, "job-srv", rank, 40, tmp_path / "job", pause=0.3) for rank in (0, 1)]
-    deadline = time.monotonic() + 60
-    while (now := server_run(mlflow_server.url, "job-srv")) is None or "loss" not in now.data.metrics:
-        assert time.monotonic() < deadline, relay.log.read_text()[-3000:]
-        time.sleep(0.2)
-    assert any(proc.poll() is None for proc in procs), "the publishers finished before the server went away"
+    # The ranks' second halves wait for the gate, opened once the server is gone: the sink still has
+    # events to write then, however long its process took to open beside the listening relay.
+    gate = tmp_path / "gate"
+    procs = [start_rank(relay.address, "job-srv", rank, 40, output_dir=tmp_path / "job", pause=0.05, gate=gate)
+             for rank in (0, 1)]
+    wait_for(lambda: (now := server_run(mlflow_server.url, "job-srv")) is not None and "loss" in now.data.metrics,
+             180, "the run's first losses on the server", relay.log_tail)
     mlflow_server.stop()
+    gate.touch()
+    assert any(proc.poll() is None for proc in procs), "the publishers finished before the server went away"
+    wait_for(lambda: "sink mlflow failed" in relay.log.read_text(), 180, "a batch failing against the stopped server")
     mlflow_server.start()
     finish(procs)
-    deadline = time.monotonic() + 90
-    while not _complete(server_run(mlflow_server.url, "job-srv")):  # the ranks' closing stats, after train_end
-        assert time.monotonic() < deadline, relay.log.read_text()[-3000:]
-        time.sleep(0.5)
+    # the ranks' closing stats, after train_end
+    wait_for(lambda: _complete(server_run(mlflow_server.url, "job-srv")), 180, "the run complete on the server",
+             relay.log_tail)
     assert relay.stop() == 0
-    assert "sink mlflow failed" in relay.log.read_text()
     view = read_run(mlflow_server.url, "job-srv")
     check_training_run(view, steps=40)
     export = json.loads((tmp_path / "job" / "mlflow_tracker.json").read_text())
@@ -430,7 +423,7 @@ def test_server_down_then_relay_killed_the_run_is_caught_up_without_a_new_event(
     mlflow_server.start()
     args = ["--sink", "mlflow", "--mlflow-tracking-uri", mlflow_server.url, "--mlflow-experiment", EXPERIMENT]
     relay = relays(args, env=QUIET)
-    procs = [publish(relay.address, "job-gone", rank, 40, pause=0.05) for rank in (0, 1)]
+    procs = [start_rank(relay.address, "job-gone", rank, 40, pause=0.05) for rank in (0, 1)]
     deadline = time.monotonic() + 60
     while (now := server_run(mlflow_server.url, "job-gone")) is None or "loss" not in now.data.metrics:
         assert time.monotonic() < deadline, relay.log.read_text()[-3000:]

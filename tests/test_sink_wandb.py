@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("wandb")
 
-from sink_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
+from sink_helpers import Events, drive, fill, small_fs, start_rank, training_events  # noqa: E402,F401
 from sink_readback import check_wandb as check_training_run, read_wandb, run_dirs  # noqa: E402,F401
 from conftest import free_port, wait_for  # noqa: E402
 from relay.wire.lines import encode_line  # noqa: E402
@@ -128,11 +128,6 @@ def test_a_directory_left_open_by_a_dead_process_is_rebuilt_from_the_journal(tmp
     check_training_run(views["job-crash"])
 
 
-def publish(address: str, run: str, rank: int, steps: int, pause: float) -> subprocess.Popen:
-    cmd = [sys.executable, str(HELPERS), address, run, str(rank), str(steps), "-", "-", str(pause)]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 @pytest.mark.slow  # a whole fault scenario of relay processes: the full tier
 def test_full_disk_mid_run_loses_nothing(relays, small_fs: Path, tmp_path: Path) -> None:
     """The W&B directory's filesystem fills up mid-run. wandb-core would drop records silently; the
@@ -142,14 +137,15 @@ def test_full_disk_mid_run_loses_nothing(relays, small_fs: Path, tmp_path: Path)
     relay = relays(["--path", f"{journal}/", "--sink", "wandb", "--wandb-project", "relay-tests",
                     "--wandb-dir", str(small_fs)])
     # The sink's process opens beside a listening relay (under load, that can outlast a short job):
-    # the ranks start once it is open, and the disk fills once the W&B run writes, mid-run.
-    wait_for(lambda: "sink wandb open" in relay.log.read_text(), 120, "the W&B sink open")
-    procs = [publish(relay.address, "job-full", rank, 60, 0.2) for rank in (0, 1)]
-    wait_for(lambda: "W&B run job-full opened" in relay.log.read_text(), 60, "the W&B run open")
-    assert any(proc.poll() is None for proc in procs), "the publishers finished before the disk filled"
+    # the ranks' second halves wait for the gate, opened once the W&B run is open and the disk full.
+    gate = tmp_path / "gate"
+    procs = [start_rank(relay.address, "job-full", rank, 60, pause=0.05, gate=gate) for rank in (0, 1)]
+    wait_for(lambda: "W&B run job-full opened" in relay.log.read_text(), 300, "the W&B run open")
     fill(small_fs / "filler")
+    gate.touch()
+    assert any(proc.poll() is None for proc in procs), "the publishers finished before the disk filled"
     # Full until the sink has seen it (under load wandb-core may not write for seconds), then space again.
-    wait_for(lambda: "exiting, so that the relay starts this sink again" in relay.log.read_text(), 60,
+    wait_for(lambda: "exiting, so that the relay starts this sink again" in relay.log.read_text(), 180,
              "the W&B sink noticing the full disk")
     (small_fs / "filler").unlink()
     for proc in procs:
@@ -160,10 +156,9 @@ def test_full_disk_mid_run_loses_nothing(relays, small_fs: Path, tmp_path: Path)
     assert len(ranks) == 3
     everything = {str(r): [[0, sum(e["rank"] == r for e in lines)]] for r in ranks}
     state = small_fs / "wandb" / "relay-applied" / "job-full.json"
-    deadline = time.monotonic() + 90  # the last restarted sink catches up from the journal
-    while not state.exists() or json.loads(state.read_text())["spans"] != everything:
-        assert time.monotonic() < deadline, relay.log.read_text()[-3000:]
-        time.sleep(0.5)
+    # the last restarted sink catches up from the journal
+    wait_for(lambda: state.exists() and json.loads(state.read_text())["spans"] == everything, 180,
+             "the W&B sink caught up", relay.log_tail)
     assert relay.stop() == 0
     log = relay.log.read_text()
     assert "exiting, so that the relay starts this sink again" in log, log[-3000:]

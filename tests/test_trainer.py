@@ -53,7 +53,7 @@ def test_bad_input_stops_before_loading_the_model(demo_model: Path, tmp_path: Pa
     (tmp_path / "meta.json").write_text("[1, 2]")
     out = tmp_path / "out"
     done = run_trainer(on_demo(demo_model, out, "--response_template", "\\n### Response:",
-                               *[f.replace("{tmp}", str(tmp_path)) for f in flags]), timeout=120)
+                               *[f.replace("{tmp}", str(tmp_path)) for f in flags]))
     assert done.returncode == 2, done.stderr[-2000:]
     errors = error_lines(done.stderr)
     assert len(errors) == 1, done.stderr[-2000:]
@@ -143,7 +143,7 @@ def test_trainer_logs_split_by_stage() -> None:
 @pytest.mark.slow
 def test_demo_builds_and_trains_offline(tmp_path: Path) -> None:
     out = tmp_path / "demo-output"
-    done = run_trainer(TRAIN + ["--demo", "--output_dir", str(out)], timeout=180)
+    done = run_trainer(TRAIN + ["--demo", "--output_dir", str(out)])
     assert done.returncode == 0, done.stderr[-3000:]
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (out / "demo-model").iterdir()}
     assert (out / "adapter_model.safetensors").exists(), "the LoRA adapter is saved"
@@ -203,7 +203,7 @@ def test_train_from_python_writes_training_logs(demo_model: Path, tmp_path: Path
 @pytest.mark.slow
 def test_embedded_relay_that_cannot_start_is_one_clear_error(demo_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = run_trainer(on_demo(demo_model, out, "--max_steps", "1", "--relay_start_timeout", "0.001"), timeout=180)
+    done = run_trainer(on_demo(demo_model, out, "--max_steps", "1", "--relay_start_timeout", "0.001"))
     assert done.returncode == 1, done.stderr[-3000:]
     errors = error_lines(done.stderr)
     assert len(errors) == 1 and "embedded relay not ready after 0.001s" in errors[0], done.stderr[-3000:]

@@ -71,7 +71,9 @@ def start_trainer(cmd: list[str], stderr_path: Path, **env: str) -> subprocess.P
                                 text=True)
 
 
-def run_trainer(cmd: list[str], timeout: float = 240, **env: str) -> subprocess.CompletedProcess[str]:
+def run_trainer(cmd: list[str], timeout: float = 540, **env: str) -> subprocess.CompletedProcess[str]:
+    """A trainer run to its end. ``timeout`` is a wait, not a limit under test (pytest-timeout's 600 s
+    is): on a machine at load 20-50 even a trainer that stops at its flags took over 120 s to import."""
     return subprocess.run(cmd, cwd=ROOT, env=trainer_env(**env), capture_output=True, text=True,
                           timeout=timeout)
 

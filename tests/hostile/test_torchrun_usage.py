@@ -24,7 +24,7 @@ MESSAGE = "unrecognized arguments: --bogus_flag x"
 def test_error_under_torchrun_is_reported_once(tmp_path: Path, flags: list[str], message: str, status: int) -> None:
     out = tmp_path / "out"
     message = message.format(out=out)
-    done = run_trainer(torchrun(free_port()) + ["--demo", *flags, "--output_dir", str(out)], timeout=120)
+    done = run_trainer(torchrun(free_port()) + ["--demo", *flags, "--output_dir", str(out)])
     output = done.stdout + done.stderr
     errors = error_lines(output)
     assert len(errors) == 1 and errors[0].endswith(f"ERROR trainer: {message}"), output[-3000:]
