@@ -18,7 +18,7 @@ from sinks.base import SinkContext, SinkError  # noqa: E402
 from sinks.events import RELAY_RANK  # noqa: E402
 from relay.wire.lines import encode_line  # noqa: E402
 from sink_readback import check_aim as check_training_run, read_repo  # noqa: E402
-from sink_helpers import (Events, drive, fill, small_fs,  # noqa: E402,F401
+from sink_helpers import (Events, aim_repo, drive, fill, small_fs,  # noqa: E402,F401
                                training_events)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -49,20 +49,20 @@ def test_mapping_of_a_two_rank_run(tmp_path: Path) -> None:
     assert sink.counters["runs_created"] == 1 and sink.counters["skipped_values"] == 0
 
 
-def test_points_keep_the_event_time(tmp_path: Path) -> None:
+def test_points_keep_the_event_time(aim_repo: Path) -> None:
     events = training_events("job-ts")
     for i, event in enumerate(events):
         event["ts"] = 1_700_000_000.0 + i
-    run_sink(tmp_path / "aim", [events])
-    view = read_repo(str(tmp_path / "aim"))["job-ts"]
+    run_sink(aim_repo, [events])
+    view = read_repo(str(aim_repo))["job-ts"]
     assert all(1_700_000_000 <= t < 1_700_000_100 for t in view.timestamps[("loss", ())])
 
 
-def test_trainer_metrics_are_taken_once_per_step_from_rank_0(tmp_path: Path) -> None:
+def test_trainer_metrics_are_taken_once_per_step_from_rank_0(aim_repo: Path) -> None:
     ev = Events("job-dup")
     batch = [ev(rank, "metrics", {"loss": 1.0 + rank}, step=1, stage="train") for rank in (0, 1)]
-    sink = run_sink(tmp_path / "aim", [batch])
-    assert read_repo(str(tmp_path / "aim"))["job-dup"].series("loss") == {1: 1.0}
+    sink = run_sink(aim_repo, [batch])
+    assert read_repo(str(aim_repo))["job-dup"].series("loss") == {1: 1.0}
     assert sink.counters["nonzero_rank_trainer_metrics"] == 1
 
 
@@ -78,32 +78,32 @@ def test_names_and_contexts_match_aims_callback() -> None:
     assert _trainer_groups("eval", {"loss": 1, "aux_loss": 2})[(("subset", "eval"),)][1] == {"loss": 1, "aux_loss": 2}
 
 
-def test_custom_metrics_without_step_are_not_doubled_by_a_retry(tmp_path: Path) -> None:
+def test_custom_metrics_without_step_are_not_doubled_by_a_retry(aim_repo: Path) -> None:
     ev = Events("job-auto", world_size=1)
     batch = [ev(0, "metrics", {"tokens_seen": float(i)}, stage="additional_metrics") for i in range(3)]
-    run_sink(tmp_path / "aim", [batch, batch, batch[1:]])
-    view = read_repo(str(tmp_path / "aim"))["job-auto"]
+    run_sink(aim_repo, [batch, batch, batch[1:]])
+    view = read_repo(str(aim_repo))["job-auto"]
     assert view.series("tokens_seen", subset="additional_metrics", rank=0) == {0: 0.0, 1: 1.0, 2: 2.0}
 
 
-def test_two_runs_at_once_stay_apart(tmp_path: Path) -> None:
+def test_two_runs_at_once_stay_apart(aim_repo: Path) -> None:
     a = training_events("job-a", experiment="exp-a")
     b = training_events("job-b", experiment="exp-b", steps=4)
     mixed = [e for pair in zip(a, b) for e in pair] + a[len(b):]
-    run_sink(tmp_path / "aim", [mixed[i:i + 7] for i in range(0, len(mixed), 7)])
-    runs = read_repo(str(tmp_path / "aim"))
+    run_sink(aim_repo, [mixed[i:i + 7] for i in range(0, len(mixed), 7)])
+    runs = read_repo(str(aim_repo))
     assert sorted(runs) == ["job-a", "job-b"]
     check_training_run(runs["job-a"])
     check_training_run(runs["job-b"], steps=4)
     assert (runs["job-a"].experiment, runs["job-b"].experiment) == ("exp-a", "exp-b")
 
 
-def test_experiment_option_applies_to_runs_that_name_none(tmp_path: Path) -> None:
-    run_sink(tmp_path / "aim", [training_events("job-e")], experiment="from-option")
-    assert read_repo(str(tmp_path / "aim"))["job-e"].experiment == "from-option"
+def test_experiment_option_applies_to_runs_that_name_none(aim_repo: Path) -> None:
+    run_sink(aim_repo, [training_events("job-e")], experiment="from-option")
+    assert read_repo(str(aim_repo))["job-e"].experiment == "from-option"
 
 
-def test_gaps_are_filled_from_the_journal(tmp_path: Path) -> None:
+def test_gaps_are_filled_from_the_journal(tmp_path: Path, aim_repo: Path) -> None:
     """Batches the relay dropped for this sink (queue overflow during an outage) are still in the
     journal; the sink notices the hole in the seqs and reads them back at the next flush."""
     journal = tmp_path / "logs"
@@ -111,17 +111,17 @@ def test_gaps_are_filled_from_the_journal(tmp_path: Path) -> None:
     events = training_events("job-gap", output_dir=str(tmp_path / "job"))
     write_journal(journal / "job-gap.jsonl", events)
     delivered = events[:10] + events[25:]  # events 10..24 never reached the sink
-    sink = run_sink(tmp_path / "aim", [delivered], journal=journal)
+    sink = run_sink(aim_repo, [delivered], journal=journal)
     assert sink.counters["swept_events"] == 15 and sink.counters["sweeps"] == 1
-    check_training_run(read_repo(str(tmp_path / "aim"))["job-gap"])
+    check_training_run(read_repo(str(aim_repo))["job-gap"])
 
 
-def test_export_goes_next_to_the_journal_without_output_dir(tmp_path: Path) -> None:
+def test_export_goes_next_to_the_journal_without_output_dir(tmp_path: Path, aim_repo: Path) -> None:
     journal = tmp_path / "logs"
     journal.mkdir()
-    run_sink(tmp_path / "aim", [training_events("job-x")], journal=journal)
+    run_sink(aim_repo, [training_events("job-x")], journal=journal)
     export = json.loads((journal / "job-x.aim_tracker.json").read_text())
-    assert export["run_hash"] == read_repo(str(tmp_path / "aim"))["job-x"].hash
+    assert export["run_hash"] == read_repo(str(aim_repo))["job-x"].hash
     single = tmp_path / "one" / "training_logs.jsonl"
     single.parent.mkdir()
     single.touch()
@@ -129,13 +129,13 @@ def test_export_goes_next_to_the_journal_without_output_dir(tmp_path: Path) -> N
     assert json.loads((single.parent / "aim_tracker.json").read_text())["run_id"] == "job-y"
 
 
-def test_a_restarted_relay_resumes_the_same_aim_run(tmp_path: Path) -> None:
+def test_a_restarted_relay_resumes_the_same_aim_run(aim_repo: Path) -> None:
     events = training_events("job-r", end=False)
-    run_sink(tmp_path / "aim", [events[:15]])
-    more = run_sink(tmp_path / "aim", [events[10:]])
+    run_sink(aim_repo, [events[:15]])
+    more = run_sink(aim_repo, [events[10:]])
     assert more.counters["runs_opened"] == 1 and more.counters["duplicates"] == 5
-    run_sink(tmp_path / "aim", [events[:5]])  # older events only (a partial replay): the end stays
-    runs = read_repo(str(tmp_path / "aim"))
+    run_sink(aim_repo, [events[:5]])  # older events only (a partial replay): the end stays
+    runs = read_repo(str(aim_repo))
     assert list(runs) == ["job-r"]
     check_training_run(runs["job-r"])
     assert runs["job-r"].creation_time == pytest.approx(events[0]["ts"], abs=1e-3)
@@ -178,9 +178,9 @@ def test_missing_aim_says_how_to_install(tmp_path: Path) -> None:
     assert out.returncode == 2 and "pip install './[aim]' in the metrics-relay checkout" in out.stderr, out.stderr[-2000:]
 
 
-def test_a_run_gone_quiet_is_closed_and_reopened_by_a_late_event(tmp_path: Path) -> None:
+def test_a_run_gone_quiet_is_closed_and_reopened_by_a_late_event(aim_repo: Path) -> None:
     events = training_events("job-quiet", end=False)
-    sink = AimSink(repo=str(tmp_path / "aim"))
+    sink = AimSink(repo=str(aim_repo))
     sink.open(SinkContext())
     sink.idle_close_s = 0.0  # every run is idle by the end of a batch
     try:
@@ -190,18 +190,18 @@ def test_a_run_gone_quiet_is_closed_and_reopened_by_a_late_event(tmp_path: Path)
         assert sink.counters["runs_opened"] == 1 and sink.counters["runs_closed"] == 2
     finally:
         sink.close()
-    view = read_repo(str(tmp_path / "aim"))["job-quiet"]
+    view = read_repo(str(aim_repo))["job-quiet"]
     assert not view.active and view.end_time == pytest.approx(events[-1]["ts"], abs=1e-3)  # not when closed
     check_training_run(view)
 
 
-def test_works_without_pkg_resources(tmp_path: Path) -> None:
+def test_works_without_pkg_resources(aim_repo: Path) -> None:
     """setuptools >= 81 ships no pkg_resources, which Aim's default run setup imports."""
     probe = subprocess.run([sys.executable, "-c", "import pkg_resources"], capture_output=True, timeout=60)
     if probe.returncode == 0:
         pytest.skip("this environment still has pkg_resources")
-    run_sink(tmp_path / "aim", [training_events("job-p")])
-    assert "job-p" in read_repo(str(tmp_path / "aim"))
+    run_sink(aim_repo, [training_events("job-p")])
+    assert "job-p" in read_repo(str(aim_repo))
 
 
 def test_full_disk_mid_run_then_recovery(small_fs: Path, tmp_path: Path) -> None:
@@ -237,7 +237,7 @@ def relay_event(ev: Events, type_: str, data: dict, step: int | None = None) -> 
     return event
 
 
-def test_per_rank_series_never_share_a_name_with_the_trainers(tmp_path: Path) -> None:
+def test_per_rank_series_never_share_a_name_with_the_trainers(aim_repo: Path) -> None:
     """Each rank's samples/s is not drawn in the chart of the Trainer's eval samples_per_second
     (it flattened it): per-rank figures have names of their own, the context keeps the rank."""
     ev = Events("job-names")
@@ -245,8 +245,8 @@ def test_per_rank_series_never_share_a_name_with_the_trainers(tmp_path: Path) ->
     batch += [ev(rank, "metrics", {"step_time": 0.1 + rank, "step_time_max": 0.2 + rank, "samples_per_second": 40.0,
                                    "steps": 5, "rss_peak_mb": 500.0, "cuda_peak_allocated_mb": 100.0},
                  step=5, stage="rank") for rank in (0, 1)]
-    run_sink(tmp_path / "aim", [batch])
-    view = read_repo(str(tmp_path / "aim"))["job-names"]
+    run_sink(aim_repo, [batch])
+    view = read_repo(str(aim_repo))["job-names"]
     eval_only = [("samples_per_second", (("subset", "eval"),))]
     assert [key for key in view.metrics if key[0] == "samples_per_second"] == eval_only
     assert view.series("samples_per_second", subset="eval") == {5: 900.0}
@@ -262,7 +262,7 @@ def test_per_rank_series_never_share_a_name_with_the_trainers(tmp_path: Path) ->
                                          "rank_steps_per_log", "rank_rss_peak_mb", "rank_cuda_peak_allocated_mb")}
 
 
-def test_relay_derived_figures_are_run_level_series_and_no_finding_hides_another(tmp_path: Path) -> None:
+def test_relay_derived_figures_are_run_level_series_and_no_finding_hides_another(aim_repo: Path) -> None:
     ev = Events("job-cluster", world_size=3)
     batch = [ev(rank, "metrics", {"step_time": 0.1}, step=1, stage="rank") for rank in range(3)]
     batch += [relay_event(ev, "metrics", {"step_time_min": 0.1, "step_time_median": 0.11, "step_time_max": 0.3 + step,
@@ -275,8 +275,8 @@ def test_relay_derived_figures_are_run_level_series_and_no_finding_hides_another
               relay_event(ev, "lifecycle", {"event": "rank_lost", "rank": 2, "silent_s": 30.0, "last_step": 5}),
               relay_event(ev, "lifecycle", {"event": "straggler_cleared", "rank": 2, "why": "recovered",
                                             "named_step": 3, "by": "own_time", "ratio": 1.1, "steps": 3}, 7)]
-    run_sink(tmp_path / "aim", [batch[:5], batch[5:]])
-    view = read_repo(str(tmp_path / "aim"))["job-cluster"]
+    run_sink(aim_repo, [batch[:5], batch[5:]])
+    view = read_repo(str(aim_repo))["job-cluster"]
     assert view.series("__system__cluster_step_time_max_s") == {1: 1.3, 2: 2.3, 3: 3.3}  # context {}: one series per run
     for name, value in (("cluster_step_time_min_s", 0.1), ("cluster_step_time_median_s", 0.11),
                         ("cluster_step_time_spread", 2.7), ("cluster_slowest_rank", 2), ("cluster_ranks_reporting", 3)):
@@ -292,14 +292,14 @@ def test_relay_derived_figures_are_run_level_series_and_no_finding_hides_another
     assert "straggler" not in view.params["relay"].get("lifecycle", {})
 
 
-def test_client_counters_are_params_and_only_drops_are_drawn(tmp_path: Path) -> None:
+def test_client_counters_are_params_and_only_drops_are_drawn(aim_repo: Path) -> None:
     ev = Events("job-drops")
     counters = {"dropped": 0, "dropped_full": 0, "dropped_upto": -1, "published": 10, "resent": 0}
     batch = [ev(0, "metrics", {"loss": 1.0}, step=1, stage="train"), ev(1, "stats", counters, stage="client")]
     later = [ev(0, "stats", {**counters, "dropped": 3, "dropped_full": 3, "published": 20}, stage="client"),
              ev(0, "stats", {**counters, "dropped": 7, "dropped_full": 7, "published": 40}, stage="client")]
-    run_sink(tmp_path / "aim", [batch, later])
-    view = read_repo(str(tmp_path / "aim"))["job-drops"]
+    run_sink(aim_repo, [batch, later])
+    view = read_repo(str(aim_repo))["job-drops"]
     assert {name for name, _ in view.metrics} == {"loss", "__system__relay_dropped"}
     assert view.series("__system__relay_dropped", rank=0) == {later[0]["seq"]: 3, later[1]["seq"]: 7}  # stepped by seq
     assert ("__system__relay_dropped", (("rank", 1),)) not in view.metrics  # rank 1 dropped nothing
