@@ -3,27 +3,24 @@ embedded relay's Aim sink, read back through Aim's own API."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("aim")
 
 from sink_readback import read_repo  # noqa: E402
-from conftest import free_port  # noqa: E402
-from trainer_fixtures import EXP_METADATA, demo_model, run_trainer, seed_flags, torchrun  # noqa: E402
+from trainer_fixtures import EXP_METADATA, aim_job, demo_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
-__all__ = ["demo_model"]  # a fixture, used by name
+__all__ = ["aim_job", "demo_model"]  # fixtures, used by name
 
 STEPS = 6
 
 
-def test_torchrun_with_tracker_aim(demo_model: Path, tmp_path: Path) -> None:
-    out, repo = tmp_path / "out", tmp_path / "aim"
-    done = run_trainer(torchrun(free_port()) + seed_flags(demo_model, out, steps=STEPS, eval_steps=3)
-                       + ["--tracker", "aim", "--aim_repo", str(repo), "--experiment", "sft-demo"])
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_torchrun_with_tracker_aim(aim_job: dict) -> None:
+    """The job tests/test_trainer_torchrun.py reads the journal of (trainer_fixtures.aim_job)."""
+    out, repo = aim_job["out"], aim_job["aim"]
+    assert aim_job["returncode"] == 0, aim_job["stderr"]
     run_id = json.loads((out / "tracking_run.json").read_text())["run"]
     runs = read_repo(str(repo))
     assert list(runs) == [run_id]

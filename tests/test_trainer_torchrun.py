@@ -5,34 +5,23 @@ import json
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from conftest import free_port, read_jsonl
-from trainer_fixtures import assert_complete, demo_model, run_trainer, seed_flags, start_trainer, torchrun
+from trainer_fixtures import aim_job, assert_complete, demo_model, run_trainer, seed_flags, start_trainer, torchrun
 
 pytestmark = pytest.mark.slow
-__all__ = ["demo_model"]  # a fixture, used by name
+__all__ = ["aim_job", "demo_model"]  # fixtures, used by name
 
 STEPS = 6
 
 
-def _orphans(marker: str) -> list[str]:
-    """Processes still running whose command line mentions ``marker`` (the test's own folder)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if marker in cmdline:
-            found.append(cmdline)
-    return found
-
-
-def test_embedded_relay_records_every_rank(demo_model: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    done = run_trainer(torchrun(free_port()) + seed_flags(demo_model, out, steps=STEPS, eval_steps=3))
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_embedded_relay_records_every_rank(demo_model: Path, aim_job: dict, tmp_path: Path) -> None:
+    """The shared job's embedded relay (its Aim sink is read in tests/test_aim_torchrun.py)."""
+    out = aim_job["out"]
+    assert aim_job["returncode"] == 0, aim_job["stderr"]
     run = assert_complete(read_jsonl(out / "training_logs.jsonl"), world_size=2, steps=STEPS, eval_steps=3)
     assert json.loads((out / "tracking_run.json").read_text())["run"] == run
-    assert not _orphans(str(out)), "the embedded relay outlived the job"
+    assert not aim_job["orphans"], "the embedded relay outlived the job"
 
     again = tmp_path / "again"
     done = run_trainer(torchrun(free_port()) + seed_flags(demo_model, again, steps=2, eval_steps=None)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import once_per_run
+from conftest import free_port, once_per_run
 from relay.wire.address import ADDRESS_ENV
 from sinks.events import RELAY_RANK
 
@@ -27,6 +27,29 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     with once_per_run(tmp_path_factory, "demo-model") as folder:
         return Path(build_demo(str(folder)))
+
+
+@pytest.fixture(scope="session")
+def aim_job(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One real two-rank torchrun job, 6 steps with an eval every 3, the embedded relay writing the
+    journal and an Aim repository (``--tracker aim``), run once per test run for the tests that read
+    it from both sides (tests/test_trainer_torchrun.py, tests/test_aim_torchrun.py): a job costs
+    tens of CPU-seconds. Its folder ``out`` and ``aim``, and how it ended (``returncode``, ``stderr``,
+    the ``orphans`` of it still running once it returned)."""
+    import psutil
+
+    with once_per_run(tmp_path_factory, "aim-job") as folder:
+        result = folder / "result.json"
+        if not result.exists():
+            folder.mkdir(exist_ok=True)
+            out = folder / "out"
+            done = run_trainer(torchrun(free_port()) + seed_flags(demo_model, out, steps=6, eval_steps=3)
+                               + ["--tracker", "aim", "--aim_repo", str(folder / "aim"), "--experiment", "sft-demo"])
+            orphans = [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
+                       if str(out) in " ".join(p.info["cmdline"] or [])]
+            result.write_text(json.dumps({"returncode": done.returncode, "stderr": done.stderr[-3000:],
+                                          "orphans": orphans}))
+        return {"out": folder / "out", "aim": folder / "aim", **json.loads(result.read_text())}
 
 
 def trainer_env(**extra: str) -> dict[str, str]:
