@@ -26,6 +26,11 @@ demo: $(STAMP)
 TEST_WORKERS ?= 4
 SUITE_WORKERS ?= 2
 
+# The checkout's own bytecode is cached like any installed package's: where PYTHONDONTWRITEBYTECODE is set,
+# every relay, publisher, sink and trainer process the suite starts compiled relay/, sinks/ and trainer/
+# again, and every pytest worker rewrote every test module's asserts (docs/development.md, "Where the time goes").
+test test-fast test-loaded: export PYTHONDONTWRITEBYTECODE =
+
 # Both print what each tier cost in CPU and wall seconds, the load, and the costliest tests
 # (tests/budget.py); `make test` fails on a skip that is not on tests/skip_policy.py's allow-list.
 test: $(STAMP) test-servers
