@@ -105,7 +105,10 @@ class RelayProcess:
 
     def start(self, wait: bool = True) -> "RelayProcess":
         self.ready.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "relay", "--bind", self.address, "--ready-file", str(self.ready), *self.args]
+        # Its sinks may take long to set up on a loaded machine (MLflow's first set-up took over 120 s at
+        # load 40): the relay waits for them at shutdown as long as stop() waits for it, unless args say less.
+        cmd = [sys.executable, "-m", "relay", "--bind", self.address, "--ready-file", str(self.ready),
+               "--shutdown-timeout", "280", *self.args]
         self._logfh = open(self.log, "ab")
         self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=self._logfh, stderr=subprocess.STDOUT,
                                      env=self.env)
@@ -120,9 +123,9 @@ class RelayProcess:
             self.address = json.loads(self.ready.read_text())["address"]
         return self
 
-    def stop(self, timeout: float = 120) -> int:
-        """A wait, not a limit under test: a relay's shutdown waits on its sink processes, and on a
-        loaded machine an Aim sink's close alone took over 30 s."""
+    def stop(self, timeout: float = 300) -> int:
+        """A wait, not a limit under test: a relay's shutdown waits on its sink processes (up to its
+        --shutdown-timeout), and on a loaded machine an Aim sink's close alone took over 30 s."""
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -109,8 +109,8 @@ class Relay:
         ready = sandbox / ".relay-ready.json"
         self.log = open(sandbox / ".relay.log", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "relay", "--bind", "tcp://127.0.0.1:*", "--ready-file",
-                                      str(ready), "--live", "off", *args], cwd=sandbox, stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=_env(sandbox))
+                                      str(ready), "--live", "off", "--shutdown-timeout", "280", *args],
+                                     cwd=sandbox, stdout=self.log, stderr=subprocess.STDOUT, env=_env(sandbox))
         deadline = time.monotonic() + 300  # a wait: a relay with tracker sinks on a loaded machine
         while not ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -124,7 +124,7 @@ class Relay:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            code = self.proc.wait(300)
+            code = self.proc.wait(300)  # its sinks get up to --shutdown-timeout to finish (a set-up under load)
         finally:
             self.log.close()
         if code != 0:

@@ -190,7 +190,7 @@ def test_failing_plugin_sink_is_isolated_and_counted(relays, tmp_path):
     journal = tmp_path / "iso.jsonl"
     collected = tmp_path / "collected.jsonl"
     relay = relays(["--sink", "explode", "--sink", "collect", "--path", str(journal),  # journal implied
-                    "--collect-file", str(collected), "--stats-interval", "0.2"], env=env)
+                    "--collect-file", str(collected), "--stats-interval", "0.2", "--shutdown-timeout", "5"], env=env)
     finish(start_publisher(relay.address, "iso", 0, 2000))
     # other sinks write while ingest is idle, not only at shutdown (a wait: the sink processes' start-up
     # alone took over 10 s on a loaded machine), and the failing one has failed by then
@@ -205,6 +205,11 @@ def test_failing_plugin_sink_is_isolated_and_counted(relays, tmp_path):
     assert 1 <= sinks["explode"]["errors"] <= 12, sinks["explode"]
     assert sinks["collect"]["errors"] == 0 and sinks["collect"]["written"] == sinks["jsonl"]["written"]
     assert "this sink always fails" in relay.log.read_text()
+    # at shutdown: the sink that never took a batch is named, with every event of the journal lacking
+    stats = relay.stats(journal)
+    assert sinks["collect"]["complete"] and not sinks["explode"]["complete"]
+    assert stats["behind"] == {"explode": len(read_jsonl(journal))}
+    assert stats["replay"] == ["relay", "replay", str(journal), "--sink", "explode"]
 
 
 def _received(relay, journal: Path) -> int:

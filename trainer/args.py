@@ -295,7 +295,7 @@ def validate(
             check_connect_address(tracking.relay_address)
         except BadAddress as exc:
             raise UsageError(f"--relay_address: {exc}") from None
-    for name in ("relay_flush_timeout", "relay_start_timeout"):
+    for name in ("relay_flush_timeout", "relay_start_timeout", "relay_exit_timeout"):
         if not getattr(tracking, name) > 0:
             raise UsageError(f"--{name} must be positive, got {getattr(tracking, name)}")
     if training.fsdp and _cpu_only() and training.process_index == 0:

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,13 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 JSONL_NAME = "training_logs.jsonl"
+STATS_NAME = "training_logs_stats.json"  # the relay's stats, beside its journal
+JOURNAL_SINK = "jsonl"  # the journal's name among the relay's sinks
+#: Seconds the job waits at its end for the relay's sinks to apply the run (--relay_exit_timeout).
+EXIT_TIMEOUT = 300.0
+#: Seconds beyond that for the relay to say what is missing and exit, before it is killed.
+STOP_GRACE = 30.0
+PROGRESS_EVERY = 5.0  # seconds between the job's lines on what the relay waits for
 RELAY_LOG_NAME = "relay.log"
 SOCKET_NAME = "relay.sock"
 #: Unix socket paths are limited to 107 bytes; a longer $TMPDIR falls back to /tmp.
@@ -89,15 +97,21 @@ def barrier() -> None:
 class EmbeddedRelay:
     """A ``relay`` subprocess writing ``<output_dir>/training_logs.jsonl`` (plus Aim when asked)."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], address: str, log_path: str, workdir: str) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], address: str, log_path: str, workdir: str,
+                 output_dir: str, exit_timeout: float) -> None:
         self.proc = proc
         self.address = address
         self.log_path = log_path
+        self.stats_path = os.path.join(output_dir, STATS_NAME)
+        self.exit_timeout = exit_timeout
+        self.run: str | None = None  # the job's run id, for the replay command it may print
         self._workdir = workdir
 
     @classmethod
-    def start(cls, output_dir: str, *, sink_args: list[str] | None = None, timeout: float = 60.0) -> "EmbeddedRelay":
-        """Start the relay and wait until it has bound and opened its sinks; RelayStartError if not."""
+    def start(cls, output_dir: str, *, sink_args: list[str] | None = None, timeout: float = 60.0,
+              exit_timeout: float = EXIT_TIMEOUT) -> "EmbeddedRelay":
+        """Start the relay and wait until it has bound and opened its sinks; RelayStartError if not.
+        ``exit_timeout``: how long its sinks may take at the end to apply the run (see ``stop``)."""
         os.makedirs(output_dir, exist_ok=True)
         workdir = _private_dir()
         ready = os.path.join(workdir, "ready.json")
@@ -106,7 +120,8 @@ class EmbeddedRelay:
             "--sink", "jsonl", "--path", os.path.join(output_dir, JSONL_NAME),
         ]
         cmd += sink_args or []  # the other trackers' sinks (trainer/tracker_flags.py)
-        cmd += ["--ready-file", ready, "--watch-pid", str(os.getpid()), "--log-level", "info"]
+        cmd += ["--ready-file", ready, "--watch-pid", str(os.getpid()), "--shutdown-timeout", f"{exit_timeout:g}",
+                "--log-level", "info"]
         log_path = os.path.join(output_dir, RELAY_LOG_NAME)
         with open(log_path, "ab") as log_file:
             # Own session: a Ctrl-C in the terminal must not stop the relay before the ranks flush.
@@ -123,7 +138,7 @@ class EmbeddedRelay:
             if address:
                 log.info("embedded relay pid %d at %s, writing %s", proc.pid, address,
                          os.path.join(output_dir, JSONL_NAME))
-                return cls(proc, address, log_path, workdir)
+                return cls(proc, address, log_path, workdir, output_dir, exit_timeout)
             if time.monotonic() > deadline:
                 proc.kill()
                 proc.wait()
@@ -131,24 +146,89 @@ class EmbeddedRelay:
                 raise RelayStartError(f"embedded relay not ready after {timeout:g}s (log: {log_path})")
             time.sleep(0.05)
 
-    def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM (the relay flushes its sinks and exits 0); SIGKILL after ``timeout``. Returns the status."""
+    def stop(self) -> int:
+        """SIGTERM: the relay journals what is left, then waits up to ``exit_timeout`` seconds (its
+        ``--shutdown-timeout``) for its sinks to apply it, and exits. Meanwhile a progress line every
+        PROGRESS_EVERY seconds; at the end, which sinks lack how many events and the ``relay replay``
+        command (for ``run``, once the job set it) that completes them, or that every sink is complete. A relay still
+        running ``STOP_GRACE`` seconds after its own bound is killed (its sinks die with it, and the
+        last progress it wrote says what they lack). Returns the relay's exit status."""
+        started = time.monotonic()
         try:
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    log.warning("embedded relay pid %d did not stop within %gs; killing it", self.proc.pid, timeout)
-                    self.proc.kill()
-                    self.proc.wait()
+                self._wait(started, self.exit_timeout + STOP_GRACE)
             code = self.proc.returncode
             if code != 0:
                 log.warning("embedded relay exited with status %s: %s (log: %s)", code,
                             _last_line(self.log_path), self.log_path)
+            self._say_complete(self.run, time.monotonic() - started)
             return code
         finally:
             shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def _wait(self, started: float, limit: float) -> None:
+        """Wait for the relay to exit, passing on every PROGRESS_EVERY seconds what it waits for."""
+        next_line = started + PROGRESS_EVERY
+        while True:
+            try:
+                self.proc.wait(1.0)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if now - started > limit:
+                log.warning("embedded relay pid %d did not stop within %.0f s; killing it", self.proc.pid, limit)
+                self.proc.kill()
+                self.proc.wait()
+                return
+            if now >= next_line:
+                next_line = now + PROGRESS_EVERY
+                progress = _read_stats(self.stats_path).get("progress")
+                if progress:
+                    log.info("%s (--relay_exit_timeout)", progress)
+
+    def _say_complete(self, run: str | None, waited: float) -> None:
+        """The last word on the trackers: complete, or which lack how many events and the command that
+        completes them (as the relay wrote them in its stats; its last progress, if it was killed)."""
+        stats = _read_stats(self.stats_path)
+        sinks = [name for name in stats.get("sinks", {}) if name != JOURNAL_SINK]
+        if not sinks:
+            return
+        lacks = stats.get("behind") or {}
+        if not lacks:
+            log.info("trackers complete: %s applied the run (%.1f s after training)", ", ".join(sinks), waited)
+            return
+        command = [relay_executable(), *stats["replay"][1:]]
+        if run is not None:
+            command[3:3] = ["--run", run]
+        which = ", ".join(f"{name} lacks {count:,} events" if count else f"{name} did not finish"
+                          for name, count in lacks.items())
+        log.warning("trackers not complete after %.0f s: %s; the journal has every event: complete them with: %s",
+                    waited, which, shlex.join(command))
+
+
+def relay_executable() -> str:
+    """This environment's ``relay`` (.venv/bin/relay when that is not the one on PATH), as a user types it."""
+    relay = os.path.join(os.path.dirname(sys.executable), "relay")
+    if not os.path.exists(relay) or shutil.which("relay") == relay:
+        return "relay"
+    return near(relay)
+
+
+def near(path: str) -> str:
+    """``path`` relative to the current directory when it lies below it, else as it is."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def _read_stats(path: str) -> dict[str, Any]:
+    """The relay's stats file, or nothing: it replaces it whole (atomically), so any file there is complete."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
 
 
 def _private_dir() -> str:

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -20,7 +19,9 @@ from trainer import custom_metrics
 from trainer.args import (
     DEMO_DATA, DEMO_RESPONSE_TEMPLATE, DataArguments, ModelArguments, RunPlan, demo_requested, parse_args, validate,
 )
-from trainer.embedded import JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id
+from trainer.embedded import (
+    JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id, near, relay_executable,
+)
 from trainer.errors import UsageError
 from trainer.stopping import STOP
 from trainer.tracker_flags import TrackingArguments, sink_args
@@ -70,7 +71,8 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
                             "run a relay they can reach and pass --relay_address")
             try:
                 relay = EmbeddedRelay.start(output_dir, sink_args=sink_args(plan.trackers, plan.tracking, output_dir),
-                                            timeout=plan.tracking.relay_start_timeout)
+                                            timeout=plan.tracking.relay_start_timeout,
+                                            exit_timeout=plan.tracking.relay_exit_timeout)
                 address = relay.address
             except RelayStartError as exc:
                 error = str(exc)
@@ -80,6 +82,8 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
     run_id, address, error = agree((run_id, address, error))
     if error:
         raise RelayStartError(error)
+    if relay is not None:
+        relay.run = run_id
     journal = os.path.join(output_dir, JSONL_NAME) if plan.tracking.relay_address is None else None
     custom_metrics.start(run_id, rank=rank, local_rank=local_rank, world_size=world_size, address=address,
                    spool_dir=os.path.join(output_dir, SPOOL_DIR_NAME), spool_journal=journal)
@@ -207,19 +211,10 @@ def train(
 def _point_at_journal(journal: str) -> None:
     """The last lines of a job whose relay ran beside it (``make demo``): where its journal is and
     how to watch and plot it (docs/watching.md)."""
-    path = shlex.quote(_near(journal))
-    relay = os.path.join(os.path.dirname(sys.executable), "relay")  # this environment's (.venv/bin/relay)
-    if not os.path.exists(relay) or shutil.which("relay") == relay:
-        relay = "relay"
-    relay = shlex.quote(_near(relay) if os.sep in relay else relay)
+    path = shlex.quote(near(journal))
+    relay = shlex.quote(relay_executable())
     log.info("metrics journal: %s\n  watch it:  %s tail -f --view steps %s\n  plot it:   %s plot %s "
              "--metric loss -o loss.png", journal, relay, path, relay, path)
-
-
-def _near(path: str) -> str:
-    """``path`` relative to the current directory when it lies below it, else as it is."""
-    near = os.path.relpath(path)
-    return path if near.startswith("..") else near
 
 
 def _configure_logging() -> None:

@@ -58,6 +58,12 @@ class TrackingArguments:
     exp_metadata: str | None = field(
         default=None, metadata={"help": "Run metadata: a JSON object, or the path of a JSON file holding one."}
     )
+    relay_exit_timeout: float = field(
+        default=300.0,
+        metadata={"help": "Seconds the job waits at its end, with a progress line, for the embedded relay's trackers to "
+                          "apply the run; then it says which lack how many events and the relay replay command that "
+                          "completes them."},
+    )
     relay_flush_timeout: float = field(
         default=30.0,
         metadata={"help": "Seconds the job waits at the end for the relay to acknowledge every event."},

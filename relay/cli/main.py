@@ -218,6 +218,10 @@ def main() -> None:
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write {\"address\", \"pid\"} here once listening (for scripts binding port '*').")
 @click.option("--watch-pid", type=int, help="Shut down cleanly when this process is gone.")
+@click.option("--shutdown-timeout", type=click.FloatRange(0.5), default=120.0, show_default=True, metavar="SECONDS",
+              help="At shutdown, wait this long at most for the sinks to apply what the journal took (a progress "
+                   "line every 5 s); then say which lack how many events and the relay replay command that "
+                   "completes them.")
 @click.option("--curve-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The relay's CURVE secret certificate (relay keygen): encrypt a non-loopback relay.")
 @click.option("--curve-clients", type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -231,7 +235,7 @@ def main() -> None:
 def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_interval: float,
           stats_interval: float, sink_queue: int, forget_after: float, run_rate: float, max_runs: int,
           max_memory: int, cluster: bool, straggler_factor: float, straggler_steps: int, rank_silence: float,
-          ready_file: Path | None, watch_pid: int | None,
+          ready_file: Path | None, watch_pid: int | None, shutdown_timeout: float,
           curve_cert: Path | None, curve_clients: Path | None, log_level: str, world_readable: bool, live: str,
           **sink_params: Any) -> None:
     """Run the relay until SIGINT/SIGTERM."""
@@ -246,6 +250,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
     config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
                          sink_queue=sink_queue, forget_after=forget_after, run_rate=run_rate, max_runs=max_runs,
                          max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
+                         shutdown_timeout=shutdown_timeout,
                          curve_cert=curve_cert, curve_clients=curve_clients,
                          cluster=ClusterConfig(straggler_factor, straggler_steps, rank_silence) if cluster else None)
     try:  # every check before the relay listens: a bad option stops it before any training starts

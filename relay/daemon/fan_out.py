@@ -45,9 +45,18 @@ class FanOut:
     def stats(self) -> dict[str, dict[str, Any]]:
         return {worker.name: worker.stats() for worker in self.workers}
 
-    def close(self, deadline: float) -> None:
+    def close(self, deadline: float, progress: Callable[[float], None] | None = None) -> None:
         """Let the sinks have the CPU for good: each drains what it has until ``deadline`` (monotonic),
-        given half a second at least."""
+        given half a second at least, all at once; ``progress(waited)`` is called about every second
+        meanwhile (the relay says what it waits for)."""
         self.idle.set()
-        for worker in self.workers:
-            worker.close(max(0.5, deadline - time.monotonic()))
+        started = time.monotonic()
+        closers = [threading.Thread(target=worker.close, args=(max(0.5, deadline - started),),
+                                    name=f"sink-{worker.name}-close", daemon=True) for worker in self.workers]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            while closer.is_alive():
+                closer.join(1.0)
+                if closer.is_alive() and progress is not None:
+                    progress(time.monotonic() - started)

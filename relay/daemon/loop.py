@@ -35,6 +35,7 @@ from relay.daemon.config import RelayConfig
 from relay.daemon.fan_out import FanOut
 from relay.daemon.ingest import Ingest
 from relay.daemon.live_line import LiveLine
+from relay.daemon.shutdown import Shutdown
 from relay.daemon.status import STATUS_REQUEST, Answers, format_line
 from relay.journal.deadletter import KEEP_BYTES, DeadLetters
 from relay.journal.journal import NAME as JOURNAL, Journal
@@ -360,28 +361,8 @@ class Relay:
         if self.live is not None:  # the last live line stays on the terminal
             self.live.show(format_line(self.snapshot(), width=self.live.width()))
             self.live.close()
-        ingest, batch = self.ingest, self.ingest.batch
-        ingest.close_runs(time.monotonic())
-        log.info("shutting down: flushing %d events", batch.pending)
-        deadline = time.monotonic() + self.config.shutdown_timeout
-        batch.retry_now()
-        ingest.commit(time.monotonic())
-        while batch.lines and time.monotonic() < deadline:
-            time.sleep(min(batch.backoff, 0.5))
-            ingest.commit(time.monotonic())
-        if batch.lines:
-            log.error("shutting down with %d events the journal could not take; their clients still hold "
-                      "them and will resend to the next relay", batch.pending)
-        self.fan_out.close(deadline)
-        try:
-            self.journal.close()
-        except OSError as exc:
-            self.counters.journal_errors += 1
-            log.error("journal close failed: %s", exc)
-        ingest.deadletters.close()
-        snap = self.snapshot(self.config.stats_interval, final=True)
-        log_stats(snap, final=True)
-        write_stats(self.stats_path, snap)
+        Shutdown(self.ingest, self.journal, self.fan_out, self.sinks, self.config.shutdown_timeout, self.snapshot,
+                 self.stats_path).run(self.config.stats_interval)
         if self._sock is not None:
             if self._monitor is not None:
                 self._sock.disable_monitor()

@@ -82,6 +82,8 @@ class SinkProcess:
         self.opened = False  # whether a child has opened the sink yet
         self.open_failures = 0  # attempts to open the sink that failed
         self.open_error: str | None = None  # why the last one failed, while the sink is not open
+        #: once closed: whether the sink applied every event it was handed (None while it runs)
+        self.complete: bool | None = None
         self._submitted = 0  # events handed to submit(), by the ingest thread
         self._handed = Rate()  # ... sampled every second, to date the oldest event not yet confirmed
         self._worker: BatchWorker[tuple[bytes, int]] = BatchWorker(spec.name, self._hand_over, spec.max_events,
@@ -148,31 +150,37 @@ class SinkProcess:
             out["open_error"] = self.open_error
         if self._sink_counters is not None:
             out["sink"] = self._sink_counters
+        if self.complete is not None:
+            out["complete"] = self.complete
         return out
 
     def close(self, timeout: float) -> None:
-        """Hand the child what is queued, let it drain (``spec.drain_timeout``), then stop it. A child
-        still opening its sink is waited for first (up to START_TIMEOUT, as the relay once waited
-        before it listened), so that the job's last events reach the sink before the relay exits;
-        one still opening after that stops with the relay (relay/sinkhost/lifeline.py), and the next
-        relay's sink catches up from the journal."""
+        """Hand the child what is queued and let it drain, all within ``timeout`` seconds. A child still
+        opening its sink then, or still draining, is stopped: it would die with the relay anyway
+        (relay/sinkhost/lifeline.py). What it had not applied counts as dropped (``stats()``), and
+        ``complete`` says whether it applied everything; the journal holds the rest
+        (relay/sinkhost/behind.py says what is missing and the command that completes it)."""
+        deadline = time.monotonic() + timeout
         self._worker.stop(timeout)
         if self._opener is not None:
-            self._opener.join(START_TIMEOUT)
+            self._opener.join(max(0.0, deadline - time.monotonic()))
             if self._opener.is_alive():
                 left = self._worker.abandon()
+                self.complete = False
                 log.warning("sink %s is still opening at shutdown; its process stops with the relay. %d events "
                             "were not handed to it: they are in the journal (a sink that catches up reads them "
                             "there; relay replay rebuilds any sink)", self.name, left)
                 return
-        deadline = time.monotonic() + timeout
         self._worker.join(max(0.1, deadline - time.monotonic()))
         proc = self._proc
+        exited = False
         if proc is not None:
             try:
-                proc.wait(max(0.1, deadline - time.monotonic()) + self.spec.drain_timeout)
+                proc.wait(max(0.1, deadline - time.monotonic()))
+                exited = proc.returncode == 0
             except subprocess.TimeoutExpired:
-                log.error("sink %s did not finish in time; stopping it", self.name)
+                log.error("sink %s did not finish within the shutdown timeout (%.0f s); stopping it", self.name,
+                          timeout)
                 proc.kill()
                 proc.wait()
             if self._reader is not None:
@@ -182,6 +190,7 @@ class SinkProcess:
         if left:
             log.error("sink %s: %d events not handed over at shutdown (they are in the journal: use relay "
                       "replay)", self.name, left)
+        self.complete = exited and self.stats()["dropped"] == 0
 
     def _lag(self, queued: int) -> float:
         """Seconds since the oldest event still queued was handed over, to the sampling period: at

@@ -1,0 +1,81 @@
+"""The relay's last steps after SIGTERM: journal what ingest still holds, let every sink's process
+apply what it was handed, all within ``--shutdown-timeout``, and say what is missing. A sink's
+process never outlives its relay (relay/sinkhost/lifeline.py), so this wait is the last chance a
+sink has to be complete: meanwhile the stats file says how far each got (the embedded relay's job
+reads it) and the log says it every few seconds; a sink stopped before it was done is named in the
+final stats and the log, with the events it lacks and the ``relay replay`` command that completes
+it from the journal (relay/sinkhost/behind.py)."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from relay.daemon.counters import log_stats, write_stats
+from relay.daemon.fan_out import FanOut
+from relay.daemon.ingest import Ingest
+from relay.journal.journal import NAME as JOURNAL, Journal
+from relay.sinkhost import behind
+from relay.sinkhost.child import SinkSpec
+
+log = logging.getLogger("relay")
+
+
+class Shutdown:
+    """What ``Relay._shutdown`` does between the loop's end and closing the socket."""
+
+    def __init__(self, ingest: Ingest, journal: Journal, fan_out: FanOut, specs: list[SinkSpec],
+                 timeout: float, snapshot: Callable[..., dict[str, Any]], stats_path: Path) -> None:
+        self.ingest, self.journal, self.fan_out, self.specs = ingest, journal, fan_out, specs
+        self.timeout, self.snapshot, self.stats_path = timeout, snapshot, stats_path
+        self._line_due = behind.PROGRESS_EVERY  # seconds into the wait for the sinks when a progress line is due
+
+    def run(self, stats_window: float) -> None:
+        """Journal, drain, close the journal; the final stats written and logged."""
+        ingest, batch = self.ingest, self.ingest.batch
+        ingest.close_runs(time.monotonic())
+        log.info("shutting down: flushing %d events", batch.pending)
+        deadline = time.monotonic() + self.timeout
+        batch.retry_now()
+        ingest.commit(time.monotonic())
+        while batch.lines and time.monotonic() < deadline:
+            time.sleep(min(batch.backoff, 0.5))
+            ingest.commit(time.monotonic())
+        if batch.lines:
+            log.error("shutting down with %d events the journal could not take; their clients still hold "
+                      "them and will resend to the next relay", batch.pending)
+        self.fan_out.close(deadline, lambda waited: self._progress(stats_window, waited))
+        try:
+            self.journal.close()
+        except OSError as exc:
+            ingest.counters.journal_errors += 1
+            log.error("journal close failed: %s", exc)
+        ingest.deadletters.close()
+        snap = self.snapshot(stats_window, final=True)
+        snap.update(self._lacking(snap["sinks"]))
+        if snap["behind"]:
+            log.error("%s", behind.report(snap["behind"], snap["replay"]))
+        log_stats(snap, final=True)
+        write_stats(self.stats_path, snap)
+
+    def _progress(self, stats_window: float, waited: float) -> None:
+        """About every second while the sinks drain: the stats file; every PROGRESS_EVERY s, a log line."""
+        snap = self.snapshot(stats_window)
+        line = behind.progress_line(_others(snap["sinks"]), waited, self.timeout)
+        snap.update(stopping=True, progress=line, **self._lacking(snap["sinks"]))
+        write_stats(self.stats_path, snap)
+        if waited >= self._line_due:
+            self._line_due = waited + behind.PROGRESS_EVERY
+            log.info("%s", line)
+
+    def _lacking(self, sinks: dict[str, Any]) -> dict[str, Any]:
+        """``behind``: the sinks not complete and the events each lacks; ``replay``: the command that
+        completes them from the journal."""
+        lacks = behind.behind(_others(sinks))
+        return {"behind": lacks, "replay": behind.replay_command(self.journal.path, self.specs, list(lacks))}
+
+
+def _others(sinks: dict[str, Any]) -> dict[str, Any]:
+    """The sinks but the journal (complete by construction: its clients were acknowledged)."""
+    return {name: stats for name, stats in sinks.items() if name != JOURNAL}

@@ -1,0 +1,81 @@
+"""What a stopping relay's sinks still lack, said the way a user can act on it: a progress line while
+the relay waits for them (bounded by its shutdown timeout), and, for those it had to stop before they
+had applied everything, how many events each lacks and the one ``relay replay`` command that gives
+them those events from the journal (every sink skips what it already holds, so the command is safe
+to run whatever it finds).
+
+A sink's process never outlives its relay (relay/sinkhost/lifeline.py), so the relay's exit is the
+last moment a sink can be complete; what it lacks then is only in the journal.
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from relay.sinkhost.child import SinkSpec
+
+#: Seconds between the progress lines of a relay waiting for its sinks.
+PROGRESS_EVERY = 5.0
+
+
+def lacking(stats: Mapping[str, Any]) -> int:
+    """Events a sink has not applied (its process's ``stats()``): still queued or in flight, and those
+    it dropped or lost on the way (which only the journal holds now)."""
+    return int(stats.get("queued", 0)) + int(stats.get("dropped", 0))
+
+
+def progress_line(sinks: Mapping[str, Mapping[str, Any]], waited: float, bound: float) -> str:
+    """``waiting for sinks to apply what the journal took: mlflow 1,234 events to go (opening), aim done
+    (12 s of at most 60 s)``."""
+    parts = []
+    for name, stats in sinks.items():
+        if stats.get("complete"):
+            parts.append(f"{name} done")
+            continue
+        left = lacking(stats)
+        state = " (opening)" if not stats.get("open") else ""
+        parts.append(f"{name} {left:,} events to go{state}" if left else f"{name} finishing{state}")
+    return (f"waiting for sinks to apply what the journal took: {', '.join(parts)} "
+            f"({waited:.0f} s of at most {bound:.0f} s)")
+
+
+def behind(sinks: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """The sinks that are not complete at the end, and how many events each lacks."""
+    return {name: lacking(stats) for name, stats in sinks.items() if not stats.get("complete")}
+
+
+def option_args(cls: type, options: Mapping[str, Any]) -> list[str]:
+    """A sink's options (as its ``SinkSpec`` holds them) as its command line spells them; defaults left out."""
+    args: list[str] = []
+    for option in cls.options():
+        value = options.get(option.name)
+        if value is None or value == option.default or value == ():
+            continue
+        if option.is_flag:
+            flags = option.opts if value else option.secondary_opts
+            args += flags[:1]
+            continue
+        for item in (value if option.multiple else [value]):
+            args += [option.opts[0], str(item)]
+    return args
+
+
+def replay_command(journal: Path | str, specs: Sequence[SinkSpec], names: Sequence[str]) -> list[str]:
+    """``relay replay JOURNAL --sink NAME OPTIONS ...`` for the sinks ``names`` of ``specs``."""
+    from sinks.registry import load
+
+    command = ["relay", "replay", str(journal)]
+    for spec in specs:
+        if spec.name in names:
+            command += ["--sink", spec.source or spec.name, *option_args(load(spec.source or spec.name),
+                                                                         spec.options)]
+    return command
+
+
+def report(lacks: Mapping[str, int], command: Sequence[str]) -> str:
+    """One line: which sinks lack how many events, and the command that completes them."""
+    which = ", ".join(f"{name} lacks {count:,} events" if count else f"{name} did not finish"
+                      for name, count in lacks.items())
+    return f"sinks not complete at shutdown: {which}; the journal has every event: complete them with: " \
+           f"{shlex.join(command)}"
