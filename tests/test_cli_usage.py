@@ -26,7 +26,7 @@ from relay.wire.address import BadAddress, check_bind_address, check_connect_add
     (["--sink-queue", "0"], "Invalid value for '--sink-queue': 0 is not in the range x>=1; see 'relay serve --help'"),
     (["tial", "x.jsonl"], "no such command 'tial'; did you mean 'tail'?"),
     (["stauts", "relay-logs/"], "no such command 'stauts'; did you mean 'status'?"),
-    (["frobnicate"], "no such command 'frobnicate'; commands: serve, tail, plot, status, replay, consume, "
+    (["frobnicate"], "no such command 'frobnicate'; commands: serve, tail, runs, plot, status, replay, consume, "
                      "keygen (see 'relay --help')"),
 ], ids=lambda v: v if isinstance(v, str) and " " not in v else None)
 def test_usage_errors_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -37,7 +37,7 @@ def test_usage_errors_are_one_line(tmp_path: Path, args: list[str], message: str
     assert list(tmp_path.iterdir()) == [], "a usage error writes nothing"
 
 
-@pytest.mark.parametrize("args", [["--help"], ["serve", "--help"], ["tail", "--help"],
+@pytest.mark.parametrize("args", [["--help"], ["serve", "--help"], ["tail", "--help"], ["runs", "--help"],
                                   ["plot", "--help"], ["status", "--help"], ["replay", "--help"],
                                   ["consume", "--help"], ["keygen", "--help"]], ids=lambda a: a[0])
 def test_help_fits_an_80_column_terminal(args: list[str]) -> None:

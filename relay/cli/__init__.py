@@ -6,9 +6,9 @@ the Prometheus endpoint's options (relay/cli/metrics_flags.py) to serve and cons
 from relay.cli.consume import consume
 from relay.cli.main import main, serve
 from relay.cli.metrics_flags import metrics_params
-from relay.cli.viewers import plot, tail
+from relay.cli.viewers import plot, runs, tail
 
-for command in (consume, tail, plot):
+for command in (consume, tail, runs, plot):
     main.add_command(command)
 serve.params.extend(metrics_params(per_run=True))
 consume.params.extend(metrics_params(per_run=False))

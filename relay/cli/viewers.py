@@ -13,6 +13,7 @@ import click
 
 from relay.cli.filters import selection, selection_options
 from relay.cli.main import EXIT_USAGE, _fail
+from relay.journal.journal import DEFAULT_PATH
 
 
 @click.command(short_help="Show a journal readably from its end; -f follows it.")
@@ -74,3 +75,28 @@ def plot(path: Path, metrics: tuple[str, ...], by: str, output: Path, **filters:
         _fail(EXIT_USAGE, str(exc))
     if drawn.note():
         click.echo(f"relay plot: {drawn.note()}", err=True)
+
+
+@click.command(short_help="List a journal's runs: start, status, steps, loss, stragglers.")
+@click.argument("path", type=click.Path(path_type=Path), default=DEFAULT_PATH, required=False)
+@click.option("--json", "as_json", is_flag=True, help="Every run as a JSON object, for scripts.")
+def runs(path: Path, as_json: bool) -> None:
+    """List the runs of a journal (a JSONL file or directory; default relay-logs/): when each
+    started, its status (train_end's, else running or unfinished), attempts, ranks, last step and
+    train loss, and the stragglers and lost ranks the relay named; oldest first."""
+    from relay.cli.columns import terminal_width
+    from relay.cli.runs import as_json as json_of, summarize, table
+
+    if not path.exists():
+        _fail(EXIT_USAGE, f"{path} does not exist; give the relay's --path (file or directory)")
+    found = summarize(path)
+    try:
+        if as_json:
+            sys.stdout.buffer.write(json_of(found))
+        elif found:
+            click.echo("\n".join(table(found, terminal_width(sys.stdout))))
+        else:
+            click.echo(f"relay runs: no runs in {path}", err=True)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away (| head)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
