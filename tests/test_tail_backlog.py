@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import wait_for
-from watch_helpers import LiveCommand, event, training_journal
+from watch_helpers import LiveCommand, event, training_journal, write_journal
 
 from relay.cli.backward import lines_backwards
 from relay.cli.filters import Selection, selection
@@ -112,6 +112,26 @@ def test_the_first_look_reads_what_it_shows_not_the_journal(tmp_path: Path) -> N
     assert read_for(last=None) >= size  # the counter sees a whole read
     for kw in ({"last": 20}, {"last": 20, "as_json": True}, {"last": 20, "view": "steps"}):
         assert read_for(**kw) < 200_000, kw
+
+
+def test_a_directory_of_many_old_runs_costs_a_look_at_each_files_time(tmp_path: Path) -> None:
+    """500 runs of last week beside a live one: only the live one's end is read (each old file's
+    last write says it holds nothing newer), and what is shown is what a whole read ends with."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    week_ago = time.time() - 7 * 86400
+    for i in range(500):
+        old = logs / f"old-{i:03d}.jsonl"
+        write_journal(old, [event(f"old-{i:03d}", 0, s, week_ago + i + s, "metrics", {"loss": 1.0}, step=s,
+                                  stage="train") for s in range(20)])
+        os.utime(old, (week_ago + i + 20, week_ago + i + 20))
+    training_journal(logs / "live.jsonl", "live", 200, t0=time.time() - 100)
+    me = psutil.Process()
+    for view in ("events", "steps"):
+        before = me.io_counters().read_chars
+        text = shown(logs, 20, view=view)
+        assert me.io_counters().read_chars - before < 200_000, view  # the old files hold 1.4 MB
+        assert text.splitlines()[-20:] == shown(logs, None, view=view).splitlines()[-20:]
 
 
 def test_follow_starts_at_the_end_and_waits_for_a_line_being_written(tmp_path: Path) -> None:

@@ -16,14 +16,16 @@ from __future__ import annotations
 import heapq
 import math
 from itertools import islice
-from operator import itemgetter
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from relay.cli.backward import Identity, lines_backwards
+from relay.cli.backward import lines_backwards
+from relay.cli.follow import Ending
 from relay.cli.step_view import Row, StepView
 from relay.wire.lines import parse_line
 
+#: Seconds an event's time may be past its file's last write (the ranks' clocks against the relay's),
+#: for which a file written before the newest line found so far is still opened.
+CLOCK_SLACK_S = 300.0
 #: Events per step shown that the first window reads (a two-rank job writes about 4 per logged step;
 #: a job of more ranks, more: the window doubles until it holds the steps shown).
 EVENTS_PER_STEP = 8
@@ -32,18 +34,36 @@ Keyed = tuple[float, dict[str, Any], bytes]  # (ts to merge by, event, its line)
 Wanted = Callable[[dict[str, Any]], bool]
 
 
-def newest_first(files: list[tuple[Path, int, Identity]], wanted: Wanted) -> Iterator[Keyed]:
-    """The wanted lines of ``files`` (each read up to its end offset) newest first, parsed."""
-    # Ties go to the later file, so that reversed this is the order a forward merge gives.
-    streams = [_keyed(path, end, identity, wanted) for path, end, identity in reversed(files)]
-    if len(streams) == 1:
-        return streams[0]
-    return heapq.merge(*streams, key=itemgetter(0), reverse=True)
+def newest_first(files: list[Ending], wanted: Wanted) -> Iterator[Keyed]:
+    """The wanted lines of ``files`` (each read up to its end offset) newest first, parsed. Files are
+    opened newest first (by when they were last written) and only while one may hold a line newer
+    than the newest not yet given: a directory of thousands of old runs beside a live one costs a
+    look at each file's size and time, not a read of each."""
+    waiting = sorted(range(len(files)), key=lambda i: files[i].mtime, reverse=True)
+    heap: list[tuple[float, int, int, dict[str, Any], bytes, Iterator[Keyed]]] = []
+    order = 0
+
+    def push(index: int, stream: Iterator[Keyed]) -> None:
+        nonlocal order
+        item = next(stream, None)
+        if item is not None:  # ties: the later file first, so that reversed this is a forward merge's order
+            order += 1
+            heapq.heappush(heap, (-item[0], -index, order, item[1], item[2], stream))
+
+    while True:
+        while waiting and (not heap or files[waiting[0]].mtime + CLOCK_SLACK_S >= -heap[0][0]):
+            index = waiting.pop(0)
+            push(index, _keyed(files[index], wanted))
+        if not heap:
+            return
+        key, index, _, ev, raw, stream = heapq.heappop(heap)
+        yield -key, ev, raw
+        push(-index, stream)
 
 
-def _keyed(path: Path, end: int, identity: Identity, wanted: Wanted) -> Iterator[Keyed]:
+def _keyed(file: Ending, wanted: Wanted) -> Iterator[Keyed]:
     later = math.inf
-    for raw in lines_backwards(path, end, identity):
+    for raw in lines_backwards(file.path, file.end, file.identity):
         ev = parse_line(raw)
         if ev is None or not wanted(ev):
             continue
@@ -53,7 +73,7 @@ def _keyed(path: Path, end: int, identity: Identity, wanted: Wanted) -> Iterator
         yield later, ev, raw
 
 
-def last_events(files: list[tuple[Path, int, Identity]], wanted: Wanted,
+def last_events(files: list[Ending], wanted: Wanted,
                 last: int) -> list[tuple[dict[str, Any], bytes]]:
     """The last ``last`` wanted events of ``files``, oldest first."""
     picked = list(islice(newest_first(files, wanted), last))
@@ -61,7 +81,7 @@ def last_events(files: list[tuple[Path, int, Identity]], wanted: Wanted,
     return [(ev, raw) for _, ev, raw in picked]
 
 
-def last_steps(files: list[tuple[Path, int, Identity]], wanted: Wanted, last: int,
+def last_steps(files: list[Ending], wanted: Wanted, last: int,
                view: Callable[[bool], StepView], *, now: float, final: bool) -> tuple[StepView, list[Row]]:
     """The last ``last`` lines of the steps view of ``files``, and the view that made them (with
     the steps it still waits for, when following). ``view(from_middle)`` makes a fresh StepView."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, NamedTuple
 
 from relay.cli.backward import Identity, end_of_last_line
 from relay.journal.reader import READ_SIZE, journal_files
@@ -28,6 +28,16 @@ MAX_OPEN = 64
 #: Looks in a row with nothing new after which a file is let go once half of MAX_OPEN are open
 #: (five seconds of -f), so the files still written to keep theirs.
 QUIET_LOOKS = 25
+
+
+class Ending(NamedTuple):
+    """Where a file's lines end when a follower started at its end, which file that was, and when it
+    was last written (a reader of many files opens the newest first: relay/cli/backlog.py)."""
+
+    path: Path
+    end: int
+    identity: Identity
+    mtime: float
 
 
 @dataclass
@@ -51,26 +61,32 @@ class Follower:
         self._files: dict[Path, _File] = {}
         self._open = 0
 
-    def skip_to_end(self, final: bool = False) -> list[tuple[Path, int, Identity]]:
-        """Take each file as read up to its end without reading it, and say where that is: (name,
-        end, identity) per file, for a caller that shows the end of what is there by reading it
-        backwards (relay/cli/backward.py). The end is that of the last complete line, so ``poll``
-        gives a line still being written once it is whole; ``final``: the file's very end."""
+    def skip_to_end(self, final: bool = False) -> list[Ending]:
+        """Take each file as read up to its end without reading it, and say where that is, for a
+        caller that shows the end of what is there by reading it backwards (relay/cli/backward.py).
+        The end is that of the last complete line, so ``poll`` gives a line still being written once
+        it is whole. ``final`` (a one-shot read, no poll after it): each file's very end, from its
+        size alone, no file opened."""
         out = []
         for name in self._names():
             try:
-                fh = open(name, "rb")
+                if final:
+                    stat, fh = os.stat(name), None
+                else:
+                    fh = open(name, "rb")
+                    stat = os.fstat(fh.fileno())
             except OSError:  # gone between the listing and now: the next poll sees what happened
                 continue
-            stat = os.fstat(fh.fileno())
-            end = stat.st_size if final else end_of_last_line(fh.fileno(), stat.st_size)
+            end = stat.st_size if fh is None else end_of_last_line(fh.fileno(), stat.st_size)
+            out.append(Ending(name, end, (stat.st_dev, stat.st_ino), stat.st_mtime))
+            if fh is None:
+                continue
             fh.seek(end)
             state = self._files[name] = _File((stat.st_dev, stat.st_ino), offset=end, fh=fh)
             self._open += 1
             if self._open > MAX_OPEN // 2:  # kept open, so a file renamed away is still read to its end
                 self._close(state)
                 state.quiet = 1  # closed: opened again by name only once it grows
-            out.append((name, end, state.identity))
         return out
 
     def poll(self, final: bool = False) -> list[tuple[Path, list[bytes]]]:

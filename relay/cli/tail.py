@@ -117,14 +117,21 @@ class Tail:
         if follow and not self.path.exists():
             click.echo(f"relay tail: waiting for {self.path} to appear", err=True)
         try:
-            if last is None:
-                self._show_all(final=not follow)
-            else:
-                self._show_last(last, final=not follow)
+            self.first_look(last, follow=follow)
             while follow and not reader_gone(sys.stdout, POLL_S):
                 self.poll_once()
         finally:
-            self._follower.close()
+            self.close()
+
+    def first_look(self, last: int | None, *, follow: bool) -> None:
+        """Show the last ``last`` (None: all) of what is there; when following, the follower goes on from there."""
+        if last is None:
+            self._show_all(final=not follow)
+        else:
+            self._show_last(last, final=not follow)
+
+    def close(self) -> None:
+        self._follower.close()
 
     def _view(self, from_middle: bool) -> StepView:
         return StepView(self.metrics, color=self.color, straggler_ratio=self.straggler_ratio, from_middle=from_middle,
