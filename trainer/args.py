@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer.errors import UsageError
+from trainer.model_source import FLAGS, check_source
 from trainer.tracker_flags import TRACKERS, TrackingArguments
 
 if TYPE_CHECKING:
@@ -265,10 +266,6 @@ def unescape(text: str) -> str:
     return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
 
 
-def _looks_local(path: str) -> bool:
-    return path.startswith(("/", "./", "../", "~")) or os.path.exists(path)
-
-
 def validate(
     model: ModelArguments,
     data: DataArguments,
@@ -308,12 +305,12 @@ def validate(
             raise UsageError(f"--run_name: {training.run_name!r} must match {RUN_ID_RE.pattern}")
     if not model.model_name_or_path:
         raise UsageError("--model_name_or_path is required (or use --demo)")
-    for flag in ("model_name_or_path", "tokenizer_name_or_path"):
+    for flag in FLAGS:
         path = getattr(model, flag)
         if model.demo and flag == "model_name_or_path":
             continue  # --demo builds it there
-        if path and _looks_local(path) and not os.path.isdir(os.path.expanduser(path)):
-            raise UsageError(f"--{flag}: {path} is not a folder")
+        if path:
+            check_source(flag, path)
     if model.target_modules:
         model.target_modules = [m for spec in model.target_modules for m in spec.split(",") if m]
     if not model.use_peft and model.target_modules:

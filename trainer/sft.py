@@ -23,8 +23,10 @@ from trainer.embedded import (
     JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id, near, relay_executable,
 )
 from trainer.errors import UsageError
+from trainer.model_source import check_command_line
 from trainer.stopping import STOP
 from trainer.tracker_flags import TrackingArguments, sink_args
+from trainer.usage import print_help
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -236,7 +238,11 @@ def main(argv: list[str] | None = None, callbacks: list["TrainerCallback"] | Non
     if demo_requested(argv):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # a model this small only loses by spreading out
+    if any(word in ("-h", "--help") for word in argv):
+        print_help()
+        return 0
     try:
+        check_command_line(argv)
         model_args, data_args, tracking_args, training_args = parse_args(argv)
         train(model_args, data_args, training_args, tracking_args, callbacks)
     except UsageError as exc:

@@ -1,0 +1,61 @@
+"""Where ``--model_name_or_path`` (and ``--tokenizer_name_or_path``) point, checked before anything
+starts: a model the job cannot load used to start the relay, retry the hub five times and end in a
+long traceback a minute later; now it is one line and exit status 2.
+
+A folder that exists is taken as it is. A path written as one (``/``, ``./``, ``../``, ``~``), or
+whose parent folder exists (``models/tiny-lama`` where ``models/`` is a folder: a typo, not a hub
+id), must exist. Anything else is a Hugging Face hub id: it must be a valid one, and when the hub is
+off (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``, the normal state of a cluster without
+internet) it must be in the local cache. Online, an id that is not cached is left to
+``from_pretrained`` to download. ``huggingface_hub`` is imported only for a hub id (quickly: it is
+small)."""
+from __future__ import annotations
+
+import os
+
+from trainer.errors import UsageError
+
+FLAGS = ("model_name_or_path", "tokenizer_name_or_path")
+#: Files one of which a cached model or tokenizer holds.
+_CACHED_FILES = ("config.json", "tokenizer_config.json", "tokenizer.json")
+_TRUE = {"1", "on", "yes", "true"}
+
+
+def check_source(flag: str, value: str) -> None:
+    """UsageError unless ``value`` (given as ``--flag``) names a folder, or a hub id the job can load."""
+    path = os.path.expanduser(value)
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path.rstrip(os.sep))
+    if value.startswith(("/", "./", "../", "~")) or os.path.exists(path) or (parent and os.path.isdir(parent)):
+        what = "is not a folder" if os.path.exists(path) else "does not exist"
+        raise UsageError(f"--{flag}: {value} {what}; give the folder that holds the model (its config.json)")
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        raise UsageError(f"--{flag}: {value} is neither a folder nor a Hugging Face model id (ORG/NAME); "
+                         "give the folder that holds the model") from None
+    if not offline():
+        return
+    if not any(isinstance(try_to_load_from_cache(value, name), str) for name in _CACHED_FILES):
+        raise UsageError(f"--{flag}: {value} is no folder here, and the Hugging Face cache holds no model {value!r} "
+                         "(the hub is off: HF_HUB_OFFLINE); give the model's folder, or download it first "
+                         f"(hf download {value})")
+
+
+def check_command_line(argv: list[str]) -> None:
+    """``check_source`` for the model and tokenizer flags of a command line, before it is parsed (parsing
+    imports transformers and trl: seconds), so a wrong model id costs a moment."""
+    wanted = {f"--{flag}": flag for flag in FLAGS} | {f"--{flag.replace('_', '-')}": flag for flag in FLAGS}
+    for i, word in enumerate(argv):
+        name, eq, value = word.partition("=")
+        if name in wanted and (eq or i + 1 < len(argv)):
+            check_source(wanted[name], value if eq else argv[i + 1])
+
+
+def offline() -> bool:
+    """Whether the Hugging Face hub is switched off for this process, as huggingface_hub reads it."""
+    return any(os.environ.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
