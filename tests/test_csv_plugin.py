@@ -1,37 +1,59 @@
-"""docs/plugins.md's CSV sink, run as printed there: installed through an entry point behind a real
-relay, loaded as ``module:Class`` without one, and replayed into twice without adding a row."""
+"""docs/plugins.md's CSV sink, run as printed there: its package (the python and toml blocks, as
+written) built and installed with pip, behind a real relay through its entry point, loaded as
+``module:Class`` from its project folder without installing, and the doc's own replay commands run
+as written, twice without adding a row."""
 from __future__ import annotations
 
 import csv
 import os
 import re
+import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from conftest import ROOT
 from relay.client.publisher import Publisher
 
-MODULE = "csv_docs_sink"
+DOC = ROOT / "docs" / "plugins.md"
+_BUILT: dict[str, Path] = {}  # this process's build of the package: project folder, and where pip installed it
 
 
-def doc_example() -> str:
-    text = (ROOT / "docs" / "plugins.md").read_text()
-    (code,) = re.findall(r"```python\n(.*?)```", text, re.S)
+def doc_block(lang: str) -> str:
+    (code,) = re.findall(rf"```{lang}\n(.*?)```", DOC.read_text(), re.S)
     return code
 
 
+def doc_example() -> str:
+    return doc_block("python")
+
+
+def package() -> tuple[Path, Path]:
+    """The doc's project folder (``my_sinks/``) and the folder ``pip install ./my_sinks`` installed it
+    into (``--target``: no network, nothing added to this environment), built once per process."""
+    if not _BUILT:
+        root = Path(tempfile.mkdtemp(prefix="csv-plugin-"))
+        project = root / "my_sinks"
+        (project / "my_sinks").mkdir(parents=True)
+        (project / "pyproject.toml").write_text(doc_block("toml"))
+        (project / "my_sinks" / "__init__.py").write_text("")
+        (project / "my_sinks" / "csv_sink.py").write_text(doc_example())
+        site = root / "site"
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                               "--no-build-isolation", "--target", str(site), "./my_sinks"], cwd=root,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        _BUILT.update(project=project, site=site)
+    return _BUILT["project"], _BUILT["site"]
+
+
 def install(tmp_path: Path, entry_point: bool) -> dict[str, str]:
-    """The example as a module on PYTHONPATH, with or without a distribution registering it."""
-    site = tmp_path / ("site-ep" if entry_point else "site-plain")
-    site.mkdir()
-    (site / f"{MODULE}.py").write_text(doc_example())
-    if entry_point:
-        meta = site / "csv_docs_sink-0.1.dist-info"
-        meta.mkdir()
-        (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: csv-docs-sink\nVersion: 0.1\n")
-        (meta / "entry_points.txt").write_text(f"[metrics_relay.sinks]\ncsv = {MODULE}:CsvSink\n")
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    """This environment with the doc's sink importable: installed (its entry point found), or only its
+    project folder on PYTHONPATH (``package.module:Class`` only)."""
+    project, site = package()
+    where = site if entry_point else project
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(where), os.environ.get("PYTHONPATH", "")]))
 
 
 def rows(path: Path) -> list[list[str]]:
@@ -48,6 +70,31 @@ def replay(journal: Path, sink: str, csv_file: Path, env: dict[str, str]) -> Non
 
 def test_the_example_is_short() -> None:
     assert len(doc_example().rstrip("\n").splitlines()) <= 25
+
+
+def test_the_docs_replay_commands_run_as_written(relays, tmp_path: Path) -> None:
+    """The bash block's replay lines, run with the package installed as its pip line says (into a
+    --target folder on PYTHONPATH) and with the relay's journal in relay-logs/."""
+    env = install(tmp_path, entry_point=True)
+    relay = relays(["--path", f"{tmp_path / 'relay-logs'}/"], env=env)
+    pub = Publisher("doc-run", 0, world_size=1, address=relay.address)
+    for step in range(1, 4):
+        pub.publish("metrics", {"loss": 1.0 / step}, step=step, stage="train")
+    assert pub.close(20) == 0 and relay.stop() == 0
+    lines = [line for line in doc_block("bash").splitlines() if line.startswith(("relay replay", "PYTHONPATH="))]
+    assert len(lines) == 2 and doc_block("bash").splitlines()[0].startswith("pip install ./my_sinks")
+    bin_dir = Path(sys.executable).parent
+    shell_env = {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
+    for line, written in zip(lines, ("rebuilt.csv", "by-path.csv")):
+        command = line.split("  #")[0].strip().replace("PYTHONPATH=my_sinks", f"PYTHONPATH={shlex.quote(str(package()[0]))}")
+        seen = []
+        for _ in range(2):  # twice: the second adds nothing
+            done = subprocess.run(["bash", "-e", "-c", command], cwd=tmp_path, env=shell_env, capture_output=True,
+                                  text=True, timeout=120)
+            assert done.returncode == 0, (command, done.stderr[-2000:])
+            seen.append(rows(tmp_path / written))
+        assert seen[0] == seen[1] and [r[2] for r in seen[0] if r[5] == "loss"] == ["1", "2", "3"], seen
+    assert sorted(rows(tmp_path / "rebuilt.csv")) == sorted(rows(tmp_path / "by-path.csv"))
 
 
 def test_csv_sink_live_and_replayed(relays, tmp_path: Path) -> None:
@@ -80,7 +127,7 @@ def test_csv_sink_live_and_replayed(relays, tmp_path: Path) -> None:
 
     plain = install(tmp_path, entry_point=False)
     by_path = tmp_path / "by_path.csv"
-    replay(journal, f"{MODULE}:CsvSink", by_path, plain)
+    replay(journal, "my_sinks.csv_sink:CsvSink", by_path, plain)
     assert rows(by_path) == before
 
 

@@ -169,7 +169,7 @@ TARGETS = {
     "forward": Target("forward", lambda ws: {"--to": (ws / "central.address").read_text()},
                       lambda ws, run: journal_view(ws / "central" / f"{run}.jsonl"), check_journal, same_journal),
     "csv": Target("csv", lambda ws: {"--csv-file": str(ws / "m.csv")}, lambda ws, run: csv_rows(ws / "m.csv", run),
-                  check_csv, same_csv, env=csv_env, source="csv_docs_sink:CsvSink"),
+                  check_csv, same_csv, env=csv_env, source="my_sinks.csv_sink:CsvSink"),
 }
 
 
