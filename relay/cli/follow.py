@@ -15,6 +15,7 @@ has the same blind spot); a journal is only appended to, so that takes a hand ed
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, NamedTuple
@@ -25,6 +26,8 @@ from relay.journal.reader import READ_SIZE, journal_files
 #: Files kept open at once; past it a file is let go once read, and reopened by name (and
 #: identity) when it grows, so a directory of thousands of runs costs few descriptors.
 MAX_OPEN = 64
+#: Seconds since its last write after which a file is taken to hold no line being written.
+WRITTEN_S = 60.0
 #: Looks in a row with nothing new after which a file is let go once half of MAX_OPEN are open
 #: (five seconds of -f), so the files still written to keep theirs.
 QUIET_LOOKS = 25
@@ -65,21 +68,27 @@ class Follower:
         """Take each file as read up to its end without reading it, and say where that is, for a
         caller that shows the end of what is there by reading it backwards (relay/cli/backward.py).
         The end is that of the last complete line, so ``poll`` gives a line still being written once
-        it is whole. ``final`` (a one-shot read, no poll after it): each file's very end, from its
-        size alone, no file opened."""
-        out = []
+        it is whole; a file not written for WRITTEN_S is taken to end with its last line, and is not
+        opened (a directory of thousands of finished runs). ``final`` (a one-shot read, no poll after
+        it): each file's very end, from its size alone, no file opened."""
+        out, now = [], time.time()
         for name in self._names():
             try:
-                if final:
-                    stat, fh = os.stat(name), None
-                else:
-                    fh = open(name, "rb")
-                    stat = os.fstat(fh.fileno())
+                stat = os.stat(name)
+                quiet = now - stat.st_mtime > WRITTEN_S
+                fh = None if final or quiet else open(name, "rb")
             except OSError:  # gone between the listing and now: the next poll sees what happened
+                continue
+            opened = os.fstat(fh.fileno()) if fh is not None else stat
+            if (opened.st_dev, opened.st_ino) != (stat.st_dev, stat.st_ino):
+                fh.close()  # replaced since the stat: the next poll reads the new file from its start
                 continue
             end = stat.st_size if fh is None else end_of_last_line(fh.fileno(), stat.st_size)
             out.append(Ending(name, end, (stat.st_dev, stat.st_ino), stat.st_mtime))
-            if fh is None:
+            if final:
+                continue
+            if fh is None:  # not written lately: no line being written; opened again once it grows
+                self._files[name] = _File((stat.st_dev, stat.st_ino), offset=end, quiet=1)
                 continue
             fh.seek(end)
             state = self._files[name] = _File((stat.st_dev, stat.st_ino), offset=end, fh=fh)
