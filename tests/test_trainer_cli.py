@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 from trainer_fixtures import error_lines, run_trainer
 
 TRAIN = [sys.executable, "-m", "trainer"]
@@ -45,8 +47,9 @@ def test_a_model_it_cannot_load_is_one_line_before_anything_starts(tmp_path: Pat
     assert tokenizer.returncode == 2 and "--tokenizer_name_or_path: nosuchorg/tok is no folder" in tokenizer.stderr
 
 
-def test_a_hub_id_in_the_cache_or_online_is_taken(tmp_path: Path) -> None:
-    """A real Hugging Face cache folder (as huggingface_hub lays it out) holding org/cached."""
+def test_a_hub_id_in_the_cache_is_taken_and_online_the_hub_is_asked_once(tmp_path: Path) -> None:
+    """A real Hugging Face cache folder (as huggingface_hub lays it out) holding org/cached; online, a
+    hub that cannot be reached (HF_ENDPOINT at a port nothing listens on) is said at once."""
     cache = tmp_path / "hub"
     snapshot = cache / "models--org--cached" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
@@ -54,11 +57,16 @@ def test_a_hub_id_in_the_cache_or_online_is_taken(tmp_path: Path) -> None:
     (cache / "models--org--cached" / "refs").mkdir()
     (cache / "models--org--cached" / "refs" / "main").write_text("abc123")
     check = "from trainer.model_source import check_source; check_source('model_name_or_path', {!r})"
-    for model, env, ok in (("org/cached", {"HF_HUB_OFFLINE": "1"}, True), ("org/other", {"HF_HUB_OFFLINE": "1"}, False),
-                           ("org/other", {}, True)):  # online: left to from_pretrained to download
+    closed = f"http://127.0.0.1:{free_port()}"
+    for model, env, says in (("org/cached", {"HF_HUB_OFFLINE": "1"}, None), ("org/cached", {}, None),
+                             ("org/other", {"HF_HUB_OFFLINE": "1"}, "the Hugging Face cache holds no model 'org/other'"),
+                             ("org/other", {}, "cannot ask the Hugging Face hub about org/other (ConnectError")):
+        started = time.monotonic()
         done = subprocess.run([sys.executable, "-c", check.format(model)], capture_output=True, text=True, timeout=60,
-                              cwd=tmp_path, env={**_env(**env), "HF_HUB_CACHE": str(cache)})
-        assert (done.returncode == 0) == ok, (model, env, done.stderr[-1000:])
+                              cwd=tmp_path, env={**_env(**env), "HF_HUB_CACHE": str(cache), "HF_ENDPOINT": closed})
+        assert (done.returncode == 0) == (says is None), (model, env, done.stderr[-1000:])
+        assert says is None or says in done.stderr.splitlines()[-1], done.stderr[-1000:]
+        assert time.monotonic() - started < 50, "one question, no retries"
 
 
 def test_help_is_fast_lists_every_flag_and_says_each_default_once() -> None:
@@ -99,3 +107,15 @@ def _env(**extra: str) -> dict[str, str]:
     if "HF_HUB_OFFLINE" not in extra:
         env.pop("HF_HUB_OFFLINE", None)
     return env
+
+
+def test_a_librarys_warning_is_printed_once() -> None:
+    """huggingface_hub prints its warnings with a handler of its own; the trainer's logging does not
+    print them a second time (each hub retry was said twice)."""
+    code = ("from trainer.sft import _configure_logging; _configure_logging()\n"
+            "from huggingface_hub.utils import logging as hub_logging\n"
+            "hub_logging.get_logger('huggingface_hub.utils._http').warning('retrying once')\n"
+            "import logging; logging.getLogger('trainer').warning('ours once')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("retrying once") == 1 and done.stderr.count("ours once") == 1, done.stderr

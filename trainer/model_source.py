@@ -6,9 +6,10 @@ A folder that exists is taken as it is. A path written as one (``/``, ``./``, ``
 whose parent folder exists (``models/tiny-lama`` where ``models/`` is a folder: a typo, not a hub
 id), must exist. Anything else is a Hugging Face hub id: it must be a valid one, and when the hub is
 off (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``, the normal state of a cluster without
-internet) it must be in the local cache. Online, an id that is not cached is left to
-``from_pretrained`` to download. ``huggingface_hub`` is imported only for a hub id (quickly: it is
-small)."""
+internet) it must be in the local cache. Online, an id the cache lacks is asked about once (no
+retries): a hub that has no such model, or cannot be reached, is one line too, and one it has is
+left to ``from_pretrained`` to download. ``huggingface_hub`` is imported only for a hub id (quickly:
+it is small)."""
 from __future__ import annotations
 
 import os
@@ -19,6 +20,8 @@ FLAGS = ("model_name_or_path", "tokenizer_name_or_path")
 #: Files one of which a cached model or tokenizer holds.
 _CACHED_FILES = ("config.json", "tokenizer_config.json", "tokenizer.json")
 _TRUE = {"1", "on", "yes", "true"}
+#: Seconds the one question to the hub about an uncached model may take.
+HUB_TIMEOUT_S = 10.0
 
 
 def check_source(flag: str, value: str) -> None:
@@ -38,12 +41,34 @@ def check_source(flag: str, value: str) -> None:
     except HFValidationError:
         raise UsageError(f"--{flag}: {value} is neither a folder nor a Hugging Face model id (ORG/NAME); "
                          "give the folder that holds the model") from None
-    if not offline():
+    if any(isinstance(try_to_load_from_cache(value, name), str) for name in _CACHED_FILES):
         return
-    if not any(isinstance(try_to_load_from_cache(value, name), str) for name in _CACHED_FILES):
-        raise UsageError(f"--{flag}: {value} is no folder here, and the Hugging Face cache holds no model {value!r} "
-                         "(the hub is off: HF_HUB_OFFLINE); give the model's folder, or download it first "
-                         f"(hf download {value})")
+    if not offline():
+        _ask_the_hub(flag, value)
+        return
+    raise UsageError(f"--{flag}: {value} is no folder here, and the Hugging Face cache holds no model {value!r} "
+                     "(the hub is off: HF_HUB_OFFLINE); give the model's folder, or download it first "
+                     f"(hf download {value})")
+
+
+def _ask_the_hub(flag: str, value: str) -> None:
+    """One question to the hub (no retries, HUB_TIMEOUT_S at most) about a model the cache lacks:
+    from_pretrained would otherwise retry for a minute and end in a traceback."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(value, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        raise UsageError(f"--{flag}: {value} is a gated model on the Hugging Face hub; accept its terms on "
+                         "huggingface.co and log in (hf auth login), or give a folder that holds it") from None
+    except RepositoryNotFoundError:
+        raise UsageError(f"--{flag}: the Hugging Face hub has no model {value!r} (or it is private: hf auth login); "
+                         "check the id, or give the folder that holds the model") from None
+    except Exception as exc:  # the network's own errors (DNS, connection, timeout): said, and the job stops
+        raise UsageError(f"--{flag}: cannot ask the Hugging Face hub about {value} ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]}); give the model's folder, or set HF_HUB_OFFLINE=1 "
+                         "and download it where the hub is reachable (hf download)") from None
 
 
 def check_command_line(argv: list[str]) -> None:

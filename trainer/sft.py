@@ -225,6 +225,20 @@ def _configure_logging() -> None:
         level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_not_printed_by_its_library)
+
+
+def _not_printed_by_its_library(record: logging.LogRecord) -> bool:
+    """False for a record a library's own handler prints (huggingface_hub's): it would be said twice."""
+    logger: logging.Logger | None = logging.getLogger(record.name)
+    while logger is not None and logger is not logging.getLogger():
+        if logger.handlers:
+            return False
+        if not logger.propagate:
+            break
+        logger = logger.parent
+    return True
 
 
 def main(argv: list[str] | None = None, callbacks: list["TrainerCallback"] | None = None) -> int:
