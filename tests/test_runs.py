@@ -119,3 +119,15 @@ def test_thousands_of_runs(tmp_path: Path) -> None:
     found = summarize(folder)
     assert [s.run for s in found] == [f"run-{i:04d}" for i in range(2000)]
     assert {(s.last_step, s.last_loss, s.status) for s in found} == {(2, 1 / 3, "unfinished")}
+
+
+@pytest.mark.parametrize("chunk", [19, 64, 257])
+def test_counts_do_not_depend_on_where_the_chunks_end(journals: tuple[Path, Path, float], chunk: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Findings and run heads cut by a chunk's end are counted once (relay/cli/runs.py reads 8 MiB at a time)."""
+    from relay.cli import runs
+
+    folder, _, now = journals
+    whole = summarize(folder, now)
+    monkeypatch.setattr(runs, "_CHUNK", chunk)
+    assert summarize(folder, now) == whole

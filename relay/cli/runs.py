@@ -35,6 +35,8 @@ _HEAD = b'{"v":1,"run":'  # how every line the relay writes starts (sinks.events
 _BEGIN, _END = b'"event":"train_begin"', b'"event":"train_end"'
 _STRAGGLER, _LOST = b'"event":"straggler"', b'"event":"rank_lost"'
 _LOSS = b'"loss":'
+_EVENT = b'"event":"'
+_FINDINGS = (_BEGIN, _END, _STRAGGLER, _LOST)
 _CHUNK = 8 << 20
 _WINDOW = 1 << 20  # bytes read on each side of a finding for its line (a line is at most schema.MAX_LINE_BYTES)
 
@@ -97,29 +99,33 @@ def _line_at(fh: BinaryIO, pos: int) -> dict[str, Any] | None:
 
 class _Scan:
     """One pass over a file's bytes, a chunk at a time (memory: one chunk): its lines, the lines
-    that start with ``head`` (the run's own), how often each finding occurs and where last."""
+    that start with ``head`` (the run's own), and how often each finding (``"event":"straggler"``
+    and the like) occurs and where last. Three scans of each chunk in C: newlines, heads, and
+    ``"event":"``, whose few places are looked at one by one."""
 
     def __init__(self, fh: BinaryIO, head: bytes) -> None:
-        needles = (b"\n", head, _BEGIN, _END, _STRAGGLER, _LOST)
-        self.counts = dict.fromkeys(needles, 0)
-        self.last = dict.fromkeys(needles, -1)
-        longest = max(map(len, needles))
+        self.counts = dict.fromkeys(_FINDINGS, 0)
+        self.last = dict.fromkeys(_FINDINGS, -1)
+        self.lines = self.heads = 0
+        longest = max(len(head), *map(len, _FINDINGS))
         fh.seek(0)
         pos, carry, ends_in_newline = 0, b"", True
         while chunk := fh.read(_CHUNK):
-            data = carry + chunk  # (a needle cut by the chunk's end is whole here)
-            base = pos - len(carry)
-            for needle in needles:
-                start = len(carry) - len(needle) + 1 if carry else 0  # found in the carry already
-                self.counts[needle] += data.count(needle, max(0, start))
-                at = data.rfind(needle, max(0, start))
-                if at >= 0:
-                    self.last[needle] = base + at
+            data = carry + chunk  # (a needle cut by the previous chunk's end is whole here)
+            base, seen = pos - len(carry), len(carry)  # what starts and ends before ``seen`` was counted already
+            self.lines += chunk.count(b"\n")
+            self.heads += data.count(head, max(0, seen - len(head) + 1))
+            at = data.find(_EVENT, max(0, seen - longest + 1))
+            while at >= 0:
+                for finding in _FINDINGS:
+                    if data.startswith(finding, at) and at + len(finding) > seen:
+                        self.counts[finding] += 1
+                        self.last[finding] = base + at
+                at = data.find(_EVENT, at + 1)
             pos += len(chunk)
             carry = data[-(longest - 1):]
             ends_in_newline = chunk.endswith(b"\n")
-        self.lines = self.counts[b"\n"] + (pos > 0 and not ends_in_newline)
-        self.heads = self.counts[head]
+        self.lines += pos > 0 and not ends_in_newline
 
 
 class _Found:
