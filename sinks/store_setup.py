@@ -69,6 +69,13 @@ def build_into_place(target: Path, build: Callable[[Path], Path]) -> None:
 
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
+        shutil.rmtree(path, onerror=_gone_meanwhile)
     else:
         path.unlink(missing_ok=True)
+
+
+def _gone_meanwhile(function: Callable[..., object], path: str, exc_info: tuple) -> None:
+    """A file that vanished while the folder was being removed is fine (a killed set-up's own helper,
+    SQLite rolling a journal back); anything else is raised."""
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]

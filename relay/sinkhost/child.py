@@ -1,6 +1,6 @@
 """Inside a sink's process: read journal lines from the relay, write them to the sink.
 
-    python -m relay.sinkhost.child SPEC_JSON     (started by relay/sinkhost/process.py, through relay/sinkhost/lifeline.py)
+    python -m relay.sinkhost.child SPEC_JSON     (started by relay/sinkhost/process.py, under relay/sinkhost/lifeline.py)
 
 Relay -> child, on stdin: journal lines (``relay.journal.reader.LineDecoder`` turns them into events, as
 ``relay replay`` would: non-finite metrics restored; for a sink whose ``wants_events`` is False,

@@ -1,26 +1,29 @@
 """A sink's process lives only as long as the relay that started it, and alone on its journal.
 
-The relay's side, ``spawn``: every sink process of the relay is started from one thread that lives
-as long as the relay, through this module's launcher, and inherits the read end of a pipe whose
-write end only the relay holds and never writes. (Linux sends the parent-death signal when the
-*thread* that started a child ends: started from a sink's opener thread, which ends once the sink is
-open, or from its feeding thread, which ends at shutdown before the child has drained, the child
-would be killed with that thread.)
+Each sink runs under a small supervisor, ``python -m relay.sinkhost.lifeline RELAY_PID FD NAME MODULE
+ARGS...``, which starts ``python -m MODULE ARGS...`` in its own process group and waits for it. When
+the relay dies, however it died, the supervisor kills the whole group at once (SIGKILL): the sink
+and any process the sink's tool started (Aim runs its schema migrations in a subprocess of its own,
+which outlived a killed sink and migrated on beside the next one). It learns of the death two ways:
 
-The child's side: on Linux it asks the kernel, between fork and exec, to SIGKILL it the moment the
-relay is gone, however the relay died (``prctl(PR_SET_PDEATHSIG)``; the signal outlives the exec).
-Then the launcher (``python -m relay.sinkhost.lifeline RELAY_PID FD NAME MODULE ARGS...``), before
-anything slow (importing a tracker took seconds under load), asks again where that failed, ends the
-process if the relay died before it was asked (its pid is no longer the parent's), and on any
-system starts a thread that blocks reading the pipe, which reads end-of-file once the kernel has
-closed the dead relay's end, and ends the process; then it runs MODULE as ``__main__``. Nothing is
-drained then: the journal holds every event the sink had not written, and the next relay's sink
-catches it up (relay/sinkhost/catch_up.py); a store survives that kill as it survives any, its
-one-time set-up included (sinks/store_setup.py).
+* on Linux, from the kernel (``prctl(PR_SET_PDEATHSIG)``), asked between fork and exec so that it
+  holds from the supervisor's first moment; the signal is SIGTERM, and the supervisor acts on it
+  only when the relay is indeed no longer its parent, so a stray SIGTERM (a service manager
+  stopping every process of the relay's service) leaves the sink to drain as the relay says;
+* on any system, from a pipe whose write end only the relay holds and never writes: it reads
+  end-of-file once the kernel has closed the dead relay's end.
 
-``hold_sink_lock``: a relay started again at once can start a sink's process before the dead
-relay's is gone; the new one waits for the old one's lock (and says so in the log), so two sink
-processes never write the same store for one journal together.
+Linux sends that signal when the *thread* that started a process ends, and the relay starts sinks
+from threads that end (a sink's opener thread, once the sink is open): the supervisor ignores a
+SIGTERM while its parent is still the relay, so only the relay's death ends it. The sink asks the
+kernel for SIGKILL when its supervisor dies (were the supervisor killed first).
+
+Nothing is drained when the relay is gone: the journal holds every event the sink had not written,
+and the next relay's sink catches it up (relay/sinkhost/catch_up.py); a store survives that kill as
+it survives any, its one-time set-up included (sinks/store_setup.py). ``hold_sink_lock``: a relay
+started again at once can start a sink's process before the dead relay's is gone; the new one
+waits for the old one's lock (and says so in the log), so two sink processes never write the same
+store for one journal together.
 """
 from __future__ import annotations
 
@@ -28,8 +31,7 @@ import ctypes
 import fcntl
 import logging
 import os
-import queue
-import runpy
+import select
 import signal
 import subprocess
 import sys
@@ -41,113 +43,91 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-#: The exit status of a sink process whose relay is gone (EX_TEMPFAIL: the next relay's sink takes
-#: over). Nobody reads it but the process that adopts it; it tells it apart in a process listing.
-RELAY_GONE = 75
+POLL_S = 0.2  # how often the supervisor looks whether its sink exited (the pipe wakes it at once)
 
 
-class _Spawner:
-    """The one thread that starts this relay's sink processes, and the pipe they watch."""
+# -- the relay's side ---------------------------------------------------------------------------------
 
-    def __init__(self) -> None:
-        self.pid = os.getpid()  # a forked copy of the relay has no such thread: it makes its own
-        self.read_end, self.write_end = os.pipe()  # both close-on-exec; the child gets the read end only
-        self.preexec = _preexec()
-        self._requests: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event]] = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name="sink-spawner", daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            start, result, done = self._requests.get()
-            try:
-                result.append(start())
-            except BaseException as exc:  # handed to the caller, raised there: this thread must live on
-                result.append(exc)
-            done.set()
-
-    def run(self, start: Callable[[], Any]) -> Any:
-        result: list[Any] = []
-        done = threading.Event()
-        self._requests.put((start, result, done))
-        done.wait()
-        if isinstance(result[0], BaseException):
-            raise result[0]
-        return result[0]
+_pipe: tuple[int, int, int] | None = None  # (this process's pid, read end, write end)
+_pipe_lock = threading.Lock()
 
 
-_spawner: _Spawner | None = None
-_spawner_lock = threading.Lock()
+def spawn(name: str, module: str, args: list[str], **popen: Any) -> subprocess.Popen:
+    """``python -m MODULE ARGS...`` under its supervisor, started as ``subprocess.Popen(..., **popen)``
+    would start it; the Popen is the supervisor's, whose exit status is the sink's. ``name`` says
+    what it is in the one line it writes if the relay dies."""
+    global _pipe
+    with _pipe_lock:
+        if _pipe is None or _pipe[0] != os.getpid():  # a forked copy of the relay makes its own
+            _pipe = (os.getpid(), *os.pipe())  # both ends close-on-exec; a supervisor gets the read end only
+    fd = _pipe[1]
+    return subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid()), str(fd), name, module, *args],
+                            pass_fds=(fd,), start_new_session=True, preexec_fn=ask_kernel(signal.SIGTERM), **popen)
 
 
-def _preexec() -> Callable[[], None] | None:
-    """Linux: what the child runs between fork and exec, so that it is tied from its first moment
-    (the launcher's own request comes only once the interpreter has started: under load that took
-    over a second, in which a dead relay's child lived on). One system call through a function found
-    beforehand: nothing there may take a lock another thread of the relay could hold."""
+def kill(proc: subprocess.Popen) -> None:
+    """Kill a sink's process, its supervisor and whatever its tool started (one process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # all gone already
+        pass
+
+
+def ask_kernel(sig: int) -> Callable[[], None] | None:
+    """Linux: what a child runs between fork and exec to be sent ``sig`` when the thread that started
+    it ends (the signal outlives the exec). One system call through a function found beforehand:
+    nothing there may take a lock another thread of the parent could hold."""
     if not sys.platform.startswith("linux"):
         return None
     prctl = ctypes.CDLL(None, use_errno=True).prctl
 
-    def ask_kernel() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # if it fails, the launcher asks again and says so
-    return ask_kernel
+    def ask() -> None:
+        prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)  # if it fails, the pipe still tells
+    return ask
 
 
-def spawn(name: str, module: str, args: list[str], **popen: Any) -> subprocess.Popen:
-    """``python -m MODULE ARGS...`` as ``subprocess.Popen(..., **popen)`` would start it, through the
-    launcher, from the relay's long-lived spawner thread: tied to this process from its first moment.
-    ``name`` says what it is in the one line it writes if it outlives the relay."""
-    global _spawner
-    with _spawner_lock:
-        if _spawner is None or _spawner.pid != os.getpid():
-            _spawner = _Spawner()
-    spawner = _spawner
-    fd = spawner.read_end
-    command = [sys.executable, "-m", __name__, str(os.getpid()), str(fd), name, module, *args]
-    return spawner.run(lambda: subprocess.Popen(command, pass_fds=(fd,), preexec_fn=spawner.preexec, **popen))
+# -- the supervisor ----------------------------------------------------------------------------------
 
+def supervise(relay_pid: int, fd: int, name: str, command: list[str]) -> None:
+    """Run ``command`` (the sink) in this process group until it exits, then exit as it did; kill the
+    group the moment the relay ``relay_pid`` is gone (the kernel's SIGTERM, or end-of-file on ``fd``)."""
+    def relay_gone(*_: Any) -> None:  # the kernel's SIGTERM; a stray one (the relay lives) is the relay's to act on
+        if os.getppid() != relay_pid:
+            _end_group(name)
 
-def tie_to_relay(relay_pid: int, fd: int, name: str) -> None:
-    """End this process as soon as the relay ``relay_pid`` that started it is gone (see the module's docstring)."""
-    die_with_parent(name)
+    if os.getpgrp() != os.getpid():  # started by hand, not by spawn(): the group to kill is ours alone
+        os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the relay's group: the relay decides
+    signal.signal(signal.SIGTERM, relay_gone)
     if os.getppid() != relay_pid:  # it died before the kernel was asked: nobody would tell us
-        _gone(name)
-    watch_lifeline(fd, name)
+        _end_group(name)
+    sink = subprocess.Popen(command, preexec_fn=ask_kernel(signal.SIGKILL))  # fds 0-2: the relay's pipes
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)  # the relay's pipes are the sink's alone: it sees their ends close with the sink
+    os.dup2(devnull, 1)
+    while True:
+        if select.select([fd], [], [], POLL_S)[0] and not os.read(fd, 1):
+            _end_group(name)
+        pid, status = os.waitpid(sink.pid, os.WNOHANG)
+        if pid:
+            code = os.waitstatus_to_exitcode(status)
+            if code < 0:  # killed by a signal: so is this process, and the relay sees the same
+                signal.signal(-code, signal.SIG_DFL)
+                os.kill(os.getpid(), -code)
+            os._exit(code)
 
 
-def die_with_parent(name: str) -> bool:
-    """Linux: have the kernel SIGKILL this process when the thread that started it ends."""
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        log.warning("%s: no parent-death signal (prctl: %s); the pipe from the relay is watched instead",
-                    name, os.strerror(ctypes.get_errno()))
-        return False
-    return True
-
-
-def watch_lifeline(fd: int, name: str) -> None:
-    """A thread that ends this process once the relay's end of the pipe ``fd`` is closed."""
-    os.set_inheritable(fd, False)  # the sink's own helpers (wandb-core) need not hold it
-    threading.Thread(target=_watch, args=(fd, name), name="relay-lifeline", daemon=True).start()
-
-
-def _watch(fd: int, name: str) -> None:
-    """Block until the relay's end of the pipe is closed (the relay never writes to it), then exit."""
-    while os.read(fd, 1):
-        pass
-    _gone(name)
-
-
-def _gone(name: str) -> None:
+def _end_group(name: str) -> None:
     try:
-        os.write(2, f"{name} (pid {os.getpid()}): the relay that started it is gone; stopping now "
-                    "(what it had not written is in the journal: the next relay's sink catches it up)\n".encode())
+        os.write(2, f"{name} (supervisor pid {os.getpid()}): the relay that started it is gone; stopping its "
+                    "processes now (what it had not written is in the journal: the next relay's sink catches it "
+                    "up)\n".encode())
     except OSError:  # the log went with the relay
         pass
-    os._exit(RELAY_GONE)
+    os.killpg(0, signal.SIGKILL)
 
+
+# -- one sink process per journal ---------------------------------------------------------------------
 
 def hold_sink_lock(path: Path, name: str) -> int:
     """Take ``path`` (flock) for this process's lifetime, waiting for the sink process of an earlier
@@ -167,15 +147,6 @@ def hold_sink_lock(path: Path, name: str) -> int:
     return fd
 
 
-def _launch(argv: list[str]) -> None:
-    """``RELAY_PID FD NAME MODULE ARGS...``: tie this process to the relay, then run MODULE as ``__main__``."""
-    relay_pid, fd, name, module, *args = argv
-    tie_to_relay(int(relay_pid), int(fd), name)
-    sys.argv = [module, *args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
-
-
-if __name__ == "__main__":
-    from relay.sinkhost.lifeline import _launch as launch  # the module's one copy, which the child imports too
-
-    launch(sys.argv[1:])
+if __name__ == "__main__":  # python -m relay.sinkhost.lifeline RELAY_PID FD NAME MODULE ARGS...
+    relay, lifeline, label, module, *rest = sys.argv[1:]
+    supervise(int(relay), int(lifeline), label, [sys.executable, "-m", module, *rest])

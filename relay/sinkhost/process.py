@@ -29,7 +29,7 @@ from typing import IO, Any, Callable
 
 from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.child import SinkSpec, build_sink
-from relay.sinkhost.lifeline import spawn
+from relay.sinkhost.lifeline import kill, spawn
 from relay.sinkhost.rate import Rate
 from sinks.base import SinkContext, SinkError
 
@@ -181,7 +181,7 @@ class SinkProcess:
             except subprocess.TimeoutExpired:
                 log.error("sink %s did not finish within the shutdown timeout (%.0f s); stopping it", self.name,
                           timeout)
-                proc.kill()
+                kill(proc)
                 proc.wait()
             if self._reader is not None:
                 self._reader.join(5.0)
@@ -274,7 +274,7 @@ class SinkProcess:
         if first.get("ready"):
             return
         if proc.poll() is None:
-            proc.kill()
+            kill(proc)
         proc.wait()
         self._reader.join(5.0)
         self._proc = None
