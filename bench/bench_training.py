@@ -14,9 +14,9 @@ our relay callback and AimCallback every few steps, so drift cancels, and every 
 (data, compute, callbacks, logging, and the competition from the publisher's I/O thread, the relay
 process, or Aim's threads) is timed. Hooks: our callback's own hooks for one logged step, driving
 the real callback and a real publisher connected to a real relay, against the demo's median step
-time. Collective timing: a two-rank DDP job (bench/ddp_timing_job.py) whose gradient all-reduce and
-blocking collectives go through the plain default or the timed ones (trainer/collectives.py) in turns, step
-cycles compared in the same run.
+time. Collective timing: a two-rank DDP job (bench/ddp_timing_job.py, DDP's built-in all-reduce)
+whose collective timing (trainer/collectives.py) is attached and detached in turns, step cycles
+compared in the same run.
 
     python -m bench.bench_training [--steps 200] [--rounds 7] [--quick] [--collectives-only] [--json FILE]
 """
@@ -157,8 +157,8 @@ def interleaved(steps: int, block: int, workdir: Path) -> dict[str, Sample]:
 
 
 def collective_timing(steps: int, block: int, workdir: Path) -> dict[str, Sample]:
-    """Step cycle times of a two-rank DDP job by mode (bench/ddp_timing_job.py): plain all-reduce,
-    timed, plain again."""
+    """Step cycle times of a two-rank DDP job by mode (bench/ddp_timing_job.py): nothing timed, timed,
+    nothing timed again."""
     folder, result = workdir / "collectives", workdir / "collectives.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            str(ROOT / "bench" / "ddp_timing_job.py"), str(folder), str(steps), str(block), str(result)]
@@ -175,7 +175,7 @@ def _print_timing(timing: dict[str, Sample], steps: int) -> list[dict]:
     plain, *others = timing.values()
     rows = [plain.row(), *(sample.row(plain) for sample in others)]
     print("\n" + table(rows, f"Collective timing: one DDP job on 2 CPU ranks, {steps * INTERLEAVED // 2} steps, "
-                             "plain / timed all-reduce and gather in turns, wall time per step cycle"))
+                             "nothing timed / timed in turns, wall time per step cycle"))
     return rows
 
 

@@ -1,10 +1,9 @@
 """One rank of the collective-timing benchmark (bench/bench_training.py runs it under torchrun on two
-CPU ranks): the demo fine-tune under DDP whose gradient all-reduce and blocking ``torch.distributed``
-collectives go, in turns of ``BLOCK`` steps, through the plain default (``allreduce_hook`` as a Python
-communication hook, torch's own functions) and through trainer/collectives.py's timed ones (its hook,
-trainer/dist_waits.py installed), so drift hits both alike. (Against DDP's built-in C++ all-reduce,
-which a hook cannot be switched back to within a job: whole jobs, bench/bench_collectives.py.) Rank 0 writes
-each mode's step cycle times (begin to begin) as JSON to ``OUT``.
+CPU ranks): the demo fine-tune under DDP, always on DDP's built-in all-reduce, whose collective timing
+(trainer/collectives.py: gradients stamped, the backward pass and the blocking ``torch.distributed``
+collectives wrapped) is attached and detached in turns of ``BLOCK`` steps, so drift hits both alike.
+(Whole jobs, each timed or not from start to end: bench/bench_collectives.py.) Rank 0 writes each
+mode's step cycle times (begin to begin) as JSON to ``OUT``.
 
     torchrun --nproc_per_node 2 bench/ddp_timing_job.py WORKDIR STEPS BLOCK OUT
 """
@@ -16,20 +15,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-PLAIN, TIMED, PLAIN_AGAIN = "plain all-reduce", "timed (trainer/collectives.py)", "plain again (A/A: the noise floor)"
+PLAIN, TIMED, PLAIN_AGAIN = "nothing timed", "timed (trainer/collectives.py)", "nothing timed again (A/A: the noise floor)"
 MODES = (PLAIN, TIMED, PLAIN_AGAIN, TIMED)
 
 
 def main(workdir: Path, steps: int, block: int, out: Path) -> None:
     import torch
     from peft import LoraConfig
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     from trainer.args import DEMO_DATA, DEMO_RESPONSE_TEMPLATE
-    from trainer import dist_waits
-    from trainer.collectives import CollectiveClock
+    from trainer import collectives
     from trainer.dataset import load_sft_dataset
     from trainer.demo import build_demo
 
@@ -42,7 +39,7 @@ def main(workdir: Path, steps: int, block: int, out: Path) -> None:
     )
     with config.main_process_first(local=True):
         model_dir = build_demo(str(workdir / "demo-model"))
-    clock = CollectiveClock()
+    timing: list[Any] = [None]  # collectives.Timing while timed
     mode = [PLAIN]
     cycles: dict[str, list[float]] = {name: [] for name in MODES}
 
@@ -54,26 +51,24 @@ def main(workdir: Path, steps: int, block: int, out: Path) -> None:
         def __init__(self, trainer: Any) -> None:
             self.trainer = trainer
 
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            def hook(state, bucket):  # (no annotations: DDP checks them)
-                return clock.allreduce_hook(state, bucket) if mode[0] == TIMED else allreduce_hook(state, bucket)
-
-            self.trainer.model_wrapped.register_comm_hook(None, hook)
-
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             now = time.perf_counter()
             if self.last is not None and state.global_step > len(MODES) * block:  # first round: warm-up
                 cycles[mode[0]].append(now - self.last)
             self.last = now
             mode[0] = MODES[(state.global_step // block) % len(MODES)]
-            if mode[0] == TIMED:
-                dist_waits.install(clock.waited)
-            else:
-                dist_waits.uninstall()
-            clock.in_step = True
+            if mode[0] == TIMED and timing[0] is None:
+                timing[0] = collectives.attach(self.trainer)
+            elif mode[0] != TIMED and timing[0] is not None:
+                collectives.detach(self.trainer, timing[0])
+                timing[0] = None
+            if timing[0] is not None:
+                timing[0].clock.take()
+                timing[0].clock.in_step = True
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            clock.in_step = False
+            if timing[0] is not None:
+                timing[0].clock.in_step = False
 
     trainer = SFTTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir), args=config,

@@ -43,4 +43,4 @@ def test_bench_quick_training_section_runs_all_three_contenders(tmp_path: Path) 
     assert len(interleaved) == 4 and any("AimCallback" in name for name in interleaved)
     assert [row["n"] for row in section["data"]["rows"]] == [1] * 9
     assert len(section["targets"]) == 3
-    assert [row["n"] > 0 for row in section["data"]["collective_timing"]] == [True] * 3  # plain, timed, plain again
+    assert [row["n"] > 0 for row in section["data"]["collective_timing"]] == [True] * 3  # nothing timed, timed, nothing timed again

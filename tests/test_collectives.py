@@ -1,9 +1,10 @@
 """trainer/collectives.py on a real two-process gloo group (no Trainer): the all-reduce wait is the
-tail after a rank's last bucket, not a bucket's whole time in flight, so the rank that computes
-late waits least and its peer waits as long as it was late; the gradients are DDP's own.
+tail after a rank's last gradient, not a bucket's whole time in flight, so the rank that computes
+late waits least and its peer waits as long as it was late; DDP keeps its own all-reduce (no
+communication hook), and the gradients are its own.
 
-How late rank 1 was is measured in the same run, not assumed: each rank stamps when it launches
-its last bucket (the same monotonic clock in both processes), so a loaded machine that slows one
+How late rank 1 was is measured in the same run, not assumed: each rank stamps when its last
+gradient is ready (the same monotonic clock in both processes), so a loaded machine that slows one
 rank's computing changes the lateness and the waits together, and the test compares the two."""
 from __future__ import annotations
 
@@ -33,19 +34,18 @@ def _rank(rank: int, out: str) -> None:
         layers[1].register_full_backward_hook(lambda *args: time.sleep(LATE))
     model = DistributedDataParallel(torch.nn.Sequential(*layers), bucket_cap_mb=0.25)  # one bucket a layer or so
     clock = CollectiveClock()
-    launches: list[float] = []
-
-    def stamped(state, bucket):  # type: ignore[no-untyped-def]
-        fut = clock.allreduce_hook(state, bucket)
-        if bucket.is_last():
-            launches.append(time.perf_counter())  # CLOCK_MONOTONIC: one clock for both ranks
-        return fut
-
-    model.register_comm_hook(None, stamped)
-    waits, grads = [], []
+    clock.watch(model)
+    backward = clock.timed_backward(torch.Tensor.backward)
+    ready: list[float] = []
+    for param in model.parameters():  # CLOCK_MONOTONIC: one clock for both ranks
+        param.register_post_accumulate_grad_hook(lambda _: ready.append(time.perf_counter()))
+    clock.in_step = True
+    launches, waits, grads = [], [], []
     for step in range(3):
         x = torch.full((8, 256), float(rank + step))
-        model(x).sum().backward()
+        backward(model(x).sum())
+        launches.append(max(ready))  # the last gradient of this pass
+        ready.clear()
         waits.append(clock.take())
         grads.append(float(sum(p.grad.sum() for p in model.parameters())))
         model.zero_grad()
@@ -72,7 +72,7 @@ def test_the_late_rank_waits_least_and_its_peer_as_long_as_it_was_late(tmp_path:
         assert all(outside == 0.0 for _, outside in found[rank]["waits"])  # no gather: nothing between steps
     early, late = ([inside for inside, _ in found[rank]["waits"]] for rank in (0, 1))
     lateness = [b - a for a, b in zip(found[0]["launches"], found[1]["launches"])]
-    assert len(lateness) == 3 and all(t > 0 for t in lateness), lateness  # rank 1 launched its last bucket last
+    assert len(lateness) == 3 and all(t > 0 for t in lateness), lateness  # rank 1's last gradient came last
     # rank 0 waited as long as rank 1 was late (the last all-reduce needs rank 1's bucket) ...
     assert all(wait >= 0.95 * t for wait, t in zip(early, lateness)), (early, lateness)
     # ... and rank 1 hardly at all: its early buckets were in flight while it computed, which is not waiting

@@ -60,22 +60,33 @@ def test_the_clock_counts_a_wait_inside_or_between_steps(group: None) -> None:
 
     from trainer import collectives
 
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
-    timing = collectives.attach(SimpleNamespace(model_wrapped=model))
+    model.register_comm_hook(None, allreduce_hook)  # a hook of the job's own is left alone
+    accelerator = SimpleNamespace(backward=lambda loss: loss.backward())
+    trainer = SimpleNamespace(model_wrapped=model, accelerator=accelerator)
+    plain_backward = accelerator.backward
+    timing = collectives.attach(trainer)
     try:
         assert timing.clock is not None
-        assert timing.what == ("DDP gradient all-reduce (communication hook), blocking torch.distributed "
+        assert timing.what == ("DDP gradient all-reduce (after the last gradient), blocking torch.distributed "
                                "collectives (gathers, barriers)")
         clock = timing.clock
-        dist.barrier()
         clock.in_step = True
-        model(torch.ones(2, 4)).sum().backward()  # through the hook: counted inside
+        accelerator.backward(model(torch.ones(2, 4)).sum())  # from the last gradient to its return: inside
+        inside, outside = clock.take()
+        assert inside > 0 and outside == 0
         dist.all_reduce(torch.ones(1))
         clock.in_step = False
+        dist.all_reduce(torch.ones(1))
         inside, outside = clock.take()
         assert inside > 0 and outside > 0 and clock.take() == (0.0, 0.0)
     finally:
-        collectives.detach()
+        collectives.detach(trainer, timing)
+    assert accelerator.backward is plain_backward and not clock._hooks
+    accelerator.backward(model(torch.ones(2, 4)).sum())
+    assert clock.take() == (0.0, 0.0)  # nothing timed after detach
 
 
 def test_attach_says_what_it_cannot_time(group: None) -> None:
@@ -90,7 +101,3 @@ def test_attach_says_what_it_cannot_time(group: None) -> None:
     meta = collectives.attach(SimpleNamespace(model_wrapped=torch.nn.Linear(2, 2, device="meta")))
     assert meta.clock is None and meta.what.startswith("gloo on meta: a collective returns before the device has "
                                                        "done it")
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
-    model.register_comm_hook(None, lambda state, bucket: None)  # someone's own hook: DDP takes one
-    taken = collectives.attach(SimpleNamespace(model_wrapped=model))
-    assert taken.clock is None and taken.what.startswith("DDP has a communication hook already")

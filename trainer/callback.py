@@ -211,9 +211,9 @@ class RelayCallback(TrainerCallback):
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         self._publish_rank_window(state)
-        if self._clock is not None:
-            collectives.detach()
-            self._clock = None
+        if self._timing is not None:
+            collectives.detach(self._trainer, self._timing)
+            self._clock = self._timing = None
         custom_metrics.current_step = None
         if state.is_world_process_zero:
             self._pub.publish("lifecycle", {

@@ -13,8 +13,8 @@ with wrappers that add the call's wall time to a :class:`~trainer.collectives.Co
 :func:`uninstall` puts the originals back.
 
 Only blocking calls are timed: with ``async_op=True`` the call returns at once and the wait is in
-``Work.wait()`` somewhere else (DDP's own communication hook issues its all-reduce so; its wait is
-timed by the clock's hook). A collective called from inside another (``all_gather_object`` calls
+``Work.wait()`` somewhere else (DDP's gradient all-reduce is issued so, in C++ anyway; its wait is
+timed by the clock around the backward pass). A collective called from inside another (``all_gather_object`` calls
 ``all_gather``) counts once. What is not reached here: a function bound before install (``from
 torch.distributed import all_gather`` at import), and DTensor's functional collectives (FSDP2's
 gradient-norm all-reduce when clipping), whose wait is where the result is first read.
