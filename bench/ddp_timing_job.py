@@ -19,14 +19,15 @@ PLAIN, TIMED, PLAIN_AGAIN = "nothing timed", "timed (trainer/collectives.py)", "
 MODES = (PLAIN, TIMED, PLAIN_AGAIN, TIMED)
 
 
-def main(workdir: Path, steps: int, block: int, out: Path) -> None:
+def demo_trainer(workdir: Path, steps: int) -> Any:
+    """The demo fine-tune (LoRA) as an SFTTrainer on the CPU, every step logged, every batch the same
+    shape (packed, so a step's cost does not depend on the rows it drew), without the printer."""
     import torch
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
     from trainer.args import DEMO_DATA, DEMO_RESPONSE_TEMPLATE
-    from trainer import collectives
     from trainer.dataset import load_sft_dataset
     from trainer.demo import build_demo
 
@@ -39,6 +40,21 @@ def main(workdir: Path, steps: int, block: int, out: Path) -> None:
     )
     with config.main_process_first(local=True):
         model_dir = build_demo(str(workdir / "demo-model"))
+    trainer = SFTTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir), args=config,
+        train_dataset=load_sft_dataset(DEMO_DATA, "output", DEMO_RESPONSE_TEMPLATE),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        peft_config=LoraConfig(target_modules="all-linear", task_type="CAUSAL_LM"),
+    )
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def main(workdir: Path, steps: int, block: int, out: Path) -> None:
+    from transformers import TrainerCallback
+
+    from trainer import collectives
+
     timing: list[Any] = [None]  # collectives.Timing while timed
     mode = [PLAIN]
     cycles: dict[str, list[float]] = {name: [] for name in MODES}
@@ -70,16 +86,10 @@ def main(workdir: Path, steps: int, block: int, out: Path) -> None:
             if timing[0] is not None:
                 timing[0].clock.in_step = False
 
-    trainer = SFTTrainer(
-        model=AutoModelForCausalLM.from_pretrained(model_dir), args=config,
-        train_dataset=load_sft_dataset(DEMO_DATA, "output", DEMO_RESPONSE_TEMPLATE),
-        processing_class=AutoTokenizer.from_pretrained(model_dir),
-        peft_config=LoraConfig(target_modules="all-linear", task_type="CAUSAL_LM"),
-    )
-    trainer.remove_callback(PrinterCallback)
+    trainer = demo_trainer(workdir, steps)
     trainer.add_callback(Switch(trainer))
     trainer.train()
-    if config.process_index == 0:
+    if trainer.args.process_index == 0:
         out.write_text(json.dumps({PLAIN: cycles[PLAIN], TIMED: cycles[TIMED], PLAIN_AGAIN: cycles[PLAIN_AGAIN]}))
 
 

@@ -21,27 +21,16 @@ WARMUP = 10
 
 def main(workdir: Path, steps: int, mode: str, out: Path) -> None:
     import torch
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
-    from trl import SFTConfig, SFTTrainer
+    from transformers import TrainerCallback
 
+    from bench.ddp_timing_job import demo_trainer
     from relay.client.publisher import Publisher
-    from trainer.args import DEMO_DATA, DEMO_RESPONSE_TEMPLATE
     from trainer.callback import RelayCallback
     from trainer.custom_metrics import SEND_INTERVAL
-    from trainer.dataset import load_sft_dataset
-    from trainer.demo import build_demo
     from trainer.embedded import EmbeddedRelay
 
-    torch.set_num_threads(1)
-    config = SFTConfig(
-        output_dir=str(workdir), max_steps=steps, logging_steps=1, per_device_train_batch_size=8, max_length=64,
-        learning_rate=1e-2, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
-        activation_checkpointing=False, dataset_text_field="output", disable_tqdm=True,
-        packing=True, packing_strategy="wrapped", ddp_find_unused_parameters=False,
-    )
-    with config.main_process_first(local=True):
-        model_dir = build_demo(str(workdir / "demo-model"))
+    trainer = demo_trainer(workdir, steps)
+    config = trainer.args
     rank = config.process_index
     relay = EmbeddedRelay.start(str(workdir)) if rank == 0 else None  # the job's relay, as the trainer starts it
     address = [relay.address if relay is not None else None]
@@ -62,13 +51,6 @@ def main(workdir: Path, steps: int, mode: str, out: Path) -> None:
             self.last = now
 
     try:
-        trainer = SFTTrainer(
-            model=AutoModelForCausalLM.from_pretrained(model_dir), args=config,
-            train_dataset=load_sft_dataset(DEMO_DATA, "output", DEMO_RESPONSE_TEMPLATE),
-            processing_class=AutoTokenizer.from_pretrained(model_dir),
-            peft_config=LoraConfig(target_modules="all-linear", task_type="CAUSAL_LM"),
-        )
-        trainer.remove_callback(PrinterCallback)
         trainer.add_callback(Cycle())
         trainer.add_callback(RelayCallback(pub, trainer=trainer, time_collectives=mode == "timed"))
         trainer.train()
