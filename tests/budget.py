@@ -91,7 +91,8 @@ class Budget:
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self.controller:  # pytest-xdist sends workeroutput to the controller
-            session.config.workeroutput.update(cpu_s=cpu_seconds(), collect_cpu_s=self.collect_cpu)  # type: ignore[attr-defined]
+            output = session.config.workeroutput  # type: ignore[attr-defined]
+            output.update(cpu_s=cpu_seconds(), collect_cpu_s=self.collect_cpu)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: object, error: object) -> None:
@@ -129,10 +130,10 @@ class Budget:
         for tier in TIERS:
             costs = [c for c in self.costs.values() if c.tier == tier]
             if costs:
-                write(f"{tier:>4} tier: {len(costs)} tests, {sum(c.cpu for c in costs):7.1f} CPU-s, "
+                write(f"{tier:>4} tier: {len(costs)} run, {sum(c.cpu for c in costs):7.1f} CPU-s, "
                       f"{sum(c.wall for c in costs):7.1f} s of test wall time (summed over workers)")
         if self.top:
-            write(f"the {self.top} tests that cost most CPU (CPU-s, wall s, tier):")
+            write(f"the costliest {self.top} by CPU (CPU-s, wall s, tier):")
             ranked = sorted(self.costs.items(), key=lambda kv: kv[1].cpu, reverse=True)[:self.top]
             for nodeid, cost in ranked:
                 write(f"{cost.cpu:8.1f} {cost.wall:8.1f}  {cost.tier}  {nodeid}")
