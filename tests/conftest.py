@@ -191,7 +191,7 @@ def start_publisher(address: str, run: str, rank: int, count: int, *, world_size
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
-def finish(proc: subprocess.Popen, timeout: float = 120) -> dict:
+def finish(proc: subprocess.Popen, timeout: float = 300) -> dict:
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err
     return json.loads(out.strip().splitlines()[-1])

@@ -167,7 +167,7 @@ if __name__ == "__main__":
     print(__import__("json").dumps(result))
 
 
-def finish_ranks(procs: list[subprocess.Popen], timeout: float = 120) -> None:
+def finish_ranks(procs: list[subprocess.Popen], timeout: float = 300) -> None:
     """Every rank process of ``publish_rank`` done, and each said its events were all acknowledged."""
     for proc in procs:
         out, err = proc.communicate(timeout=timeout)

@@ -175,7 +175,7 @@ def aim_server(tmp_path: Path):
     aim = shutil.which("aim", path=str(Path(sys.executable).parent)) or shutil.which("aim")
     repo, port = tmp_path / "served", free_port()
     repo.mkdir()
-    subprocess.run([aim, "init"], cwd=repo, check=True, capture_output=True, timeout=60)
+    subprocess.run([aim, "init"], cwd=repo, check=True, capture_output=True, timeout=300)  # Aim and its migrations
 
     class Server:
         proc: subprocess.Popen | None = None

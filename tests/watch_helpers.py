@@ -39,7 +39,7 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def relay_cmd(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def relay_cmd(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m relay ARGS`` run to its end; text output."""
     return subprocess.run([sys.executable, "-m", "relay", *args], capture_output=True, text=True, timeout=timeout,
                           env=env or cli_env())

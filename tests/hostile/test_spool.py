@@ -141,7 +141,7 @@ def test_training_job_whose_relay_never_comes(demo_model: Path, tmp_path: Path) 
     done = run_trainer([sys.executable, "-m", "trainer", "--model_name_or_path", str(demo_model), "--data_path",
                         str(DEMO_DATA), "--dataset_text_field", "output", "--output_dir", str(out),
                         "--max_steps", "3", "--logging_steps", "1", "--save_strategy", "no", "--max_length", "64",
-                        "--relay_address", address, "--relay_flush_timeout", "1"], timeout=180)
+                        "--relay_address", address, "--relay_flush_timeout", "1"])
     assert done.returncode == 0, done.stderr[-3000:]
     warnings = spool_warnings(done.stderr)
     assert len(warnings) == 1 and address in warnings[0], done.stderr[-3000:]
