@@ -200,7 +200,8 @@ def test_the_derived_events_read_as_documented(relays, tmp_path: Path) -> None:
     documented = [json.loads(l) for l in map(str.strip, text.splitlines())
                   if l.startswith('{"v":1') and '"stage":"cluster"' in l]
     assert all(e.keys() == line.keys() and e["rank"] == RELAY_RANK for e in documented)
-    assert [e["data"].get("event") for e in documented] == [None, "straggler", "rank_lost", "rank_back"]
+    events = [e["data"].get("event") for e in documented]
+    assert events == [None, "straggler", "straggler_cleared", "rank_lost", "rank_back"], events
     (doc_figures,) = [e for e in documented if e["type"] == "metrics"]
     assert doc_figures["data"].keys() == line["data"].keys()
     assert line["data"] == {"step_time_min": 0.1, "step_time_median": pytest.approx(0.15), "step_time_max": 0.2,
