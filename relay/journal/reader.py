@@ -32,8 +32,10 @@ READ_SIZE = 1 << 20
 
 def journal_files(path: Path) -> list[Path]:
     """The JSONL files a journal path stands for: the file itself, or every run file in a directory."""
-    if path.is_dir():  # (sorted by name: comparing Paths costs a directory of thousands of runs 0.2 s)
-        return sorted((p for p in path.glob("*.jsonl") if not p.name.startswith("_")), key=lambda p: p.name)
+    if path.is_dir():  # (names listed and sorted as strings: Path globbing and comparing cost thousands of runs 0.3 s)
+        with os.scandir(path) as entries:
+            names = sorted(e.name for e in entries if e.name.endswith(".jsonl") and not e.name.startswith("_"))
+        return [path / name for name in names]
     return [path]
 
 
