@@ -148,6 +148,11 @@ def metrics(quick: bool) -> Section:
     return bench_metrics.run(quick)
 
 
+def viewers(quick: bool) -> Section:
+    from bench import bench_viewers
+    return bench_viewers.run(quick)
+
+
 def startup(quick: bool) -> Section:
     from bench import bench_startup
     return bench_startup.run(quick)
@@ -156,7 +161,7 @@ def startup(quick: bool) -> Section:
 SECTIONS: dict[str, Callable[[bool], Section]] = {
     "hotpath": hotpath, "ingest": ingest, "latency": latency, "scale": scale, "training": training, "aim": aim,
     "core": core, "transport": transport, "forward": forward, "fleet": fleet, "consume": consume,
-    "startup": startup, "metrics": metrics,
+    "startup": startup, "metrics": metrics, "viewers": viewers,
     **{f"sink_{name}": sink_section(name) for name in ("mlflow", "tensorboard", "wandb", "clearml")},
 }
 

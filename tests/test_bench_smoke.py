@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow  # whole benchmark / soak processes: the full tier
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ["hotpath", "ingest", "latency", "scale", "aim", "core", "transport", "forward", "sink_mlflow",
-            "sink_tensorboard", "sink_wandb", "sink_clearml"]
+            "sink_tensorboard", "sink_wandb", "sink_clearml", "viewers"]
 
 
 def test_bench_quick_writes_every_section(tmp_path: Path) -> None:
