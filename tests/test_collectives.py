@@ -9,6 +9,7 @@ rank's computing changes the lateness and the waits together, and the test compa
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 pytestmark = pytest.mark.slow  # two processes importing torch: over ~10 s on a loaded machine
 
 LATE = 0.8  # seconds rank 1 spends computing in the middle of its backward pass
+STEPS = 5
 
 
 def _rank(rank: int, out: str) -> None:
@@ -41,7 +43,7 @@ def _rank(rank: int, out: str) -> None:
         param.register_post_accumulate_grad_hook(lambda _: ready.append(time.perf_counter()))
     clock.in_step = True
     launches, waits, grads = [], [], []
-    for step in range(3):
+    for step in range(STEPS):
         x = torch.full((8, 256), float(rank + step))
         backward(model(x).sum())
         launches.append(max(ready))  # the last gradient of this pass
@@ -53,7 +55,7 @@ def _rank(rank: int, out: str) -> None:
     plain = DistributedDataParallel(torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]))
     plain.load_state_dict(model.state_dict())
     expected = []
-    for step in range(3):
+    for step in range(STEPS):
         plain(torch.full((8, 256), float(rank + step))).sum().backward()
         expected.append(float(sum(p.grad.sum() for p in plain.parameters())))
         plain.zero_grad()
@@ -72,8 +74,10 @@ def test_the_late_rank_waits_least_and_its_peer_as_long_as_it_was_late(tmp_path:
         assert all(outside == 0.0 for _, outside in found[rank]["waits"])  # no gather: nothing between steps
     early, late = ([inside for inside, _ in found[rank]["waits"]] for rank in (0, 1))
     lateness = [b - a for a, b in zip(found[0]["launches"], found[1]["launches"])]
-    assert len(lateness) == 3 and all(t > 0 for t in lateness), lateness  # rank 1's last gradient came last
-    # rank 0 waited as long as rank 1 was late (the last all-reduce needs rank 1's bucket) ...
+    assert len(lateness) == STEPS and all(t > 0 for t in lateness), lateness  # rank 1's last gradient came last
+    # rank 0 waited as long as rank 1 was late (the last all-reduce needs rank 1's bucket), rank 1 less ...
     assert all(wait >= 0.95 * t for wait, t in zip(early, lateness)), (early, lateness)
-    # ... and rank 1 hardly at all: its early buckets were in flight while it computed, which is not waiting
-    assert all(wait < t / 4 for wait, t in zip(late, lateness)), (late, lateness)
+    assert all(mine < theirs for mine, theirs in zip(late, early)), (late, early)
+    # ... hardly at all: its early buckets were in flight while it computed, which is not waiting. (The
+    # median step: on a loaded machine a descheduled rank 0 holds up gloo's last all-reduce now and then.)
+    assert statistics.median(wait / t for wait, t in zip(late, lateness)) < 1 / 4, (late, lateness)
