@@ -29,7 +29,8 @@ from typing import Any
 from bench.common import Section, alternate, cli
 from relay.wire.schema import SCHEMA_VERSION
 from sinks.base import SinkContext
-from sinks.wandb import STEP_KEY, WandbSink
+from sinks.wandb import WandbSink
+from sinks.wandb_layout import STEP_KEY
 
 SINK = "W&B sink (WandbSink.write)"
 HF_LOOP = "run.log per step (HF WandbCallback.on_log)"

@@ -275,6 +275,9 @@ class AimSink(TrackerSink):
         path = tuple(name.split("."))
         for key, value in params.items():
             handle.set((*path, key), json_safe(exact_ints(value)), strict=False)  # what Aim can store
+        run_name = params.get("run_name") if name == "run" else None
+        if isinstance(run_name, str) and run_name and handle.name != run_name:
+            handle.name = run_name  # the job's --run_name, as the run's name (AimCallback leaves Aim's own)
         if name in ("run", "hparams"):
             experiment = params.get("experiment")
             if isinstance(experiment, str) and experiment and experiment != state.experiment:

@@ -23,6 +23,24 @@ FIELDS: tuple[str, ...] = ENVELOPE + ROW_FIELDS
 #: stragglers, lost ranks; docs/protocol.md): the largest rank the wire allows, which no client may use.
 RELAY_RANK = (1 << 24) - 1
 
+#: Each attempt of a run (a job resumed from a checkpoint, docs/trainer.md) numbers every rank's seqs from
+#: ``attempt_base(attempt)``, so no event of it repeats a seq of an earlier attempt of the same run
+#: (docs/protocol.md). 2**32 events per rank per attempt; attempts below MAX_ATTEMPT keep every seq below
+#: 2**53, which JSON readers that hold numbers as doubles (jq) still read exactly.
+ATTEMPT_SEQ_BITS = 32
+MAX_ATTEMPT = 1 << 21
+
+
+def attempt_base(attempt: int) -> int:
+    """The first seq of every rank of a run's ``attempt`` (0 for its first)."""
+    return attempt << ATTEMPT_SEQ_BITS
+
+
+def attempt_of(seq: int) -> int:
+    """The attempt that numbered ``seq``."""
+    return seq >> ATTEMPT_SEQ_BITS
+
+
 NONFINITE_JSON = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 

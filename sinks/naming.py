@@ -39,6 +39,12 @@ def system_key(context: dict[str, Any], name: str) -> str:
     return f"system/{name}" if rank is None else f"system/{name}/rank_{rank}"
 
 
+def system_name(name: str) -> str:
+    """A system figure's display name without its ``rank_``/``cluster_`` prefix, for a tracker whose key
+    already says it (W&B's ``rank.<n>.step_time_s``, as its own ``gpu.<i>.<metric>``)."""
+    return name.removeprefix("rank_").removeprefix("cluster_")
+
+
 def display_names(data: dict[str, Any], names: dict[str, str], prefix: str) -> dict[str, Any]:
     """``data`` under the names a tracker shows: ``names``' own, else ``prefix`` + the wire name."""
     return {names.get(key) or prefix + key: value for key, value in data.items()}

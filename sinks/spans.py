@@ -5,6 +5,8 @@ from __future__ import annotations
 import bisect
 import math
 
+from sinks.events import attempt_base, attempt_of
+
 
 class SeqSpans:
     """The seqs applied for one rank, as sorted disjoint ``[start, end)`` spans.
@@ -26,14 +28,15 @@ class SeqSpans:
         return i >= 0 and spans[i][0] <= seq < spans[i][1]
 
     def add(self, seq: int) -> bool:
-        """Record ``seq`` (not already present); True when this opens a new hole below it."""
+        """Record ``seq`` (not already present); True when this opens a new hole below it (the gap
+        before an attempt's first seq is none: the earlier attempt's numbers end where it stopped)."""
         spans = self.spans
         if spans and spans[-1][1] == seq:
             spans[-1][1] = seq + 1
             return False
         if not spans or seq > spans[-1][1]:
             spans.append([seq, seq + 1])
-            return seq > 0
+            return seq != attempt_base(attempt_of(seq))
         i = bisect.bisect_right(spans, [seq, math.inf])
         if i > 0 and spans[i - 1][1] == seq:
             spans[i - 1][1] = seq + 1
@@ -47,5 +50,6 @@ class SeqSpans:
 
     @property
     def holes(self) -> bool:
-        """Whether some seq below the highest applied one is missing."""
-        return len(self.spans) > 1 or (bool(self.spans) and self.spans[0][0] > 0)
+        """Whether some seq below the highest applied one is missing (but for the gaps before the first
+        seqs of a run's attempts)."""
+        return any(start != attempt_base(attempt_of(start)) for start, _ in self.spans)

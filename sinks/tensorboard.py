@@ -61,7 +61,8 @@ def _import_tensorboard() -> types.SimpleNamespace:
     except ImportError as exc:
         raise SinkError(f"the tensorboard sink needs TensorBoard, which is not importable ({exc}): "
                         "pip install './[tensorboard]' in the metrics-relay checkout") from None
-    return types.SimpleNamespace(Event=event_pb2.Event, Summary=summary_pb2.Summary, Value=summary_pb2.Summary.Value,
+    return types.SimpleNamespace(Event=event_pb2.Event, SessionLog=event_pb2.SessionLog,
+                                 Summary=summary_pb2.Summary, Value=summary_pb2.Summary.Value,
                                  api=api_pb2, hp_meta=metadata, plugin_data=plugin_data_pb2,
                                  hparams_pb=summary_v2.hparams_pb, text_pb=text_pb, RecordWriter=RecordWriter)
 
@@ -237,6 +238,14 @@ class TensorBoardSink(TrackerSink):
                               tb.plugin_data.HParamsPluginData(session_end_info=info)))
         self._record(board, tb.Event(wall_time=when, step=0, summary=summary))
         board.ended = True
+
+    def supersede(self, run: str, step: int) -> None:
+        """What ``torch.utils.tensorboard.SummaryWriter(purge_step=step + 1)`` writes: a session START at
+        the step after the checkpoint, on which TensorBoard's readers drop every point of the run read
+        before it at that step or later (its "orphaned data" purge), so each step shows the last attempt's."""
+        board, tb = self._boards[run], self._tb
+        self._record(board, tb.Event(wall_time=board.last_ts or time.time(), step=step + 1,
+                                     session_log=tb.SessionLog(status=tb.SessionLog.START)))
 
     def load_applied(self, run: str) -> Spans:
         return self._boards[run].spans

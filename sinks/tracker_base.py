@@ -81,6 +81,11 @@ class TrackerSink(Sink):
     def finish_run(self, run: str, status: str) -> None:
         """Rank 0 ended training: ``completed``, ``failed`` or what the trainer said."""
 
+    def supersede(self, run: str, step: int) -> None:
+        """A later attempt of ``run`` (a job resumed from a checkpoint) starts again after ``step``: what
+        earlier attempts logged at later steps is superseded by what this one logs. A tracker that can
+        drop or replace those points does so here; one that cannot says in its docs what users see."""
+
     def state_path(self) -> Path | None:
         """A file beside the sink's output for the applied spans (default: kept in memory only)."""
         return None
@@ -285,6 +290,12 @@ class TrackerSink(Sink):
             self._params(state, f"relay.cluster.{what}", {key: record}, event["ts"])
         elif isinstance(what, str) and what:
             self._params(state, "relay.lifecycle", {what: record}, event["ts"])
+        if what == "train_begin" and event["rank"] == 0 and type(data.get("attempt")) is int:
+            self._params(state, "relay.attempts", {str(data["attempt"]): record}, event["ts"])
+            if data["attempt"] > 0 and type(data.get("resumed_from")) is int:
+                self._save([state])  # what came before is the tool's, as saved, before it starts over
+                self.supersede(state.run, data["resumed_from"])
+                self.counters["attempts_resumed"] += 1
         if what == "train_end" and event["rank"] == 0:
             state.end_seq = event["seq"]
             status = data.get("status")

@@ -2,8 +2,12 @@
 
 On the sink-author API (sinks/tracker_base.py); what is W&B's own:
 
-* **Names** as W&B's Hugging Face callback writes them (``train/loss``, ``eval/loss``, x-axis
-  ``train/global_step``, end-of-training scalars in the summary); per rank ``rank/<n>/<name>``.
+* **Layout** as W&B's Hugging Face callback writes a run (sinks/wandb_layout.py): named by the job's
+  ``--run_name``, one history row per Trainer log (``train/loss``, ``eval/loss``, x-axis
+  ``train/global_step``), end-of-training scalars in the summary, the config with the model's at the
+  top; the relay's per-rank figures as system stats, out of the history.
+* **A resumed job** (a later attempt of the run) rewinds the run to before its first row past the
+  checkpoint (``resume_from``, W&B's rewind), so each step keeps the last attempt's row.
 * **Steps.** W&B drops a row below its last ``_step``, and the relay hands points out of order, so
   each row carries its own x value and takes the run's next ``_step``, saved with the applied spans:
   a retried batch logs the same rows at the same ``_step``s (W&B drops those it has), and a later
@@ -32,18 +36,15 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from sinks.base import PermanentError, SinkContext, SinkError
+from sinks.base import SinkContext, SinkError
 from sinks.preflight import need_package, need_writable_dir
-from sinks.naming import SYSTEM, system_key
+from sinks.naming import SYSTEM
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
+from sinks.wandb_layout import STEP_KEY, config_update, row_and_summary, stats_items
 from sinks.wandb_run import STATE_DIR, WbRun
 
 log = logging.getLogger(__name__)
 
-STEP_KEY = "train/global_step"  # the x-axis of W&B's own Hugging Face callback
-SEQ_KEY = "relay/seq"  # the x-axis of the clients' counters (``stats`` events)
-SUMMARY_ONLY = frozenset({"total_flos"})  # with ``train_*``: what W&B's HF callback keeps as summary
-RESERVED = frozenset({"", "_step", "_runtime", "_timestamp", "_wandb"})  # W&B drops or overwrites these
 DISCARD_DIR = "relay-discarded"
 ENDED_CLOSE_S = 30.0  # quiet seconds after rank 0's train_end before the W&B run is finished
 IDLE_CLOSE_S = 600.0  # quiet seconds before a run that never ended is finished (as failed)
@@ -125,6 +126,9 @@ class WandbSink(TrackerSink):
         # dies with that process and keeps the runs of a sink that died: use this process's own.
         os.environ.pop("WANDB_SERVICE", None)
         self._wandb, self._core_gone = _import_wandb()
+        from wandb.proto import wandb_internal_pb2
+
+        self._pb = wandb_internal_pb2
         self.root = self._root(context.journal)
         self.state_dir = self.root / "wandb" / STATE_DIR
         need_writable_dir(self.state_dir, "W&B directory", "pass a writable --wandb-dir", create=True)
@@ -168,7 +172,7 @@ class WandbSink(TrackerSink):
             self._data_lost(f"wandb-core is gone ({type(exc).__name__}: {exc})")
         except Exception:
             for wb in self._wb.values():
-                wb.step = wb.saved_step
+                wb.step, wb.row = wb.saved_step, None
             raise
 
     # -- the sink-author API ----------------------------------------------------------------------
@@ -178,52 +182,62 @@ class WandbSink(TrackerSink):
 
     def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
                     context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
-        row, summary, x_key = {}, {}, STEP_KEY
-        subset, sub_set = context.get("subset"), context.get("sub_dataset")
-        system = context.get(SYSTEM)
-        for name, value in values.items():
-            if name in RESERVED:
-                raise PermanentError(f"W&B reserves the metric name {name!r}")
-            if system:  # the relay's figures: the workspace's "system" section, not "train"
-                row[system_key(context, name)] = value
-                if name.startswith("relay_"):
-                    x_key = SEQ_KEY
-            elif rank is None:  # the Trainer's series, named as W&B's HF callback's rewrite_logs does
-                if subset == "train" or (subset is None and name in SUMMARY_ONLY):
-                    summary[name if subset is None else f"train_{name}"] = value
-                elif subset is None:
-                    row[f"train/{name}"] = value
-                else:
-                    row[f"{subset}/{sub_set}_{name}" if sub_set else f"{subset}/{name}"] = value
-            elif rank == 0:  # custom metrics: fms-hf-tuning's plain names (``track()`` from rank 0)
-                row[name if subset == "additional_metrics" else f"{subset}/{name}"] = value
-            else:  # another rank's: beside its per-rank figures, never in their way
-                row[f"rank/{rank}/{subset}/{name}"] = value
         wb = self._handle(run)
+        if context.get(SYSTEM):  # the relay's figures: W&B's System section, out of the history
+            self._system(wb, context, values, ts)
+            return
+        row, summary = row_and_summary(rank, context, values)
         if summary:
             wb.handle.summary.update(summary)
-        if not row:
-            return
-        if x_key == SEQ_KEY:
-            for key in row.keys() - wb.defined:
-                wb.handle.define_metric(key, step_metric=SEQ_KEY, step_sync=False)
-                wb.defined.add(key)
-        if step is not None:
-            row[x_key] = step
-        row["_timestamp"] = ts  # the event's own time: a late or replayed row looks like a live one
-        wb.handle.log(row, step=wb.step, commit=True)
-        wb.step += 1
-        wb.logged_step = max(wb.logged_step, wb.step)
+        if row:
+            wb.add_to_row(row, step, ts)
+
+    def _system(self, wb: WbRun, context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
+        """A system stats record at the event's own time (sinks/wandb_layout.py: ``stats_items``)."""
+        record = self._pb.StatsRecord(stats_type=self._pb.StatsRecord.StatsType.SYSTEM)
+        record.timestamp.FromMicroseconds(int(ts * 1_000_000))
+        for key, value in stats_items(context, values).items():
+            record.item.add(key=key, value_json=value)
+        interface = wb.handle._interface  # (no public call takes a time: wandb's own monitor uses this one)
+        interface._publish(interface._make_record(stats=record))
 
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
-        # hparams at the top, as W&B's HF callback has them; other groups one flat key per value,
-        # so a resumed instance (or `wandb sync` of it) never replaces a sibling it did not see.
-        prefix = "" if name == "hparams" else f"{name}."
-        self._handle(run).handle.config.update({f"{prefix}{k}": exact_ints(v) for k, v in params.items()},
-                                               allow_val_change=True)
+        """Config as W&B's HF callback sets it: the Trainer's arguments and the model's config at the
+        top (the arguments win a shared key), PEFT's as ``peft_config``, ``model/num_parameters``; other
+        groups one flat key per value, so a resumed instance never replaces a sibling it did not see.
+        The ``run`` params' ``run_name`` names the W&B run (``--run_name``, as the HF callback does)."""
+        wb = self._handle(run)
+        if name == "hparams":
+            wb.hparams.update(params)
+        update = config_update(name, params, wb.hparams)
+        wb.handle.config.update({k: exact_ints(v) for k, v in update.items()}, allow_val_change=True)
+        run_name = params.get("run_name") if name == "run" else None
+        if isinstance(run_name, str) and run_name and run_name != wb.name:
+            wb.name = wb.handle.name = run_name
 
     def finish_run(self, run: str, status: str) -> None:
         self._wb[run].exit_code = 0 if status == "completed" else 1
+
+    def supersede(self, run: str, step: int) -> None:
+        """W&B keeps every history row, so the earlier attempt's rows after ``step`` are dropped the way
+        W&B drops them: the run is rewound (``resume_from="<id>?_step=N"``, W&B's own rewind) to the
+        last ``_step`` before the first row it logged past ``step``; the next rows go on from there, in a
+        new instance, which ``wandb sync`` uploads as the rewind."""
+        wb = self._wb[run]
+        if wb.handle is not None:
+            wb.commit_row()
+        first = wb.first_step_after(step)
+        if first is None:
+            return  # nothing was logged past the checkpoint
+        if wb.handle is not None:
+            self._finish(wb)
+        wb.rewind = max(first - 1, 0)
+        wb.step = wb.saved_step = wb.logged_step = wb.rewind + 1
+        wb.forget_rows_from(first)
+        wb.write_state(self.state_dir)
+        self.counters["rewinds"] += 1
+        log.info("W&B run %s: attempt after step %d; rewound to _step %d (its rows past the step are superseded)",
+                 run, step, wb.rewind)
 
     def load_applied(self, run: str) -> Spans:
         """Take the run's lock (waiting for a process still finishing it), then its saved state; a
@@ -245,6 +259,7 @@ class WandbSink(TrackerSink):
             state = left_open
         wb.saved_spans = {int(r): s for r, s in state.get("spans", {}).items()}
         wb.step = wb.saved_step = wb.logged_step = state.get("step", 0)
+        wb.rewind = state.get("rewind")
         if left_open:
             wb.write_state(self.state_dir)
         return wb.saved_spans
@@ -261,6 +276,8 @@ class WandbSink(TrackerSink):
 
     def save_applied(self, run: str, spans: Spans) -> None:
         wb = self._wb[run]
+        if wb.handle is not None:
+            wb.commit_row()  # the spans say its events are in
         saved = wb.saved_spans, wb.saved_step
         wb.saved_spans, wb.saved_step = spans, wb.step
         try:
@@ -286,26 +303,29 @@ class WandbSink(TrackerSink):
         # Marked as opening before wandb.init writes anything: a process that dies in between (a full
         # disk) leaves a directory the next one finds by what was not there before, and discards.
         wb.open = {"dir": None, "before": [d.name for d in self._run_dirs(run)], "spans": wb.saved_spans,
-                   "step": wb.saved_step}
+                   "step": wb.saved_step, "rewind": wb.rewind}
         try:
             wb.write_state(self.state_dir)
         except OSError as exc:
             self._data_lost(f"W&B run {run}: cannot save the sink's state ({exc})")
+        # a rewound run (a later attempt: ``supersede``) continues from its rewind point, else after its last row
+        resume = {"resume_from": f"{run}?_step={wb.rewind}"} if wb.rewind is not None else {"resume": "allow"}
         try:
-            handle = self._wandb.init(project=self.project, entity=self.entity, id=run, name=run,
-                                      resume="allow", dir=str(self.root), settings=settings)
+            handle = self._wandb.init(project=self.project, entity=self.entity, id=run, name=wb.name or run,
+                                      dir=str(self.root), settings=settings, **resume)
         except self._core_gone as exc:
             self._data_lost(f"wandb-core is gone ({type(exc).__name__}: {exc})")
         except Exception as exc:  # transient for the relay: the batch is retried with backoff
             self.counters["init_errors"] += 1
             raise RuntimeError(f"wandb.init for run {run} failed: {type(exc).__name__}: {exc}") from exc
-        handle.define_metric(STEP_KEY)
-        handle.define_metric("*", step_metric=STEP_KEY, step_sync=False)
-        handle.define_metric(SEQ_KEY)
-        wb.handle, wb.defined, wb.core_log_at = handle, set(), 0
+        handle.define_metric(STEP_KEY)  # as the HF callback defines them
+        handle.define_metric("*", step_metric=STEP_KEY, step_sync=True)
+        wb.handle, wb.core_log_at = handle, 0
         # Marked open before its first point: if this process dies, the next one discards the
         # directory and applies again what came after the run's earlier directories.
-        wb.open = {"dir": str(Path(handle.dir).parent), "spans": wb.saved_spans, "step": wb.saved_step}
+        wb.open = {"dir": str(Path(handle.dir).parent), "spans": wb.saved_spans, "step": wb.saved_step,
+                   "rewind": wb.rewind}
+        wb.rewind = None
         try:
             wb.write_state(self.state_dir)
         except OSError as exc:
@@ -316,6 +336,7 @@ class WandbSink(TrackerSink):
 
     def _finish(self, wb: WbRun) -> None:
         """Finish the W&B run; its directory counts as complete only if wandb-core wrote it all."""
+        wb.commit_row()
         handle, wb.handle = wb.handle, None
         try:
             handle.finish(exit_code=1 if wb.exit_code is None else wb.exit_code)

@@ -11,9 +11,11 @@ from typing import Any
 
 from sinks.files import write_atomic
 from sinks.tracker_base import Spans
+from sinks.wandb_layout import STEP_KEY
 
 STATE_DIR = "relay-applied"  # under <wandb-dir>/wandb/: a state file and a lock per run
 LOCK_WAIT_S = 30.0  # a restarted relay's sink waits this long for the old one to finish the run
+MAX_ROWS = 10_000  # steps whose first row a run's state keeps (a resumed job rewinds to a recent checkpoint)
 
 
 class WbRun:
@@ -28,8 +30,15 @@ class WbRun:
         self.open: dict[str, Any] | None = None  # {"dir", "spans", "step"} of the directory being written
         self.exit_code: int | None = None  # from rank 0's train_end
         self.last_event = 0.0
-        self.defined: set[str] = set()
         self.core_log_at = 0  # bytes of wandb-core's log already checked
+        self.name: str | None = None  # the W&B run's name: the job's --run_name once known
+        self.hparams: dict[str, Any] = {}  # the Trainer's arguments: they win a key the model config shares
+        self.row: dict[str, Any] | None = None  # the history row in hand (sinks/wandb.py: _add_to_row)
+        self.row_key: tuple[Any, float] | None = None
+        self.last_x = 0  # the highest train/global_step logged
+        #: [train/global_step, the first _step logged at it], the newest MAX_ROWS: where to rewind to
+        self.rows: list[list[int]] = []
+        self.rewind: int | None = None  # the _step the next instance resumes from (a later attempt)
 
     def acquire(self, state_dir: Path) -> None:
         """Own the run across processes: a restarted relay's sink waits for the old one to finish."""
@@ -52,8 +61,46 @@ class WbRun:
     def read_state(self, state_dir: Path) -> dict[str, Any]:
         """What the last process saved of the run (nothing for a new run)."""
         path = state_dir / f"{self.run_id}.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+        state = json.loads(path.read_text()) if path.exists() else {}
+        self.name, self.rows = state.get("name"), state.get("rows", [])
+        self.last_x = max((x for x, _ in self.rows), default=0)
+        return state
 
     def write_state(self, state_dir: Path) -> None:
         write_atomic(state_dir / f"{self.run_id}.json", json.dumps(
-            {"spans": self.saved_spans, "step": self.saved_step, "open": self.open, "exit_code": self.exit_code}))
+            {"spans": self.saved_spans, "step": self.saved_step, "open": self.open, "exit_code": self.exit_code,
+             "name": self.name, "rows": self.rows, "rewind": self.rewind}))
+
+    def add_to_row(self, values: dict[str, Any], step: int | None, ts: float) -> None:
+        """One history row per Trainer log, as the HF callback's one ``wandb.log`` per ``on_log``: the
+        groups of one event (an eval log's ``eval/*`` and its ``train/epoch``) share a row; a row
+        without a step (``model_load_time``, before training) is at step 0, as MLflow's sink puts it."""
+        x = 0 if step is None else step
+        if self.row is not None and self.row_key != (x, ts):
+            self.commit_row()
+        if self.row is None:
+            self.row, self.row_key = {STEP_KEY: x, "_timestamp": ts}, (x, ts)  # the event's own time, even late
+        self.row.update(values)
+
+    def commit_row(self) -> None:
+        """Log the row in hand at the run's next ``_step``."""
+        row, self.row = self.row, None
+        if row is None:
+            return
+        self.handle.log(row, step=self.step, commit=True)
+        x = row[STEP_KEY]
+        if x > self.last_x or not self.rows:
+            self.rows.append([x, self.step])
+            del self.rows[:-MAX_ROWS]
+        self.last_x = max(self.last_x, x)
+        self.step += 1
+        self.logged_step = max(self.logged_step, self.step)
+
+    def first_step_after(self, x: int) -> int | None:
+        """The first ``_step`` of a row logged past step ``x`` (None: none was)."""
+        return min((step for row_x, step in self.rows if row_x > x), default=None)
+
+    def forget_rows_from(self, step: int) -> None:
+        """Rows from ``_step`` ``step`` on are rewound away."""
+        self.rows = [row for row in self.rows if row[1] < step]
+        self.last_x = max((x for x, _ in self.rows), default=0)

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import once_per_run
 from relay.wire.schema import SCHEMA_VERSION
+from sinks.events import attempt_base
 
 
 class Events:
@@ -36,6 +37,24 @@ class Events:
         return {"v": SCHEMA_VERSION, "run": self.run, "rank": rank, "local_rank": rank,
                 "world_size": self.world_size, "host": self.host, "seq": seq, "ts": time.time(),
                 "type": type_, "step": step, "epoch": epoch, "stage": stage, "data": data}
+
+
+def resumed_events(run: str, saved: int = 3, held: int = 5, steps: int = 6) -> list[dict[str, Any]]:
+    """A run whose first attempt logged steps 1-``held`` after a checkpoint at ``saved`` and died, and whose
+    second attempt (seqs from attempt_base(1), as a resumed job's publisher numbers them) resumed from the
+    checkpoint and logged to ``steps``: loss 1/step in the first, 10/step in the second; the job's
+    ``--run_name`` in the ``run`` params."""
+    ev = Events(run, world_size=1)
+    out = [ev(0, "hello", {"pid": 100, "attempt": 0}),
+           ev(0, "params", {"run_id": run, "run_name": "named-job", "attempt": 0}, stage="run"),
+           ev(0, "lifecycle", {"event": "train_begin", "attempt": 0, "resumed_from": None}, step=0)]
+    out += [ev(0, "metrics", {"loss": 1 / s}, step=s, stage="train") for s in range(1, held + 1)]
+    ev.seqs[0] = attempt_base(1)
+    out += [ev(0, "hello", {"pid": 200, "attempt": 1}),
+            ev(0, "params", {"run_id": run, "run_name": "named-job", "attempt": 1}, stage="run"),
+            ev(0, "lifecycle", {"event": "train_begin", "attempt": 1, "resumed_from": saved}, step=saved)]
+    out += [ev(0, "metrics", {"loss": 10 / s}, step=s, stage="train") for s in range(saved + 1, steps + 1)]
+    return out + [ev(0, "lifecycle", {"event": "train_end", "status": "completed"}, step=steps)]
 
 
 def training_events(run: str, output_dir: str | None = None, steps: int = 6, experiment: str | None = None,

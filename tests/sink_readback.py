@@ -204,14 +204,17 @@ def check_tensorboard(board: Board, steps: int = 6) -> None:
 @dataclass
 class WandbView:
     """One W&B run id as ``wandb sync`` would upload it: its directories (resumed instances) in
-    start order, merged config and summary, and every series as {x: value} (x = its step metric)."""
+    start order, a rewind (``resume_from``) dropping the rows of earlier instances past its ``_step``,
+    as W&B's server does; its name, merged config and summary, every history series as {x: value}
+    (x = ``train/global_step``), and the system stats records' items as [(time, value)]."""
 
     instances: list[dict[str, Any]] = field(default_factory=list)
+    name: str = ""
     config: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     series: dict[str, dict[Any, float]] = field(default_factory=dict)
-    seen: set[tuple[str, Any, float]] = field(default_factory=set)  # (key, x, the event's time)
-    unstepped: dict[str, list[float]] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # the history as uploaded, in _step order
+    system: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
 
     def points(self) -> set[tuple[str, Any]]:
         return {(k, x) for k, s in self.series.items() for x in s}
@@ -226,7 +229,7 @@ def inspect(path: Path) -> list[dict[str, Any]]:
 
 def read_wandb(root: Path) -> dict[str, WandbView]:
     """The runs under ``root/wandb`` that ``wandb sync root/wandb`` would find (one level down)."""
-    from sinks.wandb import SEQ_KEY, STEP_KEY
+    from sinks.wandb_layout import STEP_KEY
 
     files = []
     for path in {p.resolve() for p in (root / "wandb").glob("*/*.wandb")}:  # latest-run is a link
@@ -236,45 +239,47 @@ def read_wandb(root: Path) -> dict[str, WandbView]:
     views: dict[str, WandbView] = {}
     for start, run_id, path, records in sorted(files):
         view = views.setdefault(run_id, WandbView())
-        instance = {"dir": path.parent.name, "start": start, "exit_code": None, "steps": []}
-        x_of: dict[str, str] = {}
+        instance = {"dir": path.parent.name, "start": start, "exit_code": None, "steps": [], "rewind": None}
         for record in records:
             kind, body = record["type"], record.get(record["type"], {})
             if kind == "run":
                 view.config.update(body.get("config", {}).get("update", {}))
+                view.name = body.get("display_name", view.name)
+                branch = body.get("branch_point")
+                if branch and instance["rewind"] is None:  # W&B's rewind: the rows past it are dropped
+                    instance["rewind"] = int(branch.get("value", 0))
+                    view.rows = [row for row in view.rows if row["_step"] <= instance["rewind"]]
             elif kind == "config":
                 view.config.update(body["update"])
             elif kind == "summary":
                 view.summary.update({k: v for k, v in body["update"].items() if not k.startswith("_")})
-            elif kind == "metric" and "name" in body and "step_metric" in body:
-                x_of[body["name"]] = body["step_metric"]
             elif kind == "history":
-                item = body["item"]
-                instance["steps"].append(item["_step"])
-                for key, value in item.items():
-                    if key.startswith("_") or key in (STEP_KEY, SEQ_KEY):
-                        continue
-                    value = NONFINITE.get(value, value)
-                    x = item.get(x_of.get(key, STEP_KEY))
-                    point = (key, x, item["_timestamp"])  # the same point twice has the same time
-                    assert point not in view.seen, f"{key} at {x} twice (in {path.parent.name})"
-                    view.seen.add(point)
-                    if x is None:
-                        view.unstepped.setdefault(key, []).append(value)
-                    else:
-                        view.series.setdefault(key, {})[x] = value
+                instance["steps"].append(body["item"]["_step"])
+                view.rows.append(body["item"])
+            elif kind == "stats":
+                for key, value in body["item"].items():
+                    view.system.setdefault(key, []).append((body["timestamp"], NONFINITE.get(value, value)))
             elif kind == "exit":
                 instance["exit_code"] = body.get("exit_code", 0)
         view.instances.append(instance)
     for view in views.values():  # `wandb sync` appends instances in start order: _step must go on
-        steps = [s for instance in view.instances for s in instance["steps"]]
+        steps = [row["_step"] for row in view.rows]
         assert steps == sorted(set(steps)), "W&B _step not increasing across the run's directories"
-    view.config.pop("_wandb", None)
+        seen = set()
+        for row in view.rows:
+            for key, value in row.items():
+                if key.startswith("_") or key == STEP_KEY:
+                    continue
+                point = (key, row.get(STEP_KEY), row["_timestamp"])  # the same point twice has the same time
+                assert point not in seen, f"{key} at {row.get(STEP_KEY)} twice"
+                seen.add(point)
+                view.series.setdefault(key, {})[row.get(STEP_KEY)] = NONFINITE.get(value, value)
+        view.config.pop("_wandb", None)
     return views
 
 
 def check_wandb(view: WandbView, steps: int = 6) -> None:
-    """What every test expects from sink_helpers.training_events(), in W&B's HF-callback names."""
+    """What every test expects from sink_helpers.training_events(), laid out as W&B's HF callback."""
     loss = view.series["train/loss"]
     assert sorted(loss) == list(range(1, steps + 1))
     assert math.isnan(loss[3]) and loss[2] == 1.0
@@ -282,17 +287,18 @@ def check_wandb(view: WandbView, steps: int = 6) -> None:
     assert view.series["eval/runtime"] == {s: 0.5 for s in range(3, steps + 1, 3)}
     assert sorted(view.series["train/epoch"]) == list(range(1, steps + 1))
     assert view.series["train/learning_rate"][2] == pytest.approx(2e-5)
-    for rank in (0, 1):
-        step_time = view.series[f"system/rank_step_time_s/rank_{rank}"]  # the wire's step_time, named for display
-        assert sorted(step_time) == list(range(1, steps + 1))
-        assert step_time[2] == pytest.approx(0.1 * (rank + 1) + 0.002)
+    for rank in (0, 1):  # the relay's per-rank figures: system stats at the event's time, not history rows
+        step_time = [value for _, value in sorted(view.system[f"rank.{rank}.step_time_s"])]
+        assert step_time == pytest.approx([0.1 * (rank + 1) + s / 1000 for s in range(1, steps + 1)])
         assert "published" in view.config[f"relay.client.rank{rank}"]  # the clients' counters
-    assert view.unstepped["model_load_time"] == [3.25]
+    assert not any(key.startswith("system/") for key in view.series), "no relay figure in the history"
+    assert all("train/global_step" in row for row in view.rows), "every row has its step"
+    assert view.series["model_load_time"] == {0: 3.25}
     assert {k: view.summary[k] for k in ("train_loss", "train_runtime", "total_flos")} == {
         "train_loss": 0.9, "train_runtime": 12.0, "total_flos": 1e9}
     assert view.config["learning_rate"] == 2e-5 and view.config["seed"] == 42
     assert view.config["max_grad_norm"] == "Infinity"  # as the JSONL journal keeps it
-    assert view.config["model.model_type"] == "llama" and view.config["model.hidden_size"] == 64
+    assert view.config["model_type"] == "llama" and view.config["hidden_size"] == 64  # at the top, as HF's
     assert view.config["experiment_metadata.dataset"] == "v3"
     assert all(view.config[f"relay.ranks.{r}"]["local_rank"] == r for r in (0, 1))
     assert {k for k in view.config if k.startswith("relay.checkpoints.")} == {
@@ -331,8 +337,11 @@ class _KeepRequests:
         self.sent.append(request)
 
 
-def read_sessions(cache_dir: Path) -> dict[str, TaskView]:
-    """Every offline session under ``cache_dir``, by its relay run id, read with ClearML's code."""
+def read_sessions(cache_dir: Path, last_wins: bool = False) -> dict[str, TaskView]:
+    """Every offline session under ``cache_dir``, by its relay run id, read with ClearML's code.
+    ``last_wins``: a point reported again at an iteration (a resumed job's later attempt) replaces the
+    earlier, as ClearML's server keeps one event per task, iteration, metric and variant (its
+    apiserver/bll/event/event_bll.py: the event's id is made of those, and indexing it again overwrites)."""
     from clearml import Task
     from clearml.backend_interface.metrics import Metrics
 
@@ -352,7 +361,7 @@ def read_sessions(cache_dir: Path) -> dict[str, TaskView]:
             for point in batch.requests:
                 key, step = (point["metric"], point["variant"]), point["iter"]
                 series = view.scalars.setdefault(key, {})
-                assert step == SUMMARY or step not in series, f"{key} step {step} written twice"
+                assert last_wins or step == SUMMARY or step not in series, f"{key} step {step} written twice"
                 series[step] = point["value"]  # a single value: the last one wins, as on a server
                 view.timestamps.setdefault(key, []).append(point["timestamp"])
                 view.requests += 1

@@ -22,7 +22,7 @@ JOB = Path(__file__).resolve().parent / "hf_callbacks_job.py"
 #: What the relay adds beside the Trainer's series: its system figures, and fms-hf-tuning's custom metrics.
 RELAY_SERIES = ("system/", "additional_metrics.", "model_load_time")
 #: Param groups the relay adds beside HF's (TrainingArguments and the model config, under their bare names).
-RELAY_PARAM_GROUPS = ("run.", "relay.", "versions.", "peft.", "dataset", "purpose")
+RELAY_PARAM_GROUPS = ("run.", "relay.", "versions.", "peft.", "model_info.", "dataset", "purpose")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
 from relay.journal.reader import journal_files, read_events
 from relay.wire import encoding
-from sinks.events import RELAY_RANK
+from sinks.events import RELAY_RANK, attempt_base
 
 Acks = dict[bytes, list[list[tuple[str, int, int]]]]
 
@@ -127,6 +127,30 @@ def test_a_client_drop_report_moves_the_floor_and_a_reused_run_id_is_reported(in
     assert relay.counters.snapshot({}, 0)["client_dropped"] == 3
     relay.take_frame(b"b", encoding.encode_frame([dict(event(0, type="hello"), ts=99.0)]), now=200.0)
     assert relay.counters.reused_run_ids == 1 and relay.counters.duplicates == 1
+
+
+def test_a_later_attempt_of_a_run_is_taken_from_its_first_seq_and_known_again_after_a_restart(ingest) -> None:
+    """A resumed job continues its run: its ranks number from attempt_base(1), above every seq of the
+    first attempt, whose last events (never delivered: its process was killed) leave a gap the relay
+    acknowledges past; a relay started again on the journal recognises both attempts' events."""
+    base = attempt_base(1)
+    relay, acks = ingest()
+    relay.take_frame(b"a", encoding.encode_frame([event(0, type="hello"), event(1), event(2)]), now=1.0)
+    relay.commit(now=1.1)  # seq 3 onwards of the first attempt never arrive: its process was killed
+    relay.peer_gone(b"a")
+    relay.take_frame(b"b", encoding.encode_frame([event(base, type="hello")]), now=2.0)
+    relay.take_frame(b"b", compact("run", 0, range(base + 1, base + 4)), now=2.0)  # the fast path again
+    relay.commit(now=2.1)
+    assert acks[b"b"] == [[("run", 0, base + 4)]]
+    assert journaled(relay) == [("run", 0, s) for s in [0, 1, 2, base, base + 1, base + 2, base + 3]]
+    assert relay.counters.duplicates == 0 and relay.counters.reused_run_ids == 0
+    relay.journal.close()
+    again, acks = ingest()  # a new relay on the same journal (the job's embedded relay of the next attempt)
+    again.take_frame(b"c", encoding.encode_frame([event(base, type="hello"), event(base + 1), event(base + 4)]),
+                     now=3.0)
+    again.commit(now=3.1)
+    assert again.counters.duplicates == 2 and acks[b"c"] == [[("run", 0, base + 5)]]
+    assert journaled(again)[-1] == ("run", 0, base + 4)
 
 
 def test_the_oldest_run_is_forgotten_for_a_new_one_after_its_lines_are_journaled(ingest) -> None:

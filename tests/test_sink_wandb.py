@@ -46,7 +46,7 @@ def test_mapping_replay_and_resume(tmp_path: Path) -> None:
     assert run_dirs(tmp_path) == dirs and len(dirs) == 2
     view = read_wandb(tmp_path)["job-1"]
     check_training_run(view)
-    assert view.series["system/relay_dropped/rank_1"] == {events[-1]["seq"]: 2} and "system/relay_dropped/rank_0" not in view.series
+    assert [v for _, v in view.system["rank.1.relay_dropped"]] == [2] and "rank.0.relay_dropped" not in view.system
     assert [i["exit_code"] for i in view.instances] == [1, 0]  # cut short, then train_end "completed"
     state = json.loads((tmp_path / "wandb" / "relay-applied" / "job-1.json").read_text())
     assert state["open"] is None and state["spans"] == {"0": [[0, 25]], "1": [[0, 8]]}
@@ -121,7 +121,7 @@ def test_a_directory_left_open_by_a_dead_process_is_rebuilt_from_the_journal(tmp
         state["open"].update({"dir": None, "before": []})
         state_file.write_text(json.dumps(state))
     sink = run_sink(tmp_path, [events[30:]], journal=journal)  # the restarted sink's next events
-    assert sink.counters["discarded_dirs"] == 1 and sink.counters["sweeps"] == 1
+    assert sink.counters["discarded_dirs"] == 1 and sink.counters["sweeps"] == 1, sink.counters
     assert (tmp_path / "wandb" / "relay-discarded" / dead).is_dir()
     views = read_wandb(tmp_path)  # the discarded directory is out of `wandb sync wandb/`'s way
     assert len(views["job-crash"].instances) == 1

@@ -22,6 +22,7 @@ from conftest import finish, start_publisher, wait_for
 from watch_helpers import RELAY_RANK, LiveCommand, cli_env, event, relay_cmd, training_journal, write_journal
 
 from relay.wire.lines import encode_line
+from sinks.events import attempt_base
 
 
 def training_events(t0: float) -> list[dict]:
@@ -350,6 +351,30 @@ def test_steps_view_shows_a_straggler_episode_from_its_start_to_its_end() -> Non
     assert lines[6].endswith("cleared r1 (named at 3)")
     assert lines[7].endswith("cleared r0 (named at 5, lost)")  # said for step 7 once step 8 was in
     assert not any(lines[s].endswith(")") for s in (4, 5, 8, 9))
+
+
+def test_steps_view_shows_a_resumed_jobs_attempt_and_its_steps_again(tmp_path: Path) -> None:
+    """A job resumed from checkpoint-3 continues its run as attempt 1: the steps the first attempt
+    logged after the checkpoint (4, 5) are shown, then the attempt's own line, then its steps 4-6."""
+    t0 = time.time() - 3600
+
+    def log(seq: int, step: int, loss: float, ts: float) -> dict:
+        return event("job", 0, seq, ts, "metrics", {"loss": loss, "learning_rate": 1e-3}, step=step, stage="train")
+
+    first = [event("job", 0, 0, t0, "lifecycle", {"event": "train_begin", "attempt": 0}, step=0)]
+    first += [log(s, s, 2.0 - 0.1 * s, t0 + s) for s in range(1, 6)]  # killed after step 5, checkpoint at 3
+    base = attempt_base(1)
+    second = [event("job", 0, base, t0 + 60, "lifecycle", {"event": "train_begin", "attempt": 1, "resumed_from": 3},
+                    step=3)]
+    second += [log(base + s, s, 1.0 - 0.1 * s, t0 + 60 + s) for s in range(4, 7)]
+    write_journal(tmp_path / "job.jsonl", first + second)
+    out = relay_cmd("tail", str(tmp_path / "job.jsonl"), "--view", "steps").stdout.splitlines()
+    shown = [(line.split()[1], line.split()[2]) for line in out[2:]]
+    assert shown == [("1", "1.9"), ("2", "1.8"), ("3", "1.7"), ("4", "1.6"), ("5", "1.5"), ("3", "attempt"),
+                     ("4", "0.6"), ("5", "0.5"), ("6", "0.4")], out
+    assert out[7].endswith("3  attempt 1: resumed from step 3")
+    events = relay_cmd("tail", str(tmp_path / "job.jsonl"), "--type", "lifecycle").stdout
+    assert "attempt=1" in events and "resumed_from=3" in events, events
 
 
 def test_steps_view_fits_the_terminal(tmp_path: Path) -> None:

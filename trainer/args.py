@@ -266,6 +266,35 @@ def unescape(text: str) -> str:
     return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
 
 
+#: What ``--resume_from_checkpoint`` takes for "the last checkpoint in --output_dir" (as Trainer.train(True)).
+LAST_CHECKPOINT = ("true", "last")
+
+
+def _resume_args(training: "SFTConfig", tracking: TrackingArguments) -> None:
+    """``--resume_from_checkpoint True`` (or ``last``) becomes the last checkpoint in --output_dir, and a
+    checkpoint that is not a folder, a run to continue that is not a run id, or both run flags at once
+    are usage errors (the run a resumed job continues: trainer/run_identity.py)."""
+    spec = training.resume_from_checkpoint
+    if spec is not None and spec.lower() in LAST_CHECKPOINT:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        found = get_last_checkpoint(training.output_dir) if os.path.isdir(training.output_dir) else None
+        if found is None:
+            raise UsageError(f"--resume_from_checkpoint {spec}: no checkpoint-N folder in --output_dir "
+                             f"{training.output_dir}; name the checkpoint to resume from")
+        training.resume_from_checkpoint = found
+    elif spec is not None and not os.path.isdir(spec):
+        raise UsageError(f"--resume_from_checkpoint: {spec} is not a folder (a checkpoint-N folder, or True for "
+                         "the last one in --output_dir)")
+    if tracking.continue_run is not None:
+        if tracking.new_run:
+            raise UsageError("--continue_run and --new_run contradict each other: give one")
+        from relay.wire.schema import RUN_ID_RE, valid_run_id
+
+        if not valid_run_id(tracking.continue_run):
+            raise UsageError(f"--continue_run: {tracking.continue_run!r} must match {RUN_ID_RE.pattern}")
+
+
 def validate(
     model: ModelArguments,
     data: DataArguments,
@@ -298,6 +327,7 @@ def validate(
     if training.fsdp and _cpu_only() and training.process_index == 0:
         log.warning("--fsdp: no accelerator here, so accelerate runs this job as plain data parallel (DDP on gloo, "
                     "the whole model on every rank), not sharded")
+    _resume_args(training, tracking)
     if training.run_name is not None:
         from relay.wire.schema import RUN_ID_RE, valid_run_id
 

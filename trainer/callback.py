@@ -11,6 +11,7 @@ bounded flush at the end of training.
 """
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import resource
@@ -20,10 +21,14 @@ from importlib import metadata
 from typing import Any, Mapping
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from relay.client.publisher import Publisher
 from trainer import collectives, custom_metrics
 from trainer.custom_metrics import to_wire
+from trainer.run_identity import write_run_file
+
+log = logging.getLogger(__name__)
 
 _VERSIONED = ("metrics-relay", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "pyzmq")
 _LOG_PREFIXES = (("eval_", "eval"), ("test_", "test"))
@@ -132,7 +137,10 @@ class RelayCallback(TrainerCallback):
             "event": "train_begin", "world_size": args.world_size, "max_steps": state.max_steps,
             "num_train_epochs": state.num_train_epochs, "train_batch_size": state.train_batch_size,
             "gradient_accumulation_steps": args.gradient_accumulation_steps,
-            "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),  # torchrun's restarts so far
+            # the run's attempt (a job resumed from a checkpoint is the next one: trainer/run_identity.py), the
+            # step it resumed from, and torchrun's restarts of this job so far
+            "attempt": pub.attempt, "resumed_from": state.global_step if pub.attempt else None,
+            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
         }, step=state.global_step, epoch=state.epoch)
         pub.publish("params", to_wire(args.to_dict()), stage="hparams")
         if model is not None:
@@ -144,6 +152,8 @@ class RelayCallback(TrainerCallback):
             if peft_config:
                 pub.publish("params", {name: to_wire(cfg.to_dict()) for name, cfg in peft_config.items()},
                             stage="peft")
+            if hasattr(model, "num_parameters"):  # what W&B's HF callback adds as model/num_parameters
+                pub.publish("params", {"num_parameters": model.num_parameters()}, stage="model_info")
         for name, params in self._run_params.items():
             pub.publish("params", to_wire(params), stage=name)
         if self._timing is not None:
@@ -202,10 +212,18 @@ class RelayCallback(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
+        """Beside the checkpoint, the run it belongs to: a job resumed from it continues that run
+        (trainer/run_identity.py). The Trainer calls this once the checkpoint is written."""
         if state.is_world_process_zero:
+            path = f"{args.output_dir}/{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            try:
+                if os.path.isdir(path):
+                    write_run_file(path, {"run": self._pub.run, "attempt": self._pub.attempt,
+                                          "step": state.global_step})
+            except OSError as exc:  # never into training: a job resumed from it starts a new run, and says so
+                log.warning("cannot record run %s in %s: %s", self._pub.run, path, exc)
             self._pub.publish("lifecycle", {
-                "event": "checkpoint", "path": f"{args.output_dir}/checkpoint-{state.global_step}",
-                "best_model_checkpoint": state.best_model_checkpoint,
+                "event": "checkpoint", "path": path, "best_model_checkpoint": state.best_model_checkpoint,
             }, step=state.global_step, epoch=state.epoch)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

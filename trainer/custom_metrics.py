@@ -120,12 +120,12 @@ SEND_INTERVAL = 0.1
 
 def start(run: str, *, rank: int = 0, local_rank: int = 0, world_size: int = 1,
           address: str | None = None, send_interval: float = SEND_INTERVAL,
-          spool_dir: str | None = None, spool_journal: str | None = None) -> Publisher:
+          spool_dir: str | None = None, spool_journal: str | None = None, attempt: int = 0) -> Publisher:
     """Connect this process to the relay and hand over everything queued so far.
 
     ``spool_dir``: where :func:`stop` writes what the relay never acknowledged, for ``relay replay``
     (None: it is only counted and logged); ``spool_journal``: the relay's journal, which the logged
-    replay command names.
+    replay command names; ``attempt``: the run's attempt this job is (a resumed job's, trainer/run_identity.py).
 
     Raises ValueError for a bad run id or rank, and RuntimeError if a connection already exists.
     """
@@ -134,7 +134,8 @@ def start(run: str, *, rank: int = 0, local_rank: int = 0, world_size: int = 1,
         if _publisher is not None:
             raise RuntimeError(f"tracking already started for run {_publisher.run!r}")
         pub = Publisher(run, rank, local_rank=local_rank, world_size=world_size, address=address,
-                        send_interval=send_interval, spool_dir=spool_dir, spool_journal=spool_journal)
+                        send_interval=send_interval, spool_dir=spool_dir, spool_journal=spool_journal,
+                        attempt=attempt)
         if _queue_dropped:
             pub.publish("metrics", {"tracking_queue_dropped": _queue_dropped}, stage="additional_metrics")
         while _queued:

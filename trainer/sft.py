@@ -24,6 +24,7 @@ from trainer.embedded import (
 )
 from trainer.errors import UsageError
 from trainer.model_source import check_command_line
+from trainer.run_identity import identify, write_run_file
 from trainer.stopping import STOP
 from trainer.tracker_flags import TrackingArguments, sink_args
 from trainer.usage import print_help
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainer")
 
-RUN_FILE_NAME = "tracking_run.json"
 DEMO_MODEL_DIR = "demo-model"
 #: Where each rank writes, at the end, what the relay never acknowledged (for ``relay replay``).
 SPOOL_DIR_NAME = "relay-spool"
@@ -64,9 +64,11 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
     output_dir = plan.training.output_dir
     address = plan.tracking.relay_address
     relay: EmbeddedRelay | None = None
-    run_id = error = None
+    identity = error = None
     if rank == 0:
-        run_id = default_run_id(plan.training.run_name)
+        tracking = plan.tracking
+        identity = identify(default_run_id(plan.training.run_name), plan.training.resume_from_checkpoint, output_dir,
+                            continue_run=tracking.continue_run, new_run=tracking.new_run)
         if address is None:
             if world_size > int(os.environ.get("LOCAL_WORLD_SIZE", world_size)):
                 log.warning("the embedded relay listens on a socket local to this node, so ranks on other nodes cannot reach it; "
@@ -81,16 +83,19 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
         elif len(plan.trackers) > 1:
             log.warning("--tracker %s adds no sink with --relay_address: the relay at %s writes to the sinks it was "
                         "started with (relay --sink NAME ...)", ",".join(plan.trackers[1:]), address)
-    run_id, address, error = agree((run_id, address, error))
+    identity, address, error = agree((identity, address, error))
     if error:
         raise RelayStartError(error)
+    run_id = identity.run
     if relay is not None:
         relay.run = run_id
     journal = os.path.join(output_dir, JSONL_NAME) if plan.tracking.relay_address is None else None
     custom_metrics.start(run_id, rank=rank, local_rank=local_rank, world_size=world_size, address=address,
-                   spool_dir=os.path.join(output_dir, SPOOL_DIR_NAME), spool_journal=journal)
+                         spool_dir=os.path.join(output_dir, SPOOL_DIR_NAME), spool_journal=journal,
+                         attempt=identity.attempt)
     if rank == 0:
         run_params = {"run_id": run_id, "run_name": plan.training.run_name, "world_size": world_size,
+                      "attempt": identity.attempt, "resumed_from_checkpoint": identity.checkpoint,
                       "output_dir": os.path.abspath(output_dir),  # the relay may run elsewhere
                       "relay_address": address, "trackers": plan.trackers, "embedded_relay": relay is not None,
                       "user": _user(), "source": sys.argv[0]}  # what MLflow's own logging records
@@ -99,12 +104,12 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
         custom_metrics.set_params(run_params, name="run")
         if plan.exp_metadata is not None:
             custom_metrics.set_params(plan.exp_metadata, name="experiment_metadata")
-        os.makedirs(output_dir, exist_ok=True)
-        with open(os.path.join(output_dir, RUN_FILE_NAME), "w", encoding="utf-8") as fh:
-            json.dump({"run": run_id, "address": address, "world_size": world_size,
-                       "jsonl": os.path.join(output_dir, JSONL_NAME) if relay else None,
-                       "relay_pid": relay.proc.pid if relay else None}, fh)
-        log.info("tracking run %s through the relay at %s", run_id, address)
+        write_run_file(output_dir, {"run": run_id, "attempt": identity.attempt, "resumed_from": identity.resumed_from,
+                                    "address": address, "world_size": world_size,
+                                    "jsonl": os.path.join(output_dir, JSONL_NAME) if relay else None,
+                                    "relay_pid": relay.proc.pid if relay else None})
+        log.info("tracking run %s%s through the relay at %s", run_id,
+                 f" (attempt {identity.attempt}, from step {identity.resumed_from})" if identity.attempt else "", address)
     return relay
 
 

@@ -58,6 +58,16 @@ class TrackingArguments:
     exp_metadata: str | None = field(
         default=None, metadata={"help": "Run metadata: a JSON object, or the path of a JSON file holding one."}
     )
+    continue_run: str | None = field(
+        default=None,
+        metadata={"help": "The run id a resumed job continues (default: the run recorded in the checkpoint of "
+                          "--resume_from_checkpoint, else in --output_dir), as its next attempt."},
+    )
+    new_run: bool = field(
+        default=False,
+        metadata={"help": "Track a job resumed from a checkpoint as a new run, not as the next attempt of the run "
+                          "that saved the checkpoint."},
+    )
     relay_exit_timeout: float = field(
         default=300.0,
         metadata={"help": "Seconds the job waits at its end, with a progress line, for the embedded relay's trackers to "

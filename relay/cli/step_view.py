@@ -172,22 +172,38 @@ class StepView:
                 if not (final or now - rec.last >= SETTLE_S
                         or (later < math.inf and (backlog or now - later >= GRACE_S))):
                     break
-                del state.steps[step]
-                state.shown = step
-                line = self._line(state, rec)
                 ts = number(rec.ts)
                 key = ts if ts is not None and math.isfinite(ts) else done[-1][0] if done else -math.inf
-                done.append((key, ([Row(run, line, rec.certain)] if line is not None else [])
-                             + [Row(run, note) for note in rec.notes]))
+                done.append((key, self._show(run, state, step)))
             runs.append(done)
         return [row for _, rows in heapq.merge(*runs, key=itemgetter(0)) for row in rows]
 
     # -- internals --------------------------------------------------------------------------------
 
+    def _show(self, run: str, state: _Run, step: int) -> list[Row]:
+        """The rows of a step that is complete: its line, then the notes that came after it began."""
+        rec = state.steps.pop(step)
+        state.shown = step
+        line = self._line(state, rec)
+        return ([Row(run, line, rec.certain)] if line is not None else []) + [Row(run, note) for note in rec.notes]
+
+    def _attempt(self, run: str, state: _Run, ev: dict[str, Any], attempt: int, resumed: Any) -> list[Row]:
+        """A resumed job's ``train_begin`` (attempt 1, 2 ...): the earlier attempt's steps still waiting
+        are shown now (it will send nothing more), then a line of its own, and the steps after the
+        checkpoint are shown again, as this attempt logs them."""
+        rows = [row for step in sorted(state.steps) for row in self._show(run, state, step)]
+        rows += self._note(run, state, ev, f"attempt {attempt}" + (f": resumed from step {resumed}"
+                                                                  if type(resumed) is int else ""), "yellow")
+        state.shown = resumed if type(resumed) is int else None
+        state.tokens = None
+        return rows
+
     def _lifecycle(self, run: str, state: _Run, ev: dict[str, Any], data: dict[str, Any], now: float) -> list[Row]:
         event = data.get("event")
         if event == "train_begin" and number(ev.get("ts")) is not None:
             self._begin[run] = number(ev["ts"])
+            if type(data.get("attempt")) is int and data["attempt"] > 0:
+                return self._attempt(run, state, ev, data["attempt"], data.get("resumed_from"))
         elif event in ("straggler", "straggler_cleared") and type(data.get("rank")) is int:
             ratio, steps, step, named = number(data.get("ratio")), data.get("steps"), ev.get("step"), data.get("named_step")
             if event == "straggler":

@@ -30,7 +30,7 @@ from relay.wire.address import resolve_address
 from relay.wire.lines import SPOOL_SUFFIX
 from relay.wire.io_thread import LinkMember, read_monitor, shared_hub
 from relay.client.send_window import SendWindow
-from sinks.events import RELAY_RANK
+from sinks.events import MAX_ATTEMPT, RELAY_RANK, attempt_base
 
 __all__ = ["Publisher", "UNKNOWN_JOURNAL"]
 
@@ -70,9 +70,13 @@ class Publisher(ForkHandover, LinkMember):
         curve_client_cert: str | None = None,
         spool_dir: str | os.PathLike[str] | None = None,
         spool_journal: str | os.PathLike[str] | None = None,
+        attempt: int = 0,
     ) -> None:
         """``spool_dir``: where close() writes what the relay never acknowledged (None: nowhere, it is
-        only counted); ``spool_journal``: the relay's journal, named in the replay command it logs."""
+        only counted); ``spool_journal``: the relay's journal, named in the replay command it logs;
+        ``attempt``: which attempt of ``run`` this process belongs to (a job resumed from a checkpoint
+        continues its run as attempt 1, 2 ...): its seqs start at ``attempt_base(attempt)``, above every
+        earlier attempt's, so the relay takes none of its events for a duplicate."""
         if not schema.valid_run_id(run):
             raise ValueError(f"run id {run!r} must match {schema.RUN_ID_RE.pattern}")
         for name, val in (("rank", rank), ("world_size", world_size), ("max_events", max_events)):
@@ -80,6 +84,9 @@ class Publisher(ForkHandover, LinkMember):
                 raise ValueError(f"{name} must be a non-negative int, got {val!r}")
         if rank >= RELAY_RANK:
             raise ValueError(f"rank must be below {RELAY_RANK} (the relay's own rank), got {rank}")
+        if not isinstance(attempt, int) or not 0 <= attempt < MAX_ATTEMPT:
+            raise ValueError(f"attempt must be an int in [0, {MAX_ATTEMPT}), got {attempt!r}")
+        self.attempt = attempt
         self.run = run
         self.rank = rank
         self.address = resolve_address(address)
@@ -111,7 +118,7 @@ class Publisher(ForkHandover, LinkMember):
         self._dropped_error = 0  # by publish(): could not even build the event
         # Owned by the background thread:
         self._window = SendWindow(max_events=max_events, max_bytes=max_bytes, resend_after=resend_after,
-                                  now=time.monotonic())
+                                  now=time.monotonic(), first_seq=attempt_base(attempt))
         self._pack_row = encoding.row_packer().pack
         self._dropped_bad = 0  # unencodable or oversized events
         self._reported_drops = 0
@@ -128,7 +135,7 @@ class Publisher(ForkHandover, LinkMember):
         live.add(self)
         self.publish("hello", {
             "pid": os.getpid(), "address": self.address, "python": sys.version.split()[0],
-            "pyzmq": zmq.__version__, "max_events": max_events,
+            "pyzmq": zmq.__version__, "max_events": max_events, "attempt": attempt,
         })
         self._hub = shared_hub()
         self._hub.register(self)

@@ -20,14 +20,16 @@ MAX_BACKOFF = 30.0
 
 
 class SendWindow:
-    """Encoded events from seq 0 on: those not yet acknowledged are kept, in order, with their bytes
+    """Encoded events from ``first_seq`` (0) on: those not yet acknowledged are kept, in order, with their bytes
     counted; ``next_send`` is the first of them not handed to the connection since the last rewind."""
 
-    def __init__(self, *, max_events: int, max_bytes: int, resend_after: float, now: float) -> None:
+    def __init__(self, *, max_events: int, max_bytes: int, resend_after: float, now: float,
+                 first_seq: int = 0) -> None:
+        """``first_seq``: where numbering starts (a resumed run's attempt starts above its earlier ones')."""
         self.unacked: collections.deque[tuple[int, bytes]] = collections.deque()
         self.unacked_bytes = 0
-        self.next_seq = 0
-        self.next_send = 0
+        self.next_seq = first_seq
+        self.next_send = first_seq
         self.acked = 0
         self.resent = 0
         self.dropped_unacked = 0

@@ -177,7 +177,11 @@ class Cluster:
 
     def ended(self, event: dict[str, Any], now: float) -> None:
         """A new ``lifecycle`` event that arrived at ``now``: a ``train_end`` (any status) ends the
-        run, and its rank finished. What it means for the other ranks is said later (``check``)."""
+        run, and its rank finished. What it means for the other ranks is said later (``check``). A
+        ``train_begin`` starts the run afresh: a resumed job's steps go back to its checkpoint's."""
+        if event["data"].get("event") == "train_begin":
+            self.runs.pop(event["run"], None)
+            return
         run = self.runs.get(event["run"])
         rank = event["rank"]
         if run is None or event["data"].get("event") != "train_end" or rank >= run.world_size:

@@ -30,7 +30,7 @@ from relay.journal.dedupe import RankState, claimed_drop
 from relay.journal.journal import Journal
 from relay.wire import encoding, schema
 from relay.wire.lines import Derived, check_lines, encode_line, encode_lines, relay_event
-from sinks.events import RELAY_RANK
+from sinks.events import RELAY_RANK, attempt_base, attempt_of
 
 log = logging.getLogger("relay")
 
@@ -135,6 +135,7 @@ class Ingest:
                     self._client_drops(key, state, event, peer)
                 elif event["type"] == "hello":
                     self.runs.hello(key, event["ts"])
+                    self._attempt_begins(key, state, event["seq"], peer)
                 elif self._watching and (event["stage"] == "rank" or event["type"] == "lifecycle"):
                     self._derive((event,), now)
                 elif self._take_loss is not None and event["stage"] == "train" and key[1] == 0:
@@ -217,13 +218,22 @@ class Ingest:
                 return
             self.counters.runs_evicted += 1
 
+    def _attempt_begins(self, key: Key, state: RankState, seq: int, peer: bytes) -> None:
+        """A hello at the first seq of a later attempt of its run (a resumed job; sinks/events.py): its
+        client numbers nothing below it, so the rank's floor moves up to it, as for a drop report of
+        that connection (the earlier attempt's seqs it never delivered were lost with its process)."""
+        if seq > state.floor and seq == attempt_base(attempt_of(seq)):
+            log.info("run %s rank %d: attempt %d begins (seq %d)", key[0], key[1], attempt_of(seq), seq)
+            state.skip_to(seq, peer)
+
     def _reused_run(self, key: Key) -> None:
         """Another process started publishing under a (run, rank) that already has events: its
         events look like duplicates, so say so loudly instead of dropping them quietly."""
         self.counters.reused_run_ids += 1
-        log.error("run %s rank %d was started again by another process (a new hello at seq 0): its events "
-                  "repeat seqs already journaled and are dropped as duplicates; give every job its own run id",
-                  key[0], key[1])
+        log.error("run %s rank %d was started again by another process (a new hello at a seq already journaled): "
+                  "its events repeat seqs already journaled and are dropped as duplicates; give every job its own "
+                  "run id (a job resumed from a checkpoint continues its run as a new attempt, whose seqs start "
+                  "above the last one's: docs/trainer.md)", key[0], key[1])
 
     def forget_idle(self, before: float, now: float) -> None:
         """Drop per-run state of runs silent since ``before``; the journal can rebuild it."""

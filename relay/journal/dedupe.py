@@ -26,6 +26,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+from sinks.events import attempt_base, attempt_of
+
 log = logging.getLogger(__name__)
 
 MAX_WINDOW = 65_536
@@ -249,6 +251,8 @@ class Dedupe:
             for seen_rank, seen in journal.seen(run).items():
                 known = self.ranks.get((run, seen_rank)) or self.add_state(run, seen_rank)
                 for start, end in seen.spans:
+                    if start > known.floor and start == attempt_base(attempt_of(start)):
+                        known.skip_to(start, JOURNAL)  # a later attempt of the run (relay/daemon/ingest.py)
                     for seq in range(start, end):
                         known.take(seq)
                     recovered += end - start

@@ -32,7 +32,8 @@ TABLE: dict[str, Spec] = {
     "relay_run_steps_per_second": Spec("gauge", _RUN, "Steps per second over the run's recent logged steps."),
     "relay_run_step_duration_seconds": Spec(
         "gauge", _RUN, "The run's last step time: the slowest rank's last reported step time."),
-    "relay_run_attempt": Spec("gauge", _RUN, "The run's attempt: torchrun's restart count at train_begin."),
+    "relay_run_attempt": Spec("gauge", _RUN, "The run's attempt at its last train_begin: 0 for its first, one more "
+                                             "for each job that resumed it from a checkpoint (docs/trainer.md)."),
     "relay_run_world_size": Spec("gauge", _RUN, "Ranks in the run."),
     "relay_run_ranks_lost": Spec("gauge", _RUN, "Ranks of the run the relay named lost and that did not come back."),
     "relay_run_lost_rank": Spec("gauge", _RANK, "1 for each rank of the run now lost."),

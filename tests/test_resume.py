@@ -1,0 +1,118 @@
+"""A resumed job is one run (issue 28): a real two-rank torchrun job with every tracker saves
+checkpoint-4, logs steps 5 and 6, and is SIGKILLed; a second job resumes from the checkpoint. The
+journal holds one run, with each attempt and the step it resumed from, and no seq twice; each
+tracker, read back through its own library, holds one run, with each step's last value from the
+second attempt (MLflow, which keeps every point, as docs/sinks/mlflow.md says). One job (two
+attempts) serves every test of this module, built once per test run."""
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import free_port, once_per_run, read_jsonl, wait_for
+from sinks.events import RELAY_RANK, attempt_base, attempt_of
+from trainer_fixtures import ROOT, demo_model, run_trainer, seed_flags, trainer_env
+
+pytestmark = pytest.mark.slow
+__all__ = ["demo_model"]  # a fixture, used by name
+
+JOB = Path(__file__).resolve().parent / "resume_job.py"
+SINKS = ("aim", "mlflow", "tensorboard", "wandb", "clearml")
+STEPS, SAVED, HELD = 8, 4, 6  # max_steps; the checkpoint the second attempt resumes from; the last step of the first
+RUN_NAME = "resumed-job"
+
+
+def _command(model: Path, out: Path, *extra: str) -> list[str]:
+    flags = seed_flags(model, out, steps=STEPS, eval_steps=SAVED)
+    flags[flags.index("--save_steps") + 1] = str(SAVED)
+    flags[flags.index("--save_total_limit") + 1] = "3"
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+            f"--master_port={free_port()}", str(JOB), *flags, "--run_name", RUN_NAME, "--tracker", ",".join(SINKS),
+            "--experiment", "resume", *extra]
+
+
+def _first_attempt(model: Path, out: Path) -> None:
+    """Run until both ranks logged step HELD (and checkpoint-SAVED is saved), then SIGKILL the job
+    (torchrun and its ranks); its embedded relay, in a session of its own, sees rank 0 gone and stops."""
+    with open(out.parent / "first-attempt.log", "w") as log:
+        job = subprocess.Popen(_command(model, out), cwd=ROOT, env=trainer_env(RESUME_TEST_HOLD_AT=str(HELD)),
+                               stdout=log, stderr=subprocess.STDOUT)
+    journal = out / "training_logs.jsonl"
+
+    def held() -> bool:
+        if job.poll() is not None:
+            raise AssertionError(f"the first attempt ended by itself: {(out.parent / 'first-attempt.log').read_text()[-3000:]}")
+        events = read_jsonl(journal, live=True) if journal.exists() else []
+        ranks = {e["rank"] for e in events if e["stage"] == "rank" and e["step"] == HELD}
+        return ranks == {0, 1} and any(e["stage"] == "train" and e["step"] == HELD for e in events)
+
+    try:
+        wait_for(held, 540, f"both ranks past step {HELD}")
+        assert (out / f"checkpoint-{SAVED}" / "tracking_run.json").exists()
+    finally:  # torchrun starts each rank in a session of its own: every process of the job, at once
+        for proc in [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]:
+            proc.send_signal(signal.SIGKILL)
+        job.wait(30)
+    relay_pid = json.loads((out / "tracking_run.json").read_text())["relay_pid"]
+    wait_for(lambda: not Path(f"/proc/{relay_pid}").exists(), 400, "the first attempt's relay to stop")
+
+
+@pytest.fixture(scope="module")
+def job(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The output directory of the job after both attempts (one per test run, see the module's docstring)."""
+    with once_per_run(tmp_path_factory, "resume") as root:
+        out = root / "out"
+        if not (root / "job-done").exists():
+            shutil.rmtree(root, ignore_errors=True)  # what a failed run on another worker left
+            out.mkdir(parents=True)
+            _first_attempt(demo_model, out)
+            second = run_trainer(_command(demo_model, out, "--resume_from_checkpoint", "True"), timeout=540)
+            (root / "second-attempt.log").write_text(second.stderr)
+            assert second.returncode == 0, second.stderr[-3000:]
+            (root / "job-done").touch()
+    return out
+
+
+def _journal(out: Path) -> list[dict]:
+    return read_jsonl(out / "training_logs.jsonl")
+
+
+def last_values(events: list[dict], stage: str, name: str, rank: int = 0) -> dict[int, float]:
+    """Each step's value of ``stage``/``name`` from rank ``rank``: the last attempt's, where two logged it."""
+    found: dict[int, tuple[int, float]] = {}
+    for e in events:
+        if e["rank"] == rank and e["stage"] == stage and name in e["data"]:
+            attempt = attempt_of(e["seq"])
+            if e["step"] not in found or found[e["step"]][0] <= attempt:
+                found[e["step"]] = (attempt, e["data"][name])
+    return {step: value for step, (_, value) in found.items()}
+
+
+def test_the_journal_holds_one_run_with_each_attempt_and_no_seq_twice(job: Path) -> None:
+    events = _journal(job)
+    assert len({e["run"] for e in events}) == 1
+    begins = [e for e in events if e["type"] == "lifecycle" and e["data"]["event"] == "train_begin"]
+    assert [(e["data"]["attempt"], e["data"]["resumed_from"], e["step"]) for e in begins] == [(0, None, 0),
+                                                                                               (1, SAVED, SAVED)]
+    for rank in (0, 1):
+        seqs = [e["seq"] for e in events if e["rank"] == rank]
+        assert len(seqs) == len(set(seqs))
+        first = sorted(s for s in seqs if s < attempt_base(1))
+        second = sorted(s for s in seqs if s >= attempt_base(1))
+        assert first == list(range(len(first))) and second == list(range(attempt_base(1), attempt_base(1) + len(second)))
+    trained = Counter((attempt_of(e["seq"]), e["step"]) for e in events if e["stage"] == "train" and "loss" in e["data"])
+    assert trained == Counter([(0, s) for s in range(1, HELD + 1)] + [(1, s) for s in range(SAVED + 1, STEPS + 1)])
+    end = [e for e in events if e["type"] == "lifecycle" and e["data"]["event"] == "train_end"]
+    assert [(attempt_of(e["seq"]), e["data"]["status"]) for e in end] == [(1, "completed")]
+    run_file = json.loads((job / "tracking_run.json").read_text())
+    assert (run_file["run"], run_file["attempt"], run_file["resumed_from"]) == (events[0]["run"], 1, SAVED)
+    cluster = Counter(e["step"] for e in events if e["rank"] == RELAY_RANK and e["type"] == "metrics")
+    assert all(cluster[s] == 2 for s in range(SAVED + 1, HELD + 1)), cluster  # both attempts' steps 5-6
