@@ -49,6 +49,10 @@ EXPORT_NAME = "aim_tracker.json"
 #: Aim's prefix for system metrics (``aim.ext.resource.configs.AIM_RESOURCE_METRIC_PREFIX``): its UI
 #: shows such series in the run page's System tab and the explorers' System group.
 SYSTEM_PREFIX = "__system__"
+#: Per-rank figures that are what Aim's own resource tracker records per process, under its names: the run
+#: page's System tab shows only those names (its UI's list), one chart per rank (context ``rank``). The
+#: other figures keep the prefix, so the explorers list them in their System group.
+AIM_RESOURCES = {"rank_cpu_percent": SYSTEM_PREFIX + "cpu", "rank_memory_percent": SYSTEM_PREFIX + "p_memory_percent"}
 #: Key in the run's own metadata (not a param) for the applied (rank, seq) spans.
 STATE_KEY = "metrics_relay_applied"
 #: Key beside it for the newest event ``ts`` applied: the run's end time when it is closed.
@@ -265,9 +269,9 @@ class AimSink(TrackerSink):
     def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
                     context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
         handle = self._handle(run)
-        if context.get(SYSTEM):  # the relay's figures: named as Aim's own system metrics, in its System tabs
+        if context.get(SYSTEM):  # the relay's figures: named as Aim's own system metrics (see AIM_RESOURCES)
             context = {k: v for k, v in context.items() if k != SYSTEM}
-            values = {SYSTEM_PREFIX + name: value for name, value in values.items()}
+            values = {AIM_RESOURCES.get(name) or SYSTEM_PREFIX + name: value for name, value in values.items()}
         handle._tracker._track(values, ts, None, step, epoch, context=context)  # the event's own time
 
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:

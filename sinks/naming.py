@@ -13,6 +13,7 @@ RANK_NAMES = {
     "samples_per_second": "rank_samples_per_s", "steps": "rank_steps_per_log", "rss_peak_mb": "rank_rss_peak_mb",
     "own_time": "rank_own_time_s", "outside_time": "rank_outside_time_s",
     "collective_wait": "rank_collective_wait_s", "outside_wait": "rank_outside_wait_s",
+    "cpu_percent": "rank_cpu_percent", "memory_percent": "rank_memory_percent",
 }
 #: Display names of the relay's cross-rank figures (stage ``cluster``); other names get ``cluster_``.
 CLUSTER_NAMES = {

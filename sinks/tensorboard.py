@@ -349,10 +349,18 @@ def _lock(run: str, folder: Path) -> int:
     return fd
 
 
+#: The group of the relay's figures. TensorBoard lists a run's groups (a tag's part before its first
+#: ``/``) by name and opens the first two: after ``train``, so the Trainer's ``eval`` and ``train``
+#: come first and open, as with transformers' own TensorBoardCallback.
+WORKERS = "workers"
+
+
 def _tag(rank: int | None, context: dict[str, Any], name: str) -> str:
-    """The TensorBoard tag of a series, as transformers' ``rewrite_logs`` would name it."""
-    if context.get(SYSTEM):  # the relay's figures: TensorBoard's "system" group, not "train"
-        return system_key(context, name)
+    """The TensorBoard tag of a series, as transformers' ``rewrite_logs`` would name it: the Trainer's
+    ``train/...``, ``eval/...``; a custom metric of rank 0 as the Trainer would log it (``train/<name>``,
+    ``train/<stage>/<name>``); the relay's figures and other ranks' custom metrics in ``workers/...``."""
+    if context.get(SYSTEM):
+        return WORKERS + system_key(context, name).removeprefix("system")
     subset = context.get("subset")
     if rank is None:  # the Trainer's own (reduced) series
         sub = context.get("sub_dataset")
@@ -361,7 +369,7 @@ def _tag(rank: int | None, context: dict[str, Any], name: str) -> str:
             return f"{subset}/{name}"
         return f"train/train_{name}" if subset == "train" else f"train/{name}"
     plain = name if subset == "additional_metrics" else f"{subset}/{name}"  # fms-hf-tuning's names
-    return plain if rank == 0 else f"rank/{rank}/{subset}/{name}"
+    return f"train/{plain}" if rank == 0 else f"{WORKERS}/{subset}/{name}/rank_{rank}"
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:

@@ -181,10 +181,12 @@ def check_tensorboard(board: Board, steps: int = 6) -> None:
     assert sorted(s for s, _, _ in board.points["train/epoch"]) == sorted([*range(1, steps + 1), *range(3, steps + 1, 3),
                                                                            steps])
     for rank in (0, 1):
-        step_time = board.series(f"system/rank_step_time_s/rank_{rank}")  # the wire's step_time, named for display
+        step_time = board.series(f"workers/rank_step_time_s/rank_{rank}")  # the wire's step_time, named for display
         assert sorted(step_time) == list(range(1, steps + 1))
         assert step_time[2] == f32(0.1 * (rank + 1) + 0.002)
-    assert board.series("model_load_time") == {0: 3.25}
+    assert board.series("train/model_load_time") == {0: 3.25}  # as the Trainer's own log of it would be named
+    groups = sorted({tag.split("/")[0] for tag in board.points})
+    assert groups[:2] == ["eval", "train"] and groups[2:] == ["workers"], "the Trainer's groups first"
     assert board.text("args")["learning_rate"] == 2e-5
     assert board.text("args")["max_grad_norm"] in (math.inf, "Infinity")  # direct / through the journal
     assert board.text("model_config") == {"model_type": "llama", "hidden_size": 64}

@@ -1,8 +1,8 @@
 """Same names and points as Hugging Face's own callbacks: one real two-rank job runs transformers'
-``MLflowCallback`` and ``TensorBoardCallback`` beside the relay's mlflow and tensorboard sinks
-(tests/hf_callbacks_job.py), and both stores are read back through their own libraries. What the
+``MLflowCallback``, ``TensorBoardCallback`` and ``WandbCallback`` beside the relay's mlflow, tensorboard
+and wandb sinks (tests/hf_callbacks_job.py), and the stores are read back through their own libraries. What the
 relay adds (its system figures, custom metrics, run metadata) is named and listed; every
-remaining difference is in docs/sinks/mlflow.md and docs/sinks/tensorboard.md."""
+remaining difference is in docs/sinks/mlflow.md, docs/sinks/tensorboard.md and docs/sinks/wandb.md."""
 from __future__ import annotations
 
 import json
@@ -20,9 +20,9 @@ __all__ = ["demo_model"]  # a fixture, used by name
 
 JOB = Path(__file__).resolve().parent / "hf_callbacks_job.py"
 #: What the relay adds beside the Trainer's series: its system figures, and fms-hf-tuning's custom metrics.
-RELAY_SERIES = ("system/", "additional_metrics.", "model_load_time")
+RELAY_SERIES = ("system/", "workers/", "additional_metrics.", "model_load_time", "train/model_load_time")
 #: Param groups the relay adds beside HF's (TrainingArguments and the model config, under their bare names).
-RELAY_PARAM_GROUPS = ("run.", "relay.", "versions.", "peft.", "model_info.", "dataset", "purpose")
+RELAY_PARAM_GROUPS = ("run.", "relay.", "versions.", "peft.", "model_info.", "own_work.", "dataset", "purpose")
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +41,12 @@ def run_job(demo_model: Path, out: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            f"--master_port={free_port()}", str(JOB)]
     cmd += seed_flags(demo_model, out, steps=6, eval_steps=3) + [
-        "--run_name", "j1single", "--tracker", "mlflow,tensorboard", "--mlflow_tracking_uri",
+        "--run_name", "j1single", "--tracker", "mlflow,tensorboard,wandb", "--mlflow_tracking_uri",
         f"sqlite:///{out / 'relay.db'}", "--mlflow_experiment", "relay", "--tensorboard_logdir", str(out / "relay-runs")]
+    (out / "hf-wandb").mkdir()
     done = run_trainer(cmd, timeout=600, MLFLOW_TRACKING_URI=f"sqlite:///{out / 'hf.db'}", MLFLOW_EXPERIMENT_NAME="hf",
-                       TENSORBOARD_LOGGING_DIR=str(out / "hf-runs"), MLFLOW_DISABLE_TELEMETRY="true")
+                       TENSORBOARD_LOGGING_DIR=str(out / "hf-runs"), MLFLOW_DISABLE_TELEMETRY="true",
+                       WANDB_MODE="offline", WANDB_DIR=str(out / "hf-wandb"), WANDB_PROJECT="hf", WANDB_SILENT="true")
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -106,3 +108,41 @@ def test_tensorboard_tags_points_and_args_equal_hf(job: Path) -> None:
     # HF writes the config's diff from PretrainedConfig's defaults; the relay gets the full config
     # (what HF's MLflowCallback logs as params), so it holds HF's keys plus those defaults.
     assert {key: relay_config[key] for key in hf_config} == hf_config
+
+
+def test_tensorboard_opens_on_the_trainers_groups_as_hf(job: Path) -> None:
+    """TensorBoard lists a run's groups (a tag's first part) by name and opens the first two: the
+    relay's own figures and custom metrics never come before the Trainer's eval and train."""
+    hf = _board(job / "hf-runs")
+    run_id = json.loads((job / "tracking_run.json").read_text())["run"]
+    relay = _board(job / "relay-runs" / run_id)
+
+    def groups(acc) -> list[str]:
+        return sorted({tag.split("/")[0] for tag in acc.Tags()["scalars"]})
+
+    assert groups(hf) == ["eval", "train"]
+    assert groups(relay) == ["eval", "train", "workers"]
+    assert "train/model_load_time" in relay.Tags()["scalars"]  # a custom metric as the Trainer would log it
+
+
+def test_wandb_run_name_config_and_history_rows_as_hf(job: Path) -> None:
+    from sink_readback import read_wandb
+
+    (hf,) = read_wandb(job / "hf-wandb").values()
+    (relay,) = read_wandb(job / "wandb-relay").values()
+    assert relay.name == hf.name == "j1single"
+    for key in ("model/num_parameters", "peft_config", "learning_rate", "vocab_size", "hidden_size", "model_type"):
+        assert key in hf.config and key in relay.config, key  # at the top, as HF's
+    assert relay.config["model/num_parameters"] == hf.config["model/num_parameters"]
+    same = {key: value for key, value in hf.config.items() if key != "peft_config"}
+    assert {key: relay.config.get(key) for key in same} == same  # every value HF sets, equal
+    hf_peft = {k: v for k, v in hf.config["peft_config"]["default"].items() if k != "runtime_config"}
+    assert relay.config["peft_config"]["default"] == hf_peft  # PeftConfig.to_dict() leaves its runtime_config out
+    hf_keys = {key for row in hf.rows for key in row if not key.startswith("_")}
+    relay_keys = {key for row in relay.rows for key in row if not key.startswith("_")}
+    assert relay_keys - hf_keys == {"model_load_time"}, "the relay's figures are out of the history"
+    assert hf_keys <= relay_keys
+    assert len(relay.rows) == len(hf.rows) + 1, "one row per Trainer log, as HF's, and model_load_time's"
+    assert all("train/global_step" in row for row in relay.rows)
+    assert relay.series["train/loss"] == hf.series["train/loss"]
+    assert {key for key in relay.system if key.startswith("rank.1.")} >= {"rank.1.step_time_s", "rank.1.cpu_percent"}

@@ -1,4 +1,5 @@
-"""A resumed job is one run (issue 28): a real two-rank torchrun job with every tracker saves
+"""A resumed job is one run (issue 28): a real two-rank torchrun job with every tracker (the suite's one
+job with all five trackers at once) saves
 checkpoint-4, logs steps 5 and 6, and is SIGKILLed; a second job resumes from the checkpoint. The
 journal holds one run, with each attempt and the step it resumed from, and no seq twice; each
 tracker, read back through its own library, holds one run, with each step's last value from the
@@ -57,9 +58,13 @@ def _first_attempt(model: Path, out: Path) -> None:
     try:
         wait_for(held, 540, f"both ranks past step {HELD}")
         assert (out / f"checkpoint-{SAVED}" / "tracking_run.json").exists()
-    finally:  # torchrun starts each rank in a session of its own: every process of the job, at once
-        for proc in [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]:
-            proc.send_signal(signal.SIGKILL)
+    finally:  # torchrun and its ranks (each in a session of its own), not the relay rank 0 started
+        procs = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
+        relay = {p.pid for p in procs if p.cmdline()[1:3] == ["-m", "relay"]}
+        relay |= {c.pid for p in procs if p.pid in relay for c in p.children(recursive=True)}
+        for proc in procs:
+            if proc.pid not in relay:
+                proc.send_signal(signal.SIGKILL)
         job.wait(30)
     relay_pid = json.loads((out / "tracking_run.json").read_text())["relay_pid"]
     wait_for(lambda: not Path(f"/proc/{relay_pid}").exists(), 400, "the first attempt's relay to stop")
@@ -116,3 +121,86 @@ def test_the_journal_holds_one_run_with_each_attempt_and_no_seq_twice(job: Path)
     assert (run_file["run"], run_file["attempt"], run_file["resumed_from"]) == (events[0]["run"], 1, SAVED)
     cluster = Counter(e["step"] for e in events if e["rank"] == RELAY_RANK and e["type"] == "metrics")
     assert all(cluster[s] == 2 for s in range(SAVED + 1, HELD + 1)), cluster  # both attempts' steps 5-6
+
+
+def _run_id(out: Path) -> str:
+    return json.loads((out / "tracking_run.json").read_text())["run"]
+
+
+def _expected(out: Path) -> tuple[dict[int, float], dict[int, float]]:
+    """Each step's last loss (rank 0's Trainer log) and rank 1's last step time, from the journal."""
+    events = _journal(out)
+    return last_values(events, "train", "loss"), last_values(events, "rank", "step_time", rank=1)
+
+
+def test_tensorboard_one_run_each_step_the_last_attempts(job: Path) -> None:
+    from sink_readback import f32, read_logdir
+
+    loss, step_time = _expected(job)
+    boards = read_logdir(job / "runs")
+    assert list(boards) == [_run_id(job)]
+    board = boards[_run_id(job)]  # series(): no step twice, the first attempt's 5 and 6 purged
+    assert board.series("train/loss") == {s: f32(v) for s, v in loss.items()}
+    assert board.series("workers/rank_step_time_s/rank_1") == {s: f32(v) for s, v in step_time.items()}
+
+
+def test_aim_one_run_named_by_run_name_each_step_the_last_attempts(job: Path) -> None:
+    from sink_readback import read_repo
+
+    loss, step_time = _expected(job)
+    runs = read_repo(str(job / "aim"))
+    assert list(runs) == [_run_id(job)]
+    view = runs[_run_id(job)]
+    assert view.name == RUN_NAME and view.experiment == "resume"
+    assert view.series("loss") == pytest.approx(loss)
+    assert view.series("__system__rank_step_time_s", rank=1) == pytest.approx(step_time)
+    assert sorted(view.series("__system__cpu", rank=1)) == list(range(1, STEPS + 1)), "in Aim's System tab"
+    assert view.params["relay"]["attempts"]["1"]["resumed_from"] == SAVED
+
+
+def test_wandb_one_run_rewound_each_step_the_last_attempts(job: Path) -> None:
+    from sink_readback import read_wandb
+
+    loss, _ = _expected(job)
+    runs = read_wandb(job / "wandb-relay")
+    assert list(runs) == [_run_id(job)]
+    view = runs[_run_id(job)]
+    assert view.name == RUN_NAME
+    assert view.series["train/loss"] == pytest.approx(loss)
+    assert sorted(row["train/global_step"] for row in view.rows if "train/loss" in row) == list(range(1, STEPS + 1))
+    assert any(instance["rewind"] is not None for instance in view.instances)
+
+
+def test_mlflow_one_run_both_attempts_points_the_later_the_last_attempts(job: Path) -> None:
+    from sink_readback import read_run
+
+    loss, step_time = _expected(job)
+    view = read_run(f"sqlite:///{job / 'mlflow.db'}", _run_id(job), experiment="resume")
+    assert view.info.run_name == RUN_NAME and view.info.status == "FINISHED"
+    for key, expected in (("loss", loss), ("system/rank_step_time_s/rank_1", step_time)):
+        points = view.history[key]
+        twice = [s for s in range(SAVED + 1, HELD + 1)]  # MLflow keeps every point: docs/sinks/mlflow.md
+        assert sorted(step for step, _, _ in points) == sorted([*range(1, STEPS + 1), *twice]), key
+        latest = {step: value for step, value, _ in sorted(points, key=lambda p: (p[0], p[2]))}
+        assert latest == pytest.approx(expected), key
+
+
+def test_clearml_one_task_each_iteration_the_last_attempts(job: Path) -> None:
+    from sink_readback import read_sessions
+
+    loss, step_time = _expected(job)
+    tasks = read_sessions(job / "clearml-relay", last_wins=True)
+    assert list(tasks) == [_run_id(job)]
+    view = tasks[_run_id(job)]
+    assert view.scalars[("train", "loss")] == pytest.approx(loss)
+    assert view.scalars[(":monitor:rank_step_time_s", "rank 1")] == pytest.approx(step_time)
+
+
+def test_the_job_ended_with_its_trackers_complete(job: Path) -> None:
+    log = (job.parent / "second-attempt.log").read_text()
+    assert "trackers complete: aim, clearml, mlflow, tensorboard, wandb applied the run" in log, log[-3000:]
+    stats = json.loads((job / "training_logs_stats.json").read_text())
+    assert stats["final"] and stats["behind"] == {}
+    for name in SINKS:
+        sink = stats["sinks"][name]
+        assert sink["complete"] and sink["dropped"] == 0 and sink["errors"] == 0, (name, sink)

@@ -61,10 +61,11 @@ def test_trainer_names_as_transformers_rewrite_logs() -> None:
     assert _tag(None, {"subset": "test"}, "runtime") == "test/runtime"
     assert _tag(None, {"subset": "train"}, "runtime") == "train/train_runtime"
     assert _tag(None, {"subset": "eval", "sub_dataset": "ds1"}, "loss") == "eval/ds1_loss"
-    assert _tag(1, {"system": "rank", "rank": 1}, "rank_step_time_s") == "system/rank_step_time_s/rank_1"
-    assert _tag(0, {"subset": "additional_metrics", "rank": 0}, "model_load_time") == "model_load_time"
-    assert _tag(1, {"subset": "additional_metrics", "rank": 1}, "step_time") == "rank/1/additional_metrics/step_time"
-    assert _tag(0, {"subset": "data", "rank": 0}, "tokens") == "data/tokens"
+    assert _tag(1, {"system": "rank", "rank": 1}, "rank_step_time_s") == "workers/rank_step_time_s/rank_1"
+    assert _tag(None, {"system": "cluster"}, "cluster_step_time_max_s") == "workers/cluster_step_time_max_s"
+    assert _tag(0, {"subset": "additional_metrics", "rank": 0}, "model_load_time") == "train/model_load_time"
+    assert _tag(1, {"subset": "additional_metrics", "rank": 1}, "step_time") == "workers/additional_metrics/step_time/rank_1"
+    assert _tag(0, {"subset": "data", "rank": 0}, "tokens") == "train/data/tokens"
 
 
 def test_a_restarted_sink_resumes_the_run(tmp_path: Path) -> None:
@@ -81,7 +82,7 @@ def test_stepless_custom_metrics_are_numbered_and_not_doubled_by_a_retry(tmp_pat
     ev = Events("job-auto", world_size=1)
     batch = [ev(0, "metrics", {"tokens_seen": float(i)}, stage="additional_metrics") for i in range(3)]
     run_sink(tmp_path / "tb", [batch, batch, batch[1:]])
-    assert read_logdir(tmp_path / "tb")["job-auto"].series("tokens_seen") == {0: 0.0, 1: 1.0, 2: 2.0}
+    assert read_logdir(tmp_path / "tb")["job-auto"].series("train/tokens_seen") == {0: 0.0, 1: 1.0, 2: 2.0}
 
 
 def test_a_failed_commit_then_a_crash_leave_every_point_once(tmp_path: Path) -> None:

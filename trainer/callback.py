@@ -84,6 +84,22 @@ def split_logs(logs: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
+def _usage(wall_since: float, cpu_since: float) -> dict[str, float]:
+    """This process's CPU use over the window, in % of one core, and its resident memory now, in % of the
+    machine's: the figures Aim's own resource tracker records per process (``cpu``, ``p_memory_percent``)."""
+    out = {}
+    wall = time.perf_counter() - wall_since
+    if wall > 0:
+        out["cpu_percent"] = 100.0 * (time.process_time() - cpu_since) / wall
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            resident = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        out["memory_percent"] = 100.0 * resident / (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (OSError, ValueError, IndexError):  # not Linux: the CPU figure alone
+        pass
+    return out
+
+
 class RelayCallback(TrainerCallback):
     """Publish a Trainer's metrics and lifecycle through ``publisher`` (default: tracking's)."""
 
@@ -120,6 +136,7 @@ class RelayCallback(TrainerCallback):
         self._busy = 0.0
         self._slowest = 0.0
         self._outside = 0.0  # between steps: from one step's end to the next one's beginning
+        self._window_wall, self._window_cpu = time.perf_counter(), time.process_time()
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        model: Any = None, **kwargs: Any) -> None:
@@ -192,6 +209,7 @@ class RelayCallback(TrainerCallback):
             "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
             "outside_time": self._outside / steps,
         }
+        data.update(_usage(self._window_wall, self._window_cpu))
         if self._clock is not None:
             inside, outside = self._clock.take()
             data["collective_wait"] = inside / steps
