@@ -2,8 +2,9 @@
 many ranks publish (docs/sinks/tensorboard.md). Built on sinks/tracker_base.py; what is TensorBoard's own:
 
 * **Names** as transformers' ``TensorBoardCallback`` writes them (``train/loss``, ``eval/loss``; the
-  Trainer's arguments as the text ``args``), per-rank series under ``rank/<n>/``, params as text
-  and, flattened, as an hparams-plugin session. Written with the tensorboard package alone (its
+  Trainer's arguments as the text ``args``), the relay's figures in a ``workers`` group after them,
+  params as text and, flattened, as an hparams-plugin session; a resumed job's later attempt purges
+  what the earlier logged past its checkpoint (``supersede``). Written with the tensorboard package alone (its
   protos, summary builders and ``RecordWriter``): no torch, no TensorFlow.
 * **Exactly once in append-only files.** A batch's records are framed in memory, appended when the
   batch is done, then the run's state file (applied spans, bytes committed per event file) is

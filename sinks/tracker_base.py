@@ -30,6 +30,9 @@ those calls and does, once for every tracker, what each would otherwise rebuild:
   relay was down, is caught up by the sink's process (``catches_up``, relay/sinkhost/catch_up.py): when it
   starts and when the tracker answers again, it feeds the journal's recent runs through ``write``.
 * **Late params.** A params value older than the one already written (a late catch-up) is skipped.
+* **Attempts.** Each attempt's ``train_begin`` goes to params ``relay.attempts.<N>``; a later
+  attempt's (a job resumed from a checkpoint) calls ``supersede(run, step)`` once what came before it
+  is saved, for a tool that can drop or replace what earlier attempts logged after ``step``.
 """
 from __future__ import annotations
 

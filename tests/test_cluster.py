@@ -9,15 +9,16 @@ import pytest
 
 from relay.daemon.cross_rank import MAX_WAITING, Cluster, ClusterConfig, Standing
 from relay.wire.lines import Derived
-from sinks.events import RELAY_RANK
+from sinks.events import RELAY_RANK, attempt_base
 
 CONFIG = ClusterConfig(factor=1.5, steps=3, silence=10.0)
 
 
-def report(rank: int, step: int | None, took: object = 0.1, world: int = 4, run: str = "r", own: object = None) -> dict:
+def report(rank: int, step: int | None, took: object = 0.1, world: int = 4, run: str = "r", own: object = None,
+           seq: int = 0) -> dict:
     data = {"step_time": took} if own is None else {"step_time": took, "own_time": own}
     return {"run": run, "rank": rank, "world_size": world, "type": "metrics", "stage": "rank", "step": step,
-            "epoch": None if step is None else step / 100, "data": data}
+            "epoch": None if step is None else step / 100, "data": data, "seq": seq}
 
 
 def feed(cluster: Cluster, times: dict[int, object], step: int, now: float = 0.0, world: int = 4) -> list[Derived]:
@@ -39,6 +40,19 @@ def test_a_step_is_summed_up_once_every_rank_reported_it() -> None:
         "step_time_min": 0.1, "step_time_median": 0.25, "step_time_max": 0.9, "step_time_spread": 0.9 / 0.25,
         "slowest_rank": 2, "ranks": 4})
     assert cluster.observe(report(1, 5, 5.0), 1.0) == []  # a late repeat of a settled step changes nothing
+
+
+def test_a_resumed_jobs_steps_are_summed_up_again_and_the_killed_attempts_late_reports_ignored() -> None:
+    """A job resumed from checkpoint 4 logs steps 5 and 6 again as attempt 1 (its seqs from
+    attempt_base(1)): each is summed up again, from the new attempt's reports alone."""
+    cluster = Cluster(CONFIG)
+    for step in range(1, 7):
+        feed(cluster, {0: 0.1, 1: 0.2}, step=step, world=2)
+    base = attempt_base(1)
+    assert cluster.observe(report(0, 5, 0.3, world=2, seq=base), 1.0) == []
+    (figures,) = cluster.observe(report(1, 5, 0.4, world=2, seq=base), 1.0)
+    assert (figures.step, figures.data["step_time_max"], figures.data["ranks"]) == (5, 0.4, 2)
+    assert cluster.observe(report(1, 6, 9.0, world=2, seq=7), 2.0) == [], "the killed attempt's late report"
 
 
 def test_a_straggler_is_named_after_n_slow_steps_and_not_before() -> None:

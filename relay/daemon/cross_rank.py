@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
 from relay.wire.lines import Derived
-from sinks.events import RELAY_RANK
+from sinks.events import RELAY_RANK, attempt_of
 
 #: Reports one run may hold for steps still waiting for their other ranks; past it the oldest step is
 #: settled as it stands. Memory per run stays bounded whatever its ranks send.
@@ -98,7 +98,7 @@ class _Step:
 
 class _Run:
     __slots__ = ("world_size", "ranks", "pending", "order", "waiting", "done", "lost", "epoch", "active", "ended",
-                 "failed")
+                 "failed", "attempt")
 
     def __init__(self, world_size: int, now: float) -> None:
         self.world_size = world_size
@@ -111,6 +111,7 @@ class _Run:
         self.epoch: float | None = None
         self.active = now  # when any rank last reported
         self.ended: float | None = None  # when the first train_end came
+        self.attempt = 0  # of the run's ranks' reports (sinks/events.py attempt_of): a later one starts afresh
         self.failed = False  # a train_end said status "failed": each rank that lived through it sends one
 
 
@@ -136,8 +137,14 @@ class Cluster:
         if world_size < 2 or rank >= world_size:
             return []
         run = self.runs.get(event["run"])
+        attempt = attempt_of(event["seq"])
+        if run is not None and attempt != run.attempt:
+            if attempt < run.attempt:
+                return []  # a late report of an attempt a resumed job replaced
+            run = None  # a resumed job's first report: its steps go back to its checkpoint's, start afresh
         if run is None:
             run = self.runs[event["run"]] = _Run(world_size, now)
+            run.attempt = attempt
         run.world_size = world_size
         run.active = now
         info = run.ranks.get(rank)
@@ -177,11 +184,7 @@ class Cluster:
 
     def ended(self, event: dict[str, Any], now: float) -> None:
         """A new ``lifecycle`` event that arrived at ``now``: a ``train_end`` (any status) ends the
-        run, and its rank finished. What it means for the other ranks is said later (``check``). A
-        ``train_begin`` starts the run afresh: a resumed job's steps go back to its checkpoint's."""
-        if event["data"].get("event") == "train_begin":
-            self.runs.pop(event["run"], None)
-            return
+        run, and its rank finished. What it means for the other ranks is said later (``check``)."""
         run = self.runs.get(event["run"])
         rank = event["rank"]
         if run is None or event["data"].get("event") != "train_end" or rank >= run.world_size:
