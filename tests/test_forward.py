@@ -88,6 +88,13 @@ def forward_args(journal: Path, central: str, *extra: str) -> list[str]:
     return ["--path", f"{journal}/", "--sink", "forward", "--to", central, "--stats-interval", "0.2", *extra]
 
 
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
 def forward_counters(node: RelayProcess, journal: Path) -> dict:
     return node.stats(journal)["sinks"]["forward"].get("sink", {})  # ({} until the first report)
 
@@ -129,6 +136,8 @@ def test_node_relay_killed_mid_run_still_exactly_once(relay_at, tmp_path):
     pubs = [start_publisher(node.address, "nodecrash", rank, 2000, world_size=2, rate=400, flush_timeout=60)
             for rank in range(2)]
     wait_for(lambda: count(central_dir) > 600, 60, "the central journaled the first events")
+    wait_for(lambda: b'"acked": {"' in _read(node_dir / "_relay_forward.json"), 60,
+             "the node's forward state keeps what the central acknowledged")
     node.kill()  # its forward sink's process sees the pipe close and finishes; the new one starts over
     time.sleep(1.0)
     node = relay_at("node", forward_args(node_dir, central.address), address=node.address)
