@@ -142,8 +142,9 @@ def test_nats_down_at_start_and_for_30_s_mid_run(relays, tmp_path):
 @pytest.mark.slow
 def test_node_relay_killed_and_restarted_resumes_where_acknowledged(relays, cluster, tmp_path):
     """SIGKILL the node relay mid-run, then again after deleting its state file: each restart resumes
-    from what the stream acknowledged (its state file, else the stream's last message), so the stream
-    holds every line once (JetStream drops a republished chunk by its Nats-Msg-Id)."""
+    from what the stream acknowledged (its state file and the chunks stored after it, else the stream's
+    last message), so the stream holds every line once: the state file lags the stream, and chunks cut
+    again from a backlog have new bounds and ids, which JetStream would store again."""
     journal = tmp_path / "node"
     node = relays(sink_args(journal, cluster.urls))
     address = node.address

@@ -98,9 +98,11 @@ class ChunkReader:
         except FileNotFoundError:
             return False
 
-    def take(self, source: str | None, max_lines: int, max_bytes: int, more: Chunk | None = None) -> Chunk | None:
+    def take(self, source: str | None, max_lines: int, max_bytes: int, more: Chunk | None = None,
+             stop: int | None = None) -> Chunk | None:
         """The next chunk of ``source``: up to ``max_lines`` lines and ``max_bytes`` bytes (one line
-        alone may be longer), of one run; or ``more`` grown by what came since (None: nothing new).
+        alone may be longer), of one run, ending at ``stop`` at the latest (a line boundary: where a
+        chunk the stream holds starts); or ``more`` grown by what came since (None: nothing new).
 
         The journal's bytes are read as a block and checked at C speed: when every line of it starts
         with the run's head (as the relay writes lines), the block is the chunk; else it is split and
@@ -117,6 +119,10 @@ class ChunkReader:
                 start = 0
         except FileNotFoundError:
             return more
+        if stop is not None:
+            bytes_left = min(bytes_left, stop - start)
+            if bytes_left <= 0:
+                return more
         block = _read_lines(path, start, bytes_left if more else max(bytes_left, 1), whole_line=more is None)
         if lines_left <= 0 or not block:
             return more
@@ -133,7 +139,7 @@ class ChunkReader:
             body, used, lines, run = self._sort(block, source, run)
         self.reader.seek(path, source, start + used)
         if not lines or run is None:
-            return more if more else (self.take(source, max_lines, max_bytes) if used else None)
+            return more if more else (self.take(source, max_lines, max_bytes, stop=stop) if used else None)
         if more:
             return Chunk(run, path.name, more.start, start + used, more.body + body, more.lines + lines)
         return Chunk(run, path.name, start, start + used, body, lines)
@@ -178,30 +184,35 @@ def _read_lines(path: Path, start: int, limit: int, whole_line: bool) -> bytes:
             block += more
 
 
+Position = tuple[str, int, "int | None"]  # (file name, offset acknowledged, floor: relay/fleet/resume.py)
+
+
 class Positions:
-    """The state file: each source's acknowledged position, for the stream, prefix and node it is
-    kept for (another stream or node: everything is published again, harmlessly)."""
+    """The state file: each source's acknowledged position, with the stream sequence a restart
+    looks for chunks stored after (relay/fleet/resume.py; None in files older than that), for the
+    stream, prefix and node it is kept for (another stream or node: everything is published again)."""
 
     def __init__(self, journal: Path, target: dict[str, str]) -> None:
         self.path = Journal(journal).sidecar(STATE_SUFFIX)
         self.target = target
         self._saved = ""
 
-    def load(self) -> dict[str, tuple[str, int]]:
-        """source key ("" for the one file) -> (file name, offset)."""
+    def load(self) -> dict[str, Position]:
+        """source key ("" for the one file) -> (file name, offset, floor)."""
         try:
             state = json.loads(self.path.read_text())
             if state.get("target") != self.target:
                 log.info("%s was kept for %s: publishing from the journal's start", self.path, state.get("target"))
                 return {}
-            return {str(k): (str(f), int(o)) for k, (f, o) in state["sources"].items()}
+            return {str(k): (str(v[0]), int(v[1]), None if len(v) < 3 or v[2] is None else int(v[2]))
+                    for k, v in state["sources"].items()}
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("cannot read the NATS state %s (%s): resuming from the stream's last messages", self.path, exc)
             return {}
 
-    def save(self, sources: dict[str, tuple[str, int]]) -> None:
+    def save(self, sources: dict[str, Position]) -> None:
         text = json.dumps({"target": self.target, "sources": sources}, sort_keys=True)
         if text == self._saved:
             return

@@ -9,7 +9,8 @@ at most, and the journal is the buffer. A chunk whose ack was lost is published 
 source's position moves past a chunk only once it and every chunk before it are acknowledged. On
 one connection a run's chunks are stored in journal order; only a chunk published again after a
 failure can land after its successors (the consuming relay's dedupe takes seqs in any order). The
-positions are saved (the state file) only once acknowledged; a source the state file does not know
+positions are saved (the state file) only once acknowledged; a restarted relay looks in the stream
+for chunks stored past them (relay/fleet/resume.py), and a source the state file does not know
 resumes after the stream's last message for this node and run (its ``Relay-End``).
 """
 from __future__ import annotations
@@ -22,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relay.fleet import connection, stream
-from relay.fleet.chunks import Chunk, ChunkReader, Positions, key_source, source_key
+from relay.fleet import connection, resume, stream
+from relay.fleet.chunks import Chunk, ChunkReader, Position, Positions, key_source, source_key
 from relay.fleet.connection import NatsSettings
 from relay.fleet.identity import Claimant, NodeClaim
 
@@ -61,7 +62,7 @@ class NatsPublisher:
         self.chunks = ChunkReader(journal)
         self.state = Positions(journal, {"stream": spec.name, "prefix": spec.prefix, "node": node})
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self.acked: dict[str, tuple[str, int]] = self.state.load()  # source key -> (file, offset) acknowledged
+        self.acked: dict[str, Position] = self.state.load()  # source key -> (file, offset, floor) acknowledged
         self.idle = False
         self.loop = connection.LoopThread("nats-sink")
         self.inflight = inflight
@@ -69,6 +70,8 @@ class NatsPublisher:
         self._dirty: set[str | None] = set()
         self._busy: set[str | None] = set()
         self._resumed: set[str | None] = set()
+        self._ahead: dict[str | None, list[resume.Stored]] = {}  # chunks the stream holds past a gap, per source
+        self._high_seq = 0  # the highest stream sequence seen: a chunk published after it is stored above it
         self._wake: asyncio.Event | None = None
         self._connected: asyncio.Event | None = None
         self._nc: Any = None
@@ -81,7 +84,7 @@ class NatsPublisher:
     # -- any thread -----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        for key, (_, offset) in self.acked.items():
+        for key, (_, offset, _) in self.acked.items():
             self.chunks.seek(key_source(key), offset)
         self._main = self.loop.submit(self._run())
 
@@ -181,27 +184,39 @@ class NatsPublisher:
         log.info("%s stream %s on %s (replicas %s)", "created" if created else "using", spec.name,
                  self.settings.display, info.config.num_replicas)
         self.claim.replicas = info.config.num_replicas or 1
+        self._high_seq = max(self._high_seq, (info.state.last_seq or 0) if info.state else 0)
         return True
 
     async def _drain(self, source: str | None) -> None:
         """Publish ``source``'s chunks until it has no new line: several in flight (as slots allow),
         its position moving past each in order as they are acknowledged."""
-        pending: deque[tuple[Chunk, asyncio.Future]] = deque()
+        pending: deque[tuple[str, int, asyncio.Future, int]] = deque()  # (file, end, publishing, floor)
         try:
             await self.claim.wait()  # this node is ours: the stream's messages of it are this journal's
             if source not in self._resumed:
                 await self._resume(source)
                 self._resumed.add(source)
+            ahead = self._ahead.get(source, [])
             while True:
                 if not pending or not self._slots.locked():
                     await self._slots.acquire()
-                    chunk = self.chunks.take(source, self.max_lines, self.max_bytes)
+                    if ahead and self.chunks.position(source) >= ahead[0].start:  # the stream holds it: step over
+                        stored = ahead.pop(0)
+                        self.chunks.seek(source, max(stored.end, self.chunks.position(source)))
+                        done = asyncio.get_running_loop().create_future()
+                        done.set_result(None)
+                        pending.append((self.acked[source_key(source)][0], stored.end, done, stored.seq - 1))
+                        continue
+                    stop = ahead[0].start if ahead else None
+                    chunk = self.chunks.take(source, self.max_lines, self.max_bytes, stop=stop)
                     if chunk is not None:
                         if not pending and self.linger and chunk.lines < self.max_lines \
                                 and len(chunk.body) < self.max_bytes // 2:
                             await asyncio.sleep(self.linger)  # let a chunk fill a little when lines trickle in
-                            chunk = self.chunks.take(source, self.max_lines, self.max_bytes, more=chunk) or chunk
-                        pending.append((chunk, asyncio.ensure_future(self._publish(chunk))))
+                            chunk = self.chunks.take(source, self.max_lines, self.max_bytes, more=chunk,
+                                                     stop=stop) or chunk
+                        floor = self._high_seq  # published after it was seen: stored above it
+                        pending.append((chunk.file, chunk.end, asyncio.ensure_future(self._publish(chunk)), floor))
                         continue
                     self._slots.release()
                 if not pending:
@@ -219,39 +234,58 @@ class NatsPublisher:
             self._busy.discard(source)
             self._wake.set()
 
-    async def _settle(self, source: str | None, pending: deque[tuple[Chunk, asyncio.Future]]) -> None:
-        """Wait for the oldest chunk in flight to be acknowledged; the source's position moves past it."""
-        chunk, publishing = pending[0]
+    async def _settle(self, source: str | None, pending: deque[tuple[str, int, asyncio.Future, int]]) -> None:
+        """Wait for the oldest chunk in flight to be acknowledged; the source's position moves past it,
+        its floor to below every chunk of it that may be stored past that position (relay/fleet/resume.py)."""
+        file, end, publishing, _ = pending[0]
         await publishing
         pending.popleft()
         self._slots.release()
-        self.acked[source_key(source)] = (chunk.file, chunk.end)
+        floors = [floor for *_, floor in pending] + [stored.seq - 1 for stored in self._ahead.get(source, ())]
+        self.acked[source_key(source)] = (file, end, min(self._high_seq, *floors))
 
     async def _resume(self, source: str | None) -> None:
-        """A source the state file does not know: resume after the stream's last message for this
-        node and run (a state file lost or older than the stream)."""
+        """Where ``source`` resumes: past its saved position and whatever the stream stored after it
+        (relay/fleet/resume.py); a source the state file does not know (the file lost, or older than
+        the stream), after the stream's last message of this node and run."""
         key = source_key(source)
         path = self.chunks.file(source)
-        if key in self.acked or path is None:
-            return
+        known = self.acked.get(key)
+        if path is None or (known is not None and (known[2] is None or known[0] != path.name)):
+            return  # (a state file from before floors were kept: its position, as it was)
         token = stream.run_token(source) if source is not None else "*"
         subject = f"{self.spec.prefix}.*.{stream.run_token(self.node)}.{token}"
+        if known is None:
+            last = await self._asking(subject, lambda: self._js.get_last_msg(self.spec.name, subject))
+            piece = resume.stored_of(last, path.name, source) if last is not None else None
+            if piece is None:
+                return  # nothing of this node and run in the stream yet
+            offset, floor, stored = piece.end, piece.seq, []
+            log.info("%s: resuming after the stream's last message, at byte %s", path.name, offset)
+        else:
+            _, offset, floor = known
+            stored = await self._asking(subject, lambda: resume.stored_after(
+                self._js, self.spec.name, subject, floor, path.name, source)) or []
+        saved = offset
+        offset, self._ahead[source] = resume.plan(offset, stored)
+        if offset != saved or self._ahead[source]:
+            log.info("%s: the stream holds chunks past the saved position (byte %d): resuming at byte %d%s",
+                     path.name, saved, offset, f", {len(self._ahead[source])} stored further on stepped over"
+                     if self._ahead[source] else "")
+        self.chunks.seek(source, offset)
+        self.acked[key] = (path.name, offset, floor)
+
+    async def _asking(self, subject: str, ask: Any) -> Any:
+        """``ask()`` until JetStream answers (None: it has no such message)."""
         from nats.js.errors import NotFoundError
         while True:
             try:
-                msg = await self._js.get_last_msg(self.spec.name, subject)
-                break
-            except NotFoundError:  # nothing of this node and run in the stream yet
-                return
-            except Exception as exc:  # timeouts, connection loss: retried
-                self._count_error(f"looking up the stream's last message for {subject}: {connection.describe(exc)}")
+                return await ask()
+            except NotFoundError:
+                return None
+            except Exception as exc:  # timeouts, connection loss: asked again
+                self._count_error(f"looking up the stream's messages for {subject}: {connection.describe(exc)}")
                 await asyncio.sleep(1.0)
-        headers = msg.headers or {}
-        file, _, offset = (headers.get("Relay-End") or "").rpartition(":")
-        if file == path.name and offset.isdigit() and (source is None or headers.get("Relay-Run") == source):
-            self.chunks.seek(source, int(offset))
-            self.acked[key] = (file, int(offset))
-            log.info("%s: resuming after the stream's last message, at byte %s", path.name, offset)
 
     async def _publish(self, chunk: Chunk) -> None:
         """Publish ``chunk`` until JetStream acknowledges it (a duplicate ack too)."""
@@ -285,6 +319,7 @@ class NatsPublisher:
                 break
         finally:
             self.counters["held"] -= chunk.lines
+        self._high_seq = max(self._high_seq, ack.seq)
         counters = self.counters
         counters["chunks"] += 1
         counters["published"] += chunk.lines
