@@ -30,6 +30,7 @@ import pytest
 #: Seconds a test's JetStream requests wait for an answer (nats-py's default is 5): a wait, not a
 #: limit under test; on a loaded machine a 3-node cluster's answer took longer.
 JS_TIMEOUT = 60.0
+LEADER_ASK_TIMEOUT = 10.0  # seconds one ask for a stream's leader waits; stream_leader() asks again until its own limit
 
 
 def nats_server_binary() -> str:
@@ -185,16 +186,19 @@ class NatsCluster:
         self.wait_ready(timeout)
 
     def stream_leader(self, stream: str, timeout: float = 60.0) -> int:
-        """The index of the node leading ``stream``'s replicas (waits while it is being elected)."""
+        """The index of the live node leading ``stream``'s replicas (waits while it is being elected:
+        asked again every few seconds, since a request no meta leader answers yet would wait out
+        JS_TIMEOUT; a node killed a moment ago may still be named for a while)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            leader = asyncio.run(self._stream_leader(stream))
-            if leader:
+            ask = max(1.0, min(LEADER_ASK_TIMEOUT, deadline - time.monotonic()))
+            leader = asyncio.run(self._stream_leader(stream, ask))
+            if leader and self.index(leader) in self.alive():
                 return self.index(leader)
             time.sleep(0.1)
-        raise TimeoutError(f"stream {stream} has no leader within {timeout}s")
+        raise TimeoutError(f"stream {stream} has no live leader within {timeout}s; logs in {self.tmp}/nats-*/server.log")
 
-    async def _stream_leader(self, stream: str) -> str | None:
+    async def _stream_leader(self, stream: str, timeout: float) -> str | None:
         import nats
         from nats.errors import Error as NatsError
         try:
@@ -203,7 +207,7 @@ class NatsCluster:
         except (NatsError, OSError, asyncio.TimeoutError):
             return None
         try:
-            info = await nc.jetstream(timeout=JS_TIMEOUT).stream_info(stream)
+            info = await nc.jetstream(timeout=timeout).stream_info(stream)
             return info.cluster.leader if info.cluster else None
         except (NatsError, asyncio.TimeoutError):
             return None
