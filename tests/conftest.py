@@ -6,7 +6,6 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from typing import Callable, Iterator
 import pytest
 
 import budget
+import ports
 import skip_policy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,9 +59,14 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterato
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port no other test takes before this test ends, nor the kernel hands out (tests/ports.py)."""
+    return ports.claim()
+
+
+@pytest.fixture(autouse=True)
+def _ports_released() -> Iterator[None]:
+    yield
+    ports.release()
 
 
 def read_jsonl(path: Path, live: bool = False) -> list[dict]:
@@ -169,9 +174,9 @@ def relays(tmp_path: Path) -> Iterator[callable]:
     started: list[RelayProcess] = []
 
     def make(args: list[str], address: str | None = None, start: bool = True, env: dict | None = None) -> RelayProcess:
-        # Started now: the relay binds a port of its own choosing ('*'; its ready file says which), so no
-        # other test or xdist worker can take it between a free_port() and the relay's bind.
-        address = address or f"tcp://127.0.0.1:{'*' if start else free_port()}"
+        # A port claimed for this test outside the ephemeral range (tests/ports.py): no other test takes it,
+        # and after a kill no reconnecting publisher is given it as its own, so the relay restarts there.
+        address = address or f"tcp://127.0.0.1:{free_port()}"
         relay = RelayProcess(tmp_path, args, address, env)
         started.append(relay)
         return relay.start() if start else relay

@@ -267,6 +267,23 @@ def test_a_rank_killed_mid_step_is_lost_when_the_run_fails_without_its_own_end()
     assert completed.check(100.0) == [] and completed.close("r", 100.0) == []
 
 
+def test_a_rank_killed_before_any_report_of_it_got_out_is_lost_when_the_run_ends_without_it() -> None:
+    """SIGKILLed ranks lose what their send thread had not sent: on a loaded machine rank 1's every
+    report died with it, so only its peer tells the relay the run has two ranks. The run failed
+    without rank 1's own end: it is lost, never having reported a step (test_rank_death.py's CI failure)."""
+    cluster = Cluster(CONFIG)
+    for step in (1, 2):
+        cluster.observe(report(0, step, 0.1, world=2), float(step))
+    cluster.ended(train_end(0, "failed"), 5.0)
+    assert cluster.check(5.0 + CONFIG.end_grace - 0.5) == []
+    lost = [d for d in cluster.check(5.0 + CONFIG.end_grace + 0.5) if d.type == "lifecycle"]
+    assert [d.data for d in lost] == [{"event": "rank_lost", "rank": 1, "why": "ended", "silent_s": 9.5,
+                                       "last_step": -1, "peers_step": 2}]
+    assert cluster.standing("r") == Standing((), (1,))
+    (back,) = [d for d in cluster.observe(report(1, 3, 0.1, world=2), 20.0) if d.type == "lifecycle"]
+    assert back.data["event"] == "rank_back"  # its reports were late after all
+
+
 def test_forgetting_or_stopping_judges_an_ended_run_at_once_and_a_running_one_not_at_all() -> None:
     cluster = killed_at_12()
     lost, figures = cluster.close("r", 15.1)

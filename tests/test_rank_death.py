@@ -59,7 +59,15 @@ def test_a_rank_killed_anywhere_in_a_step_still_closes_its_run_ten_times_in_a_ro
         return [e["data"] for e in read_jsonl(journal, live=True) if e["run"] == run and e["rank"] == RELAY_RANK
                 and e["type"] == "lifecycle" and e["data"]["event"] == "rank_lost"]
 
-    wait_for(lambda: all(lost(run) for run, _, _ in runs), 60, "every run's rank_lost")
+    def what_the_relay_heard() -> str:
+        lines = read_jsonl(journal, live=True)
+
+        def of(run: str, rank: int) -> list:
+            return [(e["type"], e["step"], e["data"].get("event")) for e in lines if e["run"] == run and e["rank"] == rank]
+        return "\n".join(f"{point}: rank 1 {of(run, 1)}, rank 0 {of(run, 0)}" for run, point, _ in runs) + relay.log_tail()
+
+    # Said 5 s (end_grace) after each run's failed end, checked once a second: a wait sized for load 30.
+    wait_for(lambda: all(lost(run) for run, _, _ in runs), 120, "every run's rank_lost", what_the_relay_heard)
     assert relay.stop() == 0
     events = read_jsonl(journal)
     for run, point, out in runs:
@@ -72,4 +80,5 @@ def test_a_rank_killed_anywhere_in_a_step_still_closes_its_run_ten_times_in_a_ro
         assert (last["type"], last["stage"]) == ("stats", "client"), f"{point}: rank 0 did not close: {last}"
         assert last["data"]["published"] - last["data"]["dropped"] == last["seq"], f"{point}: {last['data']}"
         assert [d["rank"] for d in lost(run)] == [1], f"{point}: {lost(run)}"  # why=ended, or silent if rank 0's
-        # end came over --rank-silence after rank 1's last report (it had reported a step rank 1 had not)
+        # end came over --rank-silence after rank 1's last report (it had reported a step rank 1 had not); with
+        # last_step -1 where rank 1's every report died with it (its send thread had sent none yet)

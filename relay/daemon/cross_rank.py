@@ -26,7 +26,9 @@ hands it to ``ended``). A rank that sent no ``train_end`` of its own and stays s
 seconds after the end is lost (``why="ended"``) if it is behind the furthest step any rank reported,
 or if the run failed: every rank that lives through a failed job sends its own failed
 ``train_end`` (trainer/sft.py), so one that does not died, even at the same step as its peers (it
-was killed mid-step, and they stopped in that step's collective). When the relay forgets the run or
+was killed mid-step, and they stopped in that step's collective). A rank the relay never heard from
+(killed before its send thread sent a report: its peers' ``world_size`` says it was there) counts as
+behind, with ``last_step`` -1. When the relay forgets the run or
 shuts down it does not wait (``close``). The grace is for the end of a healthy job, where rank 0's
 ``train_end`` may arrive before a peer's last step. A run that never
 ended is not judged when the relay stops: a restart mid-run must not call a rank in flight lost.
@@ -97,8 +99,8 @@ class _Step:
 
 
 class _Run:
-    __slots__ = ("world_size", "ranks", "pending", "order", "waiting", "done", "lost", "epoch", "active", "ended",
-                 "failed", "attempt")
+    __slots__ = ("world_size", "ranks", "pending", "order", "waiting", "done", "lost", "epoch", "began", "active",
+                 "ended", "failed", "attempt")
 
     def __init__(self, world_size: int, now: float) -> None:
         self.world_size = world_size
@@ -109,6 +111,7 @@ class _Run:
         self.done = -1  # steps up to here are settled: later reports of them are late, and ignored
         self.lost = 0  # ranks now lost
         self.epoch: float | None = None
+        self.began = now  # when the first rank reported
         self.active = now  # when any rank last reported
         self.ended: float | None = None  # when the first train_end came
         self.attempt = 0  # of the run's ranks' reports (sinks/events.py attempt_of): a later one starts afresh
@@ -195,6 +198,9 @@ class Cluster:
         info.ended = True
         if run.ended is None:
             run.ended = now
+            for other in range(run.world_size):  # a rank killed before any report of it got out: judged with the rest
+                if other not in run.ranks:
+                    run.ranks[other] = _Rank(run.began)
         if event["data"].get("status") == "failed":
             run.failed = True
 
