@@ -1,6 +1,8 @@
 """``relay plot``: the real command on a journal a real relay wrote from real publishers."""
 from __future__ import annotations
 
+import importlib
+import io
 import re
 import struct
 import sys
@@ -11,7 +13,10 @@ import pytest
 from conftest import RelayProcess, free_port
 from watch_helpers import cli_env, relay_cmd, training_journal
 
+from relay.cli.filters import MetricName, Selection
 from relay.client.publisher import Publisher
+
+plotting = importlib.import_module("relay.cli.plot")  # (relay.cli.plot, the attribute, is the click command)
 
 STEPS = 20
 
@@ -147,3 +152,29 @@ def test_a_long_line_is_decimated_and_says_so(tmp_path: Path) -> None:
     top = min(heights)  # SVG's y grows downwards
     episodes = sum(1 for before, y in zip([None] + heights, heights) if y == top and before != top)
     assert episodes == 7, heights  # steps 1-2, 500-502, ..., 2500-2502, 3000: every episode a spike, none averaged away
+
+
+def test_the_name_test_is_kept_only_where_it_skips_a_quarter_of_the_first_lines(monkeypatch) -> None:
+    monkeypatch.setattr(plotting, "_PROBE", 8)
+    holds = re.compile(b'"a"').search
+    half = [b'{"a":1}\n', b'{"b":1}\n'] * 10
+    assert list(plotting._lines(io.BytesIO(b"".join(half)), holds)) == half[::2]  # kept: it skips half
+    most = [b'{"a":1}\n'] * 7 + [b'{"b":1}\n'] + half
+    assert list(plotting._lines(io.BytesIO(b"".join(most)), holds)) == most  # dropped: it skips one in eight
+
+
+@pytest.mark.parametrize("probe", [4, 4096])
+@pytest.mark.parametrize("metrics", [("loss", "rank/step_time", "cluster/step_time_spread"), ("eval/loss",)])
+def test_what_is_drawn_is_the_same_whether_the_name_test_is_kept_or_not(journal: Path, monkeypatch, probe: int,
+                                                                          metrics: tuple[str, ...]) -> None:
+    """The metric names' test decides what is parsed, never what is drawn."""
+    chosen = Selection(metrics=tuple(map(MetricName.parse, metrics)))
+
+    def drawn() -> dict:
+        return {m.text: {key: (line.seen, line.points()) for key, line in series.items()}
+                for m, series in plotting.collect(journal, chosen, by_rank=True).items()}
+
+    monkeypatch.setattr(plotting, "_PROBE", probe)
+    tested = drawn()
+    monkeypatch.setattr(plotting, "_lines", lambda fh, holds: fh)
+    assert tested == drawn() and all(tested.values()), tested
