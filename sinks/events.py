@@ -1,9 +1,9 @@
 """The event model, in one place: an event's fields (the envelope and the row of a compact batch),
 its types, the relay's own rank and the JSON form of non-finite numbers. Every module that names
 fields takes them from here (the wire's framing, the journal's lines, the forward sink, the spool),
-so a new field is one edit here (and its value rule on the wire, relay/wire/schema.py, which refuses
-to load without one). It lives in sinks, the lowest layer, so the imports run one way
-(relay -> sinks) and a sink never needs the relay's code.
+so a new field is one edit here: its name and its kind of value, from whose rule the wire derives
+every check (relay/wire/schema.py refuses to load for a kind it has no rule for). It lives in sinks,
+the lowest layer, so the imports run one way (relay -> sinks) and a sink never needs the relay's code.
 """
 from __future__ import annotations
 
@@ -13,9 +13,15 @@ from typing import Any
 #: Known event types (docs/protocol.md); a new type is a schema change.
 EVENT_TYPES = frozenset({"hello", "params", "metrics", "lifecycle", "stats"})
 #: Who sent an event, the same for every event of one (run, rank): a compact batch sends it once.
-ENVELOPE: tuple[str, ...] = ("v", "run", "rank", "local_rank", "world_size", "host")
-#: What each event says: one row of a compact batch.
-ROW_FIELDS: tuple[str, ...] = ("seq", "ts", "type", "step", "epoch", "stage", "data")
+#: Each field with its kind of value; what a valid value of a kind is (its type, range, length) is
+#: the wire's rule table, relay/wire/schema.py KINDS; ``| None``: nil is valid too.
+ENVELOPE_KINDS: dict[str, str] = {"v": "version", "run": "run_id", "rank": "rank", "local_rank": "rank",
+                                  "world_size": "world_size", "host": "name"}
+#: What each event says: one row of a compact batch (fields and kinds as above).
+ROW_KINDS: dict[str, str] = {"seq": "count", "ts": "unix_time", "type": "event_type", "step": "count | None",
+                             "epoch": "epoch | None", "stage": "name | None", "data": "map"}
+ENVELOPE: tuple[str, ...] = tuple(ENVELOPE_KINDS)
+ROW_FIELDS: tuple[str, ...] = tuple(ROW_KINDS)
 #: Every field, in the order the client writes them and the journal keeps them.
 FIELDS: tuple[str, ...] = ENVELOPE + ROW_FIELDS
 

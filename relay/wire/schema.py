@@ -1,39 +1,27 @@
 """The wire format, as the relay reads it: a frame (a map, a batch, a compact batch) decoded and
 validated, the relay's acks decoded, and the limits. Putting frames on the wire is
-relay/wire/encoding.py; what an event is (its fields, types, the relay's own rank) is the event
+relay/wire/encoding.py; what an event is (its fields and each one's kind of value) is the event
 model's, sinks/events.py; this module imports it and re-exports nothing.
 
 One module owns the rules so the client, the daemon, replay and every test agree on them.
-See docs/protocol.md for the field table and the limits. The validation has two paths that must
-agree rule for rule: the column-by-column fast path for compact batches and the row checks that
-name what is wrong (tests/test_compact_frames.py holds them together).
+See docs/protocol.md for the field table and the limits. The rules are one table, ``KINDS``: what
+a valid value of each kind is. Every check is derived from it (relay/wire/rules.py): the event
+check of the hot path, the column-by-column fast path for compact batches, the row checks and the
+message that names what is wrong, so they agree rule for rule (tests/test_compact_frames.py holds
+them together) and a new field of the model needs no edit here.
 """
 from __future__ import annotations
 
-import math
-import operator
 import re
 from itertools import chain
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 
-from sinks.events import ENVELOPE, EVENT_TYPES, FIELDS, ROW_FIELDS
+from relay.wire.rules import Rule, Rules
+from sinks.events import ENVELOPE_KINDS, EVENT_TYPES, ROW_KINDS
 
 SCHEMA_VERSION = 1
-
-#: The fields validate_event has a rule for, in the model's order (sinks/events.py): a field added
-#: to the model is refused here until the wire knows what a valid value of it is.
-_RULED_FIELDS = ("v", "run", "rank", "local_rank", "world_size", "host",
-                 "seq", "ts", "type", "step", "epoch", "stage", "data")
-if FIELDS != _RULED_FIELDS:
-    raise ImportError(f"relay/wire/schema.py has no validation rule for the event fields "
-                      f"{sorted(set(FIELDS) ^ set(_RULED_FIELDS))} (or not in sinks.events.FIELDS order): "
-                      "add it to validate_event, _explain and the compact batch checks")
-
-_FIELD_SET = frozenset(FIELDS)
-#: A compact batch names the envelope once: these keys, then ``events`` rows of ROW_FIELDS.
-_COMPACT_KEYS = frozenset(ENVELOPE + ("events",))
 
 MAX_FRAME_BYTES = 1 << 20  # larger frames are rejected (counted, dead-lettered)
 #: ZMQ_MAXMSGSIZE: beyond this the transport drops the sender's connection before the relay sees
@@ -124,8 +112,8 @@ def decode(frame: bytes) -> Frame:
 
 def _expand(frame: dict[str, Any]) -> Frame:
     """A compact batch as the events it stands for, checked by validate_event's rules: the envelope
-    once, then the rows column by column (see _plain_run); only a batch that fails that is
-    checked row by row, to find and name what is wrong."""
+    once, then the rows column by column (RULES.columns); only a batch that fails that is checked
+    row by row, to find and name what is wrong."""
     if frame.keys() != _COMPACT_KEYS:
         missing = _COMPACT_KEYS.difference(frame)
         if missing:
@@ -136,85 +124,25 @@ def _expand(frame: dict[str, Any]) -> Frame:
         raise FrameError("bad_type", f"compact batch events must be an array, got {type(rows).__name__}")
     if not rows:
         raise FrameError("empty", "compact batch holds no events")
-    envelope = _get_envelope(frame)
+    envelope = RULES.get_envelope(frame)
     checked = _columns_ok(rows)
     if checked is None:
         return Frame(_expand_checked(rows, envelope))
     first_seq, derive = checked
-    events = _events_of_rows(rows, *envelope)
+    events = RULES.events_of_rows(rows, *envelope)
     validate_event(events[0])  # the envelope, which every row shares
     return Frame(events, first_seq if first_seq >= 0 else None, derive)
 
 
-def _rows_to_events() -> Callable[..., list[dict[str, Any]]]:
-    """``(rows, *envelope) -> events``: a compact batch's rows as whole events, each a dict of FIELDS
-    in order. Built from the model once, as namedtuple builds its class, so the fields are named in
-    one place and each event is still one dict display (a dict of a zip per row costs twice as much)."""
-    envelope = [f"e{i}" for i in range(len(ENVELOPE))]
-    row = [f"r{i}" for i in range(len(ROW_FIELDS))]
-    items = ", ".join(f"{name!r}: {var}" for name, var in zip(FIELDS, envelope + row))
-    return eval(f"lambda rows, {', '.join(envelope)}: [{{{items}}} for {', '.join(row)} in rows]", {})
-
-
-_events_of_rows = _rows_to_events()
-
-
-def _expand_checked(rows: list[Any], envelope: tuple[Any, ...]) -> list[dict[str, Any]]:
-    """The row-by-row path of _expand, for batches whose columns did not pass as a whole."""
-    events: list[dict[str, Any]] = []
-    for row in rows:
-        if type(row) is not list or len(row) != len(ROW_FIELDS):
-            raise FrameError("bad_type", f"compact event must be [{', '.join(ROW_FIELDS)}]")
-        seq, ts, typ, step, epoch, stage, data = row
-        event = _events_of_rows((row,), *envelope)[0]
-        if not events:
-            validate_event(event)
-        elif (type(seq) is int and 0 <= seq <= MAX_SEQ and type(ts) in _NUMBERS and 0 <= ts <= MAX_TS
-              and type(typ) is str and typ in EVENT_TYPES
-              and (step is None or (type(step) is int and 0 <= step <= MAX_SEQ))
-              and (epoch is None or (type(epoch) in _NUMBERS and -MAX_EPOCH <= epoch <= MAX_EPOCH))
-              and (stage is None or (type(stage) is str and len(stage) <= MAX_NAME_LEN))
-              and type(data) is dict):
-            _check_map(data, 1)
-        else:
-            _explain(event)
-        events.append(event)
-    return events
-
-
-_NONE = type(None)
-_STEP_TYPES = frozenset({int, _NONE})
-_EPOCH_TYPES = frozenset({int, float, _NONE})
-_STAGE_TYPES = frozenset({str, _NONE})
-_SPECIAL_TYPES = frozenset({"hello", "stats"})  # events the relay acts on one by one
-
-
 def _columns_ok(rows: list[Any]) -> tuple[int, bool] | None:
-    """Check a compact batch's rows by column, each rule one pass in C over all rows; the same rules
-    as validate_event, except that nested data is left to the row-by-row path.
-
-    Returns None if any rule fails (the caller then finds out which, row by row), else the first
-    seq if the seqs run on without a gap and no row is a hello or stats event (else -1), and whether
-    a row has stage ``rank`` or type ``lifecycle``.
+    """A compact batch's rows checked by column (RULES.columns): None if any rule fails (the caller
+    then finds out which, row by row), else the first seq if the seqs run on without a gap and no
+    row is a hello or stats event (else -1), and whether a row has stage ``rank`` or type ``lifecycle``.
     """
-    if set(map(type, rows)) != {list} or set(map(len, rows)) != {len(ROW_FIELDS)}:
+    columns = RULES.columns(rows)
+    if columns is None:
         return None
-    seqs, tss, types, steps, epochs, stages, datas = zip(*rows)
-    if not (set(map(type, seqs)) == {int} and min(seqs) >= 0 and max(seqs) <= MAX_SEQ
-            and set(map(type, tss)) <= _NUMBERS and _in_range(tss, 0, MAX_TS)
-            and set(map(type, types)) == {str} and EVENT_TYPES.issuperset(types)
-            and set(map(type, steps)) <= _STEP_TYPES and min(filter(None, steps), default=1) > 0
-            and max(filter(None, steps), default=0) <= MAX_SEQ
-            and set(map(type, epochs)) <= _EPOCH_TYPES
-            and _in_range(list(filter(None, epochs)), -MAX_EPOCH, MAX_EPOCH)
-            and set(map(type, stages)) <= _STAGE_TYPES
-            and max(map(len, filter(None, stages)), default=0) <= MAX_NAME_LEN
-            and set(map(type, datas)) == {dict}):
-        return None
-    if not all(type(key) is str and len(key) <= MAX_NAME_LEN for key in set(chain.from_iterable(datas))):
-        return None  # (a set first: rows of one rank mostly repeat the same few keys)
-    if not _SCALARS.issuperset(map(type, chain.from_iterable(map(dict.values, datas)))):
-        return None
+    seqs, types, stages = columns[_SEQ], columns[_TYPE], columns[_STAGE]
     first = seqs[0]
     if not (_SPECIAL_TYPES.isdisjoint(types) and seqs == tuple(range(first, first + len(seqs)))):
         first = -1
@@ -222,119 +150,26 @@ def _columns_ok(rows: list[Any]) -> tuple[int, bool] | None:
 
 
 def rows_pass(rows: list[list[Any]]) -> bool:
-    """Whether compact rows (``[seq, ts, type, step, epoch, stage, data]`` lists, none nested in
-    data) pass validate_event's rules, checked a column at a time as a relay checks a compact batch.
-    False says only that one may not: check those one by one (relay/forward/lines.py does)."""
-    return not rows or _columns_ok(rows) is not None
-
-
-def _in_range(values: Any, low: float, high: float) -> bool:
-    """Every one of ``values`` (a column: a tuple or list of numbers) within [low, high], NaN never;
-    three passes in C, as min() and max() alone can step over a NaN."""
-    if not values:
-        return True
-    lowest, highest = min(values), max(values)
-    return low <= lowest <= highest <= high and all(map(_isfinite, values))
-
-
-_isfinite = math.isfinite
-_get_envelope = operator.itemgetter(*ENVELOPE)
-_get_fields = operator.itemgetter(*FIELDS)
-_NUMBERS = frozenset({int, float})
-_good_runs: set[str] = set()
-
-
-def _run_ok(run: str) -> bool:
-    if RUN_ID_RE.match(run) is None:
-        return False
-    if len(_good_runs) > 4096:
-        _good_runs.clear()
-    _good_runs.add(run)
-    return True
-
-
-def validate_event(ev: Any) -> None:
-    """Check one decoded event against the schema; raise FrameError naming what is wrong.
-
-    This is the relay's hot path, so the common case is one boolean expression over locals; only
-    a failing event pays for finding out which rule it broke.
-    """
-    if type(ev) is dict and ev.keys() == _FIELD_SET:
-        v, run, rank, lrank, ws, host, seq, ts, typ, step, epoch, stage, data = _get_fields(ev)
-        if (type(v) is int and v == SCHEMA_VERSION
-                and type(run) is str and (run in _good_runs or _run_ok(run))
-                and type(rank) is int and type(lrank) is int and type(ws) is int
-                and 0 <= rank < MAX_RANK and 0 <= lrank < MAX_RANK and 0 < ws < MAX_RANK
-                and type(seq) is int and 0 <= seq <= MAX_SEQ and type(ts) in _NUMBERS and 0 <= ts <= MAX_TS
-                and type(typ) is str and typ in EVENT_TYPES
-                and type(host) is str and len(host) <= MAX_NAME_LEN
-                and (step is None or (type(step) is int and 0 <= step <= MAX_SEQ))
-                and (epoch is None or (type(epoch) in _NUMBERS and -MAX_EPOCH <= epoch <= MAX_EPOCH))
-                and (stage is None or (type(stage) is str and len(stage) <= MAX_NAME_LEN))
-                and type(data) is dict):
-            _check_map(data, 1)
-            return
-    _explain(ev)
-
-
-def _explain(ev: Any) -> None:
-    """The slow path of validate_event: find what is wrong and say it."""
-    if type(ev) is not dict:
-        raise FrameError("not_event", f"batch element is {type(ev).__name__}, not a map")
-    if ev.keys() != _FIELD_SET:
-        missing = _FIELD_SET.difference(ev)
-        if missing:
-            raise FrameError("missing_field", f"missing {sorted(missing)}")
-        raise FrameError("unknown_field", f"unknown {sorted(map(str, set(ev) - _FIELD_SET))}")
-    if type(ev["v"]) is not int or ev["v"] != SCHEMA_VERSION:
-        raise FrameError("bad_version", f"schema version {ev['v']!r}, this relay speaks {SCHEMA_VERSION}")
-    run = ev["run"]
-    if type(run) is not str or RUN_ID_RE.match(run) is None:
-        raise FrameError("bad_run", f"run id {str(run)[:64]!r} must match {RUN_ID_RE.pattern}")
-    for key in ("rank", "local_rank", "world_size"):
-        val = ev[key]
-        if type(val) is not int or not 0 <= val < MAX_RANK:
-            raise FrameError("bad_type", f"{key} must be an int in [0, {MAX_RANK}), got {val!r}")
-    if ev["world_size"] < 1:
-        raise FrameError("bad_type", "world_size must be >= 1")
-    seq = ev["seq"]
-    if type(seq) is not int or seq < 0:
-        raise FrameError("bad_type", f"seq must be a non-negative int, got {seq!r}")
-    if seq > MAX_SEQ:
-        raise FrameError("bad_value", f"seq {seq} exceeds {MAX_SEQ}")
-    ts = ev["ts"]
-    if type(ts) is not float and type(ts) is not int:
-        raise FrameError("bad_type", f"ts must be a number, got {type(ts).__name__}")
-    if not 0 <= ts <= MAX_TS:
-        raise FrameError("bad_value", f"ts {ts!r} is not unix seconds in [0, {MAX_TS:.0f}]")
-    if type(ev["type"]) is not str or ev["type"] not in EVENT_TYPES:
-        raise FrameError("bad_event_type", f"type {str(ev['type'])[:64]!r} is not one of {sorted(EVENT_TYPES)}")
-    host = ev["host"]
-    if type(host) is not str or len(host) > MAX_NAME_LEN:
-        raise FrameError("bad_type", f"host must be a string of at most {MAX_NAME_LEN} chars")
-    step = ev["step"]
-    if step is not None and (type(step) is not int or step < 0):
-        raise FrameError("bad_type", f"step must be a non-negative int or nil, got {step!r}")
-    if step is not None and step > MAX_SEQ:
-        raise FrameError("bad_value", f"step {step} exceeds {MAX_SEQ}")
-    epoch = ev["epoch"]
-    if epoch is not None and type(epoch) is not float and type(epoch) is not int:
-        raise FrameError("bad_type", f"epoch must be a number or nil, got {type(epoch).__name__}")
-    if epoch is not None and not -MAX_EPOCH <= epoch <= MAX_EPOCH:
-        raise FrameError("bad_value", f"epoch {epoch!r} is not a finite number within +-{MAX_EPOCH:g}")
-    stage = ev["stage"]
-    if stage is not None and (type(stage) is not str or len(stage) > MAX_NAME_LEN):
-        raise FrameError("bad_type", f"stage must be a string of at most {MAX_NAME_LEN} chars or nil")
-    data = ev["data"]
-    if type(data) is not dict:
-        raise FrameError("bad_type", f"data must be a map, got {type(data).__name__}")
-    raise FrameError("invalid", "event fails validation")  # unreachable unless the two paths disagree
+    """Whether compact rows (lists of ROW_FIELDS' values, none nested in data) pass validate_event's
+    rules, checked a column at a time as a relay checks a compact batch. False says only that one
+    may not: check those one by one (relay/forward/lines.py does)."""
+    return not rows or RULES.columns(rows) is not None
 
 
 _SCALARS = frozenset({float, int, str, bool, type(None)})
 
 
-def _check_map(obj: dict, depth: int) -> None:
+def _flat_data(datas: list[dict]) -> bool:
+    """_check_map over a column of data maps that holds no nested value (a nested one: False, for
+    the row checks)."""
+    # the keys as a set first: rows of one rank mostly repeat the same few keys
+    return (all(type(key) is str and len(key) <= MAX_NAME_LEN for key in set(chain.from_iterable(datas)))
+            and _SCALARS.issuperset(map(type, chain.from_iterable(map(dict.values, datas)))))
+
+
+def _check_map(obj: dict, depth: int = 1) -> None:
+    """An event's data (a map at ``depth``): string keys of at most MAX_NAME_LEN, scalar values or
+    lists and maps of them, nested at most MAX_DEPTH deep."""
     if depth > MAX_DEPTH:
         raise FrameError("too_deep", f"data nested deeper than {MAX_DEPTH} levels")
     for key, val in obj.items():
@@ -359,6 +194,32 @@ def _check_value(val: Any, depth: int) -> None:
             _check_value(item, depth + 1)
     else:
         raise FrameError("bad_type", f"data value of type {kind.__name__} is not allowed")
+
+
+#: The rule table: what a valid value of each kind of field (sinks/events.py) is. Every check of an
+#: event is derived from it (relay/wire/rules.py); docs/protocol.md's field table says the same.
+KINDS: dict[str, Rule] = {
+    "version": Rule((int,), f"schema version {SCHEMA_VERSION} (this relay's)", SCHEMA_VERSION, SCHEMA_VERSION,
+                    reason="bad_version"),
+    "run_id": Rule((str,), f"a run id matching {RUN_ID_RE.pattern}", accept=lambda run: RUN_ID_RE.match(run) is not None,
+                   reason="bad_run"),
+    "rank": Rule((int,), f"an int in [0, {MAX_RANK})", 0, MAX_RANK - 1),
+    "world_size": Rule((int,), f"an int in [1, {MAX_RANK})", 1, MAX_RANK - 1),
+    "name": Rule((str,), f"a string of at most {MAX_NAME_LEN} chars", max_len=MAX_NAME_LEN),
+    "count": Rule((int,), f"an int in [0, {MAX_SEQ}]", 0, MAX_SEQ, over="bad_value"),
+    "unix_time": Rule((int, float), f"unix seconds (a number) in [0, {MAX_TS:.0f}]", 0, MAX_TS, under="bad_value",
+                      over="bad_value"),
+    "event_type": Rule((str,), f"one of {sorted(EVENT_TYPES)}", among=EVENT_TYPES, reason="bad_event_type"),
+    "epoch": Rule((int, float), f"a finite number within +-{MAX_EPOCH:g}", -MAX_EPOCH, MAX_EPOCH, under="bad_value",
+                  over="bad_value"),
+    "map": Rule((dict,), "a map", deep=_check_map, column=_flat_data),
+}
+RULES = Rules(ENVELOPE_KINDS, ROW_KINDS, KINDS, FrameError)
+validate_event = RULES.validate_event
+_expand_checked = RULES.row_checks
+_COMPACT_KEYS = frozenset(RULES.envelope + ("events",))  # a compact batch: the envelope once, then rows
+_SEQ, _TYPE, _STAGE = map(RULES.row.index, ("seq", "type", "stage"))
+_SPECIAL_TYPES = frozenset({"hello", "stats"})  # events the relay acts on one by one
 
 
 def decode_ack(frame: bytes) -> list[tuple[str, int, int]]:
