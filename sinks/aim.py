@@ -130,7 +130,7 @@ class AimSink(TrackerSink):
 
     def check(self, context: SinkContext) -> None:
         """Aim installed; a local repository's directory writable, a remote one's address well formed."""
-        need_package("aim", self.name, "aim")
+        need_package("aim", self.name, "aim", tested=("aim>=3.29,<3.30", "Run._tracker._track, aim.sdk internals"))
         if self.remote:
             _server_address(self.repo_spec)
         else:

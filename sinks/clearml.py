@@ -108,7 +108,7 @@ class ClearmlSink(TrackerSink):
 
     def check(self, context: SinkContext) -> None:
         """ClearML installed, the cache directory (where the offline sessions go) writable."""
-        need_package("clearml", self.name, "clearml")
+        need_package("clearml", self.name, "clearml", tested=("clearml>=2.1,<2.2", "Task._Task__create_protection"))
         cache = self.cache_dir or os.environ.get("CLEARML_CACHE_DIR") or "~/.clearml/cache"
         need_writable_dir(Path(cache), "ClearML session directory", "pass a writable --clearml-dir")
 

@@ -113,7 +113,7 @@ class MlflowSink(TrackerSink):
 
     def check(self, context: SinkContext) -> None:
         """MLflow installed, and a local store's folder writable (a server is not asked: it may come up later)."""
-        need_package("mlflow", self.name, "mlflow")
+        need_package("mlflow", self.name, "mlflow", tested=("mlflow>=3.17,<3.18", "mlflow.store.db.utils internals"))
         folder = self._folder()
         if folder is not None:
             need_writable_dir(folder, f"--mlflow-tracking-uri {self.uri}: folder", "pass a writable sqlite:///PATH.db "

@@ -1,20 +1,31 @@
 """Cheap checks a sink's ``check()`` makes before the relay listens: no import of the tool (that
 takes seconds: it happens in the sink's own process), no file created, nothing sent anywhere; and
-the same directory probe again at ``open()``, where it may create and write."""
+the same directory probe again at ``open()``, where it may create and write; and, for a sink that
+reaches into a tool's private API, one line when the installed tool is outside the versions the sink
+was tested with."""
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import logging
 import os
 import uuid
 from pathlib import Path
 
 from sinks.base import SinkError
 
+log = logging.getLogger(__name__)
 
-def need_package(module: str, sink: str, extra: str) -> None:
-    """SinkError unless ``module`` can be found on the import path (found, not imported)."""
+
+def need_package(module: str, sink: str, extra: str, tested: tuple[str, str] | None = None) -> None:
+    """SinkError unless ``module`` can be found on the import path (found, not imported). A sink that
+    uses the tool's private API passes ``tested`` (the releases it was tested with, what it uses:
+    see ``untested``), and the one line is logged as a warning when another release is installed."""
     if not package_found(module):
         raise SinkError(f"the {sink} sink needs {module}, which is not installed; {install_hint(extra)}")
+    line = untested(*tested) if tested is not None else None
+    if line is not None:
+        log.warning("%s sink: %s", sink, line)
 
 
 def package_found(module: str) -> bool:
@@ -23,6 +34,25 @@ def package_found(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a parent package that fails, or a module set to None
         return False
+
+
+def untested(requirement: str, uses: str) -> str | None:
+    """The one line saying the installed tool is outside ``requirement`` (``"aim>=3.29,<3.30"``: the
+    versions a sink was tested with, as Lightning's RequirementCache states an integration's), or
+    None: inside, or not installed (need_package says that). ``uses`` names the private API the sink
+    relies on, which a release may change without notice. Reads the package's metadata only."""
+    from packaging.requirements import Requirement  # (a few ms, only for the sinks that ask)
+
+    wanted = Requirement(requirement)
+    try:
+        installed = importlib.metadata.version(wanted.name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if wanted.specifier.contains(installed, prereleases=True):
+        return None
+    return (f"{wanted.name} {installed} is installed, but this sink was tested with {requirement} and uses its "
+            f"private API ({uses}), which may have changed: if the sink fails or writes wrong, pip install "
+            f"'{requirement}'")
 
 
 def install_hint(extra: str) -> str:

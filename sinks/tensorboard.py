@@ -139,7 +139,7 @@ class TensorBoardSink(TrackerSink):
 
     def check(self, context: SinkContext) -> None:
         """TensorBoard installed, the log directory writable."""
-        need_package("tensorboard", self.name, "tensorboard")
+        need_package("tensorboard", self.name, "tensorboard", tested=("tensorboard>=2.21,<2.22", "RecordWriter"))
         need_writable_dir(self.logdir, "TensorBoard log directory", "pass a writable --logdir directory")
 
     def open(self, context: SinkContext) -> None:

@@ -107,7 +107,7 @@ class WandbSink(TrackerSink):
 
     def check(self, context: SinkContext) -> None:
         """wandb installed, its directory writable; online, an API key where wandb looks for one."""
-        need_package("wandb", self.name, "wandb")
+        need_package("wandb", self.name, "wandb", tested=("wandb>=0.31,<0.32", "the run's _interface"))
         need_writable_dir(self._root(context.journal) / "wandb", "W&B directory", "pass a writable --wandb-dir")
         if self.mode == "online" and not _api_key_present():
             raise SinkError("--wandb-mode online needs W&B credentials (no WANDB_API_KEY, no netrc entry): run "

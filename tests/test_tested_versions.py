@@ -1,0 +1,48 @@
+"""A sink that reaches into its tool's private API names the releases it was tested with, and its
+check() says in one line when another is installed (sinks/preflight.py, as Lightning's
+RequirementCache states an integration's requirement)."""
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import logging
+
+import pytest
+from conftest import ROOT
+
+from sinks.base import SinkError
+from sinks.preflight import need_package, untested
+
+TRACKER_SINKS = ("aim", "clearml", "mlflow", "tensorboard", "wandb")
+
+
+def _tested(sink: str) -> tuple[str, str]:
+    """The ``tested=`` range the sink's check() passes to need_package."""
+    tree = ast.parse((ROOT / "sinks" / f"{sink}.py").read_text())
+    found = [ast.literal_eval(keyword.value) for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "need_package"
+             for keyword in node.keywords if keyword.arg == "tested"]
+    assert len(found) == 1, f"sinks/{sink}.py: check() names no tested range"
+    return found[0]
+
+
+@pytest.mark.parametrize("sink", TRACKER_SINKS)
+def test_each_tracker_sink_was_tested_with_the_release_installed(sink: str) -> None:
+    """The venv the suite runs in is inside each sink's range: a tool upgraded here fails this until
+    the sink is run against it and its range moved."""
+    requirement, uses = _tested(sink)
+    assert untested(requirement, uses) is None, untested(requirement, uses)
+
+
+def test_another_release_is_said_in_one_line_with_what_to_do(caplog: pytest.LogCaptureFixture) -> None:
+    installed = importlib.metadata.version("msgpack")
+    with caplog.at_level(logging.WARNING, logger="sinks.preflight"):
+        need_package("msgpack", "demo", "demo", tested=("msgpack<1", "Unpacker._buffer"))
+        need_package("msgpack", "demo", "demo", tested=(f"msgpack=={installed}", "Unpacker._buffer"))
+        need_package("msgpack", "demo", "demo")
+    assert [record.getMessage() for record in caplog.records] == [
+        f"demo sink: msgpack {installed} is installed, but this sink was tested with msgpack<1 and uses its private "
+        "API (Unpacker._buffer), which may have changed: if the sink fails or writes wrong, pip install 'msgpack<1'"]
+    assert untested("no-such-distribution>=1", "x") is None  # not installed: need_package's error says so
+    with pytest.raises(SinkError, match="needs no_such_module, which is not installed"):
+        need_package("no_such_module", "demo", "demo", tested=("no-such-module>=1", "x"))
