@@ -1,6 +1,6 @@
 """The chunk-level check of journal lines (relay.wire.lines.ChunkCheck, which the forward sink and the
 consuming relays read lines with) accepts exactly the lines ``parse_event`` accepts, as the same
-events, and reports every other line once; and a consuming relay's partition journals the
+events (in C where it can, relay/wire/typed_lines.py), and reports every other line once; and a consuming relay's partition journals the
 very bytes, and counts the very lines, that a line-by-line reading would, a failed write included."""
 from __future__ import annotations
 
@@ -10,45 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from line_helpers import event as _event
+from line_helpers import lines as _lines
 from relay.fleet.partition import Partition
 from relay.journal.journal import JournalError
 from relay.wire.lines import ChunkCheck, encode_line, parse_event, parse_line
 from sinks.events import FIELDS
-
-
-def _event(rng: random.Random, seq: int) -> dict:
-    return {"v": 1, "run": rng.choice(["run-a", "run-b"]), "rank": rng.randrange(3), "local_rank": 0,
-            "world_size": 3, "host": "node", "seq": seq, "ts": 1.7e9 + seq, "type": "metrics",
-            "step": seq, "epoch": rng.choice([None, 0.5, 2]), "stage": rng.choice(["train", None]),
-            "data": {"loss": rng.choice([1.0 / (seq + 1), float("nan"), "x", 3])}}
-
-
-#: Ways a line breaks (or, for some, only bends) the rules: each makes the line one parse_event may refuse.
-_BREAKS = [
-    lambda e: e.update(rank=-1), lambda e: e.update(rank=True), lambda e: e.update(v=2), lambda e: e.update(v=True),
-    lambda e: e.update(run="bad run/"), lambda e: e.update(seq=-3), lambda e: e.update(seq="7"),
-    lambda e: e.update(ts=-1.0), lambda e: e.update(ts="NaN"), lambda e: e.update(type="nope"),
-    lambda e: e.update(step=-1), lambda e: e.update(step=1.5), lambda e: e.update(epoch="NaN"),
-    lambda e: e.update(stage="s" * 300), lambda e: e.update(data=[1]), lambda e: e.update(extra=1),
-    lambda e: e.update(data={"deep": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": {}}}}}}}}}}),
-    lambda e: e.update(data={"nested": {"ok": [1, 2]}}), lambda e: e.pop("host"), lambda e: e.pop("step"),
-    lambda e: e.pop("seq"), lambda e: e.update(world_size=0), lambda e: e.update(host=5),
-    lambda e: e.update(data={"k" * 300: 1}), lambda e: e.update(rank=1, world_size=1.0),
-]
-_JUNK = [b"not json", b"[1, 2]", b"{}", b"42", b'{"v": 1', b"null", b'"a string"']
-
-
-def _lines(rng: random.Random, n: int, bad: float) -> list[bytes]:
-    lines = []
-    for seq in range(n):
-        event = _event(rng, seq)
-        if rng.random() < bad:
-            if rng.random() < 0.2:
-                lines.append(rng.choice(_JUNK))
-                continue
-            rng.choice(_BREAKS)(event)
-        lines.append(encode_line(event).rstrip(b"\n"))
-    return lines
 
 
 def test_a_chunk_check_accepts_exactly_what_parse_event_accepts() -> None:
@@ -61,11 +28,14 @@ def test_a_chunk_check_accepts_exactly_what_parse_event_accepts() -> None:
         got = check.events(lines, run)
         expected = [(line, event) for line in lines if (event := parse_event(line)) is not None
                     and (run is None or event["run"] == run)]
-        assert [(line, event) for line, event, _, _ in got] == expected
-        assert all(list(env) + row == [event[k] for k in FIELDS] for _, event, env, row in got)
+        assert [(line, envelope + row) for line, envelope, row in got] == \
+            [(line, tuple(event[k] for k in FIELDS)) for line, event in expected]
+        keys = ChunkCheck(lambda *_: None).keys(lines)
+        assert [(line, key) for line, key in keys if run is None or key[0] == run] == \
+            [(line, (event["run"], event["rank"], event["seq"])) for line, event in expected]
         refused = [line for line in lines if parse_event(line) is None]
         if run is None:
-            assert sorted(heard) == sorted(refused)  # each once (those the column check finds, last)
+            assert sorted(heard) == sorted(refused)  # each once
         else:  # a line of another run is skipped, checked or not; one of this run's never is
             assert Counter(heard) <= Counter(refused)
             assert Counter(line for line in refused if (parse_line(line) or {}).get("run") == run) <= Counter(heard)

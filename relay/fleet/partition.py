@@ -123,27 +123,34 @@ class Partition:
 
     def _keep(self, body: bytes, now: float) -> int:
         """Queue ``body``'s lines the view does not hold; how many it held already."""
-        duplicates = 0
         lines = [line for line in body.split(b"\n") if line]
-        states: dict[tuple[str, int], RankState] = {}
-        taken: list[tuple[str, bytes]] = []
-        for line, _, envelope, row in self.check.events(lines):
-            key = envelope[1:3]  # (run, rank)
-            state = states.get(key)
-            if state is None:
-                state = states[key] = self.dedupe.lookup(key[0], key[1], self.journal)
-                self.dedupe.touch(key[0], now)
-            if state.take(row[0]):
-                taken.append((key[0], line))
+        checked = self.check.keys(lines)
+        seqs: dict[tuple[str, int], list[int]] = {}  # per (run, rank), its seqs in the message's order
+        for _, (run, rank, seq) in checked:
+            found = seqs.get((run, rank))
+            if found is None:
+                seqs[(run, rank)] = [seq]
             else:
-                duplicates += 1
+                found.append(seq)
+        states: dict[tuple[str, int], RankState] = {}
+        for key in seqs:
+            states[key] = self.dedupe.lookup(key[0], key[1], self.journal)
+            self.dedupe.touch(key[0], now)
+        if all(states[key].floor == got[0] and not states[key].above
+               and got == list(range(got[0], got[0] + len(got))) for key, got in seqs.items()):
+            # (the common case) every line new: each rank's next seqs, taken at once
+            for key, got in seqs.items():
+                states[key].take_run(got[0], len(got))
+            taken = [(run, line) for line, (run, _, _) in checked]
+        else:
+            taken = [(run, line) for line, (run, rank, seq) in checked if states[(run, rank)].take(seq)]
         if taken and len(taken) == len(lines) == body.count(b"\n") + (body[-1:] != b"\n") \
-                and len({run for run, _ in states}) == 1:  # every line, and no empty one between them
+                and len({run for run, _ in seqs}) == 1:  # every line, and no empty one between them
             self._queue.add(taken[0][0], body if body[-1:] == b"\n" else body + b"\n", len(taken))
         else:
             for run, line in taken:
                 self._queue.add(run, line + b"\n", 1)
-        return duplicates
+        return len(checked) - len(taken)
 
     def _bad_line(self, line: bytes, why: str) -> None:
         self.counters.bad_lines += 1

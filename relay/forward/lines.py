@@ -2,25 +2,23 @@
 sent, (envelope, compact prefix, row). No sockets, no window: relay/forward/sender.py holds what this
 gives.
 
-Which lines are events is ``relay.wire.lines.ChunkCheck``'s answer (one orjson parse a line, one
-column check a chunk), the consuming relays' own. A line that is not an event is reported and never
-sent: one such line in a batch would make the central refuse the whole batch. Non-finite metrics
-("NaN" strings in the journal) are sent as the floats the rank sent (``sinks.events.from_journal``),
+Which lines are events is ``relay.wire.lines.ChunkCheck``'s answer (each line decoded and checked
+in C, relay/wire/typed_lines.py), the consuming relays' own. A line that is not an event is reported
+and never sent: one such line in a batch would make the central refuse the whole batch. Non-finite
+metrics ("NaN" strings in the journal) are sent as the floats the rank sent (``from_json_metrics``),
 so the central's own consumers see numbers and its journal writes the node's very line.
 """
 from __future__ import annotations
 
-import operator
-from typing import Any, Callable
+from typing import Callable
 
 from relay.wire import encoding
 from relay.wire.lines import ChunkCheck
-from sinks.events import ENVELOPE, ROW_FIELDS, from_journal
+from sinks.events import ENVELOPE, from_json_metrics
 
 MAX_PREFIXES = 4096
-_row = operator.itemgetter(*ROW_FIELDS)
 
-Item = tuple[tuple, bytes, list[Any]]  # (envelope, its compact prefix, row)
+Item = tuple[tuple, bytes, tuple]  # (envelope, its compact prefix, row)
 
 
 class LineReader:
@@ -35,9 +33,9 @@ class LineReader:
         prefixes, items = self._prefixes, []
         blob = b"".join(lines)
         nonfinite = b'"NaN"' in blob or b'Infinity"' in blob  # one scan for the chunk, not one per line
-        for line, event, envelope, row in self.check.events(lines, run):
-            if nonfinite and event["type"] == "metrics" and (b'"NaN"' in line or b'Infinity"' in line):
-                row = list(_row(from_journal(event)))
+        for line, envelope, row in self.check.events(lines, run):
+            if nonfinite and row[2] == "metrics" and (b'"NaN"' in line or b'Infinity"' in line):
+                row = (*row[:6], from_json_metrics(row[6]))
             items.append((envelope, prefixes.get(envelope) or self._prefix(envelope), row))
         return items
 

@@ -1,0 +1,102 @@
+"""The typed decoding of journal lines (relay.wire.typed_lines, msgspec in C), the fast path of every
+line the consuming relays and the forward sink read, never takes a line ``parse_event`` refuses, and
+takes each line it does as the same values of the same types (5 and 5.0 differ: the forward sink
+sends them on); and it takes every plain line the relay writes, or it would be no fast path."""
+from __future__ import annotations
+
+import random
+
+import orjson
+
+from line_helpers import BREAKS, JUNK, event
+from relay.wire import typed_lines
+from relay.wire.lines import encode_line, parse_event
+from sinks.events import FIELDS
+
+#: Text-level bends of a line as the relay writes it: what orjson and msgspec might read apart.
+_TEXT = [
+    lambda t: t.replace(b'"seq":', b'"seq":-1,"seq":', 1),  # a duplicated key: the last one counts
+    lambda t: t.replace(b'"rank":', b'"rank":1.0,"rank":', 1),
+    lambda t: t.replace(b'"ts":', b'"ts":5,"ts":', 1),
+    lambda t: t.replace(b'"data":{', b'"data":{"big":123456789012345678901234567890,', 1),  # past 64 bits
+    lambda t: t.replace(b'"data":{', b'"data":{"u64":18446744073709551615,', 1),
+    lambda t: t.replace(b'"data":{', b'"data":{"i64":-9223372036854775808,', 1),
+    lambda t: t.replace(b'"data":{', b'"data":{"huge":1e400,', 1),
+    lambda t: t.replace(b'"data":{', b'"data":{"neg0":-0,"e":1E2,', 1),
+    lambda t: t.replace(b'"data":{', b'"data":{"s":"\\ud800",', 1),  # a lone surrogate
+    lambda t: t.replace(b'"data":{', b'"data":{"s":"\\u00e9\\n\\"",', 1),
+    lambda t: t.replace(b'"data":{', b'"data":{"t":true,"n":null,', 1),
+    lambda t: t.replace(b'"host":"node"', b'"host":"n\xc3\xa9"', 1),
+    lambda t: t.replace(b'"host":"node"', b'"host":"\xff"', 1),  # not UTF-8
+    lambda t: t.replace(b'"ts":', b'"ts":1700000000,"x":', 1),  # an unknown field
+    lambda t: t.replace(b'"ts":1', b'"ts":253402300800', 1),  # past the year 9999
+    lambda t: t.replace(b'"epoch":null', b'"epoch":1000000000000000', 1),
+    lambda t: t.replace(b'"epoch":null', b'"epoch":1000000000000001', 1),
+    lambda t: t.replace(b'"step":', b'"step":9223372036854775807,"y":', 1),
+    lambda t: t.replace(b'"seq":', b'"seq":9223372036854775808,"z":', 1),
+    lambda t: t.replace(b'"v":1', b'"v":1.0', 1),
+    lambda t: t.replace(b'"type":"metrics"', b'"type":"hello"', 1),
+    lambda t: t.replace(b'"run":"run-a"', b'"run":"a b"', 1),
+    lambda t: t.replace(b'"run":"run-a"', b'"run":"' + b"r" * 129 + b'"', 1),
+    lambda t: t.replace(b'"run":"run-b"', b'"run":".hidden"', 1),
+    lambda t: b" " + t + b" ",
+    lambda t: t + b"{}",
+    lambda t: t[:-1],
+    lambda t: t.replace(b',"', b', "'),
+    lambda t: t.replace(b'"data":{', b'"data":{"deep":[[[[[[[[[1]]]]]]]]],', 1),
+    lambda t: t.replace(b'"data":{', b'"data":{"' + b"k" * 256 + b'":1,', 1),
+    lambda t: t.replace(b'"data":{', b'"data":{"' + "é".encode() * 256 + b'":1,', 1),  # 256 characters, 512 bytes
+]
+
+
+def _line(rng: random.Random, seq: int) -> bytes:
+    e = event(rng, seq)
+    for _ in range(rng.choice([0, 0, 1, 2])):
+        rng.choice(BREAKS)(e)
+    if rng.random() < 0.3:  # fields in another order, some optional ones left out
+        keys = list(e)
+        rng.shuffle(keys)
+        e = {k: e[k] for k in keys if not (k in ("v", "local_rank", "world_size", "epoch") and rng.random() < 0.3)}
+    text = encode_line(e).rstrip(b"\n")
+    for _ in range(rng.choice([0, 0, 1, 1, 2])):
+        text = rng.choice(_TEXT)(text)
+    return text if rng.random() > 0.03 else rng.choice(JUNK)
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, and of the same types all the way down."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return a == b or (a != a and b != b)
+
+
+def test_what_the_typed_decoding_takes_parse_event_takes_as_the_same_values() -> None:
+    rng = random.Random(2027)
+    taken = refused_both = left = 0
+    for _ in range(300):
+        lines = [_line(rng, seq) for seq in range(rng.randrange(1, 40))]
+        for line, item in zip(lines, typed_lines.decode(lines), strict=True):
+            reference = parse_event(line)
+            if item is None:
+                refused_both += reference is None
+                left += reference is not None  # parse_event's to take: nested data, a bent number ...
+                continue
+            taken += 1
+            assert reference is not None, line
+            assert all(_same(getattr(item, k), reference[k]) for k in FIELDS), (line, item, reference)
+            assert typed_lines.envelope_of(item) + typed_lines.row_of(item) == tuple(reference[k] for k in FIELDS)
+    assert taken > 1500 and refused_both > 2000 and left > 100  # every path of the comparison walked
+
+
+def test_every_plain_line_the_relay_writes_is_taken() -> None:
+    rng = random.Random(7)
+    lines = []
+    for seq in range(500):
+        e = event(rng, seq)
+        e["data"] = {"loss": rng.random(), "step_time": rng.randrange(10**6), "note": rng.choice(["", "é", None, True])}
+        e["epoch"] = rng.choice([None, 1, 0.25])
+        e["type"] = rng.choice(["metrics", "params", "lifecycle", "stats", "hello"])
+        lines.append(orjson.dumps(e))
+    assert None not in typed_lines.decode(lines)
