@@ -59,8 +59,10 @@ class Sink(abc.ABC):
     name: ClassVar[str]
 
     #: False for a sink that needs to know only which runs have new events (it reads the journal
-    #: itself, as the forward sink does): the relay then hands ``write()`` one read-only stand-in
-    #: ``{"run": RUN}`` per event instead of the decoded event, which saves decoding every line.
+    #: itself, as the forward and nats sinks do): its process is then sent only the news of each
+    #: journal write, not the lines, and ``write()`` gets one read-only stand-in
+    #: ``{"run": RUN, "offset": END}`` per event instead of the decoded event, END being where the
+    #: run's journal file ended after the write that held it (the same object for all of one write).
     #: (``relay replay`` hands it whole events, which hold the run too.)
     wants_events: ClassVar[bool] = True
 

@@ -194,7 +194,7 @@ def test_a_failing_journal_keeps_every_line_and_acks_nothing_until_it_works(inge
     What the files before it took goes to the other sinks at once, and only the rest is retried."""
     relay, acks = ingest()
     handed: list[tuple[bytes, int]] = []
-    relay.batch.fan_out = lambda lines, events: handed.append((lines, events))
+    relay.batch.fan_out = lambda lines, events, news: handed.append((lines, events))
     relay.take_frame(b"a", compact("a", 0, range(3)), now=1.0)
     relay.take_frame(b"a", compact("b", 0, range(2)), now=1.0)
     blocker = tmp_path / "journal" / "b.jsonl"
@@ -225,7 +225,7 @@ def test_a_failing_journal_keeps_every_line_and_acks_nothing_until_it_works(inge
 def test_the_other_sinks_get_exactly_the_journaled_bytes(ingest) -> None:
     relay, _ = ingest()
     handed: list[tuple[bytes, int]] = []
-    relay.batch.fan_out = lambda lines, events: handed.append((lines, events))
+    relay.batch.fan_out = lambda lines, events, news: handed.append((lines, events))
     relay.take_frame(b"a", compact("x", 0, range(3)), now=1.0)
     relay.take_frame(b"a", encoding.encode_frame([event(0, run="y"), event(1, run="y")]), now=1.0)
     relay.commit(now=1.1)

@@ -2,12 +2,14 @@
 relay/sinkhost/child.py): a real plugin that kills its own process is started again, counted, and costs
 the journal nothing; one that refuses an event for good gets it dead-lettered and the rest written;
 one that fails for a while catches up; every sink is flushed on a timer under steady load; and one
-that wants only runs (``wants_events = False``) gets one stand-in per event holding its run."""
+that wants only runs (``wants_events = False``) is sent only the news of each journal write, and gets
+one stand-in per event holding its run and where the journal ended after the write."""
 from __future__ import annotations
 
 import json
 import time
 from collections import Counter
+from itertools import accumulate
 from pathlib import Path
 
 import pytest
@@ -15,10 +17,10 @@ import pytest
 from conftest import finish, plugin_env, read_jsonl, start_publisher
 from relay.client.publisher import Publisher
 from relay.journal.journal import Journal
-from relay.journal.reader import LineDecoder
+from relay.sinkhost import notices
+from relay.sinkhost.notices import NoticeDecoder
 
 
-from relay.wire.lines import encode_line
 def _after_run(path: Path) -> int:
     """Events of run "after" among the complete lines the sink has written so far."""
     lines = path.read_text().splitlines(keepends=True) if path.exists() else []
@@ -125,20 +127,24 @@ def test_a_sink_that_wants_only_runs_gets_a_stand_in_per_event(relays, tmp_path)
     assert _wait_for_lines(got, len(events)) == len(events)
     assert relay.stop() == 0
     stand_ins = read_jsonl(got)
-    assert all(item.keys() == {"run"} for item in stand_ins), stand_ins[:3]
+    assert all(item.keys() == {"run", "offset"} for item in stand_ins), stand_ins[:3]
     assert Counter(item["run"] for item in stand_ins) == Counter(e["run"] for e in events) == {"first": 302, "second": 202}
+    offsets = [item["offset"] for item in stand_ins]
+    assert offsets == sorted(offsets) and offsets[-1] == journal.stat().st_size  # where the journal's file ended
+    assert set(offsets) <= set(accumulate(map(len, journal.read_bytes().splitlines(keepends=True)))), \
+        "each offset is the end of a line"
     sink = relay.stats(journal)["sinks"]["runsonly"]
     assert sink["written"] == len(events) and sink["dropped"] == 0, sink
 
 
-def test_stand_ins_come_from_lines_in_any_key_order_and_bad_lines_are_counted():
-    event = {"v": 1, "run": "r1", "rank": 0, "local_rank": 0, "world_size": 1, "host": "h", "seq": 0, "ts": 1.0,
-             "type": "metrics", "step": 1, "epoch": None, "stage": None, "data": {"loss": float("nan")}}
-    reordered = {key: event[key] for key in reversed(list(event))} | {"run": "r2"}
-    head_but_bad_run = b'{"v":1,"run":"no/slash","rank":0}\n'
-    decoder = LineDecoder(runs_only=True)
-    line = encode_line(event)
-    assert decoder.feed(line + encode_line(reordered) + b"not json\n\n" + head_but_bad_run + line[:9]) == [
-        {"run": "r1"}, {"run": "r2"}]
-    assert decoder.bad_lines == 2
-    assert decoder.feed(line[9:]) == [{"run": "r1"}]
+def test_notices_arrive_in_pieces_and_bad_ones_are_counted():
+    decoder = NoticeDecoder()
+    notice = notices.encode({"r1": (2, 400), "r2": (1, 90)})
+    assert notice == b"r1 400 2\nr2 90 1\n"
+    got = decoder.feed(notice + b"no/slash 5 1\nnot a notice\nr3 -1 x\n" + notice[:4])
+    assert got == [{"run": "r1", "offset": 400}] * 2 + [{"run": "r2", "offset": 90}]
+    assert got[0] is got[1]  # one stand-in a notice, however many events it holds
+    assert decoder.bad_lines == 3
+    assert decoder.feed(notice[4:9]) == [{"run": "r1", "offset": 400}] * 2
+
+

@@ -17,6 +17,7 @@ from relay.daemon.bounds import COMMIT_BYTES
 from relay.daemon.counters import Counters
 from relay.journal.dedupe import RankState
 from relay.journal.journal import PartialWrite
+from relay.sinkhost.notices import News, news_of
 
 log = logging.getLogger("relay")
 
@@ -30,13 +31,16 @@ Acks = list[tuple[str, int, int]]
 class LineJournal(Protocol):
     """What the commit step needs of the journal (relay/journal/journal.py)."""
 
+    ends: dict[str, int]
+
     def write_lines(self, lines: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]: ...
 
     def flush(self) -> None: ...
 
 
-#: Hands on what the journal took: (its lines, joined; how many events they are).
-Deliver = Callable[[bytes, int], None]
+#: Hands on what the journal took: its lines, joined; how many events they are; and per run, how
+#: many and where its file ends now (what the journal's followers learn, relay/sinkhost/notices.py).
+Deliver = Callable[[bytes, int, News], None]
 
 
 class JournalQueue:
@@ -90,7 +94,7 @@ class JournalQueue:
                 self.unflushed = False
         finally:
             if written:
-                deliver(b"".join([chunk for _, chunk in written]), events)
+                deliver(b"".join([chunk for _, chunk in written]), events, news_of(written, journal.ends))
         if error is not None:
             raise error
 
@@ -160,10 +164,10 @@ class Commit:
             self.derived_runs.clear()
         self._acknowledge()
 
-    def _journaled(self, lines: bytes, events: int) -> None:
+    def _journaled(self, lines: bytes, events: int, news: News) -> None:
         self.counters.written += events
         if self.fan_out is not None:
-            self.fan_out(lines, events)
+            self.fan_out(lines, events, news)
 
     def retry_now(self) -> None:
         """Forget the backoff (at shutdown: one more try at once)."""

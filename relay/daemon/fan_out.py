@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from relay.journal.journal import Journal
 from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.notices import News
 from relay.sinkhost.process import SinkProcess
 
 
@@ -33,10 +34,14 @@ class FanOut:
             worker.start()
             self.workers.append(worker)
 
-    def submit(self, lines: bytes, events: int) -> None:
-        """A batch the journal took, for every other sink."""
+    def submit(self, lines: bytes, events: int, news: News) -> None:
+        """A batch the journal took, for every other sink: its lines, or to a follower of the
+        journal, only its news (relay/sinkhost/notices.py)."""
         for worker in self.workers:
-            worker.submit(lines, events)
+            if worker.follows:
+                worker.follow(news)
+            else:
+                worker.submit(lines, events)
 
     def sample(self, now: float) -> None:
         for worker in self.workers:

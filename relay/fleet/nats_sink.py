@@ -11,6 +11,7 @@ the sink's face: options, their checks, open/write/close.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,6 +24,7 @@ from relay.fleet.publisher import NatsPublisher, StreamSpec
 from sinks.base import Sink, SinkContext, SinkError
 
 log = logging.getLogger(__name__)
+_run = operator.itemgetter("run")  # of an event, or of a stand-in (relay/sinkhost/notices.py)
 
 CLOSE_WAIT = 5.0  # seconds close() waits for the last acks
 
@@ -120,7 +122,7 @@ class NatsSink(Sink):
         """The events are already in the journal, which is what is published: only note which runs
         have news. Never raises, never waits."""
         assert self._publisher is not None
-        self._publisher.notify({event["run"] for event in events})
+        self._publisher.notify(set(map(_run, events)))
 
     def close(self) -> None:
         """Wait up to CLOSE_WAIT for the last acks, then stop; what NATS has not acknowledged stays in the

@@ -34,6 +34,7 @@ from relay.journal.journal import Journal
 from relay.journal.reader import journal_files
 from relay.daemon.fan_out import FanOut
 from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.notices import News
 from relay.wire.lines import ChunkCheck
 from sinks.files import write_atomic
 
@@ -204,7 +205,7 @@ class Partition:
                         self.number, self._position_path, exc)
         return 0
 
-    def _journaled(self, lines: bytes, events: int) -> None:
+    def _journaled(self, lines: bytes, events: int, news: News) -> None:
         self.counters.written += events
         if not self.holding():
             self.counters.withheld += events
@@ -212,7 +213,7 @@ class Partition:
         if self.sinks and not self.fan_out.workers:
             self._start_sinks()
         if self.fan_out.workers:
-            self.fan_out.submit(lines, events)
+            self.fan_out.submit(lines, events, news)
 
     def forget_idle(self, before: float) -> None:
         """Drop the dedupe state of runs silent since ``before``; the journal rebuilds it if they return."""

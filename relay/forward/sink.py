@@ -19,6 +19,7 @@ relay/forward/sender.py on its own thread, with the send window of relay/forward
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,6 +35,7 @@ from relay.wire.io_thread import Hub
 from sinks.base import Sink, SinkContext, SinkError
 
 log = logging.getLogger(__name__)
+_run = operator.itemgetter("run")  # of an event, or of a stand-in (relay/sinkhost/notices.py)
 
 CLOSE_WAIT = 5.0  # seconds close() waits for the central's last acks
 
@@ -101,7 +103,7 @@ class ForwardSink(Sink):
         """The events are already in the journal, which is what is forwarded: only note which runs
         have news. Never raises, never waits."""
         assert self._forwarder is not None
-        self._forwarder.notify({event["run"] for event in events})
+        self._forwarder.notify(set(map(_run, events)))
         self._hub.wake()
 
     def close(self) -> None:

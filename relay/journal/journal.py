@@ -77,6 +77,7 @@ class Journal:
         self._made_folder: Path | None = None  # created by open(), removed by abandon() if still empty
         self._index: dict[str, dict[int, Seen]] | None = None
         self._released: set[str] = set()
+        self.ends: dict[str, int] = {}  # run -> where its file ended after the last write of it
 
     # -- paths beside the journal ---------------------------------------------------------------
 
@@ -138,12 +139,14 @@ class Journal:
         All or nothing per file: a failed append is cut back off, and the other files are still
         written. When a file fails, PartialWrite says which pairs did go in and which did not, so
         the caller hands on exactly what the journal holds and retries the rest without writing
-        anything twice."""
+        anything twice. ``ends`` then says, for each run written, where its file ends: what the
+        followers of the journal learn (relay/sinkhost/notices.py)."""
         if not self.directory:
             try:
-                self._append(self._fd(None), b"".join([line for _, line in lines]))
+                end = self._append(self._fd(None), b"".join([line for _, line in lines]))
             except Exception as exc:  # raised on, saying that nothing went in
                 raise PartialWrite(exc, [], lines) from exc
+            self.ends.update(dict.fromkeys([run for run, _ in lines], end))
             return lines
         per_run: dict[str, list[bytes]] = {}
         for run, line in lines:
@@ -151,7 +154,7 @@ class Journal:
         failed: dict[str, Exception] = {}
         for run, chunk in per_run.items():
             try:
-                self._append(self._fd(run), b"".join(chunk))
+                self.ends[run] = self._append(self._fd(run), b"".join(chunk))
             except Exception as exc:  # raised on below, saying how far the write went
                 failed[run] = exc
         if failed:
@@ -168,6 +171,7 @@ class Journal:
 
     def release(self, run: str) -> None:
         """The relay forgot an idle run: close its file, and rescan if it ever comes back."""
+        self.ends.pop(run, None)
         if self.directory:
             self._close_fd(run)
             self._cut.discard(run)
@@ -273,7 +277,8 @@ class Journal:
                 os.fsync(fd)
         os.close(fd)
 
-    def _append(self, fd: int, blob: bytes) -> None:
+    def _append(self, fd: int, blob: bytes) -> int:
+        """``blob`` at the file's end, whole or not at all; the file's end after it."""
         start = os.lseek(fd, 0, os.SEEK_END)
         view = memoryview(blob)
         try:
@@ -283,6 +288,7 @@ class Journal:
             os.ftruncate(fd, start)  # never leave half a batch (or half a line) behind
             raise
         self._dirty.add(fd)
+        return start + len(blob)
 
 
 def _same_file(fd: int, path: Path) -> bool:

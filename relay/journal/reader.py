@@ -69,21 +69,14 @@ def read_events(path: Path, bad_lines: list[int] | None = None, whole_lines: boo
 
 class LineDecoder:
     """Journal lines arriving in pieces (a pipe) -> events of the complete ones, restored as a sink
-    gets them; a partial last line waits for the rest. ``bad_lines`` counts what was not an event.
+    gets them; a partial last line waits for the rest. ``bad_lines`` counts what was not an event."""
 
-    ``runs_only`` (for a sink whose ``wants_events`` is False): each line becomes a stand-in
-    ``{"run": RUN}``, one shared dict per run, read off the line's head as the relay writes it
-    (``{"v":1,"run":"...``) without decoding the rest; a line that starts otherwise is parsed."""
-
-    def __init__(self, runs_only: bool = False) -> None:
+    def __init__(self) -> None:
         self.bad_lines = 0
-        self.runs_only = runs_only
         self._rest = b""
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         *lines, self._rest = (self._rest + data).split(b"\n")
-        if self.runs_only:
-            return self._runs(lines)
         events = []
         for line in lines:
             event = parse_event(line)
@@ -92,28 +85,6 @@ class LineDecoder:
             elif line.strip():
                 self.bad_lines += 1
         return events
-
-    def _runs(self, lines: list[bytes]) -> list[dict[str, Any]]:
-        stand_ins: dict[bytes, dict[str, Any]] = {}
-        out = []
-        for line in lines:
-            run = line[_HEAD_LEN:line.find(b'"', _HEAD_LEN)] if line.startswith(_HEAD) else None
-            stand_in = stand_ins.get(run) if run else None
-            if stand_in is None:
-                if run and schema.valid_run_id(run.decode("ascii", "replace")):
-                    stand_in = stand_ins[run] = {"run": run.decode()}
-                else:
-                    event = parse_event(line)
-                    if event is None:
-                        self.bad_lines += 1 if line.strip() else 0
-                        continue
-                    stand_in = {"run": event["run"]}
-            out.append(stand_in)
-        return out
-
-
-_HEAD = b'{"v":1,"run":"'  # how every line the relay writes starts (sinks.events.FIELDS order)
-_HEAD_LEN = len(_HEAD)
 
 
 class JournalReader:

@@ -3,8 +3,8 @@
     python -m relay.sinkhost.child SPEC_JSON     (started by relay/sinkhost/process.py, under relay/sinkhost/lifeline.py)
 
 Relay -> child, on stdin: journal lines (``relay.journal.reader.LineDecoder`` turns them into events, as
-``relay replay`` would: non-finite metrics restored; for a sink whose ``wants_events`` is False,
-into stand-ins that hold only the run, without decoding the lines). Child -> relay, one JSON object per line on
+``relay replay`` would: non-finite metrics restored); for a sink whose ``wants_events`` is False,
+which reads the journal itself, only the news of each write (relay/sinkhost/notices.py). Child -> relay, one JSON object per line on
 the child's own stdout: ``{"ready": true}`` or ``{"error": MESSAGE}`` once, then its counters every
 ``STATS_PERIOD`` and at exit. The sink's own stdout goes to stderr, which is the relay's log.
 
@@ -37,6 +37,7 @@ from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.catch_up import CatchUp
 from relay.sinkhost.driver import SinkDriver
 from relay.sinkhost.lifeline import hold_sink_lock
+from relay.sinkhost.notices import NoticeDecoder
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
 from relay.journal.reader import JournalReader, LineDecoder
@@ -215,7 +216,7 @@ def child_main(spec: SinkSpec) -> int:
                         DeadLetters(Path(spec.deadletter)) if spec.deadletter else None, catch_up)
     writer.start()
     writer.request_catch_up()  # what this sink missed while its process was not running
-    decoder = LineDecoder(runs_only=not sink.wants_events)
+    decoder = LineDecoder() if sink.wants_events else NoticeDecoder()
     next_stats = time.monotonic() + STATS_PERIOD
     dropped = 0
     while True:

@@ -1,5 +1,6 @@
 """Every sink but the journal runs in a child process of the relay (relay/sinkhost/child.py), fed the
-journal's own lines; this is the relay's side of it.
+journal's own lines (a sink that reads the journal itself, only the news of each write:
+relay/sinkhost/notices.py); this is the relay's side of it.
 
 A process, not a thread, because a sink busy in Python (Aim is) held the interpreter lock for up
 to half of the ingest thread's time, so the journal's rate fell whenever a sink worked. In its own
@@ -27,11 +28,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any, Callable
 
+from relay.sinkhost import notices
 from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.child import SinkSpec, build_sink
 from relay.sinkhost.lifeline import kill, spawn
+from relay.sinkhost.notices import News
 from relay.sinkhost.rate import Rate
 from sinks.base import SinkContext, SinkError
+from sinks.registry import load
 
 __all__ = ["SinkProcess", "SinkSpec", "check_sinks"]
 
@@ -66,6 +70,9 @@ class SinkProcess:
         self.ingest_idle = ingest_idle
         self.stderr = stderr
         self.name = spec.name
+        #: a sink that reads the journal itself (``wants_events`` False) is sent only the news of each
+        #: write (relay/sinkhost/notices.py), not its lines
+        self.follows = not load(spec.source or spec.name).wants_events
         self.restarts = 0
         self._proc: subprocess.Popen | None = None
         self._child: dict[str, Any] = {}  # the running child's last counters
@@ -131,6 +138,13 @@ class SinkProcess:
         """Hand over ``count`` journal lines without waiting; dropped (counted) past the queue bound."""
         self._submitted += count
         self._worker.submit((lines, count), count, len(lines))
+
+    def follow(self, news: News) -> None:
+        """A follower's share of a journal write: its news, as ``submit`` hands over lines."""
+        notice = notices.encode(news)
+        count = sum(events for events, _ in news.values())
+        self._submitted += count
+        self._worker.submit((notice, count), count, len(notice))
 
     def sample(self, now: float) -> None:
         """Note how many events were handed over by now (the relay calls this every second)."""
