@@ -18,6 +18,7 @@ from conftest import ROOT, free_port, wait_for  # noqa: E402
 from fleet_helpers import (ConsumerProcess, assert_exactly_once, create_stream, publish_raw,  # noqa: E402
                            wait_acknowledged, wait_complete, wait_held)
 from nats_helpers import JS_TIMEOUT, NatsCluster  # noqa: E402
+from relay.fleet.central import pieces  # noqa: E402
 from relay.wire.lines import encode_line  # noqa: E402
 from test_metrics import check_against_table, scrape  # noqa: E402
 
@@ -157,3 +158,35 @@ async def _consumers(urls: str) -> list:
         return [info.config for info in sorted(infos, key=lambda i: i.name)]
     finally:
         await nc.close()
+
+
+def test_a_commit_past_max_payload_is_one_atomic_batch_stored_whole_or_not_at_all(tmp_path):
+    """The central journal (relay/fleet/central.py) on a server whose messages are at most 8 KiB: a
+    commit of 60 KiB goes as one atomic batch, fenced by its first message; a stale one (another relay
+    committed since) is refused whole, nothing of it stored; without atomic batches each piece is
+    fenced on the one before."""
+    from relay.fleet.central import CentralJournal, Fenced
+
+    body = b"\n".join(lines("big", 400)) + b"\n"
+
+    async def commits(url: str) -> None:
+        import nats
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream(timeout=JS_TIMEOUT)
+            central = CentralJournal(nc, js, "RELAY", "relay.events", nc.max_payload, "w")
+            await central.ensure(1)
+            assert central.atomic
+            first = await central.append(0, body, 0)
+            assert [b async for _, b in central.read(0, 0)] == pieces(body, central.limit) and first > 8
+            with pytest.raises(Fenced):
+                await central.append(0, body, first - 1)
+            assert await central.last(0) == first
+            central.atomic = False  # a server before 2.12: piece by piece, each fenced on the one before
+            second = await central.append(0, body, first)
+            assert b"".join([b async for _, b in central.read(0, first)]) == body and second == 2 * first
+        finally:
+            await nc.close()
+
+    with NatsCluster(tmp_path / "nats", size=1, extra_config="max_payload: 8192") as server:
+        asyncio.run(commits(server.url(0)))

@@ -163,7 +163,7 @@ class Consumer:
         cfg = self.config
         check_stream(info, cfg)
         replicas = info.config.num_replicas or 1
-        self.central = CentralJournal(self.js, cfg.stream, cfg.prefix, self.nc.max_payload, cfg.name)
+        self.central = CentralJournal(self.nc, self.js, cfg.stream, cfg.prefix, self.nc.max_payload, cfg.name)
         while not self._stop.is_set():
             try:
                 await self.central.ensure(replicas)

@@ -123,21 +123,37 @@ class Holder:
         return None
 
     async def loop(self, part: Partition, sub: Any, quit_: asyncio.Event) -> None:
-        from nats.errors import Error as NatsError
-        while not quit_.is_set() and self.valid():
+        """Fetch and commit; the next batch is fetched while one commits (acks are per message, so
+        a batch left unacknowledged comes again whatever was fetched after it)."""
+        fetching = asyncio.ensure_future(self.fetch(sub, quit_))
+        try:
+            while not quit_.is_set() and self.valid():
+                msgs = await fetching
+                fetching = asyncio.ensure_future(self.fetch(sub, quit_))
+                if msgs and not await self.commit(part, msgs, quit_):
+                    await self.nak(msgs)  # to the next holder now
+                    if not self.valid() or quit_.is_set():
+                        return
+                part.forget_idle(time.monotonic() - FORGET_AFTER)
+        finally:  # a batch fetched ahead and never taken goes back now, not after --ack-wait
             try:
-                msgs = await sub.fetch(self.config.fetch, timeout=1.0)
-            except asyncio.TimeoutError:
-                continue
-            except NatsError as exc:
-                log.debug("partition %d: fetch: %s", self.k, describe(exc))
-                await wait(quit_, 0.5)
-                continue
-            if not await self.commit(part, msgs, quit_):
-                await asyncio.gather(*(quietly(msg.nak()) for msg in msgs))  # to the next holder now
-                if not self.valid() or quit_.is_set():
-                    return
-            part.forget_idle(time.monotonic() - FORGET_AFTER)
+                ahead = await fetching
+            except asyncio.CancelledError:
+                fetching.cancel()
+                raise
+            await self.nak(ahead)
+
+    async def fetch(self, sub: Any, quit_: asyncio.Event) -> list[Any]:
+        """The next batch of the partition's consumer (empty after a second without one)."""
+        from nats.errors import Error as NatsError
+        try:
+            return await sub.fetch(self.config.fetch, timeout=1.0)
+        except asyncio.TimeoutError:
+            return []
+        except NatsError as exc:
+            log.debug("partition %d: fetch: %s", self.k, describe(exc))
+            await wait(quit_, 0.5)
+            return []
 
     async def commit(self, part: Partition, msgs: list[Any], quit_: asyncio.Event) -> bool:
         """Take, fence, write, flush, settle and acknowledge one batch (the module's docstring);
@@ -182,6 +198,9 @@ class Holder:
     async def ack(self, msgs: list[Any]) -> None:
         for msg in msgs:
             await quietly(msg.ack())
+
+    async def nak(self, msgs: list[Any]) -> None:
+        await asyncio.gather(*(quietly(msg.nak()) for msg in msgs))
 
 
 async def wait(event: asyncio.Event, seconds: float) -> bool:
