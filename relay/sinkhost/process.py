@@ -64,15 +64,17 @@ class SinkProcess:
     def __init__(self, spec: SinkSpec, ingest_idle: threading.Event | None = None,
                  stderr: Callable[[bytes], None] | None = None) -> None:
         """``ingest_idle``, when given, is set while the relay's ingest thread waits for frames: lines
-        go to the child only then (and at shutdown, when the relay sets it for good). ``stderr``,
+        go to the child only then (and at shutdown, when the relay sets it for good); a follower's
+        notices, a few bytes each, go at once, so it reads the journal while a burst goes on (in its
+        own process, at nice 19: on CPU ingest leaves). ``stderr``,
         when given, gets the child's stderr line by line (else it shares the relay's)."""
+        #: a sink that reads the journal itself (``wants_events`` False) is sent only the news of each
+        #: write (relay/sinkhost/notices.py), not its lines
+        self.follows = not load(spec.source or spec.name).wants_events
         self.spec = spec
         self.ingest_idle = ingest_idle
         self.stderr = stderr
         self.name = spec.name
-        #: a sink that reads the journal itself (``wants_events`` False) is sent only the news of each
-        #: write (relay/sinkhost/notices.py), not its lines
-        self.follows = not load(spec.source or spec.name).wants_events
         self.restarts = 0
         self._proc: subprocess.Popen | None = None
         self._child: dict[str, Any] = {}  # the running child's last counters
@@ -226,7 +228,7 @@ class SinkProcess:
                 if not self._restart():
                     return False
                 continue
-            idle = self.ingest_idle
+            idle = None if self.follows else self.ingest_idle  # a notice is a few bytes: it need not wait
             while idle is not None and not idle.is_set():  # re-checked: a wait can end on a set already undone
                 idle.wait()
             try:
