@@ -3,21 +3,25 @@ central relay's journal, against the same publishers writing into the central re
 
 Each round starts fresh relays (one hop: the central alone; two hops: a node relay with
 ``--sink forward --to`` the central) and releases the same pre-encoded frames bench_ingest sends
-(512 metrics events per frame, one rank per publisher process). The clock runs until the central's
+(512 metrics events per frame, one rank per publisher process), once the forward sink is open (its
+process starts beside a relay that already listens: a node relay runs for weeks, and its sink's
+start is not what is measured, as bench_fleet waits for the nats sink). The clock runs until the central's
 journal holds every event (the forwarded lines are the node's own, byte for byte, so that is when
 the file reaches the size the publishers expect). After each two-hop round the central's lines are
 compared with the node's: the target is that they are the same lines, none lost or doubled. Then the
 same node journal is forwarded once more, alone, to a fresh central (a node relay started on a
-journal it has not forwarded yet): the forward sink's own rate, without the burst it shares the
-machine with.
+journal it has not forwarded yet; the clock from its sink's open): the forward sink's own rate,
+without the burst it shares the machine with.
 
     python -m bench.bench_forward [--quick]
 """
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from bench.bench_ingest import _timed_feed
 from bench.common import RelayRun, Sample, Section, alternate_many, cli
@@ -42,13 +46,14 @@ def _two_hops(work: Path, publishers: int, total: int, mismatches: list[int]) ->
     journal = work / f"central-{time.monotonic_ns()}.jsonl"
     node_dir = work / f"node-{time.monotonic_ns()}"
     central = RelayRun(work / "central", ["--path", str(journal)])
-    node = RelayRun(work / "node", ["--path", f"{node_dir}/", "--sink", "forward", "--to", central.address])
+    node = _node(work, node_dir, central.address)
 
     def alive() -> None:
         central.check_alive()
         node.check_alive()
 
     try:
+        sink_open(node, node_dir / "_relay_stats.json", "forward", alive)
         seconds = _timed_feed("dealer", node.address, journal.stem, publishers, total, journal, alive)
     finally:
         node.stop()
@@ -67,8 +72,8 @@ def _forward_alone(work: Path, node_dir: Path, name: str) -> float:
     expected = (node_dir / name).stat().st_size
     central = RelayRun(work / "central", ["--path", str(journal)])
     try:
-        node = RelayRun(work / "node", ["--path", f"{node_dir}/", "--sink", "forward", "--to", central.address])
-        t0 = time.perf_counter()
+        node = _node(work, node_dir, central.address)
+        t0 = sink_open(node, node_dir / "_relay_stats.json", "forward", central.check_alive)
         deadline = time.monotonic() + 120
         try:
             while not journal.exists() or journal.stat().st_size < expected:
@@ -82,6 +87,28 @@ def _forward_alone(work: Path, node_dir: Path, name: str) -> float:
             node.stop()
     finally:
         central.stop()
+
+
+def _node(work: Path, node_dir: Path, central: str) -> RelayRun:
+    return RelayRun(work / "node", ["--path", f"{node_dir}/", "--stats-interval", "0.1", "--sink", "forward",
+                                    "--to", central])
+
+
+def sink_open(relay: RelayRun, stats: Path, sink: str, alive: Callable[[], None]) -> float:
+    """perf_counter() once the relay's stats say ``sink`` is open (its process started and its
+    ``open()`` done, which a relay does beside a relay that already listens): the clock starts
+    there, so what is timed is the sink's work, not its process's start."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if json.loads(stats.read_text())["sinks"][sink]["open"]:
+                return time.perf_counter()
+        except (OSError, ValueError, KeyError):
+            pass
+        relay.check_alive()
+        alive()
+        time.sleep(0.01)
+    raise RuntimeError(f"sink {sink} not open after 120 s: {relay.log_tail()}")
 
 
 def _differ(forwarded: Path, journaled: Path) -> int:

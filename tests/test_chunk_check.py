@@ -15,7 +15,7 @@ from line_helpers import lines as _lines
 from relay.fleet.partition import Partition
 from relay.journal.journal import JournalError
 from relay.wire.lines import ChunkCheck, encode_line, parse_event, parse_line
-from sinks.events import FIELDS
+from sinks.events import ENVELOPE, FIELDS, ROW_FIELDS
 
 
 def test_a_chunk_check_accepts_exactly_what_parse_event_accepts() -> None:
@@ -30,6 +30,10 @@ def test_a_chunk_check_accepts_exactly_what_parse_event_accepts() -> None:
                     and (run is None or event["run"] == run)]
         assert [(line, envelope + row) for line, envelope, row in got] == \
             [(line, tuple(event[k] for k in FIELDS)) for line, event in expected]
+        grouped: dict[tuple, list[tuple]] = {}
+        for _, event in expected:
+            grouped.setdefault(tuple(event[k] for k in ENVELOPE), []).append(tuple(event[k] for k in ROW_FIELDS))
+        assert ChunkCheck(lambda *_: None).rows(lines, run) == grouped
         keys = ChunkCheck(lambda *_: None).keys(lines)
         assert [(line, key) for line, key in keys if run is None or key[0] == run] == \
             [(line, (event["run"], event["rank"], event["seq"])) for line, event in expected]

@@ -1,6 +1,6 @@
 """The forward sink's reading of journal lines: which lines are events, and each event as what is
-sent, (envelope, compact prefix, row). No sockets, no window: relay/forward/sender.py holds what this
-gives.
+sent, (envelope, compact prefix, row), grouped by envelope. No sockets, no window:
+relay/forward/sender.py holds what this gives.
 
 Which lines are events is ``relay.wire.lines.ChunkCheck``'s answer (each line decoded and checked
 in C, relay/wire/typed_lines.py), the consuming relays' own. A line that is not an event is reported
@@ -18,7 +18,7 @@ from sinks.events import ENVELOPE, from_json_metrics
 
 MAX_PREFIXES = 4096
 
-Item = tuple[tuple, bytes, tuple]  # (envelope, its compact prefix, row)
+Group = tuple[tuple, bytes, list[tuple]]  # (envelope, its compact prefix, its events' rows in order)
 
 
 class LineReader:
@@ -28,16 +28,20 @@ class LineReader:
         self.check = ChunkCheck(bad)
         self._prefixes: dict[tuple, bytes] = {}
 
-    def events(self, lines: list[bytes], run: str | None) -> list[Item]:
-        """The events of ``lines`` (those of ``run`` only, if given), in order, each checked."""
-        prefixes, items = self._prefixes, []
+    def events(self, lines: list[bytes], run: str | None) -> list[Group]:
+        """The events of ``lines`` (those of ``run`` only, if given), checked, grouped by envelope
+        (each rank's in their order)."""
         blob = b"".join(lines)
-        nonfinite = b'"NaN"' in blob or b'Infinity"' in blob  # one scan for the chunk, not one per line
-        for line, envelope, row in self.check.events(lines, run):
-            if nonfinite and row[2] == "metrics" and (b'"NaN"' in line or b'Infinity"' in line):
-                row = (*row[:6], from_json_metrics(row[6]))
-            items.append((envelope, prefixes.get(envelope) or self._prefix(envelope), row))
-        return items
+        if b'"NaN"' in blob or b'Infinity"' in blob:  # one scan for the chunk, not one per line
+            groups: dict[tuple, list[tuple]] = {}
+            for line, envelope, row in self.check.events(lines, run):
+                if row[2] == "metrics" and (b'"NaN"' in line or b'Infinity"' in line):
+                    row = (*row[:6], from_json_metrics(row[6]))
+                groups.setdefault(envelope, []).append(row)
+        else:
+            groups = self.check.rows(lines, run)
+        prefixes = self._prefixes
+        return [(envelope, prefixes.get(envelope) or self._prefix(envelope), rows) for envelope, rows in groups.items()]
 
     def _prefix(self, envelope: tuple) -> bytes:
         if len(self._prefixes) >= MAX_PREFIXES:

@@ -16,7 +16,10 @@ import itertools
 import logging
 from typing import Callable
 
+import msgspec
+
 from relay.client.send_window import MAX_BACKOFF, MAX_BATCH_BYTES, MAX_BATCH_EVENTS
+from relay.wire.encoding import array_header
 
 log = logging.getLogger(__name__)
 
@@ -27,22 +30,33 @@ STALL_S = 5.0
 MAX_GAPS = 16  # gaps remembered per stream, the newest kept
 
 
+#: A rank's consecutive events as the window holds them: (first seq, how many, the envelope's compact
+#: prefix, their rows packed back to back), sent in one frame with any neighbours of the same prefix.
+Segment = tuple[int, int, bytes, bytes]
+
+
+_encode, _decode = msgspec.msgpack.Encoder().encode, msgspec.msgpack.Decoder().decode
+
+
 class Stream:
-    """One (run, rank): ``held`` are (seq, prefix, row) not yet acknowledged, oldest first; the
-    first ``sent`` of them were handed to the connection since the last rewind."""
+    """One (run, rank): ``held`` are the segments not yet acknowledged, oldest first; the first
+    ``sent`` of them were handed to the connection since the last rewind."""
 
     __slots__ = ("acked", "held", "sent", "expect", "gaps", "upto", "backoff", "last_progress", "last_send",
                  "last_ack")
 
     def __init__(self, acked: int, resend_after: float) -> None:
         self.acked = acked  # the central holds every seq below (or this node gave up on them, counted)
-        self.held: collections.deque[tuple[int, bytes, bytes]] = collections.deque()
+        self.held: collections.deque[Segment] = collections.deque()
         self.sent = 0
         self.expect = acked  # the seq the next event read should have, if the journal has no gap
         self.gaps: list[int] = []  # first seqs of ranges this node never had (or could not send)
         self.upto = -1  # the central's latest ack on this connection (-1: none yet)
         self.backoff = resend_after
         self.last_progress = self.last_send = self.last_ack = 0.0
+
+    def events_sent(self) -> int:
+        return sum(count for _, count, _, _ in itertools.islice(self.held, self.sent))
 
 
 class ForwardWindow:
@@ -73,15 +87,20 @@ class ForwardWindow:
         return stream
 
     def hold(self, key: Key, stream: Stream, seq: int, prefix: bytes, row: bytes) -> None:
-        """Keep one event (seq not below ``stream.acked``) until the central acknowledges it."""
-        if seq > stream.expect:  # the journal lacks stream.expect .. seq - 1
+        """Keep one event (seq not below ``stream.acked``, ``row`` packed) until the central acknowledges it."""
+        self.hold_segment(key, stream, seq, 1, prefix, row)
+
+    def hold_segment(self, key: Key, stream: Stream, first: int, count: int, prefix: bytes, rows: bytes) -> None:
+        """Keep events ``first`` .. ``first + count - 1`` (not below ``stream.acked``), their rows
+        packed back to back in ``rows``, until the central acknowledges them."""
+        if first > stream.expect:  # the journal lacks stream.expect .. first - 1
             stream.gaps = (stream.gaps + [stream.expect])[-MAX_GAPS:]
-        stream.expect = max(stream.expect, seq + 1)
+        stream.expect = max(stream.expect, first + count)
         if not stream.held:
             self.active[key] = stream
-        stream.held.append((seq, prefix, row))
-        self.events += 1
-        self.bytes += len(row)
+        stream.held.append((first, count, prefix, rows))
+        self.events += count
+        self.bytes += len(rows)
 
     def ack(self, key: Key, upto: int, now: float) -> None:
         """The central journaled every seq of ``key`` below ``upto``."""
@@ -93,14 +112,22 @@ class ForwardWindow:
         stream.acked = upto
         stream.expect = max(stream.expect, upto)
         held = stream.held
-        popped = 0
+        popped = segments = 0
         while held and held[0][0] < upto:
-            self.bytes -= len(held.popleft()[2])
-            popped += 1
+            first, count, prefix, rows = held.popleft()
+            if first + count > upto:  # acknowledged in part (after a loss): the rest stays, packed again
+                left = _decode(array_header(count) + rows)[upto - first:]
+                held.appendleft((upto, len(left), prefix, _encode(left)[len(array_header(len(left))):]))
+                self.bytes -= len(rows) - len(held[0][3])
+                popped += count - len(left)
+                break
+            self.bytes -= len(rows)
+            popped += count
+            segments += 1
         if popped:
             self.events -= popped
             self.acked += popped
-            stream.sent = max(0, stream.sent - popped)
+            stream.sent = max(0, stream.sent - segments)
             stream.last_progress = now
             stream.backoff = self.resend_after
             if not held:
@@ -108,21 +135,22 @@ class ForwardWindow:
 
     def rewind(self, why: str) -> None:
         """Send every stream again from its oldest held event: what was in flight may be lost."""
-        resent = sum(stream.sent for stream in self.active.values())
+        resent = sum(stream.events_sent() for stream in self.active.values())
         if resent:
             log.debug("resending %d unacknowledged events (%s)", resent, why)
         self.resent += resent
         for stream in self.active.values():
             stream.sent = 0
 
-    def pump(self, now: float, send: Callable[[bytes, list[bytes]], bool]) -> None:
+    def pump(self, now: float, send: Callable[[bytes, list[bytes], int], bool]) -> None:
         """Per stream: rewind if its acks stalled for its backoff (then double it); then hand every
-        held event not yet sent to ``send(prefix, rows)``, a batch of one envelope at a time, until
-        it refuses one (not connected, or its queue is full)."""
+        held event not yet sent to ``send(prefix, rows, count)`` (``count`` events' rows packed back
+        to back in the pieces ``rows``), a batch of one envelope at a time, until it refuses one
+        (not connected, or its queue is full)."""
         for stream in self.active.values():
             held = stream.held
             if stream.sent and now - stream.last_progress > stream.backoff:
-                self.resent += stream.sent
+                self.resent += stream.events_sent()
                 stream.sent = 0
                 stream.last_progress = now
                 stream.backoff = min(stream.backoff * 2, MAX_BACKOFF)
@@ -130,20 +158,21 @@ class ForwardWindow:
                 continue
             if not stream.sent:
                 stream.last_progress = now  # the ack timeout runs from the send, not from an idle spell
-            prefix, rows, size = b"", [], 0
-            for _, pre, row in itertools.islice(held, stream.sent, None):
-                if rows and (pre is not prefix or len(rows) >= MAX_BATCH_EVENTS or size + len(row) > MAX_BATCH_BYTES):
-                    if not send(prefix, rows):
+            prefix, pieces, count, size = b"", [], 0, 0
+            for _, n, pre, rows in itertools.islice(held, stream.sent, None):
+                if pieces and (pre is not prefix or count + n > MAX_BATCH_EVENTS or size + len(rows) > MAX_BATCH_BYTES):
+                    if not send(prefix, pieces, count):
                         return
-                    stream.sent += len(rows)
+                    stream.sent += len(pieces)
                     stream.last_send = now
-                    rows, size = [], 0
+                    pieces, count, size = [], 0, 0
                 prefix = pre
-                rows.append(row)
-                size += len(row)
-            if not send(prefix, rows):
+                pieces.append(rows)
+                count += n
+                size += len(rows)
+            if not send(prefix, pieces, count):
                 return
-            stream.sent += len(rows)
+            stream.sent += len(pieces)
             stream.last_send = now
 
     def release_stalled(self, now: float) -> list[tuple[Key, int, int]]:
@@ -160,10 +189,11 @@ class ForwardWindow:
             parked = stream.upto in stream.gaps or 0 <= stream.upto < stream.acked
             if (parked and stream.sent >= len(stream.held)
                     and stream.last_send < stream.last_ack and now - stream.last_ack >= STALL_S):
-                n = len(stream.held)
+                n = sum(count for _, count, _, _ in stream.held)
                 gap = stream.upto
-                stream.acked = max(stream.acked, stream.held[-1][0] + 1)
-                self.bytes -= sum(len(row) for _, _, row in stream.held)
+                last, count, _, _ = stream.held[-1]
+                stream.acked = max(stream.acked, last + count)
+                self.bytes -= sum(len(rows) for _, _, _, rows in stream.held)
                 self.events -= n
                 self.unconfirmed += n
                 stream.held.clear()

@@ -32,16 +32,18 @@ def encode_event(event: dict[str, Any]) -> bytes:
     return msgpack.packb(event, default=_default, use_bin_type=True)
 
 
+def array_header(n: int) -> bytes:
+    """The msgpack array header of ``n`` items: what goes before items packed back to back."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
 def encode_batch(encoded_events: list[bytes]) -> bytes:
     """Join already-encoded events into one frame: a msgpack array of maps."""
-    n = len(encoded_events)
-    if n < 16:
-        header = bytes((0x90 | n,))
-    elif n < 1 << 16:
-        header = b"\xdc" + n.to_bytes(2, "big")
-    else:
-        header = b"\xdd" + n.to_bytes(4, "big")
-    return header + b"".join(encoded_events)
+    return array_header(len(encoded_events)) + b"".join(encoded_events)
 
 
 def compact_prefix(envelope: dict[str, Any]) -> bytes:

@@ -62,6 +62,7 @@ envelope_of = attrgetter(*ENVELOPE)
 row_of = attrgetter(*ROW_FIELDS)
 #: (run, rank, seq): what dedupe needs.
 key_of = attrgetter("run", "rank", "seq")
+run_of = attrgetter("run")
 
 _decode = msgspec.json.Decoder(Line).decode
 _runs: set[str] = set()  # run ids RUN_ID_RE passed
@@ -73,7 +74,7 @@ def decode(lines: list[bytes]) -> list[Line | None]:
         items: list[Line | None] = [_decode(line) for line in lines]
     except msgspec.DecodeError:  # (a ValidationError too) some line is not one: line by line
         items = [_one(line) for line in lines]
-    runs = {item.run for item in items if item is not None}
+    runs = set(map(run_of, filter(None, items)))
     if runs <= _runs:
         return items
     bad = {run for run in runs if not _valid_run(run)}
