@@ -19,6 +19,7 @@ import zmq
 from bench import procs
 from bench.common import RelayRun, Sample, alternate, free_port, machine, table
 from relay.client.publisher import Publisher
+from relay.wire import auth
 from relay.journal.journal import Journal
 
 LOG = {"loss": 1.234, "grad_norm": 0.56, "learning_rate": 2e-5, "epoch": 0.5, "entropy": 1.9,
@@ -34,6 +35,7 @@ def publish_cost(calls: int, rounds: int) -> list[dict]:
         ctx = zmq.Context()
         raw = ctx.socket(zmq.DEALER)
         raw.setsockopt(zmq.LINGER, 0)
+        auth.secure_client(raw, relay.address)
         raw.connect(relay.address)
         host = socket.gethostname()
         state = {"seq": 0, "step": 0}
@@ -85,6 +87,7 @@ def ingest_rate(events: int, rounds: int) -> list[dict]:
             ctx = zmq.Context()
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.SNDHWM, 0)
+            auth.secure_client(sock, relay.address)
             sock.connect(relay.address)
             time.sleep(0.2)
             t0 = time.perf_counter()

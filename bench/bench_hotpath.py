@@ -26,6 +26,7 @@ import msgpack
 import zmq
 
 from bench.common import RelayRun, Section, alternate_many, cli, free_port
+from relay.wire import auth
 
 LOGS = {"loss": 1.234, "grad_norm": 0.56, "learning_rate": 2e-5, "epoch": 0.5, "entropy": 1.9,
         "mean_token_accuracy": 0.61, "num_tokens": 123456.0}
@@ -62,6 +63,7 @@ class RawSend:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        auth.secure_client(self.sock, address)
         self.sock.connect(address)
         self.host = socket.gethostname()
         self.seq = 0

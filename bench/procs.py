@@ -21,7 +21,7 @@ import msgpack
 import orjson
 import zmq
 
-from relay.wire import encoding
+from relay.wire import auth, encoding
 from sinks.events import ENVELOPE, ROW_FIELDS
 
 FRAME_EVENTS = 512  # what a Publisher puts in one frame at most
@@ -54,6 +54,8 @@ def feed(kind: str, address: str, run: str, rank: int, events: int) -> None:
     sock = ctx.socket(zmq.DEALER if kind == "dealer" else zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.LINGER, 60_000)  # bounded: close waits until everything is out
+    if kind == "dealer":
+        auth.secure_client(sock, address)  # as a Publisher does (the user's secret on TCP)
     sock.connect(address)
     blobs, size = frames(run, rank, events)
     _ready_then_wait(str(size))

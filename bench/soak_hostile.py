@@ -26,7 +26,7 @@ from typing import Any, Callable
 import msgpack
 import zmq
 
-from relay.wire import encoding, schema
+from relay.wire import auth, encoding, schema
 from sinks.events import ENVELOPE
 
 HOST = "soak-hostile"
@@ -198,6 +198,7 @@ def serve(address: str, good_run: str, ranks: int, rate: float, seed: int, skip:
     sock.setsockopt(zmq.IMMEDIATE, 1)  # a send while the relay is down fails here, counted as blocked
     sock.setsockopt(zmq.SNDHWM, 100)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    auth.secure_client(sock, address)  # a process of the job's user, holding its secret
     sock.connect(address)
     sent: collections.Counter[str] = collections.Counter()
     blocked: collections.Counter[str] = collections.Counter()

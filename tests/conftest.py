@@ -1,4 +1,9 @@
-"""Fixtures that start real relay processes and real publisher processes on loopback."""
+"""Fixtures that start real relay processes and real publisher processes on loopback.
+
+Every test runs as a user would, with the user's relay secret (relay/wire/secret.py) made on first
+use, but in a config folder of the test run's own (``XDG_CONFIG_HOME``, inherited by every relay and
+publisher process the tests start), never the real user's; none of the user's RELAY_SECRET,
+RELAY_SECRET_FILE or RELAY_OPEN leaks in."""
 from __future__ import annotations
 
 import contextlib
@@ -31,6 +36,36 @@ def pytest_configure(config: pytest.Config) -> None:
     """The suite's cost per test and tier (tests/budget.py) and its skip policy (tests/skip_policy.py)."""
     config.pluginmanager.register(budget.Budget(config), "suite-budget")
     config.pluginmanager.register(skip_policy.SkipPolicy(config), "suite-skip-policy")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_relay_secret(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The user's config folder, as every relay and client finds it, is the test run's own."""
+    saved = {k: os.environ.pop(k, None) for k in ("RELAY_SECRET", "RELAY_SECRET_FILE", "RELAY_OPEN",
+                                                  "XDG_CONFIG_HOME")}
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))
+    yield
+    for key, value in saved.items():
+        os.environ.pop(key, None)
+        if value is not None:
+            os.environ[key] = value
+
+
+def raw_socket(ctx: "zmq.Context", address: str, kind: int | None = None, **options: int) -> "zmq.Socket":
+    """A raw socket (a DEALER by default) connected to the relay at ``address`` that proves itself as
+    a Publisher does (relay/wire/auth.py: the user's secret on TCP), so a test plays a peer of the
+    job's own user; LINGER 0, and ``options`` (zmq option names: SNDHWM=0) set before it connects."""
+    import zmq
+
+    from relay.wire import auth
+
+    sock = ctx.socket(zmq.DEALER if kind is None else kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    for name, value in options.items():
+        sock.setsockopt(getattr(zmq, name), value)
+    auth.secure_client(sock, address)
+    sock.connect(address)
+    return sock
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -12,13 +12,14 @@ import time
 
 import zmq
 
-from relay.wire import encoding, schema
+from relay.wire import auth, encoding, schema
 
 address, run, rank, kind = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 prefix = encoding.compact_prefix({"v": 1, "run": run, "rank": rank, "local_rank": 0, "world_size": 1, "host": "flood"})
 text = "a" * (schema.MAX_FRAME_BYTES - 1024) if kind == "text" else "\x01" * ((schema.MAX_LINE_BYTES - 1024) // 6)
 ctx = zmq.Context()
 sock = ctx.socket(zmq.DEALER)
+auth.secure_client(sock, address)  # as a job's own process would
 sock.connect(address)
 print("ready", flush=True)
 seq = 0

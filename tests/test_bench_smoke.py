@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.slow  # whole benchmark / soak processes: the full tier only
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ["hotpath", "ingest", "latency", "scale", "aim", "core", "transport", "forward", "sink_mlflow",
+SECTIONS = ["hotpath", "ingest", "auth", "latency", "scale", "aim", "core", "transport", "forward", "sink_mlflow",
             "sink_tensorboard", "sink_wandb", "sink_clearml", "viewers"]
 
 

@@ -79,27 +79,67 @@ def test_a_frame_is_journaled_once_and_acknowledged_only_after_the_commit(ingest
 
 def test_acks_go_to_each_streams_owner_one_message_per_connection(ingest) -> None:
     relay, acks = ingest()
+    live = {b"a", b"b"}
+    relay.connected = live.__contains__  # what the relay's socket says of each routing id
     relay.take_frame(b"a", compact("run", 0, range(3)), now=1.0)
     relay.take_frame(b"a", compact("other", 0, range(2)), now=1.0)
     relay.take_frame(b"b", compact("run", 1, range(5)), now=1.0)
-    relay.take_frame(b"b", compact("run", 0, range(3, 9)), now=1.0)  # a's stream, a live: refused
+    relay.take_frame(b"b", compact("run", 0, range(3, 9)), now=1.0)  # a's stream, a connected: refused
     relay.commit(now=1.1)
     assert acks == {b"a": [[("other", 0, 2), ("run", 0, 3)]], b"b": [[("run", 1, 5)]]}
-    assert relay.counters.rejected == {"not_owner": 1}
-    relay.peer_gone(b"a")  # a's connection closed: its streams pass to whoever sends next
+    assert relay.counters.rejected == {"not_owner": 1} and relay.counters.owners_released == 0
+    live.discard(b"a")  # a's connection is gone: its streams pass to the next to send for one
     relay.take_frame(b"b", compact("run", 0, range(3, 9)), now=2.0)
     relay.commit(now=2.1)
     assert acks[b"b"][-1] == [("run", 0, 9)] and relay.counters.owners_released == 2
 
 
-def test_a_connection_that_becomes_an_owner_is_reported_once(ingest) -> None:
-    relay, _ = ingest()
-    owners: list[bytes] = []
-    relay.claimed = owners.append
+def test_an_owner_is_asked_about_only_when_another_connection_wants_its_stream(ingest) -> None:
+    """Whether an owner is connected is asked of the socket at that moment, never learned from an
+    earlier report: its own frames, and other streams' frames, ask nothing."""
+    relay, acks = ingest()
+    asked: list[bytes] = []
+    relay.connected = lambda peer: asked.append(peer) or True
     relay.take_frame(b"a", compact("run", 0, range(2)), now=1.0)
     relay.take_frame(b"a", compact("run", 0, range(2, 4)), now=1.0)
     relay.take_frame(b"b", compact("run", 1, range(2)), now=1.0)
-    assert owners == [b"a", b"b"]
+    assert asked == []
+    relay.take_frame(b"c", compact("run", 0, range(4, 6)), now=1.0)
+    assert asked == [b"a"] and relay.counters.rejected == {"not_owner": 1}
+    relay.commit(now=1.1)
+    assert acks == {b"a": [[("run", 0, 4)]], b"b": [[("run", 1, 2)]]}
+
+
+def test_a_stream_whose_owner_is_gone_passes_to_the_first_connection_refused_it_meanwhile(ingest) -> None:
+    """b asked while a looked connected (the relay had not yet seen a's end): when c sends once a is
+    gone, the stream is kept for b, which resends; c is refused. Frames' order decides, not when the
+    relay learns that a connection ended."""
+    relay, acks = ingest()
+    live = {b"a", b"b", b"c"}
+    relay.connected = live.__contains__
+    relay.take_frame(b"a", compact("run", 0, range(1)), now=1.0)
+    relay.take_frame(b"b", compact("run", 0, range(1, 2)), now=1.1)  # a connected: refused, b waits
+    live.discard(b"a")
+    relay.take_frame(b"c", compact("run", 0, range(2, 3)), now=1.2)  # a gone: kept for b, c refused
+    relay.take_frame(b"b", compact("run", 0, range(1, 2)), now=1.3)  # b's resend is taken
+    relay.commit(now=1.4)
+    assert acks == {b"b": [[("run", 0, 2)]]} and relay.counters.rejected == {"not_owner": 2}
+    assert journaled(relay) == [("run", 0, 0), ("run", 0, 1)]
+    live.discard(b"b")
+    relay.take_frame(b"c", compact("run", 0, range(2, 3)), now=2.0)  # b gone, c refused since: c's turn
+    relay.commit(now=2.1)
+    assert acks[b"c"] == [[("run", 0, 3)]] and relay.counters.owners_released == 2
+
+
+def test_a_refused_handshake_is_counted_each_time_and_reported_once_a_minute(ingest, caplog) -> None:
+    relay, _ = ingest()
+    for t in (1.0, 2.0, 3.0, 62.0):
+        relay.refuse_connection("a peer failed the CURVE handshake", now=t)
+    assert relay.counters.rejected == {"auth_failed": 4}
+    reported = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert len(reported) == 2 and "3 refused since the last report" in reported[1]
+    letters = [orjson.loads(line) for line in relay.deadletters.path.read_bytes().splitlines()]
+    assert [(letter["reason"], letter["size"]) for letter in letters] == [("auth_failed", 0)] * 2
 
 
 def test_refused_frames_are_counted_dead_lettered_and_never_acknowledged(ingest) -> None:

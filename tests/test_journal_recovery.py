@@ -10,7 +10,7 @@ import orjson
 import pytest
 import zmq
 
-from conftest import finish, read_jsonl, start_publisher, wait_for
+from conftest import finish, read_jsonl, start_publisher, wait_for, raw_socket
 from relay.wire import encoding, schema
 from relay.client.publisher import Publisher
 from relay.journal.journal import Journal
@@ -75,8 +75,7 @@ def test_a_torn_tail_longer_than_a_mebibyte_cuts_only_itself(relays, tmp_path, l
 def _send(address: str, events: list[dict]) -> int:
     """One frame from a raw connection; the relay's ack for (run, rank) of the first event."""
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(address)
+    sock = raw_socket(ctx, address)
     try:
         sock.send(encoding.encode_frame(events))
         assert sock.poll(15_000), "no ack"
@@ -153,8 +152,7 @@ def test_an_event_whose_line_would_pass_the_bound_is_refused_and_the_publisher_d
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
     ctx = zmq.Context()
-    raw = ctx.socket(zmq.DEALER)
-    raw.connect(relay.address)
+    raw = raw_socket(ctx, relay.address)
     raw.send(_frame_of({"s": "\x01" * 400_000}))
     fits = (schema.MAX_LINE_BYTES - 1000) // 6
     raw.send(_frame_of({"s": "\x01" * fits}))

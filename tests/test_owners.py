@@ -1,11 +1,10 @@
-"""Stream ownership and drop claims as socket-free state machines (relay/journal/dedupe.py, relay/daemon/peers.py):
+"""Stream ownership and drop claims as socket-free state machines (relay/journal/dedupe.py):
 the rules docs/security.md states, in milliseconds; tests/hostile/test_local_peer.py tries them
 against a real relay."""
 from __future__ import annotations
 
 from relay.journal.dedupe import JOURNAL, OWNER_SILENCE, Dedupe, RankState
 from relay.journal.journal import Seen
-from relay.daemon.peers import Connections
 
 
 def test_a_stream_belongs_to_its_sender_until_it_is_gone_or_silent():
@@ -50,11 +49,3 @@ def test_a_drop_report_recovered_from_the_journal_binds_no_connection():
     assert state.floor == 10 and state.ack_for(b"client") == 10
     assert state.claims is not None and state.claims[0].peer == JOURNAL
     assert state.take(5, b"late") and state.ack_for(b"late") == 4, "a late 5 is still taken, acked as far as durable"
-
-
-def test_a_reused_descriptor_means_its_former_peer_is_gone():
-    conns = Connections()
-    assert conns.arrived(b"a", 7) is None and conns.arrived(b"a", 7) is None
-    assert conns.arrived(b"b", 7) == b"a", "fd 7 closed and reused: a is gone"
-    assert conns.closed(7) == b"b" and conns.closed(7) is None
-    assert conns.fd_of == {} and conns.on_fd == {}

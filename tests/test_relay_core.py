@@ -16,7 +16,7 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import finish, free_port, line_count, plugin_env, read_jsonl, start_publisher, wait_for
+from conftest import finish, free_port, line_count, plugin_env, read_jsonl, start_publisher, wait_for, raw_socket
 from relay.wire import encoding, schema
 from relay.client.publisher import Publisher
 from sinks.events import from_json_metrics
@@ -112,8 +112,7 @@ def test_malformed_frames_are_rejected_with_reasons_and_valid_ones_survive(relay
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
     ctx = zmq.Context()
     ctx.setsockopt(zmq.LINGER, 0)  # the hostile frame below is never delivered: don't wait for it at exit
-    raw = ctx.socket(zmq.DEALER)
-    raw.connect(relay.address)
+    raw = raw_socket(ctx, relay.address)
     pub = Publisher("good", 0, address=relay.address)
     bad_utf8 = b"\x81\xa4data\xa2\xff\xfe"  # {"data": <str with invalid UTF-8>}
     bad_frames = {
@@ -136,8 +135,7 @@ def test_malformed_frames_are_rejected_with_reasons_and_valid_ones_survive(relay
         schema.decode_frame(noise)
     raw.send(noise)
     raw.send_multipart([b"two", b"parts"])
-    hostile = ctx.socket(zmq.DEALER)  # beyond the transport bound ZeroMQ drops this connection
-    hostile.connect(relay.address)
+    hostile = raw_socket(ctx, relay.address)  # beyond the transport bound ZeroMQ drops this connection
     hostile.send(b"\x00" * (schema.MAX_TRANSPORT_BYTES + 1))
     raw.send(encoding.encode_frame([_raw_event(seq=0, data={"ok": 1.0})]))
     for i in range(len(bad_frames), len(bad_frames) + 50):
@@ -257,8 +255,7 @@ def test_idle_run_is_forgotten_and_rebuilt_from_journal(relays, tmp_path, layout
                     "--stats-interval", "0.2"])
     events = [_raw_event(run="idle", seq=s, data={"i": s}) for s in range(10)]
     ctx = zmq.Context()
-    raw = ctx.socket(zmq.DEALER)
-    raw.connect(relay.address)
+    raw = raw_socket(ctx, relay.address)
     raw.send(encoding.encode_frame(events[:6]))
     wait_for(lambda: "run idle idle for" in relay.log.read_text(), 15, "the silent run was forgotten")
     raw.send(encoding.encode_frame(events))  # a late resend of everything, plus new ones

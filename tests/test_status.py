@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from conftest import ROOT, finish, free_port, line_count, plugin_env, read_jsonl, start_publisher, wait_for
+from conftest import ROOT, finish, free_port, line_count, plugin_env, read_jsonl, start_publisher, wait_for, raw_socket
 from relay.daemon.status import ANSWER_RATE, STATUS_REQUEST
 
 CLEAR = "\r\x1b[K"
@@ -100,8 +100,7 @@ def test_live_line_on_a_terminal_is_redrawn_in_place_and_logs_pass_above_it(tmp_
         relay.resize(50)  # and what does not fit even so is cut to the width
         wait_for(lambda: relay.draws()[-1].endswith("...") and len(relay.draws()[-1]) == 49, 30, "a cut line")
         relay.resize(200)
-        raw = zmq.Context.instance().socket(zmq.DEALER)
-        raw.connect(relay.address)
+        raw = raw_socket(zmq.Context.instance(), relay.address)
         raw.send(b"\xc1 not msgpack")  # a rejected frame: the relay logs a warning while the line is up
         wait_for(lambda: "rejected frame" in relay.text(), 30, "the warning")
         raw.close(0)
@@ -208,10 +207,7 @@ def test_relay_status_errors_are_one_line_with_their_exit_code(tmp_path):
 def test_a_flood_of_status_requests_costs_a_publisher_nothing_and_rejects_nothing(relays, tmp_path):
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
-    flood = zmq.Context.instance().socket(zmq.DEALER)
-    flood.setsockopt(zmq.SNDHWM, 0)
-    flood.setsockopt(zmq.LINGER, 0)
-    flood.connect(relay.address)
+    flood = raw_socket(zmq.Context.instance(), relay.address, SNDHWM=0)
     requests = 20_000
     pub = start_publisher(relay.address, "steady", 0, 5000, rate=2000)
     started = time.monotonic()

@@ -61,6 +61,17 @@ def test_bad_input_stops_before_loading_the_model(demo_model: Path, tmp_path: Pa
     assert "Loading weights" not in done.stderr and not out.exists(), "validation must come before any loading"
 
 
+@pytest.mark.slow  # a trainer process (transformers' import alone takes seconds)
+def test_a_relay_secret_it_cannot_use_stops_the_job_before_loading_the_model(demo_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_trainer(on_demo(demo_model, out, "--response_template", "\\n### Response:", "--relay_address",
+                               "tcp://127.0.0.1:5557"), timeout=120, RELAY_SECRET="hunter2")
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = error_lines(done.stderr)
+    assert len(errors) == 1 and "--relay_address: $RELAY_SECRET holds 7 characters, fewer than 16" in errors[0], errors
+    assert "Loading weights" not in done.stderr and not out.exists()
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: track(None), "metrics must be a dict of name -> number, got NoneType"),
     (lambda: track([("loss", 1.0)]), "metrics must be a dict"),

@@ -315,11 +315,13 @@ def validate(
     if tracking.wandb_mode not in ("offline", "online"):
         raise UsageError(f"--wandb_mode: {tracking.wandb_mode!r} must be offline or online")
     if tracking.relay_address is not None:
+        from relay.wire import auth
         from relay.wire.address import BadAddress, check_connect_address
 
         try:
             check_connect_address(tracking.relay_address)
-        except BadAddress as exc:
+            auth.check(tracking.relay_address)  # the relay secret, before anything trains
+        except (BadAddress, ValueError) as exc:  # ValueError: secret.SecretError
             raise UsageError(f"--relay_address: {exc}") from None
     for name in ("relay_flush_timeout", "relay_start_timeout", "relay_exit_timeout"):
         if not getattr(tracking, name) > 0:

@@ -222,8 +222,14 @@ def main() -> None:
               help="At shutdown, wait this long at most for the sinks to apply what the journal took (a progress "
                    "line every 5 s); then say which lack how many events and the relay replay command that "
                    "completes them.")
+@click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), envvar="RELAY_SECRET_FILE",
+              help="The relay secret a TCP peer must hold (created 0600 if missing). Default: $RELAY_SECRET, "
+                   "else ~/.config/metrics-relay/secret; ranks find the same (docs/security.md).")
+@click.option("--open", "run_open", is_flag=True, envvar="RELAY_OPEN",
+              help="On TCP, take events from any peer that can connect: no secret, no encryption (clients need "
+                   "RELAY_OPEN=1 too).")
 @click.option("--curve-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="The relay's CURVE secret certificate (relay keygen): encrypt a non-loopback relay.")
+              help="The relay's CURVE secret certificate (relay keygen), instead of keys from the secret.")
 @click.option("--curve-clients", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Directory of client public certificates (*.key): only these may publish.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
@@ -235,12 +241,14 @@ def main() -> None:
 def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_interval: float,
           stats_interval: float, sink_queue: int, forget_after: float, run_rate: float, max_runs: int,
           max_memory: int, cluster: bool, straggler_factor: float, straggler_steps: int, rank_silence: float,
-          ready_file: Path | None, watch_pid: int | None, shutdown_timeout: float,
+          ready_file: Path | None, watch_pid: int | None, shutdown_timeout: float, secret_file: Path | None,
+          run_open: bool,
           curve_cert: Path | None, curve_clients: Path | None, log_level: str, world_readable: bool, live: str,
           **sink_params: Any) -> None:
     """Run the relay until SIGINT/SIGTERM."""
     from relay.daemon.cross_rank import ClusterConfig
     from relay.daemon.config import RelayConfig
+    from relay.daemon.gate import AuthError
     from relay.daemon.loop import Relay
     from relay.sinkhost.process import check_sinks
 
@@ -251,7 +259,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
                          sink_queue=sink_queue, forget_after=forget_after, run_rate=run_rate, max_runs=max_runs,
                          max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
                          shutdown_timeout=shutdown_timeout,
-                         curve_cert=curve_cert, curve_clients=curve_clients,
+                         curve_cert=curve_cert, curve_clients=curve_clients, open=run_open, secret_file=secret_file,
                          cluster=ClusterConfig(straggler_factor, straggler_steps, rank_silence) if cluster else None)
     try:  # every check before the relay listens: a bad option stops it before any training starts
         journal, sinks = build_sinks(ctx, sink_params, log_level)
@@ -259,12 +267,13 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
         _fail(EXIT_USAGE, str(exc))
     relay = Relay(config, journal, sinks)
     try:  # a relay that stops here leaves nothing behind: no journal lock, no empty journal folder
+        relay.check_gate()
         relay.open_journal()
         check_sinks(sinks, journal.path)
         relay.live = line
         relay.bind()
         start_metrics(relay, sink_params)  # --metrics-bind (its options: relay/cli/metrics_flags.py)
-    except (SinkError, JournalError, AddressInUse, BadAddress) as exc:
+    except (SinkError, JournalError, AddressInUse, BadAddress, AuthError) as exc:
         journal.abandon()
         if isinstance(exc, AddressInUse):
             _fail(EXIT_ADDRESS_IN_USE, f"{exc}; stop the other relay or choose another address")

@@ -17,6 +17,10 @@ class RelayConfig:
     watch_pid: int | None = None
     curve_cert: Path | None = None
     curve_clients: Path | None = None
+    #: on TCP, take events from any peer (no secret, no CURVE): relay/daemon/gate.py
+    open: bool = False
+    #: the relay secret's file (None: $RELAY_SECRET, $RELAY_SECRET_FILE, else the user's config folder)
+    secret_file: Path | None = None
     shutdown_timeout: float = 10.0
     forget_after: float = 3600.0
     #: new run ids one connection may start per minute (and at once): a flood beyond is refused

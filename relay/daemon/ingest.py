@@ -9,8 +9,9 @@ rank RELAY_RANK. A frame that is refused is counted and dead-lettered, never ack
 
 No socket and no clock of its own: the caller passes each frame with its connection's identity
 and the time; the daemon's loop (relay/daemon/loop.py) reads them off its ROUTER socket, the
-fuzzer and the tests hand them in directly. ``claimed`` is how the loop learns that a connection
-became a stream's owner (to see it disconnect, relay/daemon/peers.py).
+fuzzer and the tests hand them in directly. ``connected`` is how ingest asks the loop whether a
+stream's owner is still connected, when another connection sends for its stream
+(relay/daemon/peers.py); ``refuse_connection`` is how the loop reports a refused handshake.
 """
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ from sinks.events import RELAY_RANK, attempt_base, attempt_of
 
 log = logging.getLogger("relay")
 
+#: Seconds between the log lines (and dead letters) of refused handshakes after the first: a peer
+#: without the secret retries every few seconds for as long as it runs, and each try is counted.
+REFUSED_REPORT_EVERY = 60.0
+
 _rank = operator.itemgetter("rank")
 
 
@@ -51,7 +56,10 @@ class Ingest:
         self.cluster = Cluster(cluster) if cluster is not None else None
         self.follow_health(health)
         self.run_rate = run_rate
-        self.claimed: Callable[[bytes], None] | None = None  # a connection became a stream's owner
+        #: whether a stream owner's connection is still there (None: every owner is, until silent)
+        self.connected: Callable[[bytes], bool] | None = None
+        self._refused_at: float | None = None  # when a refused handshake was last logged
+        self._refused_since = 0  # refused handshakes since then
         self._wall_clock = wall_clock  # the ts of the relay's own events
         self._host = socket.gethostname()
 
@@ -70,7 +78,7 @@ class Ingest:
             self.reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it derives); "
                                          "no client may publish as it", frame, peer)
             return
-        taken = self.runs.owned_elsewhere(peer, events, first_seq, now)
+        taken = self._owned_elsewhere(peer, events, first_seq, now)
         if taken is not None:
             self.reject("not_owner", f"run {taken[0]} rank {taken[1]} is being sent by another live connection; "
                                      "refused until that one disconnects", frame, peer)
@@ -90,6 +98,40 @@ class Ingest:
         self._watching = self.cluster is not None or health is not None  # the events _derive takes
         #: with --metrics-loss, what takes each of rank 0's frames for its last loss
         self._take_loss = health.take_loss if health is not None and health.loss else None
+
+    def _owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
+                         now: float) -> Key | None:
+        """The first stream of the frame that is kept for another connection, if any."""
+        ranks = self.runs.dedupe.ranks
+        for key in self.runs.keys_of(events, first_seq):
+            state = ranks.get(key)
+            if state is not None and self._kept_from(key, state, peer, now):
+                return key
+        return None
+
+    def _kept_from(self, key: Key, state: RankState, peer: bytes, now: float) -> bool:
+        """Whether ``key`` is another connection's: its owner's while that is connected (and not
+        silent, relay/journal/dedupe.py); once the owner is gone, the first connection refused it
+        since, while that one is connected. So the order frames arrived in decides who sends a
+        stream next, never when the relay learns that a connection ended (``connected``)."""
+        owner = state.owner
+        if owner == peer:
+            return False
+        if owner is not None and state.foreign(peer, now):
+            if self.connected is None or self.connected(owner):
+                if state.waiting is None:
+                    state.waiting = peer
+                return True
+            self.peer_gone(owner)
+        waiting = state.waiting
+        if waiting is None or waiting == peer:
+            return False
+        state.waiting = None
+        if self.connected is not None and not self.connected(waiting):
+            return False
+        self.runs.dedupe.claim(key, state, waiting, now)  # it asked first: it resends, and is taken then
+        state.waiting = peer
+        return True
 
     def commit(self, now: float) -> None:
         """Journal what waits, then acknowledge and fan out (relay/daemon/commit.py)."""
@@ -164,8 +206,7 @@ class Ingest:
                 for known, dropped in runs.reported.items():
                     self.counters.client_reported(known, dropped)
                 runs.reported.clear()
-        if runs.claim(key, state, peer, now) and self.claimed is not None:
-            self.claimed(peer)
+        runs.claim(key, state, peer, now)
         self.batch.acks_due.add(key)
         return state
 
@@ -263,12 +304,27 @@ class Ingest:
             for run in list(self.cluster.runs):
                 self.publish(self.cluster.close(run, now))
 
-    def peer_gone(self, peer: bytes | None) -> None:
-        """``peer``'s connection closed: the streams it owned pass to whichever connection sends next."""
-        released = self.runs.release(peer) if peer is not None else 0
+    def peer_gone(self, peer: bytes) -> None:
+        """``peer``'s connection is gone: the streams it owned pass to whichever connection sends next."""
+        released = self.runs.release(peer)
         if released:
             self.counters.owners_released += released
             log.debug("peer %s disconnected: %d streams it sent are free", peer.hex(), released)
+
+    def refuse_connection(self, why: str, now: float) -> None:
+        """A connection failed the handshake (relay/daemon/gate.py): nothing of it was read. Counted
+        as ``auth_failed`` every time; logged in one line and dead-lettered the first time, then at
+        most every REFUSED_REPORT_EVERY seconds with how many came since."""
+        self.counters.rejected["auth_failed"] += 1
+        self._refused_since += 1
+        if self._refused_at is not None and now - self._refused_at < REFUSED_REPORT_EVERY:
+            return
+        count, self._refused_since, self._refused_at = self._refused_since, 0, now
+        detail = f"{why} ({count} refused since the last report)" if count > 1 else why
+        log.warning("refused a connection (%d so far): %s; nothing it sends is read (docs/security.md)",
+                    self.counters.rejected["auth_failed"], detail)
+        if not self.deadletters.add("auth_failed", detail, b"", b""):
+            self.counters.deadletter_overflow += 1
 
     def _client_drops(self, key: Key, state: RankState, event: dict[str, Any], peer: bytes) -> None:
         """A client's own loss report. Its ``dropped_upto`` moves the rank's floor past the gap, but

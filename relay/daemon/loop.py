@@ -7,9 +7,10 @@ run table, relay/daemon/runs.py, and queue journal lines); every ``flush_interva
 (relay/daemon/commit.py) appends them to the journal in one write, acknowledges cumulatively per
 (run, rank) on this socket, then hands the same lines to each other sink's process
 (relay/sinkhost/process.py). Acks therefore mean "in the journal", and no other sink can slow
-ingest down. What is here is what needs the socket or the clock: status requests (answered from
-relay/daemon/status.py's budget), multipart rejection, which connection closed
-(relay/daemon/peers.py), the memory guard, the timers (counters, cross-rank checks, forgetting idle
+ingest down. What is here is what needs the socket or the clock: who may connect (the ZAP handler
+and refused handshakes, relay/daemon/gate.py), status requests (answered from relay/daemon/status.py's
+budget), multipart rejection, whether a stream's owner is still connected (relay/daemon/peers.py),
+the memory guard, the timers (counters, cross-rank checks, forgetting idle
 runs, the live status line) and shutdown. What it holds between receiving and journaling is
 bounded in bytes (bounds.COMMIT_BYTES, bounds.TURN_BYTES), not only in messages.
 """
@@ -27,7 +28,7 @@ from typing import Any, Callable
 
 import zmq
 
-from relay.daemon import peers
+from relay.daemon import gate, peers
 from relay.daemon.bounds import RECV_HWM, TURN_BYTES, MemoryProbe, alive, raise_file_limit, trim_heap
 from relay.daemon.commit import Acks
 from relay.daemon.counters import log_stats, write_stats
@@ -41,8 +42,8 @@ from relay.journal.deadletter import KEEP_BYTES, DeadLetters
 from relay.journal.journal import NAME as JOURNAL, Journal
 from relay.sinkhost.child import SinkSpec
 from relay.sinkhost.rate import Rate
-from relay.wire import curve, encoding, schema
-from relay.wire.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_ipv6, is_loopback
+from relay.wire import encoding, schema
+from relay.wire.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_ipv6
 from sinks.base import SinkError
 from sinks.files import write_atomic
 
@@ -69,10 +70,8 @@ class Relay:
         self.address = config.address
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
-        self._monitor: zmq.Socket | None = None  # the socket's disconnections (relay/daemon/peers.py)
-        self._connections = peers.Connections()
-        self._peer_frame: zmq.Frame | None = None  # the routing id of the message being taken
-        self._auth: curve.ThreadAuthenticator | None = None
+        self._gate: gate.Gate | None = None  # who may connect (relay/daemon/gate.py)
+        self._policy: gate.Policy | None = None
         self._stop = False
         self._memory = MemoryProbe()
         self.live: LiveLine | None = None  # the status line on a terminal (set before open_sinks)
@@ -84,20 +83,28 @@ class Relay:
     # -- setup -----------------------------------------------------------------------------------
 
     def bind(self) -> str:
-        """Bind the socket; raises AddressInUse or BadAddress. Returns the actual endpoint."""
+        """Bind the socket; raises AddressInUse, BadAddress or gate.AuthError (the relay secret or a
+        certificate cannot be used). Returns the actual endpoint."""
         transport = check_bind_address(self.config.address)
         if transport == "ipc":
             ensure_ipc_free(self.config.address)
+        policy = self.check_gate()
         self._ctx = zmq.Context()
+        self._gate = gate.Gate(self._ctx, policy)  # before the socket: no connection is ever admitted unasked
         self._sock = self._listen(self.config.address)
-        if self.config.curve_cert is None and not is_loopback(self.config.address):  # only once it is true
-            log.warning("listening on %s without encryption or authentication: anyone who can reach it can "
-                        "publish; use --curve-cert (see docs/security.md)", self.config.address)
-        self._monitor = peers.watch(self._sock)
+        if (warning := gate.warning(policy, self.config.address)) is not None:  # only once it is true
+            log.warning("%s", warning)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.ingest.claimed = self._claimed
+        self.ingest.connected = self._connected
         self.ingest.batch.send = self._send_acks
         return self.address
+
+    def check_gate(self) -> gate.Policy:
+        """Who may connect (the relay secret, made on first use, or certificates); gate.AuthError
+        if they cannot be used. Called by bind(), or before anything is made (relay serve)."""
+        if self._policy is None:
+            self._policy = gate.policy(self.config)
+        return self._policy
 
     def _listen(self, address: str) -> zmq.Socket:
         assert self._ctx is not None
@@ -107,13 +114,9 @@ class Relay:
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.setsockopt(zmq.IPV6, is_ipv6(address))
-        if self.config.curve_cert is not None:
-            try:
-                auth = curve.secure_server(self._ctx, sock, self.config.curve_cert, self.config.curve_clients)
-            except ValueError as exc:
-                sock.close(0)
-                raise BadAddress(str(exc)) from None
-            self._auth = self._auth or auth
+        peers.route_strictly(sock)
+        assert self._gate is not None
+        self._gate.secure(sock)
         try:
             sock.bind(address)
         except zmq.ZMQError as exc:
@@ -166,11 +169,10 @@ class Relay:
         self.open_journal()
         self.write_ready_file()  # ready before the sinks open: they take seconds (Aim, MLflow), ingest none
         self.open_sinks()
-        log.info("relay listening on %s, journal %s, sinks: %s", self.address,
-                 self.journal.path,
-                 ", ".join([JOURNAL] + [s.name for s in self.sinks]))
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
+        assert self._gate is not None
+        log.info("relay listening on %s (%s), journal %s, sinks: %s", self.address, self._gate.policy.describe(),
+                 self.journal.path, ", ".join([JOURNAL] + [s.name for s in self.sinks]))
+        poller = self._poller()
         # Events live from their frame to the next journal flush and never form cycles; at Python's
         # default thresholds the cyclic GC re-traverses them (and every module's objects) many times
         # over before they are freed. Freeze what start-up made, and collect young objects less often.
@@ -193,12 +195,11 @@ class Relay:
                 self.fan_out.idle.clear()
             now = time.monotonic()
             if now >= next_flush or batch.full:
-                self._peers_gone()
+                self._refusals(now)
                 ingest.commit(now)
                 next_flush = now + interval
                 if self._guard_memory():
-                    poller = zmq.Poller()
-                    poller.register(self._sock, zmq.POLLIN)
+                    poller = self._poller()
             if now >= next_stats:
                 ingest.forget_idle(now - self.config.forget_after, now)
                 snap = self.snapshot(self.config.stats_interval)
@@ -215,18 +216,32 @@ class Relay:
                     self._stop = True
         self._shutdown()
 
+    def _poller(self) -> zmq.Poller:
+        """The socket, and the ZAP handler's requests (connections waiting to be admitted)."""
+        assert self._sock is not None and self._gate is not None
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        if self._gate.zap is not None:
+            poller.register(self._gate.zap, zmq.POLLIN)
+        return poller
+
     def _wait_for_frames(self, poller: zmq.Poller, timeout: float) -> bool:
         """Poll; while that blocks, the other sinks' lines go to their processes. Under a burst the
-        journal, the acks and the relay's CPU are all ingest's, and the sinks catch up after it."""
-        assert self._sock is not None
+        journal, the acks and the relay's CPU are all ingest's, and the sinks catch up after it.
+        Connections waiting for the ZAP handler are answered here; True if frames wait."""
+        assert self._sock is not None and self._gate is not None
         idle = self.fan_out.idle
         if not self.fan_out.workers or self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            return bool(poller.poll(timeout * 1000))
-        idle.set()
-        try:
-            return bool(poller.poll(timeout * 1000))
-        finally:
-            idle.clear()
+            ready = dict(poller.poll(timeout * 1000))
+        else:
+            idle.set()
+            try:
+                ready = dict(poller.poll(timeout * 1000))
+            finally:
+                idle.clear()
+        if self._gate.zap is not None and self._gate.zap in ready:
+            self._gate.answer()
+        return self._sock in ready
 
     def _receive(self, sock: zmq.Socket) -> None:
         """Read up to RECV_BURST messages or TURN_BYTES, and only until COMMIT_BYTES of lines wait
@@ -239,10 +254,9 @@ class Relay:
             if budget <= 0 or batch.full:
                 return
             try:
-                self._peer_frame = part = sock.recv(zmq.NOBLOCK, copy=False)  # (its descriptor: relay/daemon/peers.py)
+                peer = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            peer = part.bytes
             frame = sock.recv()  # ZeroMQ delivers a message's parts together: the rest is here
             budget -= len(frame)
             if sock.getsockopt(zmq.RCVMORE):
@@ -252,19 +266,16 @@ class Relay:
             else:
                 take_frame(peer, frame, now)
 
-    def _peers_gone(self) -> None:
-        """The streams of owners whose connections closed pass to whichever connection sends for
-        them next: their reconnection (relay/daemon/peers.py)."""
-        if self._monitor is None:
-            return
-        for fd in peers.closed_fds(self._monitor):
-            self.ingest.peer_gone(self._connections.closed(fd))
+    def _refusals(self, now: float) -> None:
+        """Handshakes refused since the last look: counted, logged and dead-lettered (relay/daemon/gate.py)."""
+        assert self._gate is not None
+        for why in self._gate.refused():
+            self.ingest.refuse_connection(why, now)
 
-    def _claimed(self, peer: bytes) -> None:
-        """``peer`` now owns a stream: note the connection its message came in on, and free what the
-        connection that had that descriptor before owned (it is gone)."""
-        if self._peer_frame is not None:
-            self.ingest.peer_gone(self._connections.arrived(peer, self._peer_frame.get(zmq.SRCFD)))
+    def _connected(self, peer: bytes) -> bool:
+        """Whether a stream owner ``peer`` is still connected (relay/daemon/peers.py)."""
+        assert self._sock is not None
+        return peers.connected(self._sock, peer)
 
     def _send_acks(self, peer: bytes, acks: Acks) -> None:
         assert self._sock is not None
@@ -313,18 +324,15 @@ class Relay:
         log.error("relay memory at %d MiB exceeds --max-memory %d MiB (a peer sending an endless multipart "
                   "message?): dropping every connection; clients reconnect and resend (%d times so far)",
                   rss, limit, self.counters.memory_resets)
-        assert self._sock is not None and self._monitor is not None
-        self._sock.disable_monitor()
-        self._monitor.close(0)
+        assert self._sock is not None and self._gate is not None
+        self._gate.release(self._sock)
         self._sock.close(linger=0)
-        self.ingest.runs.dedupe.release_all()  # routing ids belong to the closed connections
-        self._connections.clear()
+        self.ingest.runs.dedupe.release_all()  # every connection is gone
         self.ingest.batch.acks_due.clear()
         deadline = time.monotonic() + REBIND_TIMEOUT
         while True:  # ZeroMQ lets go of the address in its own thread, a moment after the close
             try:
                 self._sock = self._listen(self.address)
-                self._monitor = peers.watch(self._sock)
                 break
             except AddressInUse:
                 if time.monotonic() > deadline:
@@ -364,12 +372,11 @@ class Relay:
         Shutdown(self.ingest, self.journal, self.fan_out, self.sinks, self.config.shutdown_timeout, self.snapshot,
                  self.stats_path).run(self.config.stats_interval)
         if self._sock is not None:
-            if self._monitor is not None:
-                self._sock.disable_monitor()
-                self._monitor.close(0)
+            if self._gate is not None:
+                self._gate.release(self._sock)
             self._sock.close(linger=1000)
-        if self._auth is not None:
-            self._auth.stop()
+        if self._gate is not None:
+            self._gate.close()
         if self._ctx is not None:
             self._ctx.term()
         if self.config.ready_file is not None:

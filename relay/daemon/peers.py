@@ -1,60 +1,37 @@
-"""When a connection that owns streams is gone, so that its streams pass to its reconnection.
+"""Whether a stream's owner is still connected, asked of the ROUTER socket itself at the moment
+another connection sends for one of its streams.
 
-A ROUTER socket says nothing when a peer disconnects (ZMQ_ROUTER_NOTIFY is libzmq's draft API,
-absent from pyzmq's wheels). Its socket monitor does report DISCONNECTED, with the connection's
-file descriptor, and each message carries the descriptor it came in on (ZMQ_SRCFD): ``Connections``
-ties the two together, socket-free. A descriptor that shows up again under another routing id was
-closed and reused, so its former peers are gone too, whatever order the two reports come in.
-What this cannot see (a report lost in that race) the owner's silence settles (relay/journal/dedupe.py).
+The relay's socket is ROUTER_MANDATORY: a message to a routing id that has no connection fails at
+once (EHOSTUNREACH) instead of vanishing. So when a second connection sends for a (run, rank),
+ingest (relay/daemon/ingest.py) asks ``connected`` about the owner, and the socket answers from
+its own table of connections as it stands then, with nothing to reorder: socket-monitor reports
+(which once told this, and could arrive after the frame of the connection that replaced the owner
+and free its live streams) are not used. The question is an empty ack, which a client ignores.
+
+ROUTER_HANDOVER: a link's routing id is its session's (relay/wire/io_thread.py), kept across
+reconnections, so a client that reconnects takes its id, and its streams, back from the connection
+it left, however late the relay notices that one's end.
 """
 from __future__ import annotations
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
+
+from relay.wire.encoding import encode_ack
+
+PROBE = encode_ack([])
 
 
-class Connections:
-    """The descriptor each stream owner's messages came in on (owners only: other peers cost nothing)."""
-
-    def __init__(self) -> None:
-        self.fd_of: dict[bytes, int] = {}
-        self.on_fd: dict[int, bytes] = {}  # one routing id per connection
-
-    def arrived(self, peer: bytes, fd: int) -> bytes | None:
-        """``peer`` (now an owner) sends on ``fd``; returns the peer that used it before: gone."""
-        old = self.on_fd.get(fd)
-        if old == peer:
-            return None
-        if old is not None:
-            del self.fd_of[old]
-        self.on_fd[fd] = peer
-        self.fd_of[peer] = fd
-        return old
-
-    def closed(self, fd: int) -> bytes | None:
-        """The connection on ``fd`` is gone; returns its peer (None: not an owner's)."""
-        peer = self.on_fd.pop(fd, None)
-        if peer is not None:
-            del self.fd_of[peer]
-        return peer
-
-    def clear(self) -> None:
-        self.fd_of.clear()
-        self.on_fd.clear()
+def route_strictly(sock: zmq.Socket) -> None:
+    """Make ``sock`` (a ROUTER, before it binds) answer ``connected`` and take sessions back."""
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
 
 
-def watch(sock: zmq.Socket) -> zmq.Socket:
-    """A monitor of ``sock``'s disconnections (read with ``closed_fds``)."""
-    return sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-
-
-def closed_fds(monitor: zmq.Socket) -> list[int]:
-    """The descriptors of the connections that closed since the last look."""
-    fds = []
-    while True:
-        try:
-            event = recv_monitor_message(monitor, zmq.NOBLOCK)
-        except zmq.Again:
-            return fds
-        if event["event"] == zmq.EVENT_DISCONNECTED:
-            fds.append(int(event["value"]))
+def connected(sock: zmq.Socket, peer: bytes) -> bool:
+    """Whether ``peer`` has a connection on ``sock`` now (one whose queue is full counts: it is there)."""
+    sock.getsockopt(zmq.EVENTS)  # first take in what ZeroMQ's I/O thread told the socket (connections ended)
+    try:
+        sock.send_multipart([peer, PROBE], zmq.NOBLOCK)
+    except zmq.ZMQError as exc:
+        return exc.errno != zmq.EHOSTUNREACH
+    return True

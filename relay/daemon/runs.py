@@ -33,19 +33,12 @@ class Runs:
         #: what the clients of ranks met again had reported dropped, per the journal (ingest counts it)
         self.reported: dict[Key, int] = {}
 
-    def owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
-                        now: float) -> Key | None:
-        """The first (run, rank) of the frame that another live connection owns; None if none does."""
-        ranks = self.dedupe.ranks
+    @staticmethod
+    def keys_of(events: list[dict[str, Any]], first_seq: int | None) -> Iterable[Key]:
+        """The streams a frame sends for (one, for a compact batch)."""
         if first_seq is not None:
-            keys: Iterable[Key] = ((events[0]["run"], events[0]["rank"]),)
-        else:
-            keys = {(e["run"], e["rank"]) for e in events}
-        for key in keys:
-            state = ranks.get(key)
-            if state is not None and state.foreign(peer, now):
-                return key
-        return None
+            return ((events[0]["run"], events[0]["rank"]),)
+        return {(e["run"], e["rank"]) for e in events}
 
     def new_runs(self, runs: Iterable[str]) -> set[str]:
         return set(runs).difference(self.dedupe.run_ranks)
@@ -72,12 +65,11 @@ class Runs:
         """Whether a run just looked up had a past: events journaled, or other ranks known."""
         return bool(state.floor or state.above or len(self.dedupe.run_ranks[run]) > 1)
 
-    def claim(self, key: Key, state: RankState, peer: bytes, now: float) -> bool:
-        """``peer`` sends ``key`` at ``now``; True if it is the stream's owner only from now on."""
-        claimed = self.dedupe.claim(key, state, peer, now)
+    def claim(self, key: Key, state: RankState, peer: bytes, now: float) -> None:
+        """``peer`` sends ``key`` at ``now``: it owns it (ingest refused it if another connection does)."""
+        self.dedupe.claim(key, state, peer, now)
         self.active[key] = now
         self.dedupe.touch(key[0], now)
-        return claimed
 
     def note_world(self, run: str, world_size: int) -> None:
         """A known run's world size (for the status), from its first accepted frame."""

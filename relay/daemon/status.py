@@ -18,8 +18,9 @@ from typing import Any, Callable
 
 import msgpack
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from relay.wire import curve
+from relay.wire import auth, curve
 from relay.wire.address import is_ipv6, resolve_address
 from relay.journal.journal import Journal
 
@@ -175,7 +176,9 @@ def status_text(target: str | None, timeout: float, as_json: bool) -> str:
         address = resolve_address(target)
         try:
             snap = query(address, timeout)
-        except NoAnswer:
+        except NoAnswer as exc:
+            if exc.args and exc.args[0] != address:  # the relay refused us: that says it all
+                raise
             raise NoAnswer(f"no relay answered at {address} within {timeout:g} s; is it running? start one "
                            f"(relay --bind {address}), or give the stats file beside its journal "
                            f"(relay status relay-logs/)") from None
@@ -192,31 +195,40 @@ def status_text(target: str | None, timeout: float, as_json: bool) -> str:
 
 def query(address: str, timeout: float) -> dict[str, Any]:
     """Ask the relay at ``address`` for its snapshot. NoAnswer if none comes within ``timeout``;
-    BadTarget for an address or CURVE key ZeroMQ refuses. Uses the publishers' CURVE settings
-    ($RELAY_CURVE_SERVER_KEY, $RELAY_CURVE_CLIENT_CERT) for an encrypted relay."""
+    BadTarget for an address, relay secret or CURVE key that cannot be used. Proves itself as a
+    publisher does (relay/wire/auth.py); NoAnswer says so in one line when the relay refuses it."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IPV6, is_ipv6(address))
+    monitor = sock.get_monitor_socket(auth.HANDSHAKE_FAILED)
     try:
-        server_key = os.environ.get(curve.SERVER_KEY_ENV)
         try:
-            if server_key:
-                curve.secure_client(sock, server_key, os.environ.get(curve.CLIENT_CERT_ENV))
+            how = auth.secure_client(sock, address, os.environ.get(curve.SERVER_KEY_ENV),
+                                     os.environ.get(curve.CLIENT_CERT_ENV))
             sock.connect(address)
-        except (zmq.ZMQError, ValueError) as exc:  # a malformed address, or an unusable CURVE key
+        except (zmq.ZMQError, ValueError) as exc:  # a malformed address, an unusable secret or CURVE key
             raise BadTarget(f"cannot connect to {address}: {exc}; give tcp://HOST:PORT or ipc:///path.sock "
                             "(and, for a CURVE relay, its public key in $RELAY_CURVE_SERVER_KEY)") from None
         sock.send(STATUS_REQUEST)
         deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            if not sock.poll(left * 1000):
-                break
-            reply = _decode_reply(sock.recv())
-            if reply is not None:
-                return reply
-        raise NoAnswer(address)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        failed: list[tuple[int, int]] = []
+        while (left := deadline - time.monotonic()) > 0 and len(failed) < auth.REFUSALS_TOLD:
+            ready = dict(poller.poll(left * 1000))
+            if monitor in ready:
+                event = recv_monitor_message(monitor)
+                failed.append((event["event"], event["value"]))
+            if sock in ready:
+                reply = _decode_reply(sock.recv())
+                if reply is not None:
+                    return reply
+        raise NoAnswer(auth.refusal(how, address, failed) if failed else address)
     finally:
+        sock.disable_monitor()
+        monitor.close(0)
         sock.close(0)
         ctx.term()
 

@@ -5,12 +5,17 @@ rank is a contiguous floor (every seq below it was taken) plus a bounded set of 
 it; since clients send in order the set stays tiny, and its bound keeps memory fixed per rank
 whatever a client does.
 
-A (run, rank) stream belongs to one connection at a time, its ``owner`` (a ZeroMQ routing id):
-the first to send for it once no live connection owns it. The relay refuses other connections'
-frames for it and acknowledges only the owner (``Dedupe.claim``); ownership passes when the owner's
-connection is reported gone (``Dedupe.release``, relay/daemon/peers.py), or once the owner has been silent
-for OWNER_SILENCE. So while a client is connected and sending, no other peer can fill its coming
-seqs with forged events or take its acks, and a client that reconnects is never shut out for long.
+A (run, rank) stream belongs to one connection at a time, its ``owner`` (a ZeroMQ routing id: a
+client's session id, which its reconnections keep, relay/wire/io_thread.py): the first to send for
+it once no live connection owns it. The relay refuses other connections' frames for it and
+acknowledges only the owner (``Dedupe.claim``); ownership passes when another connection sends for
+it and the relay's socket says the owner has no connection (``Dedupe.release``,
+relay/daemon/peers.py), or once the owner has been silent for OWNER_SILENCE, and it passes to the
+first connection refused it meanwhile (``waiting``) if that one is still connected
+(relay/daemon/ingest.py). So while a client is connected, no other peer can fill its coming seqs
+with forged events or take its acks; a client that reconnects keeps its streams (same session) or
+takes them back (a new one, its old connection gone); and which connection sends a stream next
+follows the order its frames came in, never the moment the relay learns a connection ended.
 
 A client that had to drop events says so (``dropped_upto`` in its ``stats`` event), and the floor
 moves past the gap so acknowledgements go on. Such a claim binds only the connection that made it
@@ -32,8 +37,8 @@ log = logging.getLogger(__name__)
 
 MAX_WINDOW = 65_536
 MAX_CLAIMS = 16  # drop claims remembered per rank; the oldest is forgotten first
-#: Seconds after its last frame that an owner whose disconnection was never reported (relay/daemon/peers.py)
-#: still keeps its streams from another connection. A client with events unacknowledged resends
+#: Seconds after its last frame that an owner the socket still counts as connected (a half-open
+#: connection: its host died without closing it) keeps its streams from another connection. A client with events unacknowledged resends
 #: within MAX_BACKOFF (30 s, relay/client/send_window.py), so a live one is not silent this long while it
 #: has something to send.
 OWNER_SILENCE = 60.0
@@ -93,7 +98,7 @@ class RankState:
     """Seen-set for one (run, rank); ``floor`` is also the cumulative ack the relay can give (but
     see ``ack_for`` once a drop claim exists). ``owner``: the connection sending it (None: none live)."""
 
-    __slots__ = ("floor", "above", "claims", "owner", "owner_seen")
+    __slots__ = ("floor", "above", "claims", "owner", "owner_seen", "waiting")
 
     def __init__(self) -> None:
         self.floor = 0
@@ -101,10 +106,11 @@ class RankState:
         self.claims: list[DropClaim] | None = None  # None: the common case pays nothing
         self.owner: bytes | None = None
         self.owner_seen = 0.0  # when the owner last sent it (the caller's clock)
+        self.waiting: bytes | None = None  # the first connection refused it since the owner took it
 
     def foreign(self, peer: bytes, now: float) -> bool:
         """Whether another connection owns this stream and still counts as live: it has not been
-        reported gone and has sent for it within OWNER_SILENCE seconds of ``now``."""
+        found gone and has sent for it within OWNER_SILENCE seconds of ``now``."""
         owner = self.owner
         return owner is not None and owner != peer and now - self.owner_seen <= OWNER_SILENCE
 
@@ -210,6 +216,8 @@ class Dedupe:
         if state.owner is not None:
             self._disown(key, state.owner)
         state.owner, state.owner_seen = peer, now
+        if state.waiting == peer:
+            state.waiting = None
         self.owned.setdefault(peer, set()).add(key)
         return True
 

@@ -1,8 +1,9 @@
-"""CURVE encryption and client authentication for relays reachable from other machines.
+"""Explicit CURVE certificates, for relays whose clients do not share the user's secret.
 
 Keys are ZeroMQ certificate files (``zmq.auth``): the relay loads its secret certificate, clients
 need only the relay's public key (``RELAY_CURVE_SERVER_KEY``) and, when the relay restricts
-clients, their own secret certificate (``RELAY_CURVE_CLIENT_CERT``).
+clients, their own secret certificate (``RELAY_CURVE_CLIENT_CERT``). By default a TCP relay needs
+none of this: its keys come from the user's secret (relay/wire/secret.py, relay/daemon/gate.py).
 """
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from pathlib import Path
 
 import zmq
 import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
 
 SERVER_KEY_ENV = "RELAY_CURVE_SERVER_KEY"
 CLIENT_CERT_ENV = "RELAY_CURVE_CLIENT_CERT"
@@ -45,21 +45,6 @@ def load_secret(cert: Path) -> tuple[bytes, bytes]:
     if not secret:
         raise ValueError(f"{cert} holds no secret key; pass the .key_secret file")
     return public, secret
-
-
-def secure_server(ctx: zmq.Context, sock: zmq.Socket, cert: Path, clients: Path | None) -> ThreadAuthenticator | None:
-    """Make ``sock`` a CURVE server; with ``clients`` (a directory of ``.key`` files) only those
-    clients may connect, otherwise any client that knows the relay's public key."""
-    public, secret = load_secret(cert)
-    auth = None
-    if clients is not None:
-        auth = ThreadAuthenticator(ctx)
-        auth.start()
-        auth.configure_curve(domain="*", location=str(clients))
-    sock.curve_publickey = public
-    sock.curve_secretkey = secret
-    sock.curve_server = True
-    return auth
 
 
 def secure_client(sock: zmq.Socket, server_key: str, client_cert: str | None) -> None:

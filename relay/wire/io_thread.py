@@ -7,9 +7,15 @@ hundreds. What to send and when lives in relay/client/send_window.py; the Publis
 the two together. ``LinkMember`` is the member with one ``Link`` to a relay that both the Publisher and the
 forward sink's Forwarder (relay/forward/sender.py) are: it opens the link, reads the acks and the lost
 connections, and reads the last acks before closing; each says what those mean to it.
+
+Each link is one session to the relay: its routing id is chosen here, at random, and ZeroMQ keeps
+it across reconnections, so the relay knows a reconnected link for the one that owned its streams
+whatever order it learns of the old connection's end in (relay/daemon/peers.py). How it proves
+itself to a TCP relay is relay/wire/auth.py's; a refused handshake is said once, in one line.
 """
 from __future__ import annotations
 
+import logging
 import os
 import select
 import threading
@@ -19,8 +25,12 @@ from typing import Protocol, Sequence
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from relay.wire import curve, schema
+from relay.wire import auth, schema
 from relay.wire.address import is_ipv6
+
+log = logging.getLogger(__name__)
+
+REDIAL_AFTER = 2.0  # seconds before a link that ZeroMQ gave up on dials again (RECONNECT_IVL_MAX)
 
 
 class Member(Protocol):
@@ -160,13 +170,20 @@ def _hub_in_child() -> None:
 os.register_at_fork(after_in_child=_hub_in_child)
 
 
+def session_id() -> bytes:
+    """A link's routing id: random, and never starting with a zero byte (ZeroMQ's own ids do)."""
+    return b"s" + os.urandom(15)
+
+
 class Link:
     """One Publisher's DEALER socket, connected to the relay, and the monitor that says when the
-    connection is lost. Raises zmq.ZMQError or ValueError (bad address or CURVE key), holding nothing."""
+    connection is lost or the relay refused the handshake. Raises zmq.ZMQError or ValueError (bad
+    address, CURVE key or relay secret), holding nothing."""
 
     def __init__(self, ctx: zmq.Context, address: str, curve_server_key: str | None,
                  curve_client_cert: str | None) -> None:
         sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, session_id())
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 1000)
         sock.setsockopt(zmq.RCVHWM, 1000)
@@ -176,20 +193,24 @@ class Link:
         # a reconnect everything unacknowledged goes out again from the oldest, in order.
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.IPV6, is_ipv6(address))
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | auth.HANDSHAKE_FAILED)
         try:
-            if curve_server_key:
-                curve.secure_client(sock, curve_server_key, curve_client_cert)
+            self.auth = auth.secure_client(sock, address, curve_server_key, curve_client_cert)
             sock.connect(address)
         except (zmq.ZMQError, ValueError):
             sock.disable_monitor()
             monitor.close(0)
             sock.close(0)
             raise
-        self.sock, self.monitor = sock, monitor
+        self.sock, self.monitor, self.address = sock, monitor, address
+        self.refused: list[tuple[int, int]] = []  # the first failed handshakes (event, value)
+        self.gave_up: list[int] = []  # protocol errors since the last dial: ZeroMQ stopped reconnecting
+        self.redial_at: float | None = None
 
     def send(self, frame: bytes) -> bool:
         """Hand one frame to ZeroMQ without blocking; False if not connected or the HWM is reached."""
+        if self.redial_at is not None and time.monotonic() >= self.redial_at:
+            self._redial()
         try:
             self.sock.send(frame, zmq.NOBLOCK)
         except zmq.Again:
@@ -204,8 +225,23 @@ class Link:
             return None
 
     def lost(self) -> bool:
-        """True if the connection went down since the last look."""
-        return read_monitor(self.monitor)
+        """True if the connection went down since the last look (failed handshakes go to ``refused``).
+        A handshake that failed on a protocol error (the other side does not authenticate as we do)
+        makes ZeroMQ give up the address for good: it is dialled again REDIAL_AFTER seconds later,
+        at the next send (a squatter without the secret must not cut a client off its relay)."""
+        lost = read_monitor(self.monitor, self.refused, self.gave_up)
+        if self.gave_up and self.redial_at is None:
+            self.redial_at = time.monotonic() + REDIAL_AFTER
+        return lost
+
+    def _redial(self) -> None:
+        self.redial_at = None
+        self.gave_up.clear()
+        try:
+            self.sock.disconnect(self.address)
+        except zmq.ZMQError:
+            pass  # ZeroMQ already let go of it
+        self.sock.connect(self.address)
 
     def close(self) -> None:
         self.sock.disable_monitor()
@@ -222,6 +258,7 @@ class LinkMember:
         self._interval = interval
         self._stop = threading.Event()
         self._link: Link | None = None
+        self.refusal: str | None = None  # the relay refused our handshake: why, in one line (said once)
 
     # -- the hooks ----------------------------------------------------------------------------------
 
@@ -259,8 +296,12 @@ class LinkMember:
         assert link is not None
         if sock is link.sock:
             self._read_acks(link)
-        elif link.lost():
+            return
+        if link.lost():
             self._link_lost()
+        if self.refusal is None and len(link.refused) >= auth.REFUSALS_TOLD:
+            self.refusal = auth.refusal(link.auth, link.address, link.refused)
+            log.error("%s; events are kept (bounded) and resent once it accepts this process", self.refusal)
 
     def _shut(self) -> None:
         if self._link is not None:
@@ -280,15 +321,23 @@ class LinkMember:
             self._acks(acks, now)
 
 
-def read_monitor(monitor: zmq.Socket) -> bool:
+def read_monitor(monitor: zmq.Socket, refused: list[tuple[int, int]] | None = None,
+                 gave_up: list[int] | None = None) -> bool:
     """True if the connection to the relay went down since the last look: what was in flight on
     it may be lost. (Not when it comes up: with ZMQ_IMMEDIATE nothing was sent while it was down,
     and what went out since it came up is on the new connection; resending that too only made
-    the relay count the first frame of every publisher as duplicates.)"""
+    the relay count the first frame of every publisher as duplicates.) The first failed handshakes
+    are appended to ``refused`` as (event, value); those after which ZeroMQ stops reconnecting
+    (a protocol error) to ``gave_up``."""
     lost = False
     while True:
         try:
             event = recv_monitor_message(monitor, zmq.NOBLOCK)
         except zmq.Again:
             return lost
-        lost = lost or event["event"] == zmq.EVENT_DISCONNECTED
+        kind = event["event"]
+        lost = lost or kind == zmq.EVENT_DISCONNECTED
+        if refused is not None and kind & auth.HANDSHAKE_FAILED and len(refused) < auth.REFUSALS_TOLD:
+            refused.append((kind, event["value"]))
+        if gave_up is not None and kind & (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH):
+            gave_up.append(kind)

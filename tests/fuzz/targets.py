@@ -157,7 +157,7 @@ def check_ingest(session: bytes) -> None:
                     if op is None:
                         ingest.commit(time.monotonic())
                     elif len(op) == 1:
-                        ingest.peer_gone(op[0])  # what the socket monitor reports (relay/daemon/peers.py)
+                        ingest.peer_gone(op[0])  # the socket found the owner gone (relay/daemon/peers.py)
                     else:
                         ingest.take_frame(op[0], op[1], time.monotonic())
                 ingest.commit(time.monotonic())
