@@ -105,6 +105,11 @@ def ingest(quick: bool) -> Section:
     return bench_ingest.run(quick)
 
 
+def auth(quick: bool) -> Section:
+    from bench import bench_auth
+    return bench_auth.run(quick)
+
+
 def latency(quick: bool) -> Section:
     from bench import bench_latency
     return bench_latency.run(quick)
@@ -159,7 +164,7 @@ def startup(quick: bool) -> Section:
 
 
 SECTIONS: dict[str, Callable[[bool], Section]] = {
-    "hotpath": hotpath, "ingest": ingest, "latency": latency, "scale": scale, "training": training, "aim": aim,
+    "hotpath": hotpath, "ingest": ingest, "auth": auth, "latency": latency, "scale": scale, "training": training, "aim": aim,
     "core": core, "transport": transport, "forward": forward, "fleet": fleet, "consume": consume,
     "startup": startup, "metrics": metrics, "viewers": viewers,
     **{f"sink_{name}": sink_section(name) for name in ("mlflow", "tensorboard", "wandb", "clearml")},
