@@ -16,7 +16,6 @@ bounded in bytes (bounds.COMMIT_BYTES, bounds.TURN_BYTES), not only in messages.
 """
 from __future__ import annotations
 
-import errno
 import gc
 import json
 import logging
@@ -28,8 +27,8 @@ from typing import Any, Callable
 
 import zmq
 
-from relay.daemon import gate, peers
-from relay.daemon.bounds import RECV_HWM, TURN_BYTES, MemoryProbe, alive, raise_file_limit, trim_heap
+from relay.daemon import gate, listener, peers
+from relay.daemon.bounds import TURN_BYTES, MemoryProbe, alive, raise_file_limit, trim_heap
 from relay.daemon.commit import Acks
 from relay.daemon.counters import log_stats, write_stats
 from relay.daemon.config import RelayConfig
@@ -42,8 +41,8 @@ from relay.journal.deadletter import KEEP_BYTES, DeadLetters
 from relay.journal.journal import NAME as JOURNAL, Journal
 from relay.sinkhost.child import SinkSpec
 from relay.sinkhost.rate import Rate
-from relay.wire import encoding, schema
-from relay.wire.address import AddressInUse, BadAddress, check_bind_address, ensure_ipc_free, is_ipv6
+from relay.wire import encoding
+from relay.wire.address import AddressInUse, check_bind_address, ensure_ipc_free
 from sinks.base import SinkError
 from sinks.files import write_atomic
 
@@ -107,25 +106,8 @@ class Relay:
         return self._policy
 
     def _listen(self, address: str) -> zmq.Socket:
-        assert self._ctx is not None
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.MAXMSGSIZE, schema.MAX_TRANSPORT_BYTES)
-        sock.setsockopt(zmq.RCVHWM, RECV_HWM)  # per peer: bounds what ZeroMQ buffers for us
-        sock.setsockopt(zmq.SNDHWM, 10_000)
-        sock.setsockopt(zmq.LINGER, 1000)
-        sock.setsockopt(zmq.IPV6, is_ipv6(address))
-        peers.route_strictly(sock)
-        assert self._gate is not None
-        self._gate.secure(sock)
-        try:
-            sock.bind(address)
-        except zmq.ZMQError as exc:
-            sock.close(0)
-            if exc.errno == errno.EADDRINUSE:
-                raise AddressInUse(f"{address} is already in use (another relay?)") from None
-            raise BadAddress(f"cannot bind {address}: {exc}; give an address of this machine "
-                             "(tcp://127.0.0.1:PORT, tcp://0.0.0.0:PORT for every interface) or ipc:///PATH") from None
-        return sock
+        assert self._ctx is not None and self._gate is not None
+        return listener.listen(self._ctx, address, self._gate)
 
     def open_journal(self) -> None:
         """Create the journal's folder and take its lock (once); JournalError if either cannot be."""
