@@ -6,7 +6,9 @@ The publishers are bench_ingest's: processes sending the frames a Publisher woul
 events of one rank each), pre-encoded, as fast as the socket takes them, each proving itself as a
 Publisher does (relay/wire/auth.py); the open rounds set ``RELAY_OPEN=1`` for the relay and the
 publishers alike, as a user would. The clock runs from their release until the journal holds every
-event. Target: with authentication >= 90% of without (median of the same-round ratios).
+event. Target: with authentication >= 90% of without (median of the same-round ratios). Beside it,
+the relay process's CPU per event (all its threads: ingest, and ZeroMQ's I/O thread that decrypts),
+which a shared machine's load disturbs less than the wall clock.
 
     python -m bench.bench_auth [--quick]
 """
@@ -16,6 +18,8 @@ import os
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 from bench.bench_ingest import _timed_feed
 from bench.common import RelayRun, Sample, Section, alternate_many, cli
@@ -27,20 +31,23 @@ SECRET, OPEN = "relay, authenticated (default: the user's secret, CURVE)", "rela
 def _rate(work: Path, publishers: int, total: int, run_open: bool) -> dict[str, float]:
     """One round: a fresh relay and fresh publishers; events/s until the journal holds them all."""
     journal = work / f"j{time.monotonic_ns()}.jsonl"
-    before = os.environ.pop(OPEN_ENV, None)
+    was_open = os.environ.pop(OPEN_ENV, None)
     if run_open:
         os.environ[OPEN_ENV] = "1"  # the relay (--open) and the publishers it starts inherit it
     try:
         relay = RelayRun(work, ["--path", str(journal), "--stats-interval", "0.1"])
         try:
-            return {"events/s": total / _timed_feed("dealer", relay.address, journal.stem, publishers, total,
-                                                    journal, relay.check_alive)}
+            proc = psutil.Process(relay.pid)
+            cpu_before = sum(proc.cpu_times()[:2])
+            seconds = _timed_feed("dealer", relay.address, journal.stem, publishers, total, journal, relay.check_alive)
+            cpu = sum(proc.cpu_times()[:2]) - cpu_before
+            return {"events/s": total / seconds, "s": cpu / total}
         finally:
             relay.stop(30.0)
     finally:
         os.environ.pop(OPEN_ENV, None)
-        if before is not None:
-            os.environ[OPEN_ENV] = before
+        if was_open is not None:
+            os.environ[OPEN_ENV] = was_open
 
 
 def run(quick: bool = False) -> Section:
@@ -53,14 +60,21 @@ def run(quick: bool = False) -> Section:
                 SECRET: lambda n=n, work=work: _rate(work, n, total, run_open=False),
                 OPEN: lambda n=n, work=work: _rate(work, n, total, run_open=True),
             }, rounds)
-            base = samples[OPEN]["events/s"]
-            section.add_table(f"{n} publisher process{'es' if n > 1 else ''}, {total:,} events into the journal",
-                              [base.row(), samples[SECRET]["events/s"].row(base)])
+            base, cpu_base = samples[OPEN]["events/s"], samples[OPEN]["s"]
+            what = f"{n} publisher process{'es' if n > 1 else ''}, {total:,} events"
+            section.add_table(f"{what} into the journal", [base.row(), samples[SECRET]["events/s"].row(base)])
+            section.add_table(f"{what}: the relay process's CPU per event (all its threads)",
+                              [cpu_base.row(), samples[SECRET]["s"].row(cpu_base)])
             held = Sample("authenticated / open, same round", "x", [a / b for a, b in zip(
                 samples[SECRET]["events/s"].values, base.values)])
             section.target(f"ingest authenticated >= 90% of --open ({n} publishers, median same-round ratio)",
                            held.median, 0.9, True,
                            f"{held.median:.0%} (rounds {', '.join(f'{v:.0%}' for v in held.values)})")
+            cost = Sample("CPU per event, authenticated / open, same round", "x", [a / b for a, b in zip(
+                samples[SECRET]["s"].values, cpu_base.values)])
+            section.notes.append(f"{n} publishers: the relay's CPU per event authenticated / --open, median of the "
+                                 f"same-round ratios {cost.median:.2f}x (rounds "
+                                 f"{', '.join(f'{v:.2f}' for v in cost.values)}).")
     section.notes.append(f"{rounds} rounds per contender, alternating; each round starts a fresh relay and fresh "
                          "publisher processes. Encryption runs on ZeroMQ's I/O threads (the relay's and each "
                          "publisher's), beside the relay's ingest thread.")

@@ -505,7 +505,8 @@ def report(summary: dict[str, Any], plot_name: str) -> str:
         f"real `Publisher` sending a training step's metrics {s['rate_hz']:g} times a second (plus per-rank figures "
         "every 10 steps, eval metrics, a params and a checkpoint lifecycle event every 50 steps, now and then a NaN "
         "loss or an infinite grad norm) until told to stop, then closing with a 60 s flush; and a hostile client on "
-        f"raw DEALER sockets sending {s['hostile_rate_hz']:g} frames a second of the kinds below. Every "
+        f"raw DEALER sockets sending {s['hostile_rate_hz']:g} frames a second of the kinds below, holding the "
+        "user's relay secret (a process of the job's own user: without it nothing it sends is read). Every "
         f"{s['restart_every_s']:g} s the relay is killed, SIGKILL and SIGTERM in turn, and started again on the same "
         "address after a random 0.5-3 s pause; a relay that exits by itself is counted as an unplanned exit and "
         "started again. At the end the hostile client stops, the ranks close, the relay stops with SIGTERM, and "
@@ -567,6 +568,7 @@ def report(summary: dict[str, Any], plot_name: str) -> str:
         "All figures, every relay process's counters and the RSS samples are in `soak.json` and `rss.csv` in the "
         f"soak's output directory ({s['out']}).",
         EDGES,
+        AUTH_SECTION,
     ]
     return "\n\n".join(parts) + "\n"
 
@@ -616,6 +618,32 @@ EDGES = """## At the edges: what the tests prove
   DataLoader's workers publish through the parent's Publisher (`tests/test_publisher_fork.py`).
 - **A replayed spool is what a live relay would have journaled**, the relay's own cross-rank events
   included (`tests/test_spool_cluster.py`)."""
+
+
+#: What holds of who may write, beside the soak's figures (issue 25): its tests, not this soak, show it.
+AUTH_SECTION = """## Who may write, and stream ownership
+
+Not measured by the soak, whose hostile client holds the user's secret: what holds for peers is
+tested in `tests/hostile/` and stated in [security.md](security.md).
+
+- A TCP relay reads nothing from a peer without the user's relay secret: refused at the CURVE
+  handshake, counted (`rejected.auth_failed`), logged and dead-lettered once, then once a minute; so
+  it can neither pre-claim a run nor forge a rank's stats nor learn run ids, and a client never
+  hands events to a squatter on a stopped relay's port
+  (`test_local_peer.py::test_without_the_secret_a_peer_can_neither_pre_claim_a_run_nor_forge_a_ranks_stats`,
+  `::test_a_wrong_secret_is_refused_counted_dead_lettered_and_said_once_on_each_side`,
+  `::test_without_the_secret_a_squatter_on_a_stopped_relays_port_gets_nothing`).
+- A client whose handshake failed on a protocol error (a squatter in the clear, a relay started
+  `--open`) dials again every 2 s, so it delivers everything once its relay is back (the same test).
+- A (run, rank) stream belongs to the session sending it, kept across reconnects; whether its owner
+  is still connected is asked of the relay's socket when another connection wants the stream, and
+  it passes on in the order frames came. No late socket-monitor report can free a live stream or
+  leave a single event journaled and unacknowledged
+  (`::test_a_connection_that_took_over_a_closed_ones_stream_keeps_it_whatever_the_relay_learns_when`,
+  50 trials on one relay; the code before failed 30 of 50 single-event acks and journaled 2 forgeries
+  in one run of the same scenario).
+- A client cut off six times in a run reconnects as the same session each time: nothing lost,
+  duplicated or refused, no handover (`::test_a_client_whose_connection_drops_is_never_shut_out_of_its_own_stream`)."""
 
 
 def crash_section(crashes: list[dict[str, Any]]) -> list[str]:
