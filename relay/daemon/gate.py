@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
+import zmq.auth
 from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
@@ -75,8 +76,6 @@ def _policy(config: RelayConfig) -> Policy:
 
 
 def _listed(folder: Path) -> frozenset[bytes]:
-    import zmq.auth
-
     keys = set()
     for path in sorted(folder.glob("*.key")):
         try:

@@ -3,6 +3,9 @@ the same guarantee end to end as a rank has with its relay.
 
     relay --sink forward --to tcp://central:5557 [--curve-server-key KEY --curve-client-cert CERT]
 
+On TCP the link proves it holds the user's relay secret, as a rank's does (relay/wire/auth.py), so
+the central must share it, or use the certificates named by the options.
+
 It lives in ``relay/`` because it speaks the relay's wire (sinks/ must not know ZeroMQ). The node
 relay journals every event first, as always; the sink then sends each event of the journal with its
 original envelope, run, rank and seq, as compact batches per (run, rank), over one connection. It
@@ -28,7 +31,7 @@ import click
 import zmq.auth
 from zmq.utils import z85
 
-from relay.wire import curve
+from relay.wire import auth, curve
 from relay.wire.address import BadAddress, check_bind_address, is_loopback
 from relay.forward.sender import Forwarder
 from relay.wire.io_thread import Hub
@@ -53,7 +56,8 @@ class ForwardSink(Sink):
                          help="The central relay to forward every event to."),
             click.Option(["--curve-server-key"], metavar="KEY|FILE", default=None,
                          help="The central relay's CURVE public key (as `relay keygen` prints it) or its .key "
-                              "file: the link is encrypted and the central authenticated."),
+                              "file, for a central with a certificate (--curve-cert); by default the link proves "
+                              "and checks the relay secret, as a rank's does."),
             click.Option(["--curve-client-cert"], metavar="FILE", default=None,
                          help="This node's CURVE secret certificate (`relay keygen DIR --name NODE`), for a "
                               "central that admits only listed clients (--curve-clients)."),
@@ -90,14 +94,13 @@ class ForwardSink(Sink):
         fw.ready.wait(10.0)
         if fw.error:
             raise SinkError(f"--to {self.to}: cannot connect: {fw.error}")
-        if self.server_key:
-            secure = "CURVE, with this node's certificate" if self.client_cert else "CURVE"
-        else:
-            secure = "unencrypted"
+        how = auth.mode(self.to, self.server_key)
+        secure = {"curve": "CURVE, with this node's certificate" if self.client_cert else "CURVE",
+                  "secret": "CURVE, with the relay secret", "ipc": "ipc", "open": "unencrypted ($RELAY_OPEN)"}[how]
         log.info("forwarding to %s (%s); state in %s", self.to, secure, fw.state_path)
-        if not self.server_key and not is_loopback(self.to):
-            log.warning("forwarding to %s unencrypted: anyone on the way can read the events; give "
-                        "--curve-server-key (see docs/deployment.md)", self.to)
+        if how == "open" and not is_loopback(self.to):
+            log.warning("forwarding to %s unencrypted: anyone on the way can read the events; unset RELAY_OPEN "
+                        "(see docs/security.md)", self.to)
 
     def write(self, events: Sequence[dict[str, Any]]) -> None:
         """The events are already in the journal, which is what is forwarded: only note which runs
