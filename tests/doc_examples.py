@@ -98,6 +98,7 @@ def _env(sandbox: Path, **extra: str) -> dict[str, str]:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["HF_HUB_OFFLINE"] = "1"
     env["WANDB_SILENT"] = "true"
+    env["XDG_CONFIG_HOME"] = str(sandbox / ".config")  # the user's relay secret, as one shown path
     env.update(extra)
     return env
 

@@ -45,7 +45,7 @@ class Policy:
     allowed: frozenset[bytes] | None = None
 
     def describe(self) -> str:
-        return {"secret": f"peers must hold the relay secret ({self.source})",
+        return {"secret": f"peers must hold the relay secret in {self.source}",
                 "curve": f"CURVE certificate {self.source}"
                          + (", listed clients only" if self.allowed is not None else ", any client key"),
                 "open": "no authentication (--open): any process that can connect may publish",
