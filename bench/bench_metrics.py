@@ -107,7 +107,7 @@ def _cpu_per_event(frames: list[tuple[bytes, bytes]], folder: str, health: bool)
     journal = Journal(os.path.join(folder, f"j{time.monotonic_ns()}") + os.sep)
     journal.open()
     ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), 0.0, cluster=ClusterConfig(),
-                    health=RunHealth() if health else None)
+                    health=RunHealth() if health else None, send_acks=lambda peer, acks: None)  # as before: no acks
     events = 0
     t0 = time.process_time()
     for i, (peer, frame) in enumerate(frames):

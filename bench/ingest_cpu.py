@@ -47,13 +47,17 @@ def _raw(blobs: list[bytes], folder: str) -> float:
     return took
 
 
+def _encode_acks(peer: bytes, acks: list[tuple[str, int, int]]) -> None:
+    """What the loop does with acks, short of sending them."""
+    encoding.encode_ack(acks)
+
+
 def _ingest(blobs: list[bytes], peers: list[bytes], folder: str, profile: cProfile.Profile | None = None) -> float:
     """Every frame through take_frame, a commit (journal write, acks encoded) every 8 frames."""
     journal = Journal(os.path.join(folder, f"j{time.monotonic_ns()}.jsonl"))
     journal.open()
     ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), time.monotonic(),
-                    cluster=ClusterConfig())
-    ingest.batch.send = lambda peer, acks: encoding.encode_ack(acks) and None  # what the loop would send
+                    cluster=ClusterConfig(), send_acks=_encode_acks)
     if profile is not None:
         profile.enable()
     t0 = time.perf_counter()

@@ -157,3 +157,50 @@ def test_every_name_is_imported_from_its_home() -> None:
                   for node in ast.walk(tree) if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                   and node.value.id in aliases and node.attr in homes[aliases[node.value.id]][1]]
     assert not wrong, f"names imported from a module that only passes them on: {sorted(set(wrong))}"
+
+
+def _functions(tree: ast.AST) -> set[str]:
+    """The names of the functions and methods ``tree`` defines (properties are values, not callbacks)."""
+    return {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and not any(getattr(d, "id", None) == "property" for d in node.decorator_list)}
+
+
+def _methods(tree: ast.AST) -> set[str]:
+    """The names of the methods ``tree``'s classes define, but for properties."""
+    return set().union(set(), *(_functions(node) for node in ast.walk(tree) if isinstance(node, ast.ClassDef)))
+
+
+def _data(tree: ast.AST) -> set[str]:
+    """The attribute names ``tree`` gives values (``self.name = ...``, a class's ``name: type``)."""
+    names = {target.attr for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
+             for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+             if isinstance(target, ast.Attribute)}
+    return names | {node.target.id for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for node in cls.body
+                    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+
+
+def test_no_module_assigns_another_objects_callbacks_after_construction() -> None:
+    """Dependencies go in through constructors: an object whose callbacks another assigns once it is
+    built does without them until then (the relay's acks were dropped without a word before its
+    socket was bound). So no module of the project or its benchmarks assigns a function (a lambda,
+    a function or method of the project, a bound method) to an attribute of another object:
+    ``ingest.batch.send = self._send_acks`` fails, ``self.send = send`` in a constructor passes."""
+    trees = {path: ast.parse(path.read_text()) for path in modules().values()}
+    trees.update({path: ast.parse(path.read_text()) for path in sorted((ROOT / "bench").rglob("*.py"))})
+    # (a name some object holds as a value, ``run.name``, is not taken for the method of another class)
+    methods = set().union(*map(_methods, trees.values())) - set().union(*map(_data, trees.values()))
+    wired = []
+    for path, tree in trees.items():
+        functions = _functions(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                continue
+            value = node.value
+            if not (isinstance(value, ast.Lambda) or isinstance(value, ast.Name) and value.id in functions
+                    or isinstance(value, ast.Attribute) and value.attr in methods):
+                continue
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name)
+                                                              and target.value.id in ("self", "cls")):
+                    wired.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:100]}")
+    assert not wired, "callbacks assigned after construction (pass them to the constructor):\n" + "\n".join(wired)

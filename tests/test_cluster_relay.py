@@ -240,7 +240,8 @@ def test_a_relay_killed_at_any_point_sums_each_step_once(tmp_path: Path) -> None
         for session, frames in enumerate((order[:rng.randint(0, len(order))], order)):
             journal = Journal(path)
             journal.open()
-            ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), 0.0, cluster=ClusterConfig())
+            ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), 0.0, cluster=ClusterConfig(),
+                            send_acks=lambda peer, acks: None)  # no clients here to acknowledge
             for i, frame in enumerate(frames):
                 ingest.take_frame(b"peer%d" % i, frame, now=100.0 * session + i)
                 if rng.random() < 0.5:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 from relay.fleet.central import pieces
 from relay.fleet.partition import Partition
@@ -17,8 +18,8 @@ def body(run: str, seqs: range, rank: int = 0) -> bytes:
                                  "stage": "train", "data": {"loss": 1.0 / (seq + 1)}}) for seq in seqs)
 
 
-def view(root: Path, central: str = "RELAY-journal@1") -> Partition:
-    part = Partition(0, root, [])
+def view(root: Path, central: str = "RELAY-journal@1", holding: Callable[[], bool] = lambda: True) -> Partition:
+    part = Partition(0, root, [], holding=holding)
     part.open(central)
     return part
 
@@ -84,8 +85,7 @@ def test_a_batch_taken_and_refused_by_the_fence_is_taken_again_on_top_of_what_ca
 
 
 def test_lines_written_once_the_lease_is_in_doubt_are_withheld_from_the_sinks(tmp_path):
-    part = view(tmp_path)
-    part.holding = lambda: False
+    part = view(tmp_path, holding=lambda: False)
     part.apply(COMMITS[:1], 0.0)
     assert part.counters.withheld == 10 and not part.fan_out.workers
     part.close()

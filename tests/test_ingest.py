@@ -44,9 +44,9 @@ def ingest(tmp_path: Path) -> Any:
     def make(cluster: ClusterConfig | None = None, **options: Any) -> tuple[Ingest, Acks]:
         journal = Journal(str(tmp_path / "journal") + os.sep)
         journal.open()
-        ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), 0.0, cluster=cluster, **options)
         acks: Acks = {}
-        ingest.batch.send = lambda peer, sent: acks.setdefault(peer, []).append(sorted(sent))
+        ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), 0.0, cluster=cluster,
+                        send_acks=lambda peer, sent: acks.setdefault(peer, []).append(sorted(sent)), **options)
         made.append(ingest)
         return ingest, acks
 
@@ -64,7 +64,7 @@ def test_a_frame_is_journaled_once_and_acknowledged_only_after_the_commit(ingest
     relay, acks = ingest()
     relay.take_frame(b"a", compact("run", 0, range(0, 4)), now=1.0)
     assert journaled(relay) == [] and acks == {}, "nothing written or acknowledged before the commit"
-    assert relay.batch.pending == 4
+    assert relay.commit_step.pending == 4
     relay.take_frame(b"a", compact("run", 0, range(2, 6)), now=1.1)  # a resend overlapping the first
     relay.commit(now=1.2)
     assert journaled(relay) == [("run", 0, s) for s in range(6)]
@@ -78,9 +78,8 @@ def test_a_frame_is_journaled_once_and_acknowledged_only_after_the_commit(ingest
 
 
 def test_acks_go_to_each_streams_owner_one_message_per_connection(ingest) -> None:
-    relay, acks = ingest()
     live = {b"a", b"b"}
-    relay.connected = live.__contains__  # what the relay's socket says of each routing id
+    relay, acks = ingest(connected=live.__contains__)  # what the relay's socket says of each routing id
     relay.take_frame(b"a", compact("run", 0, range(3)), now=1.0)
     relay.take_frame(b"a", compact("other", 0, range(2)), now=1.0)
     relay.take_frame(b"b", compact("run", 1, range(5)), now=1.0)
@@ -97,9 +96,8 @@ def test_acks_go_to_each_streams_owner_one_message_per_connection(ingest) -> Non
 def test_an_owner_is_asked_about_only_when_another_connection_wants_its_stream(ingest) -> None:
     """Whether an owner is connected is asked of the socket at that moment, never learned from an
     earlier report: its own frames, and other streams' frames, ask nothing."""
-    relay, acks = ingest()
     asked: list[bytes] = []
-    relay.connected = lambda peer: asked.append(peer) or True
+    relay, acks = ingest(connected=lambda peer: asked.append(peer) or True)
     relay.take_frame(b"a", compact("run", 0, range(2)), now=1.0)
     relay.take_frame(b"a", compact("run", 0, range(2, 4)), now=1.0)
     relay.take_frame(b"b", compact("run", 1, range(2)), now=1.0)
@@ -114,9 +112,8 @@ def test_a_stream_whose_owner_is_gone_passes_to_the_first_connection_refused_it_
     """b asked while a looked connected (the relay had not yet seen a's end): when c sends once a is
     gone, the stream is kept for b, which resends; c is refused. Frames' order decides, not when the
     relay learns that a connection ended."""
-    relay, acks = ingest()
     live = {b"a", b"b", b"c"}
-    relay.connected = live.__contains__
+    relay, acks = ingest(connected=live.__contains__)
     relay.take_frame(b"a", compact("run", 0, range(1)), now=1.0)
     relay.take_frame(b"b", compact("run", 0, range(1, 2)), now=1.1)  # a connected: refused, b waits
     live.discard(b"a")
@@ -155,7 +152,7 @@ def test_refused_frames_are_counted_dead_lettered_and_never_acknowledged(ingest)
     letters = [orjson.loads(line) for line in relay.deadletters.path.read_bytes().splitlines()]
     assert [letter["reason"] for letter in letters][1:] == ["reserved_rank", "run_rate"]
     relay.take_frame(b"a", compact("run-2", 0, range(1)), now=61.0)  # its budget grew back
-    assert relay.counters.rejected["run_rate"] == 1 and relay.batch.pending == 1
+    assert relay.counters.rejected["run_rate"] == 1 and relay.commit_step.pending == 1
 
 
 def test_a_client_drop_report_moves_the_floor_and_a_reused_run_id_is_reported(ingest) -> None:
@@ -200,7 +197,8 @@ def test_the_oldest_run_is_forgotten_for_a_new_one_after_its_lines_are_journaled
     relay.take_frame(b"a", compact("three", 0, range(3)), now=3.0)  # "one" must go: its lines first
     assert journaled(relay) == [("one", 0, s) for s in range(3)] + [("two", 0, s) for s in range(3)]
     assert acks == {b"a": [[("one", 0, 3), ("two", 0, 3)]]}, "acknowledged before its state went"
-    assert set(relay.runs.dedupe.run_ranks) == {"two", "three"} and relay.counters.runs_evicted == 1
+    assert [relay.runs.known(run) for run in ("one", "two", "three")] == [False, True, True]
+    assert relay.runs.count() == 2 and relay.counters.runs_evicted == 1
     relay.take_frame(b"a", compact("one", 0, range(5)), now=4.0)  # back: the journal tells what it had
     relay.commit(now=4.1)
     assert [k for k in journaled(relay) if k[0] == "one"] == [("one", 0, s) for s in range(5)]
@@ -211,7 +209,7 @@ def test_idle_runs_are_forgotten_and_rebuilt_from_the_journal(ingest) -> None:
     relay.take_frame(b"a", compact("old", 0, range(4)), now=1.0)
     relay.take_frame(b"a", compact("new", 0, range(4)), now=100.0)
     relay.forget_idle(before=50.0, now=100.0)
-    assert set(relay.runs.dedupe.run_ranks) == {"new"} and ("old", 0) not in relay.runs.active
+    assert relay.runs.count() == 1 and relay.runs.known("new") and ("old", 0) not in relay.runs.active
     relay.take_frame(b"a", compact("old", 0, range(6)), now=101.0)
     relay.commit(now=101.1)
     assert sorted(k for k in journaled(relay) if k[0] == "old") == [("old", 0, s) for s in range(6)]
@@ -232,15 +230,14 @@ def test_cross_rank_events_are_numbered_on_as_the_relays_rank(ingest) -> None:
 def test_a_failing_journal_keeps_every_line_and_acks_nothing_until_it_works(ingest, tmp_path: Path) -> None:
     """The fault is real: one run's journal file cannot be opened (a directory stands in its place).
     What the files before it took goes to the other sinks at once, and only the rest is retried."""
-    relay, acks = ingest()
     handed: list[tuple[bytes, int]] = []
-    relay.batch.fan_out = lambda lines, events, news: handed.append((lines, events))
+    relay, acks = ingest(fan_out=lambda lines, events, news: handed.append((lines, events)))
     relay.take_frame(b"a", compact("a", 0, range(3)), now=1.0)
     relay.take_frame(b"a", compact("b", 0, range(2)), now=1.0)
     blocker = tmp_path / "journal" / "b.jsonl"
     blocker.mkdir()
     relay.commit(now=1.0)
-    batch = relay.batch
+    batch = relay.commit_step
     assert relay.counters.journal_errors == 1 and relay.counters.written == 3, "run a's file took its part"
     assert batch.pending == 2 and batch.lines == [("b", batch.lines[0][1])] and acks == {}
     assert [(sorted(orjson.loads(line)["seq"] for line in lines.splitlines()), n) for lines, n in handed] \
@@ -263,9 +260,8 @@ def test_a_failing_journal_keeps_every_line_and_acks_nothing_until_it_works(inge
 
 
 def test_the_other_sinks_get_exactly_the_journaled_bytes(ingest) -> None:
-    relay, _ = ingest()
     handed: list[tuple[bytes, int]] = []
-    relay.batch.fan_out = lambda lines, events, news: handed.append((lines, events))
+    relay, _ = ingest(fan_out=lambda lines, events, news: handed.append((lines, events)))
     relay.take_frame(b"a", compact("x", 0, range(3)), now=1.0)
     relay.take_frame(b"a", encoding.encode_frame([event(0, run="y"), event(1, run="y")]), now=1.0)
     relay.commit(now=1.1)

@@ -87,7 +87,8 @@ def test_ingest_feeds_health_from_compact_frames_and_forgets_with_the_run(tmp_pa
     journal = Journal(str(tmp_path / "journal") + os.sep)
     journal.open()
     health = RunHealth(loss=True)
-    ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), 0.0, cluster=cluster, health=health)
+    ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), 0.0, cluster=cluster, health=health,
+                    send_acks=lambda peer, acks: None)  # no clients here to acknowledge
     try:
         for rank in (0, 1):
             prefix = encoding.compact_prefix({"v": 1, "run": "r", "rank": rank, "local_rank": rank, "world_size": 2,

@@ -5,8 +5,8 @@ So an ack always means "in the journal". A failing journal keeps every line it d
 (retried with backoff, no acks meanwhile, and ingest stops reading at MAX_UNJOURNALED: clients keep
 their events). The other sinks get exactly the lines the journal took, each once, even when a write
 fails part way (``JournalQueue``, which a consuming relay's partitions use too, relay/fleet/partition.py).
-No socket and no clock of its own: the caller gives the time, a ``fan_out`` for the other sinks and
-a ``send`` for the acks (the daemon's ROUTER socket, relay/daemon/loop.py; none before it binds).
+No socket and no clock of its own: the caller gives the time, and at construction a ``send`` for the
+acks (the daemon's ROUTER socket, relay/daemon/loop.py) and a ``fan_out`` for the other sinks.
 """
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ class LineJournal(Protocol):
 #: Hands on what the journal took: its lines, joined; how many events they are; and per run, how
 #: many and where its file ends now (what the journal's followers learn, relay/sinkhost/notices.py).
 Deliver = Callable[[bytes, int, News], None]
+#: Sends one connection (its routing id) its acks.
+Send = Callable[[bytes, Acks], None]
 
 
 class JournalQueue:
@@ -103,14 +105,12 @@ class Commit:
     """The lines waiting for the journal, the streams waiting for an ack, and the journal's backoff."""
 
     def __init__(self, journal: LineJournal, counters: Counters, ranks: Mapping[tuple[str, int], RankState],
-                 now: float) -> None:
+                 now: float, *, send: Send, fan_out: Deliver | None = None) -> None:
         self.journal = journal
         self.counters = counters
         self.ranks = ranks  # each stream's dedupe state: its owner and its floor are the ack
-        #: the other sinks' share of each written batch (lines, events); None: no other sinks
-        self.fan_out: Deliver | None = None
-        #: sends one connection its acks; None: no one to acknowledge (before the socket is bound)
-        self.send: Callable[[bytes, Acks], None] | None = None
+        self.send = send  # each connection's acks
+        self.fan_out = fan_out  # the other sinks' share of each written batch (lines, events, news); None: none
         # Accepted events as (run, journal lines) chunks, encoded on arrival while they are still in
         # the CPU's cache; the other sinks get the same lines.
         self.queue = JournalQueue()
@@ -123,6 +123,20 @@ class Commit:
     def add(self, run: str, chunk: bytes, count: int) -> None:
         """``count`` events of ``run``, as their journal lines, wait for the next commit."""
         self.queue.add(run, chunk, count)
+
+    def add_derived(self, run: str, line: bytes) -> None:
+        """One of the relay's own events (no one is acknowledged for it): ``run``'s state stays until
+        it is journaled (``holds``)."""
+        self.queue.add(run, line, 1)
+        self.derived_runs.add(run)
+
+    def ack_due(self, key: tuple[str, int]) -> None:
+        """``key``'s owner is acknowledged at the next commit."""
+        self.acks_due.add(key)
+
+    def drop_acks(self) -> None:
+        """Every connection is gone: no ack is due to anyone (each client resends, and is acknowledged then)."""
+        self.acks_due.clear()
 
     @property
     def lines(self) -> list[tuple[str, bytes]]:
@@ -192,9 +206,8 @@ class Commit:
             if peer is not None:  # gone: its next connection is acknowledged when it sends
                 per_peer.setdefault(peer, []).append((key[0], key[1], state.ack_for(peer)))
         self.acks_due.clear()
-        if self.send is not None:
-            for peer, acks in per_peer.items():
-                self.send(peer, acks)
+        for peer, acks in per_peer.items():
+            self.send(peer, acks)
 
     def journal_stats(self, now: float) -> dict[str, float]:
         """The journal's figures as the status shows each sink's (lag: since the last write that worked)."""

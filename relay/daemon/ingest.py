@@ -9,9 +9,11 @@ rank RELAY_RANK. A frame that is refused is counted and dead-lettered, never ack
 
 No socket and no clock of its own: the caller passes each frame with its connection's identity
 and the time; the daemon's loop (relay/daemon/loop.py) reads them off its ROUTER socket, the
-fuzzer and the tests hand them in directly. ``connected`` is how ingest asks the loop whether a
-stream's owner is still connected, when another connection sends for its stream
-(relay/daemon/peers.py); ``refuse_connection`` is how the loop reports a refused handshake.
+fuzzer and the tests hand them in directly. What ingest calls back is given to its constructor:
+``send_acks`` sends a connection its acks, ``fan_out`` hands what the journal took to the other
+sinks, ``connected`` asks whether a stream's owner is still connected, when another connection
+sends for its stream (relay/daemon/peers.py); ``refuse_connection`` is how the loop reports a
+refused handshake.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import socket
 import time
 from typing import Any, Callable, Iterable
 
-from relay.daemon.commit import Commit
+from relay.daemon.commit import Commit, Deliver, Send
 from relay.daemon.counters import Counters
 from relay.daemon.cross_rank import Cluster, ClusterConfig
 from relay.daemon.run_health import RunHealth
@@ -43,21 +45,23 @@ _rank = operator.itemgetter("rank")
 
 
 class Ingest:
-    """The relay without its socket: frames in, journal lines and acks out through ``batch``."""
+    """The relay without its socket: frames in, journal lines and acks out through ``commit_step``."""
 
-    def __init__(self, journal: Journal, deadletters: DeadLetters, now: float, *, run_rate: float = 60.0,
-                 max_runs: int = 10_000, cluster: ClusterConfig | None = None, health: RunHealth | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, journal: Journal, deadletters: DeadLetters, now: float, *, send_acks: Send,
+                 fan_out: Deliver | None = None, connected: Callable[[bytes], bool] | None = None,
+                 run_rate: float = 60.0, max_runs: int = 10_000, cluster: ClusterConfig | None = None,
+                 health: RunHealth | None = None, wall_clock: Callable[[], float] = time.time) -> None:
         self.journal = journal
         self.deadletters = deadletters
         self.counters = Counters()
         self.runs = Runs(journal, run_rate, max_runs)
-        self.batch = Commit(journal, self.counters, self.runs.dedupe.ranks, now)
+        #: the lines waiting for the journal and the acks waiting for them (relay/daemon/commit.py)
+        self.commit_step = Commit(journal, self.counters, self.runs.ranks, now, send=send_acks, fan_out=fan_out)
         self.cluster = Cluster(cluster) if cluster is not None else None
         self.follow_health(health)
         self.run_rate = run_rate
         #: whether a stream owner's connection is still there (None: every owner is, until silent)
-        self.connected: Callable[[bytes], bool] | None = None
+        self.connected = connected
         self._refused_at: float | None = None  # when a refused handshake was last logged
         self._refused_since = 0  # refused handshakes since then
         self._wall_clock = wall_clock  # the ts of the relay's own events
@@ -102,7 +106,7 @@ class Ingest:
     def _owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
                          now: float) -> Key | None:
         """The first stream of the frame that is kept for another connection, if any."""
-        ranks = self.runs.dedupe.ranks
+        ranks = self.runs.ranks
         for key in self.runs.keys_of(events, first_seq):
             state = ranks.get(key)
             if state is not None and self._kept_from(key, state, peer, now):
@@ -129,17 +133,17 @@ class Ingest:
         state.waiting = None
         if self.connected is not None and not self.connected(waiting):
             return False
-        self.runs.dedupe.claim(key, state, waiting, now)  # it asked first: it resends, and is taken then
+        self.runs.hand_over(key, state, waiting, now)  # it asked first: it resends, and is taken then
         state.waiting = peer
         return True
 
     def commit(self, now: float) -> None:
         """Journal what waits, then acknowledge and fan out (relay/daemon/commit.py)."""
-        self.batch.commit(now)
+        self.commit_step.commit(now)
 
     def _take_events(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None, now: float,
                      derive: bool) -> None:
-        counters, batch = self.counters, self.batch
+        counters, commit_step = self.counters, self.commit_step
         if first_seq is not None:  # one rank's plain events, seqs without a gap: maybe all new
             run, rank = events[0]["run"], events[0]["rank"]
             chunk = encode_lines(events)
@@ -150,7 +154,7 @@ class Ingest:
                 return
             counters.events += len(events)
             if state.take_run(first_seq, len(events)):
-                batch.add(run, chunk, len(events))  # (not before _state: making room may commit)
+                commit_step.add(run, chunk, len(events))  # (not before _state: making room may commit)
                 if derive and self._watching:
                     self._derive(events, now)
                 if self._take_loss is not None and rank == 0:
@@ -172,7 +176,7 @@ class Ingest:
                 state = self._state(peer, key[0], key[1], now, admitted=True)
                 last_key = key
             if state.take(event["seq"], peer):
-                batch.add(key[0], line, 1)
+                commit_step.add(key[0], line, 1)
                 if event["type"] == "stats":
                     self._client_drops(key, state, event, peer)
                 elif event["type"] == "hello":
@@ -192,9 +196,9 @@ class Ingest:
         and ``peer`` has used up its budget of new runs (unless already ``admitted``)."""
         runs = self.runs
         key = (run, rank)
-        state = runs.dedupe.ranks.get(key)
+        state = runs.ranks.get(key)
         if state is None:
-            new = run not in runs.dedupe.run_ranks
+            new = not runs.known(run)
             if new:
                 if not admitted and not runs.budget.admit(peer, 1, now):
                     return None
@@ -207,7 +211,7 @@ class Ingest:
                     self.counters.client_reported(known, dropped)
                 runs.reported.clear()
         runs.claim(key, state, peer, now)
-        self.batch.acks_due.add(key)
+        self.commit_step.ack_due(key)
         return state
 
     def _derive(self, events: Iterable[dict[str, Any]], now: float) -> None:
@@ -220,7 +224,7 @@ class Ingest:
             if cluster is None:
                 continue
             if event["stage"] == "rank" and event["type"] == "metrics":
-                self.publish(cluster.observe(event, now))
+                self.queue_derived(cluster.observe(event, now))
             elif event["type"] == "lifecycle":
                 cluster.ended(event, now)
 
@@ -228,11 +232,11 @@ class Ingest:
         """About once a second: what the cross-rank derivation settles by silence alone; ended runs'
         health dropped once kept long enough."""
         if self.cluster is not None:
-            self.publish(self.cluster.check(now))
+            self.queue_derived(self.cluster.check(now))
         if self.health is not None:
             self.health.expire(now)
 
-    def publish(self, derived: list[Derived]) -> None:
+    def queue_derived(self, derived: list[Derived]) -> None:
         """The relay's own events go where every taken event goes, numbered on from what the journal
         holds of (run, RELAY_RANK); no one is acknowledged for them."""
         for item in derived:
@@ -240,8 +244,7 @@ class Ingest:
             seq = state.floor
             state.take(seq)
             event = relay_event(item, seq, self._host, self._wall_clock())
-            self.batch.add(item.run, encode_line(event), 1)
-            self.batch.derived_runs.add(item.run)
+            self.commit_step.add_derived(item.run, encode_line(event))
             self.counters.derived += 1
 
     def _refuse_runs(self, peer: bytes, runs: list[str], events: list[dict[str, Any]]) -> None:
@@ -254,7 +257,7 @@ class Ingest:
     def _make_room(self, now: float) -> None:
         """Before a new run: if ``max_runs`` are tracked, forget the least recently active one."""
         while self.runs.full:
-            run = self.runs.dedupe.least_recent()
+            run = self.runs.least_recent()
             if run is None or not self.forget(run, now):
                 return
             self.counters.runs_evicted += 1
@@ -278,17 +281,17 @@ class Ingest:
 
     def forget_idle(self, before: float, now: float) -> None:
         """Drop per-run state of runs silent since ``before``; the journal can rebuild it."""
-        for run in self.runs.dedupe.idle_runs(before):
+        for run in self.runs.idle_runs(before):
             if self.forget(run, now):
                 log.info("run %s idle for %.0f s: forgot its dedupe state", run, now - before)
 
     def forget(self, run: str, now: float) -> bool:
         """Drop ``run``'s state; False (kept) while events it vouches for cannot be journaled."""
         if self.cluster is not None:
-            self.publish(self.cluster.close(run, now))  # an ended run's ranks left behind
-        if self.batch.holds(run, self.runs.ranks_of(run)):
+            self.queue_derived(self.cluster.close(run, now))  # an ended run's ranks left behind
+        if self.commit_step.holds(run, self.runs.ranks_of(run)):
             self.commit(now)  # journal its last events before the state that deduplicated (or numbered) them goes
-            if self.batch.lines:
+            if self.commit_step.lines:
                 return False
         for rank in self.runs.forget(run):
             self.counters.forget_client_drops((run, rank))
@@ -302,7 +305,7 @@ class Ingest:
         """At shutdown: what the cross-rank derivation can still say of every run (ranks left behind)."""
         if self.cluster is not None:
             for run in list(self.cluster.runs):
-                self.publish(self.cluster.close(run, now))
+                self.queue_derived(self.cluster.close(run, now))
 
     def peer_gone(self, peer: bytes) -> None:
         """``peer``'s connection is gone: the streams it owned pass to whichever connection sends next."""
@@ -310,6 +313,12 @@ class Ingest:
         if released:
             self.counters.owners_released += released
             log.debug("peer %s disconnected: %d streams it sent are free", peer.hex(), released)
+
+    def all_peers_gone(self) -> None:
+        """Every connection was dropped (the loop's memory guard): every stream is free and no ack is
+        due to anyone; each client resends, and is acknowledged then."""
+        self.runs.release_all()
+        self.commit_step.drop_acks()
 
     def refuse_connection(self, why: str, now: float) -> None:
         """A connection failed the handshake (relay/daemon/gate.py): nothing of it was read. Counted

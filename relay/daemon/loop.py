@@ -61,11 +61,12 @@ class Relay:
         self.journal = journal
         self.sinks = sinks
         now = time.monotonic()
+        self.fan_out = FanOut()  # the other sinks' processes (none until open_sinks starts them)
         self.ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), now,
+                             send_acks=self._send_acks, fan_out=self.fan_out.submit, connected=self._connected,
                              run_rate=config.run_rate, max_runs=config.max_runs, cluster=config.cluster)
         self.counters = self.ingest.counters
         self.stats_path: Path = journal.sidecar("_stats.json")
-        self.fan_out = FanOut()  # the other sinks' processes
         self.address = config.address
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
@@ -94,8 +95,6 @@ class Relay:
         if (warning := gate.warning(policy, self.config.address)) is not None:  # only once it is true
             log.warning("%s", warning)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.ingest.connected = self._connected
-        self.ingest.batch.send = self._send_acks
         return self.address
 
     def check_gate(self) -> gate.Policy:
@@ -128,8 +127,6 @@ class Relay:
         except SinkError:  # a usage error: leave no lock (and no empty journal folder) behind
             self.journal.abandon()
             raise
-        if self.fan_out.workers:
-            self.ingest.batch.fan_out = self.fan_out.submit
 
     def write_ready_file(self) -> None:
         path = self.config.ready_file
@@ -161,14 +158,14 @@ class Relay:
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, 20, 20)
         interval = self.config.flush_interval
-        ingest, batch = self.ingest, self.ingest.batch
+        ingest, commit_step = self.ingest, self.ingest.commit_step
         next_flush = time.monotonic() + interval
         next_stats = time.monotonic() + self.config.stats_interval
         next_watch = time.monotonic() + 1.0
         while not self._stop:
             now = time.monotonic()
             timeout = max(0.0, min(next_flush, next_watch) - now)
-            if batch.reading:
+            if commit_step.reading:
                 if self._wait_for_frames(poller, timeout):
                     self._receive(self._sock)
             else:
@@ -176,7 +173,7 @@ class Relay:
                 time.sleep(timeout)
                 self.fan_out.idle.clear()
             now = time.monotonic()
-            if now >= next_flush or batch.full:
+            if now >= next_flush or commit_step.full:
                 self._refusals(now)
                 ingest.commit(now)
                 next_flush = now + interval
@@ -231,9 +228,9 @@ class Relay:
         rejected whole, read part by part so that the relay never holds more than one part of it."""
         now = time.monotonic()
         budget = TURN_BYTES
-        batch, take_frame = self.ingest.batch, self.ingest.take_frame
+        commit_step, take_frame = self.ingest.commit_step, self.ingest.take_frame
         for _ in range(RECV_BURST):
-            if budget <= 0 or batch.full:
+            if budget <= 0 or commit_step.full:
                 return
             try:
                 peer = sock.recv(zmq.NOBLOCK)
@@ -309,8 +306,7 @@ class Relay:
         assert self._sock is not None and self._gate is not None
         self._gate.release(self._sock)
         self._sock.close(linger=0)
-        self.ingest.runs.dedupe.release_all()  # every connection is gone
-        self.ingest.batch.acks_due.clear()
+        self.ingest.all_peers_gone()
         deadline = time.monotonic() + REBIND_TIMEOUT
         while True:  # ZeroMQ lets go of the address in its own thread, a moment after the close
             try:
@@ -338,12 +334,12 @@ class Relay:
         """Every counter, plus events/s over about the last ``window`` seconds and the runs' ranks."""
         now = time.monotonic()
         runs = self.ingest.runs
-        sinks: dict[str, Any] = {JOURNAL: self.ingest.batch.journal_stats(now)}
+        sinks: dict[str, Any] = {JOURNAL: self.ingest.commit_step.journal_stats(now)}
         sinks.update(self.fan_out.stats())
         snap = self.counters.snapshot(sinks, runs.client_ranks())
         snap.update(ts=round(time.time(), 3), address=self.address, pid=os.getpid(), final=final,
                     events_per_s=round(self._rate.per_s(now, self.counters.events, window), 1), rate_window_s=window,
-                    runs=len(runs.dedupe.run_ranks), active_window_s=self.config.active_window,
+                    runs=runs.count(), active_window_s=self.config.active_window,
                     per_run=runs.view(now, self.config.active_window))
         return snap
 

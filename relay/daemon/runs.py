@@ -20,7 +20,8 @@ Key = tuple[str, int]
 
 
 class Runs:
-    """The table; ``dedupe`` is its core, the rest is per (run, rank) or per run beside it."""
+    """The table; ``dedupe`` is its core, the rest is per (run, rank) or per run beside it. Its
+    callers ask it, not its core: what they need of the dedupe state is a method here."""
 
     def __init__(self, journal: Journal, run_rate: float, max_runs: int) -> None:
         self.journal = journal  # what a run met again already has (Dedupe.lookup)
@@ -39,6 +40,18 @@ class Runs:
         if first_seq is not None:
             return ((events[0]["run"], events[0]["rank"]),)
         return {(e["run"], e["rank"]) for e in events}
+
+    @property
+    def ranks(self) -> dict[Key, RankState]:
+        """Each known stream's dedupe state (relay/journal/dedupe.py): its owner, its floor."""
+        return self.dedupe.ranks
+
+    def count(self) -> int:
+        """Runs known."""
+        return len(self.dedupe.run_ranks)
+
+    def known(self, run: str) -> bool:
+        return run in self.dedupe.run_ranks
 
     def new_runs(self, runs: Iterable[str]) -> set[str]:
         return set(runs).difference(self.dedupe.run_ranks)
@@ -71,6 +84,11 @@ class Runs:
         self.active[key] = now
         self.dedupe.touch(key[0], now)
 
+    def hand_over(self, key: Key, state: RankState, peer: bytes, now: float) -> None:
+        """``key`` goes to ``peer``, which asked for it first (it is taken when it resends: not yet
+        its activity)."""
+        self.dedupe.claim(key, state, peer, now)
+
     def note_world(self, run: str, world_size: int) -> None:
         """A known run's world size (for the status), from its first accepted frame."""
         if run not in self.world and run in self.dedupe.run_ranks:
@@ -86,6 +104,18 @@ class Runs:
     def release(self, peer: bytes) -> int:
         """``peer``'s connection is gone: the streams it owned are free. Returns how many."""
         return self.dedupe.release(peer)
+
+    def release_all(self) -> None:
+        """Every connection is gone: every stream is free."""
+        self.dedupe.release_all()
+
+    def least_recent(self) -> str | None:
+        """The run active least recently (the first forgotten to make room), None if none."""
+        return self.dedupe.least_recent()
+
+    def idle_runs(self, before: float) -> list[str]:
+        """Runs silent since ``before``."""
+        return self.dedupe.idle_runs(before)
 
     def forget(self, run: str) -> list[int]:
         """Drop ``run``'s state (the journal can rebuild it); returns the ranks it had."""

@@ -33,18 +33,18 @@ class Shutdown:
 
     def run(self, stats_window: float) -> None:
         """Journal, drain, close the journal; the final stats written and logged."""
-        ingest, batch = self.ingest, self.ingest.batch
+        ingest, commit_step = self.ingest, self.ingest.commit_step
         ingest.close_runs(time.monotonic())
-        log.info("shutting down: flushing %d events", batch.pending)
+        log.info("shutting down: flushing %d events", commit_step.pending)
         deadline = time.monotonic() + self.timeout
-        batch.retry_now()
+        commit_step.retry_now()
         ingest.commit(time.monotonic())
-        while batch.lines and time.monotonic() < deadline:
-            time.sleep(min(batch.backoff, 0.5))
+        while commit_step.lines and time.monotonic() < deadline:
+            time.sleep(min(commit_step.backoff, 0.5))
             ingest.commit(time.monotonic())
-        if batch.lines:
+        if commit_step.lines:
             log.error("shutting down with %d events the journal could not take; their clients still hold "
-                      "them and will resend to the next relay", batch.pending)
+                      "them and will resend to the next relay", commit_step.pending)
         self.fan_out.close(deadline, lambda waited: self._progress(stats_window, waited))
         try:
             self.journal.close()

@@ -54,8 +54,7 @@ class Holder:
         """Hold partition ``k`` until ``quit_``, or until the lease can no longer be trusted."""
         cfg, loop = self.config, asyncio.get_running_loop()
         part = Partition(self.k, cfg.path, cfg.sinks, fsync=cfg.fsync, sink_queue=cfg.sink_queue,
-                         shutdown_timeout=cfg.shutdown_timeout)
-        part.holding = self.valid
+                         shutdown_timeout=cfg.shutdown_timeout, holding=self.valid)
         while True:
             try:
                 await loop.run_in_executor(None, part.open, self.central.identity)

@@ -62,6 +62,9 @@ class Partition:
     sink_queue: int = 200_000
     shutdown_timeout: float = 10.0
     counters: PartitionCounters = field(default_factory=PartitionCounters)
+    #: whether the lease is still surely ours: a relay that may have lost it hands its sinks nothing
+    #: more (the next holder's sinks take those lines from its own view)
+    holding: Callable[[], bool] = lambda: True
 
     def __post_init__(self) -> None:
         self.journal = Journal(f"{self.root / f'p{self.number}'}{os.sep}", fsync=self.fsync)
@@ -72,9 +75,6 @@ class Partition:
         self.position = 0  # the central journal's last commit of this partition that the view holds
         self._position_path = self.journal.sidecar("_view.json")
         self._central = ""  # the central journal the position is of (its stream's creation time)
-        #: whether the lease is still surely ours: a relay that may have lost it hands its sinks nothing
-        #: more (the next holder's sinks take those lines from its own view)
-        self.holding: Callable[[], bool] = lambda: True
         self._counted = [0, 0]  # messages and duplicates counted by the last take_all (reset uncounts them)
         self.pending = 0  # messages of the partition in the stream not yet delivered, after the last fetch
         self.published: float | None = None  # unix time of the last message fetched

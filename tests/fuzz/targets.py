@@ -180,15 +180,14 @@ def _open_ingest(path: str) -> tuple[Any, Acked]:
 
     journal = Journal(path)
     journal.open()
-    ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), time.monotonic(),
-                    cluster=ClusterConfig())
     acked: Acked = {}
 
     def send(peer: bytes, acks: list[tuple[str, int, int]]) -> None:
         encoding.encode_ack(acks)
         acked.update(((run, rank), (peer, ack)) for run, rank, ack in acks)
 
-    ingest.batch.send = send
+    ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), time.monotonic(),
+                    send_acks=send, cluster=ClusterConfig())
     return ingest, acked
 
 
@@ -199,7 +198,7 @@ def _check_ingest(ingest: Any, path: Path, written: int, acked: Acked) -> None:
         raise Violation(f"internal_error ({detail.split(':', 1)[0]})", f"take_frame swallowed an exception: {detail}")
     if counters.journal_errors:
         raise Violation("journal_error", f"{counters.journal_errors} journal writes failed with a writable journal")
-    pending = ingest.batch.pending
+    pending = ingest.commit_step.pending
     if counters.events + counters.derived != counters.written + counters.duplicates + pending:
         raise Violation("counters", f"events {counters.events} + derived {counters.derived} != written "
                                     f"{counters.written} + duplicates {counters.duplicates} + pending {pending}")
