@@ -32,7 +32,7 @@ from relay.daemon.bounds import TURN_BYTES, MemoryProbe, alive, raise_file_limit
 from relay.daemon.commit import Acks
 from relay.daemon.counters import log_stats, write_stats
 from relay.daemon.config import RelayConfig
-from relay.daemon.fan_out import FanOut
+from relay.sinkhost.fan_out import FanOut
 from relay.daemon.ingest import Ingest
 from relay.daemon.live_line import LiveLine
 from relay.daemon.shutdown import Shutdown

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from relay.daemon.counters import log_stats, write_stats
-from relay.daemon.fan_out import FanOut
+from relay.sinkhost.fan_out import FanOut
 from relay.daemon.ingest import Ingest
 from relay.journal.journal import NAME as JOURNAL, Journal
 from relay.sinkhost import behind

@@ -32,7 +32,7 @@ from relay.daemon.commit import JournalQueue
 from relay.journal.dedupe import Dedupe, RankState
 from relay.journal.journal import Journal
 from relay.journal.reader import journal_files
-from relay.daemon.fan_out import FanOut
+from relay.sinkhost.fan_out import FanOut
 from relay.sinkhost.child import SinkSpec
 from relay.sinkhost.notices import News
 from relay.wire.lines import ChunkCheck
@@ -96,7 +96,7 @@ class Partition:
                 raise
 
     def _start_sinks(self) -> None:
-        """The daemon's fan-out (relay/daemon/fan_out.py), always fed: no ingest here to make room for."""
+        """The sinks' fan-out (relay/sinkhost/fan_out.py), always fed: no ingest here to make room for."""
         self.fan_out.idle.set()
         self.fan_out.start(self.sinks, self.journal, self.sink_queue, self.shutdown_timeout, None)
 
