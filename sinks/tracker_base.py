@@ -15,7 +15,7 @@ those calls and does, once for every tracker, what each would otherwise rebuild:
   every figure of those stages, new ones included, where its UI keeps system figures.
 * **The relay's own events** (rank ``RELAY_RANK``): its cross-rank figures (stage ``cluster``) are
   run-level series (``cluster_step_time_max_s``, ``CLUSTER_NAMES``, context ``system: "cluster"``); its findings (``straggler``,
-  ``rank_lost``, ``rank_back``) are params ``relay.cluster.<event>.rank<r>_step<s>``, one per rank
+  ``straggler_cleared``, ``rank_lost``, ``rank_back``) are params ``relay.cluster.<event>.rank<r>_step<s>``, one per rank
   and step, so none hides another.
 * **Client counters** (``stats``) are bookkeeping, not curves: params ``relay.client.rank<n>``,
   plus one series ``relay_dropped`` per rank only once that rank dropped something.
