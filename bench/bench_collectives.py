@@ -95,7 +95,7 @@ def pair_section(section: Section, blocks: int, workdir: Path) -> None:
         rows += [base.row(), timed.row(base), Sample(f"timed / built-in, adjacent blocks: {what}", "x", ratios).row()]
         median = statistics.median(ratios)
         section.target(f"collective timing within 2% of DDP's built-in all-reduce (one process, two DDP copies, "
-                       f"median ratio of adjacent blocks, {what})", median, 1.02, False,
+                       f"median ratio of adjacent blocks, {what}; met when its 95% interval is)", high, 1.02, False,
                        f"{(median - 1) * 100:+.1f}% (95% interval {(low - 1) * 100:+.1f}% .. {(high - 1) * 100:+.1f}%)")
         section.data[f"pair {key}"] = {"ratios": ratios, "interval": [low, high]}
         section.notes.append(f"one process, {what}: the 95% bootstrap interval of the median ratio of adjacent blocks "
@@ -135,7 +135,7 @@ def run(steps: int, least: int, most: int, workdir: Path) -> Section:
     for key, what in (("wall", "wall"), ("cpu", "CPU")):
         median, (low, high) = statistics.median(ratios[key]), bounds[key]
         section.target(f"collective timing within 2% of DDP's built-in all-reduce (whole jobs, median same-round "
-                       f"ratio of the median step cycle, {what})", median, 1.02, False,
+                       f"ratio of the median step cycle, {what}; met when its 95% interval is)", high, 1.02, False,
                        f"{(median - 1) * 100:+.1f}% (95% interval {(low - 1) * 100:+.1f}% .. {(high - 1) * 100:+.1f}%)")
         section.notes.append(f"{what}: the 95% bootstrap interval of the median same-round ratio is {low:.4f} .. "
                              f"{high:.4f} after {rounds} rounds: " + (
