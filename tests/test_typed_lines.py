@@ -5,10 +5,14 @@ sends them on); and it takes every plain line the relay writes, or it would be n
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import orjson
 
+from conftest import ROOT
 from line_helpers import BREAKS, JUNK, event
+from test_event_model import NEW_FIELD
 from relay.wire import typed_lines
 from relay.wire.lines import encode_line, parse_event
 from sinks.events import FIELDS
@@ -100,3 +104,18 @@ def test_every_plain_line_the_relay_writes_is_taken() -> None:
         e["type"] = rng.choice(["metrics", "params", "lifecycle", "stats", "hello"])
         lines.append(orjson.dumps(e))
     assert None not in typed_lines.decode(lines)
+
+
+#: The event model's one-edit new field (tests/test_event_model.py), then what the typed decoding makes of it.
+TYPED_NEW_FIELD = NEW_FIELD.split("print(model.FIELDS)")[0] + """
+from relay.wire import typed_lines
+line = b'{"v":1,"run":"r-1","rank":0,"seq":0,"ts":1.5,"type":"metrics","data":{},"tokens":%s}'
+print([item.tokens if item else "refused" for item in typed_lines.decode([line % b"4", line % b"null", line % b"-1", line % b"1.5"])])
+"""
+
+
+def test_a_new_field_of_the_model_is_typed_with_no_edit_here() -> None:
+    proc = subprocess.run([sys.executable, "-c", TYPED_NEW_FIELD], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[4, None, 'refused', 'refused']"]  # parse_event judges those two

@@ -10,6 +10,7 @@ from typing import Any, Callable, NamedTuple
 import orjson
 
 from relay.wire import schema, typed_lines
+from relay.wire.typed_lines import OPTIONAL_FIELDS
 from sinks.events import ENVELOPE, FIELDS, RELAY_RANK, ROW_FIELDS, json_safe
 
 
@@ -81,10 +82,6 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
     return event if type(event) is dict else None
 
 
-#: Fields a line may leave out and still be an event (a journal written by hand or by another tool),
-#: with what they are checked as; the event itself is handed on as written.
-OPTIONAL_FIELDS: dict[str, Any] = {"v": schema.SCHEMA_VERSION, "local_rank": 0, "world_size": 1, "host": "",
-                                   "step": None, "epoch": None, "stage": None}
 _FIELD_SET = frozenset(FIELDS)
 
 
