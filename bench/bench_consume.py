@@ -171,6 +171,9 @@ def run(quick: bool = False) -> Section:
     rows = [figures[name]["events/s"].row(None if name == RAW else raw) for name in contenders]
     section.add_table(f"a backlog of {total:,} events (8 runs, chunks of {CHUNK:,} lines, 8 partitions) drained, "
                       f"events/s, {rounds} rounds", rows)
+    one = figures[ONE]["events/s"].median / raw.median
+    section.target("issue 27: one consuming relay >= 50% of nats-py fetch + ack (same-run medians)", one, 0.5, True,
+                   f"{one:.0%} ({figures[ONE]['events/s'].median:,.0f} vs {raw.median:,.0f} events/s)")
     return section
 
 

@@ -132,6 +132,9 @@ def run(quick: bool = False) -> Section:
                       [base.row(), two.row(base), alone.row(base)])
     section.target("two hops: the central journal holds exactly the node's lines (none lost or doubled)",
                    sum(mismatches), 0, False, f"{sum(mismatches)} lines differ over {len(mismatches)} rounds")
+    share = two.median / base.median
+    section.target("issue 27: two hops >= 50% of one hop (same-run medians)", share, 0.5, True,
+                   f"{share:.0%} ({two.median:,.0f} vs {base.median:,.0f} events/s)")
     section.notes.append(f"two hops / one hop: {two.median / base.median:.0%} ({two.median:,.0f} vs "
                          f"{base.median:,.0f} events/s, medians); {rounds} rounds per contender, alternating, "
                          "each with fresh relays and publisher processes, all on this one machine. The forward "
