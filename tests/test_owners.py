@@ -1,26 +1,30 @@
-"""Stream ownership and drop claims as socket-free state machines (relay/journal/dedupe.py):
-the rules docs/security.md states, in milliseconds; tests/hostile/test_local_peer.py tries them
-against a real relay."""
+"""Stream ownership (relay/daemon/owners.py) and drop claims (relay/journal/dedupe.py) as
+socket-free state machines: the rules docs/security.md states, in milliseconds;
+tests/hostile/test_local_peer.py tries them against a real relay."""
 from __future__ import annotations
 
-from relay.journal.dedupe import JOURNAL, OWNER_SILENCE, Dedupe, RankState
+from relay.daemon.owners import OWNER_SILENCE, Owners
+from relay.journal.dedupe import JOURNAL, Dedupe, RankState
 from relay.journal.journal import Seen
 
 
 def test_a_stream_belongs_to_its_sender_until_it_is_gone_or_silent():
-    dedupe = Dedupe()
+    owners = Owners()
     key = ("run", 0)
-    state = dedupe.add_state(*key)
-    assert not state.foreign(b"a", 0.0) and dedupe.claim(key, state, b"a", 0.0)
-    assert not dedupe.claim(key, state, b"a", 1.0), "already its own: nothing new"
-    assert state.foreign(b"b", 1.0 + OWNER_SILENCE), "live: another connection is refused"
-    assert dedupe.release(b"a") == 1 and state.owner is None and dedupe.owned == {}
-    assert not state.foreign(b"b", 2.0) and dedupe.claim(key, state, b"b", 2.0)
-    assert not state.foreign(b"c", 2.0 + OWNER_SILENCE + 0.1), "silent past OWNER_SILENCE: not live"
-    assert dedupe.claim(key, state, b"c", 2.0 + OWNER_SILENCE + 0.1)
-    assert dedupe.owned == {b"c": {key}} and state.owner == b"c"
-    dedupe.forget("run")
-    assert dedupe.owned == {}
+    assert not owners.foreign(key, b"a", 0.0) and owners.claim(key, b"a", 0.0)
+    assert not owners.claim(key, b"a", 1.0), "already its own: nothing new"
+    assert owners.foreign(key, b"b", 1.0 + OWNER_SILENCE), "live: another connection is refused"
+    assert owners.release(b"a") == 1 and owners.of(key) is None and owners.owned == {}
+    assert not owners.foreign(key, b"b", 2.0) and owners.claim(key, b"b", 2.0)
+    assert not owners.foreign(key, b"c", 2.0 + OWNER_SILENCE + 0.1), "silent past OWNER_SILENCE: not live"
+    assert owners.claim(key, b"c", 2.0 + OWNER_SILENCE + 0.1)
+    assert owners.owned == {b"c": {key}} and owners.of(key) == b"c"
+    owners.refused(key, b"d")
+    owners.refused(key, b"e")
+    assert owners.next_in_line(key) == b"d", "the first refused is next in line"
+    assert owners.claim(key, b"d", 70.0) and owners.next_in_line(key) is None
+    owners.forget(key)
+    assert owners.owned == {} and owners.of(key) is None
 
 
 def test_a_reconnected_client_is_acknowledged_past_its_own_drop_claim():

@@ -105,16 +105,18 @@ class Commit:
     """The lines waiting for the journal, the streams waiting for an ack, and the journal's backoff."""
 
     def __init__(self, journal: LineJournal, counters: Counters, ranks: Mapping[tuple[str, int], RankState],
-                 now: float, *, send: Send, fan_out: Deliver | None = None) -> None:
+                 owners: Mapping[tuple[str, int], bytes], now: float, *, send: Send,
+                 fan_out: Deliver | None = None) -> None:
         self.journal = journal
         self.counters = counters
-        self.ranks = ranks  # each stream's dedupe state: its owner and its floor are the ack
+        self.ranks = ranks  # each stream's dedupe state: its floor is the ack
+        self.owners = owners  # each stream's connection (relay/daemon/owners.py), whom the ack goes to
         self.send = send  # each connection's acks
         self.fan_out = fan_out  # the other sinks' share of each written batch (lines, events, news); None: none
         # Accepted events as (run, journal lines) chunks, encoded on arrival while they are still in
         # the CPU's cache; the other sinks get the same lines.
         self.queue = JournalQueue()
-        self.acks_due: set[tuple[str, int]] = set()  # acks go to each stream's owner (relay/journal/dedupe.py)
+        self.acks_due: set[tuple[str, int]] = set()  # acks go to each stream's owner
         self.derived_runs: set[str] = set()  # runs with derived events not journaled yet
         self.backoff = 0.0
         self.retry_at = 0.0
@@ -199,12 +201,11 @@ class Commit:
         if not self.acks_due:
             return
         per_peer: dict[bytes, Acks] = {}
-        ranks = self.ranks
+        ranks, owners = self.ranks, self.owners
         for key in self.acks_due:
-            state = ranks[key]
-            peer = state.owner
+            peer = owners.get(key)
             if peer is not None:  # gone: its next connection is acknowledged when it sends
-                per_peer.setdefault(peer, []).append((key[0], key[1], state.ack_for(peer)))
+                per_peer.setdefault(peer, []).append((key[0], key[1], ranks[key].ack_for(peer)))
         self.acks_due.clear()
         for peer, acks in per_peer.items():
             self.send(peer, acks)

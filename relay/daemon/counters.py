@@ -42,7 +42,7 @@ class Counters:
         self.runs_evicted = 0  # forgotten to stay within --max-runs
         self.memory_resets = 0  # every connection dropped to stay within --max-memory
         self.bad_drop_reports = 0  # client loss reports naming seqs they cannot have dropped
-        self.owners_released = 0  # streams whose owning connection went away (relay/journal/dedupe.py)
+        self.owners_released = 0  # streams whose owning connection went away (relay/daemon/owners.py)
         self.status_answered = 0  # status requests answered (relay/daemon/status.py); never counted as frames or rejects
         self.status_unanswered = 0  # beyond the answer budget, or undeliverable
         self.client_dropped: dict[tuple[str, int], int] = {}

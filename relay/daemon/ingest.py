@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 from relay.daemon.commit import Commit, Deliver, Send
 from relay.daemon.counters import Counters
 from relay.daemon.cross_rank import Cluster, ClusterConfig
+from relay.daemon.owners import Owners
 from relay.daemon.run_health import RunHealth
 from relay.daemon.runs import Key, Runs
 from relay.journal.deadletter import DeadLetters
@@ -54,9 +55,11 @@ class Ingest:
         self.journal = journal
         self.deadletters = deadletters
         self.counters = Counters()
-        self.runs = Runs(journal, run_rate, max_runs)
+        self.owners = Owners()  # which connection sends each stream (relay/daemon/owners.py)
+        self.runs = Runs(journal, run_rate, max_runs, self.owners)
         #: the lines waiting for the journal and the acks waiting for them (relay/daemon/commit.py)
-        self.commit_step = Commit(journal, self.counters, self.runs.ranks, now, send=send_acks, fan_out=fan_out)
+        self.commit_step = Commit(journal, self.counters, self.runs.ranks, self.owners.owner, now, send=send_acks,
+                                  fan_out=fan_out)
         self.cluster = Cluster(cluster) if cluster is not None else None
         self.follow_health(health)
         self.run_rate = run_rate
@@ -106,35 +109,33 @@ class Ingest:
     def _owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
                          now: float) -> Key | None:
         """The first stream of the frame that is kept for another connection, if any."""
-        ranks = self.runs.ranks
         for key in self.runs.keys_of(events, first_seq):
-            state = ranks.get(key)
-            if state is not None and self._kept_from(key, state, peer, now):
+            if self._kept_from(key, peer, now):
                 return key
         return None
 
-    def _kept_from(self, key: Key, state: RankState, peer: bytes, now: float) -> bool:
+    def _kept_from(self, key: Key, peer: bytes, now: float) -> bool:
         """Whether ``key`` is another connection's: its owner's while that is connected (and not
-        silent, relay/journal/dedupe.py); once the owner is gone, the first connection refused it
+        silent, relay/daemon/owners.py); once the owner is gone, the first connection refused it
         since, while that one is connected. So the order frames arrived in decides who sends a
         stream next, never when the relay learns that a connection ended (``connected``)."""
-        owner = state.owner
+        owners = self.owners
+        owner = owners.of(key)
         if owner == peer:
             return False
-        if owner is not None and state.foreign(peer, now):
+        if owner is not None and owners.foreign(key, peer, now):
             if self.connected is None or self.connected(owner):
-                if state.waiting is None:
-                    state.waiting = peer
+                owners.refused(key, peer)
                 return True
             self.peer_gone(owner)
-        waiting = state.waiting
+        waiting = owners.next_in_line(key)
         if waiting is None or waiting == peer:
             return False
-        state.waiting = None
+        owners.out_of_line(key)
         if self.connected is not None and not self.connected(waiting):
             return False
-        self.runs.hand_over(key, state, waiting, now)  # it asked first: it resends, and is taken then
-        state.waiting = peer
+        owners.claim(key, waiting, now)  # it asked first: it resends, and is taken then
+        owners.refused(key, peer)
         return True
 
     def commit(self, now: float) -> None:
@@ -210,7 +211,7 @@ class Ingest:
                 for known, dropped in runs.reported.items():
                     self.counters.client_reported(known, dropped)
                 runs.reported.clear()
-        runs.claim(key, state, peer, now)
+        runs.claim(key, peer, now)
         self.commit_step.ack_due(key)
         return state
 

@@ -1,10 +1,11 @@
 """The run table: every (run, rank) the relay knows, who sends it, when it last did, and the
 budget of new runs each connection may start.
 
-Beside each stream's dedupe state (relay/journal/dedupe.py) it keeps what the status shows (each
-rank's last frame, each run's world size) and each rank's hello, to spot a run id used again by
-another job. What to forget and when is ingest's call (relay/daemon/ingest.py): a run's last
-events must be journaled before the state that deduplicated them goes. No socket, no clock.
+Beside each stream's dedupe state (relay/journal/dedupe.py) and owner (relay/daemon/owners.py) it
+keeps what the status shows (each rank's last frame, each run's world size) and each rank's hello,
+to spot a run id used again by another job. What to forget and when is ingest's call
+(relay/daemon/ingest.py): a run's last events must be journaled before the state that
+deduplicated them goes. No socket, no clock.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Iterable
 
 from relay.daemon.bounds import RunBudget
 from relay.daemon.counters import run_view
+from relay.daemon.owners import Owners
 from relay.journal.dedupe import Dedupe, RankState
 from relay.journal.journal import Journal
 from sinks.events import RELAY_RANK
@@ -23,9 +25,10 @@ class Runs:
     """The table; ``dedupe`` is its core, the rest is per (run, rank) or per run beside it. Its
     callers ask it, not its core: what they need of the dedupe state is a method here."""
 
-    def __init__(self, journal: Journal, run_rate: float, max_runs: int) -> None:
+    def __init__(self, journal: Journal, run_rate: float, max_runs: int, owners: Owners) -> None:
         self.journal = journal  # what a run met again already has (Dedupe.lookup)
         self.dedupe = Dedupe()
+        self.owners = owners  # which connection sends each stream
         self.budget = RunBudget(run_rate)  # new runs each connection may start
         self.max_runs = max_runs
         self.hellos: dict[Key, float] = {}  # ts of each rank's hello, to spot reused run ids
@@ -43,7 +46,7 @@ class Runs:
 
     @property
     def ranks(self) -> dict[Key, RankState]:
-        """Each known stream's dedupe state (relay/journal/dedupe.py): its owner, its floor."""
+        """Each known stream's dedupe state (relay/journal/dedupe.py): its floor, its drop claims."""
         return self.dedupe.ranks
 
     def count(self) -> int:
@@ -78,16 +81,11 @@ class Runs:
         """Whether a run just looked up had a past: events journaled, or other ranks known."""
         return bool(state.floor or state.above or len(self.dedupe.run_ranks[run]) > 1)
 
-    def claim(self, key: Key, state: RankState, peer: bytes, now: float) -> None:
+    def claim(self, key: Key, peer: bytes, now: float) -> None:
         """``peer`` sends ``key`` at ``now``: it owns it (ingest refused it if another connection does)."""
-        self.dedupe.claim(key, state, peer, now)
+        self.owners.claim(key, peer, now)
         self.active[key] = now
         self.dedupe.touch(key[0], now)
-
-    def hand_over(self, key: Key, state: RankState, peer: bytes, now: float) -> None:
-        """``key`` goes to ``peer``, which asked for it first (it is taken when it resends: not yet
-        its activity)."""
-        self.dedupe.claim(key, state, peer, now)
 
     def note_world(self, run: str, world_size: int) -> None:
         """A known run's world size (for the status), from its first accepted frame."""
@@ -103,11 +101,11 @@ class Runs:
 
     def release(self, peer: bytes) -> int:
         """``peer``'s connection is gone: the streams it owned are free. Returns how many."""
-        return self.dedupe.release(peer)
+        return self.owners.release(peer)
 
     def release_all(self) -> None:
         """Every connection is gone: every stream is free."""
-        self.dedupe.release_all()
+        self.owners.release_all()
 
     def least_recent(self) -> str | None:
         """The run active least recently (the first forgotten to make room), None if none."""
@@ -121,6 +119,7 @@ class Runs:
         """Drop ``run``'s state (the journal can rebuild it); returns the ranks it had."""
         ranks = self.dedupe.forget(run)
         for rank in ranks:
+            self.owners.forget((run, rank))
             self.hellos.pop((run, rank), None)
             self.active.pop((run, rank), None)
         self.journal.release(run)

@@ -5,17 +5,8 @@ rank is a contiguous floor (every seq below it was taken) plus a bounded set of 
 it; since clients send in order the set stays tiny, and its bound keeps memory fixed per rank
 whatever a client does.
 
-A (run, rank) stream belongs to one connection at a time, its ``owner`` (a ZeroMQ routing id: a
-client's session id, which its reconnections keep, relay/wire/io_thread.py): the first to send for
-it once no live connection owns it. The relay refuses other connections' frames for it and
-acknowledges only the owner (``Dedupe.claim``); ownership passes when another connection sends for
-it and the relay's socket says the owner has no connection (``Dedupe.release``,
-relay/daemon/peers.py), or once the owner has been silent for OWNER_SILENCE, and it passes to the
-first connection refused it meanwhile (``waiting``) if that one is still connected
-(relay/daemon/ingest.py). So while a client is connected, no other peer can fill its coming seqs
-with forged events or take its acks; a client that reconnects keeps its streams (same session) or
-takes them back (a new one, its old connection gone); and which connection sends a stream next
-follows the order its frames came in, never the moment the relay learns a connection ended.
+Which connection sends a stream is the daemon's to know (relay/daemon/owners.py); here a connection
+is only a name on a drop claim.
 
 A client that had to drop events says so (``dropped_upto`` in its ``stats`` event), and the floor
 moves past the gap so acknowledgements go on. Such a claim binds only the connection that made it
@@ -37,11 +28,6 @@ log = logging.getLogger(__name__)
 
 MAX_WINDOW = 65_536
 MAX_CLAIMS = 16  # drop claims remembered per rank; the oldest is forgotten first
-#: Seconds after its last frame that an owner the socket still counts as connected (a half-open
-#: connection: its host died without closing it) keeps its streams from another connection. A client with events unacknowledged resends
-#: within MAX_BACKOFF (30 s, relay/client/send_window.py), so a live one is not silent this long while it
-#: has something to send.
-OWNER_SILENCE = 60.0
 #: Who made a drop claim recovered from the journal: no connection (ZeroMQ's own routing ids are 5
 #: bytes, a peer's chosen one may not start with a zero byte).
 JOURNAL = b"\x00journal"
@@ -96,23 +82,14 @@ class DropClaim:
 
 class RankState:
     """Seen-set for one (run, rank); ``floor`` is also the cumulative ack the relay can give (but
-    see ``ack_for`` once a drop claim exists). ``owner``: the connection sending it (None: none live)."""
+    see ``ack_for`` once a drop claim exists)."""
 
-    __slots__ = ("floor", "above", "claims", "owner", "owner_seen", "waiting")
+    __slots__ = ("floor", "above", "claims")
 
     def __init__(self) -> None:
         self.floor = 0
         self.above: set[int] = set()
         self.claims: list[DropClaim] | None = None  # None: the common case pays nothing
-        self.owner: bytes | None = None
-        self.owner_seen = 0.0  # when the owner last sent it (the caller's clock)
-        self.waiting: bytes | None = None  # the first connection refused it since the owner took it
-
-    def foreign(self, peer: bytes, now: float) -> bool:
-        """Whether another connection owns this stream and still counts as live: it has not been
-        found gone and has sent for it within OWNER_SILENCE seconds of ``now``."""
-        owner = self.owner
-        return owner is not None and owner != peer and now - self.owner_seen <= OWNER_SILENCE
 
     def take(self, seq: int, peer: bytes = b"") -> bool:
         """Record ``seq`` sent by connection ``peer``; False if it was already taken."""
@@ -188,7 +165,7 @@ class RankState:
 
 
 class Dedupe:
-    """All ranks of all runs, keyed by (run, rank), and which connection owns each.
+    """All ranks of all runs, keyed by (run, rank).
 
     Runs idle for a while are forgotten so a long-lived relay's memory does not grow with every
     job it ever served; if one comes back, its state is rebuilt from the journal. ``last_seen`` is
@@ -199,45 +176,12 @@ class Dedupe:
         self.ranks: dict[tuple[str, int], RankState] = {}
         self.last_seen: dict[str, float] = {}
         self.run_ranks: dict[str, list[int]] = {}
-        self.owned: dict[bytes, set[tuple[str, int]]] = {}  # each live owner's streams
 
     def add_state(self, run: str, rank: int) -> RankState:
         state = self.ranks[(run, rank)] = RankState()
         self.run_ranks.setdefault(run, []).append(rank)
         self.last_seen.setdefault(run, 0.0)
         return state
-
-    def claim(self, key: tuple[str, int], state: RankState, peer: bytes, now: float) -> bool:
-        """Connection ``peer`` sends stream ``key`` at ``now``: it owns it, or no live connection does
-        and it takes it (True: new, so the caller may note where ``peer`` is connected)."""
-        if state.owner == peer:
-            state.owner_seen = now
-            return False
-        if state.owner is not None:
-            self._disown(key, state.owner)
-        state.owner, state.owner_seen = peer, now
-        if state.waiting == peer:
-            state.waiting = None
-        self.owned.setdefault(peer, set()).add(key)
-        return True
-
-    def _disown(self, key: tuple[str, int], owner: bytes) -> None:
-        streams = self.owned[owner]
-        streams.discard(key)
-        if not streams:
-            del self.owned[owner]
-
-    def release(self, peer: bytes) -> int:
-        """Connection ``peer`` is gone: its streams pass to whoever sends for them next. Returns how many."""
-        keys = self.owned.pop(peer, ())
-        for key in keys:
-            self.ranks[key].owner = None
-        return len(keys)
-
-    def release_all(self) -> None:
-        """Every connection is gone (the relay dropped them all)."""
-        for peer in list(self.owned):
-            self.release(peer)
 
     def touch(self, run: str, now: float) -> None:
         """Mark ``run`` active now, moving it to the end of ``last_seen``."""
@@ -278,7 +222,5 @@ class Dedupe:
         self.last_seen.pop(run, None)
         ranks = self.run_ranks.pop(run, [])
         for rank in ranks:
-            owner = self.ranks.pop((run, rank)).owner
-            if owner is not None:
-                self._disown((run, rank), owner)
+            del self.ranks[(run, rank)]
         return ranks

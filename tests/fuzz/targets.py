@@ -203,7 +203,7 @@ def _check_ingest(ingest: Any, path: Path, written: int, acked: Acked) -> None:
         raise Violation("counters", f"events {counters.events} + derived {counters.derived} != written "
                                     f"{counters.written} + duplicates {counters.duplicates} + pending {pending}")
     dedupe = ingest.runs.dedupe
-    _check_owners(dedupe)
+    _check_owners(ingest.owners)
     seqs: dict[tuple[str, int], set[int]] = {}
     drops: dict[tuple[str, int], set[int]] = {}
     events = [event for file in journal_files(path) for event in read_events(file)]
@@ -228,20 +228,20 @@ def _check_ingest(ingest: Any, path: Path, written: int, acked: Acked) -> None:
         encoding.encode_ack([(key[0], key[1], state.floor)])
     for key, (peer, ack) in acked.items():  # the last ack each stream got, after the final commit
         state = dedupe.ranks.get(key)
-        if state is not None and (ack > state.floor or state.owner not in (peer, None)):
+        if state is not None and (ack > state.floor or ingest.owners.of(key) not in (peer, None)):
             raise Violation("ack", f"{key} acknowledged to {peer.hex()} up to {ack}: floor {state.floor}, "
-                                   f"owner {state.owner!r}")
+                                   f"owner {ingest.owners.of(key)!r}")
     for event in events:  # last: target decode covers these lines too, so their bugs mask less here
         _check_journaled(event)
 
 
-def _check_owners(dedupe: Any) -> None:
+def _check_owners(owners: Any) -> None:
     """Each stream has at most one owner, and the index of what each connection owns (what its
     disconnection releases) says exactly the same."""
-    owned = {key: peer for peer, keys in dedupe.owned.items() for key in keys}
-    if sum(map(len, dedupe.owned.values())) != len(owned) or any(not keys for keys in dedupe.owned.values()):
+    owned = {key: peer for peer, keys in owners.owned.items() for key in keys}
+    if sum(map(len, owners.owned.values())) != len(owned) or any(not keys for keys in owners.owned.values()):
         raise Violation("owners", "a stream is indexed under two owners, or an owner under no stream")
-    held = {key: state.owner for key, state in dedupe.ranks.items() if state.owner is not None}
+    held = dict(owners.owner)
     if owned != held:
         raise Violation("owners", f"owner index {sorted(owned.items())[:3]} != states' owners {sorted(held.items())[:3]}")
 
