@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 from sink_readback import read_repo
-from conftest import read_jsonl
+from conftest import once_per_run, read_jsonl
 from trainer_fixtures import DEMO_DATA, ROOT, demo_model, error_lines, run_trainer, start_trainer, trainer_env
 
 from trainer import set_params, track
@@ -22,6 +22,7 @@ from trainer.embedded import default_run_id
 
 __all__ = ["demo_model"]  # a fixture, used by name
 TRAIN = [sys.executable, "-m", "trainer"]
+CASES = Path(__file__).resolve().parent / "trainer_cases.py"
 
 
 def on_demo(model: Path, output_dir: Path, *flags: str) -> list[str]:
@@ -30,35 +31,63 @@ def on_demo(model: Path, output_dir: Path, *flags: str) -> list[str]:
                     "output", "--output_dir", str(output_dir), *flags]
 
 
-@pytest.mark.slow  # a trainer process each (transformers' import alone takes seconds)
-@pytest.mark.parametrize("flags, message", [
-    (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag 1"),
-    (["--num_train_epochs", "many"], "argument --num_train_epochs/--num-train-epochs: invalid float value: 'many'"),
-    (["--data_path", "{tmp}/missing.jsonl"], "--data_path: {tmp}/missing.jsonl does not exist"),
-    (["--response_template", "\\n### Answer:"],
+BAD_INPUT = [
+    ("unknown-flag", ["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag 1"),
+    ("bad-value", ["--num_train_epochs", "many"],
+     "argument --num_train_epochs/--num-train-epochs: invalid float value: 'many'"),
+    ("missing-data", ["--data_path", "{tmp}/missing.jsonl"], "--data_path: {tmp}/missing.jsonl does not exist"),
+    ("missing-template", ["--response_template", "\\n### Answer:"],
      "response template '\\n### Answer:' not found in 268 record(s), first in record 1"),
-    (["--tracker", "jsonl", "--tracker", "comet"],
+    ("unknown-tracker", ["--tracker", "jsonl", "--tracker", "comet"],
      "--tracker: unknown tracker 'comet'; known trackers: jsonl, aim, mlflow, tensorboard, wandb, clearml, nats, none"),
-    (["--tracker", "wandb", "--wandb_mode", "disabled"], "--wandb_mode: 'disabled' must be offline or online"),
-    (["--exp_metadata", "[1, 2]"], "--exp_metadata: '[1, 2]' is neither a JSON object nor an existing file"),
-    (["--exp_metadata", "{tmp}/meta.json"], "--exp_metadata file {tmp}/meta.json: must be a JSON object, got list"),
-    (["--dataset_text_field", "text"], "record 1 has no field 'text' (set --dataset_text_field)"),
-    (["--run_name", "no spaces/or slashes"], "--run_name: 'no spaces/or slashes' must match"),
-    (["--relay_address", "tcp://127.0.0.1:99999"], "--relay_address: address 'tcp://127.0.0.1:99999': port 99999 is past 65535"),
-], ids=["unknown-flag", "bad-value", "missing-data", "missing-template", "unknown-tracker", "bad-wandb-mode",
-         "metadata-not-json",
-        "metadata-file-not-object", "missing-text-field", "bad-run-name", "port-past-65535"])
-def test_bad_input_stops_before_loading_the_model(demo_model: Path, tmp_path: Path, flags: list[str],
-                                                  message: str) -> None:
-    (tmp_path / "meta.json").write_text("[1, 2]")
-    out = tmp_path / "out"
-    done = run_trainer(on_demo(demo_model, out, "--response_template", "\\n### Response:",
-                               *[f.replace("{tmp}", str(tmp_path)) for f in flags]))
-    assert done.returncode == 2, done.stderr[-2000:]
-    errors = error_lines(done.stderr)
-    assert len(errors) == 1, done.stderr[-2000:]
-    assert message.replace("{tmp}", str(tmp_path)) in errors[0]
-    assert "Loading weights" not in done.stderr and not out.exists(), "validation must come before any loading"
+    ("bad-wandb-mode", ["--tracker", "wandb", "--wandb_mode", "disabled"],
+     "--wandb_mode: 'disabled' must be offline or online"),
+    ("metadata-not-json", ["--exp_metadata", "[1, 2]"],
+     "--exp_metadata: '[1, 2]' is neither a JSON object nor an existing file"),
+    ("metadata-file-not-object", ["--exp_metadata", "{tmp}/meta.json"],
+     "--exp_metadata file {tmp}/meta.json: must be a JSON object, got list"),
+    ("missing-text-field", ["--dataset_text_field", "text"], "record 1 has no field 'text' (set --dataset_text_field)"),
+    ("bad-run-name", ["--run_name", "no spaces/or slashes"], "--run_name: 'no spaces/or slashes' must match"),
+    ("port-past-65535", ["--relay_address", "tcp://127.0.0.1:99999"],
+     "--relay_address: address 'tcp://127.0.0.1:99999': port 99999 is past 65535"),
+]
+
+
+@pytest.fixture(scope="session")
+def bad_input(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
+    """Every BAD_INPUT command line, run once per test run and all in one process (tests/trainer_cases.py:
+    each as ``python -m trainer`` runs it, its stderr its own): a process per case imported transformers
+    and trl again each time. Per case, its folder and ``{"status", "stderr"}``."""
+    with once_per_run(tmp_path_factory, "bad-input") as folder:
+        results = folder / "results.json"
+        if not results.exists():
+            cases = []
+            for name, flags, _ in BAD_INPUT:
+                tmp = folder / name
+                tmp.mkdir(parents=True, exist_ok=True)
+                (tmp / "meta.json").write_text("[1, 2]")
+                cmd = on_demo(demo_model, tmp / "out", "--response_template", "\\n### Response:",
+                              *[f.replace("{tmp}", str(tmp)) for f in flags])
+                cases.append(cmd[len(TRAIN):])
+            (folder / "cases.json").write_text(json.dumps(cases))
+            done = subprocess.run([sys.executable, str(CASES), str(folder / "cases.json"), str(results)], cwd=ROOT,
+                                  env=trainer_env(), capture_output=True, text=True, timeout=540)
+            assert done.returncode == 0, done.stderr[-3000:]
+        ran = json.loads(results.read_text())
+        return {name: (folder / name, result) for (name, _, _), result in zip(BAD_INPUT, ran)}
+
+
+@pytest.mark.slow  # the trainer's imports: transformers' alone takes seconds
+@pytest.mark.parametrize("name, message", [(name, message) for name, _, message in BAD_INPUT],
+                         ids=[name for name, _, _ in BAD_INPUT])
+def test_bad_input_stops_before_loading_the_model(bad_input: dict, name: str, message: str) -> None:
+    tmp, done = bad_input[name]
+    assert done["status"] == 2, done["stderr"][-2000:]
+    errors = error_lines(done["stderr"])
+    assert len(errors) == 1, done["stderr"][-2000:]
+    assert message.replace("{tmp}", str(tmp)) in errors[0]
+    assert "Loading weights" not in done["stderr"], "validation must come before any loading"
+    assert not (tmp / "out").exists(), "validation must come before any loading"
 
 
 @pytest.mark.slow  # a trainer process (transformers' import alone takes seconds)
