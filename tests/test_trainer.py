@@ -53,35 +53,44 @@ BAD_INPUT = [
 ]
 
 
+#: Command lines that stop before any model loads, beside BAD_INPUT's: name -> flags after the demo's.
+STOPS_EARLY = {
+    "relay-cannot-start": ["--max_steps", "1", "--relay_start_timeout", "0.001"],
+    "bad-sink-option": ["--max_steps", "1", "--tracker", "tensorboard", "--tensorboard_logdir", "{tmp}/file/tb"],
+}
+
+
 @pytest.fixture(scope="session")
-def bad_input(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
-    """Every BAD_INPUT command line, run once per test run and all in one process (tests/trainer_cases.py:
-    each as ``python -m trainer`` runs it, its stderr its own): a process per case imported transformers
-    and trl again each time. Per case, its folder and ``{"status", "stderr"}``."""
-    with once_per_run(tmp_path_factory, "bad-input") as folder:
+def stops_early(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
+    """Every BAD_INPUT and STOPS_EARLY command line, run once per test run and all in one process
+    (tests/trainer_cases.py: each as ``python -m trainer`` runs it, its stderr its own): a process per
+    case imported transformers and trl again each time. Per case, its folder and ``{"status", "stderr"}``."""
+    flags = {name: ["--response_template", "\\n### Response:", *case] for name, case, _ in BAD_INPUT}
+    flags.update(STOPS_EARLY)
+    with once_per_run(tmp_path_factory, "stops-early") as folder:
         results = folder / "results.json"
         if not results.exists():
             cases = []
-            for name, flags, _ in BAD_INPUT:
+            for name, case in flags.items():
                 tmp = folder / name
                 tmp.mkdir(parents=True, exist_ok=True)
                 (tmp / "meta.json").write_text("[1, 2]")
-                cmd = on_demo(demo_model, tmp / "out", "--response_template", "\\n### Response:",
-                              *[f.replace("{tmp}", str(tmp)) for f in flags])
+                (tmp / "file").write_text("in the way")
+                cmd = on_demo(demo_model, tmp / "out", *[f.replace("{tmp}", str(tmp)) for f in case])
                 cases.append(cmd[len(TRAIN):])
             (folder / "cases.json").write_text(json.dumps(cases))
             done = subprocess.run([sys.executable, str(CASES), str(folder / "cases.json"), str(results)], cwd=ROOT,
                                   env=trainer_env(), capture_output=True, text=True, timeout=540)
             assert done.returncode == 0, done.stderr[-3000:]
         ran = json.loads(results.read_text())
-        return {name: (folder / name, result) for (name, _, _), result in zip(BAD_INPUT, ran)}
+        return {name: (folder / name, result) for name, result in zip(flags, ran)}
 
 
 @pytest.mark.slow  # the trainer's imports: transformers' alone takes seconds
 @pytest.mark.parametrize("name, message", [(name, message) for name, _, message in BAD_INPUT],
                          ids=[name for name, _, _ in BAD_INPUT])
-def test_bad_input_stops_before_loading_the_model(bad_input: dict, name: str, message: str) -> None:
-    tmp, done = bad_input[name]
+def test_bad_input_stops_before_loading_the_model(stops_early: dict, name: str, message: str) -> None:
+    tmp, done = stops_early[name]
     assert done["status"] == 2, done["stderr"][-2000:]
     errors = error_lines(done["stderr"])
     assert len(errors) == 1, done["stderr"][-2000:]
@@ -240,31 +249,27 @@ def test_train_from_python_writes_training_logs(demo_model: Path, tmp_path: Path
     assert {"q_proj", "v_proj", "down_proj"} <= adapted, "all-linear reaches every linear layer"
 
 
-@pytest.mark.slow
-def test_embedded_relay_that_cannot_start_is_one_clear_error(demo_model: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    done = run_trainer(on_demo(demo_model, out, "--max_steps", "1", "--relay_start_timeout", "0.001"))
-    assert done.returncode == 1, done.stderr[-3000:]
-    errors = error_lines(done.stderr)
-    assert len(errors) == 1 and "embedded relay not ready after 0.001s" in errors[0], done.stderr[-3000:]
-    assert str(out / "relay.log") in errors[0]
-    assert "Loading weights" not in done.stderr
+@pytest.mark.slow  # the trainer's imports (run with the bad-input cases)
+def test_embedded_relay_that_cannot_start_is_one_clear_error(stops_early: dict) -> None:
+    tmp, done = stops_early["relay-cannot-start"]
+    assert done["status"] == 1, done["stderr"][-3000:]
+    errors = error_lines(done["stderr"])
+    assert len(errors) == 1 and "embedded relay not ready after 0.001s" in errors[0], done["stderr"][-3000:]
+    assert str(tmp / "out" / "relay.log") in errors[0]
+    assert "Loading weights" not in done["stderr"]
 
 
-@pytest.mark.slow
-def test_a_bad_sink_option_stops_the_job_before_training(demo_model: Path, tmp_path: Path) -> None:
+@pytest.mark.slow  # the trainer's imports (run with the bad-input cases)
+def test_a_bad_sink_option_stops_the_job_before_training(stops_early: dict) -> None:
     """The embedded relay checks its sinks before it listens and exits 2; the job says why in one line
     and exits non-zero before any model loads."""
-    (tmp_path / "file").write_text("in the way")
-    out = tmp_path / "out"
-    done = run_trainer(on_demo(demo_model, out, "--max_steps", "1", "--tracker", "tensorboard",
-                               "--tensorboard_logdir", str(tmp_path / "file" / "tb")))
-    assert done.returncode == 1, done.stderr[-3000:]
-    errors = error_lines(done.stderr)
-    assert len(errors) == 1, done.stderr[-3000:]
+    tmp, done = stops_early["bad-sink-option"]
+    assert done["status"] == 1, done["stderr"][-3000:]
+    errors = error_lines(done["stderr"])
+    assert len(errors) == 1, done["stderr"][-3000:]
     assert "embedded relay exited with status 2: relay: error: TensorBoard log directory" in errors[0]
-    assert f"{tmp_path / 'file'} is not a directory; pass a writable --logdir directory" in errors[0]
-    assert "Loading weights" not in done.stderr and "'loss'" not in done.stdout
+    assert f"{tmp / 'file'} is not a directory; pass a writable --logdir directory" in errors[0]
+    assert "Loading weights" not in done["stderr"] and "'loss'" not in done["stdout"]
 
 
 @pytest.mark.slow

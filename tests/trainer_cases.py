@@ -1,12 +1,13 @@
-"""Several trainer command lines in one process, for the tests of what the trainer says of bad input:
+"""Several trainer command lines in one process, for the tests of what the trainer says when it stops
+before training (bad input, a relay that cannot start):
 
     trainer_cases.py CASES.json RESULTS.json
 
 CASES is a list of argument lists; each is run as ``python -m trainer`` runs it (``trainer.sft.main``,
-whose return value is the exit status) with file descriptor 2 sent to a file of its own, and RESULTS
-gets ``[{"status": ..., "stderr": ...}]`` in the same order. A process per case imported torch,
-transformers and trl again each time (about 7 CPU-seconds a case); the exit status of the real
-command is tested in tests/test_trainer_cli.py and tests/hostile/test_torchrun_usage.py.
+whose return value is the exit status) with file descriptors 1 and 2 sent to files of its own, and
+RESULTS gets ``[{"status": ..., "stdout": ..., "stderr": ...}]`` in the same order. A process per case
+imported torch, transformers and trl again each time (about 7 CPU-seconds a case); the exit status of
+the real command is tested in tests/test_trainer_cli.py and tests/hostile/test_torchrun_usage.py.
 """
 from __future__ import annotations
 
@@ -19,20 +20,25 @@ from trainer.sft import main
 
 
 def run(argv: list[str]) -> dict:
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile("w+") as err:
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
         try:
             status = main(argv)
         except SystemExit as exc:  # as the interpreter turns it into an exit status
             status = exc.code if isinstance(exc.code, int) or exc.code is None else 1
         finally:
+            sys.stdout.flush()
             sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
+        out.seek(0)
         err.seek(0)
-        return {"status": status or 0, "stderr": err.read()}
+        return {"status": status or 0, "stdout": out.read(), "stderr": err.read()}
 
 
 if __name__ == "__main__":
