@@ -318,13 +318,21 @@ def journal_lines(draw: st.DrawFn) -> bytes:
     return draw(st.binary(max_size=40)) + b"\n"
 
 
+#: The most bytes the many-runs lines of one drawn journal take.
+MANY_RUNS_BYTES = 8 << 20
+
+
 @st.composite
 def journals(draw: st.DrawFn) -> bytes:
     """A journal file: lines, sometimes from many runs, sometimes with a torn last line."""
     lines = draw(st.lists(journal_lines(), min_size=0, max_size=8))
     if rarely(draw, 20):
         base = draw(events(broken=False))
-        lines += [encode_line({**base, "run": f"many-{i}"}) for i in range(draw(st.sampled_from([300, 1100])))]
+        runs = draw(st.sampled_from([300, 1100]))
+        # At most MANY_RUNS_BYTES of them: 1,100 copies of an event of huge strings made a 1.3 GB journal
+        # (23 CPU-s and gigabytes of memory and disk for one example); a huge event still gets a few runs.
+        runs = min(runs, max(2, MANY_RUNS_BYTES // len(encode_line(base))))
+        lines += [encode_line({**base, "run": f"many-{i}"}) for i in range(runs)]
     blob = b"".join(lines)
     if blob and rarely(draw, 5):
         blob = blob[: draw(st.integers(0, len(blob) - 1))]  # a torn tail, as a crash leaves it
