@@ -132,7 +132,7 @@ def assert_complete(events: list[dict], *, world_size: int, steps: int, eval_ste
     rank0 = {"rank": 0}
     params = Counter(e["stage"] for e in events if e["type"] == "params")
     own_work = ["own_work"] if world_size > 1 else []  # what the job times (trainer/collectives.py)
-    assert params == Counter(["run", "experiment_metadata", "hparams", "model", "peft", "versions", *own_work]), params
+    assert params == Counter(["run", "experiment_metadata", "hparams", "model", "peft", "model_info", "versions", *own_work]), params
     run_params = next(e for e in events if e["stage"] == "run")["data"]
     assert run_params["run_id"] == next(iter(runs)) and run_params["world_size"] == world_size
     meta = next(e for e in events if e["stage"] == "experiment_metadata")
