@@ -58,7 +58,7 @@ def fields_of(model: Mapping[str, str], kinds: Mapping[str, Rule]) -> list[Field
     return fields
 
 
-def _memo(accept: Callable[[Any], bool]) -> tuple[set[Any], Callable[[Any], bool]]:
+def remembering(accept: Callable[[Any], bool]) -> tuple[set[Any], Callable[[Any], bool]]:
     """``accept`` remembering (up to 4096) the values it passed, so a run id's pattern is matched
     once per run, not once per event."""
     seen: set[Any] = set()
@@ -109,7 +109,7 @@ class _Compiler:
         if rule.among is not None:
             parts.append(f"{var} in {self.name(rule.among)}")
         if rule.accept is not None:
-            seen, memo = _memo(rule.accept)
+            seen, memo = remembering(rule.accept)
             parts.append(f"({var} in {self.name(seen)} or {self.name(memo)}({var}))")
         if rule.deep is not None:
             self.deep.append(f"{self.name(rule.deep)}({var})" if not field.nullable else
@@ -167,7 +167,7 @@ def _column_test(field: Field, error: Error) -> Callable[[list[Any]], bool]:
     ints = set(rule.types) <= {int}
     low = -math.inf if rule.low is None else rule.low
     high = math.inf if rule.high is None else rule.high
-    memo = _memo(rule.accept)[1] if rule.accept is not None else None
+    memo = remembering(rule.accept)[1] if rule.accept is not None else None
 
     def test(column: Any) -> bool:
         if not types.issuperset(map(type, column)):

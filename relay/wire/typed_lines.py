@@ -24,7 +24,7 @@ import msgspec
 from msgspec import Meta
 
 from relay.wire import schema
-from relay.wire.rules import Rule, fields_of
+from relay.wire.rules import Rule, fields_of, remembering
 from sinks.events import ENVELOPE, ENVELOPE_KINDS, ROW_FIELDS, ROW_KINDS
 
 #: Fields a line may leave out and still be an event (a journal written by hand or by another tool),
@@ -71,7 +71,7 @@ Line = msgspec.defstruct(
     "Line", [(f.name, Optional[_typed(f.name, f.rule)] if f.nullable else _typed(f.name, f.rule),
               *([OPTIONAL_FIELDS[f.name]] if f.name in OPTIONAL_FIELDS else [])) for f in _FIELDS],
     kw_only=True, forbid_unknown_fields=True, gc=False, module=__name__)
-_ACCEPT = [(attrgetter(f.name), f.rule.accept, set()) for f in _FIELDS if f.rule.accept is not None]
+_ACCEPT = [(attrgetter(f.name), *remembering(f.rule.accept)) for f in _FIELDS if f.rule.accept is not None]
 
 #: (v, run, rank, local_rank, world_size, host) of a Line, in one C call.
 envelope_of = attrgetter(*ENVELOPE)
@@ -90,11 +90,11 @@ def decode(lines: list[bytes]) -> list[Any]:
         items: list[Any] = [_decode(line) for line in lines]
     except msgspec.DecodeError:  # (a ValidationError too) some line is not one: line by line
         items = [_one(line) for line in lines]
-    for value_of, accept, passed in _ACCEPT:
+    for value_of, passed, accept in _ACCEPT:
         values = set(map(value_of, filter(None, items)))
         if values <= passed:
             continue
-        bad = {value for value in values - passed if not _accepted(accept, passed, value)}
+        bad = {value for value in values - passed if not accept(value)}
         if bad:
             items = [None if item is None or value_of(item) in bad else item for item in items]
     return items
@@ -106,12 +106,3 @@ def _one(line: bytes) -> Any:
     except msgspec.DecodeError:
         return None
 
-
-def _accepted(accept: Any, passed: set, value: Any) -> bool:
-    """``accept(value)``, remembering (up to 4096) the values that passed."""
-    if not accept(value):
-        return False
-    if len(passed) >= 4096:
-        passed.clear()
-    passed.add(value)
-    return True
