@@ -10,9 +10,11 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -25,6 +27,8 @@ import skip_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHER = Path(__file__).resolve().parent / "publisher_proc.py"
+_saved_env = pytest.StashKey[dict]()
+_own_config = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,16 +40,26 @@ def pytest_configure(config: pytest.Config) -> None:
     """The suite's cost per test and tier (tests/budget.py) and its skip policy (tests/skip_policy.py)."""
     config.pluginmanager.register(budget.Budget(config), "suite-budget")
     config.pluginmanager.register(skip_policy.SkipPolicy(config), "suite-skip-policy")
+    _own_relay_secret(config)
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _own_relay_secret(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The user's config folder, as every relay and client finds it, is the test run's own."""
-    saved = {k: os.environ.pop(k, None) for k in ("RELAY_SECRET", "RELAY_SECRET_FILE", "RELAY_OPEN",
-                                                  "XDG_CONFIG_HOME")}
-    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))
-    yield
-    for key, value in saved.items():
+_OWN_CONFIG_KEYS = ("RELAY_SECRET", "RELAY_SECRET_FILE", "RELAY_OPEN", "XDG_CONFIG_HOME")
+
+
+def _own_relay_secret(config: pytest.Config) -> None:
+    """The user's config folder, as every relay and client finds it, is the test run's own: set
+    before collection, so an environment a test module copies at import time carries it too."""
+    config.stash[_saved_env] = {k: os.environ.pop(k, None) for k in _OWN_CONFIG_KEYS}
+    folder = tempfile.mkdtemp(prefix="relay-test-config-")
+    config.stash[_own_config] = folder
+    os.environ["XDG_CONFIG_HOME"] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _own_config not in config.stash:
+        return
+    shutil.rmtree(config.stash[_own_config], ignore_errors=True)
+    for key, value in config.stash[_saved_env].items():
         os.environ.pop(key, None)
         if value is not None:
             os.environ[key] = value

@@ -142,7 +142,10 @@ def test_wandb_run_name_config_and_history_rows_as_hf(job: Path) -> None:
     same = {key: value for key, value in hf.config.items() if key != "peft_config"}
     assert {key: relay.config.get(key) for key in same} == same  # every value HF sets, equal
     hf_peft = {k: v for k, v in hf.config["peft_config"]["default"].items() if k != "runtime_config"}
-    assert relay.config["peft_config"]["default"] == hf_peft  # PeftConfig.to_dict() leaves its runtime_config out
+    relay_peft = dict(relay.config["peft_config"]["default"])
+    # PEFT holds target_modules as a set: each process lists it in its own string-hash order
+    hf_peft["target_modules"], relay_peft["target_modules"] = (sorted(p["target_modules"]) for p in (hf_peft, relay_peft))
+    assert relay_peft == hf_peft  # PeftConfig.to_dict() leaves its runtime_config out
     hf_keys = {key for row in hf.rows for key in row if not key.startswith("_")}
     relay_keys = {key for row in relay.rows for key in row if not key.startswith("_")}
     assert relay_keys - hf_keys == {"model_load_time"}, "the relay's figures are out of the history"

@@ -156,6 +156,6 @@ def test_training_job_whose_relay_never_comes(demo_model: Path, tmp_path: Path) 
     assert [e["seq"] for e in events] == list(range(len(events)))
     assert [e["step"] for e in events if e["stage"] == "train" and "loss" in e["data"]] == [1, 2, 3]
     assert [e["data"]["event"] for e in events if e["type"] == "lifecycle"] == ["train_begin", "train_end"]
-    assert sorted(e["stage"] for e in events if e["type"] == "params") == ["hparams", "model", "run", "versions"]
+    assert sorted(e["stage"] for e in events if e["type"] == "params") == ["hparams", "model", "model_info", "run", "versions"]
     assert any("model_load_time" in e["data"] for e in events if e["type"] == "metrics")
     assert events[0]["type"] == "hello" and events[-1]["type"] == "stats"
