@@ -100,6 +100,7 @@ class WandbSink(TrackerSink):
         self.project, self.entity, self.mode, self.dir_option = wandb_project, wandb_entity, wandb_mode, wandb_dir
         self.idle_close_s, self.ended_close_s = IDLE_CLOSE_S, ENDED_CLOSE_S
         self._wb: dict[str, WbRun] = {}
+        self._system_held: list[tuple[Any, Any]] = []  # published once the write that made them succeeds
         self._lock = threading.RLock()  # the relay's writer thread and this sink's closer thread
         self._stop = threading.Event()
 
@@ -165,15 +166,21 @@ class WandbSink(TrackerSink):
 
     def _guarded(self, call: Callable[..., None], *args: Any) -> None:
         """On an error the ``_step`` counters fall back with the spans (the retry logs the same
-        rows at the same steps); a dead wandb-core cannot be recovered in this process."""
+        rows at the same steps, which W&B drops) and the system records held back are dropped (W&B
+        would keep a second copy: they go out only with a write that succeeded); a dead wandb-core
+        cannot be recovered in this process."""
         try:
             call(*args)
+            for interface, record in self._system_held:
+                interface._publish(interface._make_record(stats=record))
         except self._core_gone as exc:
             self._data_lost(f"wandb-core is gone ({type(exc).__name__}: {exc})")
         except Exception:
             for wb in self._wb.values():
                 wb.step, wb.row = wb.saved_step, None
             raise
+        finally:
+            self._system_held.clear()
 
     # -- the sink-author API ----------------------------------------------------------------------
 
@@ -198,8 +205,8 @@ class WandbSink(TrackerSink):
         record.timestamp.FromMicroseconds(int(ts * 1_000_000))
         for key, value in stats_items(context, values).items():
             record.item.add(key=key, value_json=value)
-        interface = wb.handle._interface  # (no public call takes a time: wandb's own monitor uses this one)
-        interface._publish(interface._make_record(stats=record))
+        # (no public call takes a time: wandb's own monitor uses the run's interface)
+        self._system_held.append((wb.handle._interface, record))
 
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
         """Config as W&B's HF callback sets it: the Trainer's arguments and the model's config at the

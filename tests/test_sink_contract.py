@@ -245,11 +245,12 @@ def params(names: list[str]) -> list:
 
 
 def files(t: Target, ws: Path) -> list[tuple[Path, int]]:
-    """What a sink wrote under ``ws``, with sizes (not its state files, and not for Aim and MLflow,
-    whose stores touch index files on every open)."""
+    """What a sink wrote under ``ws``, with sizes (not its state files, not links out of it, such as W&B's
+    debug-core.log into the log its wandb-core shares with every run of the process, and not for Aim
+    and MLflow, whose stores touch index files on every open)."""
     if t.name in ("aim", "mlflow"):
         return []
-    return sorted((p.relative_to(ws), p.stat().st_size) for p in ws.rglob("*") if p.is_file()
+    return sorted((p.relative_to(ws), p.stat().st_size) for p in ws.rglob("*") if p.is_file() and not p.is_symlink()
                   and "relay-applied" not in p.parts and not p.name.endswith((".json", ".db-journal", ".lock", ".zip")))
 
 
