@@ -95,6 +95,8 @@ def test_two_node_relays_publish_every_line_exactly_once(relays, cluster, tmp_pa
              60, "every journal line published")
     for node in nodes:
         assert node.stop() == 0
+        errors = [line for line in node.log.read_text().splitlines() if "ERROR" in line]
+        assert not errors, errors[:3]  # a fault nothing caused: counted and retried, but a bug
     msgs = assert_in_stream_exactly_once(cluster.urls, *dirs)
     assert len(journal_lines(dirs[0])) >= 2 * 1002 and len(msgs) < 2 * 2004 // 5  # chunks, not a line each
 

@@ -242,7 +242,7 @@ class NatsPublisher:
         pending.popleft()
         self._slots.release()
         floors = [floor for *_, floor in pending] + [stored.seq - 1 for stored in self._ahead.get(source, ())]
-        self.acked[source_key(source)] = (file, end, min(self._high_seq, *floors))
+        self.acked[source_key(source)] = (file, end, min([self._high_seq, *floors]))  # (none in flight: the high seq)
 
     async def _resume(self, source: str | None) -> None:
         """Where ``source`` resumes: past its saved position and whatever the stream stored after it
