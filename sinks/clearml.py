@@ -108,7 +108,7 @@ class ClearmlSink(TrackerSink):
 
     def check(self, context: SinkContext) -> None:
         """ClearML installed, the cache directory (where the offline sessions go) writable."""
-        need_package("clearml", self.name, "clearml", tested=("clearml>=2.1,<2.2", "Task._Task__create_protection"))
+        need_package("clearml", self.name, "clearml", tested=("clearml>=2.1,<2.2", "Task._Task__create_protection, Task._save_data_to_offline_dir"))
         cache = self.cache_dir or os.environ.get("CLEARML_CACHE_DIR") or "~/.clearml/cache"
         need_writable_dir(Path(cache), "ClearML session directory", "pass a writable --clearml-dir")
 
@@ -125,7 +125,7 @@ class ClearmlSink(TrackerSink):
         if self.cache_dir:  # read by ClearML at every call: where each task's offline folder goes
             os.environ["CLEARML_CACHE_DIR"] = str(Path(self.cache_dir).expanduser().resolve())
         Task.set_offline(True)
-        self._task_cls, self._event_cls = Task, ScalarEvent
+        self._task_cls, self._event_cls = _whole_task_json(Task), ScalarEvent
         self.root = get_offline_dir()
         need_writable_dir(self.root, "ClearML session directory", "pass a writable --clearml-dir", create=True)
         try:
@@ -358,3 +358,26 @@ class ClearmlSink(TrackerSink):
                         session.task_id, run, type(exc).__name__, exc, self.root / session.task_id)
             return
         self.counters["tasks_closed"] += 1
+
+
+def _whole_task_json(task_cls: Any) -> Any:
+    """ClearML's Task, its offline ``task.json`` written whole (beside it, then renamed over it).
+    ClearML truncates the file and writes it in place, and reads one it cannot parse back as an empty
+    task: a sink killed mid-write (a relay SIGKILL) resumed a task without its parameters, and the
+    spans it had saved kept them from being written again."""
+
+    class WholeTaskJson(task_cls):  # type: ignore[misc,valid-type]
+        def _save_data_to_offline_dir(self, **kwargs: Any) -> None:
+            for key, value in kwargs.items():
+                setattr(self.data, key, value)
+            folder = self.get_offline_mode_folder()
+            if not folder:
+                return
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            export = self.data.to_dict()
+            export.update(project_name=self.get_project_name(), offline_folder=folder.as_posix(),
+                          offline_output_models=self._offline_output_models)
+            write_atomic(Path(folder) / self._offline_filename, json.dumps(export, ensure_ascii=True, sort_keys=True))
+
+    return WholeTaskJson
+

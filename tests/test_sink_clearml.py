@@ -82,7 +82,9 @@ def test_points_written_but_not_recorded_are_cut_and_redone(tmp_path: Path, monk
     sink.write(events[:10])
     real_replace = os.replace
 
-    def broken_replace(src: Any, dst: Any) -> None:
+    def broken_replace(src: Any, dst: Any) -> None:  # the sink's state file only: ClearML's task.json is written
+        if str(dst) != str(sink.state_path()):
+            return real_replace(src, dst)
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", broken_replace)
@@ -93,6 +95,31 @@ def test_points_written_but_not_recorded_are_cut_and_redone(tmp_path: Path, monk
     restarted = run_sink(cache, [events])
     assert restarted.counters["truncated_bytes"] > 0 and restarted.counters["duplicates"] == 10
     check_training_run(read_sessions(cache)["job-c"])
+
+
+def test_a_sink_dying_while_it_saves_the_task_leaves_the_last_whole_task(tmp_path: Path, monkeypatch) -> None:
+    """A relay SIGKILL can land while the sink saves task.json; the next process must find the task
+    whole, parameters and all (ClearML itself truncates the file first and reads one it cannot parse
+    back as an empty task, and the spans then keep the lost parameters from being written again)."""
+    import clearml.backend_interface.task.task as clearml_task
+
+    cache, events = tmp_path / "cml", training_events("job-k")
+    sink = ClearmlSink(clearml_project="relay-tests", clearml_dir=str(cache))
+    sink.open(SinkContext())
+    sink.write(events[:10])
+
+    def dies(*args: Any, **kwargs: Any) -> None:  # the process dies mid-save: nothing after this runs
+        raise SystemExit("killed")
+
+    monkeypatch.setattr(clearml_task.json, "dump", dies)
+    monkeypatch.setattr("sinks.clearml.json.dumps", dies)
+    with pytest.raises(SystemExit):
+        sink.write(events[10:20])
+    monkeypatch.undo()
+    sink._lock_fh.close()  # no close(), no zip
+    restarted = run_sink(cache, [events])
+    assert restarted.counters["runs_resumed"] == 1
+    check_training_run(read_sessions(cache)["job-k"])
 
 
 def test_two_runs_interleaved_in_one_process(tmp_path: Path) -> None:
