@@ -26,11 +26,9 @@ wandb is imported only when the sink opens, so the relay works without the ``[wa
 from __future__ import annotations
 
 import logging
-import netrc
 import os
 import threading
 import time
-import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -40,6 +38,7 @@ from sinks.base import SinkContext, SinkError
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
+from sinks.wandb_access import api_key_present, import_wandb
 from sinks.wandb_layout import STEP_KEY, config_update, row_and_summary, stats_items
 from sinks.wandb_run import STATE_DIR, WbRun
 
@@ -50,28 +49,6 @@ ENDED_CLOSE_S = 30.0  # quiet seconds after rank 0's train_end before the W&B ru
 IDLE_CLOSE_S = 600.0  # quiet seconds before a run that never ended is finished (as failed)
 EXIT_DATA_LOST = 75  # the process exits with it when W&B may have lost points (the relay restarts it)
 CORE_WRITE_ERROR = b"failed to save record"  # what wandb-core logs when the .wandb file fails
-
-
-def _import_wandb() -> tuple[Any, tuple[type[Exception], ...]]:
-    """wandb and the errors that mean its wandb-core is gone; or how to get it (the ``[wandb]`` extra)."""
-    try:
-        import wandb
-        from wandb.sdk.mailbox import MailboxClosedError
-    except ImportError as exc:
-        raise SinkError(f"the wandb sink needs wandb, which is not importable ({exc}): "
-                        "pip install './[wandb]' in the metrics-relay checkout") from None
-    return wandb, (ConnectionError, MailboxClosedError)
-
-
-def _api_key_present() -> bool:
-    """Whether wandb would find an API key: $WANDB_API_KEY, or a netrc entry for its host."""
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or ""
-    try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
 
 
 class WandbSink(TrackerSink):
@@ -110,7 +87,7 @@ class WandbSink(TrackerSink):
         """wandb installed, its directory writable; online, an API key where wandb looks for one."""
         need_package("wandb", self.name, "wandb", tested=("wandb>=0.31,<0.32", "the run's _interface"))
         need_writable_dir(self._root(context.journal) / "wandb", "W&B directory", "pass a writable --wandb-dir")
-        if self.mode == "online" and not _api_key_present():
+        if self.mode == "online" and not api_key_present():
             raise SinkError("--wandb-mode online needs W&B credentials (no WANDB_API_KEY, no netrc entry): run "
                             "`wandb login` or set WANDB_API_KEY, or use --wandb-mode offline and `wandb sync` later")
 
@@ -126,7 +103,7 @@ class WandbSink(TrackerSink):
         # A wandb-core inherited through $WANDB_SERVICE (a relay started by a process using W&B)
         # dies with that process and keeps the runs of a sink that died: use this process's own.
         os.environ.pop("WANDB_SERVICE", None)
-        self._wandb, self._core_gone = _import_wandb()
+        self._wandb, self._core_gone = import_wandb()
         from wandb.proto import wandb_internal_pb2
 
         self._pb = wandb_internal_pb2
