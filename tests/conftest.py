@@ -17,13 +17,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
 import budget
 import ports
 import skip_policy
+
+if TYPE_CHECKING:
+    import zmq
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHER = Path(__file__).resolve().parent / "publisher_proc.py"

@@ -197,8 +197,8 @@ def test_the_derived_events_read_as_documented(relays, tmp_path: Path) -> None:
     assert relay.stop() == 0
     (line,) = derived(journal)
     text = (ROOT / "docs" / "protocol.md").read_text()
-    documented = [json.loads(l) for l in map(str.strip, text.splitlines())
-                  if l.startswith('{"v":1') and '"stage":"cluster"' in l]
+    documented = [json.loads(row) for row in map(str.strip, text.splitlines())
+                  if row.startswith('{"v":1') and '"stage":"cluster"' in row]
     assert all(e.keys() == line.keys() and e["rank"] == RELAY_RANK for e in documented)
     events = [e["data"].get("event") for e in documented]
     assert events == [None, "straggler", "straggler_cleared", "rank_lost", "rank_back"], events

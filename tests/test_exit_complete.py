@@ -42,7 +42,7 @@ def test_a_sink_still_opening_at_shutdown_is_named_with_what_it_lacks_and_the_co
     command = ["relay", "replay", str(journal), "--sink", "hangopen", "--hangopen-file", str(gate)]
     assert stats["replay"] == command
     log = relay.log.read_text()
-    assert f"waiting for sinks to apply what the journal took: collect " in log
+    assert "waiting for sinks to apply what the journal took: collect " in log
     assert f"hangopen {len(events):,} events to go (opening) (" in log
     assert (f"sinks not complete at shutdown: hangopen lacks {len(events):,} events; the journal has every event: "
             f"complete them with: relay replay {journal} --sink hangopen --hangopen-file {gate}") in log

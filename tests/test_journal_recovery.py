@@ -10,7 +10,7 @@ import orjson
 import pytest
 import zmq
 
-from conftest import finish, read_jsonl, start_publisher, wait_for, raw_socket
+from conftest import finish, start_publisher, wait_for, raw_socket
 from relay.wire import encoding, schema
 from relay.client.publisher import Publisher
 from relay.journal.journal import Journal

@@ -17,7 +17,7 @@ def run_relay(*args: str, timeout: float = 30, env: dict | None = None) -> subpr
 
 
 def error_line(proc: subprocess.CompletedProcess) -> str:
-    lines = [l for l in proc.stderr.splitlines() if "error" in l.lower()]
+    lines = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert lines, proc.stderr
     return lines[-1]
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port, plugin_env, start_publisher, wait_for
+from conftest import plugin_env, start_publisher, wait_for
 from conftest import finish as finish_publisher
 
 from trainer.tracker_flags import TrackingArguments, sink_args

@@ -6,7 +6,6 @@ second attempt's where the tracker can replace or drop a point; MLflow keeps bot
 and 5, the later one the second attempt's (docs/sinks/mlflow.md)."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest

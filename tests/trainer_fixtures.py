@@ -129,7 +129,6 @@ def assert_complete(events: list[dict], *, world_size: int, steps: int, eval_ste
         return Counter((e["rank"], e["step"]) for e in events
                        if all(e[k] == v for k, v in match.items()))
 
-    rank0 = {"rank": 0}
     params = Counter(e["stage"] for e in events if e["type"] == "params")
     own_work = ["own_work"] if world_size > 1 else []  # what the job times (trainer/collectives.py)
     assert params == Counter(["run", "experiment_metadata", "hparams", "model", "peft", "model_info", "versions", *own_work]), params

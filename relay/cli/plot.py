@@ -136,7 +136,7 @@ def plot_journal(path: Path, chosen: Selection, output: Path, *, by_rank: bool =
         known = known_metrics(path, chosen)
         listed = ", ".join(sorted(known)[:_LISTED]) + (", ..." if len(known) > _LISTED else "")
         raise PlotError(f"no metric {', '.join(missing)} with a step in {path}"
-                        + (f" (with these filters)" if chosen != Selection(metrics=chosen.metrics) else "")
+                        + (" (with these filters)" if chosen != Selection(metrics=chosen.metrics) else "")
                         + (f"; metrics there: {listed}" if known else "; it holds no metrics events"))
     pyplot = _pyplot()
     pyplot.rcParams["svg.fonttype"] = "none"  # labels as text in an SVG: searchable, and small

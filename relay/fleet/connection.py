@@ -108,7 +108,9 @@ def settings_from_options(nats_url: str | None = DEFAULT_URL, nats_user: str | N
     if nats_nkey and not Path(nats_nkey).expanduser().read_text().strip().startswith("SU"):
         raise SinkError(f"--nats-nkey {nats_nkey}: not a user nkey seed (it starts with SU); "
                         "give the file `nsc` or `nk -gen user` wrote")
-    expand = (lambda p: str(Path(p).expanduser()) if p else None)
+    def expand(p: str | None) -> str | None:
+        return str(Path(p).expanduser()) if p else None
+
     return NatsSettings(servers=servers, user=nats_user, password=nats_password, token=nats_token,
                         creds=expand(nats_creds), nkey=expand(nats_nkey), tls_ca=expand(nats_tls_ca),
                         tls_cert=expand(nats_tls_cert), tls_key=expand(nats_tls_key))

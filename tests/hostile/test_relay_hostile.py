@@ -16,7 +16,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import msgpack
 import psutil
 import pytest
 import zmq
