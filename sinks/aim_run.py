@@ -29,7 +29,7 @@ def relay_run_class() -> type:
         @property
         def props(self) -> Any:
             if self._props is None:  # as Aim's own, with the creation time when the props are new
-                when = None
+                when: Any = None  # (Aim's stub says datetime; it takes None: "no creation time")
                 if self._created_at is not None:
                     when = datetime.datetime.fromtimestamp(self._created_at, tz=datetime.timezone.utc)
                     if not self.repo.is_remote_repo:

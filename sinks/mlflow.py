@@ -136,8 +136,8 @@ class MlflowSink(TrackerSink):
             folder = self._folder()
             if folder is not None:
                 folder.mkdir(parents=True, exist_ok=True)
-            if sqlite_path(self.uri) is not None:  # its one-time set-up, safe against a kill at any moment
-                ready_sqlite(sqlite_path(self.uri))
+            if (db := sqlite_path(self.uri)) is not None:  # its one-time set-up, safe against a kill at any moment
+                ready_sqlite(db)
             self._client = MlflowClient(tracking_uri=self.uri)
             if not self.remote:
                 self._experiment()
@@ -195,10 +195,10 @@ class MlflowSink(TrackerSink):
                 r.discard()
             raise
         for run in list(self._exports):
-            r = self._ml.get(run)
-            if r is not None and r.run_id is not None:
+            exported = self._ml.get(run)
+            if exported is not None and exported.run_id is not None:
                 self._exports.discard(run)
-                self._export(run, r)
+                self._export(run, exported)
 
     # -- the sink-author API ----------------------------------------------------------------------
 
@@ -392,8 +392,8 @@ class MlflowSink(TrackerSink):
         where = self.uri  # a local store's absolute path, for readers elsewhere than the relay's cwd
         if self.uri.startswith("sqlite:///"):
             where = f"sqlite:///{Path(self.uri[len('sqlite:///'):]).expanduser().resolve()}"
-        elif self.directory:
-            where = str(self._folder().resolve())
+        elif self.directory and (folder := self._folder()) is not None:
+            where = str(folder.resolve())
         record = {"run_name": r.name or run, "run_uri": f"{host}/#/experiments/{r.experiment_id}/runs/{r.run_id}",
                   "run_id": r.run_id, "experiment_id": r.experiment_id, "tracking_uri": where}
         write_tracker_file(target, record, self.counters, self.name, run)

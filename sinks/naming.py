@@ -81,6 +81,6 @@ def trainer_groups(stage: str, data: dict[str, Any]) -> dict[tuple, tuple[dict, 
             if tag is not None and name.startswith(tag + "_"):
                 context["sub_dataset"] = tag
                 name = name[len(tag) + 1:]
-        key = tuple(sorted(context.items()))
-        groups.setdefault(key, (context, {}))[1][name] = value
+        group = tuple(sorted(context.items()))
+        groups.setdefault(group, (context, {}))[1][name] = value
     return groups

@@ -102,7 +102,7 @@ def _import(spec: str) -> type[Sink]:
         raise SinkError(f"sink {spec!r}: no module named {exc.name!r}; check the name and PYTHONPATH") from None
     except Exception as exc:  # the module itself raised while importing
         raise SinkError(f"sink {spec!r} failed to import: {type(exc).__name__}: {exc}") from None
-    cls = module
+    cls: object = module
     for part in attr.split("."):
         cls = getattr(cls, part, None)
         if cls is None:

@@ -106,7 +106,7 @@ class WandbSink(TrackerSink):
         self._wandb, self._core_gone = import_wandb()
         from wandb.proto import wandb_internal_pb2
 
-        self._pb = wandb_internal_pb2
+        self._pb: Any = wandb_internal_pb2  # (generated protobuf: its classes are made at import)
         self.root = self._root(context.journal)
         self.state_dir = self.root / "wandb" / STATE_DIR
         need_writable_dir(self.state_dir, "W&B directory", "pass a writable --wandb-dir", create=True)

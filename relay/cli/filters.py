@@ -92,7 +92,7 @@ class Selection:
             return False
         if self.types and not (type(kind) is str and kind in self.types):
             return False
-        if self.since is not None and not (type(ts) in (int, float) and ts >= self.since):
+        if self.since is not None and not (isinstance(ts, (int, float)) and ts >= self.since):
             return False
         return not self.metrics or bool(self.keys(ev))
 

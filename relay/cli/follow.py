@@ -80,7 +80,7 @@ class Follower:
             except OSError:  # gone between the listing and now: the next poll sees what happened
                 continue
             opened = os.fstat(fh.fileno()) if fh is not None else stat
-            if (opened.st_dev, opened.st_ino) != (stat.st_dev, stat.st_ino):
+            if fh is not None and (opened.st_dev, opened.st_ino) != (stat.st_dev, stat.st_ino):
                 fh.close()  # replaced since the stat: the next poll reads the new file from its start
                 continue
             end = stat.st_size if fh is None else end_of_last_line(fh.fileno(), stat.st_size)

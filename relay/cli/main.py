@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import click
 
@@ -23,9 +23,9 @@ from relay.journal.journal import NAME as JOURNAL, Journal, JournalError
 from relay.daemon.bounds import private_files
 from relay.daemon.live_line import LiveLine, LiveLogHandler, wanted
 from relay.cli.metrics_flags import start_metrics
-from relay.cli.targets import JOURNAL_SUMMARY, JournalFlags, load_named, named, owner
+from relay.cli.targets import JOURNAL_SUMMARY, JournalFlags, Named, load_named, named, owner
 from relay.sinkhost.child import SinkSpec
-from sinks.base import SinkError
+from sinks.base import Sink, SinkError
 
 log = logging.getLogger("relay")
 
@@ -111,10 +111,10 @@ class _SinkCommand(click.Command):
         with formatter.section("Installed sinks (--sink NAME; --sink NAME --help adds its options)"):
             formatter.write_dl([(JOURNAL, JOURNAL_SUMMARY), *summaries()])
 
-    def _sink_params(self, classes: dict[str, tuple[str, type]]) -> list[click.Parameter]:
+    def _sink_params(self, classes: dict[str, tuple[str, Named]]) -> list[click.Parameter]:
         """The named sinks' options (the first declaration of a name wins)."""
         owners: dict[str, str] = {p.name: "relay" for p in self.params if p.name}
-        params = []
+        params: list[click.Parameter] = []
         for name, (_, cls) in classes.items():
             for option in cls.options():
                 if option.name in owners:
@@ -311,11 +311,12 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
     line = LiveLine(sys.stderr) if wanted("auto", sys.stderr) else None
     _setup_logging(log_level, line)
     progress = Progress(size_of(files), line=line, every=progress_every)
-    classes: dict[str, tuple[str, type]] = dict(ctx.meta[_SINKS])
+    classes: dict[str, tuple[str, Named]] = dict(ctx.meta[_SINKS])
     journal = JournalFlags.journal(sink_params) if classes.pop(JOURNAL, None) else None
     try:
+        sink_classes = [cast("type[Sink]", cls) for _, cls in classes.values()]  # (the journal's popped above)
         sinks = [cls(**{o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params})
-                 for _, cls in classes.values()]
+                 for cls in sink_classes]
         result = replay_files(files, sinks, set(runs), journal, progress=progress.update,
                               derive=SpoolDerivation() if journal is not None else None)
     except (SinkError, JournalError) as exc:

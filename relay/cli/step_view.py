@@ -143,16 +143,17 @@ class StepView:
         rec.last = now
         for key, value in data.items():
             rec.values.setdefault((stage, key), value)
-        if stage == "rank" and type(ev.get("rank")) is int and number(data.get("step_time")) is not None:
-            rec.rank_times[ev["rank"]] = number(data["step_time"])
-            if number(data.get("own_time")) is not None:
-                rec.rank_own[ev["rank"]] = number(data["own_time"])
+        step_time, own_time = number(data.get("step_time")), number(data.get("own_time"))
+        if stage == "rank" and type(ev.get("rank")) is int and step_time is not None:
+            rec.rank_times[ev["rank"]] = step_time
+            if own_time is not None:
+                rec.rank_own[ev["rank"]] = own_time
         elif stage == "cluster":
             rec.cluster = data
-        elif stage == "train" and number(data.get("num_tokens")) is not None:
+        elif stage == "train" and (tokens := number(data.get("num_tokens"))) is not None:
             if self.from_middle and state.tokens is None and run not in self._begin:
                 rec.certain = False  # the train log its tokens grew from is before where reading began
-            rec.tokens_per_s = self._tokens_per_s(run, state, number(data["num_tokens"]), ev.get("ts"))
+            rec.tokens_per_s = self._tokens_per_s(run, state, tokens, ev.get("ts"))
         return []
 
     def ready(self, now: float, *, final: bool = False, backlog: bool = False) -> list[Row]:
@@ -200,8 +201,8 @@ class StepView:
 
     def _lifecycle(self, run: str, state: _Run, ev: dict[str, Any], data: dict[str, Any], now: float) -> list[Row]:
         event = data.get("event")
-        if event == "train_begin" and number(ev.get("ts")) is not None:
-            self._begin[run] = number(ev["ts"])
+        if event == "train_begin" and (began := number(ev.get("ts"))) is not None:
+            self._begin[run] = began
             if type(data.get("attempt")) is int and data["attempt"] > 0:
                 return self._attempt(run, state, ev, data["attempt"], data.get("resumed_from"))
         elif event in ("straggler", "straggler_cleared") and type(data.get("rank")) is int:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from relay.journal.journal import DEFAULT_PATH, NAME, Journal
-from sinks.base import SinkError
+from sinks.base import Sink, SinkError
 
 #: One line on the journal, where ``--help`` lists what ``--sink`` takes.
 JOURNAL_SUMMARY = "The journal (JSONL): always written by serve; in replay, a journal given what it lacks."
@@ -33,6 +33,10 @@ class JournalFlags:
         return Journal(**{o.name: params[o.name] for o in cls.options()})
 
 
+#: What ``--sink`` names: a sink class, or the journal's flags (each has ``options()`` and makes its part)
+Named = type[Sink] | type[JournalFlags]
+
+
 def named(args: list[str]) -> list[str]:
     """The ``--sink NAME`` / ``--sink=NAME`` values of a command line, in order, once each."""
     names, words = [], iter(args)
@@ -53,7 +57,7 @@ def installed() -> list[str]:
     return sorted({NAME, *available()})
 
 
-def resolve(given: str) -> tuple[str, type]:
+def resolve(given: str) -> tuple[str, Named]:
     """(display name, class) of what ``--sink given`` names; SinkError for an unknown or broken sink."""
     from sinks.registry import known, load
 
@@ -66,10 +70,10 @@ def resolve(given: str) -> tuple[str, type]:
     return getattr(cls, "name", None) or cls.__name__.lower(), cls
 
 
-def load_named(names: list[str]) -> dict[str, tuple[str, type]]:
+def load_named(names: list[str]) -> dict[str, tuple[str, Named]]:
     """Display name -> (what a sink process loads, class), for the named ones. SinkError for an
     unknown or broken sink, or two that go by the same name."""
-    classes: dict[str, tuple[str, type]] = {}
+    classes: dict[str, tuple[str, Named]] = {}
     for given in names:
         name, cls = resolve(given)
         if name in classes:
@@ -78,7 +82,7 @@ def load_named(names: list[str]) -> dict[str, tuple[str, type]]:
     return classes
 
 
-def owner(option: str, named: dict[str, tuple[str, type]]) -> str | None:
+def owner(option: str, named: dict[str, tuple[str, Named]]) -> str | None:
     """What ``--sink`` should name to get ``option``, among those not named on the command line (only
     now are the other installed sinks imported: this is the path of a usage error)."""
     for name in installed():

@@ -99,7 +99,7 @@ def run_view(runs: Iterable[str], run_ranks: Mapping[str, list[int]], active: Ma
     """Per run (in the order given: most recently active first), up to RUNS_LISTED: its ranks that
     sent something within ``window`` seconds, those it has state for, its world size (None until
     known) and the seconds since its last event."""
-    view = {}
+    view: dict[str, dict[str, Any]] = {}
     for run in runs:
         if len(view) >= RUNS_LISTED:
             break

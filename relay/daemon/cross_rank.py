@@ -120,8 +120,8 @@ class _Run:
 
 def seconds(data: dict[str, Any], name: str = "step_time") -> float | None:
     """A rank's figure ``name`` if it is usable: a finite number of seconds, not negative."""
-    value = data.get(name)
-    if type(value) in (int, float) and math.isfinite(value) and value >= 0:
+    value: Any = data.get(name)
+    if type(value) in (int, float) and math.isfinite(value) and value >= 0:  # (a bool is not a figure)
         return float(value)
     return None
 

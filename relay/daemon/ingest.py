@@ -21,7 +21,7 @@ import logging
 import operator
 import socket
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Literal, overload
 
 from relay.daemon.commit import Commit, Deliver, Send
 from relay.daemon.counters import Counters
@@ -174,15 +174,15 @@ class Ingest:
         for event, line in zip(events, lines or map(encode_line, events)):
             key = (event["run"], event["rank"])
             if key != last_key:  # a frame normally holds one rank's events: look it up once
-                state = self._state(peer, key[0], key[1], now, admitted=True)
+                held = self._state(peer, key[0], key[1], now, admitted=True)
                 last_key = key
-            if state.take(event["seq"], peer):
+            if held.take(event["seq"], peer):
                 commit_step.add(key[0], line, 1)
                 if event["type"] == "stats":
-                    self._client_drops(key, state, event, peer)
+                    self._client_drops(key, held, event, peer)
                 elif event["type"] == "hello":
                     self.runs.hello(key, event["ts"])
-                    self._attempt_begins(key, state, event["seq"], peer)
+                    self._attempt_begins(key, held, event["seq"], peer)
                 elif self._watching and (event["stage"] == "rank" or event["type"] == "lifecycle"):
                     self._derive((event,), now)
                 elif self._take_loss is not None and event["stage"] == "train" and key[1] == 0:
@@ -191,6 +191,12 @@ class Ingest:
                 counters.duplicates += 1
                 if event["type"] == "hello" and self.runs.reused(key, event["ts"]):
                     self._reused_run(key)
+
+    @overload
+    def _state(self, peer: bytes, run: str, rank: int, now: float, admitted: Literal[True]) -> RankState: ...
+
+    @overload
+    def _state(self, peer: bytes, run: str, rank: int, now: float, admitted: bool = False) -> RankState | None: ...
 
     def _state(self, peer: bytes, run: str, rank: int, now: float, admitted: bool = False) -> RankState | None:
         """(run, rank)'s dedupe state, with its ack route and activity noted; None if ``run`` is new

@@ -23,7 +23,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import zmq
 
@@ -210,12 +210,12 @@ class Relay:
         Connections waiting for the ZAP handler are answered here; True if frames wait."""
         assert self._sock is not None and self._gate is not None
         idle = self.fan_out.idle
-        if not self.fan_out.workers or self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            ready = dict(poller.poll(timeout * 1000))
+        if not self.fan_out.workers or cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            ready = dict(poller.poll(int(timeout * 1000)))
         else:
             idle.set()
             try:
-                ready = dict(poller.poll(timeout * 1000))
+                ready = dict(poller.poll(int(timeout * 1000)))
             finally:
                 idle.clear()
         if self._gate.zap is not None and self._gate.zap in ready:

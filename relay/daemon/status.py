@@ -217,7 +217,7 @@ def query(address: str, timeout: float) -> dict[str, Any]:
         poller.register(monitor, zmq.POLLIN)
         failed: list[tuple[int, int]] = []
         while (left := deadline - time.monotonic()) > 0 and len(failed) < auth.REFUSALS_TOLD:
-            ready = dict(poller.poll(left * 1000))
+            ready = dict(poller.poll(int(left * 1000)))
             if monitor in ready:
                 event = recv_monitor_message(monitor)
                 failed.append((event["event"], event["value"]))

@@ -273,10 +273,10 @@ class Consumer:
     def _ended(self, k: int, quit_: asyncio.Event, task: asyncio.Task) -> None:
         """A partition's task is over: say why if it failed, and if nobody stopped it, let the next
         plan start it again (while the lease is ours)."""
-        if not task.cancelled() and task.exception() is not None:
+        failure = None if task.cancelled() else task.exception()
+        if failure is not None:
             self.errors += 1
-            log.error("partition %d failed, starting it again: %s", k, describe(task.exception()),
-                      exc_info=task.exception())
+            log.error("partition %d failed, starting it again: %s", k, describe(failure), exc_info=failure)
         if not quit_.is_set() and self.own is not None:
             self.own.ended(k)
 

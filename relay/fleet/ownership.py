@@ -145,7 +145,7 @@ class Ownership:
         if held is not None:
             held.renewing = False
 
-    def lost(self, partition: int) -> list[Action]:
+    def lost(self, partition: int) -> list[Stop]:
         """A renewal found another revision: someone else holds it now. Stop at once."""
         held = self.held.pop(partition, None)
         if held is not None and held.consuming:

@@ -149,6 +149,7 @@ class NatsPublisher:
         if self.max_bytes > room:
             log.info("chunks of at most %d bytes: the server's max_payload is %d", room, self._nc.max_payload)
             self.max_bytes = room
+        assert self._connected is not None  # (made by _run, which every caller runs under)
         self._connected.set()
         self._up()
         while not self._stream_ok:
@@ -157,6 +158,7 @@ class NatsPublisher:
                 await asyncio.sleep(1.0)
         self._holding = asyncio.ensure_future(self.claim.hold(self._js))
         self.counters["connected"] = int(self._nc.is_connected)
+        assert self._wake is not None  # (made by _run, which every caller runs under)
         self._wake.set()
 
     async def _ensure_stream(self) -> bool:
@@ -232,6 +234,7 @@ class NatsPublisher:
             await asyncio.sleep(1.0)
         finally:
             self._busy.discard(source)
+            assert self._wake is not None  # (made by _run, which every caller runs under)
             self._wake.set()
 
     async def _settle(self, source: str | None, pending: deque[tuple[str, int, asyncio.Future, int]]) -> None:
@@ -260,10 +263,13 @@ class NatsPublisher:
             piece = resume.stored_of(last, path.name, source) if last is not None else None
             if piece is None:
                 return  # nothing of this node and run in the stream yet
-            offset, floor, stored = piece.end, piece.seq, []
+            stored: list[resume.Stored] = []
+            offset, floor = piece.end, piece.seq
             log.info("%s: resuming after the stream's last message, at byte %s", path.name, offset)
         else:
-            _, offset, floor = known
+            _, offset, known_floor = known
+            assert known_floor is not None  # (returned above where it is None)
+            floor = known_floor
             stored = await self._asking(subject, lambda: resume.stored_after(
                 self._js, self.spec.name, subject, floor, path.name, source)) or []
         saved = offset
@@ -301,6 +307,7 @@ class NatsPublisher:
         attempt = 0
         try:
             while True:
+                assert self._connected is not None  # (made by _run, which every caller runs under)
                 await self._connected.wait()
                 await self.claim.wait()
                 try:
@@ -346,6 +353,7 @@ class NatsPublisher:
 
     async def _reconnected(self) -> None:
         self.counters["connected"] = int(self._stream_ok)
+        assert self._connected is not None  # (made by _run, which every caller runs under)
         self._connected.set()
         self._up()
 

@@ -158,7 +158,8 @@ class ForwardWindow:
                 continue
             if not stream.sent:
                 stream.last_progress = now  # the ack timeout runs from the send, not from an idle spell
-            prefix, pieces, count, size = b"", [], 0, 0
+            pieces: list[bytes] = []
+            prefix, count, size = b"", 0, 0
             for _, n, pre, rows in itertools.islice(held, stream.sent, None):
                 if pieces and (pre is not prefix or count + n > MAX_BATCH_EVENTS or size + len(rows) > MAX_BATCH_BYTES):
                     if not send(prefix, pieces, count):

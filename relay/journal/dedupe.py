@@ -36,8 +36,6 @@ JOURNAL = b"\x00journal"
 class History(Protocol):
     """What the journal (relay.journal.journal.Journal) tells of a run a relay meets again."""
 
-    name: str
-
     def seen(self, run: str) -> dict[int, Any]:
         """Per rank: ``spans`` of seqs already written, and how far its client said it ``dropped``."""
 

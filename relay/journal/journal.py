@@ -65,7 +65,7 @@ class BadRunId(schema.FrameError):
 class Journal:
     """The journal the daemon writes: a single file for all runs, or a directory of ``<run>.jsonl``."""
 
-    def __init__(self, path: str | os.PathLike = DEFAULT_PATH, fsync: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str] = DEFAULT_PATH, fsync: bool = False) -> None:
         self.directory = is_directory_layout(path)
         self.path = Path(path)
         self.fsync = fsync

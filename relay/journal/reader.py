@@ -39,9 +39,9 @@ def journal_files(path: Path) -> list[Path]:
     return [path]
 
 
-def is_directory_layout(path: str | Path) -> bool:
+def is_directory_layout(path: str | os.PathLike[str]) -> bool:
     """A path that exists as a directory or ends with a slash gets one file per run."""
-    return str(path).endswith(os.sep) or Path(path).is_dir()
+    return os.fspath(path).endswith(os.sep) or Path(path).is_dir()
 
 
 def read_events(path: Path, bad_lines: list[int] | None = None, whole_lines: bool = False,
@@ -59,7 +59,7 @@ def read_events(path: Path, bad_lines: list[int] | None = None, whole_lines: boo
                 continue
             event = parse_line(line)
             error = "not a JSON object" if event is None else event_error(event)
-            if error is None:
+            if event is not None and error is None:
                 yield event
                 continue
             if bad_lines is not None:

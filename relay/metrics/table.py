@@ -106,7 +106,7 @@ class Families:
     """The families of one scrape, made from TABLE as they are first used."""
 
     def __init__(self) -> None:
-        self._made: dict[str, Metric] = {}
+        self._made: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
 
     def add(self, name: str, value: float | None, *labels: object) -> None:
         """One sample of ``name`` (a value of None adds nothing)."""

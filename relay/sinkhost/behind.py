@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from relay.sinkhost.child import SinkSpec
+from sinks.base import Sink
 
 #: Seconds between the progress lines of a relay waiting for its sinks.
 PROGRESS_EVERY = 5.0
@@ -45,7 +46,7 @@ def behind(sinks: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
     return {name: lacking(stats) for name, stats in sinks.items() if not stats.get("complete")}
 
 
-def option_args(cls: type, options: Mapping[str, Any]) -> list[str]:
+def option_args(cls: type[Sink], options: Mapping[str, Any]) -> list[str]:
     """A sink's options (as its ``SinkSpec`` holds them) as its command line spells them; defaults left out."""
     args: list[str] = []
     for option in cls.options():

@@ -159,7 +159,7 @@ class SinkWriter:
         return True
 
 
-def _options(cls: type, given: dict[str, Any]) -> dict[str, Any]:
+def _options(cls: type[Sink], given: dict[str, Any]) -> dict[str, Any]:
     """The sink's options as its click types make them (the relay sent them as JSON)."""
     ctx = click.Context(click.Command("relay"))
     return {o.name: o.type_cast_value(ctx, given[o.name]) for o in cls.options() if o.name in given}

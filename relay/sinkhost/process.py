@@ -131,7 +131,7 @@ class SinkProcess:
                     backoff = min(backoff * 2, RESTART_MAX)
                     continue
                 self.open_error, self.opened = None, True
-                log.info("sink %s open (pid %d)", self.name, self._proc.pid)
+                log.info("sink %s open (pid %d)", self.name, self._pid())
                 return
         finally:
             self._opened.set()
@@ -232,8 +232,8 @@ class SinkProcess:
             while idle is not None and not idle.is_set():  # re-checked: a wait can end on a set already undone
                 idle.wait()
             try:
-                self._proc.stdin.write(lines)  # a pipe: blocks (without the GIL) while the child is busy
-                self._proc.stdin.flush()
+                self._stdin().write(lines)  # a pipe: blocks (without the GIL) while the child is busy
+                self._stdin().flush()
             except OSError:  # it died: reap it, and the next round starts another
                 self._proc.wait()
                 continue
@@ -244,7 +244,7 @@ class SinkProcess:
     def _end_input(self) -> None:
         if self._proc is not None:
             try:
-                self._proc.stdin.close()  # end of input: the child drains and exits
+                self._stdin().close()  # end of input: the child drains and exits
             except OSError:
                 pass
 
@@ -266,10 +266,20 @@ class SinkProcess:
             log.error("sink %s could not be started again (retrying in %.0f s): %s", self.name, backoff * 2, exc)
             return True
         self.restarts += 1
-        log.info("sink %s started again (pid %d)", self.name, self._proc.pid)
+        log.info("sink %s started again (pid %d)", self.name, self._pid())
         return True
 
     # -- the child -------------------------------------------------------------------------------
+
+    def _pid(self) -> int:
+        return -1 if self._proc is None else self._proc.pid
+
+    def _stdin(self, proc: subprocess.Popen | None = None) -> IO[bytes]:
+        """The pipe to the child, which _spawn starts with stdin=PIPE before anything is written."""
+        proc = proc or self._proc
+        if proc is None or proc.stdin is None:
+            raise OSError("the sink process has no input pipe")  # handled as the child having died
+        return proc.stdin
 
     def _spawn(self) -> None:
         spec = json.dumps(asdict(self.spec))
@@ -278,7 +288,7 @@ class SinkProcess:
         if self.stderr is not None:
             threading.Thread(target=self._pass_stderr, args=(proc.stderr,), name=f"sink-{self.name}-stderr",
                              daemon=True).start()
-        _widen(proc.stdin)
+        _widen(self._stdin(proc))
         self._proc, self._child, self._sent = proc, {}, 0
         self._answer = {}
         self._answered.clear()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import operator
 from itertools import groupby
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple, cast
 
 import orjson
 
@@ -63,7 +63,8 @@ def check_lines(lines: bytes | list[bytes]) -> None:
             return
         total, longest = len(lines), max(map(len, lines.split(b"\n"))) + 1
     else:
-        total, longest = sum(map(len, lines)), max(map(len, lines), default=0)
+        listed = cast("list[bytes]", lines)  # (type() is, not isinstance: mypy keeps bytes possible here)
+        total, longest = sum(map(len, listed)), max(map(len, listed), default=0)
     if longest > schema.MAX_LINE_BYTES:
         raise schema.FrameError("bad_value", f"an event's journal line would be {longest} bytes, over "
                                              f"{schema.MAX_LINE_BYTES} (JSON escapes a control character in 6)")
@@ -153,7 +154,7 @@ class ChunkCheck:
         decodes, the work per line is all in C (a journal's lines come in runs of one envelope)."""
         items = typed_lines.decode(lines)
         if None in items or (run is not None and set(map(typed_lines.run_of, items)) != {run}):
-            pairs = [(envelope, row) for _, envelope, row in self.events(lines, run)]
+            pairs: Iterable[tuple[tuple, tuple]] = [(envelope, row) for _, envelope, row in self.events(lines, run)]
         else:
             pairs = zip(map(typed_lines.envelope_of, items), map(typed_lines.row_of, items))
         groups: dict[tuple, list[tuple]] = {}

@@ -156,7 +156,7 @@ def _show(value: Any) -> str:
     return text if len(text) <= 64 else f"{text[:64]}..."
 
 
-def _column_test(field: Field, error: Error) -> Callable[[list[Any]], bool]:
+def _column_test(field: Field, error: Error) -> Callable[[tuple[Any, ...]], bool]:
     """One field's rule over a compact batch's column (a tuple of values), each test one pass in C."""
     rule, nullable = field.rule, field.nullable
     types = frozenset(rule.types) | ({_NONE} if nullable else set())

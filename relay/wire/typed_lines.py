@@ -49,7 +49,7 @@ def _typed(field: str, rule: Rule) -> Any:
                           "lines to parse_event")
     if rule.among is not None:
         return Literal[tuple(sorted(rule.among))]
-    parts = []
+    parts: list[Any] = []
     for kind in rule.types:
         if kind is int:
             low = _INT64[0] if rule.low is None else max(_INT64[0], math.ceil(rule.low))
