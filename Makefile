@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-servers test-fast test-loaded bench fuzz soak clean
+.PHONY: setup demo lint test test-servers test-fast test-loaded bench fuzz soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,14 @@ test test-fast test-loaded: export PYTHONDONTWRITEBYTECODE =
 
 # Both print what each tier cost in CPU and wall seconds, the load, and the costliest tests
 # (tests/budget.py); `make test` fails on a skip that is not on tests/skip_policy.py's allow-list.
-test: $(STAMP) test-servers
+test: $(STAMP) lint test-servers
 	$(PY) -m pytest -q -n $(SUITE_WORKERS) --budget=20 --strict-skips
+
+# ruff (pyflakes and pycodestyle's errors) on everything, mypy on relay/ and sinks/ (pyproject.toml
+# says how strict): part of `make test`, first, since it takes seconds and the suite takes minutes.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # tests/test_prometheus_torchrun.py runs Debian's Prometheus and Alertmanager: installed when missing, as
 # root (CI runs as root); elsewhere the test says why it skips.

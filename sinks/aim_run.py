@@ -19,7 +19,7 @@ from typing import Any
 @functools.cache
 def relay_run_class() -> type:
     """``aim.Run``, made with ``created_at=`` (unix seconds) as its creation time when new."""
-    from aim import Run
+    from aim.sdk.run import Run
 
     class RelayRun(Run):
         def __init__(self, *args: Any, created_at: float | None = None, **kwargs: Any) -> None:

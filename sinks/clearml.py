@@ -366,7 +366,7 @@ def _whole_task_json(task_cls: Any) -> Any:
     task: a sink killed mid-write (a relay SIGKILL) resumed a task without its parameters, and the
     spans it had saved kept them from being written again."""
 
-    class WholeTaskJson(task_cls):  # type: ignore[misc,valid-type]
+    class WholeTaskJson(task_cls):
         def _save_data_to_offline_dir(self, **kwargs: Any) -> None:
             for key, value in kwargs.items():
                 setattr(self.data, key, value)
