@@ -36,7 +36,7 @@ import orjson
 from sinks.aim_repo import PARAMS_KEY, RunLookup, forget_listing, index, open_local
 from sinks.aim_run import close_at, relay_run_class
 from sinks.base import SinkContext, SinkError
-from sinks.events import json_safe
+from sinks.events import Event, json_safe
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
@@ -198,7 +198,7 @@ class AimSink(TrackerSink):
 
     # -- writing --------------------------------------------------------------------------------
 
-    def write(self, events: Sequence[dict[str, Any]]) -> None:
+    def write(self, events: Sequence[Event]) -> None:
         """Apply a batch (sinks/tracker_base.py); then export, close ended runs and idle ones. On an
         Aim error a remote client is dropped too, as a restarted server forgets its handles."""
         self._note_times(events)
@@ -211,7 +211,7 @@ class AimSink(TrackerSink):
         self._finish({e["run"] for e in events})
         self._close_idle()
 
-    def _note_times(self, events: Sequence[dict[str, Any]]) -> None:
+    def _note_times(self, events: Sequence[Event]) -> None:
         """The span of event times each run was seen with: its creation and end time in Aim."""
         for event in events:
             state = self._aim.get(event["run"]) or self._aim.setdefault(event["run"], _RunState(event["run"]))

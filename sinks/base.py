@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
+from sinks.events import Event
+
 import click
 
 
@@ -93,9 +95,10 @@ class Sink(abc.ABC):
         """Acquire files, connections, locks. Raise SinkError for a configuration problem."""
 
     @abc.abstractmethod
-    def write(self, events: Sequence[dict[str, Any]]) -> None:
+    def write(self, events: Sequence[Event]) -> None:
         """Take a batch, in arrival order. Raising means the batch is retried later, whole;
-        raising PermanentError, that the events failing on their own are dead-lettered."""
+        raising PermanentError, that the events failing on their own are dead-lettered. (A sink
+        with ``wants_events = False`` gets stand-ins that hold only ``run`` and ``offset``.)"""
 
     def flush(self) -> None:
         """Make everything written so far durable or visible. Called when the relay has nothing

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 import click
 
 from sinks.base import SinkContext, SinkError
-from sinks.events import json_safe
+from sinks.events import Event, json_safe
 from sinks.files import write_atomic
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM
@@ -149,7 +149,7 @@ class ClearmlSink(TrackerSink):
 
     # -- writing --------------------------------------------------------------------------------
 
-    def write(self, events: Sequence[dict[str, Any]]) -> None:
+    def write(self, events: Sequence[Event]) -> None:
         """Apply a batch (sinks/tracker_base.py); on failure drop what was not written, so the retry
         starts from the saved state; then write the zips of runs that ended."""
         self._take_lock()

@@ -8,7 +8,7 @@ the lowest layer, so the imports run one way (relay -> sinks) and a sink never n
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence, TypedDict, cast
 
 #: Known event types (docs/protocol.md); a new type is a schema change.
 EVENT_TYPES = frozenset({"hello", "params", "metrics", "lifecycle", "stats"})
@@ -24,6 +24,41 @@ ENVELOPE: tuple[str, ...] = tuple(ENVELOPE_KINDS)
 ROW_FIELDS: tuple[str, ...] = tuple(ROW_KINDS)
 #: Every field, in the order the client writes them and the journal keeps them.
 FIELDS: tuple[str, ...] = ENVELOPE + ROW_FIELDS
+
+
+class Event(TypedDict):
+    """One event as a sink is handed it (docs/protocol.md), for a type checker and an editor's
+    completion: the same fields as above, in the same order, checked when this module loads."""
+
+    v: int
+    run: str
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str
+    seq: int
+    ts: float
+    type: str
+    step: int | None
+    epoch: float | None
+    stage: str | None
+    data: dict[str, Any]
+
+
+if tuple(Event.__annotations__) != FIELDS:
+    raise ImportError(f"sinks/events.py: Event lists {tuple(Event.__annotations__)}, the kinds {FIELDS}: "
+                      "give a new field its kind and its type in Event, in the same place")
+
+
+def as_event(event: dict[str, Any]) -> Event:
+    """An event the relay has checked (on the wire, or as the journal line it wrote), typed as one:
+    no copy and no check, only the type checker told."""
+    return cast(Event, event)
+
+
+def as_events(events: Sequence[dict[str, Any]]) -> Sequence[Event]:
+    """``as_event`` for a batch."""
+    return cast("Sequence[Event]", events)
 
 #: The rank of the events the relay derives itself (``stage="cluster"``: cross-rank step-time figures,
 #: stragglers, lost ranks; docs/protocol.md): the largest rank the wire allows, which no client may use.

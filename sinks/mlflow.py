@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
-from sinks.events import json_safe
+from sinks.events import Event, json_safe
 from sinks.mlflow_store import ready_sqlite, sqlite_path
 from sinks.mlflow_rules import LABEL_MAPS, MAX_PARAM, MAX_TAG, PLAIN_GROUPS, batches, metric_name, mlflow_key, point
 from sinks.preflight import need_package, need_writable_dir
@@ -175,7 +175,7 @@ class MlflowSink(TrackerSink):
 
     # -- writing --------------------------------------------------------------------------------
 
-    def write(self, events: Sequence[dict[str, Any]]) -> None:
+    def write(self, events: Sequence[Event]) -> None:
         ml = self._ml
         for event in events:
             if event["run"] not in ml:

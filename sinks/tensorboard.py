@@ -34,6 +34,7 @@ from sinks.files import write_atomic
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
 from sinks.tracker_base import Spans, TrackerSink
+from sinks.events import Event
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ class TensorBoardSink(TrackerSink):
             os.close(board.lock)
         log.info("tensorboard sink closed: %s", dict(sorted(self.counters.items())))
 
-    def write(self, events: Sequence[dict[str, Any]]) -> None:
+    def write(self, events: Sequence[Event]) -> None:
         """Apply a batch (sinks/tracker_base.py); on failure drop its records with the spans."""
         try:
             super().write(events)

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sinks.base import Sink, SinkContext
-from sinks.events import NONFINITE_JSON, RELAY_RANK
+from sinks.events import NONFINITE_JSON, RELAY_RANK, Event, as_event
 from sinks.files import write_atomic
 from sinks.naming import CLUSTER_NAMES, RANK_NAMES, SYSTEM, display_names, trainer_groups
 from sinks.spans import SeqSpans
@@ -102,7 +102,7 @@ class TrackerSink(Sink):
         self.counters: Counter[str] = Counter()
         self._state_file: dict[str, Spans] | None = None
 
-    def write(self, events: Sequence[dict[str, Any]]) -> None:
+    def write(self, events: Sequence[Event]) -> None:
         """Apply a batch; on any error fall back to the spans last saved and re-raise (the relay
         retries the batch, and what was applied already is skipped or rewritten identically)."""
         touched: dict[str, _Run] = {}
@@ -128,7 +128,7 @@ class TrackerSink(Sink):
             for state in due:
                 touched[state.run] = state
                 if state.swept is None:
-                    state.swept = list(reader(state.run))
+                    state.swept = list(map(as_event, reader(state.run)))
                 for event in state.swept:
                     self._apply(state, event, swept=True)
                 self.counters["sweeps"] += 1
@@ -180,7 +180,7 @@ class TrackerSink(Sink):
             self._state_file = {run: {int(r): s for r, s in spans.items()} for run, spans in raw.items()}
         return self._state_file
 
-    def _run(self, event: dict[str, Any]) -> "_Run":
+    def _run(self, event: Event) -> "_Run":
         run = event["run"]
         state = self._runs.get(run)
         if state is None:
@@ -189,7 +189,7 @@ class TrackerSink(Sink):
             state = self._runs[run] = _Run(run, saved, event["world_size"])
         return state
 
-    def _apply(self, state: "_Run", event: dict[str, Any], swept: bool = False) -> None:
+    def _apply(self, state: "_Run", event: Event, swept: bool = False) -> None:
         rank, seq = event["rank"], event["seq"]
         spans = state.applied.get(rank)
         if spans is None:
@@ -218,7 +218,7 @@ class TrackerSink(Sink):
         if kind == "metrics" and event["step"] is None:
             self._save([state])  # the tracker numbers these itself: applying one twice would add a point
 
-    def _metrics(self, run: str, event: dict[str, Any]) -> None:
+    def _metrics(self, run: str, event: Event) -> None:
         stage, rank, data = event["stage"], event["rank"], event["data"]
         if stage in TRAINER_STAGES:
             if rank != 0:  # already reduced across ranks: every rank would repeat rank 0
@@ -270,7 +270,7 @@ class TrackerSink(Sink):
         if fresh:
             self.log_params(state.run, name, fresh)
 
-    def _client_stats(self, state: "_Run", event: dict[str, Any]) -> None:
+    def _client_stats(self, state: "_Run", event: Event) -> None:
         """A client's cumulative counters: a param per rank (the newest report wins), and the one
         curve worth drawing, ``relay_dropped``, once it is not zero (stepped by the report's seq)."""
         rank, data = event["rank"], event["data"]
@@ -281,7 +281,7 @@ class TrackerSink(Sink):
         if dropped and dropped["relay_dropped"] != 0:
             self.log_metrics(state.run, rank, event["seq"], None, {SYSTEM: "rank", "rank": rank}, dropped, event["ts"])
 
-    def _lifecycle(self, state: "_Run", event: dict[str, Any]) -> None:
+    def _lifecycle(self, state: "_Run", event: Event) -> None:
         data = event["data"]
         what = data.get("event")
         record = {**data, "step": event["step"], "ts": event["ts"]}
@@ -333,7 +333,7 @@ class _Run:
         self.applied = {rank: SeqSpans(s) for rank, s in saved.items()}
         self.dirty = False
         self.needs_sweep = any(spans.holes for spans in self.applied.values())  # left by an earlier process
-        self.swept: list[dict[str, Any]] | None = None  # read from the journal, not applied yet
+        self.swept: list[Event] | None = None  # read from the journal, not applied yet
         self.param_ts: dict[tuple[str, str], float] = {}
 
 

@@ -41,6 +41,7 @@ from sinks.tracker_base import Spans, TrackerSink, exact_ints
 from sinks.wandb_access import api_key_present, import_wandb
 from sinks.wandb_layout import STEP_KEY, config_update, row_and_summary, stats_items
 from sinks.wandb_run import STATE_DIR, WbRun
+from sinks.events import Event
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class WandbSink(TrackerSink):
                 self._release(wb)
         log.info("wandb sink closed: %s", dict(sorted(self.counters.items())))
 
-    def write(self, events: Sequence[dict[str, Any]]) -> None:
+    def write(self, events: Sequence[Event]) -> None:
         with self._lock:
             self._guarded(super().write, events)
 

@@ -46,7 +46,8 @@ def test_the_fields_are_listed_in_the_model_alone() -> None:
     assert lists == []
 
 
-#: One edit to sinks/events.py, a field ``tokens`` (a count or nil) at the end of the row, made to
+#: One edit to sinks/events.py, a field ``tokens`` (a count or nil) at the end of the row (its kind and its
+#: type in Event), made to
 #: the model's source before the wire is imported; then what the relay makes of frames with it.
 NEW_FIELD = """
 import inspect
@@ -54,7 +55,10 @@ import sinks.events as model
 source = inspect.getsource(model)
 edit = '"data": "map"}'
 assert source.count(edit) == 1
-exec(compile(source.replace(edit, '"data": "map", "tokens": "count | None"}'), model.__file__, "exec"), vars(model))
+typed = "    data: dict[str, Any]\\n"
+assert source.count(typed) == 1
+source = source.replace(edit, '"data": "map", "tokens": "count | None"}').replace(typed, typed + "    tokens: int | None\\n")
+exec(compile(source, model.__file__, "exec"), vars(model))
 print(model.FIELDS)
 from relay.wire import encoding, schema
 
@@ -85,3 +89,12 @@ def test_a_new_field_is_one_edit_and_the_wire_checks_it_on_every_path() -> None:
         "bad_type tokens",
         "bad_type tokens missing_field tokens",
     ]
+
+
+def test_a_field_given_a_kind_but_no_type_in_event_stops_the_import() -> None:
+    """Event (the TypedDict sinks are typed with) cannot fall behind the fields the wire checks."""
+    kind_only = NEW_FIELD.split("exec(")[0].split(".replace(typed")[0]  # the kind given, Event left as it is
+    half_edit = kind_only + '\nexec(compile(source, model.__file__, "exec"), vars(model))\n'
+    proc = subprocess.run([sys.executable, "-c", half_edit], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 1 and "ImportError: sinks/events.py: Event lists" in proc.stderr, proc.stderr
+    assert "give a new field its kind and its type in Event" in proc.stderr

@@ -22,6 +22,7 @@ from relay.fleet import connection, identity, stream
 from relay.fleet.connection import LoopThread
 from relay.fleet.publisher import NatsPublisher, StreamSpec
 from sinks.base import Sink, SinkContext, SinkError
+from sinks.events import Event
 
 log = logging.getLogger(__name__)
 _run = operator.itemgetter("run")  # of an event, or of a stand-in (relay/sinkhost/notices.py)
@@ -118,7 +119,7 @@ class NatsSink(Sink):
         """Where the node is kept (None: it is --nats-node's)."""
         return None if self.given_node else identity.id_file(journal)
 
-    def write(self, events: Sequence[dict[str, Any]]) -> None:
+    def write(self, events: Sequence[Event]) -> None:
         """The events are already in the journal, which is what is published: only note which runs
         have news. Never raises, never waits."""
         assert self._publisher is not None

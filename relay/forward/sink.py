@@ -25,7 +25,7 @@ import logging
 import operator
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import click
 import zmq.auth
@@ -36,6 +36,7 @@ from relay.wire.address import BadAddress, check_bind_address, is_loopback
 from relay.forward.sender import Forwarder
 from relay.wire.io_thread import Hub
 from sinks.base import Sink, SinkContext, SinkError
+from sinks.events import Event
 
 log = logging.getLogger(__name__)
 _run = operator.itemgetter("run")  # of an event, or of a stand-in (relay/sinkhost/notices.py)
@@ -102,7 +103,7 @@ class ForwardSink(Sink):
             log.warning("forwarding to %s unencrypted: anyone on the way can read the events; unset RELAY_OPEN "
                         "(see docs/security.md)", self.to)
 
-    def write(self, events: Sequence[dict[str, Any]]) -> None:
+    def write(self, events: Sequence[Event]) -> None:
         """The events are already in the journal, which is what is forwarded: only note which runs
         have news. Never raises, never waits."""
         assert self._forwarder is not None

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 from relay.journal.deadletter import DeadLetters
 from relay.wire.lines import encode_line
 from sinks.base import PermanentError, Sink
+from sinks.events import as_events
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class SinkDriver:
             try:
                 if self._fault is not None:
                     self._fault(batch)
-                self.sink.write(batch)
+                self.sink.write(as_events(batch))
             except PermanentError as exc:
                 if len(batch) == 1:
                     self._dead_letter(batch[0], exc)
