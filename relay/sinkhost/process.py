@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from relay.sinkhost import notices
+from relay.sinkhost.counts import ChildCounts
 from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.child import SinkSpec, build_sink
 from relay.sinkhost.lifeline import kill, spawn
@@ -54,8 +55,6 @@ RESTART_START = 1.0  # seconds before the first attempt to start a crashed sink 
 RESTART_MAX = 30.0  # at most, doubling while it keeps failing
 PIPE_SIZE = 1 << 20
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
-#: The child's counters that add up over its restarts.
-SUMMED = ("written", "errors", "dropped", "dead_lettered", "deadletter_overflow", "caught_up", "catch_up_passes")
 
 
 class SinkProcess:
@@ -77,8 +76,8 @@ class SinkProcess:
         self.name = spec.name
         self.restarts = 0
         self._proc: subprocess.Popen | None = None
-        self._child: dict[str, Any] = {}  # the running child's last counters
-        self._done = dict.fromkeys(SUMMED, 0)  # earlier children's
+        self._child = ChildCounts()  # the running child's last counters
+        self._done = ChildCounts()  # earlier children's
         self._lost = 0  # given to a child that died before confirming them
         self._sink_counters: dict[str, Any] | None = None  # the sink's own, as its child last said
         self._sent = 0  # events the running child was given
@@ -122,7 +121,7 @@ class SinkProcess:
                         log.warning("sink %s stopped before it had opened: %s", self.name, exc)
                         return
                     self.open_failures += 1
-                    self._done["errors"] += 1
+                    self._done += ChildCounts(errors=1)
                     self.open_error = str(exc)
                     log.error("sink %s could not open (%d attempts; trying again in %.0f s, its events wait in "
                               "the journal): %s", self.name, self.open_failures, backoff, exc)
@@ -153,8 +152,7 @@ class SinkProcess:
         self._handed.sample(now, self._submitted)
 
     def stats(self) -> dict[str, Any]:
-        child = self._child
-        out = {key: self._done[key] + child.get(key, 0) for key in SUMMED}
+        out: dict[str, Any] = (self._done + self._child).as_dict()
         out["dropped"] += self._worker.dropped + self._lost
         out["queued"] = self._worker.queued + self._in_flight()
         out["lag_s"] = self._lag(out["queued"])
@@ -262,7 +260,7 @@ class SinkProcess:
         try:
             self._spawn()
         except SinkError as exc:
-            self._done["errors"] += 1
+            self._done += ChildCounts(errors=1)
             log.error("sink %s could not be started again (retrying in %.0f s): %s", self.name, backoff * 2, exc)
             return True
         self.restarts += 1
@@ -289,7 +287,7 @@ class SinkProcess:
             threading.Thread(target=self._pass_stderr, args=(proc.stderr,), name=f"sink-{self.name}-stderr",
                              daemon=True).start()
         _widen(self._stdin(proc))
-        self._proc, self._child, self._sent = proc, {}, 0
+        self._proc, self._child, self._sent = proc, ChildCounts(), 0
         self._answer = {}
         self._answered.clear()
         self._reader = threading.Thread(target=self._read, args=(proc.stdout,), name=f"sink-{self.name}-stats",
@@ -320,7 +318,7 @@ class SinkProcess:
                     self._answer = message
                     self._answered.set()
                 else:
-                    self._child = message
+                    self._child = ChildCounts.of(message)
                     self._sink_counters = message.get("sink", self._sink_counters)
         finally:
             self._answered.set()  # the child is gone: start() stops waiting
@@ -334,17 +332,15 @@ class SinkProcess:
 
     def _in_flight(self) -> int:
         """Events the running child was given and has not yet confirmed."""
-        child = self._child
-        return max(0, self._sent - sum(child.get(key, 0) for key in ("written", "dropped", "dead_lettered")))
+        return max(0, self._sent - self._child.resolved)
 
     def _settle(self, code: int | None, how: str) -> None:
         """Fold a finished child's counters in; what it was given but never confirmed is dropped."""
         unconfirmed = self._in_flight()
-        for key in SUMMED:
-            self._done[key] += self._child.get(key, 0)
-        self._child, self._sent = {}, 0
+        self._done += self._child
+        self._child, self._sent = ChildCounts(), 0
         if code != 0 or unconfirmed:
-            self._done["errors"] += 1 if code != 0 else 0
+            self._done += ChildCounts(errors=1 if code != 0 else 0)
             self._lost += unconfirmed
             log.error("sink %s's process exited %s (code %s); up to %d events it had not confirmed are dropped "
                       "for it (they are in the journal: relay replay rebuilds it)", self.name, how, code, unconfirmed)

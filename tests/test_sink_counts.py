@@ -1,0 +1,17 @@
+"""The counters a sink's process reports, summed over its restarts (relay/sinkhost/counts.py)."""
+from __future__ import annotations
+
+from relay.sinkhost.counts import ChildCounts
+
+
+def test_a_childs_message_becomes_its_counts_and_the_rest_of_it_is_left_out() -> None:
+    message = {"written": 5, "dropped": 2, "dead_lettered": 1, "caught_up": 7, "sink": {"runs": 1}, "open": True}
+    counts = ChildCounts.of(message)
+    assert counts == ChildCounts(written=5, dropped=2, dead_lettered=1, caught_up=7)
+    assert counts.resolved == 8  # caught-up events were not handed over: not in flight either way
+
+
+def test_counts_add_field_by_field_over_restarts() -> None:
+    first, second = ChildCounts(written=3, errors=1, catch_up_passes=2), ChildCounts(written=4, deadletter_overflow=1)
+    assert (first + second).as_dict() == {"written": 7, "errors": 1, "dropped": 0, "dead_lettered": 0,
+                                          "deadletter_overflow": 1, "caught_up": 0, "catch_up_passes": 2}
