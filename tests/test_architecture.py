@@ -179,14 +179,9 @@ def _data(tree: ast.AST) -> set[str]:
                     if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
 
 
-def test_no_module_assigns_another_objects_callbacks_after_construction() -> None:
-    """Dependencies go in through constructors: an object whose callbacks another assigns once it is
-    built does without them until then (the relay's acks were dropped without a word before its
-    socket was bound). So no module of the project or its benchmarks assigns a function (a lambda,
-    a function or method of the project, a bound method) to an attribute of another object:
-    ``ingest.batch.send = self._send_acks`` fails, ``self.send = send`` in a constructor passes."""
-    trees = {path: ast.parse(path.read_text()) for path in modules().values()}
-    trees.update({path: ast.parse(path.read_text()) for path in sorted((ROOT / "bench").rglob("*.py"))})
+def callbacks_wired(trees: dict[Path, ast.AST]) -> list[str]:
+    """Where a module of ``trees`` assigns a function (a lambda, a function or method of these modules,
+    a bound method) to an attribute of another object than ``self``/``cls``."""
     # (a name some object holds as a value, ``run.name``, is not taken for the method of another class)
     methods = set().union(*map(_methods, trees.values())) - set().union(*map(_data, trees.values()))
     wired = []
@@ -203,4 +198,45 @@ def test_no_module_assigns_another_objects_callbacks_after_construction() -> Non
                 if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name)
                                                               and target.value.id in ("self", "cls")):
                     wired.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:100]}")
+    return wired
+
+
+def test_no_module_assigns_another_objects_callbacks_after_construction() -> None:
+    """Dependencies go in through constructors: an object whose callbacks another assigns once it is
+    built does without them until then (the relay's acks were dropped without a word before its
+    socket was bound). So no module of the project or its benchmarks assigns a function (a lambda,
+    a function or method of the project, a bound method) to an attribute of another object:
+    ``ingest.batch.send = self._send_acks`` fails, ``self.send = send`` in a constructor passes."""
+    trees = {path: ast.parse(path.read_text()) for path in modules().values()}
+    trees.update({path: ast.parse(path.read_text()) for path in sorted((ROOT / "bench").rglob("*.py"))})
+    wired = callbacks_wired(trees)
     assert not wired, "callbacks assigned after construction (pass them to the constructor):\n" + "\n".join(wired)
+
+
+PLANTED = """
+class Relay:
+    def __init__(self, ingest, sink):
+        self.send = ingest.send               # passes: its own attribute
+        ingest.commit_step.send = self._send_acks   # wired: a bound method onto another object
+        sink.on_error = lambda exc: None       # wired: a lambda
+        sink.name = self.label                 # passes: a value, not a callback
+        self.label = "relay"
+
+    def _send_acks(self, acks):
+        return acks
+
+    def bind(self, loop):
+        loop.on_ready = helper                 # wired: a function of this module, outside any constructor
+
+
+def helper():
+    return None
+"""
+
+
+def test_the_callback_check_finds_a_planted_example() -> None:
+    """The check above names each wiring of a planted module, and nothing else in it."""
+    path = ROOT / "relay" / "planted.py"
+    wired = callbacks_wired({path: ast.parse(PLANTED)})
+    assert [line.split(": ", 1)[1] for line in wired] == [
+        "ingest.commit_step.send = self._send_acks", "sink.on_error = lambda exc: None", "loop.on_ready = helper"]
