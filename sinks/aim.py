@@ -116,6 +116,7 @@ class AimSink(TrackerSink):
         ]
 
     def __init__(self, repo: str | None = None, experiment: str | None = None) -> None:
+        super().__init__()
         if not repo:
             raise SinkError("--sink aim needs --repo PATH (a local Aim repository, created if missing) "
                             "or --repo aim://HOST:PORT (an `aim server`)")
@@ -124,6 +125,7 @@ class AimSink(TrackerSink):
         self.remote = repo.startswith("aim://")
         self._repo: Any = None
         self._aim: dict[str, _RunState] = {}
+        self._lookup = RunLookup(self.counters)
         self.idle_close_s = IDLE_CLOSE_S
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -139,7 +141,6 @@ class AimSink(TrackerSink):
     def open(self, context: SinkContext) -> None:
         """Open (or create) the repository; SinkError when it cannot be used at all."""
         super().open(context)
-        self._lookup = RunLookup(self.counters)
         repo_cls = _import_aim()
         # One INFO line per opened run from Aim's status reporter is noise in the relay's log.
         logging.getLogger("aim.sdk.reporter").setLevel(logging.WARNING)

@@ -94,6 +94,7 @@ class ClearmlSink(TrackerSink):
 
     def __init__(self, clearml_project: str | None = None, clearml_task: str | None = None,
                  clearml_dir: str | None = None) -> None:
+        super().__init__()
         if not clearml_project:
             raise SinkError("--sink clearml needs --clearml-project NAME (the ClearML project of the tasks)")
         self.project = clearml_project

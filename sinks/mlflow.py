@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -27,6 +26,7 @@ import click
 
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.events import Event, json_safe
+from sinks.mlflow_run import MlRun
 from sinks.mlflow_store import ready_sqlite, sqlite_path
 from sinks.mlflow_rules import LABEL_MAPS, MAX_PARAM, MAX_TAG, PLAIN_GROUPS, batches, metric_name, mlflow_key, point
 from sinks.preflight import need_package, need_writable_dir
@@ -55,29 +55,6 @@ ENV_DEFAULTS = {"MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_HTTP_REQUEST_MAX_RET
                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
 
-@dataclass
-class _MlRun:
-    """One training run's MLflow side: its run, the params it holds, and what awaits the next save."""
-
-    first_ts: float
-    run_id: str | None = None
-    name: str = ""  # the run's name in MLflow: the job's --run_name once known, else the relay run id
-    experiment_id: str = ""
-    params: dict[str, str] = field(default_factory=dict)  # as the MLflow run holds them
-    metrics: list[Any] = field(default_factory=list)  # pending until the next save, as are the next four
-    new_params: dict[str, str] = field(default_factory=dict)
-    tags: dict[str, str] = field(default_factory=dict)
-    artifacts: dict[str, str] = field(default_factory=dict)
-    end: str | None = None  # the MLflow status rank 0's train_end asks for
-    end_ts: float | None = None
-    output_dir: str | None = None
-    output_from_run: bool = False  # the `run` group's absolute output_dir beats hparams' own
-    suspect: bool = False  # a save failed: a directory store may hold part of it already
-
-    def discard(self) -> None:
-        self.metrics, self.new_params, self.tags, self.artifacts, self.end = [], {}, {}, {}, None
-
-
 class MlflowSink(TrackerSink):
     """Write relay events into MLflow: a SQL database, a directory, or an ``mlflow server``."""
 
@@ -96,6 +73,7 @@ class MlflowSink(TrackerSink):
         ]
 
     def __init__(self, mlflow_tracking_uri: str | None = None, mlflow_experiment: str | None = None) -> None:
+        super().__init__()
         if not mlflow_tracking_uri:
             raise SinkError("--sink mlflow needs --mlflow-tracking-uri URI (sqlite:///PATH.db, a directory, "
                             "or http://HOST:PORT of an `mlflow server`), or $MLFLOW_TRACKING_URI")
@@ -105,7 +83,7 @@ class MlflowSink(TrackerSink):
         self.directory = self.uri.startswith("file:") or ("://" not in self.uri and self.uri != "databricks")
         self._client: Any = None
         self._experiment_id: str | None = None
-        self._ml: dict[str, _MlRun] = {}
+        self._ml: dict[str, MlRun] = {}
         self._keys: dict[tuple, str] = {}  # (rank, subset, sub_dataset, system, name) -> MLflow metric key
         self._exports: set[str] = set()
 
@@ -179,7 +157,7 @@ class MlflowSink(TrackerSink):
         ml = self._ml
         for event in events:
             if event["run"] not in ml:
-                ml[event["run"]] = _MlRun(event["ts"])
+                ml[event["run"]] = MlRun(event["ts"])
         self._guarded(super().write, events)
 
     def flush(self) -> None:
@@ -201,6 +179,9 @@ class MlflowSink(TrackerSink):
                 self._export(run, exported)
 
     # -- the sink-author API ----------------------------------------------------------------------
+
+    def start_run(self, run: str, params: dict[str, Any]) -> None:
+        """Nothing yet: ``load_applied`` next finds the MLflow run (tagged with ``run``) or makes it."""
 
     def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
                     context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
@@ -239,7 +220,7 @@ class MlflowSink(TrackerSink):
         if name == "relay.lifecycle" and isinstance(params.get("train_end"), dict):
             r.end_ts = params["train_end"].get("ts")
 
-    def _standard_tags(self, r: _MlRun, params: dict[str, Any]) -> None:
+    def _standard_tags(self, r: MlRun, params: dict[str, Any]) -> None:
         """What MLflow's run page reads ("Created by", "Source", the run's name), as MLflow's own
         logging in the training process would set them: from the job's ``run`` params."""
         for tag, key in (("mlflow.runName", "run_name"), ("mlflow.user", "user"), ("mlflow.source.name", "source")):
@@ -303,7 +284,7 @@ class MlflowSink(TrackerSink):
 
     # -- MLflow calls -----------------------------------------------------------------------------
 
-    def _deleted(self, r: _MlRun) -> bool:
+    def _deleted(self, r: MlRun) -> bool:
         """Whether the run's MLflow run was deleted (asked after a failed save only)."""
         from mlflow.exceptions import MlflowException
 
@@ -314,7 +295,7 @@ class MlflowSink(TrackerSink):
         except Exception:  # the store cannot answer now: no verdict (the save's own error is raised)
             return False
 
-    def _send(self, r: _MlRun, spans: Spans) -> None:
+    def _send(self, r: MlRun, spans: Spans) -> None:
         client, metrics = self._client, r.metrics
         for path, content in r.artifacts.items():
             client.log_text(r.run_id, content, path)
@@ -335,7 +316,7 @@ class MlflowSink(TrackerSink):
             client.set_terminated(r.run_id, r.end, end_time=end_ms)
             client.log_batch(r.run_id, tags=applied)
 
-    def _repair(self, r: _MlRun) -> None:
+    def _repair(self, r: MlRun) -> None:
         """After a failed save into a directory store, which appends points and which a full disk
         can leave with torn (empty) files: send only the points it lacks, first (that mends torn
         metric files, past which MLflow cannot read the run), then take its params as they are,
@@ -356,7 +337,7 @@ class MlflowSink(TrackerSink):
                 del r.new_params[key]
                 self._changed(r, key, text, {"key": key, "value": text})
 
-    def _changed(self, r: _MlRun, key: str, text: str, whole: dict[str, Any]) -> None:
+    def _changed(self, r: MlRun, key: str, text: str, whole: dict[str, Any]) -> None:
         """MLflow refuses to change a param: the first value stays, the newest goes to a tag."""
         tag = self._key(CHANGED_PREFIX + key)
         r.tags[tag] = self._fit(r, tag, text, MAX_TAG, whole)
@@ -371,7 +352,7 @@ class MlflowSink(TrackerSink):
             log.warning("mlflow sink: %r is %r in MLflow (too long, or a path that resolves elsewhere)", name, key)
         return key
 
-    def _fit(self, r: _MlRun, key: str, text: str, limit: int, whole: dict[str, Any], renamed: bool = False) -> str:
+    def _fit(self, r: MlRun, key: str, text: str, limit: int, whole: dict[str, Any], renamed: bool = False) -> str:
         """``text`` within ``limit``; what is cut or renamed is counted and kept whole as an artifact."""
         if not renamed and len(text) <= limit:
             return text
@@ -380,7 +361,7 @@ class MlflowSink(TrackerSink):
         log.warning("mlflow sink: %r cut to MLflow's limits; whole in artifact %s/%s.json", key, FULL_VALUES, key)
         return text[:limit]
 
-    def _export(self, run: str, r: _MlRun) -> None:
+    def _export(self, run: str, r: MlRun) -> None:
         """Write ``mlflow_tracker.json`` as fms-hf-tuning does, into the job's output dir (else
         beside the journal); a failure is counted and logged, never worth retrying a batch for.
         Not under ``relay replay``: the job's file names its live run, which a rebuilt copy must

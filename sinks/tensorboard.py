@@ -130,6 +130,7 @@ class TensorBoardSink(TrackerSink):
                                   "(created if missing); view it with `tensorboard --logdir DIR`.")]
 
     def __init__(self, logdir: str | None = None) -> None:
+        super().__init__()
         if not logdir:
             raise SinkError("--sink tensorboard needs --logdir DIR (a directory, created if missing)")
         self.logdir = Path(logdir).expanduser()

@@ -36,6 +36,7 @@ those calls and does, once for every tracker, what each would otherwise rebuild:
 """
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import math
@@ -58,29 +59,41 @@ Spans = dict[int, list[list[int]]]
 
 
 class TrackerSink(Sink):
-    """Subclass this, set ``name``, and write the four methods below (plus ``options``, and ``open``
-    and ``close`` as for any Sink; an ``open`` of your own calls ``super().open(context)``). Where
+    """Subclass this, set ``name``, and write the four abstract methods below (a class that lacks one
+    cannot be built: Python names the missing ones), plus ``options``, ``open`` and ``close`` as for
+    any Sink. What this class keeps is made in ``__init__`` (as Lightning's ``Logger`` does), so an
+    ``__init__`` of your own calls ``super().__init__()`` first; ``open`` needs no ``super()``. Where
     the tracker cannot keep the applied spans itself, return a file from ``state_path`` and they
     are kept there."""
 
     catches_up = True  # the applied spans make a second delivery of an event a no-op
 
+    def __init__(self) -> None:
+        self.context = SinkContext()
+        self._runs: dict[str, _Run] = {}
+        self._warned: set[str] = set()
+        self.counters: Counter[str] = Counter()
+        self._state_file: dict[str, Spans] | None = None
+
     # -- what a sink author writes ---------------------------------------------------------------
 
+    @abc.abstractmethod
     def start_run(self, run: str, params: dict[str, Any]) -> None:
         """The first event of ``run`` this process meets (also after a restart: resume, do not
         duplicate). ``params``: what is known of it so far (``world_size``)."""
 
+    @abc.abstractmethod
     def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
                     context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
         """Numbers at a step. ``rank`` is None for the Trainer's own (reduced) series; ``ts`` is
         when the rank published them, so a late write can keep the live time axis."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
         """Run metadata, merged key by key into the group ``name`` (dotted for nesting:
         ``relay.ranks``); values are JSON-like, non-finite floats as "NaN"/"Infinity" strings."""
 
+    @abc.abstractmethod
     def finish_run(self, run: str, status: str) -> None:
         """Rank 0 ended training: ``completed``, ``failed`` or what the trainer said."""
 
@@ -97,10 +110,6 @@ class TrackerSink(Sink):
 
     def open(self, context: SinkContext) -> None:
         self.context = context
-        self._runs: dict[str, _Run] = {}
-        self._warned: set[str] = set()
-        self.counters: Counter[str] = Counter()
-        self._state_file: dict[str, Spans] | None = None
 
     def write(self, events: Sequence[Event]) -> None:
         """Apply a batch; on any error fall back to the spans last saved and re-raise (the relay

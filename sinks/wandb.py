@@ -73,6 +73,7 @@ class WandbSink(TrackerSink):
 
     def __init__(self, wandb_project: str | None = None, wandb_entity: str | None = None,
                  wandb_mode: str = "offline", wandb_dir: str | None = None) -> None:
+        super().__init__()
         if not wandb_project:
             raise SinkError("--sink wandb needs --wandb-project NAME (or $WANDB_PROJECT)")
         self.project, self.entity, self.mode, self.dir_option = wandb_project, wandb_entity, wandb_mode, wandb_dir

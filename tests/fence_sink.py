@@ -30,6 +30,7 @@ class LedgerSink(TrackerSink):
         return [click.Option(["--ledger-db"], required=True, help="The SQLite file.")]
 
     def __init__(self, ledger_db: str) -> None:
+        super().__init__()
         self.path = ledger_db
 
     def open(self, context: SinkContext) -> None:
@@ -51,6 +52,15 @@ class LedgerSink(TrackerSink):
                     context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
         self.db.executemany("INSERT OR IGNORE INTO metrics VALUES (?, ?, ?, ?, ?)",
                             [(run, rank, step, name, value) for name, value in values.items()])
+
+    def start_run(self, run: str, params: dict[str, Any]) -> None:
+        """Nothing: the ledger keeps points only."""
+
+    def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
+        """Nothing: the ledger keeps points only."""
+
+    def finish_run(self, run: str, status: str) -> None:
+        """Nothing: the ledger keeps points only."""
 
     def load_applied(self, run: str) -> Spans:
         row = self.db.execute("SELECT spans FROM spans WHERE run = ?", (run,)).fetchone()

@@ -69,7 +69,7 @@ def replay(journal: Path, sink: str, csv_file: Path, env: dict[str, str]) -> Non
 
 
 def test_the_example_is_short() -> None:
-    assert len(doc_example().rstrip("\n").splitlines()) <= 25
+    assert len(doc_example().rstrip("\n").splitlines()) <= 30  # the four abstract methods, three of them one line each
 
 
 def test_the_docs_replay_commands_run_as_written(relays, tmp_path: Path) -> None:

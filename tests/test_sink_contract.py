@@ -27,8 +27,9 @@ from relay.sinkhost.replay import ReplayResult, replay_files
 from relay.wire.lines import encode_line
 from sink_helpers import Events, fill, finish_ranks, small_fs, start_rank, training_events  # noqa: F401 (small_fs: a fixture)
 import sink_readback as rb
-from sinks.base import PermanentError, SinkContext
+from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.events import RELAY_RANK
+from sinks.tracker_base import TrackerSink
 
 
 
@@ -408,3 +409,53 @@ def test_a_full_disk_is_caught_up_once_there_is_room(small_fs: Path, workspace, 
         views[outage] = settled(t, ws, "job-full", events)
     t.check(views[True], 40)
     t.same(views[False], views[True])
+
+
+class Incomplete(TrackerSink):
+    """A tracker sink whose author forgot ``finish_run``."""
+
+    name = "incomplete"
+
+    def start_run(self, run: str, params: dict) -> None: ...
+    def log_metrics(self, run, rank, step, epoch, context, values, ts) -> None: ...  # noqa: E704
+    def log_params(self, run: str, name: str, params: dict) -> None: ...  # noqa: E704
+
+
+class NoSuperOpen(Incomplete):
+    """Complete, with an ``open`` that does not call ``super().open()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.points: list[tuple] = []
+
+    def open(self, context: SinkContext) -> None:
+        self.opened = context
+
+    def log_metrics(self, run, rank, step, epoch, context, values, ts) -> None:
+        self.points.append((run, rank, step, values))
+
+    def finish_run(self, run: str, status: str) -> None: ...
+
+
+def test_a_tracker_sink_missing_an_author_method_is_refused_when_built() -> None:
+    """The relay builds each sink before it listens: a missing author method is its one-line error then."""
+    with pytest.raises(SinkError, match=r"^sink incomplete failed to start: TypeError: Can't instantiate abstract "
+                                        r"class Incomplete .*abstract method '?finish_run'?$"):
+        build_sink(SinkSpec("incomplete", source=f"{__name__}:Incomplete"))
+
+
+@pytest.mark.parametrize("name", ["aim", "mlflow", "tensorboard", "wandb", "clearml"])
+def test_every_tracker_sink_is_whole_and_holds_its_state_once_built(workspace, name: str) -> None:
+    t, ws, env = workspace(name)
+    sink = built(t, ws, env)
+    assert isinstance(sink, TrackerSink) and not type(sink).__abstractmethods__
+    assert sink.counters == {} and not sink.catch_up_due("r") and sink.context == SinkContext()
+
+
+def test_an_open_that_forgets_super_still_writes() -> None:
+    sink = NoSuperOpen()
+    sink.open(SinkContext())
+    sink.write(training_events("r1", steps=2))
+    sink.flush()
+    assert {p[2] for p in sink.points if p[1] is None and "loss" in p[3]} == {1, 2}
+    assert sink.counters["events"] > 0 and sink.run_settled("r1")
