@@ -7,8 +7,8 @@ and restart one node by index, find a stream's leader.
         cluster.kill(cluster.stream_leader("RELAY"))
         cluster.restart(i)
 
-Each node has its own config file, store dir and log in ``tmp/nats-<i>/``; ports are free loopback
-ports picked at start and kept across restarts (a restarted node rejoins with its own store).
+Each node has its own config file, store dir and log in ``tmp/nats-<i>/``; ports are loopback ports
+claimed at start (tests/ports.py) and kept across restarts (a restarted node rejoins with its own store).
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+try:
+    import ports  # the tests' folder is on the path (pytest, and the test helpers' processes)
+except ImportError:  # imported as tests.nats_helpers (bench/)
+    from tests import ports
 
 #: Seconds a test's JetStream requests wait for an answer (nats-py's default is 5): a wait, not a
 #: limit under test; on a loaded machine a 3-node cluster's answer took longer.
@@ -42,16 +46,11 @@ def nats_server_binary() -> str:
     return found
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on loopback (held open together so they differ)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+def free_ports(n: int, held: list[int] | None = None) -> list[int]:
+    """``n`` distinct loopback ports, claimed below the ephemeral range until the test ends, or until
+    ``ports.release(held)`` (tests/ports.py): a node a test kills is restarted on its ports, which an
+    ephemeral pick leaves to any process's ``bind(0)`` or outgoing connection meanwhile."""
+    return [ports.claim(held) for _ in range(n)]
 
 
 class NatsCluster:
@@ -61,10 +60,11 @@ class NatsCluster:
         self.tmp = Path(tmp)
         self.size = size
         self.binary = nats_server_binary()
-        ports = free_ports(3 * size)
-        self.client_ports = ports[:size]
-        self.cluster_ports = ports[size:2 * size]
-        self.http_ports = ports[2 * size:]
+        self._claims: list[int] = []  # held until close(): a module's cluster outlives the test that started it
+        picked = free_ports(3 * size, self._claims)
+        self.client_ports = picked[:size]
+        self.cluster_ports = picked[size:2 * size]
+        self.http_ports = picked[2 * size:]
         self.extra_config = extra_config
         self.nice = nice  # the benchmark's servers yield the CPU, as servers on other machines would
         self.sync = sync  # JetStream's sync_interval ("always": fsync before each acknowledgement), else its default
@@ -217,6 +217,7 @@ class NatsCluster:
     def close(self) -> None:
         for i in range(self.size):
             self.kill(i)
+        ports.release(self._claims)
 
     def __enter__(self) -> "NatsCluster":
         return self.start()

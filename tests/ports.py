@@ -35,8 +35,10 @@ def _below_ephemeral() -> range:
     return range(LOW, max(min(HIGH + 1, first), LOW + 1000))
 
 
-def claim() -> int:
-    """A free loopback port outside the ephemeral range, claimed until :func:`release`."""
+def claim(held: list[int] | None = None) -> int:
+    """A free loopback port outside the ephemeral range, claimed until :func:`release`; with ``held`` (the
+    caller's own list), until ``release(held)``: a server a module-scoped fixture keeps outlives the test
+    that started it, and its ports its restarts."""
     CLAIMS.mkdir(exist_ok=True)
     ports = _below_ephemeral()
     for _ in range(1000):
@@ -48,7 +50,7 @@ def claim() -> int:
             os.close(fd)
             continue
         if _bindable(port):
-            _held.append(fd)
+            (_held if held is None else held).append(fd)
             return port
         os.close(fd)
     raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1} after 1000 tries")
@@ -64,7 +66,8 @@ def _bindable(port: int) -> bool:
     return True
 
 
-def release() -> None:
-    """Give up every claim of this process (the test that took them ended)."""
-    while _held:
-        os.close(_held.pop())
+def release(held: list[int] | None = None) -> None:
+    """Give up every claim of this process (the test that took them ended), or those in ``held``."""
+    claims = _held if held is None else held
+    while claims:
+        os.close(claims.pop())

@@ -4,6 +4,7 @@ install line, the stream's run partitions, and tests/nats_helpers.py's cluster d
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 pytest.importorskip("nats")
 
+import ports
 from nats_helpers import JS_TIMEOUT, NatsCluster, free_ports, read_stream
 from relay.fleet import connection, stream
 from relay.fleet.connection import LoopThread, settings_from_options
@@ -120,3 +122,30 @@ def test_cluster_helper_kills_stops_and_restarts_the_stream_leader(tmp_path: Pat
         assert cluster.alive() == [1, 2]
         cluster.cont(0)
         cluster.wait_ready()
+
+
+def claimed_elsewhere(picked: set[int]) -> set[int]:
+    """Those of ``picked`` whose claim another process cannot take now (tests/ports.py's flock files)."""
+    code = ("import fcntl, os, sys\n"
+            "for port in sys.argv[1:]:\n"
+            "    fd = os.open(os.path.join(os.environ['CLAIMS'], port), os.O_RDWR | os.O_CREAT)\n"
+            "    try:\n"
+            "        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+            "    except BlockingIOError:\n"
+            "        print(port)\n")
+    out = subprocess.run([sys.executable, "-c", code, *map(str, picked)], capture_output=True, text=True,
+                         check=True, env={"CLAIMS": str(ports.CLAIMS), "PATH": ""}).stdout
+    return set(map(int, out.split()))
+
+
+def test_a_clusters_ports_are_claimed_until_it_closes(tmp_path: Path) -> None:
+    """Its nodes are restarted on their ports, so none is ephemeral, and none is given up when the test that
+    started a module's cluster ends (tests/ports.py): another test process cannot take one meanwhile."""
+    cluster = NatsCluster(tmp_path)  # (not started: only its ports)
+    mine = {*cluster.client_ports, *cluster.cluster_ports, *cluster.http_ports}
+    first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert len(mine) == 9 and all(ports.LOW <= port < first for port in mine)
+    ports.release()  # the test's own claims, as when the test that started a module's cluster ends
+    assert claimed_elsewhere(mine) == mine
+    cluster.close()
+    assert not claimed_elsewhere(mine)
