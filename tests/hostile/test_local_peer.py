@@ -162,7 +162,10 @@ def test_a_stream_passes_to_the_next_connection_once_its_owner_disconnects(relay
     wait_for(resent_and_acknowledged, 20, "the next connection acknowledged")
     assert relay.stop() == 0
     events = read_jsonl(journal)
-    assert [(e["seq"], e["data"]["who"]) for e in events] == [(s, "first" if s < 10 else "second") for s in range(20)]
+    # each once, from its sender. In arrival order, not seq order: the socket may still count the owner
+    # connected when a resend round's seq 10 comes and no longer when its 11 does (docs/relay.md)
+    assert sorted((e["seq"], e["data"]["who"]) for e in events) == [(s, "first" if s < 10 else "second")
+                                                                     for s in range(20)]
     stats = _stats(journal)
     assert set(stats["rejected"]) == {"not_owner"} and stats["rejected"]["not_owner"] >= 10
     assert stats["owners_released"] == 1
