@@ -232,15 +232,26 @@ async def publish_raw(urls: str, prefix: str, node: str, runs: dict[str, list[by
 
 def create_stream(urls: str, name: str = "RELAY", prefix: str = "relay.events", partitions: int = 4,
                   replicas: int = 1) -> None:
-    """The fleet stream as a node relay creates it (relay/fleet/stream.py), made up front."""
+    """The fleet stream as a node relay creates it (relay/fleet/stream.py), made up front. A request NATS
+    lost is asked again (core NATS delivers at most once: one sent while a just started cluster's routes
+    settle went unanswered for 60 s); the same config again is no error."""
+    from nats.errors import TimeoutError as NatsTimeout
+
     from relay.fleet.stream import stream_config
 
     async def create() -> None:
         import nats
         nc = await nats.connect(urls.split(","))
+        deadline = time.monotonic() + 2 * JS_TIMEOUT
         try:
-            js = nc.jetstream(timeout=JS_TIMEOUT)
-            await js.add_stream(stream_config(name, prefix, partitions, replicas, 600, 0))
+            js = nc.jetstream(timeout=JS_TIMEOUT / 4)
+            while True:
+                try:
+                    await js.add_stream(stream_config(name, prefix, partitions, replicas, 600, 0))
+                    return
+                except NatsTimeout:
+                    if time.monotonic() > deadline:
+                        raise
         finally:
             await nc.close()
     asyncio.run(create())
