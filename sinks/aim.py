@@ -24,7 +24,6 @@ export in sinks/tracker_export.py.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,7 @@ import orjson
 
 from sinks.aim_repo import PARAMS_KEY, RunLookup, forget_listing, index, open_local
 from sinks.aim_run import close_at, relay_run_class
-from sinks.base import SinkContext, SinkError
+from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, SinkContext, SinkError
 from sinks.events import Event, json_safe
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM
@@ -57,8 +56,6 @@ AIM_RESOURCES = {"rank_cpu_percent": SYSTEM_PREFIX + "cpu", "rank_memory_percent
 STATE_KEY = "metrics_relay_applied"
 #: Key beside it for the newest event ``ts`` applied: the run's end time when it is closed.
 LAST_TS_KEY = "metrics_relay_last_ts"
-#: Seconds the relay's shutdown waits for an ``aim://`` server to take the last writes.
-REMOTE_CLOSE_TIMEOUT = 10.0
 #: Seconds without events after which a run's Aim handle is closed (a job that died without
 #: train_end must not stay "active" in Aim, nor hold files and threads, on a long-lived relay).
 IDLE_CLOSE_S = 600.0
@@ -173,29 +170,15 @@ class AimSink(TrackerSink):
         else:
             log.info("aim sink writing to %s", self.repo_spec)
 
-    def close(self) -> None:
-        """Persist progress and close every open Aim run (errors are counted, never fatal).
-
-        Aim's remote client waits without limit for an unreachable server before a run closes,
-        so with ``aim://`` the closing gets ``REMOTE_CLOSE_TIMEOUT`` seconds, then is given up.
-        """
-        if not self.remote:
-            self._close_runs()
-        else:
-            closer = threading.Thread(target=self._close_runs, name="aim-sink-close", daemon=True)
-            closer.start()
-            closer.join(REMOTE_CLOSE_TIMEOUT)
-            if closer.is_alive():
-                self.counters["close_timeouts"] += 1
-                log.error("aim server %s unreachable: runs not closed after %.0f s; everything is in the "
-                          "journal, rebuild them with `relay replay JOURNAL --sink aim --repo %s` once it is back",
-                          self.repo_spec, REMOTE_CLOSE_TIMEOUT, self.repo_spec)
-        log.info("aim sink closed: %s", dict(sorted(self.counters.items())))
-
-    def _close_runs(self) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
+        """Persist progress and close every open Aim run (errors are counted, never fatal). Aim's
+        remote client waits without limit for an unreachable server before a run closes: the relay
+        leaves such a close running once ``timeout`` has passed and says so (relay/sinkhost/driver.py)."""
         for state in list(self._aim.values()):
             if state.handle is not None and not state.unclosable:
                 self._close_handle(state)
+        log.info("aim sink closed: %s", dict(sorted(self.counters.items())))
+        return True
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -222,13 +205,14 @@ class AimSink(TrackerSink):
             if state.last_ts is None or ts > state.last_ts:
                 state.last_ts = ts
 
-    def flush(self) -> None:
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         try:
-            super().flush()
+            complete = super().flush(timeout)
         except Exception:
             self._reset_remote()
             raise
         self._finish(list(self._aim))
+        return complete
 
     def _ensure_repo(self) -> None:
         if self._repo is None:  # a remote server that was down at open

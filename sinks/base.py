@@ -17,6 +17,11 @@ from sinks.events import Event
 import click
 
 
+#: Seconds ``flush``/``close`` may take when the caller names no deadline (OpenTelemetry's exporters' 30 s).
+FLUSH_TIMEOUT = 30.0
+CLOSE_TIMEOUT = 30.0
+
+
 class SinkError(Exception):
     """A sink cannot work with the options it was given (bad path, missing package, ...).
 
@@ -100,9 +105,19 @@ class Sink(abc.ABC):
         raising PermanentError, that the events failing on their own are dead-lettered. (A sink
         with ``wants_events = False`` gets stand-ins that hold only ``run`` and ``offset``.)"""
 
-    def flush(self) -> None:
-        """Make everything written so far durable or visible. Called when the relay has nothing
-        more queued for the sink, and at least every second while batches keep coming."""
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
+        """Make everything written so far durable or visible, within ``timeout`` seconds (as
+        OpenTelemetry's ``force_flush``). True when it is; False when the deadline came first: the
+        relay counts and logs it (``incomplete_flushes``), does not take what was written as durable
+        (a catch-up pass does not move past it) and flushes again later. Raise for a failure. Called
+        when the relay has nothing more queued for the sink, and at least every second while batches
+        keep coming."""
+        return True
 
-    def close(self) -> None:
-        """Flush and release resources; called once at shutdown, also after failures."""
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
+        """Flush and release resources within ``timeout`` seconds; called once at shutdown, also after
+        failures. True when everything written is durable and released; False when the deadline came
+        first (a tool that cannot be reached). The relay counts and logs it (``incomplete_closes``);
+        the journal holds every event, for ``relay replay``. A close that overruns its deadline
+        anyway is left running once the relay's own deadline passes, and counted the same way."""
+        return True

@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import click
 
-from sinks.base import SinkContext, SinkError
+from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, SinkContext, SinkError
 from sinks.events import Event, json_safe
 from sinks.files import write_atomic
 from sinks.preflight import need_package, need_writable_dir
@@ -135,7 +135,7 @@ class ClearmlSink(TrackerSink):
             log.warning("clearml sink: %s", exc)
         log.info("clearml sink writing offline sessions to %s", self.root)
 
-    def close(self) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
         """Close every task (ClearML writes its zip then); errors are counted, never fatal."""
         for run, session in self._sessions.items():
             if session.handle is not None:
@@ -144,6 +144,7 @@ class ClearmlSink(TrackerSink):
             self._lock_fh.close()  # releases the lock
             self._lock_fh = None
         log.info("clearml sink closed: %s", dict(sorted(self.counters.items())))
+        return True
 
     def state_path(self) -> Path:
         return self.root / STATE_NAME
@@ -161,13 +162,14 @@ class ClearmlSink(TrackerSink):
             raise
         self._close_ended({e["run"] for e in events})
 
-    def flush(self) -> None:
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         try:
-            super().flush()
+            complete = super().flush(timeout)
         except Exception:
             self._discard_pending()
             raise
         self._close_ended(list(self._sessions))
+        return complete
 
     def _take_lock(self) -> None:
         """One process per directory; the state is read once the lock is held, never before."""

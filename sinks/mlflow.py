@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from sinks.base import PermanentError, SinkContext, SinkError
+from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, PermanentError, SinkContext, SinkError
 from sinks.events import Event, json_safe
 from sinks.mlflow_run import MlRun
 from sinks.mlflow_store import ready_sqlite, sqlite_path
@@ -126,8 +126,10 @@ class MlflowSink(TrackerSink):
                             "pass a writable sqlite:///PATH.db or directory, or a server's http:// URL") from None
         log.info("mlflow sink writing to %s, experiment %r", self.uri, self.experiment)
 
-    def close(self) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
+        """Every batch went out with its save: nothing is pending."""
         log.info("mlflow sink closed: %s", dict(sorted(self.counters.items())))
+        return True
 
     def _folder(self) -> Path | None:
         """The directory of a local store (a SQLite file's, or the store itself); None for a server."""
@@ -160,14 +162,14 @@ class MlflowSink(TrackerSink):
                 ml[event["run"]] = MlRun(event["ts"])
         self._guarded(super().write, events)
 
-    def flush(self) -> None:
-        self._guarded(super().flush)
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
+        return self._guarded(super().flush, timeout)
 
-    def _guarded(self, apply: Callable[..., None], *args: Any) -> None:
-        """Apply (sinks/tracker_base.py), then export. After an error nothing stays pending: the relay
-        retries the whole batch, and the base class applies what was not saved again."""
+    def _guarded(self, apply: Callable[..., Any], *args: Any) -> Any:
+        """Apply (sinks/tracker_base.py), then export; what ``apply`` returned. After an error nothing
+        stays pending: the relay retries the whole batch, and the base class applies what was not saved again."""
         try:
-            apply(*args)
+            result = apply(*args)
         except Exception:
             for r in self._ml.values():
                 r.discard()
@@ -177,6 +179,7 @@ class MlflowSink(TrackerSink):
             if exported is not None and exported.run_id is not None:
                 self._exports.discard(run)
                 self._export(run, exported)
+        return result
 
     # -- the sink-author API ----------------------------------------------------------------------
 

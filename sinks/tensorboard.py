@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from sinks.base import PermanentError, SinkContext, SinkError
+from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, PermanentError, SinkContext, SinkError
 from sinks.files import write_atomic
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
@@ -152,12 +152,13 @@ class TensorBoardSink(TrackerSink):
         self._host = socket.gethostname()
         log.info("tensorboard sink writing to %s", self.logdir)
 
-    def close(self) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
         """Close every event file (all records were committed with their batch)."""
         for board in self._boards.values():
             self._close_file(board)
             os.close(board.lock)
         log.info("tensorboard sink closed: %s", dict(sorted(self.counters.items())))
+        return True
 
     def write(self, events: Sequence[Event]) -> None:
         """Apply a batch (sinks/tracker_base.py); on failure drop its records with the spans."""
@@ -168,13 +169,14 @@ class TensorBoardSink(TrackerSink):
             raise
         self._close_quiet()
 
-    def flush(self) -> None:
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         try:
-            super().flush()
+            complete = super().flush(timeout)
         except Exception:
             self._discard()
             raise
         self._close_quiet()
+        return complete
 
     # -- the sink-author API ----------------------------------------------------------------------
 

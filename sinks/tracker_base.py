@@ -40,11 +40,12 @@ import abc
 import json
 import logging
 import math
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
-from sinks.base import Sink, SinkContext
+from sinks.base import FLUSH_TIMEOUT, Sink, SinkContext
 from sinks.events import NONFINITE_JSON, RELAY_RANK, Event, as_event
 from sinks.files import write_atomic
 from sinks.naming import CLUSTER_NAMES, RANK_NAMES, SYSTEM, display_names, trainer_groups
@@ -125,16 +126,21 @@ class TrackerSink(Sink):
             self._rollback(touched.values())
             raise
 
-    def flush(self) -> None:
-        """Catch up from the journal the runs where a rank showed a hole, then save. What the
-        journal gave is kept until it is applied, since the reader does not give it twice."""
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
+        """Catch up from the journal the runs where a rank showed a hole, then save; False when
+        ``timeout`` passed before every such run was (the next flush goes on). What the journal gave
+        is kept until it is applied, since the reader does not give it twice. A sink's own ``flush``
+        calls this first and passes its result on."""
         reader = self.context.journal_events
         due = [s for s in self._runs.values() if s.needs_sweep]
         if not due or reader is None:
-            return
+            return True
         touched: dict[str, _Run] = {}
+        deadline = time.monotonic() + timeout
         try:
             for state in due:
+                if time.monotonic() > deadline:
+                    break
                 touched[state.run] = state
                 if state.swept is None:
                     state.swept = list(map(as_event, reader(state.run)))
@@ -148,6 +154,7 @@ class TrackerSink(Sink):
         except Exception:
             self._rollback(touched.values())
             raise
+        return len(touched) == len(due)
 
     def catch_up_due(self, run: str) -> bool:
         """Whether ``run`` has a hole the next ``flush`` fills from the journal (so not finished yet)."""

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from sinks.base import SinkContext, SinkError
+from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, SinkContext, SinkError
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
@@ -121,7 +121,7 @@ class WandbSink(TrackerSink):
         threading.Thread(target=self._close_quiet_loop, name="wandb-sink-closer", daemon=True).start()
         log.info("wandb sink writing %s runs of project %s under %s/wandb", self.mode, self.project, self.root)
 
-    def close(self) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
         """Finish every open W&B run (exit code 1 for runs that did not end) and log the counters."""
         self._stop.set()
         with self._lock:
@@ -130,26 +130,29 @@ class WandbSink(TrackerSink):
                     self._finish(wb)
                 self._release(wb)
         log.info("wandb sink closed: %s", dict(sorted(self.counters.items())))
+        return True
 
     def write(self, events: Sequence[Event]) -> None:
         with self._lock:
             self._guarded(super().write, events)
 
-    def flush(self) -> None:
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         """Catch up from the journal (sinks/tracker_base.py), then check wandb-core wrote what it got."""
         with self._lock:
-            self._guarded(super().flush)
+            complete = self._guarded(super().flush, timeout)
             for wb in self._wb.values():
                 if wb.handle is not None:
                     self._check_core(wb, wb.handle)
+        return complete
 
-    def _guarded(self, call: Callable[..., None], *args: Any) -> None:
+    def _guarded(self, call: Callable[..., Any], *args: Any) -> Any:
         """On an error the ``_step`` counters fall back with the spans (the retry logs the same
         rows at the same steps, which W&B drops) and the system records held back are dropped (W&B
         would keep a second copy: they go out only with a write that succeeded); a dead wandb-core
-        cannot be recovered in this process."""
+        cannot be recovered in this process. Returns what ``call`` returned."""
+        result = None
         try:
-            call(*args)
+            result = call(*args)
             for interface, record in self._system_held:
                 interface._publish(interface._make_record(stats=record))
         except self._core_gone as exc:
@@ -160,6 +163,7 @@ class WandbSink(TrackerSink):
             raise
         finally:
             self._system_held.clear()
+        return result
 
     # -- the sink-author API ----------------------------------------------------------------------
 

@@ -293,10 +293,12 @@ class Collect(Sink):
     def write(self, events):
         for e in events:
             self.fh.write(json.dumps(e) + "\\n")
-    def flush(self):
+    def flush(self, timeout=30.0):
         self.fh.flush()
-    def close(self):
+        return True
+    def close(self, timeout=30.0):
         self.fh.close()
+        return True
 
 class CrashOnce(Collect):
     name = "crashonce"
@@ -349,9 +351,10 @@ class SlowFlush(Collect):
     def write(self, events):
         time.sleep(0.1)
         self.fh.write(json.dumps({"write": time.time(), "events": len(events)}) + "\\n")
-    def flush(self):
+    def flush(self, timeout=30.0):
         self.fh.write(json.dumps({"flush": time.time()}) + "\\n")
         self.fh.flush()
+        return True
 
 class RunsOnly(Collect):
     name = "runsonly"

@@ -69,10 +69,11 @@ class LedgerSink(TrackerSink):
     def save_applied(self, run: str, spans: Spans) -> None:
         self.db.execute("INSERT OR REPLACE INTO spans VALUES (?, ?)", (run, json.dumps(spans)))
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> bool:
         db = getattr(self._local, "db", None)
         if db is not None:
             db.close()
+        return True
 
 
 def rows(path: str) -> dict[tuple[str, int, int], int]:

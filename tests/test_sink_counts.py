@@ -25,9 +25,11 @@ def test_a_childs_message_becomes_its_counts_and_the_rest_of_it_is_left_out() ->
 
 
 def test_counts_add_field_by_field_over_restarts() -> None:
-    first, second = ChildCounts(written=3, errors=1, catch_up_passes=2), ChildCounts(written=4, deadletter_overflow=1)
+    first = ChildCounts(written=3, errors=1, catch_up_passes=2, incomplete_closes=1)
+    second = ChildCounts(written=4, deadletter_overflow=1, incomplete_flushes=2)
     assert (first + second).as_dict() == {"written": 7, "errors": 1, "dropped": 0, "dead_lettered": 0,
-                                          "deadletter_overflow": 1, "caught_up": 0, "catch_up_passes": 2}
+                                          "deadletter_overflow": 1, "caught_up": 0, "catch_up_passes": 2,
+                                          "incomplete_flushes": 2, "incomplete_closes": 1}
 
 
 def test_every_count_the_relay_sums_is_one_a_child_reports() -> None:

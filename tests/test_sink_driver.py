@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -33,14 +34,16 @@ class Scripted(Sink):
             raise PermanentError("refused: bad")
         self.kept.extend(e["seq"] for e in events)
 
-    def flush(self) -> None:
+    def flush(self, timeout: float = 30.0) -> bool:
         self.calls.append("flush")
         if self.flush_down:
             self.flush_down -= 1
             raise OSError("disk full")
+        return True
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> bool:
         self.calls.append("close")
+        return True
 
 
 class Clock:
@@ -172,3 +175,49 @@ def test_relay_replay_drives_sinks_as_their_process_does(tmp_path: Path) -> None
     assert kept["reason"] == "permanent" and kept["event"]["seq"] == 3
     assert [e["seq"] for e in read_jsonl(tmp_path / "refused.jsonl")] == [0, 1, 2, 4, 5, 6, 7]
     assert [e["seq"] for e in read_jsonl(tmp_path / "flaky.jsonl")] == list(range(8))
+
+
+class Deadlined(Sink):
+    """Says whether its flush and close completed; its close can hang until ``release`` is set."""
+
+    name = "deadlined"
+
+    def __init__(self, complete: bool = True, hang: bool = False) -> None:
+        self.complete, self.hang = complete, hang
+        self.given: list[tuple[str, float]] = []
+        self.release = threading.Event()
+
+    def write(self, events: Sequence[dict[str, Any]]) -> None:
+        pass
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        self.given.append(("flush", timeout))
+        return self.complete
+
+    def close(self, timeout: float = 30.0) -> bool:
+        self.given.append(("close", timeout))
+        if self.hang:
+            self.release.wait()
+        return self.complete
+
+
+def test_flush_and_close_get_the_deadline_and_an_incomplete_one_is_counted() -> None:
+    sink = Deadlined(complete=False)
+    driver = SinkDriver("s", sink, wait=Clock().wait)
+    assert not driver.flush(2.5) and not driver.close(4.0)
+    assert sink.given == [("flush", 2.5), ("close", 4.0)]
+    assert (driver.flushes, driver.incomplete_flushes, driver.incomplete_closes, driver.errors) == (0, 1, 1, 0)
+    assert driver.stats()["incomplete_flushes"] == 1 and driver.stats()["incomplete_closes"] == 1
+    done = SinkDriver("s", Deadlined(), wait=Clock().wait)
+    assert done.flush() and done.finish(5.0) and (done.incomplete_flushes, done.incomplete_closes) == (0, 0)
+
+
+def test_a_close_that_overruns_its_deadline_is_left_running_and_counted() -> None:
+    """Aim's remote client waits without limit for a server that is gone: the caller goes on."""
+    sink = Deadlined(hang=True)
+    driver = SinkDriver("s", sink, wait=Clock().wait)
+    try:
+        assert not driver.close(0.2)
+        assert driver.incomplete_closes == 1 and driver.errors == 0 and sink.given == [("close", 0.2)]
+    finally:
+        sink.release.set()

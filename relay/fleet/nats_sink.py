@@ -21,7 +21,7 @@ import click
 from relay.fleet import connection, identity, stream
 from relay.fleet.connection import LoopThread
 from relay.fleet.publisher import NatsPublisher, StreamSpec
-from sinks.base import Sink, SinkContext, SinkError
+from sinks.base import CLOSE_TIMEOUT, Sink, SinkContext, SinkError
 from sinks.events import Event
 
 log = logging.getLogger(__name__)
@@ -125,13 +125,15 @@ class NatsSink(Sink):
         assert self._publisher is not None
         self._publisher.notify(set(map(_run, events)))
 
-    def close(self) -> None:
-        """Wait up to CLOSE_WAIT for the last acks, then stop; what NATS has not acknowledged stays in the
-        journal and is published by the next relay on this journal."""
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
+        """Wait up to CLOSE_WAIT (or ``timeout``, if sooner) for the last acks, then stop; False when some
+        are missing: what NATS has not acknowledged stays in the journal and is published by the next relay on it."""
         publisher, self._publisher = self._publisher, None
-        if publisher is not None:
-            publisher.stop(CLOSE_WAIT)
-            log.info("nats sink closed: %s", self.counters)
+        if publisher is None:
+            return True
+        publisher.stop(min(CLOSE_WAIT, timeout))
+        log.info("nats sink closed: %s", self.counters)
+        return publisher.idle
 
 
 def _need_journal(context: SinkContext) -> Any:

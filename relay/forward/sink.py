@@ -35,7 +35,7 @@ from relay.wire import auth, curve
 from relay.wire.address import BadAddress, check_bind_address, is_loopback
 from relay.forward.sender import Forwarder
 from relay.wire.io_thread import Hub
-from sinks.base import Sink, SinkContext, SinkError
+from sinks.base import CLOSE_TIMEOUT, Sink, SinkContext, SinkError
 from sinks.events import Event
 
 log = logging.getLogger(__name__)
@@ -110,24 +110,26 @@ class ForwardSink(Sink):
         self._forwarder.notify(set(map(_run, events)))
         self._hub.wake()
 
-    def close(self) -> None:
-        """Wait up to CLOSE_WAIT for the central's last acks, then stop; what it has not acknowledged
-        stays in the journal and is sent by the next relay on this journal."""
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
+        """Wait up to CLOSE_WAIT (or ``timeout``, if sooner) for the central's last acks, then stop;
+        False when some are missing: those events stay in the journal and are sent by the next relay on it."""
         fw = self._forwarder
         if fw is None:
-            return
+            return True
         self._forwarder = None
-        deadline = time.monotonic() + CLOSE_WAIT
+        wait = min(CLOSE_WAIT, timeout)
+        deadline = time.monotonic() + wait
         while not fw.idle and time.monotonic() < deadline:
             time.sleep(0.02)
         fw.stop()
         self._hub.wake()
-        fw.finished.wait(CLOSE_WAIT)
+        fw.finished.wait(wait)
         if not fw.idle:
             log.warning("the central relay %s has not acknowledged %d events (and %d runs are left to read) at "
                         "shutdown: they stay in the journal and are sent when a relay runs on it again",
                         self.to, fw.window.events, len(fw.dirty))
         log.info("forward sink closed: %s", self.counters)
+        return fw.idle
 
 
 def _address(to: str | None) -> str:

@@ -69,6 +69,7 @@ class SinkSpec:
 #: What the queue holds to ask for a catch-up pass (relay/sinkhost/catch_up.py) in turn with the batches:
 #: a list of its own, told apart by identity (a batch of events is never empty).
 CATCH_UP_PASS: Sequence[dict[str, Any]] = []
+CLOSE_AT_LEAST = 0.5  # seconds a sink gets to close after a drain that took all of the shutdown's
 
 
 class SinkWriter:
@@ -107,14 +108,16 @@ class SinkWriter:
                 "queued": self.worker.queued, "catch_up_passes": self.catch_up_passes}
 
     def close(self, timeout: float) -> None:
-        """Drain what is queued (retrying until ``timeout``), then close the sink."""
+        """Drain what is queued (retrying until ``timeout``), then close the sink in what is left of it
+        (at least ``CLOSE_AT_LEAST`` seconds)."""
+        deadline = time.monotonic() + timeout
         left = self.worker.close(timeout)
         if left:
             resolved = min(left, self.driver.resolved)
             self.worker.dropped -= resolved  # half a narrowed batch did get through
             log.error("sink %s: %d events not written at shutdown (they are in the journal: use relay replay)",
                       self.name, left - resolved)
-        self.driver.close()
+        self.driver.close(max(CLOSE_AT_LEAST, deadline - time.monotonic()))
 
     def _handle(self, batch: Sequence[dict[str, Any]]) -> bool:
         if batch is CATCH_UP_PASS:

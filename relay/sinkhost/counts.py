@@ -18,6 +18,8 @@ class ChildCounts:
     deadletter_overflow: int = 0
     caught_up: int = 0
     catch_up_passes: int = 0
+    incomplete_flushes: int = 0  # the sink said a flush did not complete within its deadline
+    incomplete_closes: int = 0  # ... or a close; or the close overran it
 
     @classmethod
     def of(cls, message: dict[str, Any]) -> ChildCounts:

@@ -5,18 +5,22 @@ A batch that raises is retried, whole and in order, with backoff (``BACKOFF_STAR
 ``BACKOFF_MAX``); one that raises ``PermanentError`` is narrowed down by halves to the events that
 fail on their own, which go to the dead-letter file with the error's message, and the rest is
 written. ``flush()`` follows a batch that leaves nothing waiting, and comes at least every
-``flush_every`` seconds under steady load; ``finish()`` flushes and closes. Waiting and the clock
-are the caller's (``wait``, ``clock``), so the state machine runs in tests without sleeping.
+``flush_every`` seconds under steady load; ``finish()`` flushes and closes. Each flush and close
+gets a deadline, and a sink's answer that it did not complete in time is counted and logged
+(``incomplete_flushes``, ``incomplete_closes``); a close that overruns its deadline is left
+running on its own thread. Waiting and the clock are the caller's (``wait``, ``clock``), so the
+state machine runs in tests without sleeping.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Callable, Sequence
 
 from relay.journal.deadletter import DeadLetters
 from relay.wire.lines import encode_line
-from sinks.base import PermanentError, Sink
+from sinks.base import CLOSE_TIMEOUT, PermanentError, Sink
 from sinks.events import as_events
 
 log = logging.getLogger(__name__)
@@ -24,6 +28,7 @@ log = logging.getLogger(__name__)
 BACKOFF_START = 0.1
 BACKOFF_MAX = 30.0
 FLUSH_EVERY = 1.0  # seconds: the sink is flushed at least this often while batches keep coming
+FLUSH_TIMEOUT = 10.0  # seconds a flush may take before the sink should say it did not complete
 
 Batch = Sequence[dict[str, Any]]
 
@@ -68,6 +73,8 @@ class SinkDriver:
         self.flushes = 0
         self.dead_lettered = 0
         self.deadletter_overflow = 0
+        self.incomplete_flushes = 0  # the sink said its flush did not complete in time
+        self.incomplete_closes = 0  # its close said so, or overran its deadline
         self.resolved = 0  # events of the batch in hand already written or dead-lettered
         self.last_error = ""  # what the latest failure said (the replay's message when it gives up)
         self._wait = wait or sleep_for(float("inf"))
@@ -82,7 +89,8 @@ class SinkDriver:
         own = getattr(self.sink, "counters", None)
         extra = {"sink": dict(own)} if isinstance(own, dict) else {}
         return {"written": self.written, "errors": self.errors, "dead_lettered": self.dead_lettered,
-                "deadletter_overflow": self.deadletter_overflow, "caught_up": self.caught_up, **extra}
+                "deadletter_overflow": self.deadletter_overflow, "caught_up": self.caught_up,
+                "incomplete_flushes": self.incomplete_flushes, "incomplete_closes": self.incomplete_closes, **extra}
 
     def write(self, batch: Batch, caught_up: bool = False) -> bool:
         """Write ``batch`` (a catch-up pass's with ``caught_up``), retrying transient errors with
@@ -95,31 +103,59 @@ class SinkDriver:
         if idle or self._clock() >= self._next_flush:
             self.flush()
 
-    def flush(self) -> bool:
-        """``sink.flush()``; False (counted, logged) when it failed: the next flush tries again."""
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
+        """``sink.flush(timeout)``; False (counted, logged) when it failed or did not complete: the
+        next flush tries again, and a catch-up pass does not take what it wrote as durable."""
         self._next_flush = self._clock() + self._flush_every
         try:
-            self.sink.flush()
+            complete = self.sink.flush(timeout)
         except Exception as exc:  # counted; the data was written, the next flush tries again
             self._failed("failed to flush", exc, 0.0)
+            return False
+        if not complete:
+            self.incomplete_flushes += 1
+            if self.incomplete_flushes <= 3 or self.incomplete_flushes % 100 == 0:
+                log.warning("sink %s: flush not complete within %.1f s (%d so far); the next flush goes on",
+                            self.name, timeout, self.incomplete_flushes)
             return False
         self.flushes += 1
         return True
 
-    def finish(self) -> None:
-        """The last flush, then close the sink and its dead-letter file (a failure counted, not raised:
-        one sink failing to close must not stop the others)."""
-        self.flush()
-        self.close()
+    def finish(self, timeout: float = CLOSE_TIMEOUT) -> bool:
+        """The last flush, then close the sink and its dead-letter file, all within ``timeout``
+        seconds; whether both completed (a failure counted, not raised: one sink failing to close
+        must not stop the others)."""
+        deadline = time.monotonic() + timeout
+        flushed = self.flush(timeout)
+        return self.close(max(0.0, deadline - time.monotonic())) and flushed
 
-    def close(self) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
+        """``sink.close(timeout)`` on a thread of its own, waited for ``timeout`` seconds: a tool that
+        cannot be reached (Aim's remote client waits without limit) is left closing, and the caller
+        goes on. False, counted and logged, when the sink said it did not complete or overran."""
+        outcome: list[bool | None] = []  # None: it raised
+        closer = threading.Thread(target=self._close_sink, args=(timeout, outcome), name=f"sink-{self.name}-close",
+                                  daemon=True)
+        closer.start()
+        closer.join(timeout)
+        if self.deadletters is not None:
+            self.deadletters.close()
+        if outcome == [True]:
+            return True
+        if outcome != [None]:  # an exception was counted and logged already
+            self.incomplete_closes += 1
+            log.warning("sink %s: close %s within %.1f s; what it had not made durable is in the journal (a "
+                        "catching-up sink reads it at its next start, `relay replay` rebuilds any sink)", self.name,
+                        "still running, left behind," if not outcome else "not complete", timeout)
+        return False
+
+    def _close_sink(self, timeout: float, outcome: list[bool | None]) -> None:
         try:
-            self.sink.close()
+            outcome.append(bool(self.sink.close(timeout)))
         except Exception as exc:  # counted: a sink failing to close must not stop the others
             self.errors += 1
             log.error("sink %s failed to close: %s: %s", self.name, type(exc).__name__, exc)
-        if self.deadletters is not None:
-            self.deadletters.close()
+            outcome.append(None)
 
     def _deliver(self, batch: Batch, caught_up: bool) -> bool:
         backoff = BACKOFF_START
