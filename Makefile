@@ -36,7 +36,7 @@ test test-fast test-loaded: export PYTHONDONTWRITEBYTECODE =
 test: $(STAMP) lint test-servers
 	$(PY) -m pytest -q -n $(SUITE_WORKERS) --budget=20 --strict-skips
 
-# ruff (pyflakes and pycodestyle's errors) on everything, mypy on relay/ and sinks/ (pyproject.toml
+# ruff (pyflakes and pycodestyle's errors) on everything, mypy on relay/, sinks/, trainer/ (pyproject.toml
 # says how strict): part of `make test`, first, since it takes seconds and the suite takes minutes.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -118,6 +118,25 @@ class RunPlan:
     def tracking_on(self) -> bool:
         return self.trackers != ["none"]
 
+    @property
+    def model_path(self) -> str:
+        """--model_name_or_path, which ``validate`` requires (``--demo`` fills it in first)."""
+        return _given(self.model.model_name_or_path, MODEL_REQUIRED)
+
+
+MODEL_REQUIRED = "--model_name_or_path is required (or use --demo)"
+
+
+def output_dir(training: "SFTConfig") -> str:
+    """--output_dir: TrainingArguments types it optional, and fills in "trainer_output" when it is not given."""
+    return _given(training.output_dir, "--output_dir is required: the folder for checkpoints and the run's journal")
+
+
+def _given(value: str | None, missing: str) -> str:
+    if value is None:
+        raise UsageError(missing)
+    return value
+
 
 def rewrite_argv(argv: list[str]) -> list[str]:
     """Map the seed's renamed flags, merge repeated --tracker flags and apply --demo defaults."""
@@ -171,6 +190,7 @@ def _has_flag(argv: list[str], flag: str) -> bool:
 def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, TrackingArguments, "SFTConfig"]:
     """Parse a command line into the four argument dataclasses; raise UsageError on any bad flag."""
     from transformers import HfArgumentParser
+    from transformers.hf_argparser import DataClassType
     from trl import SFTConfig
 
     class _Parser(HfArgumentParser):
@@ -182,7 +202,8 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Tracking
     argv = rewrite_argv(argv)
     if not _has_flag(argv, "--use_cpu") and _cpu_only():
         argv = ["--use_cpu", "True", *argv]
-    parser = _Parser((ModelArguments, DataArguments, TrackingArguments, SFTConfig), prog="metrics-relay-train")
+    parser = _Parser([DataClassType(cls) for cls in (ModelArguments, DataArguments, TrackingArguments, SFTConfig)],
+                     prog="metrics-relay-train")
     _document_seed_flags(parser)
     try:
         model, data, tracking, training, rest = parser.parse_args_into_dataclasses(
@@ -278,7 +299,8 @@ def _resume_args(training: "SFTConfig", tracking: TrackingArguments) -> None:
     if spec is not None and spec.lower() in LAST_CHECKPOINT:
         from transformers.trainer_utils import get_last_checkpoint
 
-        found = get_last_checkpoint(training.output_dir) if os.path.isdir(training.output_dir) else None
+        folder = output_dir(training)
+        found = get_last_checkpoint(folder) if os.path.isdir(folder) else None
         if found is None:
             raise UsageError(f"--resume_from_checkpoint {spec}: no checkpoint-N folder in --output_dir "
                              f"{training.output_dir}; name the checkpoint to resume from")
@@ -336,7 +358,7 @@ def validate(
         if not valid_run_id(training.run_name):
             raise UsageError(f"--run_name: {training.run_name!r} must match {RUN_ID_RE.pattern}")
     if not model.model_name_or_path:
-        raise UsageError("--model_name_or_path is required (or use --demo)")
+        raise UsageError(MODEL_REQUIRED)
     for flag in FLAGS:
         path = getattr(model, flag)
         if model.demo and flag == "model_name_or_path":

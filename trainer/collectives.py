@@ -156,6 +156,6 @@ def detach(trainer: Any, timing: Timing) -> None:
     if timing.clock is not None:
         timing.clock.unwatch()
     accelerator = getattr(trainer, "accelerator", None)
-    backward = getattr(accelerator, "backward", None)
-    if hasattr(backward, "__wrapped__"):
-        accelerator.backward = backward.__wrapped__
+    wrapped = getattr(getattr(accelerator, "backward", None), "__wrapped__", None)
+    if accelerator is not None and wrapped is not None:
+        accelerator.backward = wrapped

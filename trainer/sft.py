@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from trainer import custom_metrics
 from trainer.args import (
-    DEMO_DATA, DEMO_RESPONSE_TEMPLATE, DataArguments, ModelArguments, RunPlan, demo_requested, parse_args, validate,
+    DEMO_DATA, DEMO_RESPONSE_TEMPLATE, DataArguments, ModelArguments, RunPlan, demo_requested, output_dir, parse_args,
+    validate,
 )
 from trainer.embedded import (
     JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id, near, relay_executable,
@@ -30,7 +31,7 @@ from trainer.tracker_flags import TrackingArguments, sink_args
 from trainer.usage import print_help
 
 if TYPE_CHECKING:
-    from transformers import TrainerCallback
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
     from transformers.trainer_utils import TrainOutput
     from trl import SFTConfig
 
@@ -51,7 +52,7 @@ PEER_ERROR_WAIT = 10.0
 def _apply_demo(model: ModelArguments, data: DataArguments, training: "SFTConfig") -> None:
     """--demo: the bundled data and a model built under output_dir, unless given explicitly."""
     if model.model_name_or_path is None:
-        model.model_name_or_path = os.path.join(training.output_dir, DEMO_MODEL_DIR)
+        model.model_name_or_path = os.path.join(output_dir(training), DEMO_MODEL_DIR)
     if data.data_path is None:
         data.data_path = DEMO_DATA
         training.dataset_text_field = "output"
@@ -61,20 +62,20 @@ def _apply_demo(model: ModelArguments, data: DataArguments, training: "SFTConfig
 
 def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) -> EmbeddedRelay | None:
     """Rank 0 picks the run id and (embedded default) starts the relay; every rank connects."""
-    output_dir = plan.training.output_dir
+    folder = output_dir(plan.training)
     address = plan.tracking.relay_address
     relay: EmbeddedRelay | None = None
     identity = error = None
     if rank == 0:
         tracking = plan.tracking
-        identity = identify(default_run_id(plan.training.run_name), plan.training.resume_from_checkpoint, output_dir,
+        identity = identify(default_run_id(plan.training.run_name), plan.training.resume_from_checkpoint, folder,
                             continue_run=tracking.continue_run, new_run=tracking.new_run)
         if address is None:
             if world_size > int(os.environ.get("LOCAL_WORLD_SIZE", world_size)):
                 log.warning("the embedded relay listens on a socket local to this node, so ranks on other nodes cannot reach it; "
                             "run a relay they can reach and pass --relay_address")
             try:
-                relay = EmbeddedRelay.start(output_dir, sink_args=sink_args(plan.trackers, plan.tracking, output_dir),
+                relay = EmbeddedRelay.start(folder, sink_args=sink_args(plan.trackers, plan.tracking, folder),
                                             timeout=plan.tracking.relay_start_timeout,
                                             exit_timeout=plan.tracking.relay_exit_timeout)
                 address = relay.address
@@ -89,14 +90,14 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
     run_id = identity.run
     if relay is not None:
         relay.run = run_id
-    journal = os.path.join(output_dir, JSONL_NAME) if plan.tracking.relay_address is None else None
+    journal = os.path.join(folder, JSONL_NAME) if plan.tracking.relay_address is None else None
     custom_metrics.start(run_id, rank=rank, local_rank=local_rank, world_size=world_size, address=address,
-                         spool_dir=os.path.join(output_dir, SPOOL_DIR_NAME), spool_journal=journal,
+                         spool_dir=os.path.join(folder, SPOOL_DIR_NAME), spool_journal=journal,
                          attempt=identity.attempt)
     if rank == 0:
         run_params = {"run_id": run_id, "run_name": plan.training.run_name, "world_size": world_size,
                       "attempt": identity.attempt, "resumed_from_checkpoint": identity.checkpoint,
-                      "output_dir": os.path.abspath(output_dir),  # the relay may run elsewhere
+                      "output_dir": os.path.abspath(folder),  # the relay may run elsewhere
                       "relay_address": address, "trackers": plan.trackers, "embedded_relay": relay is not None,
                       "user": _user(), "source": sys.argv[0]}  # what MLflow's own logging records
         if plan.tracking.experiment:
@@ -104,10 +105,10 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
         custom_metrics.set_params(run_params, name="run")
         if plan.exp_metadata is not None:
             custom_metrics.set_params(plan.exp_metadata, name="experiment_metadata")
-        write_run_file(output_dir, {"run": run_id, "attempt": identity.attempt, "resumed_from": identity.resumed_from,
-                                    "address": address, "world_size": world_size,
-                                    "jsonl": os.path.join(output_dir, JSONL_NAME) if relay else None,
-                                    "relay_pid": relay.proc.pid if relay else None})
+        write_run_file(folder, {"run": run_id, "attempt": identity.attempt, "resumed_from": identity.resumed_from,
+                                "address": address, "world_size": world_size,
+                                "jsonl": os.path.join(folder, JSONL_NAME) if relay else None,
+                                "relay_pid": relay.proc.pid if relay else None})
         log.info("tracking run %s%s through the relay at %s", run_id,
                  f" (attempt {identity.attempt}, from step {identity.resumed_from})" if identity.attempt else "", address)
     return relay
@@ -122,14 +123,14 @@ def _user() -> str | None:
         return None
 
 
-def _load(plan: RunPlan, rank: int) -> tuple[object, object]:
+def _load(plan: RunPlan, rank: int) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """Load tokenizer and model through from_pretrained, recording the time it took."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     args = plan.model
     started = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path or args.model_name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path or plan.model_path)
+    model = AutoModelForCausalLM.from_pretrained(plan.model_path)
     if rank == 0:
         custom_metrics.track({"model_load_time": time.perf_counter() - started})
     return tokenizer, model
@@ -170,7 +171,7 @@ def train(
             custom_metrics.disable()
         if model_args.demo:
             with training_args.main_process_first(local=True, desc="building the demo model"):
-                build_demo(model_args.model_name_or_path)
+                build_demo(plan.model_path)
         tokenizer, model = _load(plan, rank)
         peft_config = None
         if model_args.use_peft:
@@ -212,7 +213,7 @@ def train(
             if relay is not None:
                 relay.stop()
                 if completed:
-                    _point_at_journal(os.path.join(training_args.output_dir, JSONL_NAME))
+                    _point_at_journal(os.path.join(output_dir(training_args), JSONL_NAME))
 
 
 def _point_at_journal(journal: str) -> None:

@@ -35,7 +35,7 @@ def print_help(out: TextIO = sys.stdout) -> None:
                     "tiny model offline.")
     parser.add_argument("-h", "--help", action="store_true", help="Show this message and exit.")
     for title, cls in (("model", ModelArguments), ("data", DataArguments), ("tracking", TrackingArguments)):
-        group = parser.add_argument_group(f"{title} ({cls.__doc__.splitlines()[0].rstrip('.').lower()})")
+        group = parser.add_argument_group(f"{title} ({(cls.__doc__ or cls.__name__).splitlines()[0].rstrip('.').lower()})")
         for field in dataclasses.fields(cls):
             default = field.default if field.default is not dataclasses.MISSING else _NONE
             _add(group, field.name, field.metadata.get("help", ""), default, field.type in ("bool", bool))
@@ -113,7 +113,8 @@ def _field(value: ast.expr | None) -> tuple[str, Any] | None:
     if not (isinstance(value, ast.Call) and getattr(value.func, "id", getattr(value.func, "attr", "")) == "field"):
         return "", _literal(value) if value is not None else _NONE
     keywords = {k.arg: k.value for k in value.keywords if k.arg}
-    if isinstance(keywords.get("init"), ast.Constant) and keywords["init"].value is False:
+    init = keywords.get("init")
+    if isinstance(init, ast.Constant) and init.value is False:
         return None
     help_text = ""
     metadata = keywords.get("metadata")
