@@ -27,11 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the sink is tests.fence_sink:LedgerSink
 
-from relay.cli.main import main  # noqa: E402
-from relay.fleet.central import CentralJournal  # noqa: E402
-from relay.fleet.holder import Holder  # noqa: E402
-from relay.fleet.partition import Partition  # noqa: E402
-from relay.journal.journal import Journal  # noqa: E402
+from relay.cli.main import main
+from relay.fleet.central import CentralJournal
+from relay.fleet.holder import Holder
+from relay.fleet.partition import Partition
+from relay.journal.journal import Journal
 
 CONTROL = Path(sys.argv.pop(1))
 stage: dict[int, str] = {}  # partition -> the last step its commit passed

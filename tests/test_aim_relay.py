@@ -16,13 +16,13 @@ import pytest
 
 pytest.importorskip("aim")
 
-from sink_helpers import finish_ranks as finish, start_rank  # noqa: E402
-from sink_readback import check_aim as check_training_run, read_repo, same_float  # noqa: E402
-from sink_helpers import (drive, fill, small_fs,  # noqa: E402,F401
+from sink_helpers import finish_ranks as finish, start_rank
+from sink_readback import check_aim as check_training_run, read_repo, same_float
+from sink_helpers import (drive, fill, small_fs,  # noqa: F401
                          training_events)
-from relay.wire.lines import encode_line  # noqa: E402
-from sinks.aim import AimSink  # noqa: E402
-from conftest import free_port, wait_for  # noqa: E402
+from relay.wire.lines import encode_line
+from sinks.aim import AimSink
+from conftest import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,14 +11,14 @@ import pytest
 
 pytest.importorskip("aim")
 
-from sinks.aim import AimSink  # noqa: E402
-from sinks.naming import trainer_groups as _trainer_groups  # noqa: E402
-from sinks.spans import SeqSpans  # noqa: E402
-from sinks.base import SinkContext, SinkError  # noqa: E402
-from sinks.events import RELAY_RANK  # noqa: E402
-from relay.wire.lines import encode_line  # noqa: E402
-from sink_readback import check_aim as check_training_run, read_repo  # noqa: E402
-from sink_helpers import (Events, aim_repo, drive, fill, small_fs,  # noqa: E402,F401
+from sinks.aim import AimSink
+from sinks.naming import trainer_groups as _trainer_groups
+from sinks.spans import SeqSpans
+from sinks.base import SinkContext, SinkError
+from sinks.events import RELAY_RANK
+from relay.wire.lines import encode_line
+from sink_readback import check_aim as check_training_run, read_repo
+from sink_helpers import (Events, aim_repo, drive, fill, small_fs,  # noqa: F401
                                training_events)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

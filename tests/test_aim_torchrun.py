@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("aim")
 
-from sink_readback import read_repo  # noqa: E402
-from trainer_fixtures import EXP_METADATA, aim_job, demo_model  # noqa: E402
+from sink_readback import read_repo
+from trainer_fixtures import EXP_METADATA, aim_job, demo_model
 
 pytestmark = pytest.mark.slow
 __all__ = ["aim_job", "demo_model"]  # fixtures, used by name

@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import wait_for
-from sink_helpers import finish_ranks as finish, start_rank  # noqa: E402
+from sink_helpers import finish_ranks as finish, start_rank
 from sink_readback import check_aim as check_aim_run, read_repo
 from test_sink_tensorboard import check_training_run as check_tb_run
 from test_sink_tensorboard import read_logdir

@@ -14,13 +14,13 @@ import pytest
 
 pytest.importorskip("nats")
 
-from conftest import ROOT, free_port, wait_for  # noqa: E402
-from fleet_helpers import (ConsumerProcess, assert_exactly_once, create_stream, publish_raw,  # noqa: E402
+from conftest import ROOT, free_port, wait_for
+from fleet_helpers import (ConsumerProcess, assert_exactly_once, create_stream, publish_raw,
                            wait_acknowledged, wait_complete, wait_held)
-from nats_helpers import JS_TIMEOUT, NatsCluster  # noqa: E402
-from relay.fleet.central import pieces  # noqa: E402
-from relay.wire.lines import encode_line  # noqa: E402
-from test_metrics import check_against_table, scrape  # noqa: E402
+from nats_helpers import JS_TIMEOUT, NatsCluster
+from relay.fleet.central import pieces
+from relay.wire.lines import encode_line
+from test_metrics import check_against_table, scrape
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -25,12 +25,12 @@ import pytest
 pytest.importorskip("nats")
 pytest.importorskip("mlflow")
 
-from conftest import finish, free_port, start_publisher, wait_for  # noqa: E402
-from fleet_helpers import (ConsumerProcess, assert_exactly_once_on_own_disks, central_lines, node_lines,  # noqa: E402
+from conftest import finish, free_port, start_publisher, wait_for
+from fleet_helpers import (ConsumerProcess, assert_exactly_once_on_own_disks, central_lines, node_lines,
                            stop_all, wait_acknowledged, wait_complete, wait_held)
-from nats_helpers import NatsCluster, read_stream  # noqa: E402
-from test_sink_mlflow import read_run, template_db  # noqa: E402,F401
-from trainer_fixtures import demo_model, run_trainer, seed_flags, torchrun  # noqa: E402,F401
+from nats_helpers import NatsCluster, read_stream
+from test_sink_mlflow import read_run, template_db  # noqa: F401
+from trainer_fixtures import demo_model, run_trainer, seed_flags, torchrun  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -123,7 +123,7 @@ def _steps(uri: str, run: str) -> list[int] | None:
 
 
 @pytest.fixture
-def fleet(cluster, tmp_path, relays, template_db):  # noqa: F811
+def fleet(cluster, tmp_path, relays, template_db):
     def make(name: str, count: int = COUNT) -> Fleet:
         db = tmp_path / "mlflow.db"
         shutil.copy(template_db, db)
@@ -199,7 +199,7 @@ def test_one_nats_server_stopped_for_20_s(fleet, cluster):
 
 
 def test_torchrun_job_publishing_to_the_cluster_ends_in_the_central_journal_and_mlflow_once(
-        cluster, tmp_path, demo_model, template_db):  # noqa: F811
+        cluster, tmp_path, demo_model, template_db):
     """A real two-rank torchrun job whose embedded relay publishes its journal to the cluster (the
     trainer's nats tracker: no node relay), and two consuming relays on the stream it creates."""
     stream, steps = "S_torchrun", 4

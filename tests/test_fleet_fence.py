@@ -26,12 +26,12 @@ import pytest
 
 pytest.importorskip("nats")
 
-from conftest import ROOT, wait_for  # noqa: E402
-from fence_sink import rows  # noqa: E402
-from fleet_helpers import (ConsumerProcess, central_journal, central_lines, create_stream, stop_all,  # noqa: E402
+from conftest import ROOT, wait_for
+from fence_sink import rows
+from fleet_helpers import (ConsumerProcess, central_journal, central_lines, create_stream, stop_all,
                            wait_acknowledged, wait_held)
-from nats_helpers import JS_TIMEOUT, NatsCluster  # noqa: E402
-from relay.wire.lines import encode_line  # noqa: E402
+from nats_helpers import JS_TIMEOUT, NatsCluster
+from relay.wire.lines import encode_line
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("nats")
 
-from conftest import RelayProcess, finish, start_publisher, wait_for  # noqa: E402
-from nats_helpers import NatsCluster, free_ports, read_stream  # noqa: E402
+from conftest import RelayProcess, finish, start_publisher, wait_for
+from nats_helpers import NatsCluster, free_ports, read_stream
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -14,11 +14,11 @@ import pytest
 
 pytest.importorskip("clearml")
 
-from sink_helpers import Events, drive, training_events  # noqa: E402
-from sink_readback import SUMMARY, check_clearml as check_training_run, read_sessions  # noqa: E402,F401
-from conftest import free_port  # noqa: E402
-from sinks.base import SinkContext  # noqa: E402
-from sinks.clearml import ClearmlSink  # noqa: E402
+from sink_helpers import Events, drive, training_events
+from sink_readback import SUMMARY, check_clearml as check_training_run, read_sessions
+from conftest import free_port
+from sinks.base import SinkContext
+from sinks.clearml import ClearmlSink
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,8 +11,8 @@ from typing import Any, Callable
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sink_helpers import training_events  # noqa: E402
-from sinks.base import SinkContext  # noqa: E402
+from sink_helpers import training_events
+from sinks.base import SinkContext
 
 
 def _aim(tmp: Path) -> Any:

@@ -17,16 +17,16 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-from sink_helpers import finish_ranks as finish, start_rank  # noqa: E402
-from sink_helpers import Events, drive, fill, small_fs, training_events  # noqa: E402,F401
-from sink_readback import EXPERIMENT, check_mlflow as check_training_run, comparable, read_run  # noqa: E402,F401
-from conftest import free_port, wait_for  # noqa: E402
-from relay.journal.reader import JournalReader  # noqa: E402
+from sink_helpers import finish_ranks as finish, start_rank
+from sink_helpers import Events, drive, fill, small_fs, training_events  # noqa: F401
+from sink_readback import EXPERIMENT, check_mlflow as check_training_run, comparable, read_run
+from conftest import free_port, wait_for
+from relay.journal.reader import JournalReader
 from relay.wire.lines import encode_line
-from relay.sinkhost.replay import replay_files  # noqa: E402
-from sinks.base import PermanentError, SinkContext, SinkError  # noqa: E402
-from sinks.mlflow import MlflowSink  # noqa: E402
-from sinks.mlflow_rules import MAX_PARAM, batches  # noqa: E402
+from relay.sinkhost.replay import replay_files
+from sinks.base import PermanentError, SinkContext, SinkError
+from sinks.mlflow import MlflowSink
+from sinks.mlflow_rules import MAX_PARAM, batches
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")

@@ -13,12 +13,12 @@ import pytest
 
 pytest.importorskip("tensorboard")
 
-from sink_helpers import Events, drive, training_events  # noqa: E402
-from sink_readback import check_tensorboard as check_training_run, read_logdir  # noqa: E402
-from conftest import free_port  # noqa: E402
-from relay.wire.lines import encode_line  # noqa: E402
-from sinks.base import PermanentError, SinkContext, SinkError  # noqa: E402
-from sinks.tensorboard import STATE_NAME, TensorBoardSink, _tag  # noqa: E402
+from sink_helpers import Events, drive, training_events
+from sink_readback import check_tensorboard as check_training_run, read_logdir
+from conftest import free_port
+from relay.wire.lines import encode_line
+from sinks.base import PermanentError, SinkContext, SinkError
+from sinks.tensorboard import STATE_NAME, TensorBoardSink, _tag
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,12 +14,12 @@ import pytest
 
 pytest.importorskip("wandb")
 
-from sink_helpers import Events, drive, fill, small_fs, start_rank, training_events  # noqa: E402,F401
-from sink_readback import check_wandb as check_training_run, read_wandb, run_dirs  # noqa: E402,F401
-from conftest import free_port, wait_for  # noqa: E402
-from relay.wire.lines import encode_line  # noqa: E402
-from sinks.base import PermanentError, SinkContext  # noqa: E402
-from sinks.wandb import WandbSink  # noqa: E402
+from sink_helpers import Events, drive, fill, small_fs, start_rank, training_events  # noqa: F401
+from sink_readback import check_wandb as check_training_run, read_wandb, run_dirs
+from conftest import free_port, wait_for
+from relay.wire.lines import encode_line
+from sinks.base import PermanentError, SinkContext
+from sinks.wandb import WandbSink
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPERS = Path(__file__).resolve().parent / "sink_helpers.py"
