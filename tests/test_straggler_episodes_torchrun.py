@@ -3,9 +3,11 @@ in one real two-rank torchrun job (CPU, gloo) of the trainer on the demo model w
 (issue 29 section 3). Rank 1 burns CPU time after its optimizer step (tests/slow_rank_job.py
 ``optimizer``) at steps 1-5 and 7-10, and is itself again from step 11: its peer waits in the
 Trainer's loss gather for logging, between steps, which is timed as a wait, so rank 1 is named by its
-own work; the one step within the factor (6) does not end the episode; three calm steps do
-(``straggler_cleared``), and ``relay tail --view steps`` shows both. About 40 s on an idle 2-core
-machine (two ranks importing transformers, 16 steps)."""
+own work; the one step within the factor (6) does not end the episode; three calm steps in a row do
+(``straggler_cleared``), and ``relay tail --view steps`` shows both. Ten steps follow the episode: under
+load a rank descheduled mid-step can look slow at any one of them (at load 30, rank 1 at 1.8 times the
+median at step 12), which starts the three again. About 40 s on an idle 2-core machine (two ranks
+importing transformers, 20 steps)."""
 from __future__ import annotations
 
 import statistics
@@ -23,19 +25,20 @@ __all__ = ["demo_model"]  # a fixture, used by name
 
 JOB = Path(__file__).resolve().parent / "slow_rank_job.py"
 SLOW_STEPS = [*range(1, 6), *range(7, 11)]
+STEPS = 20
 
 
 def test_a_rank_slow_after_the_all_reduce_is_named_once_per_episode_and_cleared(demo_model: Path,
                                                                                  tmp_path: Path) -> None:
     out = tmp_path / "out"
     cmd = torchrun(free_port())[:-2] + [str(JOB), "1", "optimizer", "0.5@1-5,7-10", "--"]
-    done = run_trainer(cmd + seed_flags(demo_model, out, steps=16, eval_steps=None), timeout=600)
+    done = run_trainer(cmd + seed_flags(demo_model, out, steps=STEPS, eval_steps=None), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     journal = out / "training_logs.jsonl"
     events = read_jsonl(journal)
     ours = [e for e in events if e["rank"] == RELAY_RANK]
     figures = {e["step"]: e["data"] for e in ours if e["type"] == "metrics"}
-    assert sorted(figures) == list(range(1, 17))
+    assert sorted(figures) == list(range(1, STEPS + 1))
     slow = [s for s in SLOW_STEPS if s > 1]  # (step 1 also holds the start's set-up)
     # seen by own work, at logging_steps 1 (a step of rank 0's descheduled under load may dip)
     assert sum(figures[s]["own_slowest_rank"] == 1 for s in slow) >= len(slow) - 1, figures
@@ -45,11 +48,11 @@ def test_a_rank_slow_after_the_all_reduce_is_named_once_per_episode_and_cleared(
     (named, straggler), (cleared, end) = findings
     assert straggler["rank"] == 1 and straggler["by"] == "own_time" and named in (3, 4, 5), straggler
     assert end["rank"] == 1 and end["why"] == "recovered" and end["named_step"] == named, end
-    assert 13 <= cleared <= 16, cleared  # three logged steps within the factor after step 10
+    assert 13 <= cleared <= STEPS, cleared  # three logged steps in a row within the factor after step 10
     rank0 = {e["step"]: e["data"] for e in events if e["stage"] == "rank" and e["rank"] == 0}
     # rank 0 waited between steps, in the Trainer's loss gather after each slow step (counted in the next window)
     waited = statistics.median(rank0[s + 1]["outside_wait"] for s in slow)
-    assert waited > 3 * statistics.median(rank0[s]["outside_wait"] for s in (13, 14, 15, 16)), rank0
+    assert waited > 3 * statistics.median(rank0[s]["outside_wait"] for s in range(13, STEPS + 1)), rank0
 
     view = relay_cmd("tail", str(journal), "--view", "steps")  # (every column: COLUMNS dropped)
     lines = {int(line.split()[1]): line for line in view.stdout.splitlines()[2:]
