@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from bench.common import ROOT, Section, alternate_many, cli
+from relay.fleet.holder import fetch_size
 from relay.fleet.stream import partition_filter, stream_config
 from relay.wire.lines import encode_line
 
@@ -125,13 +126,14 @@ def _raw(urls: str, total: int, round_id: str) -> dict[str, float]:
         js = nc.jetstream()
         subs = [await js.pull_subscribe(partition_filter(prefix, k), durable=f"raw-p{k}", stream=name)
                 for k in range(PARTITIONS)]
+        batch = fetch_size(64, PARTITIONS, nc.max_payload)  # as a relay holding every partition fetches
         state = {"seen": 0, "start": 0.0, "end": 0.0}
 
         async def one(sub) -> None:
             from nats.errors import Error as NatsError
             while state["seen"] < total:
                 try:
-                    msgs = await sub.fetch(64, timeout=0.5)
+                    msgs = await sub.fetch(batch, timeout=0.5)
                 except (asyncio.TimeoutError, NatsError):  # a stream just made, its leader still being elected
                     continue
                 state["start"] = state["start"] or time.monotonic()

@@ -19,6 +19,7 @@ from fleet_helpers import (ConsumerProcess, assert_exactly_once, create_stream, 
                            wait_acknowledged, wait_complete, wait_held)
 from nats_helpers import JS_TIMEOUT, NatsCluster
 from relay.fleet.central import pieces
+from relay.fleet.holder import FETCH_BYTES, fetch_size
 from relay.wire.lines import encode_line
 from test_metrics import check_against_table, scrape
 
@@ -36,6 +37,19 @@ def fleet_series_agree(port: int, first: set[int], second: set[int]) -> bool:
     pending = {s.labels["partition"]: s.value for s in families["relay_fleet_partition_pending_messages"].samples}
     return (holders == {**{str(k): "first" for k in first}, **{str(k): "second" for k in second}}
             and held == {str(k) for k in second} and pending == {str(k): 0 for k in second})
+
+
+def test_the_fetches_of_every_partition_held_stay_within_what_the_server_holds_for_a_client():
+    """The server cuts off a client it must hold more than its max_pending for (64 MiB by default),
+    and what was on its way comes again only after --ack-wait."""
+    mib = 1 << 20
+    assert fetch_size(64, 8, mib) == 4 and fetch_size(64, 1, mib) == 32 and fetch_size(64, 1, 64 << 10) == 64
+    assert fetch_size(64, 300, 8 * mib) == 1  # never none
+    for wanted in (1, 7, 64, 1024):
+        for held in range(1, 20):
+            for payload in (64 << 10, mib, 8 * mib):
+                size = fetch_size(wanted, held, payload)
+                assert 1 <= size <= wanted and (size == 1 or size * held * payload <= FETCH_BYTES)
 
 
 def consume_exits(tmp_path: Path, *args: str, prelude: str = "") -> subprocess.CompletedProcess:

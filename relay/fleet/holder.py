@@ -36,6 +36,18 @@ log = logging.getLogger("relay.fleet")
 FORGET_AFTER = 3600.0  # seconds a run stays silent before its dedupe state is dropped (the view keeps it)
 APPLY_BYTES = 16 << 20  # central journal commits applied to the view in one write, at most
 REFUSALS = 3  # fences refused in a row before a batch is left for a later delivery
+#: bytes a relay's fetches may have on their way at once, each message counted as large as the server
+#: allows: half the servers' default ``max_pending`` (64 MiB). A client the server must hold more for is
+#: cut off as a slow consumer, and what was on its way comes again only after ``--ack-wait``: a round
+#: of a 400,000-event backlog took one ack_wait instead of about a second (bench/bench_consume.py)
+FETCH_BYTES = 32 << 20
+FOLLOW_UP = 0.2  # seconds a fetch after the first of a batch waits: messages ready come at once
+
+
+def fetch_size(wanted: int, partitions: int, max_payload: int) -> int:
+    """Messages a partition fetches at once: ``wanted`` (``--fetch``), or fewer, so that one fetch on
+    each of the ``partitions`` held stays within FETCH_BYTES."""
+    return max(1, min(wanted, FETCH_BYTES // (max(1, partitions) * max(1, max_payload))))
 
 
 class Holder:
@@ -143,16 +155,29 @@ class Holder:
             await self.nak(ahead)
 
     async def fetch(self, sub: Any, quit_: asyncio.Event) -> list[Any]:
-        """The next batch of the partition's consumer (empty after a second without one)."""
+        """The next batch to commit: up to ``--fetch`` messages (empty after a second without one),
+        taken in fetches of ``fetch_size`` so that what is on its way to this relay stays within
+        FETCH_BYTES. A fetch that comes back short, or not within FOLLOW_UP, ends the batch: the
+        partition has no more ready (what comes later waits in the subscription for the next)."""
         from nats.errors import Error as NatsError
-        try:
-            return await sub.fetch(self.config.fetch, timeout=1.0)
-        except asyncio.TimeoutError:
-            return []
-        except NatsError as exc:
-            log.debug("partition %d: fetch: %s", self.k, describe(exc))
-            await wait(quit_, 0.5)
-            return []
+        cfg, own = self.config, self.consumer.own
+        size = fetch_size(cfg.fetch, len(own.consuming()) if own is not None else 1, self.consumer.nc.max_payload)
+        msgs: list[Any] = []
+        while len(msgs) < cfg.fetch:
+            want = min(size, cfg.fetch - len(msgs))
+            try:
+                got = await sub.fetch(want, timeout=FOLLOW_UP if msgs else 1.0)
+            except asyncio.TimeoutError:
+                break
+            except NatsError as exc:
+                log.debug("partition %d: fetch: %s", self.k, describe(exc))
+                if not msgs:
+                    await wait(quit_, 0.5)
+                break
+            msgs += got
+            if len(got) < want:
+                break
+        return msgs
 
     async def commit(self, part: Partition, msgs: list[Any], quit_: asyncio.Event) -> bool:
         """Take, fence, write, flush, settle and acknowledge one batch (the module's docstring);
