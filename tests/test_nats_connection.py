@@ -15,7 +15,8 @@ pytest.importorskip("nats")
 import ports
 from nats_helpers import JS_TIMEOUT, NatsCluster, free_ports, read_stream
 from relay.fleet import connection, stream
-from relay.fleet.connection import LoopThread, settings_from_options
+from relay.fleet.connection import settings_from_options
+from relay.fleet.loop_thread import LoopThread
 from sinks.base import SinkError
 
 

@@ -3,8 +3,6 @@ connection, the bytes it holds between receiving and journaling, its resident me
 descriptor limit, the process it watches, and who may read the files it makes."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import os
 import resource
@@ -62,6 +60,8 @@ class MemoryProbe:
 
 def trim_heap() -> None:
     """Hand the freed heap back to the system (glibc keeps it otherwise), so RSS shows the relief."""
+    import ctypes.util  # here, not at the top: every relay and CLI process imports this module, few trim
+
     name = ctypes.util.find_library("c")
     trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
     if trim is not None:

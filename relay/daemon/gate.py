@@ -17,11 +17,11 @@ from pathlib import Path
 import zmq
 import zmq.auth
 from zmq.utils import z85
-from zmq.utils.monitor import recv_monitor_message
 
 from relay.daemon.config import RelayConfig
 from relay.wire import curve, secret
 from relay.wire.address import is_loopback
+from relay.wire.monitor import recv_event
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 #: what the relay's monitor reports: a handshake that failed for a reason of the peer's (not a
@@ -126,10 +126,10 @@ class Gate:
         out: list[str] = []
         while self._monitor is not None:
             try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+                event = recv_event(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 break
-            out.append(_why(event["event"], event["value"], self.policy))
+            out.append(_why(event.event, event.value, self.policy))
         return out
 
     def answer(self) -> None:

@@ -18,10 +18,10 @@ from typing import Any, Callable
 
 import msgpack
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from relay.wire import auth, curve
 from relay.wire.address import is_ipv6, resolve_address
+from relay.wire.monitor import recv_event
 from relay.journal.journal import Journal
 
 #: The whole request frame; any other frame is an event frame (and judged as one).
@@ -219,8 +219,8 @@ def query(address: str, timeout: float) -> dict[str, Any]:
         while (left := deadline - time.monotonic()) > 0 and len(failed) < auth.REFUSALS_TOLD:
             ready = dict(poller.poll(int(left * 1000)))
             if monitor in ready:
-                event = recv_monitor_message(monitor)
-                failed.append((event["event"], event["value"]))
+                event = recv_event(monitor)
+                failed.append((event.event, event.value))
             if sock in ready:
                 reply = _decode_reply(sock.recv())
                 if reply is not None:

@@ -1,5 +1,5 @@
-"""How a relay reaches NATS: the options NATS users expect, their checks, the connection, and an
-asyncio loop on a thread for callers that are synchronous (a sink's process is).
+"""How a relay reaches NATS: the options NATS users expect, their checks and the connection (the asyncio
+loop a synchronous caller runs it on is relay/fleet/loop_thread.py).
 
     --nats-url nats://[user:password@]host:4222[,nats://...]   (tls:// for TLS; several for a cluster)
     --nats-user/--nats-password | --nats-token | --nats-creds FILE | --nats-nkey FILE
@@ -13,24 +13,22 @@ from "not reachable now" (None: a NATS down at start is waited for, not fatal).
 """
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import importlib.util
 import logging
-import ssl
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Coroutine, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
 import click
 
 from sinks.base import SinkError
 
+if TYPE_CHECKING:  # ssl is imported where used: every relay builds these options as it starts
+    import ssl
+
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 INSTALL = "pip install 'metrics-relay[nats]'"
 SCHEMES = ("nats", "tls")
 DEFAULT_URL = "nats://127.0.0.1:4222"
@@ -150,6 +148,7 @@ def tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
     """The TLS context the settings ask for (None: plain TCP). SinkError for files that are not certificates."""
     if not settings.wants_tls:
         return None
+    import ssl
     try:
         ctx = ssl.create_default_context(cafile=settings.tls_ca)
         if settings.tls_cert:
@@ -182,6 +181,8 @@ def describe(exc: BaseException) -> str:
 
 def refused(exc: BaseException) -> bool:
     """True for the servers refusing who we are (credentials, TLS), which retrying does not mend."""
+    import ssl
+
     from nats import errors
     if isinstance(exc, (errors.AuthorizationError, errors.InvalidUserCredentialsError, errors.SecureConnRequiredError,
                         errors.SecureConnWantedError, ssl.SSLError)):
@@ -222,43 +223,3 @@ async def probe(settings: NatsSettings, timeout: float = 3.0) -> str | None:
         return describe(exc)
     await nc.close()
     return None
-
-
-class LoopThread:
-    """An asyncio event loop on its own daemon thread, for synchronous callers: ``run(coro)`` waits for
-    the result, ``submit(coro)`` returns a concurrent future."""
-
-    def __init__(self, name: str = "nats-loop") -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-        self.loop.close()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        return self.submit(coro).result(timeout)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Cancel what still runs on the loop, stop it and join the thread."""
-        if not self._thread.is_alive():
-            return
-
-        async def cancel_rest() -> None:
-            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in rest:
-                task.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-
-        try:
-            self.run(cancel_rest(), timeout)
-        except concurrent.futures.TimeoutError:
-            log.warning("NATS loop: tasks still running after %.0fs at stop", timeout)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout)

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import click
 
 from relay.fleet import connection, identity, stream
-from relay.fleet.connection import LoopThread
+from relay.fleet.loop_thread import LoopThread
 from relay.fleet.publisher import NatsPublisher, StreamSpec
 from sinks.base import CLOSE_TIMEOUT, Sink, SinkContext, SinkError
 from sinks.events import Event

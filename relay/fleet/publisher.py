@@ -27,6 +27,7 @@ from relay.fleet import connection, resume, stream
 from relay.fleet.chunks import Chunk, ChunkReader, Position, Positions, key_source, source_key
 from relay.fleet.connection import NatsSettings
 from relay.fleet.identity import Claimant, NodeClaim
+from relay.fleet.loop_thread import LoopThread
 
 log = logging.getLogger("relay.fleet.nats_sink")
 
@@ -64,7 +65,7 @@ class NatsPublisher:
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.acked: dict[str, Position] = self.state.load()  # source key -> (file, offset, floor) acknowledged
         self.idle = False
-        self.loop = connection.LoopThread("nats-sink")
+        self.loop = LoopThread("nats-sink")
         self.inflight = inflight
         self._slots: Any = None  # an asyncio.Semaphore of the loop's, made there
         self._dirty: set[str | None] = set()

@@ -23,10 +23,10 @@ import time
 from typing import Protocol, Sequence
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from relay.wire import auth, schema
 from relay.wire.address import is_ipv6
+from relay.wire.monitor import recv_event
 
 log = logging.getLogger(__name__)
 
@@ -332,12 +332,12 @@ def read_monitor(monitor: zmq.Socket, refused: list[tuple[int, int]] | None = No
     lost = False
     while True:
         try:
-            event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            event = recv_event(monitor, zmq.NOBLOCK)
         except zmq.Again:
             return lost
-        kind = event["event"]
+        kind = event.event
         lost = lost or kind == zmq.EVENT_DISCONNECTED
         if refused is not None and kind & auth.HANDSHAKE_FAILED and len(refused) < auth.REFUSALS_TOLD:
-            refused.append((kind, event["value"]))
+            refused.append((kind, event.value))
         if gave_up is not None and kind & (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH):
             gave_up.append(kind)
