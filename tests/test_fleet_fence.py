@@ -39,6 +39,11 @@ STREAM, PREFIX, PARTITIONS = "S_fence", "fence.events", 4
 STEPS = ("fence", "write", "flush", "settle", "ack", "acked")
 FAULTS = [(step, sig) for sig in ("STOP", "KILL") for step in STEPS] * 2  # 24 takeovers
 RUNS, RANKS, CHUNK, EVERY = 8, 2, 5, 0.2  # 400 events/s
+#: A relay trusts its lease until a quarter of the ttl before it runs out, counted from when its last
+#: renewal was sent, and renews every third of it: at 2 s a renewal had 0.8 s to come back, which a
+#: relay at load 30 missed again and again (each partition stopped and taken back every few seconds,
+#: one takeover 43 s). At 4 s it has 1.7 s; each takeover waits about 2 s longer for the lease to run out.
+LEASE_TTL = "4"
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +57,7 @@ class FaultyRelay(ConsumerProcess):
 
     def __init__(self, tmp: Path, name: str, urls: str, ledger: Path) -> None:
         super().__init__(tmp, name, urls, tmp / name,
-                         ["--nats-stream", STREAM, "--nats-prefix", PREFIX, "--lease-ttl", "2", "--ack-wait", "1",
+                         ["--nats-stream", STREAM, "--nats-prefix", PREFIX, "--lease-ttl", LEASE_TTL, "--ack-wait", "1",
                           "--fetch", "8", "--sink", "tests.fence_sink:LedgerSink", "--ledger-db", str(ledger)])
         self.control = tmp / f"{name}.fault"
 
