@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the sink is tests.fence_sink:LedgerSink
@@ -37,16 +38,23 @@ CONTROL = Path(sys.argv.pop(1))
 stage: dict[int, str] = {}  # partition -> the last step its commit passed
 
 
+_taking = threading.Lock()  # partitions commit on executor threads: one of them takes the fault
+
+
 def fault(step: str, k: int) -> None:
-    """Send this process the signal the control file names, if it names ``step``."""
-    try:
-        wanted = json.loads(CONTROL.read_text())
-    except (FileNotFoundError, ValueError):
-        return
-    if wanted.get("step") == step:
-        CONTROL.unlink(missing_ok=True)
+    """Send this process the signal the control file names, if it names ``step``: once, however many
+    partitions reach it at the same moment. (Two threads that both read the file before either removed
+    it both signalled: the second SIGSTOP came after the test's SIGCONT, and nothing woke the relay.)"""
+    with _taking:
+        try:
+            wanted = json.loads(CONTROL.read_text())
+        except (FileNotFoundError, ValueError):
+            return
+        if wanted.get("step") != step:
+            return
+        CONTROL.unlink()
         Path(f"{CONTROL}.hit").write_text(json.dumps({"step": step, "partition": k}))
-        os.kill(os.getpid(), getattr(signal, f"SIG{wanted['signal']}"))
+    os.kill(os.getpid(), getattr(signal, f"SIG{wanted['signal']}"))
 
 
 def before(step: str, after: str | None, number: callable, due: str | None):

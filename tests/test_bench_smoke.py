@@ -39,6 +39,7 @@ def test_bench_quick_training_section_runs_all_three_contenders(tmp_path: Path) 
                           cwd=ROOT, capture_output=True, text=True, timeout=700)
     assert done.returncode == 0, done.stderr[-3000:]
     (section,) = json.loads((tmp_path / "benchmarks.json").read_text())["sections"]
+    assert "interleaved" in section["data"], f"{section['notes']}\n{done.stderr[-6000:]}"  # the section failed: why
     interleaved = [row["name"] for row in section["data"]["interleaved"]]
     assert len(interleaved) == 4 and any("AimCallback" in name for name in interleaved)
     assert [row["n"] for row in section["data"]["rows"]] == [1] * 9
