@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench.common import ROOT, RelayRun, Sample, alternate, machine, table
+from bench.common import ROOT, RelayRun, Sample, alternate, free_port, machine, table
 from relay.wire.address import ADDRESS_ENV
 from trainer.custom_metrics import SEND_INTERVAL
 
@@ -60,7 +60,8 @@ def _run(steps: int, contender: str, workdir: Path, wall: Sample) -> float:
 def demo_job(job: list[str], steps: int, out: Path) -> tuple[float, float]:
     """The demo fine-tune on two CPU ranks (torchrun, then ``job``: ``-m trainer ...``) writing into
     ``out``: its train_runtime and the whole process's wall time."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", *job,
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+           f"--master_port={free_port()}", *job,
            "--demo", "--output_dir", str(out), "--max_steps", str(steps), "--logging_steps", "1",
            "--disable_tqdm", "True"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -161,6 +162,7 @@ def collective_timing(steps: int, block: int, workdir: Path) -> dict[str, Sample
     nothing timed again."""
     folder, result = workdir / "collectives", workdir / "collectives.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+           f"--master_port={free_port()}",
            str(ROOT / "bench" / "ddp_timing_job.py"), str(folder), str(steps), str(block), str(result)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
