@@ -107,7 +107,35 @@ class NatsCluster:
         for i in range(self.size):
             self.start_node(i)
         self.wait_ready(timeout)
+        if self.size > 1:
+            asyncio.run(self._wait_placeable(timeout))
         return self
+
+    async def _wait_placeable(self, timeout: float) -> None:
+        """Until a stream replicated on every node can be made. A meta leader comes before the leader
+        has heard from every peer: until then placing such a stream fails 'no suitable peers for
+        placement, peer offline' (err 10005), and a relay started then logs that as an error (CI,
+        test_two_node_relays_publish_every_line_exactly_once). The probe stream is deleted again."""
+        import nats
+        from nats.errors import Error as NatsError
+        from nats.js.api import StreamConfig
+        deadline = time.monotonic() + timeout
+        nc = await nats.connect(self.urls.split(","), connect_timeout=2)
+        try:
+            js = nc.jetstream(timeout=5.0)
+            while True:
+                try:
+                    await js.add_stream(StreamConfig(name="READY_PROBE", subjects=["ready.probe"],
+                                                     num_replicas=self.size))
+                    await js.delete_stream("READY_PROBE")
+                    return
+                except (NatsError, asyncio.TimeoutError) as e:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"no stream of {self.size} replicas placeable within {timeout}s: {e}; "
+                                           f"logs in {self.tmp}/nats-*/server.log") from e
+                    await asyncio.sleep(0.2)
+        finally:
+            await nc.close()
 
     def jsz(self, i: int, query: str = "") -> dict[str, Any] | None:
         """Node ``i``'s /jsz monitoring answer, or None when it does not answer."""
