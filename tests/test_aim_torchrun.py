@@ -9,18 +9,18 @@ import pytest
 pytest.importorskip("aim")
 
 from sink_readback import read_repo
-from trainer_fixtures import EXP_METADATA, aim_job, demo_model
+from trainer_fixtures import EXP_METADATA, demo_model, tracked_job
 
 pytestmark = pytest.mark.slow
-__all__ = ["aim_job", "demo_model"]  # fixtures, used by name
+__all__ = ["demo_model", "tracked_job"]  # fixtures, used by name
 
 STEPS = 6
 
 
-def test_torchrun_with_tracker_aim(aim_job: dict) -> None:
-    """The job tests/test_trainer_torchrun.py reads the journal of (trainer_fixtures.aim_job)."""
-    out, repo = aim_job["out"], aim_job["aim"]
-    assert aim_job["returncode"] == 0, aim_job["stderr"]
+def test_torchrun_with_tracker_aim(tracked_job: dict) -> None:
+    """The shared job (trainer_fixtures.tracked_job): tests/test_trainer_torchrun.py reads its journal."""
+    out, repo = tracked_job["out"], tracked_job["aim"]
+    assert tracked_job["returncode"] == 0, tracked_job["stderr"]
     run_id = json.loads((out / "tracking_run.json").read_text())["run"]
     runs = read_repo(str(repo))
     assert list(runs) == [run_id]

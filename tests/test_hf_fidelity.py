@@ -1,24 +1,21 @@
 """Same names and points as Hugging Face's own callbacks: one real two-rank job runs transformers'
 ``MLflowCallback``, ``TensorBoardCallback`` and ``WandbCallback`` beside the relay's mlflow, tensorboard
-and wandb sinks (tests/hf_callbacks_job.py), and the stores are read back through their own libraries. What the
+and wandb sinks (tests/hf_callbacks_job.py), and the stores are read back through their own libraries (the job
+is trainer_fixtures.tracked_job, which tests/test_trainer_torchrun.py and tests/test_aim_torchrun.py read too). What the
 relay adds (its system figures, custom metrics, run metadata) is named and listed; every
 remaining difference is in docs/sinks/mlflow.md, docs/sinks/tensorboard.md and docs/sinks/wandb.md."""
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port, once_per_run
-from trainer_fixtures import EXP_METADATA, demo_model, run_trainer, seed_flags
+from trainer_fixtures import EXP_METADATA, demo_model, tracked_job
 
 pytestmark = pytest.mark.slow
-__all__ = ["demo_model"]  # a fixture, used by name
+__all__ = ["demo_model", "tracked_job"]  # fixtures, used by name
 
-JOB = Path(__file__).resolve().parent / "hf_callbacks_job.py"
 #: What the relay adds beside the Trainer's series: its system figures, and fms-hf-tuning's custom metrics.
 RELAY_SERIES = ("system/", "workers/", "additional_metrics.", "model_load_time", "train/model_load_time")
 #: Param groups the relay adds beside HF's (TrainingArguments and the model config, under their bare names),
@@ -28,29 +25,11 @@ RELAY_SERIES = ("system/", "workers/", "additional_metrics.", "model_load_time",
 RELAY_PARAM_GROUPS = {"run", "relay", "versions", "peft", "model_info", "own_work"}
 
 
-@pytest.fixture(scope="module")
-def job(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The job, run once per test run (a pytest-xdist worker running one of these tests finds it done)."""
-    with once_per_run(tmp_path_factory, "fidelity") as out:
-        if not (out / "job-done").exists():
-            shutil.rmtree(out, ignore_errors=True)  # what a failed run on another worker left
-            out.mkdir()
-            run_job(demo_model, out)
-            (out / "job-done").touch()
-    return out
-
-
-def run_job(demo_model: Path, out: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           f"--master_port={free_port()}", str(JOB)]
-    cmd += seed_flags(demo_model, out, steps=6, eval_steps=3) + [
-        "--run_name", "j1single", "--tracker", "mlflow,tensorboard,wandb", "--mlflow_tracking_uri",
-        f"sqlite:///{out / 'relay.db'}", "--mlflow_experiment", "relay", "--tensorboard_logdir", str(out / "relay-runs")]
-    (out / "hf-wandb").mkdir()
-    done = run_trainer(cmd, timeout=600, MLFLOW_TRACKING_URI=f"sqlite:///{out / 'hf.db'}", MLFLOW_EXPERIMENT_NAME="hf",
-                       TENSORBOARD_LOGGING_DIR=str(out / "hf-runs"), MLFLOW_DISABLE_TELEMETRY="true",
-                       WANDB_MODE="offline", WANDB_DIR=str(out / "hf-wandb"), WANDB_PROJECT="hf", WANDB_SILENT="true")
-    assert done.returncode == 0, done.stderr[-3000:]
+@pytest.fixture
+def job(tracked_job: dict) -> Path:
+    """The shared job's folder (trainer_fixtures.tracked_job: the relay's sinks and HF's callbacks in one job)."""
+    assert tracked_job["returncode"] == 0, tracked_job["stderr"]
+    return tracked_job["out"]
 
 
 def _mlflow_run(uri: str, experiment: str):

@@ -7,28 +7,21 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port, read_jsonl
-from trainer_fixtures import aim_job, assert_complete, demo_model, run_trainer, seed_flags, start_trainer, torchrun
+from trainer_fixtures import assert_complete, demo_model, run_trainer, seed_flags, start_trainer, torchrun, tracked_job
 
 pytestmark = pytest.mark.slow
-__all__ = ["aim_job", "demo_model"]  # fixtures, used by name
+__all__ = ["demo_model", "tracked_job"]  # fixtures, used by name
 
 STEPS = 6
 
 
-def test_embedded_relay_records_every_rank(demo_model: Path, aim_job: dict, tmp_path: Path) -> None:
+def test_embedded_relay_records_every_rank(tracked_job: dict) -> None:
     """The shared job's embedded relay (its Aim sink is read in tests/test_aim_torchrun.py)."""
-    out = aim_job["out"]
-    assert aim_job["returncode"] == 0, aim_job["stderr"]
+    out = tracked_job["out"]
+    assert tracked_job["returncode"] == 0, tracked_job["stderr"]
     run = assert_complete(read_jsonl(out / "training_logs.jsonl"), world_size=2, steps=STEPS, eval_steps=3)
     assert json.loads((out / "tracking_run.json").read_text())["run"] == run
-    assert not aim_job["orphans"], "the embedded relay outlived the job"
-
-    again = tmp_path / "again"
-    done = run_trainer(torchrun(free_port()) + seed_flags(demo_model, again, steps=2, eval_steps=None)
-                       + ["--tracker", "jsonl"])
-    assert done.returncode == 0, done.stderr[-3000:]
-    other = {e["run"] for e in read_jsonl(again / "training_logs.jsonl")}
-    assert len(other) == 1 and run not in other, "two jobs must get two run ids"
+    assert not tracked_job["orphans"], "the embedded relay outlived the job"
 
 
 def test_external_relay_started_mid_run_loses_nothing(demo_model: Path, tmp_path: Path, relays) -> None:
@@ -63,11 +56,17 @@ def test_external_relay_started_mid_run_loses_nothing(demo_model: Path, tmp_path
     assert "never acknowledged" not in stderr
 
 
-def test_external_relay_side_by_side(demo_model: Path, tmp_path: Path, relays) -> None:
+def test_external_relay_side_by_side(demo_model: Path, tracked_job: dict, tmp_path: Path, relays) -> None:
+    """Also the second job under the shared job's ``--run_name`` (trainer_fixtures.tracked_job): two jobs
+    must not share a run id even then, and no job runs for that alone (a two-rank job is about 20
+    CPU-seconds, nearly all of it imports)."""
+    first = json.loads((tracked_job["out"] / "tracking_run.json").read_text())["run"]
+    name = first.rsplit("-", 1)[0]  # the id is the run name and a random suffix
     out = tmp_path / "out"
     relay = relays(["--sink", "jsonl", "--path", str(tmp_path / "relay.jsonl")])
     done = run_trainer(torchrun(free_port()) + seed_flags(demo_model, out, steps=STEPS, eval_steps=3)
-                       + ["--relay_address", relay.address])
+                       + ["--relay_address", relay.address, "--run_name", name])
     assert done.returncode == 0, done.stderr[-3000:]
     assert relay.stop() == 0
-    assert_complete(read_jsonl(tmp_path / "relay.jsonl"), world_size=2, steps=STEPS, eval_steps=3)
+    run = assert_complete(read_jsonl(tmp_path / "relay.jsonl"), world_size=2, steps=STEPS, eval_steps=3)
+    assert run.startswith(f"{name}-") and run != first, f"two jobs must get two run ids: {run}, {first}"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -17,6 +18,7 @@ from sinks.events import RELAY_RANK
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_DATA = ROOT / "trainer" / "data" / "demo_instructions.jsonl"
 EXP_METADATA = {"dataset": "demo-v1", "purpose": "trainer tests"}
+HF_CALLBACKS_JOB = Path(__file__).resolve().parent / "hf_callbacks_job.py"
 
 
 @pytest.fixture(scope="session")
@@ -30,21 +32,35 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def aim_job(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One real two-rank torchrun job, 6 steps with an eval every 3, the embedded relay writing the
-    journal and an Aim repository (``--tracker aim``), run once per test run for the tests that read
-    it from both sides (tests/test_trainer_torchrun.py, tests/test_aim_torchrun.py): a job costs
-    tens of CPU-seconds. Its folder ``out`` and ``aim``, and how it ended (``returncode``, ``stderr``,
-    the ``orphans`` of it still running once it returned)."""
+def tracked_job(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One real two-rank torchrun job, 6 steps with an eval every 3, run once per test run for every
+    test that reads it: its embedded relay writes the journal and four trackers' stores
+    (``--tracker aim,mlflow,tensorboard,wandb``, ``--run_name j1single``), with transformers' own
+    ``MLflowCallback``, ``TensorBoardCallback`` and ``WandbCallback`` beside them (tests/hf_callbacks_job.py:
+    ``trainer.sft.main`` as ``python -m trainer`` runs it, plus those callbacks). The journal and the run
+    id are read in tests/test_trainer_torchrun.py, the Aim repository in tests/test_aim_torchrun.py, the
+    relay's stores against HF's in tests/test_hf_fidelity.py: a job costs about 20 CPU-seconds, nearly
+    all of it three processes importing torch, transformers and trl, so they share one. Its folder
+    ``out`` (HF's stores in it: ``hf.db``, ``hf-runs``, ``hf-wandb``; the relay's: ``relay.db``,
+    ``relay-runs``, ``wandb-relay``) and ``aim``, and how it ended (``returncode``, ``stderr``, the
+    ``orphans`` of it still running once it returned)."""
     import psutil
 
-    with once_per_run(tmp_path_factory, "aim-job") as folder:
+    with once_per_run(tmp_path_factory, "tracked-job") as folder:
         result = folder / "result.json"
         if not result.exists():
-            folder.mkdir(exist_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed run on another worker left
             out = folder / "out"
-            done = run_trainer(torchrun(free_port()) + seed_flags(demo_model, out, steps=6, eval_steps=3)
-                               + ["--tracker", "aim", "--aim_repo", str(folder / "aim"), "--experiment", "sft-demo"])
+            (out / "hf-wandb").mkdir(parents=True)
+            cmd = torchrun(free_port())[:-2] + [str(HF_CALLBACKS_JOB)] + seed_flags(demo_model, out, steps=6, eval_steps=3)
+            cmd += ["--run_name", "j1single", "--tracker", "aim,mlflow,tensorboard,wandb", "--aim_repo",
+                    str(folder / "aim"), "--experiment", "sft-demo", "--mlflow_tracking_uri",
+                    f"sqlite:///{out / 'relay.db'}", "--mlflow_experiment", "relay", "--tensorboard_logdir",
+                    str(out / "relay-runs")]
+            done = run_trainer(cmd, timeout=600, MLFLOW_TRACKING_URI=f"sqlite:///{out / 'hf.db'}",
+                               MLFLOW_EXPERIMENT_NAME="hf", TENSORBOARD_LOGGING_DIR=str(out / "hf-runs"),
+                               MLFLOW_DISABLE_TELEMETRY="true", WANDB_MODE="offline", WANDB_DIR=str(out / "hf-wandb"),
+                               WANDB_PROJECT="hf", WANDB_SILENT="true")
             orphans = [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
                        if str(out) in " ".join(p.info["cmdline"] or [])]
             result.write_text(json.dumps({"returncode": done.returncode, "stderr": done.stderr[-3000:],
