@@ -11,13 +11,14 @@ burns CPU time rather than sleeping, so load stretches its slowness as it stretc
 compared with. It costs about 45 s on an idle 2-core machine, 2 min at load 15-20."""
 from __future__ import annotations
 
+import shutil
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, RelayProcess, free_port, read_jsonl
+from conftest import ROOT, RelayProcess, free_port, once_per_run, read_jsonl
 from watch_helpers import relay_cmd
 from trainer_fixtures import trainer_env
 
@@ -33,16 +34,22 @@ BALANCED, UNTIMED = "2:none:16", "2:none:4:off"
 
 @pytest.fixture(scope="module")
 def journals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Every phase's journal, by run name without its prefix."""
-    workdir = tmp_path_factory.mktemp("fsdp")
-    relay = RelayProcess(workdir, ["--path", f"{workdir}/logs/"], "tcp://127.0.0.1:*").start()
-    try:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-               f"--master_port={free_port()}", str(JOB), relay.address, "fsdp", BALANCED, *SLOW.values(), UNTIMED]
-        done = subprocess.run(cmd, cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stderr[-4000:]
-    finally:
-        assert relay.stop() == 0
+    """Every phase's journal, by run name without its prefix: the launch runs once per test run
+    (``once_per_run``), not once in each pytest-xdist worker that runs a test of this module."""
+    with once_per_run(tmp_path_factory, "fsdp") as workdir:
+        if not (workdir / "done").exists():
+            shutil.rmtree(workdir, ignore_errors=True)  # what a failed launch on another worker left
+            workdir.mkdir()
+            relay = RelayProcess(workdir, ["--path", f"{workdir}/logs/"], "tcp://127.0.0.1:*").start()
+            try:
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+                       f"--master_port={free_port()}", str(JOB), relay.address, "fsdp", BALANCED, *SLOW.values(),
+                       UNTIMED]
+                done = subprocess.run(cmd, cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=900)
+                assert done.returncode == 0, done.stderr[-4000:]
+            finally:
+                assert relay.stop() == 0
+            (workdir / "done").touch()
     return {path.stem.removeprefix("fsdp-"): path for path in (workdir / "logs").glob("fsdp-*.jsonl")}
 
 
