@@ -25,7 +25,7 @@ from trainer_fixtures import ROOT, demo_model, run_trainer, seed_flags, trainer_
 pytestmark = pytest.mark.slow
 __all__ = ["demo_model"]  # a fixture, used by name
 
-JOB = Path(__file__).resolve().parent / "resume_job.py"
+JOB = Path(__file__).resolve().parent / "held_job.py"
 SINKS = ("aim", "mlflow", "tensorboard", "wandb", "clearml")
 STEPS, SAVED, HELD = 8, 4, 6  # max_steps; the checkpoint the second attempt resumes from; the last step of the first
 RUN_NAME = "resumed-job"
@@ -44,7 +44,7 @@ def _first_attempt(model: Path, out: Path) -> None:
     """Run until both ranks logged step HELD (and checkpoint-SAVED is saved), then SIGKILL the job
     (torchrun and its ranks); its embedded relay, in a session of its own, sees rank 0 gone and stops."""
     with open(out.parent / "first-attempt.log", "w") as log:
-        job = subprocess.Popen(_command(model, out), cwd=ROOT, env=trainer_env(RESUME_TEST_HOLD_AT=str(HELD)),
+        job = subprocess.Popen(_command(model, out), cwd=ROOT, env=trainer_env(HELD_JOB_AT=str(HELD)),
                                stdout=log, stderr=subprocess.STDOUT)
     journal = out / "training_logs.jsonl"
 

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.slow
 __all__ = ["demo_model", "tracked_job"]  # fixtures, used by name
 
 STEPS = 6
+HELD_JOB = Path(__file__).resolve().parent / "held_job.py"
 
 
 def test_embedded_relay_records_every_rank(tracked_job: dict) -> None:
@@ -25,21 +26,24 @@ def test_embedded_relay_records_every_rank(tracked_job: dict) -> None:
 
 
 def test_external_relay_started_mid_run_loses_nothing(demo_model: Path, tmp_path: Path, relays) -> None:
-    """The relay is down when the job starts and comes up once rank 0 has logged a step."""
-    out = tmp_path / "out"
-    steps = 150  # long enough that the relay comes up mid-run even on a loaded machine
+    """The relay is down when the job starts and comes up once rank 0 has logged a step. The job
+    (tests/held_job.py) holds its ranks after step 2 until the relay is up, so the relay comes up
+    mid-run however slow the machine is (before, 150 steps were to make that likely: 28-30 CPU-s)."""
+    out, gate = tmp_path / "out", tmp_path / "relay-up"
     port = free_port()
     relay = relays(["--sink", "jsonl", "--path", str(tmp_path / "relay.jsonl")],
                    address=f"tcp://127.0.0.1:{port}", start=False)
-    job = start_trainer(torchrun(free_port()) + seed_flags(demo_model, out, steps=steps, eval_steps=None)
+    job = start_trainer(torchrun(free_port())[:-2] + [str(HELD_JOB)] + seed_flags(demo_model, out, steps=STEPS,
+                                                                                  eval_steps=None)
                         + ["--relay_address", relay.address, "--run_name", "late-relay"],
-                        stderr_path=tmp_path / "job.err")
+                        stderr_path=tmp_path / "job.err", HELD_JOB_AT="2", HELD_JOB_UNTIL=str(gate))
     try:
         for line in job.stdout:  # the Trainer prints each log dict on rank 0's stdout
             if "'loss'" in line:
                 break
         relay.start()
         relay_up = time.time()
+        gate.touch()
         job.communicate(timeout=240)
     finally:
         if job.poll() is None:
@@ -50,9 +54,11 @@ def test_external_relay_started_mid_run_loses_nothing(demo_model: Path, tmp_path
     assert relay.stop() == 0
     assert not (out / "training_logs.jsonl").exists(), "nothing is started beside the job with --relay_address"
     events = read_jsonl(tmp_path / "relay.jsonl")
-    assert assert_complete(events, world_size=2, steps=steps, eval_steps=None).startswith("late-relay-")
+    assert assert_complete(events, world_size=2, steps=STEPS, eval_steps=None).startswith("late-relay-")
     end = next(e for e in events if e["type"] == "lifecycle" and e["data"]["event"] == "train_end")
     assert relay_up < end["ts"], "the relay came up only after training ended; the test proves less than it says"
+    early = [e for e in events if e["stage"] == "train" and "loss" in e["data"] and e["ts"] < relay_up]
+    assert early, "no step was logged before the relay came up; the test proves less than it says"
     assert "never acknowledged" not in stderr
 
 
