@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Sequence
+from typing import ClassVar, Sequence
 
 from sinks.events import Event
 
@@ -47,15 +47,13 @@ class SinkContext:
     """What the relay tells every sink when it opens.
 
     ``journal`` is the JSONL source of truth (file or directory, see docs/jsonl.md); sinks that
-    export files put them next to it. ``journal_events(run)`` yields that run's events from the
-    journal, as the live sink gets them, from where the previous call for that run stopped: what a
-    sink that fell behind reads to catch up (None where there is no journal to read). ``replay``
-    is True under ``relay replay``: the events are a finished job's, whose own files (in its
-    output dir, beside its journal) name the live store and must stay as they are.
+    export files put them next to it. (A sink never reads it to catch up: the relay feeds a sink that
+    ``catches_up`` what it missed, ``holes`` below.) ``replay`` is True under ``relay replay``: the
+    events are a finished job's, whose own files (in its output dir, beside its journal) name the
+    live store and must stay as they are.
     """
 
     journal: Path | None = None
-    journal_events: Callable[[str], Iterator[dict[str, Any]]] | None = None
     replay: bool = False
 
 
@@ -74,10 +72,11 @@ class Sink(abc.ABC):
     wants_events: ClassVar[bool] = True
 
     #: True for a sink whose ``write()`` skips what it already applied (every TrackerSink: it keeps
-    #: the ``(rank, seq)`` spans it applied). The relay then feeds it, when its process starts and
-    #: when its backend answers again after failing, the journal's recent runs it may have missed
-    #: (relay/sinkhost/catch_up.py): a run that sends nothing more is still completed. False: it gets only
-    #: the live events (a plugin that appends whatever it is given must not see them twice).
+    #: the ``(rank, seq)`` spans it applied). The relay then feeds it, when its process starts, when
+    #: its backend answers again after failing and when it names a run in ``holes()``, what the
+    #: journal holds that it may have missed (relay/sinkhost/catch_up.py, the one place a sink's
+    #: catch-up reads the journal): a run that sends nothing more is still completed. False: it gets
+    #: only the live events (a plugin that appends whatever it is given must not see them twice).
     catches_up: ClassVar[bool] = False
 
     @classmethod
@@ -104,6 +103,17 @@ class Sink(abc.ABC):
         """Take a batch, in arrival order. Raising means the batch is retried later, whole;
         raising PermanentError, that the events failing on their own are dead-lettered. (A sink
         with ``wants_events = False`` gets stand-ins that hold only ``run`` and ``offset``.)"""
+
+    def holes(self) -> list[str]:
+        """Runs in which this sink (one that ``catches_up``) found events missing that the journal may
+        hold: a rank's seqs skip some (batches the relay dropped for it while it was behind, or
+        state it lost). After each batch the relay writes it each such run's journal events it has not
+        read for this sink yet (the first time: all of them), then calls ``caught_up(run)``."""
+        return []
+
+    def caught_up(self, run: str) -> None:
+        """The relay has written ``run``'s journal events since ``holes()`` named it: what is still
+        missing is not in the journal (a client's dropped events, one the sink refused)."""
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         """Make everything written so far durable or visible, within ``timeout`` seconds (as

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import click
 
@@ -160,26 +160,24 @@ class MlflowSink(TrackerSink):
         for event in events:
             if event["run"] not in ml:
                 ml[event["run"]] = MlRun(event["ts"])
-        self._guarded(super().write, events)
-
-    def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
-        return self._guarded(super().flush, timeout)
-
-    def _guarded(self, apply: Callable[..., Any], *args: Any) -> Any:
-        """Apply (sinks/tracker_base.py), then export; what ``apply`` returned. After an error nothing
-        stays pending: the relay retries the whole batch, and the base class applies what was not saved again."""
-        try:
-            result = apply(*args)
-        except Exception:
-            for r in self._ml.values():
+        try:  # apply (sinks/tracker_base.py), then export
+            super().write(events)
+        except Exception:  # nothing stays pending: the relay retries the whole batch, and the base
+            for r in self._ml.values():  # class applies what was not saved again
                 r.discard()
             raise
+        self._export_due()
+
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
+        self._export_due()
+        return True
+
+    def _export_due(self) -> None:
         for run in list(self._exports):
             exported = self._ml.get(run)
             if exported is not None and exported.run_id is not None:
                 self._exports.discard(run)
                 self._export(run, exported)
-        return result
 
     # -- the sink-author API ----------------------------------------------------------------------
 

@@ -25,10 +25,12 @@ those calls and does, once for every tracker, what each would otherwise rebuild:
   per run; ``load_applied``/``save_applied`` keep them where the data lands (a state file by
   default), so a retried batch, a restarted relay or a second ``relay replay`` adds nothing.
 * **Catch-up.** A hole in a rank's seqs means events did not reach this sink (its queue overflowed
-  while the tracker was down); at the next ``flush`` it reads that run from the journal and
-  applies what it lacks. A run missed at its end (no later event shows the hole), or while the
-  relay was down, is caught up by the sink's process (``catches_up``, relay/sinkhost/catch_up.py): when it
-  starts and when the tracker answers again, it feeds the journal's recent runs through ``write``.
+  while the tracker was down, or the tool lost what it held): ``holes()`` names the run until the
+  relay calls ``caught_up(run)``, having written this sink that run's events from the journal after
+  the batch that showed it. A run missed at its end (no later event shows the hole), or while the
+  relay was down, is caught up the same way (``catches_up``): when the sink's process starts and
+  when the tracker answers again, it feeds the journal's recent runs through ``write``. That is
+  relay/sinkhost/catch_up.py, the one reader of the journal for a sink; this class never reads it.
 * **Late params.** A params value older than the one already written (a late catch-up) is skipped.
 * **Attempts.** Each attempt's ``train_begin`` goes to params ``relay.attempts.<N>``; a later
   attempt's (a job resumed from a checkpoint) calls ``supersede(run, step)`` once what came before it
@@ -40,13 +42,12 @@ import abc
 import json
 import logging
 import math
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
-from sinks.base import FLUSH_TIMEOUT, Sink, SinkContext
-from sinks.events import NONFINITE_JSON, RELAY_RANK, Event, as_event
+from sinks.base import Sink, SinkContext
+from sinks.events import NONFINITE_JSON, RELAY_RANK, Event
 from sinks.files import write_atomic
 from sinks.naming import CLUSTER_NAMES, RANK_NAMES, SYSTEM, display_names, trainer_groups
 from sinks.spans import SeqSpans
@@ -75,6 +76,7 @@ class TrackerSink(Sink):
         self._warned: set[str] = set()
         self.counters: Counter[str] = Counter()
         self._state_file: dict[str, Spans] | None = None
+        self._holes: set[str] = set()  # runs with a hole the relay has not caught up yet
 
     # -- what a sink author writes ---------------------------------------------------------------
 
@@ -126,40 +128,17 @@ class TrackerSink(Sink):
             self._rollback(touched.values())
             raise
 
-    def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
-        """Catch up from the journal the runs where a rank showed a hole, then save; False when
-        ``timeout`` passed before every such run was (the next flush goes on). What the journal gave
-        is kept until it is applied, since the reader does not give it twice. A sink's own ``flush``
-        calls this first and passes its result on."""
-        reader = self.context.journal_events
-        due = [s for s in self._runs.values() if s.needs_sweep]
-        if not due or reader is None:
-            return True
-        touched: dict[str, _Run] = {}
-        deadline = time.monotonic() + timeout
-        try:
-            for state in due:
-                if time.monotonic() > deadline:
-                    break
-                touched[state.run] = state
-                if state.swept is None:
-                    state.swept = list(map(as_event, reader(state.run)))
-                for event in state.swept:
-                    self._apply(state, event, swept=True)
-                self.counters["sweeps"] += 1
-                log.info("%s sink: run %s caught up from the journal (%d events read)", self.name, state.run,
-                         len(state.swept))
-                state.swept, state.needs_sweep = None, False
-            self._save(touched.values())
-        except Exception:
-            self._rollback(touched.values())
-            raise
-        return len(touched) == len(due)
+    def holes(self) -> list[str]:
+        """Runs where a rank's seqs skip some this sink has not applied: shown by a batch, or by the
+        spans saved by an earlier process (a client's dropped events leave such a hole for good)."""
+        return list(self._holes)
+
+    def caught_up(self, run: str) -> None:
+        self._holes.discard(run)
 
     def catch_up_due(self, run: str) -> bool:
-        """Whether ``run`` has a hole the next ``flush`` fills from the journal (so not finished yet)."""
-        state = self._runs.get(run)
-        return state is not None and state.needs_sweep
+        """Whether ``run`` has a hole the relay has yet to fill from the journal (so not finished yet)."""
+        return run in self._holes
 
     def run_settled(self, run: str) -> bool:
         """Whether ``run`` has said all it will: rank 0's ``train_end`` and every rank's closing
@@ -173,8 +152,9 @@ class TrackerSink(Sink):
 
     def forget_run(self, run: str) -> None:
         """Drop what this class keeps of ``run`` (a sink that hands the run over to another process);
-        its next event starts it again, spans loaded afresh."""
+        its next event starts it again, spans loaded afresh (and a hole they hold named again)."""
         self._runs.pop(run, None)
+        self._holes.discard(run)
 
     def load_applied(self, run: str) -> Spans:
         """The spans saved for ``run`` (override with ``save_applied`` to keep them in the tracker)."""
@@ -203,9 +183,11 @@ class TrackerSink(Sink):
             self.start_run(run, {"world_size": event["world_size"]})
             saved = self.load_applied(run)
             state = self._runs[run] = _Run(run, saved, event["world_size"])
+            if any(spans.holes for spans in state.applied.values()):  # left by an earlier process
+                self._holes.add(run)
         return state
 
-    def _apply(self, state: "_Run", event: Event, swept: bool = False) -> None:
+    def _apply(self, state: "_Run", event: Event) -> None:
         rank, seq = event["rank"], event["seq"]
         spans = state.applied.get(rank)
         if spans is None:
@@ -227,10 +209,10 @@ class TrackerSink(Sink):
             self._lifecycle(state, event)
         elif kind == "stats":
             self._client_stats(state, event)
-        if spans.add(seq) and not swept:
-            state.needs_sweep = True
+        if spans.add(seq):
+            self._holes.add(run)
         state.dirty = True
-        self.counters["swept_events" if swept else "events"] += 1
+        self.counters["events"] += 1
         if kind == "metrics" and event["step"] is None:
             self._save([state])  # the tracker numbers these itself: applying one twice would add a point
 
@@ -337,8 +319,7 @@ class TrackerSink(Sink):
 class _Run:
     """What the shared code keeps per run: applied spans (as saved, and now) and param times."""
 
-    __slots__ = ("run", "applied", "saved", "dirty", "needs_sweep", "swept", "param_ts", "world_size", "end_seq",
-                 "stats_ranks")
+    __slots__ = ("run", "applied", "saved", "dirty", "param_ts", "world_size", "end_seq", "stats_ranks")
 
     def __init__(self, run: str, saved: Spans, world_size: int) -> None:
         self.run = run
@@ -348,8 +329,6 @@ class _Run:
         self.saved = saved
         self.applied = {rank: SeqSpans(s) for rank, s in saved.items()}
         self.dirty = False
-        self.needs_sweep = any(spans.holes for spans in self.applied.values())  # left by an earlier process
-        self.swept: list[Event] | None = None  # read from the journal, not applied yet
         self.param_ts: dict[tuple[str, str], float] = {}
 
 

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import click
 
@@ -133,37 +133,31 @@ class WandbSink(TrackerSink):
         return True
 
     def write(self, events: Sequence[Event]) -> None:
-        with self._lock:
-            self._guarded(super().write, events)
-
-    def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
-        """Catch up from the journal (sinks/tracker_base.py), then check wandb-core wrote what it got."""
-        with self._lock:
-            complete = self._guarded(super().flush, timeout)
-            for wb in self._wb.values():
-                if wb.handle is not None:
-                    self._check_core(wb, wb.handle)
-        return complete
-
-    def _guarded(self, call: Callable[..., Any], *args: Any) -> Any:
         """On an error the ``_step`` counters fall back with the spans (the retry logs the same
         rows at the same steps, which W&B drops) and the system records held back are dropped (W&B
         would keep a second copy: they go out only with a write that succeeded); a dead wandb-core
-        cannot be recovered in this process. Returns what ``call`` returned."""
-        result = None
-        try:
-            result = call(*args)
-            for interface, record in self._system_held:
-                interface._publish(interface._make_record(stats=record))
-        except self._core_gone as exc:
-            self._data_lost(f"wandb-core is gone ({type(exc).__name__}: {exc})")
-        except Exception:
+        cannot be recovered in this process."""
+        with self._lock:
+            try:
+                super().write(events)
+                for interface, record in self._system_held:
+                    interface._publish(interface._make_record(stats=record))
+            except self._core_gone as exc:
+                self._data_lost(f"wandb-core is gone ({type(exc).__name__}: {exc})")
+            except Exception:
+                for wb in self._wb.values():
+                    wb.step, wb.row = wb.saved_step, None
+                raise
+            finally:
+                self._system_held.clear()
+
+    def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
+        """Check wandb-core wrote what it got."""
+        with self._lock:
             for wb in self._wb.values():
-                wb.step, wb.row = wb.saved_step, None
-            raise
-        finally:
-            self._system_held.clear()
-        return result
+                if wb.handle is not None:
+                    self._check_core(wb, wb.handle)
+        return True
 
     # -- the sink-author API ----------------------------------------------------------------------
 

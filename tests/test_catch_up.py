@@ -1,5 +1,7 @@
-"""A sink catches up after a relay restart, even for a run that sends nothing more (relay/sinkhost/catch_up.py):
-real relay processes, real sink processes, the trackers read back through their own API."""
+"""A sink catches up from the journal (relay/sinkhost/catch_up.py): the runs it names in ``holes()``
+after a batch, in milliseconds with a sink's process's writer and a journal file; and after a relay
+restart, even for a run that sends nothing more: real relay processes, real sink processes, the
+trackers read back through their own API."""
 from __future__ import annotations
 
 import contextlib
@@ -9,8 +11,12 @@ from typing import Any
 import psutil
 import pytest
 from conftest import wait_for
-from sink_helpers import finish_ranks as finish, start_rank
+from relay.sinkhost.catch_up import CatchUp
+from relay.sinkhost.child import SinkWriter
+from relay.wire.lines import encode_line
+from sink_helpers import Events, finish_ranks as finish, start_rank
 from sink_readback import check_aim as check_aim_run, read_repo
+from sinks.tracker_base import TrackerSink
 from test_sink_tensorboard import check_training_run as check_tb_run
 from test_sink_tensorboard import read_logdir
 
@@ -18,7 +24,57 @@ from test_sink_tensorboard import read_logdir
 STEPS = 30
 
 
+class Steps(TrackerSink):
+    """Keeps the steps of the losses it is given, and its spans in a state file."""
 
+    name = "steps"
+
+    def __init__(self, state: Path) -> None:
+        super().__init__()
+        self.state, self.steps = state, list[int]()
+
+    def state_path(self) -> Path:
+        return self.state
+
+    def log_metrics(self, run, rank, step, epoch, context, values, ts) -> None:
+        self.steps.append(step)
+
+    def start_run(self, run: str, params: dict) -> None: ...
+    def log_params(self, run: str, name: str, params: dict) -> None: ...  # noqa: E704
+    def finish_run(self, run: str, status: str) -> None: ...  # noqa: E704
+
+
+def fed(sink: Steps, catch_up: CatchUp, *batches: list[dict]) -> dict[str, Any]:
+    """``batches`` through the writer of a sink's process (its queue, driver and catch-up), drained."""
+    writer = SinkWriter(sink.name, sink, 1000, None, catch_up)
+    writer.start()
+    for batch in batches:
+        writer.submit(batch)
+    writer.close(10.0)
+    return writer.stats()
+
+
+def test_a_run_the_sink_names_in_holes_is_written_from_the_journal_after_the_batch(tmp_path: Path) -> None:
+    journal, ev = tmp_path / "logs", Events("r", world_size=1)
+    journal.mkdir()
+    events = [ev(0, "metrics", {"loss": 1 / s}, step=s, stage="train") for s in range(1, 15)]
+    (journal / "r.jsonl").write_bytes(b"".join(encode_line(e) for e in events[:10]))
+    sink, catch_up = Steps(tmp_path / "state.json"), CatchUp(f"{journal}/", "steps")
+    # The relay dropped 3 of them for this sink (its queue was full): the journal holds them.
+    stats = fed(sink, catch_up, events[:3], events[6:10])
+    assert sorted(sink.steps) == list(range(1, 11)) and stats["caught_up"] == 10 and stats["written"] == 7
+    assert sink.holes() == [] and not sink.catch_up_due("r")
+    # Two its client dropped (claimed as such): no journal holds them, the run is caught up all the same,
+    # reading only what was journaled since.
+    with open(journal / "r.jsonl", "ab") as fh:
+        fh.write(b"".join(encode_line(e) for e in events[12:]))
+    stats = fed(sink, catch_up, events[12:])
+    assert sorted(sink.steps) == list(range(1, 11)) + [13, 14] and stats["caught_up"] == 2
+    assert sink.holes() == []
+    # The sink's next process finds that hole in its saved spans: its first event of the run reads it whole.
+    again = Steps(tmp_path / "state.json")
+    stats = fed(again, CatchUp(f"{journal}/", "steps"), events[13:])
+    assert again.steps == [] and stats["caught_up"] == 12 and again.holes() == []
 
 
 def wait_stats(journal: Path, name: str, ok: Any, timeout: float, relay: Any) -> dict[str, Any]:

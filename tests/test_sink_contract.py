@@ -20,7 +20,6 @@ import pytest
 from conftest import line_count, read_jsonl, wait_for
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
-from relay.journal.reader import JournalReader
 from relay.sinkhost.child import SinkSpec, build_sink
 from relay.sinkhost.driver import SinkDriver
 from relay.sinkhost.replay import ReplayResult, replay_files
@@ -358,7 +357,7 @@ def test_a_permanent_error_is_dead_lettered_and_the_rest_written(workspace, tmp_
     journal.mkdir()
     (journal / "job-dl.jsonl").write_bytes(b"".join(encode_line(e) for e in events))
     sink = built(t, ws, env)
-    sink.open(SinkContext(journal=journal / "job-dl.jsonl", journal_events=JournalReader(journal / "job-dl.jsonl")))
+    sink.open(SinkContext(journal=journal / "job-dl.jsonl"))
     driver = SinkDriver(name, sink, DeadLetters(tmp_path / "dead.jsonl"), wait=lambda s: s <= 0, fault=fault)
     assert driver.write(events[:20]) and driver.write(events[20:]), driver.last_error
     driver.finish()

@@ -21,7 +21,8 @@ from sink_helpers import finish_ranks as finish, start_rank
 from sink_helpers import Events, drive, fill, small_fs, training_events  # noqa: F401
 from sink_readback import EXPERIMENT, check_mlflow as check_training_run, comparable, read_run
 from conftest import free_port, wait_for
-from relay.journal.reader import JournalReader
+from relay.sinkhost.catch_up import CatchUp
+from relay.sinkhost.driver import SinkDriver
 from relay.wire.lines import encode_line
 from relay.sinkhost.replay import replay_files
 from sinks.base import PermanentError, SinkContext, SinkError
@@ -155,13 +156,15 @@ def test_failed_run_and_custom_metrics_without_a_step(db) -> None:
 
 def test_gaps_are_filled_from_the_journal(db, tmp_path: Path) -> None:
     """Batches the relay dropped for this sink are in the journal: the hole in the seqs is noticed
-    and filled at the next flush."""
+    and the sink's process fills it from there after the batch."""
     uri, journal = db(), tmp_path / "logs"
     journal.mkdir()
     events = training_events("job-gap")
     (journal / "job-gap.jsonl").write_bytes(b"".join(encode_line(e) for e in events))
     sink = run_sink(uri, [events[:10] + events[25:]], journal=journal)
-    assert sink.counters["swept_events"] == 15 and sink.counters["sweeps"] == 1
+    # the run read back once (all of it), and each of the 15 it lacked applied once
+    assert (sink.counters["events"], sink.counters["duplicates"]) == (len(events), len(events) - 15)
+    assert not sink.holes()
     check_training_run(read_run(uri, "job-gap"))
     assert json.loads((journal / "job-gap.mlflow_tracker.json").read_text())["run_name"] == "job-gap"
 
@@ -189,7 +192,7 @@ def test_a_run_deleted_meanwhile_is_made_again_and_a_refusal_is_permanent(db, tm
     events = training_events("job-del")
     (journal / "job-del.jsonl").write_bytes(b"".join(encode_line(e) for e in events))
     sink = MlflowSink(uri, EXPERIMENT)
-    sink.open(SinkContext(journal=journal, journal_events=JournalReader(str(journal) + os.sep)))
+    sink.open(SinkContext(journal=journal))
     sink.write(events[:10])
     client = MlflowClient(uri)
     deleted = read_run(uri, "job-del").info.run_id
@@ -199,6 +202,8 @@ def test_a_run_deleted_meanwhile_is_made_again_and_a_refusal_is_permanent(db, tm
     assert not isinstance(failed.value, PermanentError)
     sink.write(events[10:20])  # ...which makes a new run; the hole below it is filled from the journal
     sink.write(events[20:])
+    assert sink.holes() == ["job-del"]  # what the sink's process then writes it from the journal:
+    assert SinkDriver("mlflow", sink).fill_holes(CatchUp(str(journal), "mlflow").run_batches)
     sink.flush()
     view = read_run(uri, "job-del")
     assert view.info.run_id != deleted and sink.counters["runs_deleted"] == 1

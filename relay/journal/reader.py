@@ -2,7 +2,7 @@
 
 ``read_events`` gives one file's events in file order with its unreadable lines counted (``relay
 replay``, the restart scan); ``JournalReader`` reads only what is new since its previous call, per
-run, complete lines only (a sink's catch-up through ``SinkContext.journal_events``; ``relay tail
+run, complete lines only (a sink's catch-up of a run, relay/sinkhost/catch_up.py; ``relay tail
 -f`` follows the raw lines with ``relay.cli.follow``); ``LineDecoder`` turns the same lines arriving
 on a pipe into events (a sink's process). Every reader that hands events to a sink restores
 non-finite metrics (``sinks.events.from_journal``), so a live sink and a replayed one see the same.
@@ -93,7 +93,7 @@ class JournalReader:
     in file order, remembering a byte offset per (file, run). In the directory layout a run's read
     opens only that run's file, and new run files are found as they appear.
 
-    Calling the reader is ``read(run)``: pass it as ``SinkContext.journal_events``. ``restore``
+    Calling the reader is ``read(run)``. ``restore``
     turns non-finite metric strings back into floats (what a sink gets). ``bad_lines`` counts the
     lines skipped. (``relay tail`` follows files with ``relay.cli.follow.Follower`` instead: it shows
     the lines as written, also those that are not events, and notices a file replaced.)"""

@@ -1,19 +1,23 @@
-"""A sink's catch-up from the journal: what lets a sink complete a run that sends nothing more.
+"""A sink's catch-up from the journal: the one place that reads the journal back into a sink.
 
-A sink that misses events (its tracker was down and its queue overflowed, the relay was killed
-before the sink wrote them, the sink's process was not open yet) would otherwise get them only
-when a later event of the same run shows the hole (sinks/tracker_base.py's sweep), which never comes
-for a finished run. So the sink's process (relay/sinkhost/child.py), for a sink whose ``catches_up``
-is True, reads the journal back through ``write()`` itself: once when it starts, and again
-whenever its tracker answers after failing or its queue dropped events. The sink skips what it
-already applied (its ``(rank, seq)`` spans), so only what it lacks is written.
+A sink misses events when its tracker was down and a queue overflowed (the relay's, or its
+process's), the relay was killed before the sink wrote them, or the sink's process was not open yet.
+So the sink's process (relay/sinkhost/child.py), for a sink whose ``catches_up`` is True, reads the
+journal back through ``write()`` itself, in two ways. A *pass* reads the recent journal from where
+the previous pass stopped: when the process starts (a finished run sends nothing more that would
+show a hole), whenever its tracker answers after failing, and when its own queue dropped events.
+A *run's read* (``run_batches``) follows a batch after which the sink names the run in ``holes()``
+(batches the relay dropped for it, state the tool lost): that run's events this process has not
+read yet, the first time all of them. The sink skips what it already applied (its ``(rank, seq)``
+spans), so only what it lacks is written.
 
 What a pass reads is bounded: the journal files written within ``MAX_AGE`` seconds, at most
 ``MAX_FILES`` of them, newest first (in the one-file layout, that one file). A state file beside
 the journal (``<journal>_catchup_<sink>.json``, or ``_relay_catchup_<sink>.json`` in a journal
 directory) keeps, per file, the size up to which a pass has delivered every event, so the next
 pass reads only what came after: a restart reads a run's file whole at most once. Older runs are
-rebuilt with ``relay replay``.
+rebuilt with ``relay replay``. A run's read keeps its place in memory only (the hole that asked for
+it is in the sink's saved spans: the next process reads that run again).
 """
 from __future__ import annotations
 
@@ -47,6 +51,17 @@ class CatchUp:
         self.max_age = max_age
         self.max_files = max_files
         self.done = _load(self.state_path)
+        self.reader = self.journal.reader()
+
+    def run_batches(self, run: str) -> Iterator[list[dict[str, Any]]]:
+        """Batches of ``run``'s events written since the previous call for it (the first: all of them)."""
+        batch: list[dict[str, Any]] = []
+        for event in self.reader.read(run):
+            batch.append(event)
+            if len(batch) >= BATCH:
+                yield batch
+                batch = []
+        yield batch
 
     def due(self) -> list[tuple[Path, int, int]]:
         """(file, offset, size) of every recent file with bytes beyond what an earlier pass delivered."""

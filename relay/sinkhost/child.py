@@ -40,7 +40,7 @@ from relay.sinkhost.lifeline import hold_sink_lock
 from relay.sinkhost.notices import NoticeDecoder
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
-from relay.journal.reader import JournalReader, LineDecoder
+from relay.journal.reader import LineDecoder
 from sinks.base import Sink, SinkContext, SinkError
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,8 @@ CLOSE_AT_LEAST = 0.5  # seconds a sink gets to close after a drain that took all
 class SinkWriter:
     """The sink, fed by a bounded BatchWorker and written by a SinkDriver (relay/sinkhost/driver.py:
     retries, dead letters, flushes, counters); and, with ``catch_up``, passes over the journal
-    (relay/sinkhost/catch_up.py) on the same thread, in turn."""
+    (relay/sinkhost/catch_up.py) on the same thread, in turn, and after each batch the journal's
+    events of the runs the sink names in ``holes()``."""
 
     def __init__(self, name: str, sink: Sink, max_events: int, deadletters: DeadLetters | None,
                  catch_up: CatchUp | None = None) -> None:
@@ -125,7 +126,16 @@ class SinkWriter:
         return self.driver.write(batch)
 
     def _after(self, idle: bool) -> None:
+        if self.catch_up is not None:
+            try:
+                self.driver.fill_holes(self.catch_up.run_batches)
+            except OSError as exc:  # the run's hole stays named: the next batch tries again
+                self._unreadable(exc)
         self.driver.after_batch(idle)
+
+    def _unreadable(self, exc: OSError) -> None:
+        self.driver.errors += 1
+        log.error("sink %s: catch-up from the journal failed: %s", self.name, exc)
 
     def _recovered(self) -> None:
         """Once the sink takes a batch after failing, a catch-up pass follows (its backend is back)."""
@@ -150,8 +160,7 @@ class SinkWriter:
                     if self.driver.flush():  # durable in the tool before the state file says so
                         catch_up.delivered(path, offset)
         except OSError as exc:  # the journal unreadable for now: the next pass tries again
-            self.driver.errors += 1
-            log.error("sink %s: catch-up from the journal failed: %s", self.name, exc)
+            self._unreadable(exc)
             return True
         finally:
             self._in_pass = False
@@ -205,8 +214,7 @@ def child_main(spec: SinkSpec) -> int:
         hold_sink_lock(Journal(spec.journal).sidecar(f"_sink_{spec.name}.lock"), spec.name)
     try:
         sink = build_sink(spec)
-        sink.open(SinkContext(journal=Path(spec.journal) if spec.journal else None,
-                              journal_events=JournalReader(spec.journal) if spec.journal else None))
+        sink.open(SinkContext(journal=Path(spec.journal) if spec.journal else None))
     except SinkError as exc:
         send({"error": str(exc)})
         return 2

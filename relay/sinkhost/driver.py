@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from relay.journal.deadletter import DeadLetters
 from relay.wire.lines import encode_line
@@ -97,6 +97,18 @@ class SinkDriver:
         backoff; False when ``wait`` gave up first."""
         self.resolved = 0
         return self._deliver(batch, caught_up)
+
+    def fill_holes(self, read: Callable[[str], Iterable[Batch]]) -> bool:
+        """For each run the sink names in ``holes()``, write it (as a catch-up) every batch ``read(run)``
+        gives, the journal's events of that run the sink may lack, then tell it ``caught_up(run)``;
+        False when ``wait`` gave up first (shutting down: the run stays named, and the sink's next
+        process finds the hole in its saved spans)."""
+        for run in self.sink.holes():
+            for batch in read(run):
+                if batch and not self.write(batch, caught_up=True):
+                    return False
+            self.sink.caught_up(run)
+        return True
 
     def after_batch(self, idle: bool) -> None:
         """Flush when nothing is waiting (``idle``) or ``flush_every`` has passed."""

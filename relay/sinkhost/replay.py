@@ -7,7 +7,9 @@ relay/daemon/rederive.py), numbered on from what the journal holds.
 
 Each sink is driven as its process drives it live (relay/sinkhost/driver.py): retried with backoff
 (for up to ``RETRY_FOR`` seconds), events it refuses for good dead-lettered beside the journal
-(``_relay_deadletter_NAME.jsonl``, as the relay's own), flushed every second and at the end."""
+(``_relay_deadletter_NAME.jsonl``, as the relay's own), flushed every second and at the end. A sink
+that ``catches_up`` is read no run back from the journal here (relay/sinkhost/catch_up.py): it is fed
+all of it, so a hole it names is filled further on, or is one for good."""
 from __future__ import annotations
 
 import logging
@@ -21,7 +23,7 @@ from typing import Any, Callable, Iterable, Protocol
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import Dedupe
 from relay.journal.journal import BadRunId, Journal
-from relay.journal.reader import JournalReader, journal_files, read_events
+from relay.journal.reader import journal_files, read_events
 from relay.sinkhost.driver import SinkDriver, sleep_for
 from relay.wire.lines import SPOOL_SUFFIX, Derived, relay_event
 from sinks.base import Sink, SinkContext, SinkError
@@ -72,8 +74,7 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
     """
     result = ReplayResult()
     files = [f for p in paths for f in journal_files(Path(p))]
-    single = files[0] if len(files) == 1 else None
-    context = SinkContext(journal=single, journal_events=JournalReader(single) if single else None, replay=True)
+    context = SinkContext(journal=files[0] if len(files) == 1 else None, replay=True)
     target = _JournalTarget(journal, derive) if journal is not None else None
     if journal is not None:
         journal.open()
