@@ -107,8 +107,8 @@ class Sink(abc.ABC):
     def holes(self) -> list[str]:
         """Runs in which this sink (one that ``catches_up``) found events missing that the journal may
         hold: a rank's seqs skip some (batches the relay dropped for it while it was behind, or
-        state it lost). After each batch the relay writes it each such run's journal events it has not
-        read for this sink yet (the first time: all of them), then calls ``caught_up(run)``."""
+        state it lost). Before the sink's next flush the relay writes it each such run's journal events
+        it has not read for this sink yet (the first time: all of them), then calls ``caught_up(run)``."""
         return []
 
     def caught_up(self, run: str) -> None:

@@ -26,9 +26,9 @@ those calls and does, once for every tracker, what each would otherwise rebuild:
   default), so a retried batch, a restarted relay or a second ``relay replay`` adds nothing.
 * **Catch-up.** A hole in a rank's seqs means events did not reach this sink (its queue overflowed
   while the tracker was down, or the tool lost what it held): ``holes()`` names the run until the
-  relay calls ``caught_up(run)``, having written this sink that run's events from the journal after
-  the batch that showed it. A run missed at its end (no later event shows the hole), or while the
-  relay was down, is caught up the same way (``catches_up``): when the sink's process starts and
+  relay calls ``caught_up(run)``, having written this sink that run's events from the journal before
+  its next flush. A run missed at its end (no later event shows the hole), or while the relay was
+  down, is caught up the same way (``catches_up``): when the sink's process starts and
   when the tracker answers again, it feeds the journal's recent runs through ``write``. That is
   relay/sinkhost/catch_up.py, the one reader of the journal for a sink; this class never reads it.
 * **Late params.** A params value older than the one already written (a late catch-up) is skipped.

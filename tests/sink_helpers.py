@@ -197,9 +197,9 @@ def finish_ranks(procs: list[subprocess.Popen], timeout: float = 300) -> None:
 def drive(sink: Any, batches: list[list[dict[str, Any]]], journal: Path | None = None, *,
           deadletters: Path | None = None, fault: Any = None) -> Any:
     """Open ``sink`` as a sink process would and drive it as the process does (relay/sinkhost/driver.py):
-    ``batches`` written, each followed (with a ``journal``) by what the journal holds of the runs the
-    sink then names in ``holes()`` (relay/sinkhost/catch_up.py), refusals dead-lettered (to
-    ``deadletters``), flushed, closed. A transient failure fails the test (none is retried here).
+    ``batches`` written, refusals dead-lettered (to ``deadletters``), flushed (with a ``journal``, each
+    flush after what it holds of the runs the sink names in ``holes()``: relay/sinkhost/catch_up.py),
+    closed. A transient failure fails the test (none is retried here).
     Returns the sink, for its counters."""
     from relay.journal.deadletter import DeadLetters
     from relay.sinkhost.catch_up import CatchUp
@@ -209,13 +209,12 @@ def drive(sink: Any, batches: list[list[dict[str, Any]]], journal: Path | None =
     sink.open(SinkContext(journal=journal))
     driver = SinkDriver(sink.name, sink, DeadLetters(deadletters) if deadletters else None,
                         wait=lambda seconds: seconds <= 0, fault=fault)
-    catch_up = CatchUp(str(journal), sink.name) if journal else None
+    read = CatchUp(str(journal), sink.name).run_batches if journal else None
     try:
         for batch in batches:
             assert driver.write(batch), f"sink {sink.name} failed: {driver.last_error}"
-            if catch_up is not None:
-                assert driver.fill_holes(catch_up.run_batches), f"sink {sink.name} failed: {driver.last_error}"
-            driver.after_batch(idle=False)
+            driver.after_batch(idle=False, read=read)
+        assert read is None or driver.fill_holes(read), f"sink {sink.name} failed: {driver.last_error}"
         assert driver.flush(), f"sink {sink.name} failed to flush: {driver.last_error}"
     finally:
         driver.close()

@@ -156,7 +156,7 @@ def test_failed_run_and_custom_metrics_without_a_step(db) -> None:
 
 def test_gaps_are_filled_from_the_journal(db, tmp_path: Path) -> None:
     """Batches the relay dropped for this sink are in the journal: the hole in the seqs is noticed
-    and the sink's process fills it from there after the batch."""
+    and the sink's process fills it from there before its next flush."""
     uri, journal = db(), tmp_path / "logs"
     journal.mkdir()
     events = training_events("job-gap")

@@ -6,7 +6,7 @@ So the sink's process (relay/sinkhost/child.py), for a sink whose ``catches_up``
 journal back through ``write()`` itself, in two ways. A *pass* reads the recent journal from where
 the previous pass stopped: when the process starts (a finished run sends nothing more that would
 show a hole), whenever its tracker answers after failing, and when its own queue dropped events.
-A *run's read* (``run_batches``) follows a batch after which the sink names the run in ``holes()``
+A *run's read* (``run_batches``) comes before a flush, for each run the sink names in ``holes()``
 (batches the relay dropped for it, state the tool lost): that run's events this process has not
 read yet, the first time all of them. The sink skips what it already applied (its ``(rank, seq)``
 spans), so only what it lacks is written.

@@ -75,7 +75,7 @@ CLOSE_AT_LEAST = 0.5  # seconds a sink gets to close after a drain that took all
 class SinkWriter:
     """The sink, fed by a bounded BatchWorker and written by a SinkDriver (relay/sinkhost/driver.py:
     retries, dead letters, flushes, counters); and, with ``catch_up``, passes over the journal
-    (relay/sinkhost/catch_up.py) on the same thread, in turn, and after each batch the journal's
+    (relay/sinkhost/catch_up.py) on the same thread, in turn, and before each flush the journal's
     events of the runs the sink names in ``holes()``."""
 
     def __init__(self, name: str, sink: Sink, max_events: int, deadletters: DeadLetters | None,
@@ -126,12 +126,10 @@ class SinkWriter:
         return self.driver.write(batch)
 
     def _after(self, idle: bool) -> None:
-        if self.catch_up is not None:
-            try:
-                self.driver.fill_holes(self.catch_up.run_batches)
-            except OSError as exc:  # the run's hole stays named: the next batch tries again
-                self._unreadable(exc)
-        self.driver.after_batch(idle)
+        try:
+            self.driver.after_batch(idle, None if self.catch_up is None else self.catch_up.run_batches)
+        except OSError as exc:  # the run's hole stays named: the next flush tries again
+            self._unreadable(exc)
 
     def _unreadable(self, exc: OSError) -> None:
         self.driver.errors += 1

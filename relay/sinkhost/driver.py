@@ -104,16 +104,22 @@ class SinkDriver:
         False when ``wait`` gave up first (shutting down: the run stays named, and the sink's next
         process finds the hole in its saved spans)."""
         for run in self.sink.holes():
+            events = 0
             for batch in read(run):
                 if batch and not self.write(batch, caught_up=True):
                     return False
+                events += len(batch)
             self.sink.caught_up(run)
+            log.info("sink %s: run %s caught up from the journal (%d events read, what it had already applied "
+                     "skipped)", self.name, run, events)
         return True
 
-    def after_batch(self, idle: bool) -> None:
-        """Flush when nothing is waiting (``idle``) or ``flush_every`` has passed."""
+    def after_batch(self, idle: bool, read: Callable[[str], Iterable[Batch]] | None = None) -> None:
+        """Flush when nothing is waiting (``idle``) or ``flush_every`` has passed; with ``read``, first
+        fill the sink's holes from it (``fill_holes``)."""
         if idle or self._clock() >= self._next_flush:
-            self.flush()
+            if read is None or self.fill_holes(read):
+                self.flush()
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         """``sink.flush(timeout)``; False (counted, logged) when it failed or did not complete: the
