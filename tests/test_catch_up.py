@@ -54,7 +54,7 @@ def fed(sink: Steps, catch_up: CatchUp, *batches: list[dict]) -> dict[str, Any]:
     return writer.stats()
 
 
-def test_a_run_the_sink_names_in_holes_is_written_from_the_journal_after_the_batch(tmp_path: Path) -> None:
+def test_a_run_the_sink_names_in_holes_is_written_from_the_journal_before_its_next_flush(tmp_path: Path) -> None:
     journal, ev = tmp_path / "logs", Events("r", world_size=1)
     journal.mkdir()
     events = [ev(0, "metrics", {"loss": 1 / s}, step=s, stage="train") for s in range(1, 15)]
