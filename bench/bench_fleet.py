@@ -25,7 +25,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import psutil
+
 from bench import bench_forward
+from bench.bench_consume import cpu_seconds
 from bench.bench_ingest import _timed_feed
 from bench.common import RelayRun, Section, alternate_many, cli
 from relay.journal.journal import Journal
@@ -34,6 +37,7 @@ BARE, WITH = "node relay ingest, no sink", "node relay ingest, nats sink attache
 TO_JS = "publishers -> node relay -> nats sink -> JetStream R3 (all acked)"
 RAW = "nats-py alone: the same chunks -> JetStream R3"
 FORWARD = "forward two hops: publishers -> node relay -> central journal"
+RELAY_CPU, SINK_CPU, SERVERS_CPU = "node relay CPU us/event", "nats sink CPU us/event", "servers CPU us/event"
 CHUNK = 1000
 NATS_NICE = 10  # the servers run beside the relay here; in a fleet they are other machines: they yield the CPU
 INFLIGHT = 16
@@ -43,15 +47,18 @@ def _bare(work: Path, publishers: int, total: int) -> dict[str, float]:
     journal = work / f"bare-{time.monotonic_ns()}.jsonl"
     relay = RelayRun(work / "bare", ["--path", str(journal)])
     try:
-        return {"events/s": total / _timed_feed("dealer", relay.address, journal.stem, publishers, total, journal,
-                                                relay.check_alive)}
+        cpu = cpu_seconds([relay.pid])
+        seconds = _timed_feed("dealer", relay.address, journal.stem, publishers, total, journal, relay.check_alive)
+        return {"events/s": total / seconds, RELAY_CPU: (cpu_seconds([relay.pid]) - cpu) / total * 1e6}
     finally:
         relay.stop()
 
 
-def _with_nats(work: Path, urls: str, publishers: int, total: int, journals: list[Path]) -> dict[str, float]:
-    """Ingest with the sink attached, then on until JetStream acknowledged every line; and raw nats-py on
-    the journal this round wrote."""
+def _with_nats(work: Path, urls: str, servers: Callable[[], float], publishers: int, total: int,
+               journals: list[Path]) -> dict[str, float]:
+    """Ingest with the sink attached, then on until JetStream acknowledged every line (and the CPU
+    time the relay, its sink's process and the servers took meanwhile); and raw nats-py on the
+    journal this round wrote."""
     n = time.monotonic_ns()
     journal = work / f"nats-{n}.jsonl"
     relay = RelayRun(work / "nats", ["--path", str(journal), "--stats-interval", "0.1", "--sink", "nats",
@@ -65,16 +72,21 @@ def _with_nats(work: Path, urls: str, publishers: int, total: int, journals: lis
                 raise RuntimeError(f"the nats sink did not connect in 60 s: {relay.log_tail()}")
             relay.check_alive()
             time.sleep(0.02)
+        sink = [child.pid for child in psutil.Process(relay.pid).children(recursive=True)]
+        cpu = [cpu_seconds([relay.pid]), cpu_seconds(sink), servers()]
         ingest = _timed_feed("dealer", relay.address, journal.stem, publishers, total, journal, relay.check_alive)
         ingested = time.perf_counter()
         stored = asyncio.run(_stored(urls, f"B{n}", f"bench.r{n}.*.node.{journal.stem}", journal.stat().st_size,
                                      relay.check_alive))
         to_js = ingest + stored - ingested  # from the publishers' release, as ingest
+        cpu = [(after - before) / total * 1e6 for before, after in
+               zip(cpu, [cpu_seconds([relay.pid]), cpu_seconds(sink), servers()])]
     finally:
         relay.stop()
     journals.append(journal)
     return {"events/s": total / ingest, "to JetStream events/s": total / to_js,
-            "raw events/s": _raw(urls, journal, f"R{n}", f"raw.r{n}")}
+            "raw events/s": _raw(urls, journal, f"R{n}", f"raw.r{n}"), RELAY_CPU: cpu[0], SINK_CPU: cpu[1],
+            SERVERS_CPU: cpu[2]}
 
 
 async def _stored(urls: str, stream: str, subject: str, size: int, alive: Callable[[], None]) -> float:
@@ -149,9 +161,11 @@ def run(quick: bool = False) -> Section:
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         work = Path(tmp)
         with NatsCluster(work / "nats", nice=NATS_NICE, sync="always") as cluster:
+            def servers() -> float:
+                return cpu_seconds([proc.pid for proc in cluster.procs if proc is not None])
             samples = alternate_many({
                 BARE: lambda: _bare(work / "bare", publishers, total),
-                WITH: lambda: _with_nats(work / "with", cluster.urls, publishers, total, journals),
+                WITH: lambda: _with_nats(work / "with", cluster.urls, servers, publishers, total, journals),
                 FORWARD: lambda: _forward(work / "forward", publishers, total, []),
             }, rounds)
     bare, with_nats = samples[BARE]["events/s"], samples[WITH]["events/s"]
@@ -161,6 +175,13 @@ def run(quick: bool = False) -> Section:
     to_js.unit = raw.unit = "events/s"
     section.add_table(f"{publishers} publisher processes, {total:,} events (512 per frame), a 3-node cluster on "
                       "this machine", [bare.row(), with_nats.row(bare), to_js.row(raw), raw.row(), forward.row(to_js)])
+    cpu = [samples[BARE][RELAY_CPU], *(samples[WITH][unit] for unit in (RELAY_CPU, SINK_CPU, SERVERS_CPU))]
+    for sample, name in zip(cpu, ("the node relay, no sink (over its ingest)", "the node relay, nats sink attached",
+                                  "the nats sink's process", "the three servers")):
+        sample.name = name
+    section.add_table("CPU time per event: the node relay's process over its ingest (no sink), and, with the nats "
+                      "sink attached, the relay's, the sink's process's and the three servers' from the release "
+                      "until JetStream holds every line", [cpu[0].row(), cpu[1].row(cpu[0]), cpu[2].row(), cpu[3].row()])
     slower = 1 - with_nats.median / bare.median
     section.target("node relay ingest with the nats sink attached at most 10% slower (same-run medians)",
                    slower, 0.10, False, f"{slower:+.1%}")
