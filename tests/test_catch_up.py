@@ -5,17 +5,20 @@ trackers read back through their own API."""
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 from conftest import wait_for
+from relay.journal.deadletter import DeadLetters
 from relay.sinkhost.catch_up import CatchUp
 from relay.sinkhost.child import SinkWriter
 from relay.wire.lines import encode_line
 from sink_helpers import Events, finish_ranks as finish, start_rank
 from sink_readback import check_aim as check_aim_run, read_repo
+from sinks.base import PermanentError
 from sinks.tracker_base import TrackerSink
 from test_sink_tensorboard import check_training_run as check_tb_run
 from test_sink_tensorboard import read_logdir
@@ -44,9 +47,18 @@ class Steps(TrackerSink):
     def finish_run(self, run: str, status: str) -> None: ...  # noqa: E704
 
 
-def fed(sink: Steps, catch_up: CatchUp, *batches: list[dict]) -> dict[str, Any]:
+class Refuses(Steps):
+    """Steps that refuses step 5 for good (as W&B refuses a metric named ``_step``)."""
+
+    def log_metrics(self, run, rank, step, epoch, context, values, ts) -> None:
+        if step == 5:
+            raise PermanentError("step 5: refused for good")
+        super().log_metrics(run, rank, step, epoch, context, values, ts)
+
+
+def fed(sink: Steps, catch_up: CatchUp, *batches: list[dict], deadletters: Path | None = None) -> dict[str, Any]:
     """``batches`` through the writer of a sink's process (its queue, driver and catch-up), drained."""
-    writer = SinkWriter(sink.name, sink, 1000, None, catch_up)
+    writer = SinkWriter(sink.name, sink, 1000, DeadLetters(deadletters) if deadletters else None, catch_up)
     writer.start()
     for batch in batches:
         writer.submit(batch)
@@ -75,6 +87,29 @@ def test_a_run_the_sink_names_in_holes_is_written_from_the_journal_before_its_ne
     again = Steps(tmp_path / "state.json")
     stats = fed(again, CatchUp(f"{journal}/", "steps"), events[13:])
     assert again.steps == [] and stats["caught_up"] == 12 and again.holes() == []
+
+
+def test_an_event_refused_in_the_middle_of_a_run_is_dead_lettered_once_whoever_reads_the_run_again(
+        tmp_path: Path) -> None:
+    journal, dead, ev = tmp_path / "logs", tmp_path / "dead.jsonl", Events("r", world_size=1)
+    journal.mkdir()
+    events = [ev(0, "metrics", {"loss": 1 / s}, step=s, stage="train") for s in range(1, 11)]
+    (journal / "r.jsonl").write_bytes(b"".join(encode_line(e) for e in events[:8]))
+    # Step 5 refused live leaves a hole in the sink's spans: its run is read back before the next flush.
+    sink = Refuses(tmp_path / "state.json")
+    stats = fed(sink, CatchUp(f"{journal}/", "steps"), events[:8], deadletters=dead)
+    assert set(sink.steps) == {1, 2, 3, 4, 6, 7, 8} and sink.holes() == []  # (a set: a failed batch is retried)
+    assert (stats["dead_lettered"], stats["written"], stats["caught_up"]) == (1, 7, 7)
+    assert [json.loads(line)["event"]["step"] for line in dead.read_text().splitlines()] == [5]
+    # The sink's next process finds the hole in its saved spans and reads the run whole: step 5 is in the
+    # dead-letter file already, so it is not refused, kept or counted again; step 9, which the relay
+    # dropped for it (neither applied nor dead-lettered), is written.
+    with open(journal / "r.jsonl", "ab") as fh:
+        fh.write(b"".join(encode_line(e) for e in events[8:]))
+    again = Refuses(tmp_path / "state.json")
+    stats = fed(again, CatchUp(f"{journal}/", "steps"), events[9:], deadletters=dead)
+    assert set(again.steps) == {9, 10} and again.holes() == []
+    assert (stats["dead_lettered"], len(dead.read_text().splitlines())) == (0, 1)
 
 
 def wait_stats(journal: Path, name: str, ok: Any, timeout: float, relay: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import pytest
 from conftest import line_count, read_jsonl, wait_for
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
+from relay.sinkhost.catch_up import CatchUp
 from relay.sinkhost.child import SinkSpec, build_sink
 from relay.sinkhost.driver import SinkDriver
 from relay.sinkhost.replay import ReplayResult, replay_files
@@ -343,8 +344,8 @@ def poisoned(t: Target) -> tuple[list[dict], dict, Callable | None]:
     ev = Events("job-dl")
     ev.seqs = {0: max(e["seq"] for e in events if e["rank"] == 0) + 1}
     bad = t.refused(ev) if t.refused else ev(0, "metrics", {"poison": 1.0}, step=2, stage="train")
-    def fault(batch: list[dict]) -> None:
-        if any(e is bad for e in batch):
+    def fault(batch: list[dict]) -> None:  # by (rank, seq): the event read back from the journal too
+        if any((e["rank"], e["seq"]) == (bad["rank"], bad["seq"]) for e in batch):
             raise PermanentError("poison: refused for good")
     return events[:12] + [bad] + events[12:], bad, None if t.refused else fault
 
@@ -360,6 +361,13 @@ def test_a_permanent_error_is_dead_lettered_and_the_rest_written(workspace, tmp_
     sink.open(SinkContext(journal=journal / "job-dl.jsonl"))
     driver = SinkDriver(name, sink, DeadLetters(tmp_path / "dead.jsonl"), wait=lambda s: s <= 0, fault=fault)
     assert driver.write(events[:20]) and driver.write(events[20:]), driver.last_error
+    if sink.catches_up:  # the run read back from the journal, refused event and all, as the sink's process
+        # does (a hole's read, a pass), then by the driver of a later process (the same dead-letter file)
+        later = SinkDriver(name, sink, DeadLetters(tmp_path / "dead.jsonl"), wait=lambda s: s <= 0, fault=fault)
+        for again in (driver, later):
+            assert all(again.write(batch, caught_up=True)
+                       for batch in CatchUp(f"{journal}/", name).run_batches("job-dl")), again.last_error
+        assert (later.dead_lettered, driver.caught_up, later.caught_up) == (0, len(events) - 1, len(events) - 1)
     driver.finish()
     assert (driver.dead_lettered, driver.deadletter_overflow, driver.written) == (1, 0, len(events) - 1)
     (kept,) = [json.loads(line) for line in (tmp_path / "dead.jsonl").read_text().splitlines()]

@@ -3,7 +3,9 @@
 The relay's own file holds rejected frames: a malformed frame is never silently thrown away, it is
 counted by reason and its first bytes are kept here for inspection. Each sink but the journal has
 one too, for the events it refused for good (``sinks.base.PermanentError``), each with its journal
-line. Once a file reaches its bound, further entries are only counted.
+line. Once a file reaches its bound, further entries are only counted. A sink's file is also the
+record of what it refused: its next process reads it (``refused_events``) so that reading a run back
+from the journal does not dead-letter an event a second time.
 """
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ import orjson
 log = logging.getLogger(__name__)
 
 KEEP_BYTES = 64 << 10
+
+#: An event as the dead-letter file names it: (run, rank, seq), unique in a journal.
+EventKey = tuple[str, int, int]
 
 
 class DeadLetters:
@@ -42,6 +47,25 @@ class DeadLetters:
         head = orjson.dumps({"ts": time.time(), "reason": reason, "detail": detail[:1024]})
         return self._keep(head[:-1] + b',"event":' + line.rstrip(b"\n") + b"}\n")
 
+    def refused_events(self) -> set[EventKey]:
+        """The (run, rank, seq) of every event this file holds (``add_event``). A line it cannot read
+        (cut by a kill) names nothing: that event is refused and kept again, never skipped unkept."""
+        keys: set[EventKey] = set()
+        try:
+            with open(self.path, "rb") as fh:
+                for line in fh:
+                    try:
+                        key = event_key(orjson.loads(line).get("event"))
+                    except (orjson.JSONDecodeError, AttributeError):
+                        continue
+                    if key is not None:
+                        keys.add(key)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # what it holds is refused and kept again: counted twice, never lost
+            log.warning("cannot read dead letters in %s: %s", self.path, exc.strerror)
+        return keys
+
     def _keep(self, line: bytes) -> bool:
         try:
             if self._fd is None:
@@ -60,3 +84,13 @@ class DeadLetters:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def event_key(event: object) -> EventKey | None:
+    """``event``'s (run, rank, seq); None for what has no such key."""
+    if not isinstance(event, dict):
+        return None
+    run, rank, seq = event.get("run"), event.get("rank"), event.get("seq")
+    if type(run) is str and type(rank) is int and type(seq) is int:
+        return run, rank, seq
+    return None

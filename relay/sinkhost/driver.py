@@ -4,10 +4,12 @@
 A batch that raises is retried, whole and in order, with backoff (``BACKOFF_START`` doubling to
 ``BACKOFF_MAX``); one that raises ``PermanentError`` is narrowed down by halves to the events that
 fail on their own, which go to the dead-letter file with the error's message, and the rest is
-written. ``flush()`` follows a batch that leaves nothing waiting, and comes at least every
-``flush_every`` seconds under steady load; ``finish()`` flushes and closes. Each flush and close
-gets a deadline, and a sink's answer that it did not complete in time is counted and logged
-(``incomplete_flushes``, ``incomplete_closes``); a close that overruns its deadline is left
+written. Each refused event is dead-lettered once: a catch-up, which reads a run back from the
+journal refused events and all, leaves out what this driver or its dead-letter file (an earlier
+process's) already holds. ``flush()`` follows a batch that leaves nothing waiting, and comes at
+least every ``flush_every`` seconds under steady load; ``finish()`` flushes and closes. Each flush
+and close gets a deadline, and a sink's answer that it did not complete in time is counted and
+logged (``incomplete_flushes``, ``incomplete_closes``); a close that overruns its deadline is left
 running on its own thread. Waiting and the clock are the caller's (``wait``, ``clock``), so the
 state machine runs in tests without sleeping.
 """
@@ -18,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Sequence
 
-from relay.journal.deadletter import DeadLetters
+from relay.journal.deadletter import DeadLetters, EventKey, event_key
 from relay.wire.lines import encode_line
 from sinks.base import CLOSE_TIMEOUT, PermanentError, Sink
 from sinks.events import as_events
@@ -83,6 +85,8 @@ class SinkDriver:
         self._next_flush = clock() + flush_every
         self._on_recovered = on_recovered
         self._fault = fault
+        #: events dead-lettered already (by an earlier process too): a catch-up does not refuse them again
+        self._refused: set[EventKey] = set() if deadletters is None else deadletters.refused_events()
 
     def stats(self) -> dict[str, Any]:
         """Counters, plus the sink's own ``counters`` mapping if it keeps one."""
@@ -94,9 +98,12 @@ class SinkDriver:
 
     def write(self, batch: Batch, caught_up: bool = False) -> bool:
         """Write ``batch`` (a catch-up pass's with ``caught_up``), retrying transient errors with
-        backoff; False when ``wait`` gave up first."""
+        backoff; False when ``wait`` gave up first. A catch-up's events already dead-lettered are
+        left out: the sink refused them for good, and the dead-letter file holds them once."""
         self.resolved = 0
-        return self._deliver(batch, caught_up)
+        if caught_up and self._refused:
+            batch = [event for event in batch if event_key(event) not in self._refused]
+        return not batch or self._deliver(batch, caught_up)
 
     def fill_holes(self, read: Callable[[str], Iterable[Batch]]) -> bool:
         """For each run the sink names in ``holes()``, write it (as a catch-up) every batch ``read(run)``
@@ -209,6 +216,9 @@ class SinkDriver:
                 return True
 
     def _dead_letter(self, event: dict[str, Any], exc: PermanentError) -> None:
+        key = event_key(event)
+        if key is not None:
+            self._refused.add(key)
         self.dead_lettered += 1
         self.resolved += 1
         detail = str(exc) or type(exc).__name__
