@@ -264,7 +264,8 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
     record of every write and flush, with the time, to --slow-file) and ``runsonly`` (``wants_events``
     False: appends each stand-in it gets to --runs-file) and ``failopen`` (its ``open()`` raises SinkError
     while --failopen-file does not exist, then appends to it) and ``hangopen`` (its ``open()`` waits until
---hangopen-file exists, as a tracker's first set-up can take minutes)."""
+--hangopen-file exists, as a tracker's first set-up can take minutes) and ``unclosed`` (appends to
+--unclosed-file, and its ``close()`` says it did not complete)."""
     site = tmp_path / "plugins"
     (site / "throwaway_sinks-0.1.dist-info").mkdir(parents=True)
     (site / "throwaway_sinks-0.1.dist-info" / "METADATA").write_text(
@@ -273,7 +274,7 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
         "[metrics_relay.sinks]\nexplode = throwaway_sinks:Explode\ncollect = throwaway_sinks:Collect\n"
         "crashonce = throwaway_sinks:CrashOnce\nrefuse = throwaway_sinks:Refuse\nflaky = throwaway_sinks:Flaky\n"
         "slowflush = throwaway_sinks:SlowFlush\nrunsonly = throwaway_sinks:RunsOnly\nfailopen = throwaway_sinks:FailOpen\n"
-        "hangopen = throwaway_sinks:HangOpen\n")
+        "hangopen = throwaway_sinks:HangOpen\nunclosed = throwaway_sinks:Unclosed\n")
     (site / "throwaway_sinks.py").write_text('''
 import click, json, os, time
 from sinks.base import PermanentError, Sink, SinkError
@@ -388,5 +389,16 @@ class HangOpen(FailOpen):
         while not os.path.exists(self.gate):
             time.sleep(0.05)
         super().open(context)
+
+class Unclosed(Collect):
+    name = "unclosed"
+    @classmethod
+    def options(cls):
+        return [click.Option(["--unclosed-file"], default="unclosed.jsonl")]
+    def __init__(self, unclosed_file):
+        super().__init__(unclosed_file)
+    def close(self, timeout=30.0):
+        super().close(timeout)
+        return False
 ''')
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))

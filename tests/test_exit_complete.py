@@ -52,6 +52,21 @@ def test_a_sink_still_opening_at_shutdown_is_named_with_what_it_lacks_and_the_co
     assert len(read_jsonl(gate)) == 2 * len(events), "hangopen, a plain sink, takes what it is given"
 
 
+def test_a_sink_whose_close_did_not_complete_is_named_at_shutdown_and_counted(relays, tmp_path):
+    journal, out = tmp_path / "j.jsonl", tmp_path / "u.jsonl"
+    relay = relays(["--sink", "unclosed", "--path", str(journal), "--unclosed-file", str(out)],
+                   env=plugin_env(tmp_path))
+    finish(start_publisher(relay.address, "shut", 0, 50))
+    wait_for(lambda: "sink unclosed open (pid" in relay.log.read_text(), 120, "the unclosed sink open")
+    assert relay.stop() == 0
+    stats = json.loads(Journal(journal).sidecar("_stats.json").read_text())
+    sink = stats["sinks"]["unclosed"]
+    assert (sink["complete"], sink["incomplete_closes"], sink["dropped"]) == (False, 1, 0), sink
+    assert stats["behind"] == {"unclosed": 0} and len(read_jsonl(out)) == len(read_jsonl(journal))
+    assert (f"sinks not complete at shutdown: unclosed's close did not complete; the journal has every event: "
+            f"complete them with: relay replay {journal} --sink unclosed --unclosed-file {out}") in relay.log.read_text()
+
+
 def test_the_job_waits_for_its_trackers_and_says_which_lack_what_and_how_to_complete_them(tmp_path, monkeypatch,
                                                                                         caplog):
     env = plugin_env(tmp_path)

@@ -21,7 +21,7 @@ from relay.daemon.cross_rank import Cluster, ClusterConfig
 from relay.daemon.run_health import RunHealth
 from relay.metrics import relay_collector
 from relay.metrics.relay_collector import RelayCollector
-from relay.metrics.table import TABLE
+from relay.metrics.table import TABLE, Families
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="the [prometheus] extra is not installed")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -56,6 +56,15 @@ def check_against_table(families: dict) -> None:
         assert (family.type, family.documentation) == (spec.type, spec.help), name
         for sample in family.samples:
             assert set(sample.labels) == set(spec.labels), (name, sample.labels)
+
+
+def test_a_sinks_flushes_and_closes_that_did_not_complete_are_exported() -> None:
+    out = Families()
+    relay_collector.relay_figures(out, {"sinks": {"aim": {"written": 5, "incomplete_flushes": 3,
+                                                          "incomplete_closes": 1}}}, 0)
+    samples = {sample.name: sample.value for family in out.all() for sample in family.samples
+               if sample.labels == {"sink": "aim"}}
+    assert samples["relay_sink_incomplete_flushes_total"] == 3 and samples["relay_sink_incomplete_closes_total"] == 1
 
 
 def test_a_scrape_follows_the_table_and_the_journal(relays, tmp_path: Path) -> None:

@@ -202,10 +202,18 @@ class EmbeddedRelay:
         command = [relay_executable(), *stats["replay"][1:]]
         if run is not None:
             command[3:3] = ["--run", run]
-        which = ", ".join(f"{name} lacks {count:,} events" if count else f"{name} did not finish"
-                          for name, count in lacks.items())
+        which = ", ".join(_shortfall(name, count, stats.get("sinks", {}).get(name, {})) for name, count in lacks.items())
         log.warning("trackers not complete after %.0f s: %s; the journal has every event: complete them with: %s",
                     waited, which, shlex.join(command))
+
+
+def _shortfall(name: str, count: int, stats: dict[str, Any]) -> str:
+    """What a tracker not complete lacks, in the relay's words (relay/sinkhost/behind.py's shortfall:
+    the relay's side, which the training side does not import)."""
+    said = [f"{name} lacks {count:,} events"] if count else []
+    if stats.get("incomplete_closes"):
+        said.append("its close did not complete" if said else f"{name}'s close did not complete")
+    return " and ".join(said) or f"{name} did not finish"
 
 
 def relay_executable() -> str:

@@ -55,7 +55,7 @@ class Shutdown:
         snap = self.snapshot(stats_window, final=True)
         snap.update(self._lacking(snap["sinks"]))
         if snap["behind"]:
-            log.error("%s", behind.report(snap["behind"], snap["replay"]))
+            log.error("%s", behind.report(snap["behind"], snap["replay"], snap["sinks"]))
         log_stats(snap, final=True)
         write_stats(self.stats_path, snap)
 

@@ -79,6 +79,10 @@ TABLE: dict[str, Spec] = {
     "relay_sink_caught_up_events_total": Spec("counter", _SINK, "Events the sink read back from the journal "
                                                                 "to catch up."),
     "relay_sink_catch_up_passes_total": Spec("counter", _SINK, "Catch-up passes the sink made over the journal."),
+    "relay_sink_incomplete_flushes_total": Spec("counter", _SINK, "Flushes the sink said did not complete within "
+                                                                   "their deadline."),
+    "relay_sink_incomplete_closes_total": Spec("counter", _SINK, "Closes the sink said did not complete within "
+                                                                 "their deadline, or that overran it."),
     # -- the fleet tier (relay consume) ---------------------------------------------------------------
     "relay_fleet_partition_holder": Spec("gauge", ("partition", "holder"), "1 for each partition's lease holder "
                                                                            "as this relay last read it."),

@@ -74,9 +74,18 @@ def replay_command(journal: Path | str, specs: Sequence[SinkSpec], names: Sequen
     return command
 
 
-def report(lacks: Mapping[str, int], command: Sequence[str]) -> str:
-    """One line: which sinks lack how many events, and the command that completes them."""
-    which = ", ".join(f"{name} lacks {count:,} events" if count else f"{name} did not finish"
-                      for name, count in lacks.items())
+def shortfall(name: str, count: int, stats: Mapping[str, Any]) -> str:
+    """What a sink not complete lacks: ``mlflow lacks 1,234 events``, ``aim's close did not complete``
+    (what it wrote may not be durable: ``incomplete_closes``), both, or ``wandb did not finish``."""
+    said = [f"{name} lacks {count:,} events"] if count else []
+    if stats.get("incomplete_closes"):
+        said.append("its close did not complete" if said else f"{name}'s close did not complete")
+    return " and ".join(said) or f"{name} did not finish"
+
+
+def report(lacks: Mapping[str, int], command: Sequence[str], sinks: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line: which sinks lack how many events (``sinks``: their stats), and the command that
+    completes them."""
+    which = ", ".join(shortfall(name, count, sinks.get(name, {})) for name, count in lacks.items())
     return f"sinks not complete at shutdown: {which}; the journal has every event: complete them with: " \
            f"{shlex.join(command)}"

@@ -172,7 +172,8 @@ class SinkProcess:
         """Hand the child what is queued and let it drain, all within ``timeout`` seconds. A child still
         opening its sink then, or still draining, is stopped: it would die with the relay anyway
         (relay/sinkhost/lifeline.py). What it had not applied counts as dropped (``stats()``), and
-        ``complete`` says whether it applied everything; the journal holds the rest
+        ``complete`` says whether it applied everything and its close completed (a close that did
+        not, ``incomplete_closes``, may leave what it wrote not durable); the journal holds the rest
         (relay/sinkhost/behind.py says what is missing and the command that completes it)."""
         deadline = time.monotonic() + timeout
         self._worker.stop(timeout)
@@ -204,7 +205,8 @@ class SinkProcess:
         if left:
             log.error("sink %s: %d events not handed over at shutdown (they are in the journal: use relay "
                       "replay)", self.name, left)
-        self.complete = exited and self.stats()["dropped"] == 0
+        stats = self.stats()
+        self.complete = exited and stats["dropped"] == 0 and stats["incomplete_closes"] == 0
 
     def _lag(self, queued: int) -> float:
         """Seconds since the oldest event still queued was handed over, to the sampling period: at
