@@ -15,6 +15,8 @@ from pathlib import Path
 from conftest import ROOT, finish, plugin_env, read_jsonl, start_publisher, wait_for
 from relay.client.publisher import Publisher
 from relay.journal.journal import Journal
+from relay.sinkhost import behind
+from trainer import embedded
 from trainer.embedded import EmbeddedRelay
 
 
@@ -65,6 +67,12 @@ def test_a_sink_whose_close_did_not_complete_is_named_at_shutdown_and_counted(re
     assert stats["behind"] == {"unclosed": 0} and len(read_jsonl(out)) == len(read_jsonl(journal))
     assert (f"sinks not complete at shutdown: unclosed's close did not complete; the journal has every event: "
             f"complete them with: relay replay {journal} --sink unclosed --unclosed-file {out}") in relay.log.read_text()
+
+
+def test_the_job_says_what_a_tracker_lacks_in_the_relays_words() -> None:
+    for count, stats in ((1234, {}), (0, {"incomplete_closes": 1}), (1234, {"incomplete_closes": 1}), (0, {})):
+        assert embedded._shortfall("aim", count, stats) == behind.shortfall("aim", count, stats)
+    assert behind.shortfall("aim", 1234, {"incomplete_closes": 1}) == "aim lacks 1,234 events and its close did not complete"
 
 
 def test_the_job_waits_for_its_trackers_and_says_which_lack_what_and_how_to_complete_them(tmp_path, monkeypatch,
