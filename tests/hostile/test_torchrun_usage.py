@@ -34,7 +34,7 @@ def test_error_under_torchrun_is_reported_once(tmp_path: Path, flags: list[str],
     summary = output[output.index("Root Cause (first observed failure):"):]
     assert "rank      : 0 (local_rank: 0)" in summary and f"exitcode  : {status} " in summary, output[-3000:]
     assert f"traceback : {message}" in summary
-    assert "Failures:\n  <NO_OTHER_FAILURES>" in output, "rank 1 is not listed as a failure of its own"
+    assert "Failures:\n  <NO_OTHER_FAILURES>" in output, f"rank 1 is listed as a failure of its own:\n{output[-4000:]}"
     assert output.count(message) == 2  # the ERROR line, and torchrun's summary
     assert "Loading weights" not in output
 
