@@ -2,6 +2,7 @@
 of maps would, and is rejected with the same reasons when it breaks the schema."""
 from __future__ import annotations
 
+import math
 import random
 
 import msgpack
@@ -130,3 +131,72 @@ def test_first_seq_marks_only_gapless_plain_runs() -> None:
     assert first_seq([(0, *row[1:]), (1, 1.0, "stats", None, None, None, {"dropped": 1})]) is None
     assert schema.decode(encoding.encode_frame([{**ENVELOPE, "seq": 0, "ts": 1.0, "type": "metrics", "step": 1,
                                                "epoch": None, "stage": None, "data": {}}])).first_seq is None
+
+
+#: Envelope values the typed path must refuse, or take exactly as the rules do.
+ODD_ENVELOPES = [{"run": "../x"}, {"run": "r" * 129}, {"v": True}, {"v": 1.0}, {"rank": 2 ** 24}, {"rank": -1},
+                 {"world_size": 0}, {"host": "h" * 256}, {"host": "\U0001F600" * 256}, {"host": "\U0001F600" * 257},
+                 {"local_rank": 2 ** 64 - 1}, {"run": "ok-2"}, {"host": b"bytes"}]
+ODD_VALUES = [2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1, -(2 ** 63), math.nan, math.inf, -0.0, 1e300, True, None, "",
+              b"x", msgpack.ExtType(5, b"\x00" * 4), msgpack.Timestamp(1, 0), [1], {"a": 1}, "\U0001F600" * 300]
+
+
+def _random_frame(rng: random.Random) -> bytes:
+    """A compact batch, mostly valid, bent at random: an envelope value, a row cell, a duplicated or a
+    trailing key, or bytes after the frame."""
+    envelope = {**ENVELOPE, **(rng.choice(ODD_ENVELOPES) if rng.random() < 0.2 else {})}
+    rows = _random_rows(rng)
+    for row in rows:
+        if type(row) is list and len(row) == len(ROW) and rng.random() < 0.1:
+            row[rng.randrange(1, len(ROW))] = rng.choice(ODD_VALUES)
+        if type(row) is list and len(row) == len(ROW) and type(row[6]) is dict and rng.random() < 0.1:
+            row[6] = {**row[6], "odd": rng.choice(ODD_VALUES)}
+    pairs = [*envelope.items(), ("events", rows)]
+    if rng.random() < 0.05:
+        pairs.append(rng.choice(pairs[:-1]) if rng.random() < 0.5 else ("run", "../x"))  # a key twice
+    single = rng.random() < 0.1  # floats as float32 (where each fits)
+    frame = bytes((0x80 | len(pairs),)) + b"".join(msgpack.packb(k) + _pack(v, single) for k, v in pairs)
+    return frame + (b"\x00" if rng.random() < 0.02 else b"")
+
+
+def _pack(value: object, single: bool) -> bytes:
+    try:
+        return msgpack.packb(value, use_single_float=single)
+    except OverflowError:
+        return msgpack.packb(value)
+
+
+def test_the_typed_path_takes_only_what_the_rules_take_as_the_same_values() -> None:
+    """A compact batch of flat data is decoded and checked in C (schema._typed_batch); it must take
+    only what the rules take, as the same events (values and their types), first seq and derive; what
+    it leaves, the rules judge."""
+    rng = random.Random(2812)
+    outcomes = {"typed": 0, "rules took": 0, "refused": 0}
+    for _ in range(3000):
+        frame = _random_frame(rng)
+        typed = schema._typed_batch(frame)
+        saved, schema._typed_batch = schema._typed_batch, lambda frame: None  # the rules alone
+        try:
+            expected: schema.Frame | None = schema.decode(frame)
+        except schema.FrameError:
+            expected = None
+        finally:
+            schema._typed_batch = saved
+        if typed is None:
+            outcomes["refused" if expected is None else "rules took"] += 1
+            continue
+        outcomes["typed"] += 1
+        assert expected is not None, frame
+        assert typed[1:] == expected[1:] and _same(typed.events, expected.events), frame
+    assert min(outcomes.values()) > 50, outcomes  # every kind was exercised
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, and of the same types all the way down (1.0 is not 1)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if type(a) is list:
+        return len(a) == len(b) and all(map(_same, a, b))
+    return a == b or (a != a and b != b)

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import re
 from itertools import chain
-from typing import Any, NamedTuple
+from operator import attrgetter, itemgetter
+from typing import Any, Callable, NamedTuple
 
 import msgpack
+import msgspec
 
-from relay.wire.rules import Rule, Rules
+from relay.wire.rules import Field, Rule, Rules, fields_of, remembering
+from relay.wire.typed_rules import rows_of, typed
 from sinks.events import ENVELOPE_KINDS, EVENT_TYPES, ROW_KINDS
 
 SCHEMA_VERSION = 1
@@ -89,6 +92,9 @@ def decode(frame: bytes) -> Frame:
     """decode_frame, also saying whether the frame is one gapless run of plain events (see Frame)."""
     if len(frame) > MAX_FRAME_BYTES:
         raise FrameError("oversize", f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    typed_batch = _typed_batch(frame)
+    if typed_batch is not None:
+        return typed_batch
     try:
         obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
     except UnicodeDecodeError as exc:
@@ -136,17 +142,39 @@ def _expand(frame: dict[str, Any]) -> Frame:
 
 def _columns_ok(rows: list[Any]) -> tuple[int, bool] | None:
     """A compact batch's rows checked by column (RULES.columns): None if any rule fails (the caller
-    then finds out which, row by row), else the first seq if the seqs run on without a gap and no
-    row is a hello or stats event (else -1), and whether a row has stage ``rank`` or type ``lifecycle``.
-    """
+    then finds out which, row by row), else ``_taken_whole``'s two answers."""
     columns = RULES.columns(rows)
     if columns is None:
         return None
-    seqs, types, stages = columns[_SEQ], columns[_TYPE], columns[_STAGE]
+    return _taken_whole(list(columns[_SEQ]), columns[_TYPE], columns[_STAGE])
+
+
+def _taken_whole(seqs: list[int], types: Any, stages: Any) -> tuple[int, bool]:
+    """Of a valid compact batch's columns: the first seq if the seqs run on without a gap and no row
+    is a hello or stats event (else -1), and whether a row has stage ``rank`` or type ``lifecycle``."""
     first = seqs[0]
-    if not (_SPECIAL_TYPES.isdisjoint(types) and seqs == tuple(range(first, first + len(seqs)))):
+    if not (_SPECIAL_TYPES.isdisjoint(types) and seqs == list(range(first, first + len(seqs)))):
         first = -1
     return first, "rank" in stages or "lifecycle" in types
+
+
+def _typed_batch(frame: bytes) -> Frame | None:
+    """A compact batch of flat data decoded and checked in C (``TypedBatch``: the rules as msgspec
+    types, relay/wire/typed_rules.py), the run id's pattern once per run; None for any other frame,
+    or one the types refuse, which is not necessarily wrong (nested data): the rules then judge it."""
+    try:
+        batch = _decode_typed(frame)
+    except msgspec.DecodeError:  # (a ValidationError too)
+        return None
+    rows = batch.events
+    if not rows:
+        return None
+    for value_of, passed, accept in _TYPED_ACCEPT:
+        values = value_of(batch)
+        if not values <= passed and not all(map(accept, values)):
+            return None
+    first, derive = _taken_whole(list(map(_ROW_SEQ, rows)), set(map(_ROW_TYPE, rows)), set(map(_ROW_STAGE, rows)))
+    return Frame(RULES.events_of_rows(rows, *_typed_envelope(batch)), first if first >= 0 else None, derive)
 
 
 def rows_pass(rows: list[list[Any]]) -> bool:
@@ -220,6 +248,32 @@ _expand_checked = RULES.row_checks
 _COMPACT_KEYS = frozenset(RULES.envelope + ("events",))  # a compact batch: the envelope once, then rows
 _SEQ, _TYPE, _STAGE = map(RULES.row.index, ("seq", "type", "stage"))
 _SPECIAL_TYPES = frozenset({"hello", "stats"})  # events the relay acts on one by one
+
+_ENVELOPE_FIELDS = fields_of(ENVELOPE_KINDS, KINDS)
+_ROW_RULES = fields_of(ROW_KINDS, KINDS)
+#: A compact batch as msgspec types: the envelope's fields, then its rows as tuples of the row's.
+TypedBatch = msgspec.defstruct(
+    "TypedBatch", [(f.name, typed(f, MAX_NAME_LEN)) for f in _ENVELOPE_FIELDS]
+    + [("events", rows_of(_ROW_RULES, MAX_NAME_LEN))],
+    forbid_unknown_fields=True, gc=False, module=__name__)
+_decode_typed: Callable[[bytes], Any] = msgspec.msgpack.Decoder(TypedBatch).decode
+_typed_envelope = attrgetter(*RULES.envelope)
+_ROW_SEQ, _ROW_TYPE, _ROW_STAGE = itemgetter(_SEQ), itemgetter(_TYPE), itemgetter(_STAGE)
+
+
+def _values_of(field: Field) -> Callable[[Any], set[Any]]:
+    """A typed batch's values of ``field`` (nil left out): the envelope's one, or a row field's column."""
+    nil = {None} if field.nullable else set()
+    if field.name in RULES.envelope:
+        one = attrgetter(field.name)
+        return lambda batch: {one(batch)} - nil
+    column = itemgetter(RULES.row.index(field.name))
+    return lambda batch: set(map(column, batch.events)) - nil
+
+
+#: The rules' ``accept`` tests, which the types leave out: (the field's values, those passed, the test).
+_TYPED_ACCEPT = [(_values_of(f), *remembering(f.rule.accept)) for f in _ENVELOPE_FIELDS + _ROW_RULES
+                 if f.rule.accept is not None]
 
 
 def decode_ack(frame: bytes) -> list[tuple[str, int, int]]:
