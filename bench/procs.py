@@ -22,6 +22,7 @@ import orjson
 import zmq
 
 from relay.wire import auth, encoding
+from relay.wire.lines import encode_lines
 from sinks.events import ENVELOPE, ROW_FIELDS
 
 FRAME_EVENTS = 512  # what a Publisher puts in one frame at most
@@ -38,8 +39,7 @@ def frames(run: str, rank: int, events: int) -> tuple[list[bytes], int]:
     for start in range(0, events, FRAME_EVENTS):
         rows = [(s, time.time(), "metrics", s, 0.5, "train", DATA) for s in range(start, min(start + FRAME_EVENTS, events))]
         out.append(encoding.compact_frame(prefix, [encoding.encode_row(*row) for row in rows]))
-        size += sum(len(orjson.dumps({**envelope, **dict(zip(ROW_FIELDS, row))}, option=orjson.OPT_APPEND_NEWLINE))
-                    for row in rows)
+        size += len(encode_lines([{**envelope, **dict(zip(ROW_FIELDS, row))} for row in rows]))  # as the relay writes
     return out, size
 
 

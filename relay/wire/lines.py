@@ -7,6 +7,7 @@ import operator
 from itertools import groupby
 from typing import Any, Callable, Iterable, NamedTuple, cast
 
+import msgspec
 import orjson
 
 from relay.wire import schema, typed_lines
@@ -46,9 +47,15 @@ def encode_line(event: dict[str, Any]) -> bytes:
     return line
 
 
+#: The ingest's encoder: a whole frame's lines in one C call (msgspec writes a float's exponent
+#: without its '+': 1e16, where orjson writes 1e+16; either reads back as the same number).
+_encode_lines = msgspec.json.Encoder(enc_hook=str).encode_lines
+
+
 def encode_lines(events: list[dict[str, Any]]) -> bytes:
-    """encode_line for a batch of events, joined: one scan for non-finite floats instead of one per event."""
-    chunk = b"".join([orjson.dumps(e, default=str, option=orjson.OPT_APPEND_NEWLINE) for e in events])
+    """encode_line for a batch of events, joined, in one call: one scan for non-finite floats
+    instead of one per event."""
+    chunk = _encode_lines(events)
     if b"null" in chunk:
         return b"".join([encode_line(e) for e in events])
     return chunk
