@@ -15,11 +15,16 @@ events per frame, one rank per publisher process):
 - forward two hops (bench_forward): publishers -> node relay -> forward -> central relay's journal.
 
     python -m bench.bench_fleet [--quick]
+
+With ``BENCH_FLEET_BASELINE=<a checkout of another commit>`` the node relay of that tree's code is
+measured too, with no sink and with the nats sink (a before/after in the same run), instead of
+forward's two hops.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -43,9 +48,9 @@ NATS_NICE = 10  # the servers run beside the relay here; in a fleet they are oth
 INFLIGHT = 16
 
 
-def _bare(work: Path, publishers: int, total: int) -> dict[str, float]:
+def _bare(work: Path, publishers: int, total: int, root: Path | None = None) -> dict[str, float]:
     journal = work / f"bare-{time.monotonic_ns()}.jsonl"
-    relay = RelayRun(work / "bare", ["--path", str(journal)])
+    relay = RelayRun(work / "bare", ["--path", str(journal)], root=root)
     try:
         cpu = cpu_seconds([relay.pid])
         seconds = _timed_feed("dealer", relay.address, journal.stem, publishers, total, journal, relay.check_alive)
@@ -55,7 +60,7 @@ def _bare(work: Path, publishers: int, total: int) -> dict[str, float]:
 
 
 def _with_nats(work: Path, urls: str, servers: Callable[[], float], publishers: int, total: int,
-               journals: list[Path]) -> dict[str, float]:
+               journals: list[Path], root: Path | None = None) -> dict[str, float]:
     """Ingest with the sink attached, then on until JetStream acknowledged every line (and the CPU
     time the relay, its sink's process and the servers took meanwhile); and raw nats-py on the
     journal this round wrote."""
@@ -63,7 +68,7 @@ def _with_nats(work: Path, urls: str, servers: Callable[[], float], publishers: 
     journal = work / f"nats-{n}.jsonl"
     relay = RelayRun(work / "nats", ["--path", str(journal), "--stats-interval", "0.1", "--sink", "nats",
                                      "--nats-url", urls, "--nats-replicas", "3", "--nats-stream", f"B{n}",
-                                     "--nats-prefix", f"bench.r{n}", "--nats-node", "node"])
+                                     "--nats-prefix", f"bench.r{n}", "--nats-node", "node"], root=root)
     stats = Journal(journal).sidecar("_stats.json")
     try:
         deadline = time.monotonic() + 60
@@ -156,6 +161,7 @@ def run(quick: bool = False) -> Section:
     from tests.nats_helpers import NatsCluster
 
     publishers, total, rounds = (2, 6_000, 1) if quick else (4, 200_000, 3)
+    baseline = os.environ.get("BENCH_FLEET_BASELINE")
     section = Section("fleet", "Fleet tier, publishing side: node relay -> nats sink -> JetStream R3")
     journals: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
@@ -163,18 +169,34 @@ def run(quick: bool = False) -> Section:
         with NatsCluster(work / "nats", nice=NATS_NICE, sync="always") as cluster:
             def servers() -> float:
                 return cpu_seconds([proc.pid for proc in cluster.procs if proc is not None])
-            samples = alternate_many({
+            contenders = {
                 BARE: lambda: _bare(work / "bare", publishers, total),
                 WITH: lambda: _with_nats(work / "with", cluster.urls, servers, publishers, total, journals),
                 FORWARD: lambda: _forward(work / "forward", publishers, total, []),
-            }, rounds)
+            }
+            if baseline:  # that tree's node relay, bare and with the sink, instead of forward's two hops
+                base = Path(baseline).resolve()
+                del contenders[FORWARD]
+                contenders[f"{BARE}, the code of {baseline}"] = lambda: _bare(work / "bare", publishers, total, base)
+                contenders[f"{WITH}, the code of {baseline}"] = lambda: _with_nats(
+                    work / "with", cluster.urls, servers, publishers, total, journals, base)
+            samples = alternate_many(contenders, rounds)
     bare, with_nats = samples[BARE]["events/s"], samples[WITH]["events/s"]
     to_js, raw = samples[WITH]["to JetStream events/s"], samples[WITH]["raw events/s"]
-    forward = samples[FORWARD]["events/s"]
     to_js.name, raw.name = TO_JS, RAW
     to_js.unit = raw.unit = "events/s"
+    rows = [bare.row(), with_nats.row(bare), to_js.row(raw), raw.row()]
+    if baseline:
+        base_bare, base_with = (samples[f"{name}, the code of {baseline}"] for name in (BARE, WITH))
+        base_to_js = base_with["to JetStream events/s"]
+        base_to_js.name, base_to_js.unit = f"{TO_JS}, the code of {baseline}", "events/s"
+        rows += [base_bare["events/s"].row(bare), base_with["events/s"].row(base_bare["events/s"]),
+                 base_to_js.row(raw)]
+    else:
+        forward = samples[FORWARD]["events/s"]
+        rows.append(forward.row(to_js))
     section.add_table(f"{publishers} publisher processes, {total:,} events (512 per frame), a 3-node cluster on "
-                      "this machine", [bare.row(), with_nats.row(bare), to_js.row(raw), raw.row(), forward.row(to_js)])
+                      "this machine", rows)
     cpu = [samples[BARE][RELAY_CPU], *(samples[WITH][unit] for unit in (RELAY_CPU, SINK_CPU, SERVERS_CPU))]
     for sample, name in zip(cpu, ("the node relay, no sink (over its ingest)", "the node relay, nats sink attached",
                                   "the nats sink's process", "the three servers")):
@@ -202,7 +224,7 @@ def run(quick: bool = False) -> Section:
                          "nats-py bounds the end-to-end one. End to end through a consuming relay's journal: "
                          "the consume section.")
     section.data = {"bare": bare.values, "with_nats": with_nats.values, "to_jetstream": to_js.values,
-                    "raw": raw.values, "forward": forward.values}
+                    "raw": raw.values, **({} if baseline else {"forward": forward.values})}
     return section
 
 

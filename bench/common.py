@@ -151,7 +151,9 @@ class RelayRun:
     """A real relay subprocess for benchmarks (the same program users run), in its own session so
     stop() can always take it down."""
 
-    def __init__(self, workdir: Path, args: list[str], timeout: float = 60, bind: str | None = None) -> None:
+    def __init__(self, workdir: Path, args: list[str], timeout: float = 60, bind: str | None = None,
+                 root: Path | None = None) -> None:
+        """``root``: the checkout whose relay runs (another commit's, for a before/after); default this one."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.ready = workdir / "ready.json"
         self.ready.unlink(missing_ok=True)
@@ -159,7 +161,8 @@ class RelayRun:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "relay", "--bind", bind or f"tcp://127.0.0.1:{free_port()}",
                                           "--ready-file", str(self.ready), "--log-level", "warning", *args],
-                                         cwd=workdir, stderr=log, start_new_session=True)
+                                         cwd=workdir, stderr=log, start_new_session=True,
+                                         env=None if root is None else {**os.environ, "PYTHONPATH": str(root)})
         deadline = time.monotonic() + timeout
         while not self.ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
