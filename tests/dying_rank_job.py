@@ -9,7 +9,7 @@ at each in turn. ``forward``: inside step STEP's first forward pass; ``backward`
 gradients are computed; ``optimizer``: as the optimizer starts its step; ``between``: as step STEP
 begins, after step STEP - 1 ended. The death is real (SIGKILL, nothing flushed: what rank 1 had not
 sent is lost with it) and its peer is stopped by torchrun's agent as in any failed job. The kill is a
-callback given to ``trainer.sft.main(argv, callbacks=...)``; nothing of it is in the product.
+callback given to ``main(argv, callbacks=...)``; nothing of it is in the product.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trainer.sft import main
+from trainer.__main__ import main
 
 POINTS = ("forward", "backward", "optimizer", "between")
 RANK = 1

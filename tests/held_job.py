@@ -1,4 +1,4 @@
-"""The trainer (``trainer.sft.main``) as torchrun runs it, plus, when ``HELD_JOB_AT`` is set, a callback
+"""The trainer (``python -m trainer``'s ``main``) as torchrun runs it, plus, when ``HELD_JOB_AT`` is set, a callback
 that holds every rank at the beginning of the step after that global step: until the file
 ``HELD_JOB_UNTIL`` exists where that is set, else until the test kills the job. What
 tests/test_resume.py's first attempt is (a job that died after its checkpoint with steps logged past
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from trainer.sft import main
+from trainer.__main__ import main
 
 
 class HoldAt(TrainerCallback):

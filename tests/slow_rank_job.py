@@ -13,7 +13,7 @@ CPU_SECONDS of CPU time (tests/cpu_burn.py): slow after the gradient all-reduce,
 logged its peers wait in the Trainer's loss gather for logging, between steps. ``kill``: rank
 RANK flushes what it published and SIGKILLs itself at the end of step STEP, after the step's
 gradient all-reduce and before it reports the step (its peers report STEP, then block at their next
-collective). The slowness or death is a callback given to ``trainer.sft.main(argv, callbacks=...)``
+collective). The slowness or death is a callback given to ``main(argv, callbacks=...)``
 (called before the relay's own); nothing of it is in the product.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from transformers import TrainerCallback
 
 from cpu_burn import burn
 from trainer import custom_metrics
-from trainer.sft import main
+from trainer.__main__ import main
 
 
 class SlowRank(TrainerCallback):

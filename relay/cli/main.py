@@ -10,6 +10,7 @@ lives in its own module, imported when it runs.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -71,6 +72,7 @@ class _ServeByDefault(click.Group):
             _fail(exc.exit_code, exc.format_message())
         except click.Abort:  # Ctrl-C where a command does not say more itself
             _fail(EXIT_INTERRUPTED, "interrupted")
+        gc.freeze()  # done: the exit need not walk what a sink's library built (relay replay into MLflow: 0.5 CPU-s)
         sys.exit(status if isinstance(status, int) else 0)
 
 
