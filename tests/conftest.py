@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import json
 import os
 import shutil
@@ -59,6 +60,9 @@ def _own_relay_secret(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    # The run is over: the interpreter's exit need not walk the heap of every tracker, torch and
+    # hypothesis the worker imported (2-3 CPU-s a pytest process; docs/development.md).
+    gc.freeze()
     if _own_config not in config.stash:
         return
     shutil.rmtree(config.stash[_own_config], ignore_errors=True)

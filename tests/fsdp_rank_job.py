@@ -15,6 +15,7 @@ real TrainingArguments, TrainerState and TrainerControl; every step is logged.
 """
 from __future__ import annotations
 
+import gc
 import sys
 from types import SimpleNamespace
 
@@ -103,3 +104,4 @@ def main(address: str, prefix: str, phases: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    gc.freeze()  # as trainer/__main__.py: the exit need not walk what torch and transformers built

@@ -13,6 +13,7 @@ the real command is tested in tests/test_trainer_cli.py and tests/hostile/test_t
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -62,3 +63,4 @@ if __name__ == "__main__":
         cases = json.load(fh)
     with open(results_path, "w", encoding="utf-8") as fh:
         json.dump([run(case["argv"], case["env"]) for case in cases], fh)
+    gc.freeze()  # as trainer/__main__.py: the exit need not walk what torch, transformers and trl built
