@@ -26,7 +26,7 @@ from relay.wire import encoding, schema, secret
 from relay.client.publisher import Publisher
 from relay.wire.curve import load_secret
 from test_curve import keygen
-from test_relay_hostile import _connect_as, _event
+from test_relay_hostile import _acked, _connect_as, _event
 
 
 def _stats(journal: Path) -> dict:
@@ -58,15 +58,6 @@ def _acks(sock: zmq.Socket, wait: float) -> list[tuple[str, int, int]]:
     while sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
         acks.extend(schema.decode_ack(sock.recv()))
     return acks
-
-
-def _acked(sock: zmq.Socket, ack: tuple[str, int, int], wait: float) -> bool:
-    """Whether the relay sends ``sock`` the ack ``ack`` within ``wait`` seconds (returns once it does)."""
-    deadline = time.monotonic() + wait
-    while sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-        if ack in schema.decode_ack(sock.recv()):
-            return True
-    return False
 
 
 def _frames(run: str, seqs: range, tag: str) -> list[bytes]:
