@@ -168,8 +168,9 @@ def _pack(value: object, single: bool) -> bytes:
 
 def test_the_typed_path_takes_only_what_the_rules_take_as_the_same_values() -> None:
     """A compact batch of flat data is decoded and checked in C (schema._typed_batch); it must take
-    only what the rules take, as the same events (values and their types), first seq and derive; what
-    it leaves, the rules judge."""
+    only what the rules take, as the same events (values and their types), first seq and derive, and
+    no NaN or infinity (``finite``: ingest then writes their lines without looking for one); what it
+    leaves, the rules judge."""
     rng = random.Random(2812)
     outcomes = {"typed": 0, "rules took": 0, "refused": 0}
     for _ in range(3000):
@@ -188,6 +189,8 @@ def test_the_typed_path_takes_only_what_the_rules_take_as_the_same_values() -> N
         outcomes["typed"] += 1
         assert expected is not None, frame
         assert typed[1:] == expected[1:] and _same(typed.events, expected.events), frame
+        assert typed.finite and not expected.finite  # its lines need no look for a NaN: it has none
+        assert all(math.isfinite(v) for e in typed.events for v in e["data"].values() if type(v) is float), frame
     assert min(outcomes.values()) > 50, outcomes  # every kind was exercised
 
 

@@ -77,6 +77,21 @@ def test_a_frame_is_journaled_once_and_acknowledged_only_after_the_commit(ingest
     assert acks[b"a"][-1] == [("run", 0, 6)], "a frame of duplicates is acknowledged again"
 
 
+def test_a_frame_of_plain_metrics_with_a_nan_is_journaled_as_json_says_it(ingest) -> None:
+    """Ingest writes a typed frame's lines without looking for a NaN (it can hold none); a frame
+    with one is taken by the rules, and its lines say "NaN" and "Infinity", never a bare null."""
+    relay, _ = ingest()
+    prefix = encoding.compact_prefix({"v": 1, "run": "run", "rank": 0, "local_rank": 0, "world_size": 2, "host": "h"})
+    rows = [encoding.encode_row(0, 1.0, "metrics", 0, 0.5, "train", {"loss": 0.5, "big": 1e16}),
+            encoding.encode_row(1, 2.0, "metrics", 1, 0.5, "train", {"loss": float("nan"), "norm": float("inf")})]
+    relay.take_frame(b"a", encoding.compact_frame(prefix, rows), now=1.0)
+    relay.commit(now=1.1)
+    lines = (Path(relay.journal.path) / "run.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(line)["data"] for line in lines] == [{"loss": 0.5, "big": 1e16},
+                                                              {"loss": "NaN", "norm": "Infinity"}]
+    assert relay.counters.written == 2
+
+
 def test_acks_go_to_each_streams_owner_one_message_per_connection(ingest) -> None:
     live = {b"a", b"b"}
     relay, acks = ingest(connected=live.__contains__)  # what the relay's socket says of each routing id

@@ -77,10 +77,11 @@ class Ingest:
         and since nothing of it was acknowledged its client sends it again."""
         self.counters.frames += 1
         try:
-            events, first_seq, derive = schema.decode(frame)
+            decoded = schema.decode(frame)
         except schema.FrameError as exc:
             self.reject(exc.reason, exc.detail, frame, peer)
             return
+        events, first_seq, derive = decoded
         if (events[0]["rank"] if first_seq is not None else max(map(_rank, events))) == RELAY_RANK:
             self.reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it derives); "
                                          "no client may publish as it", frame, peer)
@@ -91,7 +92,7 @@ class Ingest:
                                      "refused until that one disconnects", frame, peer)
             return
         try:
-            self._take_events(peer, events, first_seq, now, derive)
+            self._take_events(peer, decoded, now)
             self.runs.note_world(events[0]["run"], events[0]["world_size"])
         except schema.FrameError as exc:  # its journal lines would be too long (check_lines)
             self.reject(exc.reason, exc.detail, frame, peer)
@@ -142,12 +143,12 @@ class Ingest:
         """Journal what waits, then acknowledge and fan out (relay/daemon/commit.py)."""
         self.commit_step.commit(now)
 
-    def _take_events(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None, now: float,
-                     derive: bool) -> None:
+    def _take_events(self, peer: bytes, decoded: schema.Frame, now: float) -> None:
         counters, commit_step = self.counters, self.commit_step
+        events, first_seq, derive = decoded
         if first_seq is not None:  # one rank's plain events, seqs without a gap: maybe all new
             run, rank = events[0]["run"], events[0]["rank"]
-            chunk = encode_lines(events)
+            chunk = encode_lines(events, decoded.finite)
             check_lines(chunk)
             state = self._state(peer, run, rank, now)
             if state is None:

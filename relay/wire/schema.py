@@ -78,6 +78,22 @@ class Frame(NamedTuple):
     first_seq: int | None = None
     derive: bool = False
 
+    @property
+    def finite(self) -> bool:
+        """Whether every float in the events is known to be finite (their journal lines then need no
+        look for a NaN or an infinity, which JSON cannot say)."""
+        return False
+
+
+class TypedFrame(Frame):
+    """A Frame the typed path decoded (``_typed_batch``): its types take finite floats only."""
+
+    __slots__ = ()
+
+    @property
+    def finite(self) -> bool:
+        return True
+
 
 def decode_frame(frame: bytes) -> list[dict[str, Any]]:
     """Decode and validate one frame: a single event map, an array of them, or a compact batch.
@@ -158,7 +174,7 @@ def _taken_whole(seqs: list[int], types: Any, stages: Any) -> tuple[int, bool]:
     return first, "rank" in stages or "lifecycle" in types
 
 
-def _typed_batch(frame: bytes) -> Frame | None:
+def _typed_batch(frame: bytes) -> TypedFrame | None:
     """A compact batch of flat data decoded and checked in C (``TypedBatch``: the rules as msgspec
     types, relay/wire/typed_rules.py), the run id's pattern once per run; None for any other frame,
     or one the types refuse, which is not necessarily wrong (nested data): the rules then judge it."""
@@ -174,7 +190,7 @@ def _typed_batch(frame: bytes) -> Frame | None:
         if not values <= passed and not all(map(accept, values)):
             return None
     first, derive = _taken_whole(list(map(_ROW_SEQ, rows)), set(map(_ROW_TYPE, rows)), set(map(_ROW_STAGE, rows)))
-    return Frame(RULES.events_of_rows(rows, *_typed_envelope(batch)), first if first >= 0 else None, derive)
+    return TypedFrame(RULES.events_of_rows(rows, *_typed_envelope(batch)), first if first >= 0 else None, derive)
 
 
 def rows_pass(rows: list[list[Any]]) -> bool:

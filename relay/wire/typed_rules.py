@@ -10,6 +10,7 @@ the types nor the tests that hold them to the rules need an edit for a new field
 from __future__ import annotations
 
 import math
+import sys
 from typing import Annotated, Any, Literal, Optional, Union
 
 from msgspec import Meta
@@ -19,12 +20,15 @@ from relay.wire.rules import Field, Rule
 #: Integers msgspec reads as ints: past 64 bits a value is the rules' to judge (orjson reads it as a
 #: float, and a frame cannot carry one).
 INT64 = (-(1 << 63), (1 << 63) - 1)
+_MAX = sys.float_info.max
 
 
 def flat_map(max_key: int) -> Any:
-    """A map's type: string keys of at most ``max_key`` characters, flat values only (a nested map or
-    list is the rules' to judge, as a relay's column check leaves it to its row checks)."""
-    value = Union[Annotated[int, Meta(ge=INT64[0], le=INT64[1])], float, str, bool, None]
+    """A map's type: string keys of at most ``max_key`` characters, flat values only, finite floats
+    only (a nested map or list, a NaN or an infinity is the rules' to judge, as a relay's column
+    check leaves nested data to its row checks; what the types take is then known to be finite)."""
+    value = Union[Annotated[int, Meta(ge=INT64[0], le=INT64[1])], Annotated[float, Meta(ge=-_MAX, le=_MAX)], str, bool,
+                  None]
     return dict[Annotated[str, Meta(max_length=max_key)], value]
 
 
