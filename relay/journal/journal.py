@@ -39,6 +39,7 @@ LOCK_NAME = "_relay.lock"
 MAX_OPEN_FILES = 128
 MAX_RELEASED = 4096  # forgotten runs of a shared file remembered before its index is dropped whole
 RECENT_BYTES = 1 << 20  # what Journal.recent reads back from the end of a run's file
+IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers one writev() takes
 
 
 class JournalError(Exception):
@@ -143,7 +144,7 @@ class Journal:
         followers of the journal learn (relay/sinkhost/notices.py)."""
         if not self.directory:
             try:
-                end = self._append(self._fd(None), b"".join([line for _, line in lines]))
+                end = self._append(self._fd(None), [line for _, line in lines])
             except Exception as exc:  # raised on, saying that nothing went in
                 raise PartialWrite(exc, [], lines) from exc
             self.ends.update(dict.fromkeys([run for run, _ in lines], end))
@@ -154,7 +155,7 @@ class Journal:
         failed: dict[str, Exception] = {}
         for run, chunk in per_run.items():
             try:
-                self.ends[run] = self._append(self._fd(run), b"".join(chunk))
+                self.ends[run] = self._append(self._fd(run), chunk)
             except Exception as exc:  # raised on below, saying how far the write went
                 failed[run] = exc
         if failed:
@@ -277,18 +278,22 @@ class Journal:
                 os.fsync(fd)
         os.close(fd)
 
-    def _append(self, fd: int, blob: bytes) -> int:
-        """``blob`` at the file's end, whole or not at all; the file's end after it."""
+    def _append(self, fd: int, parts: list[bytes]) -> int:
+        """``parts`` at the file's end, whole or not at all, in one system call where it can (no
+        copy of them joined); the file's end after them."""
         start = os.lseek(fd, 0, os.SEEK_END)
-        view = memoryview(blob)
+        size = sum(map(len, parts))
         try:
-            while view:
-                view = view[os.write(fd, view):]
+            done = os.writev(fd, parts) if len(parts) <= IOV_MAX else 0
+            if done < size:  # a short write, or too many parts for one call: the rest as one block
+                view = memoryview(b"".join(parts))[done:]
+                while view:
+                    view = view[os.write(fd, view):]
         except OSError:
             os.ftruncate(fd, start)  # never leave half a batch (or half a line) behind
             raise
         self._dirty.add(fd)
-        return start + len(blob)
+        return start + size
 
 
 def _same_file(fd: int, path: Path) -> bool:
