@@ -201,9 +201,17 @@ def run(quick: bool = False) -> Section:
     for sample, name in zip(cpu, ("the node relay, no sink (over its ingest)", "the node relay, nats sink attached",
                                   "the nats sink's process", "the three servers")):
         sample.name = name
+    cpu_rows = [cpu[0].row(), cpu[1].row(cpu[0]), cpu[2].row(), cpu[3].row()]
+    if baseline:
+        base_cpu = [samples[f"{BARE}, the code of {baseline}"][RELAY_CPU],
+                    *(samples[f"{WITH}, the code of {baseline}"][unit] for unit in (RELAY_CPU, SINK_CPU))]
+        for sample, name, ours in zip(base_cpu, ("the node relay, no sink", "the node relay, nats sink attached",
+                                                 "the nats sink's process"), cpu):
+            sample.name = f"{name}, the code of {baseline}"
+            cpu_rows.append(sample.row(ours))
     section.add_table("CPU time per event: the node relay's process over its ingest (no sink), and, with the nats "
                       "sink attached, the relay's, the sink's process's and the three servers' from the release "
-                      "until JetStream holds every line", [cpu[0].row(), cpu[1].row(cpu[0]), cpu[2].row(), cpu[3].row()])
+                      "until JetStream holds every line", cpu_rows)
     slower = 1 - with_nats.median / bare.median
     section.target("node relay ingest with the nats sink attached at most 10% slower (same-run medians)",
                    slower, 0.10, False, f"{slower:+.1%}")
