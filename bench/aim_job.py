@@ -1,5 +1,6 @@
 """The demo job with Aim's own in-process ``AimCallback`` in place of the relay: the third contender
-of bench_training. Everything else is ``python -m trainer``; run it the same way (under torchrun).
+of bench_training. Everything else is ``python -m trainer``, its exit included
+(``trainer.__main__.main``); run it the same way (under torchrun).
 
     python -m bench.aim_job AIM_REPO [trainer flags, with --tracker none]
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from trainer.sft import main
+from trainer.__main__ import main
 
 
 def run(argv: list[str]) -> int:
