@@ -6,6 +6,7 @@ publisher process the tests start), never the real user's; none of the user's RE
 RELAY_SECRET_FILE or RELAY_OPEN leaks in."""
 from __future__ import annotations
 
+import ast
 import contextlib
 import fcntl
 import gc
@@ -87,6 +88,35 @@ def raw_socket(ctx: "zmq.Context", address: str, kind: int | None = None, **opti
     auth.secure_client(sock, address)
     sock.connect(address)
     return sock
+
+
+@pytest.fixture
+def zmq_context() -> Iterator["zmq.Context"]:
+    """A ZeroMQ context for a test's raw sockets, destroyed (LINGER 0) when the test ends, failed or
+    not. One a failed test leaves to the garbage collector with a socket in the same cycle never goes:
+    the collector clears the context's weak references to its sockets first, so Context.__del__ closes
+    none and waits in term() for one whose own finalizer comes after. A loaded run's next test on that
+    worker hung there for 600 s, inside the ast.parse that happened to collect it."""
+    import zmq
+
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+def parse_python(source: str) -> ast.Module:
+    """``ast.parse`` with the garbage collector off. On CPython 3.11 (gh-106905) the conversion to
+    Python objects keeps its recursion depth in interpreter-wide state: a finalizer run by a collection
+    inside it (or a thread switch that one allows) that parses too, as formatting any traceback does
+    (its carets), makes it raise "SystemError: AST constructor recursion depth mismatch". With no
+    collection no Python code runs inside it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @pytest.hookimpl(tryfirst=True)

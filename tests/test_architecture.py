@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, parse_python
 
 PACKAGES = ("trainer", "relay", "sinks")
 MAX_LINES = 400
@@ -57,7 +57,7 @@ def modules() -> dict[str, Path]:
 def imports(path: Path, known: set[str]) -> set[str]:
     """The project modules ``path`` imports, at the top or inside functions."""
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_python(path.read_text())):
         names = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -102,7 +102,7 @@ def test_rooms_import_only_what_they_may() -> None:
 
 def test_every_room_says_what_it_may_import() -> None:
     for name in ROOM_NAMES:
-        doc = ast.get_docstring(ast.parse((ROOT / "relay" / name / "__init__.py").read_text())) or ""
+        doc = ast.get_docstring(parse_python((ROOT / "relay" / name / "__init__.py").read_text())) or ""
         assert "import" in doc, f"relay/{name}/__init__.py: say in one line what the room is and what it may import"
 
 
@@ -116,7 +116,7 @@ def defined(path: Path) -> tuple[set[str], set[str]]:
     """The names a module defines itself at its top level (assignments, functions, classes): what
     others may import from it; and the names it imports from the project, which it must not pass on."""
     names: set[str] = set()
-    tree = ast.parse(path.read_text())
+    tree = parse_python(path.read_text())
     body = list(tree.body)
     while body:
         node = body.pop()
@@ -142,7 +142,7 @@ def test_every_name_is_imported_from_its_home() -> None:
     homes = {name: defined(path) for name, path in found.items()}
     wrong = []
     for path in sorted(p for d in (*PACKAGES, "tests", "bench") for p in (ROOT / d).rglob("*.py")):
-        tree = ast.parse(path.read_text())
+        tree = parse_python(path.read_text())
         aliases: dict[str, str] = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module in found and not node.level:
@@ -207,8 +207,8 @@ def test_no_module_assigns_another_objects_callbacks_after_construction() -> Non
     socket was bound). So no module of the project or its benchmarks assigns a function (a lambda,
     a function or method of the project, a bound method) to an attribute of another object:
     ``ingest.batch.send = self._send_acks`` fails, ``self.send = send`` in a constructor passes."""
-    trees = {path: ast.parse(path.read_text()) for path in modules().values()}
-    trees.update({path: ast.parse(path.read_text()) for path in sorted((ROOT / "bench").rglob("*.py"))})
+    trees = {path: parse_python(path.read_text()) for path in modules().values()}
+    trees.update({path: parse_python(path.read_text()) for path in sorted((ROOT / "bench").rglob("*.py"))})
     wired = callbacks_wired(trees)
     assert not wired, "callbacks assigned after construction (pass them to the constructor):\n" + "\n".join(wired)
 
@@ -237,6 +237,6 @@ def helper():
 def test_the_callback_check_finds_a_planted_example() -> None:
     """The check above names each wiring of a planted module, and nothing else in it."""
     path = ROOT / "relay" / "planted.py"
-    wired = callbacks_wired({path: ast.parse(PLANTED)})
+    wired = callbacks_wired({path: parse_python(PLANTED)})
     assert [line.split(": ", 1)[1] for line in wired] == [
         "ingest.commit_step.send = self._send_acks", "sink.on_error = lambda exc: None", "loop.on_ready = helper"]

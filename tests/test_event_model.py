@@ -7,7 +7,7 @@ import ast
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, parse_python
 
 from relay.wire import encoding, schema
 from sinks.events import ENVELOPE, FIELDS, ROW_FIELDS
@@ -38,7 +38,7 @@ def test_the_fields_are_listed_in_the_model_alone() -> None:
     its kind of value, and the wire derives its checks from that."""
     lists = []
     for path in sorted(p for package in ("relay", "sinks", "trainer") for p in (ROOT / package).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_python(path.read_text())):
             if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
                 names = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in FIELDS]
                 if len(names) > 3:

@@ -144,14 +144,14 @@ def _frame_of(data: dict, seq: int = 0, host: str = "h") -> bytes:
                                 [encoding.encode_row(seq, time.time(), "metrics", seq, None, "train", data)])
 
 
-def test_an_event_whose_line_would_pass_the_bound_is_refused_and_the_publisher_drops_it(relays, tmp_path):
+def test_an_event_whose_line_would_pass_the_bound_is_refused_and_the_publisher_drops_it(relays, tmp_path, zmq_context):
     """JSON writes a control character in 6 bytes: 400 KB of them (a valid frame) would be a
     2.4 MB line. The relay refuses it (bad_value, counted); a Publisher drops it before sending
     (dropped_bad) and goes on; the same bytes of plain text, and control characters up to the
     bound, are journaled."""
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
-    ctx = zmq.Context()
+    ctx = zmq_context
     raw = raw_socket(ctx, relay.address)
     raw.send(_frame_of({"s": "\x01" * 400_000}))
     fits = (schema.MAX_LINE_BYTES - 1000) // 6

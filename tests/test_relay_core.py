@@ -107,10 +107,10 @@ def _deep(levels: int) -> dict:
     return d
 
 
-def test_malformed_frames_are_rejected_with_reasons_and_valid_ones_survive(relays, tmp_path):
+def test_malformed_frames_are_rejected_with_reasons_and_valid_ones_survive(relays, tmp_path, zmq_context):
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
-    ctx = zmq.Context()
+    ctx = zmq_context
     ctx.setsockopt(zmq.LINGER, 0)  # the hostile frame below is never delivered: don't wait for it at exit
     raw = raw_socket(ctx, relay.address)
     pub = Publisher("good", 0, address=relay.address)
@@ -157,7 +157,6 @@ def test_malformed_frames_are_rejected_with_reasons_and_valid_ones_survive(relay
     events = read_jsonl(journal)
     assert [e["data"]["i"] for e in events if e["run"] == "good" and e["type"] == "metrics"] == list(range(60))
     assert [e["data"] for e in events if e["run"] == "raw"] == [{"ok": 1.0}]
-    ctx.destroy()
 
 
 def test_non_finite_values_survive_as_valid_json(relays, tmp_path):
@@ -249,12 +248,12 @@ def test_ipc_address_and_ack_after_restart_without_duplicates(relays, tmp_path):
 
 
 @pytest.mark.parametrize("layout", ["file", "dir"])
-def test_idle_run_is_forgotten_and_rebuilt_from_journal(relays, tmp_path, layout):
+def test_idle_run_is_forgotten_and_rebuilt_from_journal(relays, tmp_path, layout, zmq_context):
     path = tmp_path / ("one.jsonl" if layout == "file" else "logs")
     relay = relays(["--path", str(path) + ("/" if layout == "dir" else ""), "--forget-after", "1",
                     "--stats-interval", "0.2"])
     events = [_raw_event(run="idle", seq=s, data={"i": s}) for s in range(10)]
-    ctx = zmq.Context()
+    ctx = zmq_context
     raw = raw_socket(ctx, relay.address)
     raw.send(encoding.encode_frame(events[:6]))
     wait_for(lambda: "run idle idle for" in relay.log.read_text(), 15, "the silent run was forgotten")
@@ -265,8 +264,6 @@ def test_idle_run_is_forgotten_and_rebuilt_from_journal(relays, tmp_path, layout
     assert relay.stop() == 0
     assert [e["data"]["i"] for e in read_jsonl(journal)] == list(range(10))
     assert relay.stats(path)["duplicates"] == 6
-    raw.close(0)
-    ctx.term()
 
 
 EXIT_SCRIPT = """

@@ -8,7 +8,7 @@ import importlib.metadata
 import logging
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, parse_python
 
 from sinks.base import SinkError
 from sinks.preflight import need_package, untested
@@ -18,7 +18,7 @@ TRACKER_SINKS = ("aim", "clearml", "mlflow", "tensorboard", "wandb")
 
 def _tested(sink: str) -> tuple[str, str]:
     """The ``tested=`` range the sink's check() passes to need_package."""
-    tree = ast.parse((ROOT / "sinks" / f"{sink}.py").read_text())
+    tree = parse_python((ROOT / "sinks" / f"{sink}.py").read_text())
     found = [ast.literal_eval(keyword.value) for node in ast.walk(tree)
              if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "need_package"
              for keyword in node.keywords if keyword.arg == "tested"]

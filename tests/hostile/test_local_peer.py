@@ -64,7 +64,7 @@ def _frames(run: str, seqs: range, tag: str) -> list[bytes]:
     return [encoding.encode_frame([_event(run=run, seq=s, data={"i": -1, "who": tag})]) for s in seqs]
 
 
-def test_forged_events_for_a_live_ranks_coming_seqs_are_refused(relays, tmp_path):
+def test_forged_events_for_a_live_ranks_coming_seqs_are_refused(relays, tmp_path, zmq_context):
     """The peer reads the run and the next seq off the journal and sends 1,000 forged events for
     them first: while the real client is connected, every one is refused (``not_owner``), never
     acknowledged, and the real events are journaled in their place."""
@@ -75,7 +75,7 @@ def test_forged_events_for_a_live_ranks_coming_seqs_are_refused(relays, tmp_path
         pub.publish("metrics", {"i": i}, step=i)
     assert pub.flush(20) == 0
     coming = max(e["seq"] for e in read_jsonl(journal, live=True)) + 1
-    ctx = zmq.Context()
+    ctx = zmq_context
     forger = _raw(ctx, relay.address)
     for frame in _frames("victim", range(coming, coming + 1000), "forger"):
         forger.send(frame)
@@ -89,10 +89,9 @@ def test_forged_events_for_a_live_ranks_coming_seqs_are_refused(relays, tmp_path
     assert [e["data"]["i"] for e in events] == list(range(1100))
     assert not [e for e in events if "who" in e["data"]]
     assert _stats(journal)["rejected"] == {"not_owner": 1000}
-    ctx.destroy(linger=0)
 
 
-def test_a_peer_resending_a_duplicate_cannot_take_a_ranks_acks(relays, tmp_path):
+def test_a_peer_resending_a_duplicate_cannot_take_a_ranks_acks(relays, tmp_path, zmq_context):
     """Before, acks went to whichever connection sent for a rank last: a peer re-sending one
     duplicate in a loop took them, and the real client's flush waited 20 s for acks it never got."""
     journal = tmp_path / "j.jsonl"
@@ -100,7 +99,7 @@ def test_a_peer_resending_a_duplicate_cannot_take_a_ranks_acks(relays, tmp_path)
     pub = Publisher("victim", 0, address=relay.address)
     pub.publish("metrics", {"i": 0}, step=0)
     assert pub.flush(20) == 0
-    ctx = zmq.Context()
+    ctx = zmq_context
     thief = _raw(ctx, relay.address)
     stop = threading.Event()
     duplicate = _frames("victim", range(1, 2), "thief")[0]
@@ -128,14 +127,13 @@ def test_a_peer_resending_a_duplicate_cannot_take_a_ranks_acks(relays, tmp_path)
     assert relay.stop() == 0
     assert [e["data"]["i"] for e in read_jsonl(journal) if e["type"] == "metrics"] == list(range(500))
     assert _stats(journal)["rejected"]["not_owner"] > 0
-    ctx.destroy(linger=0)
 
 
-def test_a_stream_passes_to_the_next_connection_once_its_owner_disconnects(relays, tmp_path):
+def test_a_stream_passes_to_the_next_connection_once_its_owner_disconnects(relays, tmp_path, zmq_context):
     """Refused while the owner is connected; taken and acknowledged once it is gone."""
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
-    ctx = zmq.Context()
+    ctx = zmq_context
     first, second = _raw(ctx, relay.address), _raw(ctx, relay.address)
     for frame in _frames("r", range(0, 10), "first"):
         first.send(frame)
@@ -160,10 +158,10 @@ def test_a_stream_passes_to_the_next_connection_once_its_owner_disconnects(relay
     stats = _stats(journal)
     assert set(stats["rejected"]) == {"not_owner"} and stats["rejected"]["not_owner"] >= 10
     assert stats["owners_released"] == 1
-    ctx.destroy(linger=0)
 
 
-def test_a_connection_that_took_over_a_closed_ones_stream_keeps_it_whatever_the_relay_learns_when(relays, tmp_path):
+def test_a_connection_that_took_over_a_closed_ones_stream_keeps_it_whatever_the_relay_learns_when(
+        relays, tmp_path, zmq_context):
     """Issue 25's race, 50 times on one relay: A sends one event and closes; B connects (usually on
     A's descriptor), sends and stays; once B's event is journaled, C sends a forged event for B's
     next seq. Before, the relay took A's late disconnection report for B's (12 of 20 trials): it
@@ -172,7 +170,7 @@ def test_a_connection_that_took_over_a_closed_ones_stream_keeps_it_whatever_the_
     event acknowledged, B acknowledged and owning its stream, C refused and never acknowledged."""
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2", "--flush-interval", "0.01"])
-    ctx = zmq.Context()
+    ctx = zmq_context
     trials = 50
 
     def journaled(run: str, seq: int) -> bool:
@@ -200,17 +198,16 @@ def test_a_connection_that_took_over_a_closed_ones_stream_keeps_it_whatever_the_
     assert got == {(f"race-{t}", s): who for t in range(trials) for s, who in enumerate("abb")}
     stats = _stats(journal)
     assert set(stats["rejected"]) == {"not_owner"} and stats["rejected"]["not_owner"] >= trials
-    ctx.destroy(linger=0)
 
 
-def test_without_the_secret_a_peer_can_neither_pre_claim_a_run_nor_forge_a_ranks_stats(relays, tmp_path):
+def test_without_the_secret_a_peer_can_neither_pre_claim_a_run_nor_forge_a_ranks_stats(relays, tmp_path, zmq_context):
     """Issue 25: a local process sent for (run, rank) before the real rank did and so owned it (the
     real rank got 0 of 302 acknowledged, or 302 of 302 over 100 forged lines), and a ``stats`` event
     for a rank that had not started set ``client_dropped`` to 10^12. Without the secret, in the clear
     or with another secret's keys, nothing of it is read: refused, counted, dead-lettered."""
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
-    ctx = zmq.Context()
+    ctx = zmq_context
     forged = _frames("victim", range(0, 100), "forger") + [encoding.encode_frame([_event(
         run="victim", rank=1, seq=5, type="stats", stage="client", data={"dropped": 10**12, "dropped_upto": 4})])]
     strangers = [_stranger(ctx, relay.address), _stranger(ctx, relay.address, b"another user's secret, not ours")]
@@ -231,16 +228,16 @@ def test_without_the_secret_a_peer_can_neither_pre_claim_a_run_nor_forge_a_ranks
     assert set(stats["rejected"]) == {"auth_failed"} and stats["client_dropped"] == 0 and stats["events"] == 302
     dead = read_jsonl(journal.with_name("j_deadletter.jsonl"))
     assert {d["reason"] for d in dead} == {"auth_failed"} and {d["size"] for d in dead} == {0}
-    ctx.destroy(linger=0)
 
 
-def test_with_the_secret_a_process_of_the_same_user_can_pre_claim_a_run_and_forge_a_ranks_stats(relays, tmp_path):
+def test_with_the_secret_a_process_of_the_same_user_can_pre_claim_a_run_and_forge_a_ranks_stats(
+        relays, tmp_path, zmq_context):
     """Said plainly in docs/security.md: the secret is the boundary, and a process holding it is the
     user's. It can send for a run before the real rank does (here 100 events, then it leaves: the
     real rank's first 100 events are taken for duplicates of them) and report drops for any rank."""
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
-    ctx = zmq.Context()
+    ctx = zmq_context
     peer = _raw(ctx, relay.address)
     for frame in _frames("victim", range(0, 100), "forger"):
         peer.send(frame)
@@ -256,7 +253,6 @@ def test_with_the_secret_a_process_of_the_same_user_can_pre_claim_a_run_and_forg
     events = [e for e in read_jsonl(journal) if e["rank"] == 0]
     assert [e["data"].get("who") for e in events[:100]] == ["forger"] * 100 and len(events) == 302
     assert _stats(journal)["client_dropped"] == 10**12
-    ctx.destroy(linger=0)
 
 
 def test_a_wrong_secret_is_refused_counted_dead_lettered_and_said_once_on_each_side(relays, tmp_path, monkeypatch,
@@ -396,14 +392,14 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_journal_stats_and_dead_letters_are_the_users_alone(relays, tmp_path):
+def test_journal_stats_and_dead_letters_are_the_users_alone(relays, tmp_path, zmq_context):
     """0600 files and 0700 folders by default; --world-readable keeps the umask's modes."""
     old = os.umask(0o022)
     try:
         for args, files, folders in (([], 0o600, 0o700), (["--world-readable"], 0o644, 0o755)):
             journal = tmp_path / f"runs{len(args)}" / "deep"
             relay = relays(["--path", f"{journal}/", "--stats-interval", "0.2", *args])
-            ctx = zmq.Context()
+            ctx = zmq_context
             raw = _raw(ctx, relay.address)
             raw.send(b"\x93\x01\x02\xc1")  # undecodable: a dead letter
             pub = Publisher("modes", 0, address=relay.address)
@@ -415,7 +411,6 @@ def test_journal_stats_and_dead_letters_are_the_users_alone(relays, tmp_path):
             assert made == ["_relay_deadletter.jsonl", "_relay_stats.json", "modes.jsonl"], made  # (the lock goes at stop)
             assert {p.name: _mode(p) for p in journal.iterdir()} == dict.fromkeys(made, files)
             assert _mode(journal) == _mode(journal.parent) == folders
-            ctx.destroy(linger=0)
     finally:
         os.umask(old)
 
@@ -533,7 +528,7 @@ def test_with_ipc_in_a_private_directory_another_user_can_neither_connect_nor_sq
 
 
 
-def test_with_curve_clients_a_peer_without_an_allowed_key_cannot_publish(relays, tmp_path):
+def test_with_curve_clients_a_peer_without_an_allowed_key_cannot_publish(relays, tmp_path, zmq_context):
     """--curve-clients: a local peer that knows the relay's public key but holds no listed client
     key gets nothing journaled or acknowledged, even for a run a real client is sending."""
     _, server_secret = keygen(tmp_path / "server", "relay")
@@ -549,7 +544,7 @@ def test_with_curve_clients_a_peer_without_an_allowed_key_cannot_publish(relays,
                     curve_client_cert=str(good_secret))
     pub.publish("metrics", {"i": 0}, step=0)
     assert pub.flush(20) == 0
-    ctx = zmq.Context()
+    ctx = zmq_context
     peer = ctx.socket(zmq.DEALER)
     peer.setsockopt(zmq.LINGER, 0)
     peer.curve_serverkey = server_key
@@ -563,10 +558,9 @@ def test_with_curve_clients_a_peer_without_an_allowed_key_cannot_publish(relays,
     assert relay.stop() == 0
     events = read_jsonl(journal)
     assert {e["run"] for e in events} == {"secure"} and not [e for e in events if "who" in e["data"]]
-    ctx.destroy(linger=0)
 
 
-def test_only_a_peer_holding_the_secret_learns_the_run_ids_from_a_status_request(relays, tmp_path):
+def test_only_a_peer_holding_the_secret_learns_the_run_ids_from_a_status_request(relays, tmp_path, zmq_context):
     """Run ids are no secret to the user's own processes (``relay status`` answers them); a peer
     without the secret gets no answer at all."""
     import msgpack
@@ -574,7 +568,7 @@ def test_only_a_peer_holding_the_secret_learns_the_run_ids_from_a_status_request
     relay = relays(["--path", str(tmp_path / "j.jsonl")])
     pub = Publisher("secret-run", 0, address=relay.address)
     assert pub.flush(20) == 0
-    ctx = zmq.Context()
+    ctx = zmq_context
     stranger = _stranger(ctx, relay.address)
     stranger.send(STATUS_REQUEST)
     peer = _raw(ctx, relay.address)
@@ -585,4 +579,3 @@ def test_only_a_peer_holding_the_secret_learns_the_run_ids_from_a_status_request
     assert not stranger.poll(500)
     pub.close(5)
     assert relay.stop() == 0
-    ctx.destroy(linger=0)

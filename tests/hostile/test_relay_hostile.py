@@ -78,10 +78,10 @@ def _stats(journal: Path) -> dict:
         return {"rejected": {}, "frames": 0}
 
 
-def test_extreme_values_never_stop_the_relay_and_every_reader_survives_the_journal(relays, tmp_path):
+def test_extreme_values_never_stop_the_relay_and_every_reader_survives_the_journal(relays, tmp_path, zmq_context):
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
-    ctx = zmq.Context()
+    ctx = zmq_context
     raw = raw_socket(ctx, relay.address)
     pub = Publisher("good", 0, address=relay.address)
     frames = _hostile_frames()
@@ -105,7 +105,6 @@ def test_extreme_values_never_stop_the_relay_and_every_reader_survives_the_journ
         assert 0 <= event["ts"] <= schema.MAX_TS and 0 <= event["seq"] <= schema.MAX_SEQ
     good = [e["data"]["i"] for e in events if e["run"] == "good" and e["type"] == "metrics"]
     assert good == list(range(0, len(frames), 50))
-    ctx.destroy(linger=0)
 
     tail = subprocess.run([sys.executable, "-m", "relay", "tail", "-n", "100000", str(journal)], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
@@ -120,13 +119,13 @@ def test_extreme_values_never_stop_the_relay_and_every_reader_survives_the_journ
     assert aim.returncode == 0 and f"read {len(events)} events from 1 files: replayed into aim" in aim.stderr, aim.stderr[-3000:]
 
 
-def test_an_unforeseen_error_in_one_frame_is_dead_lettered_and_ingest_goes_on(relays, tmp_path):
+def test_an_unforeseen_error_in_one_frame_is_dead_lettered_and_ingest_goes_on(relays, tmp_path, zmq_context):
     """A run whose journal file cannot be read (here: it is a directory) makes the relay's journal
     scan raise inside ingest: the frame is counted as internal_error and kept, the relay goes on."""
     journal = tmp_path / "journal"
     (journal / "broken.jsonl").mkdir(parents=True)
     relay = relays(["--path", f"{journal}/", "--stats-interval", "0.2"])
-    ctx = zmq.Context()
+    ctx = zmq_context
     raw = raw_socket(ctx, relay.address)
     raw.send(encoding.encode_frame([_event(run="broken")]))
     pub = Publisher("good", 0, address=relay.address)
@@ -141,7 +140,6 @@ def test_an_unforeseen_error_in_one_frame_is_dead_lettered_and_ingest_goes_on(re
     assert dead[0]["reason"] == "internal_error" and "IsADirectoryError" in dead[0]["detail"]
     assert "Traceback" in relay.log.read_text()
     assert len([e for e in read_jsonl(journal / "good.jsonl") if e["type"] == "metrics"]) == 100
-    ctx.destroy(linger=0)
 
 
 def _rss_mib(proc: subprocess.Popen) -> float:
@@ -149,7 +147,7 @@ def _rss_mib(proc: subprocess.Popen) -> float:
 
 
 @pytest.mark.parametrize("mode", ["open", "secret"])
-def test_a_message_is_bounded_as_a_whole_not_part_by_part(relays, tmp_path, monkeypatch, mode):
+def test_a_message_is_bounded_as_a_whole_not_part_by_part(relays, tmp_path, monkeypatch, mode, zmq_context):
     """Parts of at most MAXMSGSIZE each, but as many as the peer likes: ZeroMQ would buffer gigabytes.
     The relay drops every connection past --max-memory; the good publisher resends and loses nothing.
     Four rounds of 400 MiB on an --open relay; one on a relay as it runs by default, whose rebound
@@ -169,7 +167,7 @@ def test_a_message_is_bounded_as_a_whole_not_part_by_part(relays, tmp_path, monk
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    ctx = zmq.Context()
+    ctx = zmq_context
     ctx.setsockopt(zmq.LINGER, 0)
     part = b"\x00" * (1 << 20)
     rounds = 4 if mode == "open" else 1
@@ -198,18 +196,17 @@ def test_a_message_is_bounded_as_a_whole_not_part_by_part(relays, tmp_path, monk
     assert peak[0] < 192 + 200, f"relay RSS peaked at {peak[0]:.0f} MiB"
     got = [e["data"]["i"] for e in read_jsonl(journal) if e["type"] == "metrics"]
     assert sorted(got) == list(range(rounds * 50)) and len(got) == len(set(got))
-    ctx.destroy(linger=0)
 
 
 def _open_files(proc: subprocess.Popen) -> int:
     return len(os.listdir(f"/proc/{proc.pid}/fd"))
 
 
-def test_thousands_of_run_ids_neither_exhaust_files_nor_starve_other_clients(relays, tmp_path):
+def test_thousands_of_run_ids_neither_exhaust_files_nor_starve_other_clients(relays, tmp_path, zmq_context):
     journal = tmp_path / "runs"
     relay = relays(["--path", f"{journal}/", "--stats-interval", "0.2", "--run-rate", "100000",
                     "--max-runs", "500"])
-    ctx = zmq.Context()
+    ctx = zmq_context
     raw = raw_socket(ctx, relay.address)
     pub = Publisher("good", 0, address=relay.address)
     most_files = 0
@@ -227,13 +224,12 @@ def test_thousands_of_run_ids_neither_exhaust_files_nor_starve_other_clients(rel
     assert most_files < 128 + 64, most_files
     assert len(list(journal.glob("flood-*.jsonl"))) == 3000
     assert len([e for e in read_jsonl(journal / "good.jsonl") if e["type"] == "metrics"]) == 30
-    ctx.destroy(linger=0)
 
 
-def test_a_flood_of_new_runs_from_one_peer_is_refused_and_counted(relays, tmp_path):
+def test_a_flood_of_new_runs_from_one_peer_is_refused_and_counted(relays, tmp_path, zmq_context):
     journal = tmp_path / "runs"
     relay = relays(["--path", f"{journal}/", "--stats-interval", "0.2", "--run-rate", "20"])
-    ctx = zmq.Context()
+    ctx = zmq_context
     raw = raw_socket(ctx, relay.address)
     began = time.monotonic()
     for i in range(500):
@@ -252,7 +248,6 @@ def test_a_flood_of_new_runs_from_one_peer_is_refused_and_counted(relays, tmp_pa
     assert 500 - 20 - refilled <= refused <= 500 - 20, (counters["rejected"], refilled)  # a burst of 20, and the refill
     assert len(list(journal.glob("flood-*.jsonl"))) == 500 - refused
     assert Counter(d["reason"] for d in read_jsonl(journal / "_relay_deadletter.jsonl")) == {"run_rate": refused}
-    ctx.destroy(linger=0)
 
 
 def test_a_connections_budget_of_new_runs_refills_at_its_rate_a_minute():
@@ -268,7 +263,7 @@ def test_a_connections_budget_of_new_runs_refills_at_its_rate_a_minute():
 
 
 @pytest.mark.parametrize("claimed", [10**12, 2**63 - 1])
-def test_a_spoofed_drop_report_cannot_make_the_relay_discard_real_events(relays, tmp_path, claimed):
+def test_a_spoofed_drop_report_cannot_make_the_relay_discard_real_events(relays, tmp_path, claimed, zmq_context):
     """Another connection claims the real rank dropped everything up to ``claimed``. Before, the
     relay moved the rank's floor there and threw the real events away as duplicates."""
     journal = tmp_path / "j.jsonl"
@@ -277,7 +272,7 @@ def test_a_spoofed_drop_report_cannot_make_the_relay_discard_real_events(relays,
     for i in range(100):
         pub.publish("metrics", {"i": i}, step=i)
     assert pub.flush(20) == 0
-    ctx = zmq.Context()
+    ctx = zmq_context
     spoof = raw_socket(ctx, relay.address)
     spoof.send(encoding.encode_frame([_event(run="victim", rank=0, seq=claimed, type="stats", stage="client",
                                            data={"dropped": claimed, "dropped_upto": claimed - 1})]))
@@ -290,15 +285,14 @@ def test_a_spoofed_drop_report_cannot_make_the_relay_discard_real_events(relays,
     assert [e["data"]["i"] for e in events if e["type"] == "metrics"] == list(range(300))
     seqs = [e["seq"] for e in events if e["seq"] != claimed]
     assert seqs == list(range(len(seqs))), "every real event exactly once, in order"
-    ctx.destroy(linger=0)
 
 
-def test_no_client_may_publish_as_the_relay(relays, tmp_path):
+def test_no_client_may_publish_as_the_relay(relays, tmp_path, zmq_context):
     """RELAY_RANK numbers the relay's own events: a frame claiming it, in any form, is rejected whole
     (``reserved_rank``), so it can neither collide with nor pose as what the relay derives."""
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
-    ctx = zmq.Context()
+    ctx = zmq_context
     raw = raw_socket(ctx, relay.address)
     spoofed = _event(run="shared", rank=RELAY_RANK, world_size=2, stage="cluster", data={"slowest_rank": 1})
     row = encoding.encode_row(1, time.time(), "metrics", 1, None, "cluster", {"slowest_rank": 1})
@@ -322,7 +316,6 @@ def test_no_client_may_publish_as_the_relay(relays, tmp_path):
     assert ours[0]["data"]["ranks"] == 2 and not [e for e in events if e["seq"] == 1000]
     dead = read_jsonl(journal.with_name("j_deadletter.jsonl"))
     assert [d["reason"] for d in dead] == ["reserved_rank"] * len(frames)
-    ctx.destroy(linger=0)
 
 
 def test_a_genuine_drop_report_still_moves_the_floor_for_its_own_connection():
