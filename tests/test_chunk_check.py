@@ -49,8 +49,7 @@ def _journal(path: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(path.glob("p0/*.jsonl"))}
 
 
-def test_a_partition_journals_the_same_bytes_as_a_line_by_line_reading(tmp_path: Path) -> None:
-    rng = random.Random(18)
+def _random_bodies(rng: random.Random) -> list[bytes]:
     bodies = []
     for _ in range(60):
         lines = _lines(rng, rng.randrange(1, 30), rng.choice([0.0, 0.0, 0.1]))
@@ -59,6 +58,46 @@ def test_a_partition_journals_the_same_bytes_as_a_line_by_line_reading(tmp_path:
             continue
         body = b"\n".join(lines) + rng.choice([b"\n", b"", b"\n\n"])
         bodies.append(body)
+    return bodies
+
+
+def _stream_bodies(rng: random.Random) -> list[bytes]:
+    """Messages as a node relay's nats sink publishes them (each rank's next seqs of one run, ranks
+    interleaved), and as they come again, overlap, skip a seq, or come bent: the relay's fast path
+    and every way out of it."""
+    following: Counter = Counter({("run-a", 0): 1, ("run-b", 1): 1})
+    bodies = [b"".join(encode_line(dict(_event(rng, 0), run=run, rank=rank)) for run, rank in following)]
+    late: list[tuple[tuple[str, int], int]] = []  # seqs skipped, to come in a later message
+    for _ in range(120):
+        if bodies and rng.random() < 0.1:
+            bodies.append(rng.choice(bodies))
+            continue
+        runs = rng.choice([["run-a"], ["run-b"], ["run-a"], ["run-a", "run-b"]])
+        keys = [(rng.choice(runs), rng.randrange(3)) for _ in range(rng.randrange(1, 40))]
+        odd = rng.randrange(len(keys)) if rng.random() < 0.2 else -1  # a seq the relay has, or one after a gap
+        lines = []
+        for i, key in enumerate(keys):
+            seq = following[key] + (rng.choice([-2, -1, 1]) if i == odd else 0)
+            if seq > following[key]:
+                late.append((key, following[key]))
+            following[key] = max(following[key], seq + 1)
+            lines.append(encode_line(dict(_event(rng, max(0, seq)), run=key[0], rank=key[1])).rstrip(b"\n"))
+        if rng.random() < 0.1:  # a bent line beside the event, which comes too
+            i = rng.randrange(len(lines))
+            lines[i:i + 1] = rng.choice([[b"not json", lines[i]], [lines[i], b""], [lines[i][:-1], lines[i]],
+                                         [lines[i], lines[i]]])
+        if late and rng.random() < 0.5:
+            (run, rank), seq = late.pop(0)
+            lines.insert(rng.randrange(len(lines) + 1), encode_line(dict(_event(rng, seq), run=run, rank=rank)).rstrip(b"\n"))
+        if rng.random() < 0.05:
+            rng.shuffle(lines)
+        bodies.append(b"\n".join(lines) + rng.choice([b"\n", b"\n", b""]))
+    return bodies
+
+
+@pytest.mark.parametrize("make", [_random_bodies, _stream_bodies])
+def test_a_partition_journals_the_same_bytes_as_a_line_by_line_reading(tmp_path: Path, make) -> None:
+    bodies = make(random.Random(18))
     part = Partition(0, tmp_path / "fast", [])
     part.open("central")
     for i in range(0, len(bodies), 7):
