@@ -58,13 +58,14 @@ def check_against_table(families: dict) -> None:
             assert set(sample.labels) == set(spec.labels), (name, sample.labels)
 
 
-def test_a_sinks_flushes_and_closes_that_did_not_complete_are_exported() -> None:
+def test_a_sinks_flushes_and_closes_that_did_not_complete_and_its_lost_dead_letters_are_exported() -> None:
     out = Families()
     relay_collector.relay_figures(out, {"sinks": {"aim": {"written": 5, "incomplete_flushes": 3,
-                                                          "incomplete_closes": 1}}}, 0)
+                                                          "incomplete_closes": 1, "deadletter_overflow": 2}}}, 0)
     samples = {sample.name: sample.value for family in out.all() for sample in family.samples
                if sample.labels == {"sink": "aim"}}
     assert samples["relay_sink_incomplete_flushes_total"] == 3 and samples["relay_sink_incomplete_closes_total"] == 1
+    assert samples["relay_sink_deadletter_overflow_total"] == 2
 
 
 def test_a_scrape_follows_the_table_and_the_journal(relays, tmp_path: Path) -> None:

@@ -94,7 +94,8 @@ class RelayCollector:
 
 #: The stats' sink keys and the counter each becomes (``relay_sink_<name>``).
 SINK_COUNTERS = {"written": "written_events_total", "errors": "errors_total", "dropped": "dropped_events_total",
-                 "dead_lettered": "dead_lettered_events_total", "restarts": "restarts_total",
+                 "dead_lettered": "dead_lettered_events_total",
+                 "deadletter_overflow": "deadletter_overflow_total", "restarts": "restarts_total",
                  "caught_up": "caught_up_events_total", "catch_up_passes": "catch_up_passes_total",
                  "incomplete_flushes": "incomplete_flushes_total", "incomplete_closes": "incomplete_closes_total"}
 

@@ -79,6 +79,8 @@ TABLE: dict[str, Spec] = {
     "relay_sink_caught_up_events_total": Spec("counter", _SINK, "Events the sink read back from the journal "
                                                                 "to catch up."),
     "relay_sink_catch_up_passes_total": Spec("counter", _SINK, "Catch-up passes the sink made over the journal."),
+    "relay_sink_deadletter_overflow_total": Spec("counter", _SINK, "Events the sink refused that were not "
+                                                                    "dead-lettered: its file was full."),
     "relay_sink_incomplete_flushes_total": Spec("counter", _SINK, "Flushes the sink said did not complete within "
                                                                    "their deadline."),
     "relay_sink_incomplete_closes_total": Spec("counter", _SINK, "Closes the sink said did not complete within "
