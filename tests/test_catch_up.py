@@ -89,6 +89,45 @@ def test_a_run_the_sink_names_in_holes_is_written_from_the_journal_before_its_ne
     assert again.steps == [] and stats["caught_up"] == 12 and again.holes() == []
 
 
+class Buggy(Steps):
+    """Steps whose ``holes()`` raises the first time and whose ``caught_up()`` raises once after that."""
+
+    def __init__(self, state: Path) -> None:
+        super().__init__(state)
+        self.raised = list[str]()
+
+    def holes(self) -> list[str]:
+        if not self.raised:
+            self.raised.append("holes")
+            raise RuntimeError("a plugin's bug in holes()")
+        return super().holes()
+
+    def caught_up(self, run: str) -> None:
+        if self.raised == ["holes"]:
+            self.raised.append("caught_up")
+            raise RuntimeError("a plugin's bug in caught_up()")
+        super().caught_up(run)
+
+
+def test_a_sink_whose_holes_or_caught_up_raises_is_counted_and_its_writer_goes_on(tmp_path: Path) -> None:
+    journal, ev = tmp_path / "logs", Events("r", world_size=1)
+    journal.mkdir()
+    events = [ev(0, "metrics", {"loss": 1 / s}, step=s, stage="train") for s in range(1, 11)]
+    (journal / "r.jsonl").write_bytes(b"".join(encode_line(e) for e in events))
+    sink = Buggy(tmp_path / "state.json")
+    writer = SinkWriter(sink.name, sink, 1000, None, CatchUp(f"{journal}/", "steps"))
+    writer.start()
+    writer.submit(events[:2])  # its flush asks for holes(): raises
+    wait_for(lambda: sink.raised == ["holes"], timeout=30)
+    writer.submit(events[4:6])  # a hole (3, 4): read from the journal, then caught_up() raises
+    wait_for(lambda: sink.raised == ["holes", "caught_up"], timeout=30)
+    writer.submit(events[8:])  # the run is still named: read again at this flush, now taken as caught up
+    writer.close(10.0)
+    stats = writer.stats()
+    assert stats["errors"] == 2, stats
+    assert sorted(set(sink.steps)) == list(range(1, 11)) and sink.holes() == [], sink.steps
+
+
 def test_an_event_refused_in_the_middle_of_a_run_is_dead_lettered_once_whoever_reads_the_run_again(
         tmp_path: Path) -> None:
     journal, dead, ev = tmp_path / "logs", tmp_path / "dead.jsonl", Events("r", world_size=1)

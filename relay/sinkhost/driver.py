@@ -109,14 +109,24 @@ class SinkDriver:
         """For each run the sink names in ``holes()``, write it (as a catch-up) every batch ``read(run)``
         gives, the journal's events of that run the sink may lack, then tell it ``caught_up(run)``;
         False when ``wait`` gave up first (shutting down: the run stays named, and the sink's next
-        process finds the hole in its saved spans)."""
-        for run in self.sink.holes():
+        process finds the hole in its saved spans). A plugin's ``holes()`` or ``caught_up()`` that
+        raises is counted and logged, and the flush goes on: its runs are tried again at the next one."""
+        try:
+            runs = list(self.sink.holes())
+        except Exception as exc:  # a plugin's bug: counted; the writer thread must live on
+            self._failed("failed to name its holes", exc, 0.0)
+            return True
+        for run in runs:
             events = 0
             for batch in read(run):
                 if batch and not self.write(batch, caught_up=True):
                     return False
                 events += len(batch)
-            self.sink.caught_up(run)
+            try:
+                self.sink.caught_up(run)
+            except Exception as exc:  # counted; the run stays named and is read again
+                self._failed(f"failed to take run {run} as caught up", exc, 0.0)
+                continue
             log.info("sink %s: run %s caught up from the journal (%d events read, what it had already applied "
                      "skipped)", self.name, run, events)
         return True
