@@ -205,14 +205,15 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Tracking
     parser = _Parser([DataClassType(cls) for cls in (ModelArguments, DataArguments, TrackingArguments, SFTConfig)],
                      prog="metrics-relay-train")
     _document_seed_flags(parser)
-    try:
-        model, data, tracking, training, rest = parser.parse_args_into_dataclasses(
-            args=argv, return_remaining_strings=True
-        )
-    except (ValueError, TypeError) as exc:
-        raise UsageError(_one_line(exc)) from None
+    # Flags first, dataclasses after: under torchrun, making SFTConfig starts torch.distributed (gloo), and
+    # a rank that stopped at a bad flag then could leave its peer in gloo's connection set-up, failing too.
+    rest = parser.parse_known_args(argv)[1]
     if rest:
         raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        model, data, tracking, training = parser.parse_args_into_dataclasses(args=argv)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(_one_line(exc)) from None
     return model, data, tracking, training
 
 

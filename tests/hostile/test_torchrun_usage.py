@@ -51,3 +51,26 @@ def test_usage_error_of_another_rank_alone_is_still_reported(tmp_path: Path) -> 
     errors = error_lines(done.stderr)
     message = "rank 1: argument --num_train_epochs/--num-train-epochs: invalid float value: 'many'"
     assert len(errors) == 1 and errors[0].endswith(f"ERROR trainer: {message}"), done.stderr[-3000:]
+
+
+def test_a_bad_flag_stops_the_parse_before_torch_distributed_starts(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun, making the training arguments (SFTConfig) starts the process group (gloo). A bad
+    flag found after that stopped rank 0 while rank 1 could still be in gloo's connection set-up, which
+    then failed too: a second failure in torchrun's summary (once, in a loaded run). Found before it,
+    neither rank has a process group to leave."""
+    import torch.distributed
+
+    from trainer.args import parse_args
+    from trainer.errors import UsageError
+
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+                        "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    try:
+        with pytest.raises(UsageError, match="unrecognized arguments: --bogus_flag x"):
+            parse_args(["--output_dir", str(tmp_path), "--bogus_flag", "x"])
+        assert not torch.distributed.is_initialized()
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
