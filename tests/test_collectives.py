@@ -42,10 +42,11 @@ def _rank(rank: int, out: str) -> None:
     for param in model.parameters():  # CLOCK_MONOTONIC: one clock for both ranks
         param.register_post_accumulate_grad_hook(lambda _: ready.append(time.perf_counter()))
     clock.in_step = True
-    launches, waits, grads = [], [], []
+    firsts, launches, waits, grads = [], [], [], []
     for step in range(STEPS):
         x = torch.full((8, 256), float(rank + step))
         backward(model(x).sum())
+        firsts.append(min(ready))  # the first gradient of this pass: its bucket went then
         launches.append(max(ready))  # the last gradient of this pass
         ready.clear()
         waits.append(clock.take())
@@ -60,7 +61,7 @@ def _rank(rank: int, out: str) -> None:
         expected.append(float(sum(p.grad.sum() for p in plain.parameters())))
         plain.zero_grad()
     Path(out, f"{rank}.json").write_text(json.dumps({"waits": waits, "grads": grads, "expected": expected,
-                                                     "launches": launches}))
+                                                     "firsts": firsts, "launches": launches}))
     dist.destroy_process_group()
 
 
@@ -78,6 +79,10 @@ def test_the_late_rank_waits_least_and_its_peer_as_long_as_it_was_late(tmp_path:
     # rank 0 waited as long as rank 1 was late (the last all-reduce needs rank 1's bucket), rank 1 less ...
     assert all(wait >= 0.95 * t for wait, t in zip(early, lateness)), (early, lateness)
     assert all(mine < theirs for mine, theirs in zip(late, early)), (late, early)
-    # ... hardly at all: its early buckets were in flight while it computed, which is not waiting. (The
-    # median step: on a loaded machine a descheduled rank 0 holds up gloo's last all-reduce now and then.)
-    assert statistics.median(wait / t for wait, t in zip(late, lateness)) < 1 / 4, (late, lateness)
+    # ... and less than it computed while its first buckets were in flight, which is not waiting (a wait
+    # timed from a bucket's launch would be at least that: the sleep of LATE is in it). Not a fraction of
+    # the lateness: what rank 1 waits is gloo's last all-reduce, which a descheduled rank 0 holds up (at
+    # load 25-34 for 0.17-0.53 s of steps 0.52-1.37 s late); the median step, as now and then it is long.
+    computing = [last - first for first, last in zip(found[1]["firsts"], found[1]["launches"])]
+    assert all(t >= LATE for t in computing), computing
+    assert statistics.median(wait / t for wait, t in zip(late, computing)) < 1, (late, computing)
