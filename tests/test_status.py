@@ -214,20 +214,20 @@ def test_a_flood_of_status_requests_costs_a_publisher_nothing_and_rejects_nothin
     for _ in range(requests):  # as fast as one socket can send, while the publisher sends; no reply is read
         flood.send(STATUS_REQUEST)
     stats = finish(pub)
-    elapsed = time.monotonic() - started
     assert stats["left"] == 0 and stats["dropped"] == 0, stats
 
     def counters() -> dict:
         return relay.stats(journal)
 
-    wait_for(lambda: counters()["status_answered"] + counters()["status_unanswered"] == requests, 30,
+    wait_for(lambda: counters()["status_answered"] + counters()["status_unanswered"] == requests, 120,
              "every request answered or counted")
+    elapsed = time.monotonic() - started  # the relay answered them all within this time
     flood.close(0)
     assert relay.stop() == 0
     final = counters()
     events = read_jsonl(journal)
     assert [e["seq"] for e in events if e["type"] == "metrics"] == list(range(1, 5001))  # once each, in order
     assert final["rejected_total"] == 0 and final["duplicates"] == 0 and final["frames"] < requests
-    assert 1 <= final["status_answered"] <= ANSWER_RATE * (elapsed + 30) + ANSWER_RATE
+    assert 1 <= final["status_answered"] <= ANSWER_RATE * elapsed + ANSWER_RATE
     assert final["events"] == final["written"] == len(events)
 
