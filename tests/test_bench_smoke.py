@@ -16,6 +16,12 @@ SECTIONS = ["hotpath", "ingest", "auth", "latency", "scale", "aim", "core", "tra
             "sink_tensorboard", "sink_wandb", "sink_clearml", "viewers"]
 
 
+def raised(stderr: str, key: str) -> str:
+    """The bench's log from where section ``key`` failed (its traceback), else the log's end."""
+    at = stderr.find(f"section {key} failed")
+    return stderr[at:at + 3000] if at >= 0 else stderr[-3000:]
+
+
 def test_bench_quick_writes_every_section(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path), "--only", *SECTIONS],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -23,8 +29,9 @@ def test_bench_quick_writes_every_section(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "benchmarks.json").read_text())
     assert [s["key"] for s in report["sections"]] == SECTIONS
     assert all(s["targets"] for s in report["sections"])
-    failed = [s["key"] for s in report["sections"] for t in s["targets"] if t["target"] == "section ran"]
-    assert not failed, f"sections that raised: {failed}: {done.stderr[-3000:]}"
+    failed = [s for s in report["sections"] for t in s["targets"] if t["target"] == "section ran"]
+    assert not failed, "sections that raised: " + "; ".join(  # each one's error and its traceback
+        f"{s['key']}: {s['notes']}\n{raised(done.stderr, s['key'])}" for s in failed)
     page = (tmp_path / "benchmarks.md").read_text()
     assert "python -m bench --quick" in page and "## Targets" in page
     for plot in ("bench_hotpath.png", "bench_ingest.png", "bench_latency.png", "bench_scale.png"):
