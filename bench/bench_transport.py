@@ -44,7 +44,7 @@ def burst(bind: str, workdir: Path, events: int) -> dict[str, float]:
 
 
 def run(quick: bool = False) -> Section:
-    events, rounds = (2_000, 1) if quick else (100_000, 5)
+    events, rounds = (20_000, 1) if quick else (100_000, 5)  # quick: enough for the CPU clock's 10 ms ticks
     section = Section("transport", "Embedded relay transport: ipc:// in a 0700 directory vs loopback TCP")
     with tempfile.TemporaryDirectory(prefix="bench-transport-") as tmp:
         counter = iter(range(1 << 30))
