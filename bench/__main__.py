@@ -59,8 +59,8 @@ def training(quick: bool) -> Section:
                        cwd=ROOT, check=True, timeout=900)
         result = json.loads(out.read_text())
     steps = result["steps"]
-    section.add_table(f"whole demo jobs (torchrun, 2 CPU ranks), {steps} steps, --logging_steps 1: train_runtime, "
-                      "then process wall", result["rows"])
+    section.add_table(f"whole demo jobs (torchrun, {result['ranks']} CPU rank(s)), {steps} steps, --logging_steps 1: "
+                      "train_runtime, then process wall", result["rows"])
     section.add_table(f"one job, {result['interleaved_steps']} steps, tracking off / relay / off again / AimCallback "
                       f"in turn every {2 if quick else 10} steps: wall time per step cycle", result["interleaved"])
     relay_ratio, aim_ratio = result["interleaved"][1]["ratio"], result["interleaved"][2]["ratio"]
@@ -80,7 +80,7 @@ def training(quick: bool) -> Section:
                          f"with Aim's defaults (system metrics every 10 s, terminal capture) except log_system_params, "
                          f"which needs pkg_resources.")
     timing = result["collective_timing"]
-    section.add_table(f"one DDP job on 2 CPU ranks, {result['interleaved_steps'] // 2} steps, the "
+    section.add_table(f"one DDP job on 2 CPU ranks, {result['timing_steps']} steps, the "
                       "collective timing (trainer/collectives.py) off / on in turn every "
                       f"{2 if quick else 10} steps (DDP's built-in all-reduce): wall time per step cycle", timing)
     timed = timing[1]["ratio"]

@@ -18,6 +18,12 @@ time. Collective timing: a two-rank DDP job (bench/ddp_timing_job.py, DDP's buil
 whose collective timing (trainer/collectives.py) is attached and detached in turns, step cycles
 compared in the same run.
 
+``--quick`` (the smoke test, tests/test_bench_smoke.py) keeps every part but shrinks it: one round of
+10-step whole jobs on one rank each (still ``torchrun`` and the contenders' real commands: a launch
+costs its processes' imports, some 6 CPU-s a rank, whatever the steps), 100-step interleaved and
+50-step collective-timing jobs (two ranks: DDP's all-reduce needs them; fewer steps saved nothing
+measurable, their cost too is their processes' start).
+
     python -m bench.bench_training [--steps 200] [--rounds 7] [--quick] [--collectives-only] [--json FILE]
 """
 from __future__ import annotations
@@ -41,6 +47,8 @@ from trainer.custom_metrics import SEND_INTERVAL
 OFF, RELAY, AIM = "tracking off", "relay on", "AimCallback in-process"
 OFF_AGAIN = "tracking off again (A/A: the noise floor)"
 INTERLEAVED = 10  # the interleaved job runs this many times --steps
+#: --quick: steps of a whole job, rounds, ranks of a whole job.
+QUICK = {"steps": 10, "rounds": 1, "ranks": 1}
 #: The job each contender runs (after torchrun's own flags), given its output folder.
 JOBS: dict[str, Callable[[Path], list[str]]] = {
     OFF: lambda out: ["-m", "trainer", "--tracker", "none"],
@@ -49,18 +57,18 @@ JOBS: dict[str, Callable[[Path], list[str]]] = {
 }
 
 
-def _run(steps: int, contender: str, workdir: Path, wall: Sample) -> float:
-    """One demo job on two CPU ranks; returns its train_runtime and appends the process wall time to ``wall``."""
+def _run(steps: int, contender: str, workdir: Path, wall: Sample, ranks: int) -> float:
+    """One demo job on ``ranks`` CPU ranks; returns its train_runtime and appends the process wall time to ``wall``."""
     out = workdir / f"{contender.split()[0]}-{time.monotonic_ns()}"
-    runtime, seconds = demo_job(JOBS[contender](out), steps, out)
+    runtime, seconds = demo_job(JOBS[contender](out), steps, out, ranks)
     wall.values.append(seconds)
     return runtime
 
 
-def demo_job(job: list[str], steps: int, out: Path) -> tuple[float, float]:
-    """The demo fine-tune on two CPU ranks (torchrun, then ``job``: ``-m trainer ...``) writing into
+def demo_job(job: list[str], steps: int, out: Path, ranks: int = 2) -> tuple[float, float]:
+    """The demo fine-tune on ``ranks`` CPU ranks (torchrun, then ``job``: ``-m trainer ...``) writing into
     ``out``: its train_runtime and the whole process's wall time."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={ranks}",
            f"--master_port={free_port()}", *job,
            "--demo", "--output_dir", str(out), "--max_steps", str(steps), "--logging_steps", "1",
            "--disable_tqdm", "True"]
@@ -176,7 +184,7 @@ def collective_timing(steps: int, block: int, workdir: Path) -> dict[str, Sample
 def _print_timing(timing: dict[str, Sample], steps: int) -> list[dict]:
     plain, *others = timing.values()
     rows = [plain.row(), *(sample.row(plain) for sample in others)]
-    print("\n" + table(rows, f"Collective timing: one DDP job on 2 CPU ranks, {steps * INTERLEAVED // 2} steps, "
+    print("\n" + table(rows, f"Collective timing: one DDP job on 2 CPU ranks, {steps} steps, "
                              "nothing timed / timed in turns, wall time per step cycle"))
     return rows
 
@@ -219,15 +227,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200,
                         help=f"training steps per job (x{INTERLEAVED} for the interleaved job)")
     parser.add_argument("--rounds", type=int, default=7, help="jobs per contender")
-    parser.add_argument("--quick", action="store_true", help="1 round of 10 steps (a smoke test)")
+    parser.add_argument("--quick", action="store_true", help="1 round of 10 steps on 1 rank (a smoke test)")
     parser.add_argument("--collectives-only", action="store_true",
                         help=f"only the collective timing job ({INTERLEAVED // 2} x --steps steps)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
-    steps, rounds = (10, 1) if args.quick else (args.steps, args.rounds)
+    steps, rounds, ranks = (QUICK["steps"], QUICK["rounds"], QUICK["ranks"]) if args.quick else (
+        args.steps, args.rounds, 2)
+    interleaved_steps, timing_steps = steps * INTERLEAVED, steps * INTERLEAVED // 2
+    block = 2 if args.quick else 10
     if args.collectives_only:
         with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
-            rows = _print_timing(collective_timing(steps * INTERLEAVED // 2, 2 if args.quick else 10, Path(tmp)), steps)
+            rows = _print_timing(collective_timing(timing_steps, block, Path(tmp)), timing_steps)
         if args.json:
             args.json.write_text(json.dumps({"machine": machine(), "collective_timing": rows}, indent=2))
         return 0
@@ -235,10 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         work = Path(tmp)
         contenders: dict[str, Callable[[], float]] = {
-            name: (lambda name=name: _run(steps, name, work, walls[name])) for name in JOBS}
+            name: (lambda name=name: _run(steps, name, work, walls[name], ranks)) for name in JOBS}
         samples = alternate(contenders, rounds, "s")
-        blocks = interleaved(steps * INTERLEAVED, 2 if args.quick else 10, work)
-        timing = collective_timing(steps * INTERLEAVED // 2, 2 if args.quick else 10, work)
+        blocks = interleaved(interleaved_steps, block, work)
+        timing = collective_timing(timing_steps, block, work)
         hooks = hook_cost(steps * 10, work)
     off = samples[OFF]
     paired = {name: Sample(f"{name} / tracking off, same round", "x",
@@ -247,12 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = [off.row(), samples[RELAY].row(off), samples[AIM].row(off),
             rate[OFF].row(), rate[RELAY].row(rate[OFF]), rate[AIM].row(rate[OFF]),
             walls[OFF].row(), walls[RELAY].row(walls[OFF]), walls[AIM].row(walls[OFF])]
-    print(table(rows, f"Training overhead: demo fine-tune on 2 CPU ranks, {steps} steps, --logging_steps 1, "
+    print(table(rows, f"Training overhead: demo fine-tune on {ranks} CPU rank(s), {steps} steps, --logging_steps 1, "
                       "train_runtime"))
     block_rows = [blocks[OFF].row(), *(blocks[mode].row(blocks[OFF]) for mode in (RELAY, AIM, OFF_AGAIN))]
-    print("\n" + table(block_rows, f"Interleaved: one job, {steps * INTERLEAVED} steps, tracking off / relay / Aim "
+    print("\n" + table(block_rows, f"Interleaved: one job, {interleaved_steps} steps, tracking off / relay / Aim "
                                     "in turn every few steps, wall time per step cycle"))
-    timing_rows = _print_timing(timing, steps)
+    timing_rows = _print_timing(timing, timing_steps)
     step_time = blocks[OFF].median
     for name in (RELAY, AIM):
         print(f"whole jobs, {name} / off: median of same-round ratios {paired[name].median:.3f}, "
@@ -260,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"callback hooks per logged step: median {hooks.median * 1e6:.1f} us, max {hooks.spread[1] * 1e6:.1f} us "
           f"= {hooks.median / step_time * 100:.3f}% of the demo's median step ({step_time * 1e3:.1f} ms)")
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine(), "steps": steps, "interleaved_steps": steps * INTERLEAVED,
+        args.json.write_text(json.dumps({"machine": machine(), "steps": steps, "ranks": ranks,
+                                         "interleaved_steps": interleaved_steps, "timing_steps": timing_steps,
                                          "rows": rows,
                                          "paired": {name: sample.row() for name, sample in paired.items()},
                                          "hooks": hooks.row(), "interleaved": block_rows,

@@ -41,7 +41,8 @@ def test_bench_quick_writes_every_section(tmp_path: Path) -> None:
 
 
 def test_bench_quick_training_section_runs_all_three_contenders(tmp_path: Path) -> None:
-    """Three two-rank demo jobs (off, relay, AimCallback), the interleaved job and the collective timing job."""
+    """Three demo jobs (off, relay, AimCallback: in --quick one rank each under torchrun, as a launch costs
+    its processes' imports), the interleaved job and the two-rank collective timing job."""
     done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path), "--only", "training"],
                           cwd=ROOT, capture_output=True, text=True, timeout=700)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -49,6 +50,6 @@ def test_bench_quick_training_section_runs_all_three_contenders(tmp_path: Path) 
     assert "interleaved" in section["data"], f"{section['notes']}\n{done.stderr[-6000:]}"  # the section failed: why
     interleaved = [row["name"] for row in section["data"]["interleaved"]]
     assert len(interleaved) == 4 and any("AimCallback" in name for name in interleaved)
-    assert [row["n"] for row in section["data"]["rows"]] == [1] * 9
+    assert [row["n"] for row in section["data"]["rows"]] == [1] * 9 and section["data"]["ranks"] == 1
     assert len(section["targets"]) == 3
     assert [row["n"] > 0 for row in section["data"]["collective_timing"]] == [True] * 3  # nothing timed, timed, nothing timed again
