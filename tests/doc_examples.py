@@ -173,13 +173,17 @@ def _settled(sandbox: Path, timeout: float = 300) -> None:
         time.sleep(0.1)
 
 
+#: Where setup=demo puts the demo model in the sandbox ($MODEL).
+DEMO_MODEL = Path("path", "to", "model")
+
+
 def demo(sandbox: Path, opts: dict[str, str]) -> dict[str, str]:
-    """The demo model at ``path/to/model`` ($MODEL) and the first ``records`` (24) records of the
-    demo data at ``data.jsonl``."""
+    """The demo model at ``path/to/model`` ($MODEL; built unless a complete one is there already)
+    and the first ``records`` (24) records of the demo data at ``data.jsonl``."""
     from trainer.args import DEMO_DATA
     from trainer.demo import build_demo
 
-    model = sandbox / "path" / "to" / "model"
+    model = sandbox / DEMO_MODEL
     build_demo(str(model))
     records = Path(DEMO_DATA).read_text(encoding="utf-8").splitlines()[:int(opts.get("records", "24"))]
     (sandbox / "data.jsonl").write_text("\n".join(records) + "\n", encoding="utf-8")
