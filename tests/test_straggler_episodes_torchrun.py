@@ -6,36 +6,30 @@ Trainer's loss gather for logging, between steps, which is timed as a wait, so r
 own work; the one step within the factor (6) does not end the episode; three calm steps in a row do
 (``straggler_cleared``), and ``relay tail --view steps`` shows both. Ten steps follow the episode: under
 load a rank descheduled mid-step can look slow at any one of them (at load 30, rank 1 at 1.8 times the
-median at step 12), which starts the three again. About 40 s on an idle 2-core machine (two ranks
-importing transformers, 20 steps)."""
+median at step 12), which starts the three again. The job is a run of its own in the launch that
+every straggler test shares (tests/straggler_runs.py)."""
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 import pytest
-from conftest import free_port, read_jsonl
+from straggler_runs import EPISODE_STEPS as STEPS
+from straggler_runs import SLOW_STEPS, Run, straggler_runs
 from watch_helpers import relay_cmd
-from trainer_fixtures import demo_model, run_trainer, seed_flags, torchrun
+from trainer_fixtures import demo_model
 
 from sinks.events import RELAY_RANK
 
-pytestmark = pytest.mark.slow
-__all__ = ["demo_model"]  # a fixture, used by name
-
-JOB = Path(__file__).resolve().parent / "slow_rank_job.py"
-SLOW_STEPS = [*range(1, 6), *range(7, 11)]
-STEPS = 20
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # the first test to ask runs the shared launch
+__all__ = ["demo_model", "straggler_runs"]  # fixtures, used by name
 
 
-def test_a_rank_slow_after_the_all_reduce_is_named_once_per_episode_and_cleared(demo_model: Path,
-                                                                                 tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    cmd = torchrun(free_port())[:-2] + [str(JOB), "1", "optimizer", "0.5@1-5,7-10", "--"]
-    done = run_trainer(cmd + seed_flags(demo_model, out, steps=STEPS, eval_steps=None), timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    journal = out / "training_logs.jsonl"
-    events = read_jsonl(journal)
+def test_a_rank_slow_after_the_all_reduce_is_named_once_per_episode_and_cleared(
+        straggler_runs: dict[str, Run]) -> None:
+    run = straggler_runs["episodes"]
+    assert run.statuses == {0: 0, 1: 0}, (run.statuses, run.stderr)  # both ranks' main returned 0
+    journal = run.journal
+    events = run.events()
     ours = [e for e in events if e["rank"] == RELAY_RANK]
     figures = {e["step"]: e["data"] for e in ours if e["type"] == "metrics"}
     assert sorted(figures) == list(range(1, STEPS + 1))
