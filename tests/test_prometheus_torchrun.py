@@ -215,7 +215,24 @@ def test_prometheus_scrapes_a_real_job_and_alertmanager_gets_its_alerts(demo_mod
     finally:
         for proc in stopped:
             proc.send_signal(signal.SIGCONT)
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-        job.wait(30)
+        stop_job(job)
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+def stop_job(job: subprocess.Popen[bytes]) -> None:
+    """SIGKILL torchrun and its ranks. Each rank is in a session of its own (torchrun starts them so),
+    which torchrun's process group does not reach: killed alone, torchrun left both ranks training on
+    toward step 2000, orphaned, for hours of CPU beside the rest of the suite."""
+    try:
+        ranks = psutil.Process(job.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        ranks = []
+    if job.poll() is None:
+        os.killpg(job.pid, signal.SIGKILL)
+    for rank in ranks:
+        try:
+            rank.kill()
+        except psutil.NoSuchProcess:
+            pass
+    job.wait(30)
+    psutil.wait_procs(ranks, timeout=30)
