@@ -102,7 +102,7 @@ def test_a_slowed_rank_is_the_straggler_and_every_step_is_summed_up(relays, tmp_
 @pytest.mark.slow  # a whole fault scenario through relay processes: the full tier
 def test_a_killed_rank_is_lost_while_its_peers_finish_and_a_silent_one_comes_back(relays, tmp_path: Path) -> None:
     journal = tmp_path / "logs"
-    relay = relays(["--path", f"{journal}/", "--rank-silence", "2"])
+    relay = relays(["--path", f"{journal}/", "--rank-silence", "2", "--stats-interval", "0.2"])
     steps, run = 80, "lossy"
     ranks = [start_rank(relay.address, run, rank, 4, steps, 0.1, pause=(10, 4.0) if rank == 3 else None)
              for rank in range(4)]
@@ -117,7 +117,7 @@ def test_a_killed_rank_is_lost_while_its_peers_finish_and_a_silent_one_comes_bac
     last = victim_step()
     for rank in (0, 1, 3):
         assert finish(ranks[rank])["left"] == 0
-    time.sleep(4)  # twice the silence: ranks that all stopped at the end are not lost
+    checked_after(relay, journal, time.time() + 4)  # twice the silence: ranks that all stopped at the end are not lost
     assert relay.stop() == 0
 
     ours = derived(journal)
@@ -132,6 +132,21 @@ def test_a_killed_rank_is_lost_while_its_peers_finish_and_a_silent_one_comes_bac
     assert sorted(e["step"] for e in summed) == list(range(1, steps + 1))  # each step once, in order
     assert [e["step"] for e in summed] == sorted(e["step"] for e in summed)
     assert summed[-1]["data"]["ranks"] == 3  # the peers' last steps, without the lost rank
+
+
+def checked_after(relay, journal: Path, moment: float) -> None:
+    """Until the relay has run its once-a-second silence check (relay/daemon/loop.py) at ``moment``
+    (wall clock) or later, however slowly it is scheduled: a stats file it wrote a second after
+    ``moment`` or later, then a later one (a pass writes its stats before its check)."""
+    def written() -> float:
+        try:
+            snap = json.loads((journal / "_relay_stats.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return 0.0
+        return snap["ts"] if snap["pid"] == relay.proc.pid else 0.0
+    wait_for(lambda: written() >= moment + 1, 60, "the relay's stats a second after the moment", relay.log_tail)
+    first = written()
+    wait_for(lambda: written() > first, 60, "the relay's next stats", relay.log_tail)
 
 
 @pytest.mark.slow  # a whole fault scenario through relay processes: the full tier

@@ -128,7 +128,10 @@ def test_nats_down_at_start_and_for_30_s_mid_run(relays, tmp_path):
         cluster.start()
         wait_for(lambda: published(node, journal) > 500, 60, "published once NATS is up")
         cluster.kill_all()
-        time.sleep(1)  # the stats file is written every 0.2 s: let it say what was acknowledged before
+        # what was acknowledged before: counted before the sink saw its connection go, so final in the
+        # first stats file (written every 0.2 s) that says it is gone
+        wait_for(lambda: node.sink_stats(journal, SINK).get("sink", {}).get("connected") == 0, 60,
+                 "the nats sink saw NATS go", node.log_tail)
         at_outage = published(node, journal)
         time.sleep(30)
         assert published(node, journal) == at_outage and len(journal_lines(journal)) > at_outage + 3000
