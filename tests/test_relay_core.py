@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -72,12 +73,14 @@ def test_sigkill_midstream_and_restart_loses_nothing(relays, tmp_path):
 def test_publish_without_relay_never_blocks_and_counts_overflow(relays, tmp_path):
     address = f"tcp://127.0.0.1:{free_port()}"
     pub = Publisher("offline", 0, address=address, max_events=200)
-    worst = 0.0
-    for i in range(1000):
+    took = []
+    for i in range(1000):  # a publish() that waited for the relay would hang here (no relay yet)
         start = time.perf_counter()
         pub.publish("metrics", {"i": i}, step=i, stage="train")
-        worst = max(worst, time.perf_counter() - start)
-    assert worst < 0.005, f"slowest publish() took {worst * 1e3:.2f} ms"
+        took.append(time.perf_counter() - start)
+    # The median, not the slowest: on a loaded machine one call in a thousand is descheduled for a time
+    # slice or more (15.5 ms at load 16-21, a run of make test-loaded), which says nothing of publish().
+    assert statistics.median(took) < 0.001, f"median publish() {statistics.median(took) * 1e3:.3f} ms, slowest {max(took) * 1e3:.2f}"
     wait_for(lambda: pub.dropped >= 800 - 1, 10, "the bounded buffer overflowed")  # on the background thread
     journal = tmp_path / "late.jsonl"
     relay = relays(["--path", str(journal)], address=address)

@@ -28,7 +28,9 @@ def small_suite(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     hide = tmp_path / "no-aim"
     hide.mkdir()
     (hide / "sitecustomize.py").write_text("import sys\nsys.modules['aim'] = None\n")
-    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    # not the outer run's CI (each test sets its own) nor its PYTEST_ADDOPTS (options of the outer suite's
+    # plugins, e.g. --budget-json, which this small suite does not load)
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
     env["PYTHONPATH"] = os.pathsep.join([str(hide), str(ROOT)])
     return tmp_path, env
 

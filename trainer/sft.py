@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None, callbacks: list["TrainerCallback"] | Non
     try:
         check_command_line(argv)
         model_args, data_args, tracking_args, training_args = parse_args(argv)
+        STOP.arm()  # a SIGTERM while the flags were read raises now, before any model loads
         train(model_args, data_args, training_args, tracking_args, callbacks)
     except UsageError as exc:
         return _fail(str(exc), 2, rank0_has_it=False)

@@ -74,3 +74,20 @@ def test_a_bad_flag_stops_the_parse_before_torch_distributed_starts(tmp_path: Pa
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+#: A rank as torchrun stops it while it still imports or reads its flags: the SIGTERM lands once the
+#: handler is in place (trainer/__main__.py installs it before the imports) and before the bad flag is found.
+STOPPED_EARLY = ("import os, signal, sys\nfrom trainer.stopping import STOP\nSTOP.install()\n"
+                 "os.kill(os.getpid(), signal.SIGTERM)\nfrom trainer.__main__ import main\nsys.exit(main(sys.argv[1:]))")
+
+
+def test_a_rank_stopped_while_it_reads_a_bad_flag_exits_0_without_a_word(tmp_path: Path) -> None:
+    """Rank 0 stopped at the bad flag and torchrun stopped rank 1, a second behind (a loaded run): rank
+    1 reaches the same flag, sees it was stopped, and exits 0 in silence, so torchrun's summary names
+    rank 0 alone. Before, the SIGTERM raised while rank 1 read its flags: exit 143, a failure of its own."""
+    done = run_trainer([sys.executable, "-c", STOPPED_EARLY, "--demo", "--bogus_flag", "x", "--output_dir",
+                        str(tmp_path / "out")], RANK="1", WORLD_SIZE="2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert error_lines(done.stderr) == [], done.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
