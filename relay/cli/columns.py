@@ -10,7 +10,9 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, TextIO
 
-ELLIPSIS = "…"
+from relay.daemon.status import ELLIPSIS, cut
+
+__all__ = ["ELLIPSIS", "Column", "Layout", "cut", "fit", "terminal_width"]
 
 
 def terminal_width(stream: TextIO) -> int | None:
@@ -24,13 +26,6 @@ def terminal_width(stream: TextIO) -> int | None:
     except (AttributeError, ValueError, OSError):  # not a real file (captured output), or closed
         pass
     return None
-
-
-def cut(text: str, width: int | None) -> str:
-    """``text`` in ``width`` columns at most, "…" where it was cut."""
-    if width is None or len(text) <= width:
-        return text
-    return text[:max(0, width - 1)] + ELLIPSIS
 
 
 @dataclass(frozen=True)

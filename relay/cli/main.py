@@ -13,12 +13,14 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
 import click
 
+from relay.cli import sigterm
 from relay.wire.address import ADDRESS_ENV, DEFAULT_ADDRESS, AddressInUse, BadAddress
 from relay.journal.journal import NAME as JOURNAL, Journal, JournalError
 from relay.daemon.bounds import private_files
@@ -54,6 +56,7 @@ class _ServeByDefault(click.Group):
             _fail(EXIT_USAGE, _no_such_command(args[0], self.list_commands(ctx)))
         if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
             args = ["serve", *args]
+        sigterm.for_command(args[0] == "serve")  # before serve loads its sinks' plugins
         return super().parse_args(ctx, args)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -72,6 +75,9 @@ class _ServeByDefault(click.Group):
             _fail(exc.exit_code, exc.format_message())
         except click.Abort:  # Ctrl-C where a command does not say more itself
             _fail(EXIT_INTERRUPTED, "interrupted")
+        except sigterm.Stopped:  # relay serve, before its body: nothing was made yet
+            log.info("stopped (SIGTERM) before listening")
+            sys.exit(0)
         gc.freeze()  # done: the exit need not walk what a sink's library built (relay replay into MLflow: 0.5 CPU-s)
         sys.exit(status if isinstance(status, int) else 0)
 
@@ -254,32 +260,42 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
     from relay.daemon.loop import Relay
     from relay.sinkhost.process import check_sinks
 
-    private_files(world_readable)
-    line = LiveLine(sys.stderr) if wanted(live, sys.stderr) else None
-    _setup_logging(log_level, line)
-    config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
-                         sink_queue=sink_queue, forget_after=forget_after, run_rate=run_rate, max_runs=max_runs,
-                         max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
-                         shutdown_timeout=shutdown_timeout,
-                         curve_cert=curve_cert, curve_clients=curve_clients, open=run_open, secret_file=secret_file,
-                         cluster=ClusterConfig(straggler_factor, straggler_steps, rank_silence) if cluster else None)
-    try:  # every check before the relay listens: a bad option stops it before any training starts
-        journal, sinks = build_sinks(ctx, sink_params, log_level)
-    except SinkError as exc:
-        _fail(EXIT_USAGE, str(exc))
-    relay = Relay(config, journal, sinks)
-    try:  # a relay that stops here leaves nothing behind: no journal lock, no empty journal folder
-        relay.check_gate()
-        relay.open_journal()
-        check_sinks(sinks, journal.path)
-        relay.live = line
-        relay.bind()
-        start_metrics(relay, sink_params)  # --metrics-bind (its options: relay/cli/metrics_flags.py)
-    except (SinkError, JournalError, AddressInUse, BadAddress, AuthError) as exc:
-        journal.abandon()
-        if isinstance(exc, AddressInUse):
-            _fail(EXIT_ADDRESS_IN_USE, f"{exc}; stop the other relay or choose another address")
-        _fail(EXIT_USAGE, str(exc))
+    signal.signal(signal.SIGTERM, sigterm.stop_starting)  # from here a SIGTERM stops it cleanly (exit 0)
+    journal: Journal | None = None
+    try:
+        private_files(world_readable)
+        line = LiveLine(sys.stderr) if wanted(live, sys.stderr) else None
+        _setup_logging(log_level, line)
+        config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
+                             sink_queue=sink_queue, forget_after=forget_after, run_rate=run_rate, max_runs=max_runs,
+                             max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
+                             shutdown_timeout=shutdown_timeout,
+                             curve_cert=curve_cert, curve_clients=curve_clients, open=run_open, secret_file=secret_file,
+                             cluster=ClusterConfig(straggler_factor, straggler_steps, rank_silence) if cluster else None)
+        try:  # every check before the relay listens: a bad option stops it before any training starts
+            journal, sinks = build_sinks(ctx, sink_params, log_level)
+        except SinkError as exc:
+            _fail(EXIT_USAGE, str(exc))
+        relay = Relay(config, journal, sinks)
+        try:  # a relay that stops here leaves nothing behind: no journal lock, no empty journal folder
+            relay.check_gate()
+            relay.open_journal()
+            check_sinks(sinks, journal.path)
+            relay.live = line
+            relay.bind()
+            start_metrics(relay, sink_params)  # --metrics-bind (its options: relay/cli/metrics_flags.py)
+        except (SinkError, JournalError, AddressInUse, BadAddress, AuthError) as exc:
+            journal.abandon()
+            if isinstance(exc, AddressInUse):
+                _fail(EXIT_ADDRESS_IN_USE, f"{exc}; stop the other relay or choose another address")
+            _fail(EXIT_USAGE, str(exc))
+        signal.signal(signal.SIGTERM, relay.request_stop)  # listening: the loop stops, sinks starting or not
+    except sigterm.Stopped:
+        if journal is not None:
+            journal.abandon()
+        log.info("stopped (SIGTERM) before listening")
+        logging.shutdown()
+        os._exit(0)  # nothing was journaled; a half-made socket must not hold the exit up
     relay.serve()  # ready at once; the sinks' processes open beside it (Relay.open_sinks)
     logging.shutdown()
     sys.stderr.flush()
@@ -350,9 +366,10 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
 def status(target: str | None, as_json: bool, timeout: float) -> None:
     """Print a relay's status line once: ask the relay at ADDRESS (default $RELAY_ADDRESS or
     tcp://127.0.0.1:5557), or read the stats file a relay keeps beside its JOURNAL."""
+    from relay.cli.columns import terminal_width
     from relay.daemon.status import BadTarget, NoAnswer, status_text
     try:
-        click.echo(status_text(target, timeout, as_json))
+        click.echo(status_text(target, timeout, as_json, terminal_width(sys.stdout)))
     except NoAnswer as exc:
         _fail(EXIT_RUNTIME, str(exc))
     except BadTarget as exc:

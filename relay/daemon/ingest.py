@@ -103,7 +103,6 @@ class Ingest:
     def follow_health(self, health: RunHealth | None) -> None:
         """Keep each run's health in ``health`` (for the Prometheus endpoint, relay/daemon/run_health.py)."""
         self.health = health
-        self._watching = self.cluster is not None or health is not None  # the events _derive takes
         #: with --metrics-loss, what takes each of rank 0's frames for its last loss
         self._take_loss = health.take_loss if health is not None and health.loss else None
 
@@ -157,7 +156,7 @@ class Ingest:
             counters.events += len(events)
             if state.take_run(first_seq, len(events)):
                 commit_step.add(run, chunk, len(events))  # (not before _state: making room may commit)
-                if derive and self._watching:
+                if derive:
                     self._derive(events, now)
                 if self._take_loss is not None and rank == 0:
                     self._take_loss(events)
@@ -184,7 +183,7 @@ class Ingest:
                 elif event["type"] == "hello":
                     self.runs.hello(key, event["ts"])
                     self._attempt_begins(key, held, event["seq"], peer)
-                elif self._watching and (event["stage"] == "rank" or event["type"] == "lifecycle"):
+                elif event["stage"] == "rank" or event["type"] == "lifecycle":
                     self._derive((event,), now)
                 elif self._take_loss is not None and event["stage"] == "train" and key[1] == 0:
                     self._take_loss((event,))
@@ -223,10 +222,12 @@ class Ingest:
         return state
 
     def _derive(self, events: Iterable[dict[str, Any]], now: float) -> None:
-        """Hand the new per-rank figures and lifecycle events among ``events`` to the cluster derivation
-        and the runs' health."""
+        """Hand the new per-rank figures and lifecycle events among ``events`` to the cluster derivation,
+        the runs' health and the run table (each run's state in the status)."""
         cluster, health = self.cluster, self.health
         for event in events:
+            if event["type"] == "lifecycle":
+                self.runs.lifecycle(event["run"], event["data"])
             if health is not None:
                 health.observe(event, now)
             if cluster is None:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, cast
@@ -78,6 +79,7 @@ class Relay:
         self._rate = Rate()
         self._answers = Answers(self.snapshot)
         self._journal_open = False
+        self._host = socket.gethostname()  # in the stats: relay status judges a relay of this host only
         self.each_second: list[Callable[[], None]] = []  # called on this thread (the Prometheus endpoint's snapshot)
 
     # -- setup -----------------------------------------------------------------------------------
@@ -147,7 +149,8 @@ class Relay:
         raise_file_limit()
         self.open_journal()
         self.write_ready_file()  # ready before the sinks open: they take seconds (Aim, MLflow), ingest none
-        self.open_sinks()
+        if not self._stop:  # (a SIGTERM while it started: no sink is started only to be stopped)
+            self.open_sinks()
         assert self._gate is not None
         log.info("relay listening on %s (%s), journal %s, sinks: %s", self.address, self._gate.policy.describe(),
                  self.journal.path, ", ".join([JOURNAL] + [s.name for s in self.sinks]))
@@ -337,7 +340,7 @@ class Relay:
         sinks: dict[str, Any] = {JOURNAL: self.ingest.commit_step.journal_stats(now)}
         sinks.update(self.fan_out.stats())
         snap = self.counters.snapshot(sinks, runs.client_ranks())
-        snap.update(ts=round(time.time(), 3), address=self.address, pid=os.getpid(), final=final,
+        snap.update(ts=round(time.time(), 3), address=self.address, pid=os.getpid(), host=self._host, final=final,
                     events_per_s=round(self._rate.per_s(now, self.counters.events, window), 1), rate_window_s=window,
                     runs=runs.count(), active_window_s=self.config.active_window,
                     per_run=runs.view(now, self.config.active_window))

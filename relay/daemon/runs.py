@@ -34,6 +34,7 @@ class Runs:
         self.hellos: dict[Key, float] = {}  # ts of each rank's hello, to spot reused run ids
         self.active: dict[Key, float] = {}  # each rank's last frame, for "ranks connected"
         self.world: dict[str, int] = {}  # each run's world size
+        self.ended: dict[str, str] = {}  # each ended run's train_end status (completed, failed, ...)
         #: what the clients of ranks met again had reported dropped, per the journal (ingest counts it)
         self.reported: dict[Key, int] = {}
 
@@ -92,6 +93,15 @@ class Runs:
         if run not in self.world and run in self.dedupe.run_ranks:
             self.world[run] = world_size
 
+    def lifecycle(self, run: str, data: dict[str, Any]) -> None:
+        """A run's train_begin (it runs, again) or its first train_end (how it ended), for the status."""
+        what = data.get("event")
+        if what == "train_begin":
+            self.ended.pop(run, None)
+        elif what == "train_end" and run not in self.ended and run in self.dedupe.run_ranks:
+            status = data.get("status")
+            self.ended[run] = status[:32] if isinstance(status, str) and status else "completed"
+
     def hello(self, key: Key, ts: float) -> None:
         self.hellos[key] = ts
 
@@ -124,6 +134,7 @@ class Runs:
             self.active.pop((run, rank), None)
         self.journal.release(run)
         self.world.pop(run, None)
+        self.ended.pop(run, None)
         return ranks
 
     def ranks_of(self, run: str) -> list[int]:
@@ -137,4 +148,5 @@ class Runs:
     def view(self, now: float, window: float) -> dict[str, dict[str, Any]]:
         """The most recently active runs first, as the status lists them (counters.run_view)."""
         dedupe = self.dedupe
-        return run_view(reversed(dedupe.last_seen), dedupe.run_ranks, self.active, self.world, now, window)
+        return run_view(reversed(dedupe.last_seen), dedupe.run_ranks, self.active, self.world, self.ended, now,
+                        window)
