@@ -27,7 +27,7 @@ from relay.daemon.bounds import private_files
 from relay.daemon.live_line import LiveLine, LiveLogHandler, wanted
 from relay.cli.metrics_flags import start_metrics
 from relay.cli.targets import JOURNAL_SUMMARY, JournalFlags, Named, load_named, named, owner
-from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.child import SinkSpec, starting
 from sinks.base import Sink, SinkError
 
 log = logging.getLogger("relay")
@@ -135,10 +135,10 @@ class _SinkCommand(click.Command):
 
 
 def _no_such_command(word: str, commands: list[str]) -> str:
-    import difflib
+    from relay.cli.suggest import nearest
 
-    near = difflib.get_close_matches(word, commands, n=1, cutoff=0.6)
-    if near:
+    near, close = nearest(word, commands, n=1)
+    if close:
         return f"no such command {word!r}; did you mean {near[0]!r}?"
     return f"no such command {word!r}; commands: {', '.join(commands)} (see 'relay --help')"
 
@@ -332,9 +332,9 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
     classes: dict[str, tuple[str, Named]] = dict(ctx.meta[_SINKS])
     journal = JournalFlags.journal(sink_params) if classes.pop(JOURNAL, None) else None
     try:
-        sink_classes = [cast("type[Sink]", cls) for _, cls in classes.values()]  # (the journal's popped above)
-        sinks = [cls(**{o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params})
-                 for cls in sink_classes]
+        sink_classes = {name: cast("type[Sink]", cls) for name, (_, cls) in classes.items()}  # (not the journal)
+        sinks = [starting(name, cls, **{o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params})
+                 for name, cls in sink_classes.items()]
         result = replay_files(files, sinks, set(runs), journal, progress=progress.update,
                               derive=SpoolDerivation() if journal is not None else None)
     except (SinkError, JournalError) as exc:

@@ -23,6 +23,7 @@ import zmq
 from relay.wire import auth, curve
 from relay.wire.address import is_ipv6, resolve_address
 from relay.wire.monitor import recv_event
+from relay.wire.secret import SecretError
 from relay.journal.journal import Journal
 
 #: The whole request frame; any other frame is an event frame (and judged as one).
@@ -261,7 +262,9 @@ def query(address: str, timeout: float) -> dict[str, Any]:
             how = auth.secure_client(sock, address, os.environ.get(curve.SERVER_KEY_ENV),
                                      os.environ.get(curve.CLIENT_CERT_ENV))
             sock.connect(address)
-        except (zmq.ZMQError, ValueError) as exc:  # a malformed address, an unusable secret or CURVE key
+        except SecretError as exc:  # says what is wrong with it and the fix
+            raise BadTarget(str(exc)) from None
+        except (zmq.ZMQError, ValueError) as exc:  # a malformed address or CURVE key
             raise BadTarget(f"cannot connect to {address}: {exc}; give tcp://HOST:PORT or ipc:///path.sock "
                             "(and, for a CURVE relay, its public key in $RELAY_CURVE_SERVER_KEY)") from None
         sock.send(STATUS_REQUEST)

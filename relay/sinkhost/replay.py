@@ -24,6 +24,7 @@ from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import Dedupe
 from relay.journal.journal import BadRunId, Journal
 from relay.journal.reader import journal_files, read_events
+from relay.sinkhost.child import starting
 from relay.sinkhost.driver import SinkDriver, sleep_for
 from relay.wire.lines import SPOOL_SUFFIX, Derived, relay_event
 from sinks.base import Sink, SinkContext, SinkError
@@ -81,7 +82,7 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
     drivers: list[SinkDriver] = []
     try:
         for sink in sinks:
-            sink.open(context)
+            starting(sink.name, sink.open, context)
             drivers.append(SinkDriver(sink.name, sink, _deadletters(files, sink.name), wait=sleep_for(retry_for)))
         try:
             read = [0]
