@@ -20,6 +20,7 @@ from trainer.tracker_flags import TrackingArguments
 #: The dataclass whose fields are the training flags (module, class): the parser's.
 TRAINING = ("trl.trainer.sft_config", "SFTConfig")
 _NONE = object()
+LONG_NAME = 30  # characters of a flag's name past which its value is shown as VALUE, not the name again
 _BOOLEAN = {"bool", "bool | None", "Optional[bool]"}  # the types HfArgumentParser gives a --no_ form
 #: Names a package exports lazily from a module of its own (transformers' __init__ maps them at import).
 _LAZY = {("transformers", "TrainingArguments"): "transformers.training_args"}
@@ -28,14 +29,15 @@ _LAZY = {("transformers", "TrainingArguments"): "transformers.training_args"}
 def print_help(out: TextIO = sys.stdout) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m trainer", add_help=False,
-        usage="python -m trainer [--demo | --model_name_or_path PATH_OR_ID --data_path FILE] --output_dir DIR "
-              "[flags]",
+        usage="python -m trainer [--demo | --model_name_or_path PATH_OR_ID\n"  # (argparse wraps no usage given)
+              "                         --data_path FILE] --output_dir DIR [flags]",
         description="Fine-tune with SFT (trl) and publish every rank's metrics to a relay (docs/trainer.md). "
                     "torchrun --nproc_per_node=N -m trainer ... runs it on N ranks; --demo trains the bundled "
                     "tiny model offline.")
     parser.add_argument("-h", "--help", action="store_true", help="Show this message and exit.")
     for title, cls in (("model", ModelArguments), ("data", DataArguments), ("tracking", TrackingArguments)):
-        group = parser.add_argument_group(f"{title} ({(cls.__doc__ or cls.__name__).splitlines()[0].rstrip('.').lower()})")
+        about = (cls.__doc__ or cls.__name__).splitlines()[0].rstrip(".")
+        group = parser.add_argument_group(title, about[:1].upper() + about[1:] + ".")  # (a description wraps)
         for field in dataclasses.fields(cls):
             default = field.default if field.default is not dataclasses.MISSING else _NONE
             _add(group, field.name, field.metadata.get("help", ""), default, field.type in ("bool", bool))
@@ -46,9 +48,10 @@ def print_help(out: TextIO = sys.stdout) -> None:
     else:
         note = ""
     group = parser.add_argument_group(
-        "training (trl's SFTConfig and transformers' TrainingArguments, as installed)",
-        "Every field of SFTConfig is a flag: --output_dir is required, --learning_rate, --num_train_epochs, "
-        "--max_steps, --per_device_train_batch_size ..." + note)
+        "training",
+        "trl's SFTConfig and transformers' TrainingArguments, as installed: every field of SFTConfig is a flag: "
+        "--output_dir is required, --learning_rate, --num_train_epochs, --max_steps, "
+        "--per_device_train_batch_size ..." + note)
     for name, (help_text, default, boolean) in fields.items():
         _add(group, name, help_text, default, boolean)
     seed = parser.add_argument_group("the seed's flag names (still accepted)")
@@ -64,7 +67,8 @@ def _add(group: Any, name: str, help_text: str, default: Any, boolean: bool) -> 
     text = " ".join(help_text.split())
     if default is not _NONE and default is not None and "default" not in text.lower():
         text = f"{text} (default: {default})".strip()
-    group.add_argument(f"--{name}", metavar=name.upper(), help=text.replace("%", "%%"))
+    metavar = name.upper() if len(name) <= LONG_NAME else "VALUE"  # a line of 80 columns holds the two
+    group.add_argument(f"--{name}", metavar=metavar, help=text.replace("%", "%%"))
     if boolean and default is True:
         group.add_argument(f"--no_{name}", action="store_true", help=f"same as --{name} False")
 
