@@ -290,5 +290,13 @@ def test_the_run_table_says_what_the_status_shows(ingest) -> None:
     relay.take_frame(b"a", compact("run", 0, range(2)), now=10.0)
     relay.take_frame(b"b", compact("run", 1, range(2)), now=50.0)
     view = relay.runs.view(now=80.0, window=60.0)
-    assert view == {"run": {"connected": 1, "ranks": 2, "world_size": 2, "idle_s": 30.0}}
+    assert view == {"run": {"connected": 1, "ranks": 2, "world_size": 2, "idle_s": 30.0, "state": "running"}}
     assert relay.runs.client_ranks() == 2
+    # its state: how its first train_end said it ended (issue 44 §2); a train_begin runs it again
+    relay.take_frame(b"a", encoding.encode_frame([event(2, type="lifecycle", event="train_end", status="failed")]),
+                     now=81.0)
+    relay.take_frame(b"b", encoding.encode_frame([event(2, rank=1, type="lifecycle", event="train_end")]), now=81.0)
+    assert relay.runs.view(now=82.0, window=60.0)["run"]["state"] == "failed"
+    relay.take_frame(b"a", encoding.encode_frame([event(3, type="lifecycle", event="train_begin", attempt=1)]),
+                     now=83.0)
+    assert relay.runs.view(now=84.0, window=60.0)["run"]["state"] == "running"

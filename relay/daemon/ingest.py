@@ -103,6 +103,8 @@ class Ingest:
     def follow_health(self, health: RunHealth | None) -> None:
         """Keep each run's health in ``health`` (for the Prometheus endpoint, relay/daemon/run_health.py)."""
         self.health = health
+        #: each frame's metrics steps, for the runs that send no per-rank windows (run_health.py)
+        self._take_steps = health.take_steps if health is not None else None
         #: with --metrics-loss, what takes each of rank 0's frames for its last loss
         self._take_loss = health.take_loss if health is not None and health.loss else None
 
@@ -158,6 +160,8 @@ class Ingest:
                 commit_step.add(run, chunk, len(events))  # (not before _state: making room may commit)
                 if derive:
                     self._derive(events, now)
+                if self._take_steps is not None:
+                    self._take_steps(events, now)
                 if self._take_loss is not None and rank == 0:
                     self._take_loss(events)
                 return
@@ -185,8 +189,11 @@ class Ingest:
                     self._attempt_begins(key, held, event["seq"], peer)
                 elif event["stage"] == "rank" or event["type"] == "lifecycle":
                     self._derive((event,), now)
-                elif self._take_loss is not None and event["stage"] == "train" and key[1] == 0:
-                    self._take_loss((event,))
+                else:
+                    if self._take_steps is not None:
+                        self._take_steps((event,), now)
+                    if self._take_loss is not None and event["stage"] == "train" and key[1] == 0:
+                        self._take_loss((event,))
             else:
                 counters.duplicates += 1
                 if event["type"] == "hello" and self.runs.reused(key, event["ts"]):

@@ -1,5 +1,5 @@
 """Each run's health as the Prometheus endpoint shows it (relay/metrics/): its last step and when it
-came, its recent pace, each rank's last step time and own work, its attempt, whether it ended and,
+came (from its ranks' windows, or from its metrics events for a run that sends none), its recent pace, each rank's last step time and own work, its attempt, whether it ended and,
 opt-in, its last loss.
 
 Ingest (relay/daemon/ingest.py) hands ``observe`` the events it already looks at for the cross-rank
@@ -25,7 +25,7 @@ PACE_STEPS = 64
 
 class _Run:
     __slots__ = ("world_size", "last_step", "last_step_at", "pace", "step_time", "own_time", "rank_step",
-                 "attempt", "loss", "ended_at", "status")
+                 "attempt", "loss", "ended_at", "status", "ranked")
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
@@ -39,6 +39,7 @@ class _Run:
         self.loss: float | None = None
         self.ended_at: float | None = None
         self.status: str | None = None
+        self.ranked = False  # it sends per-rank windows (stage "rank"): its steps come from them alone
 
 
 class RunView(NamedTuple):
@@ -97,6 +98,7 @@ class RunHealth:
         rank, step, data = event["rank"], event["step"], event["data"]
         if rank >= run.world_size:
             return
+        run.ranked = True
         took, own = data.get("step_time"), data.get("own_time")
         if type(took) in _NUMBERS and isfinite(took):
             run.step_time[rank] = took
@@ -104,9 +106,18 @@ class RunHealth:
             run.own_time[rank] = own
         if type(step) is int:
             run.rank_step[rank] = step
-            if step > run.last_step:
-                run.last_step, run.last_step_at = step, now
-                run.pace.append((now, step))
+            _stepped(run, step, now)
+
+    def take_steps(self, events: Sequence[dict[str, Any]], now: float) -> None:
+        """New events of one frame, oldest first: the step of the last metrics event among them, for a
+        run that sends no per-rank windows (a custom loop's ``Publisher``, the accelerate tracker), so it
+        has a last step, a pace and a stall series too. A run that sends them keeps its steps from them."""
+        for event in reversed(events):
+            if event["type"] == "metrics" and type(event["step"]) is int and event["stage"] != "rank":
+                run = self._run(event)
+                if not run.ranked:
+                    _stepped(run, event["step"], now)
+                return
 
     def take_loss(self, events: Sequence[dict[str, Any]]) -> None:
         """Rank 0's new events of one frame, oldest first: the last training loss among them."""
@@ -146,6 +157,13 @@ class RunHealth:
         runs = list(self.runs.items())  # one C call: the ingest thread may add a run meanwhile
         runs.sort(key=lambda item: -(item[1].last_step_at or 0.0))
         return {name: _view(run) for name, run in runs[:limit]}
+
+
+def _stepped(run: _Run, step: int, now: float) -> None:
+    """A step reported at ``now``: the run's last step and pace move on if it is a new one."""
+    if step > run.last_step:
+        run.last_step, run.last_step_at = step, now
+        run.pace.append((now, step))
 
 
 def _view(run: _Run) -> RunView:
