@@ -3,16 +3,14 @@ the first of a table's layouts, widest first, whose lines fit it.
 
 The width is the terminal's, or ``$COLUMNS`` when set; a pipe or a file without ``$COLUMNS`` gets
 every column (a script reads the widest layout, always the same). A line still too wide (a long
-cell) is cut, with "…" where it was cut: a line that wraps breaks the table."""
+cell) is cut, with "…" where it was cut (relay/daemon/status.py `cut`, which the status line uses too):
+a line that wraps breaks the table."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from typing import Iterable, TextIO
 
-from relay.daemon.status import ELLIPSIS, cut
-
-__all__ = ["ELLIPSIS", "Column", "Layout", "cut", "fit", "terminal_width"]
 
 
 def terminal_width(stream: TextIO) -> int | None:

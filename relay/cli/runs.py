@@ -21,7 +21,8 @@ from typing import Any, BinaryIO, Iterator
 import orjson
 
 from relay.cli.backward import lines_backwards
-from relay.cli.columns import Column, Layout, cut, fit
+from relay.cli.columns import Column, Layout, fit
+from relay.daemon.status import cut
 from relay.cli.filters import number
 from relay.journal.reader import journal_files
 from relay.wire.lines import parse_line
