@@ -16,8 +16,13 @@ A fenced block is an example when the line right before it is a marker::
   renamed or gone fails. ``varies=REGEX`` on the output block: lines that timing decides to print
   or not (a relay's log line that depends on when it was killed), left out of the comparison.
 
-Markers are HTML comments, invisible on GitHub; what is not marked is not run (commands that
-need a GPU, a cluster, a server or a terminal).
+- ``skip="why"``: a block that cannot be run here (a relay that serves until stopped, a server, a
+  cluster, a GPU, a terminal, real output of a training job), and why, in a few words.
+
+Markers are HTML comments, invisible on GitHub, on the line right above the block's opening fence
+(which starts its line). Every Python or shell block (``python``, ``bash``, ``sh``, ``shell``,
+``console``, or an untagged block that starts with a ``$ `` prompt) has one: tests/test_docs.py fails
+on one that has none (``test_every_python_and_shell_snippet_is_run_or_says_why_not``).
 """
 from __future__ import annotations
 
