@@ -109,15 +109,17 @@ class EmbeddedRelay:
 
     @classmethod
     def start(cls, output_dir: str, *, sink_args: list[str] | None = None, timeout: float = 60.0,
-              exit_timeout: float = EXIT_TIMEOUT) -> "EmbeddedRelay":
+              exit_timeout: float = EXIT_TIMEOUT, journal: str | None = None) -> "EmbeddedRelay":
         """Start the relay and wait until it has bound and opened its sinks; RelayStartError if not.
-        ``exit_timeout``: how long its sinks may take at the end to apply the run (see ``stop``)."""
+        ``exit_timeout``: how long its sinks may take at the end to apply the run (see ``stop``);
+        ``journal``: its path (default ``<output_dir>/training_logs.jsonl``)."""
         os.makedirs(output_dir, exist_ok=True)
+        journal = journal or os.path.join(output_dir, JSONL_NAME)
         workdir = _private_dir()
         ready = os.path.join(workdir, "ready.json")
         cmd = [
             sys.executable, "-m", "relay", "--bind", f"ipc://{os.path.join(workdir, SOCKET_NAME)}",
-            "--sink", "jsonl", "--path", os.path.join(output_dir, JSONL_NAME),
+            "--sink", "jsonl", "--path", journal,
         ]
         cmd += sink_args or []  # the other trackers' sinks (trainer/tracker_flags.py)
         cmd += ["--ready-file", ready, "--watch-pid", str(os.getpid()), "--shutdown-timeout", f"{exit_timeout:g}",
@@ -136,8 +138,7 @@ class EmbeddedRelay:
                                       f"(log: {log_path})")
             address = _read_ready(ready)
             if address:
-                log.info("embedded relay pid %d at %s, writing %s", proc.pid, address,
-                         os.path.join(output_dir, JSONL_NAME))
+                log.info("embedded relay pid %d at %s, writing %s", proc.pid, address, journal)
                 return cls(proc, address, log_path, workdir, output_dir, exit_timeout)
             if time.monotonic() > deadline:
                 proc.kill()

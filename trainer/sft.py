@@ -21,13 +21,15 @@ from trainer.args import (
     validate,
 )
 from trainer.embedded import (
-    JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id, near, relay_executable,
+    EmbeddedRelay, RelayStartError, agree, barrier, default_run_id, near, relay_executable,
 )
 from trainer.errors import UsageError
+from trainer.formatter import fill_special_tokens
+from trainer.model_load import load_kwargs
 from trainer.model_source import check_command_line
 from trainer.run_identity import identify, write_run_file
 from trainer.stopping import STOP
-from trainer.tracker_flags import TrackingArguments, sink_args
+from trainer.tracker_flags import TrackingArguments, aim_experiment, journal_path, sink_args
 from trainer.usage import print_help
 
 if TYPE_CHECKING:
@@ -76,6 +78,7 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
                             "run a relay they can reach and pass --relay_address")
             try:
                 relay = EmbeddedRelay.start(folder, sink_args=sink_args(plan.trackers, plan.tracking, folder),
+                                            journal=journal_path(plan.tracking, folder),
                                             timeout=plan.tracking.relay_start_timeout,
                                             exit_timeout=plan.tracking.relay_exit_timeout)
                 address = relay.address
@@ -90,7 +93,7 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
     run_id = identity.run
     if relay is not None:
         relay.run = run_id
-    journal = os.path.join(folder, JSONL_NAME) if plan.tracking.relay_address is None else None
+    journal = journal_path(plan.tracking, folder) if plan.tracking.relay_address is None else None
     custom_metrics.start(run_id, rank=rank, local_rank=local_rank, world_size=world_size, address=address,
                          spool_dir=os.path.join(folder, SPOOL_DIR_NAME), spool_journal=journal,
                          attempt=identity.attempt)
@@ -100,14 +103,16 @@ def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) 
                       "output_dir": os.path.abspath(folder),  # the relay may run elsewhere
                       "relay_address": address, "trackers": plan.trackers, "embedded_relay": relay is not None,
                       "user": _user(), "source": sys.argv[0]}  # what MLflow's own logging records
-        if plan.tracking.experiment:
-            run_params["experiment"] = plan.tracking.experiment  # sinks that group runs (Aim) use it
+        if plan.tracking.aim_experiment or plan.tracking.experiment:
+            run_params["experiment"] = aim_experiment(plan.tracking)  # sinks that group runs (Aim) use it
+        if plan.tracking.run_uri_export_path:  # where the trackers' <tracker>_tracker.json go
+            run_params["run_uri_export_path"] = os.path.abspath(plan.tracking.run_uri_export_path)
         custom_metrics.set_params(run_params, name="run")
         if plan.exp_metadata is not None:
             custom_metrics.set_params(plan.exp_metadata, name="experiment_metadata")
         write_run_file(folder, {"run": run_id, "attempt": identity.attempt, "resumed_from": identity.resumed_from,
                                 "address": address, "world_size": world_size,
-                                "jsonl": os.path.join(folder, JSONL_NAME) if relay else None,
+                                "jsonl": journal if relay else None,
                                 "relay_pid": relay.proc.pid if relay else None})
         log.info("tracking run %s%s through the relay at %s", run_id,
                  f" (attempt {identity.attempt}, from step {identity.resumed_from})" if identity.attempt else "", address)
@@ -130,7 +135,7 @@ def _load(plan: RunPlan, rank: int) -> tuple[PreTrainedTokenizerBase, PreTrained
     args = plan.model
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path or plan.model_path)
-    model = AutoModelForCausalLM.from_pretrained(plan.model_path)
+    model = AutoModelForCausalLM.from_pretrained(plan.model_path, **load_kwargs(args))
     if rank == 0:
         custom_metrics.track({"model_load_time": time.perf_counter() - started})
     return tokenizer, model
@@ -173,6 +178,10 @@ def train(
             with training_args.main_process_first(local=True, desc="building the demo model"):
                 build_demo(plan.model_path)
         tokenizer, model = _load(plan, rank)
+        if data_args.data_formatter_template is not None:  # its {{eos_token}}s, now the tokenizer is here
+            plan.train_dataset = fill_special_tokens(plan.train_dataset, tokenizer)
+            if plan.eval_dataset is not None:
+                plan.eval_dataset = fill_special_tokens(plan.eval_dataset, tokenizer)
         peft_config = None
         if model_args.use_peft:
             targets = model_args.target_modules
@@ -213,7 +222,7 @@ def train(
             if relay is not None:
                 relay.stop()
                 if completed:
-                    _point_at_journal(os.path.join(output_dir(training_args), JSONL_NAME))
+                    _point_at_journal(journal_path(plan.tracking, output_dir(training_args)))
 
 
 def _point_at_journal(journal: str) -> None:
