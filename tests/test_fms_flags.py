@@ -183,13 +183,19 @@ def test_fms_remote_aim_flags_train_into_a_real_aim_server(aim_server, tmp_path:
         "--demo", "--output_dir", str(out), "--max_steps", "4", "--logging_steps", "1",
         "--tracker", "file_logger", "aim", "--aim_remote_server_ip", "127.0.0.1", "--aim_remote_server_port", port,
         "--aim_experiment", "fms-remote", "--run_uri_export_path", str(exports),
-        "--training_logs_filename", "fms_logs.jsonl", "--exp_metadata", '{"gpu": "none"}'])
+        "--training_logs_filename", "fms_logs.jsonl", "--exp_metadata", '{"gpu": "none"}',
+        "--peft_method", "lora", "--r", "4", "--torch_dtype", "float32", "--use_flash_attn", "True",
+        "--data_formatter_template", "### Instruction:\\n{{instruction}}\\n\\n### Response:\\n{{response}}{{eos_token}}"])
     assert done.returncode == 0, done.stderr[-3000:]
+    off = [line for line in done.stderr.splitlines() if "--use_flash_attn: no CUDA device here" in line]
+    assert len(off) == 1, done.stderr[-3000:]
     journal = read_jsonl(out / "fms_logs.jsonl")
     assert not (out / "training_logs.jsonl").exists()
     losses = {e["step"]: e["data"]["loss"] for e in journal
               if e["type"] == "metrics" and e.get("stage") == "train" and "loss" in e["data"]}
     assert sorted(losses) == [1, 2, 3, 4], losses
+    peft = next(e["data"] for e in journal if e["type"] == "params" and e.get("stage") == "peft")
+    assert peft["default"]["r"] == 4 and peft["default"]["lora_alpha"] == 16, peft  # --r, and ours default
     exported = json.loads((exports / "aim_tracker.json").read_text())
     assert exported["repo"] == aim_server.url and exported["experiment"] == "fms-remote", exported
     assert not (out / "aim_tracker.json").exists(), "--run_uri_export_path, not --output_dir"
@@ -216,3 +222,32 @@ def _read_remote(url: str) -> dict[str, dict]:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_formatter_template_makes_each_text_and_the_tokenizers_tokens_go_in(tmp_path: Path) -> None:
+    """fms's {{key}} template over each record, split at the response template, its {{eos_token}}
+    filled from a real tokenizer once there is one; a token the tokenizer lacks is one line."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    from trainer.dataset import load_sft_dataset
+    from trainer.errors import UsageError
+    from trainer.formatter import compile_template, fill_special_tokens
+
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"input": "2 + 2", "output": "4"}\n{"input": "3 + 3", "output": "6"}\n')
+    render = compile_template("### Input: {{input}}\n## Label: {{element['output']}}{{eos_token}}")
+    ds = load_sft_dataset(str(data), "text", "\n## Label:", formatter=render)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")),
+                                        eos_token="</s>")
+    filled = fill_special_tokens(ds, tokenizer).to_list()
+    assert filled == [{"prompt": "### Input: 2 + 2\n## Label:", "completion": " 4</s>"},
+                      {"prompt": "### Input: 3 + 3\n## Label:", "completion": " 6</s>"}]
+    padded = load_sft_dataset(str(data), "text", None, formatter=compile_template("{{input}}{{pad_token}}"))
+    with pytest.raises(UsageError, match="uses {{pad_token}}, which the tokenizer does not have"):
+        fill_special_tokens(padded, tokenizer)
+    with pytest.raises(UsageError, match="record 1: --data_formatter_template: 'missing' is undefined"):
+        load_sft_dataset(str(data), "text", None, formatter=compile_template("{{missing}}"))
+    with pytest.raises(UsageError, match="--data_formatter_template: not a valid Jinja template"):
+        compile_template("{{ unclosed")
