@@ -318,19 +318,9 @@ def _resume_args(training: "SFTConfig", tracking: TrackingArguments) -> None:
             raise UsageError(f"--continue_run: {tracking.continue_run!r} must match {RUN_ID_RE.pattern}")
 
 
-def validate(
-    model: ModelArguments,
-    data: DataArguments,
-    training: "SFTConfig",
-    tracking: TrackingArguments | None = None,
-) -> RunPlan:
-    """Check everything that does not need the model; load and split the data set.
-
-    ``model`` and ``data`` are filled in for --demo by the caller before this runs.
-    """
-    from trainer.dataset import load_sft_dataset
-
-    tracking = tracking or TrackingArguments()
+def check_tracking(tracking: TrackingArguments) -> tuple[list[str], dict[str, Any] | None]:
+    """The trackers and run metadata ``tracking`` asks for; UsageError for an option that is wrong
+    whatever the job (the command line's, the callback's and the accelerate tracker's alike)."""
     trackers = parse_trackers(tracking.tracker)
     exp_metadata = load_exp_metadata(tracking.exp_metadata)
     if tracking.aim_repo and "aim" not in trackers:
@@ -349,6 +339,23 @@ def validate(
     for name in ("relay_flush_timeout", "relay_start_timeout", "relay_exit_timeout"):
         if not getattr(tracking, name) > 0:
             raise UsageError(f"--{name} must be positive, got {getattr(tracking, name)}")
+    return trackers, exp_metadata
+
+
+def validate(
+    model: ModelArguments,
+    data: DataArguments,
+    training: "SFTConfig",
+    tracking: TrackingArguments | None = None,
+) -> RunPlan:
+    """Check everything that does not need the model; load and split the data set.
+
+    ``model`` and ``data`` are filled in for --demo by the caller before this runs.
+    """
+    from trainer.dataset import load_sft_dataset
+
+    tracking = tracking or TrackingArguments()
+    trackers, exp_metadata = check_tracking(tracking)
     if training.fsdp and _cpu_only() and training.process_index == 0:
         log.warning("--fsdp: no accelerator here, so accelerate runs this job as plain data parallel (DDP on gloo, "
                     "the whole model on every rank), not sharded")
