@@ -11,12 +11,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from compat_env import ROOT, fms_env, fms_python, run_fms
-from conftest import free_port, once_per_run, read_jsonl
+from compat_env import ROOT, fms_env, fms_model, fms_python
+from conftest import free_port, read_jsonl
 from sink_readback import read_repo
 from trainer_fixtures import DEMO_DATA, demo_model, trainer_env
 
-__all__ = ["demo_model"]  # a fixture, used by name
+__all__ = ["demo_model", "fms_model"]  # fixtures, used by name
 
 PLAIN_JOB = Path(__file__).resolve().parent / "plain_trainer_job.py"
 FMS_JOB = Path(__file__).resolve().parent / "fms_job.py"
@@ -54,16 +54,6 @@ def _check_job(events: list[dict], *, world_size: int, steps: int, status: str =
     ends = [e["data"] for e in own if e["type"] == "lifecycle" and e["data"]["event"] == "train_end"]
     assert [end["status"] for end in ends] == [status], ends
     return runs.pop()
-
-
-@pytest.fixture(scope="session")
-def fms_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo model built by transformers 4.55 (a transformers 5 tokenizer does not load there)."""
-    with once_per_run(tmp_path_factory, "fms-demo-model") as folder:
-        if not (folder / "demo-complete.json").exists():
-            done = run_fms(["-c", f"from trainer.demo import build_demo; build_demo({str(folder)!r})"])
-            assert done.returncode == 0, done.stderr[-3000:]
-        return folder
 
 
 @pytest.mark.slow
