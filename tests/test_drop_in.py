@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from compat_env import ROOT, fms_env, fms_model, fms_python
+from compat_env import ROOT, fms_env, fms_model, fms_python, run_fms
 from conftest import free_port, read_jsonl
 from sink_readback import read_repo
 from trainer_fixtures import DEMO_DATA, demo_model, trainer_env
@@ -224,3 +224,14 @@ def test_callback_with_a_publisher_takes_no_settings() -> None:
     with Publisher("settings-test", 0, address=None) as pub:
         with pytest.raises(ValueError, match="tracking settings need no publisher"):
             RelayCallback(pub, trackers=["aim"])
+
+
+@pytest.mark.slow  # the compatibility venv: make test builds it, make test-fast does not
+def test_our_entry_point_at_fms_pins_says_what_it_needs(tmp_path: Path) -> None:
+    """``python -m trainer`` needs transformers 5 and trl 1: at fms-hf-tuning's pins it says so in one line,
+    and the way in that works there, before anything is parsed or started."""
+    done = run_fms(["-m", "trainer", "--demo", "--output_dir", str(tmp_path / "out")])
+    assert done.returncode == 2, done.stderr[-3000:]
+    [line] = [line for line in done.stderr.splitlines() if line.strip()]
+    assert "ERROR trainer: python -m trainer needs transformers>=5.0 (this environment has 4.55.4), trl>=1.0" in line
+    assert "RelayCallback()" in line and not (tmp_path / "out").exists()

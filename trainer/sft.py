@@ -24,6 +24,7 @@ from trainer.job_tracking import JobPlace, JobTracking
 from trainer.model_source import check_command_line
 from trainer.stopping import STOP
 from trainer.tracker_flags import TrackingArguments
+from trainer.train_requirements import check_train_requirements
 from trainer.usage import print_help
 
 if TYPE_CHECKING:
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None, callbacks: list["TrainerCallback"] | Non
         print_help()
         return 0
     try:
+        check_train_requirements()
         check_command_line(argv)
         model_args, data_args, tracking_args, training_args = parse_args(argv)
         STOP.arm()  # a SIGTERM while the flags were read raises now, before any model loads
