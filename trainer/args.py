@@ -6,7 +6,6 @@ seconds rather than a model load; every failure is a :class:`UsageError` with on
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer.errors import UsageError
 from trainer.model_source import FLAGS, check_source
+from trainer.job_settings import check_tracking
 from trainer.tracker_flags import TRACKERS, TrackingArguments
 
 if TYPE_CHECKING:
@@ -248,41 +248,6 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def parse_trackers(spec: str) -> list[str]:
-    """``"aim,mlflow"`` -> ``["jsonl", "aim", "mlflow"]``: jsonl is always kept, since it is the source of truth."""
-    names = [n.strip().lower() for n in spec.split(",") if n.strip()]
-    if not names:
-        raise UsageError(f"--tracker: empty; use {', '.join(TRACKERS)}")
-    unknown = [n for n in names if n not in TRACKERS]
-    if unknown:
-        raise UsageError(f"--tracker: unknown tracker {unknown[0]!r}; known trackers: {', '.join(TRACKERS)}")
-    if "none" in names:
-        if len(set(names)) > 1:
-            raise UsageError("--tracker: 'none' cannot be combined with other trackers")
-        return ["none"]
-    return ["jsonl"] + [n for n in dict.fromkeys(names) if n != "jsonl"]
-
-
-def load_exp_metadata(spec: str | None) -> dict[str, Any] | None:
-    """--exp_metadata is inline JSON or a path to a JSON file; either way it must be an object."""
-    if spec is None:
-        return None
-    text, where = spec, "--exp_metadata"
-    if not spec.lstrip().startswith("{"):
-        if not os.path.isfile(spec):
-            raise UsageError(f"--exp_metadata: {spec!r} is neither a JSON object nor an existing file")
-        where = f"--exp_metadata file {spec}"
-        with open(spec, encoding="utf-8") as fh:
-            text = fh.read()
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{where}: invalid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise UsageError(f"{where}: must be a JSON object, got {type(value).__name__}")
-    return value
-
-
 def unescape(text: str) -> str:
     r"""Interpret \n, \t and \\ the way the seed's users typed them in a shell."""
     return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
@@ -316,30 +281,6 @@ def _resume_args(training: "SFTConfig", tracking: TrackingArguments) -> None:
 
         if not valid_run_id(tracking.continue_run):
             raise UsageError(f"--continue_run: {tracking.continue_run!r} must match {RUN_ID_RE.pattern}")
-
-
-def check_tracking(tracking: TrackingArguments) -> tuple[list[str], dict[str, Any] | None]:
-    """The trackers and run metadata ``tracking`` asks for; UsageError for an option that is wrong
-    whatever the job (the command line's, the callback's and the accelerate tracker's alike)."""
-    trackers = parse_trackers(tracking.tracker)
-    exp_metadata = load_exp_metadata(tracking.exp_metadata)
-    if tracking.aim_repo and "aim" not in trackers:
-        log.warning("--aim_repo %s is unused without --tracker aim", tracking.aim_repo)
-    if tracking.wandb_mode not in ("offline", "online"):
-        raise UsageError(f"--wandb_mode: {tracking.wandb_mode!r} must be offline or online")
-    if tracking.relay_address is not None:
-        from relay.wire import auth
-        from relay.wire.address import BadAddress, check_connect_address
-
-        try:
-            check_connect_address(tracking.relay_address)
-            auth.check(tracking.relay_address)  # the relay secret, before anything trains
-        except (BadAddress, ValueError) as exc:  # ValueError: secret.SecretError
-            raise UsageError(f"--relay_address: {exc}") from None
-    for name in ("relay_flush_timeout", "relay_start_timeout", "relay_exit_timeout"):
-        if not getattr(tracking, name) > 0:
-            raise UsageError(f"--{name} must be positive, got {getattr(tracking, name)}")
-    return trackers, exp_metadata
 
 
 def validate(
