@@ -75,6 +75,20 @@ def test_a_loop_that_dies_still_ends_its_run(tmp_path: Path) -> None:
     assert not _relays_left(out)
 
 
+@pytest.mark.slow
+def test_relay_address_from_the_environment(tmp_path: Path, relays) -> None:
+    """RELAY_ADDRESS: the loop publishes to the relay the platform runs; nothing starts beside it."""
+    relay = relays(["--sink", "jsonl", "--path", str(tmp_path / "relay.jsonl")])
+    out = tmp_path / "project"
+    done = _run([sys.executable, str(JOB), str(out), str(STEPS)], trainer_env(RELAY_ADDRESS=relay.address))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert relay.stop() == 0
+    events = read_jsonl(tmp_path / "relay.jsonl")
+    assert [e["step"] for e in _stage(events, "train")] == list(range(1, STEPS + 1))
+    assert [e["data"]["status"] for e in events if e["data"].get("event") == "train_end"] == ["completed"]
+    assert not (out / "training_logs.jsonl").exists()
+
+
 def test_logged_values_as_figures() -> None:
     import numpy as np
     import torch
