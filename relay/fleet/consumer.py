@@ -13,7 +13,8 @@ bound what is held in memory; a message unacknowledged when its relay died is de
 already has.
 
 A stats file (``_relay_consume_<name>.json`` under ``--path``) says every second which partitions
-this relay holds and what each took, for operators and the tests.
+this relay holds, who held each partition when it last read the leases (``holders``: a viewer given
+a view this relay no longer holds names its holder, relay/journal/fleet_views.py) and what each took.
 """
 from __future__ import annotations
 
@@ -88,6 +89,7 @@ class Consumer:
         self.errors = 0
         self._closing = False
         self.latest: dict[str, Any] | None = None  # the last stats written (the Prometheus endpoint reads it)
+        self.lease_holders: dict[int, str | None] = {}  # each partition's holder as last read ("?": not known)
 
     def stop(self) -> None:
         self._stop.set()
@@ -182,6 +184,7 @@ class Consumer:
         own = self.own
         assert own is not None
         members, leases = await self._read_leases()
+        self.lease_holders = {**leases, **dict.fromkeys(own.consuming(), self.config.name)}
         actions = own.plan(time.monotonic(), leases, members)
         await asyncio.gather(*(self._act(action) for action in actions))
 
@@ -331,6 +334,8 @@ class Consumer:
         snap = self.latest = {"name": self.config.name, "pid": os.getpid(), "ts": round(time.time(), 3),
                               "errors": self.errors,
                 "held": sorted(own.consuming()) if own else [],
+                "partitions_total": own.partitions if own else None,
+                "holders": {k: self.lease_holders.get(k) for k in range(own.partitions)} if own else {},
                 "partitions": {k: part.stats() for k, part in parts.items()}}
         try:
             self.config.path.mkdir(parents=True, exist_ok=True)
