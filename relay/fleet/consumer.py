@@ -31,8 +31,9 @@ from typing import Any
 from relay.fleet.central import CentralJournal
 from relay.fleet.connection import NatsSettings, connect, describe
 from relay.fleet.holder import Holder, quietly, wait
+from relay.fleet.identity import Claimant, read_claimant, verdict
 from relay.fleet.ownership import Claim, Ownership, Renew, Start, Stop
-from relay.fleet.reconcile import check_stream, lease_bucket, update_consumers
+from relay.fleet.reconcile import Mismatch, check_stream, lease_bucket, update_consumers
 from relay.sinkhost.child import SinkSpec
 from sinks.files import write_atomic
 
@@ -68,6 +69,17 @@ class ConsumeConfig:
         self.bucket = self.bucket or f"{self.stream}-leases"
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` of this machine is alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
+
+
 def partitions_of(stream_config: Any) -> int | None:
     """P, from the stream's partition transform (None: the stream has none, so it is one partition)."""
     transform = getattr(stream_config, "subject_transform", None)
@@ -89,6 +101,7 @@ class Consumer:
         self.errors = 0
         self._closing = False
         self.latest: dict[str, Any] | None = None  # the last stats written (the Prometheus endpoint reads it)
+        self._claimant: Claimant | None = None  # who this relay is: its member key's value (_claim_name)
         self.lease_holders: dict[int, str | None] = {}  # each partition's holder as last read ("?": not known)
 
     def stop(self) -> None:
@@ -170,6 +183,7 @@ class Consumer:
             try:
                 await self.central.ensure(replicas)
                 self.kv = await lease_bucket(self.js, cfg, replicas)
+                await self._claim_name()
                 await update_consumers(self.js, cfg, partitions_of(info.config) or 1)
                 return True
             except (NatsError, asyncio.TimeoutError) as exc:
@@ -177,6 +191,30 @@ class Consumer:
                             describe(exc))
             await wait(self._stop, 1.0)
         return False
+
+    async def _claim_name(self) -> None:
+        """Make this relay's member key ``m.<name>``, refusing (Mismatch: one line, exit 2) a name a live
+        relay of another folder, or another live process here, holds: two relays under one name would
+        share its member key and leases, one holding every partition and the other none. A relay killed
+        on this folder is taken over at once; a stopped one deleted its key."""
+        from nats.js.errors import KeyWrongLastSequenceError
+        cfg = self.config
+        ours = self._claimant = Claimant.here(cfg.path, os.getpid())
+        try:
+            await self.kv.create(f"m.{cfg.name}", ours.value())
+            return
+        except KeyWrongLastSequenceError:
+            pass
+        entry = await self.kv.get(f"m.{cfg.name}")
+        held, written = read_claimant(entry.value)
+        age = None if written is None else max(0.0, time.time() - written)
+        if held is not None and held.pid != ours.pid and age is not None and age < cfg.ttl \
+                and (not verdict(held, ours) or _running(held.pid)):
+            raise Mismatch(f"consuming relay name {cfg.name} is live on stream {cfg.stream}: {held.describe()} holds "
+                           f"it, renewed {age:.0f} s ago, and two relays under one name would share its partitions' "
+                           f"leases (one holding every partition, the other none); give this relay another --name "
+                           f"(or none: HOST-PID), or stop that relay first")
+        await self.kv.update(f"m.{cfg.name}", ours.value(), last=entry.revision)
 
     # -- leases ---------------------------------------------------------------------------------------
 
@@ -202,7 +240,7 @@ class Consumer:
                 await asyncio.wait_for(self.kv.delete(f"m.{cfg.name}"), cfg.renew)
                 members.clear()
             else:
-                await asyncio.wait_for(self.kv.put(f"m.{cfg.name}", b"1"), cfg.renew)
+                await asyncio.wait_for(self.kv.put(f"m.{cfg.name}", self._claimant.value() if self._claimant else b"1"), cfg.renew)
             info = await asyncio.wait_for(
                 self.js.stream_info(f"KV_{cfg.bucket}", subjects_filter=f"$KV.{cfg.bucket}.m.>"), cfg.renew)
             for subject in info.state.subjects or {}:
