@@ -9,6 +9,7 @@ any journal; it is removed when the viewer is done. That costs a copy of the run
 temporary disk) and, per run, its lines in memory while they are put in order. ``relay tail -f``
 then follows the views themselves, showing each line not shown yet once, as it is committed.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -21,12 +22,13 @@ from typing import Any, Iterator
 from relay.cli.follow import Follower
 from relay.cli.runs import RunSummary, summarize
 from relay.cli.tail import Tail
-from relay.journal.fleet_views import Key, View, is_fleet, is_relay_root, key_of, ordered_lines, read_stats, run_files, views
+from relay.journal.fleet_views import (FRESH_S, Key, View, is_fleet, is_relay_root, key_of,
+                                      ordered_lines, read_stats, run_files, views)
 
 
 def wanted(paths: list[Path], several: bool = True) -> bool:
-    """Whether the viewer reads ``paths`` through FleetRead: a fleet folder among them, or (``several``)
-    more than one journal, read as one."""
+    """Whether the viewer reads ``paths`` through FleetRead: a fleet folder among them, or
+    (``several``) more than one journal, read as one."""
     return is_fleet(paths) or (several and len(paths) > 1)
 
 
@@ -39,8 +41,8 @@ class FleetRead:
         self.paths = paths
         self.views: list[View] = views(paths)
         self.sources = run_files(paths, self.views)
-        self.followers = [Follower(folder) for folder in
-                          [v.folder for v in self.views] + [p for p in paths if not is_fleet([p])]] if follow else []
+        followed = [v.folder for v in self.views] + [p for p in paths if not is_fleet([p])]
+        self.followers = [Follower(folder) for folder in followed] if follow else []
         for follower in self.followers:
             follower.skip_to_end()
         self.folder = Path(tempfile.mkdtemp(prefix="relay-fleet-"))
@@ -66,7 +68,7 @@ class FleetRead:
         return bool(files) and all(file.parent in noted for file in files)
 
     def summaries(self) -> list[RunSummary]:
-        """``relay runs``'s summaries, naming the files each run was read from and marking stale ones."""
+        """``relay runs``'s summaries: the files each run was read from, stale ones marked."""
         found = summarize(self.folder)
         for summary in found:
             summary.file = ", ".join(map(str, self.sources.get(summary.run, [])))
@@ -81,13 +83,15 @@ class FleetRead:
     def __enter__(self) -> "FleetRead":
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
 class FleetTail(Tail):
-    """``relay tail`` over ``FleetRead``: the first look at the runs in order, then (``-f``) each line
-    committed to a view since, once, as it comes."""
+    """``relay tail`` over ``FleetRead``: the first look at the runs in order, then (``-f``) each
+    line committed to a view since, once, as it comes."""
 
     def __init__(self, read: FleetRead, *args: Any, **kwargs: Any) -> None:
         super().__init__(read.folder, *args, **kwargs)
@@ -107,8 +111,8 @@ class FleetTail(Tail):
 
 
 def status_lines(path: Path, now: float | None = None) -> list[str]:
-    """``relay status`` of a consuming relay's folder (or one of its views): who it is, the partitions
-    it holds, and per view its runs with their last step, stale views said so."""
+    """``relay status`` of a consuming relay's folder (or one of its views): who it is, the
+    partitions it holds, and per view its runs with their last step, stale views said so."""
     now = time.time() if now is None else now
     root = path if is_relay_root(path) else path.parent
     snap = read_stats(root)
@@ -117,19 +121,26 @@ def status_lines(path: Path, now: float | None = None) -> list[str]:
         age = now - snap["ts"]
         held = ", ".join(map(str, snap.get("held") or [])) or "none"
         of = f" of {snap['partitions_total']}" if snap.get("partitions_total") else ""
-        state = "running" if found and found[0].running or age < 15 else "not running"
-        out = [f"consuming relay {snap.get('name')} (pid {snap.get('pid')}, {state}, stats file written {age:.0f} s "
-               f"ago): holds partitions {held}{of}; {snap.get('errors', 0)} errors"]
+        state = "stopped" if snap.get("final") else "running" if age < FRESH_S else "not running"
+        out = [f"consuming relay {snap.get('name')} (pid {snap.get('pid')}, {state}, stats file "
+               f"written {age:.0f} s ago): holds partitions {held}{of}; "
+               f"{snap.get('errors', 0)} errors"]
     else:
         out = [f"{root}: no consuming relay's stats file (_relay_consume_NAME.json) here"]
     parts = snap.get("partitions") or {}
     for view in found:
         with FleetRead([view.folder]) as read:
-            runs = ", ".join(f"{s.run} step {'-' if s.last_step is None else s.last_step} ({s.status})"
-                             for s in read.summaries()) or "none"
+            runs = ", ".join(_run_words(s) for s in read.summaries()) or "none"
         counts = parts.get(str(view.partition)) or {}
-        state = "held" if view.held else "stale"
-        extra = (f"; position {view.position}, {counts.get('pending', 0)} pending, lag {counts.get('lag_s', 0)} s"
-                 if view.held else f" ({view.note})" if view.note else f" ({view.holder} holds it)")
-        out.append(f"p{view.partition} {state}: runs {runs}{extra}")
+        if view.held:
+            extra = (f"; position {view.position}, {counts.get('pending', 0)} pending, "
+                     f"lag {counts.get('lag_s', 0)} s")
+        else:
+            extra = f" ({view.note or f'{view.holder} holds it'})"
+        out.append(f"p{view.partition} {'held' if view.held else 'stale'}: runs {runs}{extra}")
     return out
+
+
+def _run_words(summary: RunSummary) -> str:
+    step = "-" if summary.last_step is None else summary.last_step
+    return f"{summary.run} step {step} ({summary.status})"

@@ -301,8 +301,8 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
 @click.pass_context
 def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, ...], runs: tuple[str, ...],
            progress_every: float, log_level: str, world_readable: bool, **sink_params: Any) -> None:
-    """Feed JSONL journal FILES (or directories of them) through sinks, in order. A consuming relay's
-    folder (or several): each run read whole from every view given, each rank in order.
+    """Feed JSONL journal FILES (or directories of them) through sinks, in order. A consuming
+    relay's folder (or several): each run read whole from every view given, each rank in order.
 
     Stopped part way (Ctrl-C, exit 130), it says how far it got: run it again to finish, what each
     sink already holds is skipped."""
@@ -315,7 +315,7 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
 
     closing = ExitStack()
     deadletters = None
-    if fleet(list(files), several=False):  # the fleet's views, put in order (relay/cli/fleet_read.py)
+    if fleet(list(files), several=False):  # the fleet's views, in order (relay/cli/fleet_read.py)
         read = closing.enter_context(FleetRead(list(files)))
         for note in read.notes():
             click.echo(f"relay replay: {note}", err=True)
@@ -329,11 +329,12 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
     journal = JournalFlags.journal(sink_params) if classes.pop(JOURNAL, None) else None
     try:
         with closing:  # (the fleet's views put in order are removed)
-            sink_classes = [cast("type[Sink]", cls) for _, cls in classes.values()]  # (the journal's popped above)
-            sinks = [cls(**{o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params})
-                     for cls in sink_classes]
+            sink_classes = [cast("type[Sink]", cls) for _, cls in classes.values()]  # (no journal)
+            sinks = [cls(**{o.name: sink_params[o.name] for o in cls.options()
+                            if o.name in sink_params}) for cls in sink_classes]
+            derive = SpoolDerivation() if journal is not None else None
             result = replay_files(files, sinks, set(runs), journal, progress=progress.update,
-                                  derive=SpoolDerivation() if journal is not None else None, deadletters=deadletters)
+                                  derive=derive, deadletters=deadletters)
     except (SinkError, JournalError) as exc:
         progress.close()
         _fail(EXIT_USAGE, str(exc))
@@ -365,7 +366,7 @@ def status(target: str | None, as_json: bool, timeout: float) -> None:
     tcp://127.0.0.1:5557), or read the stats file a relay keeps beside its JOURNAL."""
     from relay.daemon.status import BadTarget, NoAnswer, status_text
     from relay.journal.fleet_views import is_fleet
-    if target is not None and not as_json and is_fleet([Path(target)]):  # a consuming relay's folder
+    if target is not None and not as_json and is_fleet([Path(target)]):  # a consuming relay's
         from relay.cli.fleet_read import status_lines
         click.echo("\n".join(status_lines(Path(target))))
         return

@@ -204,7 +204,8 @@ def as_json(summaries: list[RunSummary]) -> bytes:
 
 def table(summaries: list[RunSummary], width: int | None) -> list[str]:
     """The listing, one line per run, fitted to ``width``."""
-    rows = [{"run": s.run, "start": _when(s.start), "status": s.status + (" (stale)" if s.stale else ""), "attempts": str(s.attempts),
+    rows = [{"run": s.run, "start": _when(s.start), "status": s.status + " (stale)" * s.stale,
+             "attempts": str(s.attempts),
              "ranks": "-" if s.ranks is None else str(s.ranks), "step": "-" if s.last_step is None else str(s.last_step),
              "loss": "-" if s.last_loss is None else f"{s.last_loss:.4g}", "stragglers": str(s.stragglers),
              "lost": str(s.lost_ranks)} for s in summaries]

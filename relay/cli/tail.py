@@ -177,7 +177,7 @@ class Tail:
             self._show_events(fresh)
 
     def _fresh_lines(self) -> Iterator[bytes]:
-        """The lines written since the last look (relay/cli/fleet_read.py: those of the fleet's views)."""
+        """The lines written since the last look (relay/cli/fleet_read.py: the fleet's views')."""
         return (line for _, lines in self._follower.poll() for line in lines)
 
     def _wanted(self, lines: Iterable[bytes]) -> Iterator[tuple[dict[str, Any], bytes]]:

@@ -33,7 +33,8 @@ from relay.journal.journal import DEFAULT_PATH
 @click.option("--straggler-ratio", type=click.FloatRange(1.0), default=1.3, show_default=True,
               help="--view steps: flag a step whose slowest rank took this many times the median.")
 def tail(paths: tuple[Path, ...], follow: bool, view: str, as_json: bool, types: tuple[str, ...],
-         metrics: tuple[str, ...], lines: int | None, straggler_ratio: float, **filters: Any) -> None:
+         metrics: tuple[str, ...], lines: int | None, straggler_ratio: float,
+         **filters: Any) -> None:
     """Print a journal (a JSONL file or directory) readably, or its lines for jq; follow it with -f.
     A consuming relay's folder, or several (docs/deployment.md): each run whole, each rank in order.
 
@@ -44,7 +45,8 @@ def tail(paths: tuple[Path, ...], follow: bool, view: str, as_json: bool, types:
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     if lines is None:
         lines = None if chosen.since is not None else 20
-    options: dict[str, Any] = dict(view=view, as_json=as_json, color=color, straggler_ratio=straggler_ratio)
+    options: dict[str, Any] = dict(view=view, as_json=as_json, color=color,
+                                   straggler_ratio=straggler_ratio)
     try:
         if _fleet(paths):
             from relay.cli.fleet_read import FleetRead, FleetTail
@@ -54,8 +56,8 @@ def tail(paths: tuple[Path, ...], follow: bool, view: str, as_json: bool, types:
         else:
             Tail(paths[0], chosen, **options).run(follow=follow, last=lines)
     except FileNotFoundError:
-        _fail(EXIT_USAGE, f"{paths[0]} does not exist; give the relay's --path (file or directory), or -f to wait "
-                          "for it")
+        _fail(EXIT_USAGE, f"{paths[0]} does not exist; give the relay's --path (file or "
+                          "directory), or -f to wait for it")
     except KeyboardInterrupt:
         pass
     except BrokenPipeError:  # the reader went away (| head): nothing more to say, and nothing to flush at exit
@@ -71,20 +73,22 @@ def tail(paths: tuple[Path, ...], follow: bool, view: str, as_json: bool, types:
 @selection_options
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="The image to write: .png, .svg or .pdf.")
-def plot(paths: tuple[Path, ...], metrics: tuple[str, ...], by: str, output: Path, **filters: Any) -> None:
+def plot(paths: tuple[Path, ...], metrics: tuple[str, ...], by: str, output: Path,
+         **filters: Any) -> None:
     """Draw metrics of a journal (file or directory; a consuming relay's folder, or several) against
     the step, for users without a UI."""
     from relay.cli.plot import PlotError, plot_journal
 
     _need(paths)
+    chosen = selection(metrics=metrics, **filters)
     try:
         if _fleet(paths):
             from relay.cli.fleet_read import FleetRead
             with FleetRead(list(paths)) as read:
                 _say_notes("plot", read)
-                drawn = plot_journal(read.folder, selection(metrics=metrics, **filters), output, by_rank=by == "rank")
+                drawn = plot_journal(read.folder, chosen, output, by_rank=by == "rank")
         else:
-            drawn = plot_journal(paths[0], selection(metrics=metrics, **filters), output, by_rank=by == "rank")
+            drawn = plot_journal(paths[0], chosen, output, by_rank=by == "rank")
     except PlotError as exc:
         _fail(EXIT_USAGE, str(exc))
     if drawn.note():

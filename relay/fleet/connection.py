@@ -45,7 +45,8 @@ def nats_options() -> list[click.Option]:
         click.Option(["--nats-user"], default=None, help="User name (or give it in the URL)."),
         click.Option(["--nats-password"], default=None, envvar=PASSWORD_ENV,
                      help="Password for --nats-user (or $NATS_PASSWORD, or in the URL)."),
-        click.Option(["--nats-token"], default=None, envvar=TOKEN_ENV, help="Auth token (or $NATS_TOKEN)."),
+        click.Option(["--nats-token"], default=None, envvar=TOKEN_ENV,
+                     help="Auth token (or $NATS_TOKEN)."),
         click.Option(["--nats-creds"], metavar="FILE", default=None,
                      help="A .creds file (user JWT and nkey seed), as `nsc` writes it."),
         click.Option(["--nats-nkey"], metavar="FILE", default=None, help="A file holding a user nkey seed (SU...)."),
@@ -96,17 +97,19 @@ def settings_from_options(nats_url: str | None = DEFAULT_URL, nats_user: str | N
     in_url = any("@" in server for server in servers)
     # A credential read from the environment (exported for the servers' config, say) yields to one
     # given on the command line or in the URL; an error names the variable it was read from.
-    password_env, token_env = _from_env(nats_password, PASSWORD_ENV), _from_env(nats_token, TOKEN_ENV)
+    password_env = _from_env(nats_password, PASSWORD_ENV)
+    token_env = _from_env(nats_token, TOKEN_ENV)
     if password_env and not nats_user and (nats_token or nats_creds or nats_nkey or in_url):
         nats_password = password_env = None
     if token_env and (nats_user or nats_creds or nats_nkey or in_url):
         nats_token = token_env = None
     if nats_password and not nats_user:
-        raise SinkError(f"${PASSWORD_ENV} is set, and read as --nats-password, but no --nats-user is given; give "
-                        f"--nats-user NAME (or another way to authenticate), or unset {PASSWORD_ENV}"
+        raise SinkError(f"${PASSWORD_ENV} is set, and read as --nats-password, but no "
+                        f"--nats-user is given; give --nats-user NAME (or another way to "
+                        f"authenticate), or unset {PASSWORD_ENV}"
                         if password_env else "--nats-password needs --nats-user")
-    kinds = [name for name, given in (("--nats-user", nats_user),
-                                      (f"--nats-token (${TOKEN_ENV})" if token_env else "--nats-token", nats_token),
+    token = f"--nats-token (${TOKEN_ENV})" if token_env else "--nats-token"
+    kinds = [name for name, given in (("--nats-user", nats_user), (token, nats_token),
                                       ("--nats-creds", nats_creds), ("--nats-nkey", nats_nkey)) if given]
     if len(kinds) > 1:
         raise SinkError(f"{' and '.join(kinds)} are two ways to authenticate; give one")
@@ -128,7 +131,7 @@ def settings_from_options(nats_url: str | None = DEFAULT_URL, nats_user: str | N
 
 
 def _from_env(value: str | None, variable: str) -> str | None:
-    """``variable``'s name when ``value`` is what it holds (click read the option from it), else None."""
+    """``variable``'s name when ``value`` is what it holds (click read the option from it)."""
     return variable if value and value == os.environ.get(variable) else None
 
 

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 _run = operator.itemgetter("run")  # of an event, or of a stand-in (relay/sinkhost/notices.py)
 
 CLOSE_WAIT = 5.0  # seconds close() waits for the last acks
-CHECK_S = 10.0  # seconds each start-up ask waits for NATS; past it the relay starts and the sink waits
+CHECK_S = 10.0  # seconds each start-up ask waits for NATS; past it the relay starts, the sink waits
 
 
 class NatsSink(Sink):
@@ -81,10 +81,11 @@ class NatsSink(Sink):
         self._publisher: NatsPublisher | None = None
 
     def check(self, context: SinkContext) -> None:
-        """Before the relay listens: the package, the journal, and one attempt to connect, so credentials the
-        server refuses, a node name another relay holds live or replicas a lone server cannot have stop
-        the relay (exit 2). A server down now, or too slow to answer within CHECK_S (a busy machine, a
-        cluster starting), is waited for, not fatal: the sink checks and publishes once it answers."""
+        """Before the relay listens: the package, the journal, and one attempt to connect, so
+        credentials the server refuses, a node name another relay holds live or replicas a lone
+        server cannot have stop the relay (exit 2). A server down now, or too slow to answer within
+        CHECK_S (a busy machine, a cluster starting), is waited for, not fatal: the sink checks and
+        publishes once it answers."""
         connection.check_package()
         journal = _need_journal(context)
         node = self.node(journal)
@@ -107,8 +108,8 @@ class NatsSink(Sink):
         """SinkError (exit 2) for a node another journal folder's relay holds live, or for replicas
         that a stream this relay would create can never have; a warning for more replicas than the
         servers seen."""
-        await identity.check_live(self.settings, self.spec.name, node, identity.Claimant.here(journal, os.getpid()),
-                                  self.id_file(journal))
+        ours = identity.Claimant.here(journal, os.getpid())
+        await identity.check_live(self.settings, self.spec.name, node, ours, self.id_file(journal))
         from nats.js.errors import NotFoundError
         try:
             nc = await connection.connect(self.settings, retry_forever=False, timeout=CHECK_S / 2)
@@ -119,8 +120,8 @@ class NatsSink(Sink):
             await nc.jetstream(timeout=CHECK_S / 2).stream_info(self.spec.name)
             return  # there already: used as it is
         except NotFoundError:  # this relay would create it: can it have its replicas?
-            problem = stream.replicas_problem(self.spec.name, self.spec.replicas,
-                                              *stream.servers_seen(getattr(nc, "_server_info", None) or {}))
+            seen = stream.servers_seen(getattr(nc, "_server_info", None) or {})
+            problem = stream.replicas_problem(self.spec.name, self.spec.replicas, *seen)
         except Exception as exc:  # JetStream slow or away: the sink makes sure of the stream later
             log.debug("stream check: %s", connection.describe(exc))
             return

@@ -98,9 +98,9 @@ async def ensure_stream(js: Any, config: Any) -> tuple[Any, bool]:
         return await js.stream_info(config.name), False
 
 
-#: JetStream's answers when a stream's replicas cannot be placed: more replicas than servers (10005,
-#: "no suitable peers for placement"; also while a fresh cluster's peers join) or a server that is not
-#: clustered (10074, "replicas > 1 not supported in non-clustered mode").
+#: JetStream's answers when a stream's replicas cannot be placed: more replicas than servers
+#: (10005, "no suitable peers for placement"; also while a fresh cluster's peers join) or a server
+#: that is not clustered (10074, "replicas > 1 not supported in non-clustered mode").
 PLACEMENT_ERRORS = (10005, 10074)
 
 
@@ -111,17 +111,20 @@ def servers_seen(server_info: dict[str, Any]) -> tuple[int, str | None]:
     return (max(1, len(server_info.get("connect_urls") or [])) if cluster else 1), cluster
 
 
-def replicas_problem(stream: str, replicas: int, servers: int, cluster: str | None) -> tuple[bool, str] | None:
-    """What is wrong with creating ``stream`` with ``replicas`` where a client sees ``servers`` (None:
-    nothing): (fatal, one line). A server that is no cluster never can (fatal); a cluster showing fewer
-    servers than replicas may still be joining, so that is a warning with the command that fixes it."""
+def replicas_problem(stream: str, replicas: int, servers: int,
+                     cluster: str | None) -> tuple[bool, str] | None:
+    """What is wrong with creating ``stream`` with ``replicas`` where a client sees ``servers``
+    (None: nothing): (fatal, one line). A server that is no cluster never can (fatal); a cluster
+    showing fewer servers than replicas may still be joining, so that is a warning with the command
+    that fixes it."""
     if replicas <= servers:
         return None
     if cluster is None:
-        return True, (f"--nats-replicas {replicas}: the NATS server is a single server, not a cluster (1 server "
-                      f"seen), so stream {stream} cannot have {replicas} replicas; give --nats-replicas 1, or the "
-                      "servers of a cluster in --nats-url")
-    return False, (f"--nats-replicas {replicas} is more than the {servers} NATS servers seen in cluster {cluster}: "
-                   f"JetStream places stream {stream} only once {replicas} servers are up (until then it answers "
-                   f"'no suitable peers for placement'); the relay journals meanwhile. If the cluster has "
-                   f"{servers} servers, restart this relay with --nats-replicas {servers}")
+        return True, (f"--nats-replicas {replicas}: the NATS server is a single server, not a "
+                      f"cluster (1 server seen), so stream {stream} cannot have {replicas} "
+                      "replicas; give --nats-replicas 1, or the servers of a cluster in --nats-url")
+    return False, (f"--nats-replicas {replicas} is more than the {servers} NATS servers seen in "
+                   f"cluster {cluster}: JetStream places stream {stream} only once {replicas} "
+                   f"servers are up (until then it answers 'no suitable peers for placement'); "
+                   f"the relay journals meanwhile. If the cluster has {servers} servers, restart "
+                   f"this relay with --nats-replicas {servers}")

@@ -1,20 +1,21 @@
-"""The fleet's journal as readers see it: a consuming relay's folder, or several, read as one journal
-(docs/deployment.md, "Reading a run from the fleet").
+"""The fleet's journal as readers see it: a consuming relay's folder, or several, read as one
+journal (docs/deployment.md, "Reading a run from the fleet").
 
 A consuming relay (``relay consume --path ROOT/``) keeps a view of each partition it held,
 ``ROOT/p<k>/<run>.jsonl``, and writes ``ROOT/_relay_consume_<name>.json`` every second: the
 partitions it holds and who held each partition when it last read the leases. A view is append-only
 and in the central journal's commit order, which is not each rank's sequence order: a batch
 delivered again after ``--ack-wait`` (the relay it was first delivered to died) is committed after
-the batches that followed it. So the viewers read views in order: ``ordered_lines`` takes a run's
-lines from every view given, each (run, rank, seq) once, and lays each rank's lines in sequence order
-into the places that rank's lines take (other ranks' lines keep theirs), so a view already in order
-reads exactly as written.
+the batches that followed it. So the viewers read views in order: ``ordered_lines`` takes a
+run's lines from every view given, each (run, rank, seq) once, and lays each rank's lines in
+sequence order into the places that rank's lines take (other ranks' lines keep theirs), so a view
+already in order reads exactly as written.
 
 ``views`` says, for each partition view, whether its relay holds it now and, when it does not, the
 one line a viewer prints: who holds it, as far as the folders given and the relay's last reading of
 the leases tell.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,8 @@ from relay.wire.lines import parse_line
 
 STATS_PREFIX = "_relay_consume_"  # + <name>.json: a consuming relay's stats file under its --path
 VIEW_STATE = "_relay_view.json"  # in p<k>/: the view's position in the central journal
-#: Seconds after its last stats write a consuming relay is taken to be running (it writes every second).
+#: Seconds since its last stats write within which a consuming relay is taken to be running (it
+#: writes them every second).
 FRESH_S = 15.0
 _PARTITION = re.compile(r"^p(\d+)$")
 
@@ -41,9 +43,12 @@ def _stats_files(root: Path) -> list[Path]:
 
 
 def is_view(path: Path) -> bool:
-    """A partition view: ``p<k>/`` holding its position file, or under a consuming relay's folder."""
-    return (path.is_dir() and _PARTITION.match(path.name) is not None
-            and ((path / VIEW_STATE).exists() or bool(_stats_files(path.parent))))
+    """A partition view: ``p<k>/`` with its position file, or under a consuming relay's folder."""
+    return (
+        path.is_dir()
+        and _PARTITION.match(path.name) is not None
+        and ((path / VIEW_STATE).exists() or bool(_stats_files(path.parent)))
+    )
 
 
 def is_relay_root(path: Path) -> bool:
@@ -83,8 +88,11 @@ def read_stats(root: Path) -> dict[str, Any]:
             snap = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(snap, dict) and isinstance(snap.get("ts"), (int, float)) \
-                and snap["ts"] >= newest.get("ts", float("-inf")):
+        if (
+            isinstance(snap, dict)
+            and isinstance(snap.get("ts"), (int, float))
+            and snap["ts"] >= newest.get("ts", float("-inf"))
+        ):
             newest = snap
     return newest
 
@@ -95,8 +103,13 @@ def views(paths: Iterable[Path], now: float | None = None) -> list[View]:
     now = time.time() if now is None else now
     found: list[View] = []
     for path in paths:
-        folders = [path] if is_view(path) else sorted(p for p in path.iterdir() if is_view(p)) \
-            if path.is_dir() else []
+        folders = (
+            [path]
+            if is_view(path)
+            else sorted(p for p in path.iterdir() if is_view(p))
+            if path.is_dir()
+            else []
+        )
         for folder in folders:
             found.append(_view(folder, read_stats(folder.parent), now))
     held = {v.partition: v for v in found if v.held}
@@ -109,21 +122,29 @@ def views(paths: Iterable[Path], now: float | None = None) -> list[View]:
 
 
 def _view(folder: Path, stats: dict[str, Any], now: float) -> View:
-    k = int(_PARTITION.match(folder.name).group(1))  # type: ignore[union-attr]  # (is_view matched it)
+    k = int(_PARTITION.match(folder.name).group(1))  # type: ignore[union-attr]  # (a view's name)
     try:
         position = int(json.loads((folder / VIEW_STATE).read_text()).get("position", 0))
     except (OSError, ValueError, TypeError, AttributeError):
         position = 0
     ts = stats.get("ts")
-    running = isinstance(ts, (int, float)) and now - ts < FRESH_S
+    running = isinstance(ts, (int, float)) and now - ts < FRESH_S and not stats.get("final")
     held = running and k in (stats.get("held") or [])
     holder = (stats.get("holders") or {}).get(str(k))
-    return View(folder, k, stats.get("name"), position, held, running, holder if isinstance(holder, str) else None,
-                ts if isinstance(ts, (int, float)) else None)
+    return View(
+        folder,
+        k,
+        stats.get("name"),
+        position,
+        held,
+        running,
+        holder if isinstance(holder, str) else None,
+        ts if isinstance(ts, (int, float)) else None,
+    )
 
 
 def _note(view: View) -> str:
-    """One line: this view's relay does not hold its partition, who does, and what to read instead."""
+    """One line: this view's relay does not hold its partition, who does, what to read instead."""
     when = time.strftime("%H:%M:%S", time.localtime(view.as_of)) if view.as_of is not None else None
     who = view.relay or "its consuming relay"
     if view.relay is None:
@@ -131,14 +152,18 @@ def _note(view: View) -> str:
     elif view.running:
         state = f"{who} no longer holds partition {view.partition}"
     else:
-        state = f"{who} is not running (its last stats at {when})" if when else f"{who} is not running"
+        state = (
+            f"{who} is not running (its last stats at {when})" if when else f"{who} is not running"
+        )
     if view.holder and view.holder not in ("?", view.relay):
         state += f"; {view.holder} holds it (as {who} read the leases at {when})"
     elif view.running:
         state += "; no relay holds it now"
-    return (f"{view.folder} is a stale view of partition {view.partition}: {state}; it may lack the "
-            f"partition's latest lines: give the holder's folder too (every consuming relay's folder "
-            f"reads each run whole)")
+    return (
+        f"{view.folder} is a stale view of partition {view.partition}: {state}; it may lack the "
+        f"partition's latest lines: give the holder's folder too (every consuming relay's folder "
+        f"reads each run whole)"
+    )
 
 
 def run_files(paths: Iterable[Path], found: list[View]) -> dict[str, list[Path]]:
@@ -166,15 +191,16 @@ def key_of(line: bytes) -> Key | None:
 
 
 def ordered_lines(files: list[Path]) -> list[bytes]:
-    """The whole lines of ``files`` (views of the same runs), each (run, rank, seq) once, each rank's
-    in sequence order in the places that rank's lines take; the largest file's order is the base (the
-    most complete view), the others add what it lacks. A line that is no event keeps its place."""
+    """The whole lines of ``files`` (views of the same runs), each (run, rank, seq) once, each
+    rank's in sequence order in the places that rank's lines take; the largest file's order is the
+    base (the most complete view), the others add what it lacks. A line that is no event keeps its
+    place."""
     lines: list[bytes] = []
     keys: list[Key | None] = []
     seen: set[Key] = set()
     for file in sorted(files, key=lambda f: f.stat().st_size, reverse=True):
         data = file.read_bytes()
-        for line in data[:data.rfind(b"\n") + 1].splitlines(keepends=True):
+        for line in data[: data.rfind(b"\n") + 1].splitlines(keepends=True):
             key = key_of(line)
             if key is not None:
                 if key in seen:
@@ -188,6 +214,7 @@ def ordered_lines(files: list[Path]) -> list[bytes]:
             places.setdefault(key[:2], []).append(i)
     out = list(lines)
     for slots in places.values():
-        for slot, source in zip(slots, sorted(slots, key=lambda i: keys[i][2])):  # type: ignore[index]
+        by_seq = sorted(slots, key=lambda i: keys[i][2])  # type: ignore[index]
+        for slot, source in zip(slots, by_seq):
             out[slot] = lines[source]
     return out

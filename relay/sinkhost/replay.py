@@ -83,7 +83,8 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
     try:
         for sink in sinks:
             sink.open(context)
-            drivers.append(SinkDriver(sink.name, sink, _deadletters(files, sink.name, deadletters), wait=sleep_for(retry_for)))
+            dead = _deadletters(files, sink.name, deadletters)
+            drivers.append(SinkDriver(sink.name, sink, dead, wait=sleep_for(retry_for)))
         try:
             read = [0]
             for path in files:
@@ -203,8 +204,8 @@ def _write(target: _JournalTarget | None, drivers: list[SinkDriver], batch: list
 
 
 def _deadletters(files: list[Path], name: str, folder: Path | None = None) -> DeadLetters | None:
-    """The dead-letter file of sink ``name`` in ``folder``, else beside the journal replayed (the relay's
-    own for it)."""
+    """The dead-letter file of sink ``name`` in ``folder``, else beside the journal replayed (the
+    relay's own for it)."""
     if folder is None and not files:
         return None
     where = folder if folder is not None else files[0].parent
