@@ -82,6 +82,7 @@ def test_one_relays_folder_shows_every_run_and_a_stale_view_names_its_holder(tmp
     assert lines[0].startswith("consuming relay c2 (pid 1, running, ") and "holds partitions 0 of 2" in lines[0]
     assert lines[1].startswith("p0 held: runs run-a step 99 (unfinished)")
     assert lines[2].startswith("p1 stale: runs run-b step 59 (unfinished) (") and "c3 holds it" in lines[2]
+    assert json.loads(relay_cmd("status", "--json", str(c2)).stdout)["holders"] == {"0": "c2", "1": "c3"}
 
 
 def test_two_relays_folders_show_each_run_whole_in_every_viewer(tmp_path):

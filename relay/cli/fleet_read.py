@@ -12,6 +12,7 @@ then follows the views themselves, showing each line not shown yet once, as it i
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
@@ -110,12 +111,15 @@ class FleetTail(Tail):
                     yield raw
 
 
-def status_lines(path: Path, now: float | None = None) -> list[str]:
+def status_lines(path: Path, now: float | None = None, as_json: bool = False) -> list[str]:
     """``relay status`` of a consuming relay's folder (or one of its views): who it is, the
-    partitions it holds, and per view its runs with their last step, stale views said so."""
+    partitions it holds, and per view its runs with their last step, stale views said so;
+    ``as_json``: its stats file as JSON."""
     now = time.time() if now is None else now
     root = path if is_relay_root(path) else path.parent
     snap = read_stats(root)
+    if as_json:
+        return [json.dumps(snap, indent=1, sort_keys=True)]
     found = views([path], now)
     if snap:
         age = now - snap["ts"]

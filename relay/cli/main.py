@@ -366,9 +366,9 @@ def status(target: str | None, as_json: bool, timeout: float) -> None:
     tcp://127.0.0.1:5557), or read the stats file a relay keeps beside its JOURNAL."""
     from relay.daemon.status import BadTarget, NoAnswer, status_text
     from relay.journal.fleet_views import is_fleet
-    if target is not None and not as_json and is_fleet([Path(target)]):  # a consuming relay's
+    if target is not None and is_fleet([Path(target)]):  # a consuming relay's folder, or a view
         from relay.cli.fleet_read import status_lines
-        click.echo("\n".join(status_lines(Path(target))))
+        click.echo("\n".join(status_lines(Path(target), as_json=as_json)))
         return
     try:
         click.echo(status_text(target, timeout, as_json))

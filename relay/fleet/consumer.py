@@ -103,7 +103,6 @@ class Consumer:
         self._closing = False
         self.latest: dict[str, Any] | None = None  # the last stats written (the Prometheus endpoint reads it)
         self._claimant: Claimant | None = None  # who this relay is: its member key's value
-        self.lease_holders: dict[int, str | None] = {}  # each partition's holder as last read ("?")
 
     def stop(self) -> None:
         self._stop.set()
@@ -224,7 +223,6 @@ class Consumer:
         own = self.own
         assert own is not None
         members, leases = await self._read_leases()
-        self.lease_holders = {**leases, **dict.fromkeys(own.consuming(), self.config.name)}
         actions = own.plan(time.monotonic(), leases, members)
         await asyncio.gather(*(self._act(action) for action in actions))
 
@@ -377,8 +375,7 @@ class Consumer:
                               "errors": self.errors,
                 "held": sorted(own.consuming()) if own else [],
                 "partitions_total": own.partitions if own else None,
-                "holders": {k: self.lease_holders.get(k) for k in range(own.partitions)}
-                if own else {},
+                "holders": own.holders() if own else {},
                 "partitions": {k: part.stats() for k, part in parts.items()},
                 **({"final": True} if final else {})}
         try:
