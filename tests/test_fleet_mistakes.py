@@ -85,6 +85,19 @@ def test_an_exception_without_a_message_is_never_an_empty_reason(tmp_path):
 nats = pytest.importorskip("nats")
 
 
+def test_each_attempt_at_a_stream_it_cannot_place_says_what_fixes_it():
+    from nats.js.errors import BadRequestError
+
+    from relay.fleet.stream import not_ready
+    refused = BadRequestError(code=400, err_code=10005, description="no suitable peers for placement")
+    info = {"cluster": "fleet", "connect_urls": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]}  # as INFO has it
+    line = not_ready("RELAY", 5, refused, info)
+    assert line.startswith("nats sink: stream RELAY is not ready (nats: BadRequestError: code=400 err_code=10005 "
+                           "description='no suitable peers for placement'): --nats-replicas 5 is more than the 3")
+    assert line.endswith("restart this relay with --nats-replicas 3")
+    assert not_ready("RELAY", 3, TimeoutError(), info) == "nats sink: stream RELAY is not ready (TimeoutError)"
+
+
 def test_a_check_nats_does_not_answer_in_time_lets_the_relay_start_and_says_why(monkeypatch, tmp_path, caplog):
     """A server that takes the connection and answers nothing (a cluster on a machine at load 70)
     within the check's time: the relay starts and the sink waits for it (it exited 2 with
@@ -124,6 +137,19 @@ def test_replicas_on_a_lone_server_stop_the_node_relay_with_one_line(tmp_path):
         "stream RELAY cannot have 3 replicas; give --nats-replicas 1, or the servers of a cluster in --nats-url"], \
         done.stderr
     assert not (tmp_path / "j").exists() or not list((tmp_path / "j").glob("*.jsonl"))
+
+
+@pytest.mark.slow  # a 3-node cluster
+def test_more_replicas_than_the_clusters_servers_warn_with_the_fixing_command(relays, tmp_path):
+    with NatsCluster(tmp_path / "nats") as cluster:
+        node = relays(["--path", f"{tmp_path}/j/", "--sink", "nats", "--nats-url", cluster.urls,
+                       "--nats-replicas", "5"])
+        wait_for(lambda: node.log.read_text().count("restart this relay with --nats-replicas 3") >= 2, 60,
+                 "the warning at start and an attempt's line")
+        assert node.stop() == 0
+    said = [line for line in node.log.read_text().splitlines() if "--nats-replicas 3" in line]
+    assert "WARNING" in said[0] and "more than the 3 NATS servers seen in cluster" in said[0], said
+    assert "stream RELAY is not ready" in said[1] and "trying again in 1 s" in said[1], said
 
 
 def test_a_second_consuming_relay_under_a_live_name_is_refused(tmp_path):

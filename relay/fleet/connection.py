@@ -18,7 +18,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 from urllib.parse import urlsplit
 
 import click
@@ -192,6 +192,14 @@ def connect_kwargs(settings: NatsSettings) -> dict[str, Any]:
         kwargs["nkeys_seed"] = settings.nkey
     kwargs.update(settings.extra)
     return kwargs
+
+
+def backoff(first: float, longest: float) -> Iterator[float]:
+    """Waits between attempts: ``first``, doubling up to ``longest``, for ever."""
+    wait = first
+    while True:
+        yield wait
+        wait = min(longest, wait * 2)
 
 
 def describe(exc: BaseException) -> str:

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from relay.fleet import connection, resume, stream
 from relay.fleet.chunks import Chunk, ChunkReader, Position, Positions, key_source, source_key
@@ -36,7 +36,6 @@ RESCAN_S = 2.0  # look at the journal for news even without a batch saying so
 SAVE_EVERY = 0.5  # seconds between writes of the state file, when it changed
 HEADER_ROOM = 1024  # bytes of a message's max_payload left for its headers
 RETRY_S = (0.1, 0.25, 0.5, 1.0, 2.0)  # waits between attempts at a chunk, the last repeated
-BACKOFF_S = (1.0, 30.0)  # the first and the longest wait between attempts at the stream, doubling
 COUNTERS = ("connected", "chunks", "published", "bytes", "duplicates", "retries", "held", "skipped", "too_big",
             "errors")
 
@@ -49,14 +48,6 @@ class StreamSpec:
     replicas: int
     duplicate_window: float
     max_age: float
-
-
-def backoff(first: float = BACKOFF_S[0], longest: float = BACKOFF_S[1]) -> Iterator[float]:
-    """Waits between attempts: ``first``, doubling up to ``longest``, for ever."""
-    wait = first
-    while True:
-        yield wait
-        wait = min(longest, wait * 2)
 
 
 class NatsPublisher:
@@ -162,7 +153,7 @@ class NatsPublisher:
         assert self._connected is not None  # (made by _run, which every caller runs under)
         self._connected.set()
         self._up()
-        for wait in backoff():
+        for wait in connection.backoff(1.0, 30.0):
             failed = await self._ensure_stream()
             self._stream_ok = failed is None
             if self._stream_ok:
@@ -183,7 +174,8 @@ class NatsPublisher:
         try:
             info, created = await stream.ensure_stream(self._js, config)
         except Exception as exc:  # nats-py's API, timeout and connection errors: logged, retried
-            return self._stream_trouble(exc)
+            info = getattr(self._nc, "_server_info", None)
+            return stream.not_ready(spec.name, spec.replicas, exc, info)
         if created:  # a new replicated stream takes a moment to elect its leader: publishing waits for it
             for _ in range(100):
                 if info.cluster is None or info.cluster.leader:
@@ -202,17 +194,6 @@ class NatsPublisher:
         self.claim.replicas = info.config.num_replicas or 1
         self._high_seq = max(self._high_seq, (info.state.last_seq or 0) if info.state else 0)
         return None
-
-    def _stream_trouble(self, exc: Exception) -> str:
-        """The line for a stream that could not be made sure of: for replicas it cannot place, what
-        fixes it (relay/fleet/stream.py)."""
-        said = f"nats sink: stream {self.spec.name} is not ready ({connection.describe(exc)})"
-        if getattr(exc, "err_code", None) in stream.PLACEMENT_ERRORS:
-            servers, cluster = stream.servers_seen(getattr(self._nc, "_server_info", None) or {})
-            problem = stream.replicas_problem(self.spec.name, self.spec.replicas, servers, cluster)
-            if problem is not None:
-                said += f": {problem[1]}"
-        return said
 
     async def _drain(self, source: str | None) -> None:
         """Publish ``source``'s chunks until it has no new line: several in flight (as slots allow),

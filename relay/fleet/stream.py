@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from relay.fleet.connection import describe
 from sinks.base import SinkError
 
 DEFAULT_PREFIX = "relay.events"
@@ -128,3 +129,15 @@ def replicas_problem(stream: str, replicas: int, servers: int,
                    f"servers are up (until then it answers 'no suitable peers for placement'); "
                    f"the relay journals meanwhile. If the cluster has {servers} servers, restart "
                    f"this relay with --nats-replicas {servers}")
+
+
+def not_ready(name: str, replicas: int, exc: BaseException,
+              server_info: dict[str, Any] | None) -> str:
+    """The line for a stream that could not be made sure of (the nats sink's, once per attempt); for
+    replicas JetStream cannot place, with what fixes it."""
+    said = f"nats sink: stream {name} is not ready ({describe(exc)})"
+    if getattr(exc, "err_code", None) in PLACEMENT_ERRORS:
+        problem = replicas_problem(name, replicas, *servers_seen(server_info or {}))
+        if problem is not None:
+            said += f": {problem[1]}"
+    return said
