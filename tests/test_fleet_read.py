@@ -3,7 +3,8 @@ they are left by a takeover. c2 holds partition 0, whose view has a batch delive
 ``--ack-wait`` committed last (each rank's seqs 40-59 at the end); c3 took partition 1 from c2, so
 c2's view of it is a stale part. The viewers read each run whole, each rank in order, with the true
 last step, and say where a view is stale and who holds it. (The same checks after the real fence
-scenario: tests/test_fleet_fence.py.)"""
+scenario: tests/test_fleet_fence.py.) And ``relay tail --nats-url URL RUN``, from the central
+journal itself."""
 from __future__ import annotations
 
 import json
@@ -106,3 +107,49 @@ def test_tail_follow_shows_each_line_committed_later_once(tmp_path):
             fh.write(line("run-a", 0, 5))
         assert [raw for _, raw in tail._wanted(tail._fresh_lines())] == more
         tail.close()
+
+
+def test_tail_reads_a_run_from_the_central_journal_itself(tmp_path):
+    """``relay tail --nats-url URL RUN``: the run's partition from the fleet stream, its lines from
+    the central journal (committed here a batch late, as a takeover leaves them), in order, each
+    once; then what is committed since."""
+    import asyncio
+
+    import pytest
+    pytest.importorskip("nats")
+    import nats
+    from fleet_helpers import create_stream, publish_raw
+    from nats_helpers import NatsCluster, read_stream
+
+    from relay.cli.fleet_stream import StreamRead
+    from relay.fleet.central import CentralJournal
+    from relay.fleet.connection import settings_from_options
+
+    a = whole("run-a")
+    late = [ln for ln in a if 40 <= json.loads(ln)["seq"] < 60]
+
+    async def commit(urls: str, k: int, bodies: list[bytes]) -> None:
+        nc = await nats.connect(urls)
+        central = CentralJournal(nc, nc.jetstream(timeout=30), "RELAY", "relay.events", nc.max_payload, "test")
+        await central.ensure(1)
+        for body in bodies:
+            await central.append(k, body, await central.last(k))
+        await nc.close()
+
+    with NatsCluster(tmp_path / "nats", size=1) as server:
+        create_stream(server.urls, partitions=2)
+        asyncio.run(publish_raw(server.urls, "relay.events", "node", {"run-a": [a[0].rstrip(b"\n")]}, 1))
+        # the partition the stream put run-a in: the consuming relays would commit it there
+        k = int(asyncio.run(read_stream(server.urls, "RELAY"))[0].subject.split(".")[2])
+        asyncio.run(commit(server.urls, k, [b"".join(ln for ln in a if ln not in late), b"".join(late)]))
+        tail = relay_cmd("tail", "--nats-url", server.urls, "--json", "-n", "1000", "run-a")
+        assert tail.returncode == 0, tail.stderr
+        assert tail.stdout.encode().splitlines(keepends=True) == a  # each rank in order, every line once
+        gone = relay_cmd("tail", "--nats-url", server.urls, "run-b")
+        assert gone.returncode == 1 and gone.stderr == (
+            "relay: error: stream RELAY holds no message of run run-b (relay.events.*.*.run-b); give the run id "
+            "as the trainer named it\n")
+        with StreamRead(settings_from_options(server.urls), "RELAY", "relay.events", "run-a") as read:
+            more = [line("run-a", 0, STEPS), line("run-a", 1, STEPS)]
+            asyncio.run(commit(server.urls, k, [more[0] + a[3], more[1]]))  # a[3]: committed already
+            assert list(read.fresh()) == more

@@ -16,6 +16,22 @@ from relay.cli.main import EXIT_USAGE, _fail
 from relay.journal.journal import DEFAULT_PATH
 
 
+def _stream_options(command: Any) -> Any:
+    """``relay tail --nats-url URL RUN``'s options: the connection's (as the nats sink has them) and
+    the stream's name and prefix."""
+    from relay.fleet.connection import nats_options
+    from relay.fleet.stream import stream_options
+
+    url = click.Option(["--nats-url"], default=None, metavar="nats://HOST:4222[,...]",
+                       help="Read RUN from the fleet's central journal on these NATS servers instead "
+                            "of PATH (docs/deployment.md); the other --nats-* options as the nats sink's.")
+    rest = [o for o in nats_options() if o.name != "nats_url"]
+    command.params.extend([url, *rest, *(o for o in stream_options()
+                                         if o.name in ("nats_stream", "nats_prefix"))])
+    return command
+
+
+@_stream_options
 @click.command(short_help="Show a journal readably from its end; -f follows it.")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="PATH")
 @click.option("-f", "--follow", is_flag=True,
@@ -41,6 +57,7 @@ def tail(paths: tuple[Path, ...], follow: bool, view: str, as_json: bool, types:
     Colour only on a terminal (and not with NO_COLOR set); Ctrl-C and a closed pipe end it with status 0."""
     from relay.cli.tail import Tail
 
+    nats = {k: filters.pop(k) for k in list(filters) if k.startswith("nats_")}
     chosen = selection(types=types, metrics=metrics, **filters)
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     if lines is None:
@@ -48,7 +65,9 @@ def tail(paths: tuple[Path, ...], follow: bool, view: str, as_json: bool, types:
     options: dict[str, Any] = dict(view=view, as_json=as_json, color=color,
                                    straggler_ratio=straggler_ratio)
     try:
-        if _fleet(paths):
+        if nats["nats_url"] is not None:
+            _tail_stream(paths, nats, chosen, options, follow, lines)
+        elif _fleet(paths):
             from relay.cli.fleet_read import FleetRead, FleetTail
             with FleetRead(list(paths), follow=follow) as read:
                 _say_notes("tail", read)
@@ -127,6 +146,25 @@ def runs(paths: tuple[Path, ...], as_json: bool) -> None:
         sys.stdout.flush()
     except BrokenPipeError:  # the reader went away (| head)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _tail_stream(runs: tuple[Path, ...], nats: dict[str, Any], chosen: Any, options: dict[str, Any],
+                 follow: bool, lines: int | None) -> None:
+    """``relay tail --nats-url URL RUN`` (relay/cli/fleet_stream.py)."""
+    from relay.cli.fleet_stream import StreamRead, StreamTail
+    from relay.fleet.connection import check_package, settings_from_options
+    from sinks.base import SinkError
+
+    stream, prefix = nats.pop("nats_stream"), nats.pop("nats_prefix")
+    if len(runs) != 1:
+        _fail(EXIT_USAGE, "--nats-url reads one run: give its id, as relay tail --nats-url URL RUN")
+    try:
+        check_package()
+        settings = settings_from_options(**nats)
+    except SinkError as exc:
+        _fail(EXIT_USAGE, str(exc))
+    with StreamRead(settings, stream, prefix, str(runs[0])) as read:
+        StreamTail(read, chosen, **options).run(follow=follow, last=lines)
 
 
 def _need(paths: tuple[Path, ...]) -> None:

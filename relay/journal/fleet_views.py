@@ -191,23 +191,30 @@ def key_of(line: bytes) -> Key | None:
 
 
 def ordered_lines(files: list[Path]) -> list[bytes]:
-    """The whole lines of ``files`` (views of the same runs), each (run, rank, seq) once, each
-    rank's in sequence order in the places that rank's lines take; the largest file's order is the
-    base (the most complete view), the others add what it lacks. A line that is no event keeps its
-    place."""
+    """The whole lines of ``files`` (views of the same runs) ``in_order``; the largest file's order
+    is the base (the most complete view), the others add what it lacks."""
+    def whole(file: Path) -> list[bytes]:
+        data = file.read_bytes()
+        return data[: data.rfind(b"\n") + 1].splitlines(keepends=True)
+
+    ordered = sorted(files, key=lambda f: f.stat().st_size, reverse=True)
+    return in_order(line for file in ordered for line in whole(file))
+
+
+def in_order(given: Iterable[bytes]) -> list[bytes]:
+    """``given`` lines each (run, rank, seq) once (the first), each rank's in sequence order in the
+    places that rank's lines take. A line that is no event keeps its place."""
     lines: list[bytes] = []
     keys: list[Key | None] = []
     seen: set[Key] = set()
-    for file in sorted(files, key=lambda f: f.stat().st_size, reverse=True):
-        data = file.read_bytes()
-        for line in data[: data.rfind(b"\n") + 1].splitlines(keepends=True):
-            key = key_of(line)
-            if key is not None:
-                if key in seen:
-                    continue
-                seen.add(key)
-            lines.append(line)
-            keys.append(key)
+    for line in given:
+        key = key_of(line)
+        if key is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        lines.append(line)
+        keys.append(key)
     places: dict[tuple[str, int], list[int]] = {}
     for i, key in enumerate(keys):
         if key is not None:
