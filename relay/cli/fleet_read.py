@@ -24,7 +24,7 @@ from relay.cli.follow import Follower
 from relay.cli.runs import RunSummary, summarize
 from relay.cli.tail import Tail
 from relay.journal.fleet_views import (FRESH_S, Key, View, is_fleet, is_relay_root, key_of,
-                                      ordered_lines, read_stats, run_files, views)
+                                      ordered_lines, read_stats, run_files, unseen, views)
 
 
 def wanted(paths: list[Path], several: bool = True) -> bool:
@@ -99,16 +99,9 @@ class FleetTail(Tail):
         self.read = read
 
     def _fresh_lines(self) -> Iterator[bytes]:
-        seen = self.read.seen
         for follower in self.read.followers:
             for _, lines in follower.poll():
-                for raw in lines:
-                    key = key_of(raw)
-                    if key is not None:
-                        if key in seen:
-                            continue
-                        seen.add(key)
-                    yield raw
+                yield from (line for line, _ in unseen(lines, self.read.seen))
 
 
 def status_lines(path: Path, now: float | None = None, as_json: bool = False) -> list[str]:

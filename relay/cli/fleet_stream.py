@@ -22,7 +22,7 @@ from relay.fleet.central import CentralJournal
 from relay.fleet.connection import NatsSettings, connect, describe
 from relay.fleet.loop_thread import LoopThread
 from relay.fleet.stream import run_token
-from relay.journal.fleet_views import Key, in_order, key_of
+from relay.journal.fleet_views import Key, in_order, key_of, unseen
 
 ASK_S = 10.0  # seconds a question to JetStream waits for its answer
 
@@ -77,12 +77,7 @@ class StreamRead:
 
     def fresh(self) -> Iterator[bytes]:
         """The run's lines committed since the last look, each new one once."""
-        for line in self.loop.run(self._read(), 3 * ASK_S):
-            key = key_of(line)
-            if key is None or key not in self.seen:
-                if key is not None:
-                    self.seen.add(key)
-                yield line
+        return (line for line, _ in unseen(self.loop.run(self._read(), 3 * ASK_S), self.seen))
 
     def close(self) -> None:
         nc = getattr(self, "nc", None)

@@ -23,7 +23,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from relay.journal.reader import journal_files
 from relay.wire.lines import parse_line
@@ -190,6 +190,18 @@ def key_of(line: bytes) -> Key | None:
     return (run, rank, seq) if type(run) is str and type(rank) is int and type(seq) is int else None
 
 
+def unseen(lines: Iterable[bytes], seen: set[Key]) -> Iterator[tuple[bytes, Key | None]]:
+    """Each of ``lines`` with its (run, rank, seq) but those ``seen`` holds, which takes each new
+    one; a line that is no event always (its key None)."""
+    for line in lines:
+        key = key_of(line)
+        if key is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        yield line, key
+
+
 def ordered_lines(files: list[Path]) -> list[bytes]:
     """The whole lines of ``files`` (views of the same runs) ``in_order``; the largest file's order
     is the base (the most complete view), the others add what it lacks."""
@@ -206,13 +218,7 @@ def in_order(given: Iterable[bytes]) -> list[bytes]:
     places that rank's lines take. A line that is no event keeps its place."""
     lines: list[bytes] = []
     keys: list[Key | None] = []
-    seen: set[Key] = set()
-    for line in given:
-        key = key_of(line)
-        if key is not None:
-            if key in seen:
-                continue
-            seen.add(key)
+    for line, key in unseen(given, set()):
         lines.append(line)
         keys.append(key)
     places: dict[tuple[str, int], list[int]] = {}
