@@ -45,8 +45,8 @@ def _stats_files(root: Path) -> list[Path]:
 def is_view(path: Path) -> bool:
     """A partition view: ``p<k>/`` with its position file, or under a consuming relay's folder."""
     return (
-        path.is_dir()
-        and _PARTITION.match(path.name) is not None
+        _PARTITION.match(path.name) is not None  # (first: thousands of run files cost no stat)
+        and path.is_dir()
         and ((path / VIEW_STATE).exists() or bool(_stats_files(path.parent)))
     )
 
