@@ -8,13 +8,17 @@ journal itself."""
 from __future__ import annotations
 
 import json
+import re
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from fleet_read_helpers import check_viewers, in_rank_order
 from watch_helpers import relay_cmd
 
-from relay.journal.fleet_views import ordered_lines, views
+from relay.journal.fleet_views import ordered_lines
 from relay.wire.lines import encode_line
 
 STEPS = 100
@@ -36,10 +40,34 @@ def relay_folder(root: Path, name: str, held: list[int], views_: dict[int, list[
         (folder / f"p{k}").mkdir(parents=True)
         (folder / f"p{k}" / f"{run[k]}.jsonl").write_bytes(b"".join(lines))
         (folder / f"p{k}" / "_relay_view.json").write_text(json.dumps({"central": "RELAY-journal@1", "position": 7}))
-    (folder / f"_relay_consume_{name}.json").write_text(json.dumps(
-        {"name": name, "pid": 1, "ts": time.time(), "errors": 0, "held": held, "partitions_total": 2,
-         "holders": {"0": "c2", "1": "c3"}, "partitions": {}}))
+    write_stats(folder, held)
     return folder
+
+
+def write_stats(folder: Path, held: list[int]) -> None:
+    """The stats file a running consuming relay writes every second."""
+    (folder / f"_relay_consume_{folder.name}.json").write_text(json.dumps(
+        {"name": folder.name, "pid": 1, "ts": time.time(), "errors": 0, "held": held, "partitions_total": 2,
+         "holders": {"0": "c2", "1": "c3"}, "partitions": {}}))
+
+
+@contextmanager
+def running(*relays: tuple[Path, list[int]]) -> Iterator[None]:
+    """The relays' stats files kept fresh, as running relays keep them, while the viewers look (at load
+    10 the viewers of a test took longer than the 15 s a stats file counts as a running relay's)."""
+    done = threading.Event()
+
+    def write() -> None:
+        while not done.wait(0.5):
+            for folder, held in relays:
+                write_stats(folder, held)
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def fleet(tmp_path: Path) -> tuple[Path, Path, dict]:
@@ -63,16 +91,20 @@ def test_a_view_read_in_order_puts_each_rank_in_sequence_and_keeps_an_ordered_vi
 
 def test_one_relays_folder_shows_every_run_and_a_stale_view_names_its_holder(tmp_path):
     c2, _, _ = fleet(tmp_path)
+    with running((c2, [0])):
+        one_relays_folder(c2)
+
+
+def one_relays_folder(c2: Path) -> None:
     runs = relay_cmd("runs", "--json", str(c2))
     assert runs.returncode == 0, runs.stderr
     listed = {r["run"]: r for r in json.loads(runs.stdout)}
     assert listed["run-a"]["last_step"] == STEPS - 1 and not listed["run-a"]["stale"]
     assert listed["run-b"]["last_step"] == 59 and listed["run-b"]["stale"]
-    assert runs.stderr.strip() == (f"relay runs: {c2}/p1 is a stale view of partition 1: c2 no longer holds "
-                                   "partition 1; c3 holds it (as c2 read the leases at "
-                                   f"{time.strftime('%H:%M:%S', time.localtime(views([c2])[1].as_of))}); it may "
-                                   "lack the partition's latest lines: give the holder's folder too (every "
-                                   "consuming relay's folder reads each run whole)")
+    said = re.sub(r"\d\d:\d\d:\d\d", "HH:MM:SS", runs.stderr.strip())
+    assert said == (f"relay runs: {c2}/p1 is a stale view of partition 1: c2 no longer holds partition 1; c3 "
+                    "holds it (as c2 read the leases at HH:MM:SS); it may lack the partition's latest lines: "
+                    "give the holder's folder too (every consuming relay's folder reads each run whole)")
     table = relay_cmd("runs", str(c2))
     assert "unfinished (stale)" in table.stdout.splitlines()[2] and "run-b" in table.stdout.splitlines()[2]
     tail = relay_cmd("tail", "-n", "1", str(c2 / "p1"))
@@ -88,8 +120,9 @@ def test_one_relays_folder_shows_every_run_and_a_stale_view_names_its_holder(tmp
 
 def test_two_relays_folders_show_each_run_whole_in_every_viewer(tmp_path):
     c2, c3, expected = fleet(tmp_path)
-    check_viewers([c2, c3], expected, tmp_path, "train/loss")
-    quiet = relay_cmd("runs", str(c2), str(c3))
+    with running((c2, [0]), (c3, [1])):
+        check_viewers([c2, c3], expected, tmp_path, "train/loss")
+        quiet = relay_cmd("runs", str(c2), str(c3))
     assert quiet.stderr == "" and "stale" not in quiet.stdout  # c3, given too, holds what c2 no longer does
 
 
