@@ -157,7 +157,7 @@ def _note(view: View) -> str:
         )
     if view.holder and view.holder not in ("?", view.relay):
         state += f"; {view.holder} holds it (as {who} read the leases at {when})"
-    elif view.running:
+    elif view.running and view.holder is None:  # (``?``: the leases could not be read)
         state += "; no relay holds it now"
     return (
         f"{view.folder} is a stale view of partition {view.partition}: {state}; it may lack the "
