@@ -20,6 +20,7 @@ from watch_helpers import relay_cmd
 
 from relay.journal.fleet_views import ordered_lines
 from relay.wire.lines import encode_line
+from sinks.files import write_atomic
 
 STEPS = 100
 
@@ -45,8 +46,8 @@ def relay_folder(root: Path, name: str, held: list[int], views_: dict[int, list[
 
 
 def write_stats(folder: Path, held: list[int]) -> None:
-    """The stats file a running consuming relay writes every second."""
-    (folder / f"_relay_consume_{folder.name}.json").write_text(json.dumps(
+    """The stats file a running consuming relay writes every second (at once, as it does)."""
+    write_atomic(folder / f"_relay_consume_{folder.name}.json", json.dumps(
         {"name": folder.name, "pid": 1, "ts": time.time(), "errors": 0, "held": held, "partitions_total": 2,
          "holders": {"0": "c2", "1": "c3"}, "partitions": {}}))
 
