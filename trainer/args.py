@@ -17,7 +17,8 @@ from trainer import fms_flags
 from trainer.errors import UsageError
 from trainer.model_load import check_load_flags
 from trainer.model_source import FLAGS, check_source
-from trainer.tracker_flags import TRACKERS, TrackingArguments, check_tracking
+from trainer.job_settings import check_tracking
+from trainer.tracker_flags import TRACKERS, TrackingArguments
 
 if TYPE_CHECKING:
     import datasets

@@ -7,14 +7,12 @@ everything under ``--output_dir``, so a job needs no server and nothing leaves t
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-from trainer import fms_flags
 from trainer.embedded import JSONL_NAME
 from trainer.errors import UsageError
 
@@ -144,11 +142,9 @@ def aim_remote(t: TrackingArguments) -> str | None:
     return url
 
 
-def check_tracking(t: TrackingArguments) -> tuple[list[str], dict[str, Any] | None]:
-    """The trackers and the run metadata of ``t``; a UsageError for any value the job cannot use,
-    before anything starts."""
-    trackers = parse_trackers(t.tracker)
-    exp_metadata = load_exp_metadata(t.exp_metadata)
+def check_fms_tracking(t: TrackingArguments, trackers: list[str]) -> None:
+    """UsageError for fms-hf-tuning's tracker flags given values the job cannot use; a warning for
+    Aim flags without --tracker aim and a journal name no embedded relay writes."""
     remote = aim_remote(t)
     if "aim" not in trackers and (t.aim_repo or remote):
         log.warning("--aim_repo / the remote Aim server %s is unused without --tracker aim", t.aim_repo or remote)
@@ -159,61 +155,6 @@ def check_tracking(t: TrackingArguments) -> tuple[list[str], dict[str, Any] | No
     if name != JSONL_NAME and (t.relay_address is not None or trackers == ["none"]):
         log.warning("--training_logs_filename %s is unused: %s", name,
                     "the relay at --relay_address writes its own journal" if t.relay_address else "--tracker none")
-    if t.wandb_mode not in ("offline", "online"):
-        raise UsageError(f"--wandb_mode: {t.wandb_mode!r} must be offline or online")
-    if t.relay_address is not None:
-        from relay.wire import auth
-        from relay.wire.address import BadAddress, check_connect_address
-
-        try:
-            check_connect_address(t.relay_address)
-            auth.check(t.relay_address)  # the relay secret, before anything trains
-        except (BadAddress, ValueError) as exc:  # ValueError: secret.SecretError
-            raise UsageError(f"--relay_address: {exc}") from None
-    for flag in ("relay_flush_timeout", "relay_start_timeout", "relay_exit_timeout"):
-        if not getattr(t, flag) > 0:
-            raise UsageError(f"--{flag} must be positive, got {getattr(t, flag)}")
-    return trackers, exp_metadata
-
-
-def parse_trackers(spec: str) -> list[str]:
-    """``"aim,mlflow"`` -> ``["jsonl", "aim", "mlflow"]``: jsonl is always kept, since it is the source of truth."""
-    names = [fms_flags.tracker_name(n.strip().lower()) for n in spec.split(",") if n.strip()]
-    if not names:
-        raise UsageError(f"--tracker: empty; use {', '.join(TRACKERS)}")
-    unknown = [n for n in names if n not in TRACKERS]
-    if unknown:
-        raise UsageError(f"--tracker: unknown tracker {unknown[0]!r}; known trackers: {', '.join(TRACKERS)}")
-    if "none" in names:
-        if len(set(names)) > 1:
-            raise UsageError("--tracker: 'none' cannot be combined with other trackers")
-        return ["none"]
-    return ["jsonl"] + [n for n in dict.fromkeys(names) if n != "jsonl"]
-
-
-def load_exp_metadata(spec: str | None) -> dict[str, Any] | None:
-    """--exp_metadata is inline JSON or a path to a JSON file; either way it must be an object."""
-    if spec is None:
-        return None
-    text, where = spec, "--exp_metadata"
-    if not spec.lstrip().startswith("{"):
-        if not os.path.isfile(spec):
-            raise UsageError(f"--exp_metadata: {spec!r} is neither a JSON object nor an existing file")
-        where = f"--exp_metadata file {spec}"
-        with open(spec, encoding="utf-8") as fh:
-            text = fh.read()
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{where}: invalid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise UsageError(f"{where}: must be a JSON object, got {type(value).__name__}")
-    return value
-
-
-def journal_path(t: TrackingArguments, out: str) -> str:
-    """Where the embedded relay's journal goes: ``<output_dir>/<training_logs_filename>``."""
-    return os.path.join(out, t.training_logs_filename)
 
 
 def aim_experiment(t: TrackingArguments) -> str:
