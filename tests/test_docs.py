@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 from doc_examples import DEMO_MODEL, DOCS, ROOT, SETUPS, Block, all_blocks, normalize, outputs, problems, run
+from compat_env import fms_model  # noqa: F401  (setup=demo venv=fms: the model transformers 4.55 built)
 from trainer_fixtures import demo_model  # noqa: F401  (setup=demo's model: the run's, built once)
 
 KINDS = {"python", "bash"}
 OPTIONS = {"id", "output", "setup", "slow", "creates", "exit", "timeout", "relay", "run", "steps", "experiment",
-           "output_dir", "relay_env", "records", "install", "varies", "skip", *KINDS}
+           "output_dir", "relay_env", "records", "install", "varies", "venv", "skip", *KINDS}
 EXAMPLES = [b for b in all_blocks() if not {"output", "install", "skip"} & b.opts.keys()]
 #: Docs whose snippets are not held to the rule yet, and why (issue 44 §6).
 UNRULED = {"docs/trainer.md": "being rewritten now; its snippets get their markers there"}
@@ -92,7 +93,8 @@ def _param(block: Block):
 @pytest.mark.parametrize("block", [_param(b) for b in EXAMPLES])
 def test_example_runs_as_written(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if block.opts.get("setup") == "demo":  # a copy of the model the run builds once, not a build of its own
-        shutil.copytree(request.getfixturevalue("demo_model"), tmp_path / DEMO_MODEL)
+        built = "fms_model" if block.opts.get("venv") == "fms" else "demo_model"
+        shutil.copytree(request.getfixturevalue(built), tmp_path / DEMO_MODEL)
     result = run(block, tmp_path)
     assert not problems(block, result), problems(block, result)
     shown = outputs().get(block.opts.get("id", ""))

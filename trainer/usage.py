@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainer.args import RENAMED_FLAGS, DataArguments, ModelArguments
+from trainer.args import PEFT_METHOD, RENAMED_FLAGS, DataArguments, ModelArguments
+from trainer.fms_flags import FMS_ALIASES, FMS_SWITCHES
 from trainer.tracker_flags import TrackingArguments
 
 #: The dataclass whose fields are the training flags (module, class): the parser's.
 TRAINING = ("trl.trainer.sft_config", "SFTConfig")
 _NONE = object()
-LONG_NAME = 30  # characters of a flag's name past which its value is shown as VALUE, not the name again
 _BOOLEAN = {"bool", "bool | None", "Optional[bool]"}  # the types HfArgumentParser gives a --no_ form
 #: Names a package exports lazily from a module of its own (transformers' __init__ maps them at import).
 _LAZY = {("transformers", "TrainingArguments"): "transformers.training_args"}
@@ -29,15 +29,14 @@ _LAZY = {("transformers", "TrainingArguments"): "transformers.training_args"}
 def print_help(out: TextIO = sys.stdout) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m trainer", add_help=False,
-        usage="python -m trainer [--demo | --model_name_or_path PATH_OR_ID\n"  # (argparse wraps no usage given)
-              "                         --data_path FILE] --output_dir DIR [flags]",
+        usage="python -m trainer [--demo | --model_name_or_path PATH --data_path FILE]\n"
+              "                         --output_dir DIR [flags]",
         description="Fine-tune with SFT (trl) and publish every rank's metrics to a relay (docs/trainer.md). "
                     "torchrun --nproc_per_node=N -m trainer ... runs it on N ranks; --demo trains the bundled "
                     "tiny model offline.")
     parser.add_argument("-h", "--help", action="store_true", help="Show this message and exit.")
     for title, cls in (("model", ModelArguments), ("data", DataArguments), ("tracking", TrackingArguments)):
-        about = (cls.__doc__ or cls.__name__).splitlines()[0].rstrip(".")
-        group = parser.add_argument_group(title, about[:1].upper() + about[1:] + ".")  # (a description wraps)
+        group = parser.add_argument_group(title, (cls.__doc__ or cls.__name__).splitlines()[0])
         for field in dataclasses.fields(cls):
             default = field.default if field.default is not dataclasses.MISSING else _NONE
             _add(group, field.name, field.metadata.get("help", ""), default, field.type in ("bool", bool))
@@ -48,16 +47,21 @@ def print_help(out: TextIO = sys.stdout) -> None:
     else:
         note = ""
     group = parser.add_argument_group(
-        "training",
-        "trl's SFTConfig and transformers' TrainingArguments, as installed: every field of SFTConfig is a flag: "
-        "--output_dir is required, --learning_rate, --num_train_epochs, --max_steps, "
-        "--per_device_train_batch_size ..." + note)
+        "training (trl's SFTConfig and transformers' TrainingArguments, as installed)",
+        "Every field of SFTConfig is a flag: --output_dir is required, --learning_rate, --num_train_epochs, "
+        "--max_steps, --per_device_train_batch_size ..." + note)
     for name, (help_text, default, boolean) in fields.items():
         _add(group, name, help_text, default, boolean)
     seed = parser.add_argument_group("the seed's flag names (still accepted)")
     for old, new in RENAMED_FLAGS.items():
         if "-" not in old[2:]:
             seed.add_argument(old, metavar=new[2:].upper(), help=f"same as {new}")
+    fms = parser.add_argument_group("fms-hf-tuning's flag names (same meaning; docs/trainer.md)")
+    for old, new in FMS_ALIASES.items():
+        fms.add_argument(old, metavar=new[2:].upper(), help=f"same as {new}")
+    fms.add_argument(PEFT_METHOD, metavar="{lora,none}", help="lora: --use_peft True; none: --use_peft False")
+    for old, new_words in FMS_SWITCHES.items():
+        fms.add_argument(old, action="store_true", help=f"same as {' '.join(new_words)}")
     parser.print_help(out)
 
 
@@ -67,8 +71,7 @@ def _add(group: Any, name: str, help_text: str, default: Any, boolean: bool) -> 
     text = " ".join(help_text.split())
     if default is not _NONE and default is not None and "default" not in text.lower():
         text = f"{text} (default: {default})".strip()
-    metavar = name.upper() if len(name) <= LONG_NAME else "VALUE"  # a line of 80 columns holds the two
-    group.add_argument(f"--{name}", metavar=metavar, help=text.replace("%", "%%"))
+    group.add_argument(f"--{name}", metavar=name.upper(), help=text.replace("%", "%%"))
     if boolean and default is True:
         group.add_argument(f"--no_{name}", action="store_true", help=f"same as --{name} False")
 

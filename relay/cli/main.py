@@ -21,6 +21,7 @@ from typing import Any, NoReturn, cast
 import click
 
 from relay.cli import sigterm
+from relay.cli.suggest import no_such_command
 from relay.wire.address import ADDRESS_ENV, DEFAULT_ADDRESS, AddressInUse, BadAddress
 from relay.journal.journal import NAME as JOURNAL, Journal, JournalError
 from relay.daemon.bounds import private_files
@@ -53,7 +54,7 @@ class _ServeByDefault(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and not args[0].startswith("-") and args[0] not in self.commands:
-            _fail(EXIT_USAGE, _no_such_command(args[0], self.list_commands(ctx)))
+            _fail(EXIT_USAGE, no_such_command(args[0], self.list_commands(ctx)))
         if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
             args = ["serve", *args]
         sigterm.for_command(args[0] == "serve")  # before serve loads its sinks' plugins
@@ -132,15 +133,6 @@ class _SinkCommand(click.Command):
                 option.help = f"[{name} sink] {option.help or ''}"
                 params.append(option)
         return params
-
-
-def _no_such_command(word: str, commands: list[str]) -> str:
-    from relay.cli.suggest import nearest
-
-    near, close = nearest(word, commands, n=1)
-    if close:
-        return f"no such command {word!r}; did you mean {near[0]!r}?"
-    return f"no such command {word!r}; commands: {', '.join(commands)} (see 'relay --help')"
 
 
 def _fail(code: int, message: str) -> NoReturn:
@@ -291,11 +283,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
             _fail(EXIT_USAGE, str(exc))
         signal.signal(signal.SIGTERM, relay.request_stop)  # listening: the loop stops, sinks starting or not
     except sigterm.Stopped:
-        if journal is not None:
-            journal.abandon()
-        log.info("stopped (SIGTERM) before listening")
-        logging.shutdown()
-        os._exit(0)  # nothing was journaled; a half-made socket must not hold the exit up
+        sigterm.exit_before_listening(journal)
     relay.serve()  # ready at once; the sinks' processes open beside it (Relay.open_sinks)
     logging.shutdown()
     sys.stderr.flush()
@@ -317,13 +305,25 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
 @click.pass_context
 def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, ...], runs: tuple[str, ...],
            progress_every: float, log_level: str, world_readable: bool, **sink_params: Any) -> None:
-    """Feed JSONL journal FILES (or directories of them) through sinks, in order.
+    """Feed JSONL journal FILES (or directories of them) through sinks, in order. A consuming
+    relay's folder (or several): each run read whole from every view given, each rank in order.
 
     Stopped part way (Ctrl-C, exit 130), it says how far it got: run it again to finish, what each
     sink already holds is skipped."""
+    from contextlib import ExitStack
+
+    from relay.cli.fleet_read import FleetRead, wanted as fleet
     from relay.cli.progress import Progress, size_of
     from relay.daemon.rederive import SpoolDerivation
     from relay.sinkhost.replay import replay_files
+
+    closing = ExitStack()
+    deadletters = None
+    if fleet(list(files), several=False):  # the fleet's views, in order (relay/cli/fleet_read.py)
+        read = closing.enter_context(FleetRead(list(files)))
+        for note in read.notes():
+            click.echo(f"relay replay: {note}", err=True)
+        deadletters, files = files[0] if files[0].is_dir() else files[0].parent, (read.folder,)
 
     private_files(world_readable)
     line = LiveLine(sys.stderr) if wanted("auto", sys.stderr) else None
@@ -332,11 +332,13 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
     classes: dict[str, tuple[str, Named]] = dict(ctx.meta[_SINKS])
     journal = JournalFlags.journal(sink_params) if classes.pop(JOURNAL, None) else None
     try:
-        sink_classes = {name: cast("type[Sink]", cls) for name, (_, cls) in classes.items()}  # (not the journal)
-        sinks = [starting(name, cls, **{o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params})
-                 for name, cls in sink_classes.items()]
-        result = replay_files(files, sinks, set(runs), journal, progress=progress.update,
-                              derive=SpoolDerivation() if journal is not None else None)
+        with closing:  # (the fleet's views put in order are removed)
+            sink_classes = {name: cast("type[Sink]", cls) for name, (_, cls) in classes.items()}  # (no journal)
+            sinks = [starting(name, cls, **{o.name: sink_params[o.name] for o in cls.options()
+                                            if o.name in sink_params}) for name, cls in sink_classes.items()]
+            derive = SpoolDerivation() if journal is not None else None
+            result = replay_files(files, sinks, set(runs), journal, progress=progress.update,
+                                  derive=derive, deadletters=deadletters)
     except (SinkError, JournalError) as exc:
         progress.close()
         _fail(EXIT_USAGE, str(exc))
@@ -368,6 +370,11 @@ def status(target: str | None, as_json: bool, timeout: float) -> None:
     tcp://127.0.0.1:5557), or read the stats file a relay keeps beside its JOURNAL."""
     from relay.cli.columns import terminal_width
     from relay.daemon.status import BadTarget, NoAnswer, status_text
+    from relay.journal.fleet_views import is_fleet
+    if target is not None and is_fleet([Path(target)]):  # a consuming relay's folder, or a view
+        from relay.cli.fleet_read import status_lines
+        click.echo("\n".join(status_lines(Path(target), as_json=as_json)))
+        return
     try:
         click.echo(status_text(target, timeout, as_json, terminal_width(sys.stdout)))
     except NoAnswer as exc:

@@ -55,6 +55,7 @@ class RunSummary:
     last_loss: float | None  # the Trainer's (stage train)
     stragglers: int  # the relay's straggler findings
     lost_ranks: int  # ... and rank_lost ones
+    stale: bool = False  # read only from partition views their consuming relays no longer hold
 
 
 def summarize(path: Path, now: float | None = None) -> list[RunSummary]:
@@ -204,7 +205,8 @@ def as_json(summaries: list[RunSummary]) -> bytes:
 
 def table(summaries: list[RunSummary], width: int | None) -> list[str]:
     """The listing, one line per run, fitted to ``width``."""
-    rows = [{"run": s.run, "start": _when(s.start), "status": s.status, "attempts": str(s.attempts),
+    rows = [{"run": s.run, "start": _when(s.start), "status": s.status + " (stale)" * s.stale,
+             "attempts": str(s.attempts),
              "ranks": "-" if s.ranks is None else str(s.ranks), "step": "-" if s.last_step is None else str(s.last_step),
              "loss": "-" if s.last_loss is None else f"{s.last_loss:.4g}", "stragglers": str(s.stragglers),
              "lost": str(s.lost_ranks)} for s in summaries]

@@ -9,12 +9,18 @@ nothing here changes that program's signals.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:  # (imported first thing by the program: nothing here may take long to import)
+    from relay.journal.journal import Journal
+
+log = logging.getLogger("relay")
 
 
 class Stopped(BaseException):
@@ -60,3 +66,14 @@ def for_command(serve: bool) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if _pending:
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def exit_before_listening(journal: "Journal | None") -> NoReturn:
+    """``relay serve`` stopped by a SIGTERM before it listened: nothing was journaled, so it leaves
+    nothing behind (no lock, no empty journal folder) and exits 0 at once; a half-made socket must
+    not hold the exit up."""
+    if journal is not None:
+        journal.abandon()
+    log.info("stopped (SIGTERM) before listening")
+    logging.shutdown()
+    os._exit(0)

@@ -37,3 +37,11 @@ def did_you_mean(word: str, names: Iterable[str], what: str, n: int = NEAREST) -
     if close:
         return f"did you mean {quoted}?"
     return f"{what}: {quoted}" if len(found) == len(pool) else f"the {len(found)} nearest of the {len(pool)} {what}: {quoted}"
+
+
+def no_such_command(word: str, commands: list[str]) -> str:
+    """``no such command 'lpot'; did you mean 'plot'?``, else every command (there are few)."""
+    near, close = nearest(word, commands, n=1)
+    if close:
+        return f"no such command {word!r}; did you mean {near[0]!r}?"
+    return f"no such command {word!r}; commands: {', '.join(commands)} (see 'relay --help')"

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, Iterable, Iterator, TextIO
 
 import click
 import orjson
@@ -156,13 +156,21 @@ class Tail:
 
     def poll_once(self) -> None:
         """One look when following: what was written since, shown."""
-        fresh = [pair for _, lines in self._follower.poll() for pair in parsed(lines, self.selection.wants)]
+        fresh = list(self._wanted(self._fresh_lines()))
         if self.view == "steps" and not self.as_json:
             now = time.monotonic()
             rows = [row for ev, _ in fresh for row in self.steps.feed(ev, now)]
             self._show_rows(rows + self.steps.ready(now))
         else:
             self._show_events(fresh)
+
+    def _fresh_lines(self) -> Iterator[bytes]:
+        """The lines written since the last look (relay/cli/fleet_read.py: the fleet's views')."""
+        return (line for _, lines in self._follower.poll() for line in lines)
+
+    def _wanted(self, lines: Iterable[bytes]) -> Iterator[tuple[dict[str, Any], bytes]]:
+        """The lines that are JSON objects the selection wants, parsed, with their bytes."""
+        return parsed(lines, self.selection.wants)
 
     def _show_events(self, events: list[tuple[dict[str, Any], bytes]]) -> None:
         if not events:
