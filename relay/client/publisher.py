@@ -30,7 +30,7 @@ from relay.wire.address import resolve_address
 from relay.wire.lines import SPOOL_SUFFIX
 from relay.wire.io_thread import LinkMember, read_monitor, shared_hub
 from relay.client.send_window import SendWindow
-from sinks.events import MAX_ATTEMPT, RELAY_RANK, attempt_base
+from sinks.events import MAX_ATTEMPT, RELAY_RANK, session_base
 
 __all__ = ["Publisher", "UNKNOWN_JOURNAL"]
 
@@ -71,12 +71,16 @@ class Publisher(ForkHandover, LinkMember):
         spool_dir: str | os.PathLike[str] | None = None,
         spool_journal: str | os.PathLike[str] | None = None,
         attempt: int = 0,
+        restart: int | None = None,
     ) -> None:
         """``spool_dir``: where close() writes what the relay never acknowledged (None: nowhere, it is
         only counted); ``spool_journal``: the relay's journal, named in the replay command it logs;
         ``attempt``: which attempt of ``run`` this process belongs to (a job resumed from a checkpoint
         continues its run as attempt 1, 2 ...): its seqs start at ``attempt_base(attempt)``, above every
-        earlier attempt's, so the relay takes none of its events for a duplicate."""
+        earlier attempt's, so the relay takes none of its events for a duplicate; ``restart``: how often
+        torchrun restarted this rank (None: ``TORCHELASTIC_RESTART_COUNT``), numbered on from
+        ``session_base(attempt, restart)`` above the earlier runs of the attempt, so a restarted rank
+        continues its stream once the one before has gone (docs/protocol.md)."""
         if not schema.valid_run_id(run):
             raise ValueError(f"run id {run!r} must match {schema.RUN_ID_RE.pattern}")
         for name, val in (("rank", rank), ("world_size", world_size), ("max_events", max_events)):
@@ -86,7 +90,12 @@ class Publisher(ForkHandover, LinkMember):
             raise ValueError(f"rank must be below {RELAY_RANK} (the relay's own rank), got {rank}")
         if not isinstance(attempt, int) or not 0 <= attempt < MAX_ATTEMPT:
             raise ValueError(f"attempt must be an int in [0, {MAX_ATTEMPT}), got {attempt!r}")
+        if restart is None:
+            env = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+            restart = int(env) if env.isdigit() else 0
         self.attempt = attempt
+        self.restart = restart
+        self._conflict: str | None = None  # the relay refuses this stream: another process writes it
         self.run = run
         self.rank = rank
         self.address = resolve_address(address)
@@ -118,7 +127,7 @@ class Publisher(ForkHandover, LinkMember):
         self._dropped_error = 0  # by publish(): could not even build the event
         # Owned by the background thread:
         self._window = SendWindow(max_events=max_events, max_bytes=max_bytes, resend_after=resend_after,
-                                  now=time.monotonic(), first_seq=attempt_base(attempt))
+                                  now=time.monotonic(), first_seq=session_base(attempt, restart))
         self._pack_row = encoding.row_packer().pack
         self._dropped_bad = 0  # unencodable or oversized events
         self._reported_drops = 0
@@ -135,7 +144,8 @@ class Publisher(ForkHandover, LinkMember):
         live.add(self)
         self.publish("hello", {
             "pid": os.getpid(), "address": self.address, "python": sys.version.split()[0],
-            "pyzmq": zmq.__version__, "max_events": max_events, "attempt": attempt,
+            "pyzmq": zmq.__version__, "max_events": max_events, "attempt": attempt, "restart": restart,
+            "session": self.session.hex(),
         })
         self._hub = shared_hub()
         self._hub.register(self)
@@ -211,8 +221,8 @@ class Publisher(ForkHandover, LinkMember):
         if not left:
             return 0
         if self.spool_path is None:
-            log.warning("relay %s: %d events of run %s rank %d were never acknowledged",
-                        self.address, left, self.run, self.rank)
+            log.warning("relay %s: %d events of run %s rank %d were never acknowledged%s",
+                        self.address, left, self.run, self.rank, f": {self._conflict}" if self._conflict else "")
         elif not self._done.is_set():
             log.error("relay %s: %d events of run %s rank %d were never acknowledged and are not spooled: the "
                       "publisher thread did not stop", self.address, left, self.run, self.rank)
@@ -307,6 +317,15 @@ class Publisher(ForkHandover, LinkMember):
         for run, rank, upto in acks:
             if run == self.run and rank == self.rank:
                 self._window.ack(upto, now)
+
+    def _refused(self, refused: list[tuple[str, int, str]]) -> None:
+        """The relay refuses this stream: another process writes it. Said once, in one line; the
+        events stay (bounded) and are sent again, and taken if that process has gone and they do not
+        repeat its seqs."""
+        for run, rank, why in refused:
+            if run == self.run and rank == self.rank and why != self._conflict:
+                self._conflict = why
+                log.error("%s", why)
 
     def _bad_ack(self, exc: schema.FrameError) -> None:
         self._malformed_acks += 1

@@ -12,8 +12,8 @@ and the time; the daemon's loop (relay/daemon/loop.py) reads them off its ROUTER
 fuzzer and the tests hand them in directly. What ingest calls back is given to its constructor:
 ``send_acks`` sends a connection its acks, ``fan_out`` hands what the journal took to the other
 sinks, ``connected`` asks whether a stream's owner is still connected, when another connection
-sends for its stream (relay/daemon/peers.py); ``refuse_connection`` is how the loop reports a
-refused handshake.
+sends for its stream (relay/daemon/peers.py), ``tell`` tells a refused second writer why
+(relay/daemon/writers.py); ``refuse_connection`` is how the loop reports a refused handshake.
 """
 from __future__ import annotations
 
@@ -29,18 +29,25 @@ from relay.daemon.cross_rank import Cluster, ClusterConfig
 from relay.daemon.owners import Owners
 from relay.daemon.run_health import RunHealth
 from relay.daemon.runs import Key, Runs
+from relay.daemon.writers import Conflict, judge, session_of, writer_of
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import RankState, claimed_drop
 from relay.journal.journal import Journal
 from relay.wire import encoding, schema
 from relay.wire.lines import Derived, check_lines, encode_line, encode_lines, relay_event
-from sinks.events import RELAY_RANK, attempt_base, attempt_of
+from sinks.events import RELAY_RANK, attempt_of, starts_session
 
 log = logging.getLogger("relay")
 
 #: Seconds between the log lines (and dead letters) of refused handshakes after the first: a peer
 #: without the secret retries every few seconds for as long as it runs, and each try is counted.
 REFUSED_REPORT_EVERY = 60.0
+#: Log lines per refusal reason before only every thousandth is logged (each reason counts its own,
+#: so no flood of one reason hides another).
+REJECT_LOG_FIRST = 10
+
+#: Tells a connection why its frames for some streams are refused: (run, rank, one line) each.
+Tell = Callable[[bytes, list[tuple[str, int, str]]], None]
 
 _rank = operator.itemgetter("rank")
 
@@ -51,7 +58,8 @@ class Ingest:
     def __init__(self, journal: Journal, deadletters: DeadLetters, now: float, *, send_acks: Send,
                  fan_out: Deliver | None = None, connected: Callable[[bytes], bool] | None = None,
                  run_rate: float = 60.0, max_runs: int = 10_000, cluster: ClusterConfig | None = None,
-                 health: RunHealth | None = None, wall_clock: Callable[[], float] = time.time) -> None:
+                 health: RunHealth | None = None, wall_clock: Callable[[], float] = time.time,
+                 tell: Tell | None = None) -> None:
         self.journal = journal
         self.deadletters = deadletters
         self.counters = Counters()
@@ -67,6 +75,9 @@ class Ingest:
         self.connected = connected
         self._refused_at: float | None = None  # when a refused handshake was last logged
         self._refused_since = 0  # refused handshakes since then
+        self.tell = tell  # a refused second writer's reason goes to its client (None: to no one)
+        self._conflicts_at: float | None = None  # when repeated conflicts were last summed up in the log
+        self._conflicts_since = 0  # frames refused as conflicts, not logged, since then
         self._wall_clock = wall_clock  # the ts of the relay's own events
         self._host = socket.gethostname()
 
@@ -85,6 +96,10 @@ class Ingest:
         if (events[0]["rank"] if first_seq is not None else max(map(_rank, events))) == RELAY_RANK:
             self.reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it derives); "
                                          "no client may publish as it", frame, peer)
+            return
+        conflict = self._conflict(peer, decoded, now)
+        if conflict is not None:
+            self._refuse_conflict(conflict, events, frame, peer, now)
             return
         taken = self._owned_elsewhere(peer, events, first_seq, now)
         if taken is not None:
@@ -139,6 +154,80 @@ class Ingest:
         owners.refused(key, peer)
         return True
 
+    def _conflict(self, peer: bytes, decoded: schema.Frame, now: float) -> Conflict | None:
+        """The first stream of the frame that another session writes (relay/daemon/writers.py): a
+        hello of a new session judged, or any frame of a connection already refused the stream."""
+        events, first_seq, _ = decoded
+        writers = self.runs.writers
+        if first_seq is not None:  # one stream, and no hello among its events
+            return writers.refusal((events[0]["run"], events[0]["rank"]), peer) if writers.refused else None
+        hellos = {(e["run"], e["rank"]): e for e in events if e["type"] == "hello"}
+        if writers.refused:
+            for key in self.runs.keys_of(events, None):
+                standing = None if key in hellos else writers.refusal(key, peer)
+                if standing is not None:
+                    return standing
+        for key, hello in hellos.items():
+            state = self._lookup(peer, key[0], key[1], now)
+            if state is None:  # a new run past the connection's budget: refused as such below
+                continue
+            session = session_of(hello["data"], peer)
+            writer = writers.of.get(key)
+            why = None
+            if writer is not None and writer.session not in (None, session):
+                why = judge(writer, session, live=self._writer_live(key, peer, now), above=hello["seq"] > state.top)
+            if why is None:
+                writers.passed(key, peer)
+                continue
+            assert writer is not None
+            conflict = Conflict(key, why, writer, writer_of(hello["data"], hello["host"], session), hello["seq"])
+            writers.refuse(key, peer, conflict)
+            return conflict
+        return None
+
+    def _writer_live(self, key: Key, peer: bytes, now: float) -> bool:
+        """Whether ``key``'s owner is another connection that is still there (and not silent)."""
+        owner = self.owners.of(key)
+        if owner is None or not self.owners.foreign(key, peer, now):
+            return False
+        if self.connected is None or self.connected(owner):
+            return True
+        self.peer_gone(owner)
+        return False
+
+    def _refuse_conflict(self, conflict: Conflict, events: list[dict[str, Any]], frame: bytes, peer: bytes,
+                         now: float) -> None:
+        """A second writer's frame: counted and dead-lettered as ``conflict``, never acknowledged; its
+        client is told why; the first time for this session and stream, logged and journaled (a
+        ``conflict`` event of the relay's own rank, which ``relay runs`` shows), then summed up in the
+        log at most every REFUSED_REPORT_EVERY seconds: its own limit, whatever else is refused."""
+        run, rank = conflict.key
+        self.counters.rejected["conflict"] += 1
+        line = conflict.line()
+        if self.runs.writers.first_time(conflict):
+            log.error("refused a second writer of run %s rank %d: a process (%s, session %s) %s, written by %s "
+                      "(session %s); its frames are refused and never acknowledged: give each job its own run id",
+                      run, rank, conflict.by.who(), conflict.session,
+                      "sent while the first is connected" if conflict.why == "live"
+                      else f"starts at seq {conflict.seq}, which the stream already holds",
+                      conflict.writer.who(), conflict.writer.session)
+            writer, by = conflict.writer, conflict.by
+            self.queue_derived([Derived(run, self.runs.world.get(run, events[0]["world_size"]), "lifecycle", None,
+                                        None, {"event": "conflict", "rank": rank, "why": conflict.why,
+                                               "seq": conflict.seq, "writer_pid": writer.pid,
+                                               "writer_host": writer.host, "refused_pid": by.pid,
+                                               "refused_host": by.host})])
+        else:
+            self._conflicts_since += 1
+            if self._conflicts_at is None or now - self._conflicts_at >= REFUSED_REPORT_EVERY:
+                log.warning("%d more frames refused as second writers (%d so far); the last: %s",
+                            self._conflicts_since, self.counters.rejected["conflict"], line)
+                self._conflicts_at, self._conflicts_since = now, 0
+        if not self.deadletters.add("conflict", line, frame, peer):
+            self.counters.deadletter_overflow += 1
+        if self.tell is not None:
+            self.tell(peer, [(run, rank, line)])
+
     def commit(self, now: float) -> None:
         """Journal what waits, then acknowledge and fan out (relay/daemon/commit.py)."""
         self.commit_step.commit(now)
@@ -155,6 +244,8 @@ class Ingest:
                 self._refuse_runs(peer, [run], events)
                 return
             counters.events += len(events)
+            if (run, rank) not in self.runs.writers.of:
+                self.runs.writers.wrote_without_hello((run, rank), peer, events[0]["host"])
             if state.take_run(first_seq, len(events)):
                 commit_step.add(run, chunk, len(events))  # (not before _state: making room may commit)
                 if derive and self._watching:
@@ -177,13 +268,17 @@ class Ingest:
             if key != last_key:  # a frame normally holds one rank's events: look it up once
                 held = self._state(peer, key[0], key[1], now, admitted=True)
                 last_key = key
+                if event["type"] != "hello":
+                    self.runs.writers.wrote_without_hello(key, peer, event["host"])
             if held.take(event["seq"], peer):
                 commit_step.add(key[0], line, 1)
                 if event["type"] == "stats":
                     self._client_drops(key, held, event, peer)
                 elif event["type"] == "hello":
                     self.runs.hello(key, event["ts"])
-                    self._attempt_begins(key, held, event["seq"], peer)
+                    self.runs.writers.wrote(key, writer_of(event["data"], event["host"],
+                                                           session_of(event["data"], peer)))
+                    self._session_begins(key, held, event["seq"], peer)
                 elif self._watching and (event["stage"] == "rank" or event["type"] == "lifecycle"):
                     self._derive((event,), now)
                 elif self._take_loss is not None and event["stage"] == "train" and key[1] == 0:
@@ -202,6 +297,15 @@ class Ingest:
     def _state(self, peer: bytes, run: str, rank: int, now: float, admitted: bool = False) -> RankState | None:
         """(run, rank)'s dedupe state, with its ack route and activity noted; None if ``run`` is new
         and ``peer`` has used up its budget of new runs (unless already ``admitted``)."""
+        state = self._lookup(peer, run, rank, now, admitted)
+        if state is not None:
+            self.runs.claim((run, rank), peer, now)
+            self.commit_step.ack_due((run, rank))
+        return state
+
+    def _lookup(self, peer: bytes, run: str, rank: int, now: float, admitted: bool = False) -> RankState | None:
+        """(run, rank)'s dedupe state, learned from the journal for a run met again; None if ``run``
+        is new and ``peer`` has used up its budget of new runs (unless already ``admitted``)."""
         runs = self.runs
         key = (run, rank)
         state = runs.ranks.get(key)
@@ -218,8 +322,6 @@ class Ingest:
                 for known, dropped in runs.reported.items():
                     self.counters.client_reported(known, dropped)
                 runs.reported.clear()
-        runs.claim(key, peer, now)
-        self.commit_step.ack_due(key)
         return state
 
     def _derive(self, events: Iterable[dict[str, Any]], now: float) -> None:
@@ -270,12 +372,14 @@ class Ingest:
                 return
             self.counters.runs_evicted += 1
 
-    def _attempt_begins(self, key: Key, state: RankState, seq: int, peer: bytes) -> None:
-        """A hello at the first seq of a later attempt of its run (a resumed job; sinks/events.py): its
-        client numbers nothing below it, so the rank's floor moves up to it, as for a drop report of
-        that connection (the earlier attempt's seqs it never delivered were lost with its process)."""
-        if seq > state.floor and seq == attempt_base(attempt_of(seq)):
-            log.info("run %s rank %d: attempt %d begins (seq %d)", key[0], key[1], attempt_of(seq), seq)
+    def _session_begins(self, key: Key, state: RankState, seq: int, peer: bytes) -> None:
+        """A hello at the first seq of a later session of its stream (a resumed job's attempt, an
+        elastic restart; sinks/events.py): its client numbers nothing below it, so the rank's floor
+        moves up to it, as for a drop report of that connection (the earlier session's seqs it never
+        delivered were lost with its process)."""
+        if seq > state.floor and starts_session(seq):
+            log.info("run %s rank %d: a new session begins at seq %d (attempt %d)", key[0], key[1], seq,
+                     attempt_of(seq))
             state.skip_to(seq, peer)
 
     def _reused_run(self, key: Key) -> None:
@@ -318,6 +422,7 @@ class Ingest:
     def peer_gone(self, peer: bytes) -> None:
         """``peer``'s connection is gone: the streams it owned pass to whichever connection sends next."""
         released = self.runs.release(peer)
+        self.runs.writers.gone(peer)
         if released:
             self.counters.owners_released += released
             log.debug("peer %s disconnected: %d streams it sent are free", peer.hex(), released)
@@ -326,6 +431,7 @@ class Ingest:
         """Every connection was dropped (the loop's memory guard): every stream is free and no ack is
         due to anyone; each client resends, and is acknowledged then."""
         self.runs.release_all()
+        self.runs.writers.all_gone()
         self.commit_step.drop_acks()
 
     def refuse_connection(self, why: str, now: float) -> None:
@@ -358,10 +464,11 @@ class Ingest:
             self.counters.bad_drop_reports += 1
 
     def reject(self, reason: str, detail: str, frame: bytes, peer: bytes) -> None:
-        """A refused frame: counted by ``reason``, logged (the first ten, then every thousandth), dead-lettered."""
-        self.counters.rejected[reason] += 1
-        total = sum(self.counters.rejected.values())
-        if total <= 10 or total % 1000 == 0:
-            log.warning("rejected frame from peer %s (%d rejected so far): %s: %s", peer.hex(), total, reason, detail)
+        """A refused frame: counted by ``reason``, logged (each reason's first ten, then every thousandth),
+        dead-lettered."""
+        count = self.counters.rejected[reason] = self.counters.rejected[reason] + 1
+        if count <= REJECT_LOG_FIRST or count % 1000 == 0:
+            log.warning("rejected frame from peer %s (%d %s so far): %s: %s", peer.hex(), count, reason, reason,
+                        detail)
         if not self.deadletters.add(reason, detail, frame, peer):
             self.counters.deadletter_overflow += 1

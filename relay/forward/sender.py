@@ -60,6 +60,7 @@ class Forwarder(LinkMember):
         self.state_path = Journal(journal).sidecar(STATE_SUFFIX)
         self.window = ForwardWindow(max_events=max_events, max_bytes=MAX_BYTES)
         self.floors, done = _load_state(self.state_path, to)
+        self._conflicts: set[Key] = set()  # streams the central refused, said once
         self.read_size: dict[str, int] = done  # run -> its file's size when it was last read to the end
         self.dirty: set[str] = set()  # runs (directory layout) or {""} (one file) with lines left to read
         self.ready, self.finished = threading.Event(), threading.Event()
@@ -105,6 +106,14 @@ class Forwarder(LinkMember):
     def _bad_ack(self, exc: schema.FrameError) -> None:
         self.counters["bad_acks"] += 1
         log.warning("ignoring malformed message from the central relay %s: %s", self.to, exc)
+
+    def _refused(self, refused: list[tuple[str, int, str]]) -> None:
+        """The central refuses a stream this node forwards: another node's process writes it there
+        (relay/daemon/writers.py). Said once per stream; its events stay here and are sent again."""
+        for run, rank, why in refused:
+            if (run, rank) not in self._conflicts:
+                self._conflicts.add((run, rank))
+                log.error("the central relay %s refuses run %s rank %d: %s", self.to, run, rank, why)
 
     def _tick(self, now: float) -> None:
         """Every tick: read, send, release, watch, save. An error (the journal unreadable for now, say)
