@@ -82,9 +82,9 @@ def attempt_of(seq: int) -> int:
     return seq >> ATTEMPT_SEQ_BITS
 
 
-#: Within an attempt, torchrun's elastic restarts of a rank (``TORCHELASTIC_RESTART_COUNT``) number on
-#: from ``session_base(attempt, restart)``: 2**24 events per rank per restart, restarts 0 .. 255 (a
-#: later one shares the last range, and is refused as a second writer if it meets the last's events).
+#: Within an attempt, torchrun's elastic restarts of a rank (``TORCHELASTIC_RESTART_COUNT``) number
+#: on from ``session_base(attempt, restart)``: 2**24 events per rank per restart, restarts 0 .. 255
+#: (a later one shares the last range: refused as a second writer if it meets the last's events).
 RESTART_SEQ_BITS = 24
 MAX_RESTART = 1 << (ATTEMPT_SEQ_BITS - RESTART_SEQ_BITS)
 

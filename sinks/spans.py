@@ -29,8 +29,8 @@ class SeqSpans:
 
     def add(self, seq: int) -> bool:
         """Record ``seq`` (not already present); True when this opens a new hole below it (the gap
-        before a session's first seq, an attempt's or a restart's, is none: the earlier one's numbers end
-        where it stopped)."""
+        before a session's first seq, an attempt's or a restart's, is none: the earlier one's
+        numbers end where it stopped)."""
         spans = self.spans
         if spans and spans[-1][1] == seq:
             spans[-1][1] = seq + 1

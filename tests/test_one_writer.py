@@ -41,6 +41,11 @@ def stream(events: list[dict], run: str, rank: int = 1) -> list[dict]:
     return [ev for ev in events if ev["run"] == run and ev["rank"] == rank]
 
 
+def lines(path) -> int:
+    """Whole lines in a journal file a relay may be writing (0: none yet)."""
+    return len(read_jsonl(path, live=True)) if path.exists() else 0
+
+
 def conflicts(events: list[dict], run: str) -> list[dict]:
     return [ev["data"] for ev in events if ev["run"] == run and ev["rank"] == RELAY_RANK
             and ev["data"].get("event") == "conflict"]
@@ -152,3 +157,34 @@ def test_a_resumed_attempt_continues_the_run_once_the_first_ended(relays, tmp_pa
     seqs = [ev["seq"] for ev in stream(events, "resumed")]
     assert seqs[:202] == list(range(202)) and seqs[202:404] == list(range(attempt_base(1), attempt_base(1) + 202))
     assert seqs[-52:] == list(range(attempt_base(3), attempt_base(3) + 52))
+
+
+def test_a_central_relay_refuses_a_second_nodes_writer_and_the_node_forwards_the_rest(relays, tmp_path) -> None:
+    """Two jobs on two nodes under one run id: each node relay takes its own (it has one writer), and
+    forwards its journal, hellos and their sessions as they are; the central judges them as a node
+    relay does: the second node's stream is refused there, its forward sink says so and lets go of
+    it, and its other streams still arrive."""
+    central_dir = tmp_path / "central"
+    central = relays(["--path", f"{central_dir}/"])
+    dirs = [tmp_path / "node-a", tmp_path / "node-b"]
+    nodes = []
+    for d in dirs:
+        node = relays(["--path", f"{d}/", "--sink", "forward", "--to", central.address, "--stats-interval", "0.2"],
+                      start=False)
+        node.log = tmp_path / f"{d.name}.log"
+        nodes.append(node.start())
+    first = finish(publisher(nodes[0].address, "twice", 200))
+    wait_for(lambda: lines(central_dir / "twice.jsonl") >= 202, 60, "node a's run forwarded")
+    assert first["left"] == 0
+    second = finish(publisher(nodes[1].address, "twice", 100))  # its own node takes it: one writer there
+    other = finish(publisher(nodes[1].address, "other", 100))
+    assert second["left"] == other["left"] == 0
+    wait_for(lambda: lines(central_dir / "other.jsonl") >= 102, 60, "node b's other run")
+    wait_for(lambda: nodes[1].stats(dirs[1])["sinks"]["forward"].get("sink", {}).get("refused", 0) >= 102, 60,
+             "node b's forward sink let go of the refused stream")
+    for relay in (*nodes, central):
+        assert relay.stop() == 0
+    events = read_jsonl(central_dir / "twice.jsonl")
+    assert len(stream(events, "twice")) == 202 and [c["why"] for c in conflicts(events, "twice")] == ["live"]  # node a still links it
+    said = [line for line in (tmp_path / "node-b.log").read_text().splitlines() if "refuses run twice" in line]
+    assert len(said) == 1 and "is written by another process" in said[0], said

@@ -48,8 +48,9 @@ class RunSummary:
     file: str
     start: float | None  # ts of its first event
     end: float | None  # ts of its last
-    status: str  # conflict (a second writer was refused), else train_end's status (completed, failed, ...),
-    # else running or unfinished
+    #: conflict (a second writer was refused), else train_end's status (completed, failed ...),
+    #: else running or unfinished
+    status: str
     attempts: int  # train_begin events (torchrun restarts, resumed jobs)
     ranks: int | None  # world size
     last_step: int | None
@@ -78,7 +79,8 @@ def _file(file: Path, now: float) -> list[RunSummary]:
         scan = _Scan(fh, _HEAD + orjson.dumps(first["run"]) + b",")
         if scan.heads != scan.lines:  # (a blank line, a hand edit or another run: read it line by line)
             return _shared(file, fh, now)
-        found = _Found(first, scan.counts[_BEGIN], scan.counts[_STRAGGLER], scan.counts[_LOST], scan.counts[_CONFLICT])
+        counts = scan.counts
+        found = _Found(first, counts[_BEGIN], counts[_STRAGGLER], counts[_LOST], counts[_CONFLICT])
         if scan.last[_END] > scan.last[_BEGIN]:
             found.end_line = _line_at(fh, scan.last[_END])
         tail = (ev for raw in islice(lines_backwards(file), LAST_LINES) if (ev := _event(raw)) is not None)
@@ -138,7 +140,8 @@ class _Found:
     def __init__(self, first: dict[str, Any], attempts: int = 0, stragglers: int = 0, lost: int = 0,
                  conflicts: int = 0) -> None:
         self.first = first
-        self.attempts, self.stragglers, self.lost, self.conflicts = attempts, stragglers, lost, conflicts
+        self.attempts, self.stragglers, self.lost = attempts, stragglers, lost
+        self.conflicts = conflicts
         self.end_line: dict[str, Any] | None = None
         self.last_at = self.step_at = self.loss_at = -1  # where its last line, step and train loss are (shared file)
 

@@ -77,9 +77,9 @@ class Publisher(ForkHandover, LinkMember):
         only counted); ``spool_journal``: the relay's journal, named in the replay command it logs;
         ``attempt``: which attempt of ``run`` this process belongs to (a job resumed from a checkpoint
         continues its run as attempt 1, 2 ...): its seqs start at ``attempt_base(attempt)``, above every
-        earlier attempt's, so the relay takes none of its events for a duplicate; ``restart``: how often
-        torchrun restarted this rank (None: ``TORCHELASTIC_RESTART_COUNT``), numbered on from
-        ``session_base(attempt, restart)`` above the earlier runs of the attempt, so a restarted rank
+        earlier attempt's, so the relay takes none of its events for a duplicate; ``restart``: how
+        often torchrun restarted this rank (None: ``TORCHELASTIC_RESTART_COUNT``): it numbers from
+        ``session_base(attempt, restart)``, above the attempt's earlier starts, so a restarted rank
         continues its stream once the one before has gone (docs/protocol.md)."""
         if not schema.valid_run_id(run):
             raise ValueError(f"run id {run!r} must match {schema.RUN_ID_RE.pattern}")
@@ -95,7 +95,7 @@ class Publisher(ForkHandover, LinkMember):
             restart = int(env) if env.isdigit() else 0
         self.attempt = attempt
         self.restart = restart
-        self._conflict: str | None = None  # the relay refuses this stream: another process writes it
+        self._conflict: str | None = None  # why the relay refuses this stream (another writes it)
         self.run = run
         self.rank = rank
         self.address = resolve_address(address)
@@ -144,8 +144,8 @@ class Publisher(ForkHandover, LinkMember):
         live.add(self)
         self.publish("hello", {
             "pid": os.getpid(), "address": self.address, "python": sys.version.split()[0],
-            "pyzmq": zmq.__version__, "max_events": max_events, "attempt": attempt, "restart": restart,
-            "session": self.session.hex(),
+            "pyzmq": zmq.__version__, "max_events": max_events, "attempt": attempt,
+            "restart": restart, "session": self.session.hex(),
         })
         self._hub = shared_hub()
         self._hub.register(self)
@@ -221,8 +221,9 @@ class Publisher(ForkHandover, LinkMember):
         if not left:
             return 0
         if self.spool_path is None:
+            why = f": {self._conflict}" if self._conflict else ""
             log.warning("relay %s: %d events of run %s rank %d were never acknowledged%s",
-                        self.address, left, self.run, self.rank, f": {self._conflict}" if self._conflict else "")
+                        self.address, left, self.run, self.rank, why)
         elif not self._done.is_set():
             log.error("relay %s: %d events of run %s rank %d were never acknowledged and are not spooled: the "
                       "publisher thread did not stop", self.address, left, self.run, self.rank)

@@ -76,7 +76,7 @@ class Ingest:
         self._refused_at: float | None = None  # when a refused handshake was last logged
         self._refused_since = 0  # refused handshakes since then
         self.tell = tell  # a refused second writer's reason goes to its client (None: to no one)
-        self._conflicts_at: float | None = None  # when repeated conflicts were last summed up in the log
+        self._conflicts_at: float | None = None  # when repeated conflicts were last summed up
         self._conflicts_since = 0  # frames refused as conflicts, not logged, since then
         self._wall_clock = wall_clock  # the ts of the relay's own events
         self._host = socket.gethostname()
@@ -160,7 +160,9 @@ class Ingest:
         events, first_seq, _ = decoded
         writers = self.runs.writers
         if first_seq is not None:  # one stream, and no hello among its events
-            return writers.refusal((events[0]["run"], events[0]["rank"]), peer) if writers.refused else None
+            if not writers.refused:
+                return None
+            return writers.refusal((events[0]["run"], events[0]["rank"]), peer)
         hellos = {(e["run"], e["rank"]): e for e in events if e["type"] == "hello"}
         if writers.refused:
             for key in self.runs.keys_of(events, None):
@@ -175,12 +177,14 @@ class Ingest:
             writer = writers.of.get(key)
             why = None
             if writer is not None and writer.session not in (None, session):
-                why = judge(writer, session, live=self._writer_live(key, peer, now), above=hello["seq"] > state.top)
+                live = self._writer_live(key, peer, now)
+                why = judge(writer, session, live=live, above=hello["seq"] > state.top)
             if why is None:
                 writers.passed(key, peer)
                 continue
             assert writer is not None
-            conflict = Conflict(key, why, writer, writer_of(hello["data"], hello["host"], session), hello["seq"])
+            by = writer_of(hello["data"], hello["host"], session)
+            conflict = Conflict(key, why, writer, by, hello["seq"])
             writers.refuse(key, peer, conflict)
             return conflict
         return None
@@ -195,28 +199,30 @@ class Ingest:
         self.peer_gone(owner)
         return False
 
-    def _refuse_conflict(self, conflict: Conflict, events: list[dict[str, Any]], frame: bytes, peer: bytes,
-                         now: float) -> None:
-        """A second writer's frame: counted and dead-lettered as ``conflict``, never acknowledged; its
-        client is told why; the first time for this session and stream, logged and journaled (a
-        ``conflict`` event of the relay's own rank, which ``relay runs`` shows), then summed up in the
-        log at most every REFUSED_REPORT_EVERY seconds: its own limit, whatever else is refused."""
+    def _refuse_conflict(self, conflict: Conflict, events: list[dict[str, Any]], frame: bytes,
+                         peer: bytes, now: float) -> None:
+        """A second writer's frame: counted and dead-lettered as ``conflict``, never acknowledged;
+        its client is told why; the first time for this session and stream, logged and journaled (a
+        ``conflict`` event of the relay's own rank, which ``relay runs`` shows), then summed up in
+        the log at most every REFUSED_REPORT_EVERY seconds: its own limit, whatever else is
+        refused."""
         run, rank = conflict.key
         self.counters.rejected["conflict"] += 1
         line = conflict.line()
         if self.runs.writers.first_time(conflict):
-            log.error("refused a second writer of run %s rank %d: a process (%s, session %s) %s, written by %s "
-                      "(session %s); its frames are refused and never acknowledged: give each job its own run id",
+            log.error("refused a second writer of run %s rank %d: a process (%s, session %s) %s, "
+                      "written by %s (session %s); its frames are refused and never acknowledged: "
+                      "give each job its own run id",
                       run, rank, conflict.by.who(), conflict.session,
                       "sent while the first is connected" if conflict.why == "live"
                       else f"starts at seq {conflict.seq}, which the stream already holds",
                       conflict.writer.who(), conflict.writer.session)
             writer, by = conflict.writer, conflict.by
-            self.queue_derived([Derived(run, self.runs.world.get(run, events[0]["world_size"]), "lifecycle", None,
-                                        None, {"event": "conflict", "rank": rank, "why": conflict.why,
-                                               "seq": conflict.seq, "writer_pid": writer.pid,
-                                               "writer_host": writer.host, "refused_pid": by.pid,
-                                               "refused_host": by.host})])
+            data = {"event": "conflict", "rank": rank, "why": conflict.why, "seq": conflict.seq,
+                    "writer_pid": writer.pid, "writer_host": writer.host, "refused_pid": by.pid,
+                    "refused_host": by.host}
+            world = self.runs.world.get(run, events[0]["world_size"])
+            self.queue_derived([Derived(run, world, "lifecycle", None, None, data)])
         else:
             self._conflicts_since += 1
             if self._conflicts_at is None or now - self._conflicts_at >= REFUSED_REPORT_EVERY:
@@ -303,7 +309,8 @@ class Ingest:
             self.commit_step.ack_due((run, rank))
         return state
 
-    def _lookup(self, peer: bytes, run: str, rank: int, now: float, admitted: bool = False) -> RankState | None:
+    def _lookup(self, peer: bytes, run: str, rank: int, now: float,
+                admitted: bool = False) -> RankState | None:
         """(run, rank)'s dedupe state, learned from the journal for a run met again; None if ``run``
         is new and ``peer`` has used up its budget of new runs (unless already ``admitted``)."""
         runs = self.runs
@@ -378,8 +385,8 @@ class Ingest:
         moves up to it, as for a drop report of that connection (the earlier session's seqs it never
         delivered were lost with its process)."""
         if seq > state.floor and starts_session(seq):
-            log.info("run %s rank %d: a new session begins at seq %d (attempt %d)", key[0], key[1], seq,
-                     attempt_of(seq))
+            log.info("run %s rank %d: a new session begins at seq %d (attempt %d)", key[0], key[1],
+                     seq, attempt_of(seq))
             state.skip_to(seq, peer)
 
     def _reused_run(self, key: Key) -> None:
@@ -464,11 +471,11 @@ class Ingest:
             self.counters.bad_drop_reports += 1
 
     def reject(self, reason: str, detail: str, frame: bytes, peer: bytes) -> None:
-        """A refused frame: counted by ``reason``, logged (each reason's first ten, then every thousandth),
-        dead-lettered."""
+        """A refused frame: counted by ``reason``, logged (each reason's first ten, then every
+        thousandth), dead-lettered."""
         count = self.counters.rejected[reason] = self.counters.rejected[reason] + 1
         if count <= REJECT_LOG_FIRST or count % 1000 == 0:
-            log.warning("rejected frame from peer %s (%d %s so far): %s: %s", peer.hex(), count, reason, reason,
-                        detail)
+            log.warning("rejected frame from peer %s (%d %s so far): %s: %s", peer.hex(), count,
+                        reason, reason, detail)
         if not self.deadletters.add(reason, detail, frame, peer):
             self.counters.deadletter_overflow += 1

@@ -266,7 +266,7 @@ class Relay:
             pass  # peer gone or slow: it resends, and gets a fresh ack then
 
     def _tell(self, peer: bytes, refused: list[tuple[str, int, str]]) -> None:
-        """Tell a connection why its frames for these streams are refused (relay/daemon/writers.py)."""
+        """Tell a connection why its frames for these streams are refused (daemon/writers.py)."""
         assert self._sock is not None
         try:
             self._sock.send_multipart([peer, encoding.encode_refused(refused)], zmq.NOBLOCK)

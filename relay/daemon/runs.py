@@ -75,7 +75,7 @@ class Runs:
         its ranks' clients reported dropped there, so that a restarted relay counts it at once."""
         seen = self.journal.seen(run)
         for rank, held in seen.items():
-            if held.hello is not None:  # its session, if its hello named one (an old client's did not)
+            if held.hello is not None:  # its session, if its hello named one (an old client's not)
                 data, host, _ = held.hello
                 named = session_of(data, b"") or None
                 self.writers.recovered((run, rank), writer_of(data, host, named))

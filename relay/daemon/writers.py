@@ -57,7 +57,8 @@ class Conflict(NamedTuple):
 
     def line(self) -> str:
         """What the refused client says, one line."""
-        return (f"run {self.key[0]} rank {self.key[1]} is written by another process ({self.writer.who()}); "
+        run, rank = self.key
+        return (f"run {run} rank {rank} is written by another process ({self.writer.who()}); "
                 "use another --run_name")
 
 
@@ -72,7 +73,8 @@ def session_of(data: Any, peer: bytes) -> str:
 def writer_of(data: Any, host: Any, session: str | None) -> Writer:
     """The Writer a hello (its ``data`` and envelope ``host``) names."""
     pid = data.get("pid") if isinstance(data, dict) else None
-    return Writer(session, pid if type(pid) is int else None, host if isinstance(host, str) else None)
+    return Writer(session, pid if type(pid) is int else None,
+                  host if isinstance(host, str) else None)
 
 
 def judge(writer: Writer | None, session: str, *, live: bool, above: bool) -> str | None:
@@ -127,7 +129,7 @@ class Writers:
         return None if peers is None else peers.get(peer)
 
     def first_time(self, conflict: Conflict) -> bool:
-        """Whether this session's conflict over this stream is new (to be logged and journaled once)."""
+        """Whether this session's conflict over this stream is new (logged and journaled once)."""
         said = (conflict.key, conflict.session)
         if said in self._said:
             return False
@@ -137,7 +139,7 @@ class Writers:
         return True
 
     def gone(self, peer: bytes) -> None:
-        """``peer``'s connection is gone: it is refused nothing any more (a new one is judged anew)."""
+        """``peer``'s connection is gone: it is refused nothing more (a new one is judged anew)."""
         for key in [key for key, peers in self.refused.items() if peer in peers]:
             self.passed(key, peer)
 

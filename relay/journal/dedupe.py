@@ -207,7 +207,7 @@ class Dedupe:
                 known = self.ranks.get((run, seen_rank)) or self.add_state(run, seen_rank)
                 for start, end in seen.spans:
                     if start > known.floor and starts_session(start):
-                        known.skip_to(start, JOURNAL)  # a later session: attempt, restart (relay/daemon/ingest.py)
+                        known.skip_to(start, JOURNAL)  # a later session (relay/daemon/ingest.py)
                     for seq in range(start, end):
                         known.take(seq)
                     recovered += end - start

@@ -310,7 +310,8 @@ class Seen:
     """What a journal holds of one (run, rank): contiguous [start, end) seq ``spans``, how far its
     client said it dropped (``dropped``: the highest ``claimed_drop`` of its stats events, 0: none)
     and how many events it said it dropped (``reported``: the highest ``dropped`` count there);
-    ``hello``: the data, host and seq of its latest hello, whose session writes it (relay/daemon/writers.py)."""
+    ``hello``: the data, host and seq of its latest hello, whose session writes it
+    (relay/daemon/writers.py)."""
 
     __slots__ = ("spans", "dropped", "reported", "hello")
 

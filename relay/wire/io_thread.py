@@ -281,7 +281,7 @@ class LinkMember:
         """A message from the relay that is no ack; it is skipped."""
 
     def _refused(self, refused: list[tuple[str, int, str]]) -> None:
-        """The relay refuses these streams' frames from this link: (run, rank, why in one line) each."""
+        """The relay refuses these streams' frames from this link: (run, rank, why) each."""
 
     def _left(self) -> None:
         """The link is closed (its last acks read): the member has left the hub."""
