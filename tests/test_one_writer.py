@@ -9,10 +9,12 @@ import json
 import os
 import signal
 import socket
+import re
 import subprocess
 import sys
+import urllib.request
 
-from conftest import PUBLISHER, ROOT, finish, line_count, raw_socket, read_jsonl, wait_for
+from conftest import PUBLISHER, ROOT, finish, free_port, line_count, raw_socket, read_jsonl, wait_for
 from relay.wire import encoding
 from sinks.events import RELAY_RANK, attempt_base, session_base
 
@@ -51,6 +53,14 @@ def conflicts(events: list[dict], run: str) -> list[dict]:
             and ev["data"].get("event") == "conflict"]
 
 
+def refused_conflicts(port: int) -> float:
+    """relay_frames_refused_total{reason="conflict"} as the relay's Prometheus endpoint says it now."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        scraped = answer.read().decode()
+    found = re.search(r'^relay_frames_refused_total\{reason="conflict"\} (\S+)$', scraped, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def runs_status(journal, run: str) -> str:
     out = subprocess.run([sys.executable, "-m", "relay", "runs", str(journal), "--json"], capture_output=True,
                          text=True, cwd=ROOT, timeout=60, check=True).stdout
@@ -60,9 +70,10 @@ def runs_status(journal, run: str) -> str:
 def test_two_jobs_under_one_run_id_the_second_is_refused_and_said(relays, tmp_path) -> None:
     """The accidental case: two jobs given one explicit run id. The one that comes second, while the
     first writes and after it ended, is refused whole, never acknowledged, and says why in one line;
-    the first is untouched; the relay logs it, journals a conflict event, counts it."""
+    the first is untouched; the relay logs it, journals a conflict event, counts it (Prometheus too)."""
     journal = tmp_path / "j.jsonl"
-    relay = relays(["--path", str(journal)])
+    port = free_port()
+    relay = relays(["--path", str(journal), "--metrics-bind", f"127.0.0.1:{port}"])
     first = publisher(relay.address, "shared", 400, rate=200)
     wait_for(lambda: line_count(journal) > 10, 60, "the first job's events journaled")
     second = publisher(relay.address, "shared", 50, flush=3)
@@ -76,6 +87,7 @@ def test_two_jobs_under_one_run_id_the_second_is_refused_and_said(relays, tmp_pa
     late = publisher(relay.address, "shared", 20, flush=3)  # after the first ended: its seqs repeat the first's
     late_stats, _ = refused_line(late)
     assert late_stats["acked"] == 0
+    wait_for(lambda: refused_conflicts(port) >= 2, 30, "Prometheus counts the conflicts")
     assert relay.stop() == 0
     events = read_jsonl(journal)
     mine = stream(events, "shared")
