@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from relay.daemon.writers import Conflict, Writer, Writers, judge, session_of
+from relay.daemon.writers import MAX_REFUSED, SAID_PER_STREAM, Conflict, Writer, Writers, judge, session_of
 from relay.wire import encoding
 from sinks.events import RELAY_RANK, attempt_base, session_base, starts_session
 from test_ingest import compact, event, ingest, journaled
@@ -57,6 +57,11 @@ def test_refusals_are_per_connection_said_once_and_forgotten_when_it_goes() -> N
     assert writers.first_time(conflict) and not writers.first_time(conflict)
     writers.gone(b"b")
     assert writers.refusal(("r", 0), b"b") is None and not writers.refused
+    others = [Conflict(("r", 0), "history", Writer(A), Writer(f"s{n}"), 0) for n in range(20)]
+    assert sum(map(writers.first_time, others)) == SAID_PER_STREAM - 1, "a flood of sessions is summed up"
+    for n in range(MAX_REFUSED + 5):
+        writers.refuse(("r", 0), bytes([n + 1]), conflict)
+    assert len(writers.refused[("r", 0)]) == MAX_REFUSED and writers.refusal(("r", 0), b"\x01") is None
 
 
 def test_session_bases_of_restarts_lie_within_the_attempt_and_start_sessions() -> None:

@@ -24,6 +24,11 @@ Key = tuple[str, int]
 
 #: Conflicts remembered as already said (logged, journaled), the oldest forgotten first.
 MAX_SAID = 4096
+#: New conflicts said at once per stream (each a session refused); past it they are only summed up,
+#: so a process sending hellos of ever new sessions cannot fill the log or the journal.
+SAID_PER_STREAM = 10
+#: Connections remembered as refused per stream, the oldest forgotten first (it is judged anew).
+MAX_REFUSED = 64
 MAX_SESSION = 64  # characters of a session nonce taken from a hello
 
 
@@ -96,6 +101,7 @@ class Writers:
         #: per stream, the connections refused it and why, until a hello of theirs passes
         self.refused: dict[Key, dict[bytes, Conflict]] = {}
         self._said: dict[tuple[Key, str], None] = {}  # in order of saying
+        self._said_of: dict[Key, int] = {}  # how many were said per stream
 
     def wrote(self, key: Key, writer: Writer) -> None:
         """``writer``'s hello for ``key`` was taken: it writes the stream from now on."""
@@ -113,7 +119,10 @@ class Writers:
             self.of.setdefault(key, writer)
 
     def refuse(self, key: Key, peer: bytes, conflict: Conflict) -> None:
-        self.refused.setdefault(key, {})[peer] = conflict
+        peers = self.refused.setdefault(key, {})
+        peers[peer] = conflict
+        if len(peers) > MAX_REFUSED:
+            del peers[next(iter(peers))]
 
     def passed(self, key: Key, peer: bytes) -> None:
         """A hello of ``peer`` for ``key`` was judged fine: it is no longer refused."""
@@ -131,9 +140,10 @@ class Writers:
     def first_time(self, conflict: Conflict) -> bool:
         """Whether this session's conflict over this stream is new (logged and journaled once)."""
         said = (conflict.key, conflict.session)
-        if said in self._said:
+        if said in self._said or self._said_of.get(conflict.key, 0) >= SAID_PER_STREAM:
             return False
         self._said[said] = None
+        self._said_of[conflict.key] = self._said_of.get(conflict.key, 0) + 1
         if len(self._said) > MAX_SAID:
             del self._said[next(iter(self._said))]
         return True
@@ -150,3 +160,4 @@ class Writers:
     def forget(self, key: Key) -> None:
         self.of.pop(key, None)
         self.refused.pop(key, None)
+        self._said_of.pop(key, None)
