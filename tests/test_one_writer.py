@@ -200,3 +200,25 @@ def test_a_central_relay_refuses_a_second_nodes_writer_and_the_node_forwards_the
     assert len(stream(events, "twice")) == 202 and [c["why"] for c in conflicts(events, "twice")] == ["live"]  # node a still links it
     said = [line for line in (tmp_path / "node-b.log").read_text().splitlines() if "refuses run twice" in line]
     assert len(said) == 1 and "is written by another process" in said[0], said
+
+
+def test_a_rank_torchrun_restarted_continues_its_stream(relays, tmp_path) -> None:
+    """Real torchrun, ``--max-restarts=1``: the rank's first start SIGKILLs itself once its events are
+    acknowledged; torchrun starts it again (TORCHELASTIC_RESTART_COUNT=1) under the same run id, and
+    the restarted rank's events are all taken, above the first's: no conflict."""
+    journal = tmp_path / "j.jsonl"
+    relay = relays(["--path", str(journal)])
+    job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=1",
+                          "--max-restarts=1", "--monitor-interval=0.5", f"--master_port={free_port()}",
+                          str(ROOT / "tests" / "elastic_publisher.py"), relay.address, "elastic-job", "50"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert job.returncode == 0, job.stderr[-3000:]
+    stats = json.loads(job.stdout.strip().splitlines()[-1])
+    assert stats["left"] == 0 and stats["acked"] == 52
+    assert relay.stop() == 0
+    events = read_jsonl(journal)
+    seqs = [(ev["seq"], ev["type"]) for ev in stream(events, "elastic-job", rank=0)]
+    base = session_base(0, 1)
+    assert seqs[:51] == [(0, "hello")] + [(s, "metrics") for s in range(1, 51)]
+    assert [s for s, _ in seqs[51:]] == list(range(base, base + 52))
+    assert conflicts(events, "elastic-job") == []
