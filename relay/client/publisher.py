@@ -90,12 +90,10 @@ class Publisher(ForkHandover, LinkMember):
             raise ValueError(f"rank must be below {RELAY_RANK} (the relay's own rank), got {rank}")
         if not isinstance(attempt, int) or not 0 <= attempt < MAX_ATTEMPT:
             raise ValueError(f"attempt must be an int in [0, {MAX_ATTEMPT}), got {attempt!r}")
-        if restart is None:
-            env = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
-            restart = int(env) if env.isdigit() else 0
+        env = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+        restart = (int(env) if env.isdigit() else 0) if restart is None else restart
         self.attempt = attempt
         self.restart = restart
-        self._conflict: str | None = None  # why the relay refuses this stream (another writes it)
         self.run = run
         self.rank = rank
         self.address = resolve_address(address)
@@ -221,7 +219,8 @@ class Publisher(ForkHandover, LinkMember):
         if not left:
             return 0
         if self.spool_path is None:
-            why = f": {self._conflict}" if self._conflict else ""
+            why = self.refused_streams.get((self.run, self.rank))
+            why = f": {why}" if why else ""
             log.warning("relay %s: %d events of run %s rank %d were never acknowledged%s",
                         self.address, left, self.run, self.rank, why)
         elif not self._done.is_set():
@@ -318,15 +317,6 @@ class Publisher(ForkHandover, LinkMember):
         for run, rank, upto in acks:
             if run == self.run and rank == self.rank:
                 self._window.ack(upto, now)
-
-    def _refused(self, refused: list[tuple[str, int, str]]) -> None:
-        """The relay refuses this stream: another process writes it. Said once, in one line; the
-        events stay (bounded) and are sent again, and taken if that process has gone and they do not
-        repeat its seqs."""
-        for run, rank, why in refused:
-            if run == self.run and rank == self.rank and why != self._conflict:
-                self._conflict = why
-                log.error("%s", why)
 
     def _bad_ack(self, exc: schema.FrameError) -> None:
         self._malformed_acks += 1

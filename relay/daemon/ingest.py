@@ -29,7 +29,8 @@ from relay.daemon.cross_rank import Cluster, ClusterConfig
 from relay.daemon.owners import Owners
 from relay.daemon.run_health import RunHealth
 from relay.daemon.runs import Key, Runs
-from relay.daemon.writers import Conflict, judge, session_of, writer_of
+from relay.daemon.second_writers import SecondWriters, Tell
+from relay.daemon.writers import session_of, writer_of
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import RankState, claimed_drop
 from relay.journal.journal import Journal
@@ -45,9 +46,6 @@ REFUSED_REPORT_EVERY = 60.0
 #: Log lines per refusal reason before only every thousandth is logged (each reason counts its own,
 #: so no flood of one reason hides another).
 REJECT_LOG_FIRST = 10
-
-#: Tells a connection why its frames for some streams are refused: (run, rank, one line) each.
-Tell = Callable[[bytes, list[tuple[str, int, str]]], None]
 
 _rank = operator.itemgetter("rank")
 
@@ -75,9 +73,10 @@ class Ingest:
         self.connected = connected
         self._refused_at: float | None = None  # when a refused handshake was last logged
         self._refused_since = 0  # refused handshakes since then
-        self.tell = tell  # a refused second writer's reason goes to its client (None: to no one)
-        self._conflicts_at: float | None = None  # when repeated conflicts were last summed up
-        self._conflicts_since = 0  # frames refused as conflicts, not logged, since then
+        #: second writers of streams judged and refused (relay/daemon/second_writers.py)
+        self.second_writers = SecondWriters(
+            self.runs, self.owners, self.counters, deadletters, lookup=self.lookup, connected=connected,
+            gone=self.peer_gone, derive=self.queue_derived, tell=tell)
         self._wall_clock = wall_clock  # the ts of the relay's own events
         self._host = socket.gethostname()
 
@@ -97,9 +96,9 @@ class Ingest:
             self.reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it derives); "
                                          "no client may publish as it", frame, peer)
             return
-        conflict = self._conflict(peer, decoded, now)
+        conflict = self.second_writers.judge(peer, decoded, now)
         if conflict is not None:
-            self._refuse_conflict(conflict, events, frame, peer, now)
+            self.second_writers.refuse(conflict, events, frame, peer, now)
             return
         taken = self._owned_elsewhere(peer, events, first_seq, now)
         if taken is not None:
@@ -153,86 +152,6 @@ class Ingest:
         owners.claim(key, waiting, now)  # it asked first: it resends, and is taken then
         owners.refused(key, peer)
         return True
-
-    def _conflict(self, peer: bytes, decoded: schema.Frame, now: float) -> Conflict | None:
-        """The first stream of the frame that another session writes (relay/daemon/writers.py): a
-        hello of a new session judged, or any frame of a connection already refused the stream."""
-        events, first_seq, _ = decoded
-        writers = self.runs.writers
-        if first_seq is not None:  # one stream, and no hello among its events
-            if not writers.refused:
-                return None
-            return writers.refusal((events[0]["run"], events[0]["rank"]), peer)
-        hellos = {(e["run"], e["rank"]): e for e in events if e["type"] == "hello"}
-        if writers.refused:
-            for key in self.runs.keys_of(events, None):
-                standing = None if key in hellos else writers.refusal(key, peer)
-                if standing is not None:
-                    return standing
-        for key, hello in hellos.items():
-            state = self._lookup(peer, key[0], key[1], now)
-            if state is None:  # a new run past the connection's budget: refused as such below
-                continue
-            session = session_of(hello["data"], peer)
-            writer = writers.of.get(key)
-            why = None
-            if writer is not None and writer.session not in (None, session):
-                live = self._writer_live(key, peer, now)
-                why = judge(writer, session, live=live, above=hello["seq"] > state.top)
-            if why is None:
-                writers.passed(key, peer)
-                continue
-            assert writer is not None
-            by = writer_of(hello["data"], hello["host"], session)
-            conflict = Conflict(key, why, writer, by, hello["seq"])
-            writers.refuse(key, peer, conflict)
-            return conflict
-        return None
-
-    def _writer_live(self, key: Key, peer: bytes, now: float) -> bool:
-        """Whether ``key``'s owner is another connection that is still there (and not silent)."""
-        owner = self.owners.of(key)
-        if owner is None or not self.owners.foreign(key, peer, now):
-            return False
-        if self.connected is None or self.connected(owner):
-            return True
-        self.peer_gone(owner)
-        return False
-
-    def _refuse_conflict(self, conflict: Conflict, events: list[dict[str, Any]], frame: bytes,
-                         peer: bytes, now: float) -> None:
-        """A second writer's frame: counted and dead-lettered as ``conflict``, never acknowledged;
-        its client is told why; the first time for this session and stream, logged and journaled (a
-        ``conflict`` event of the relay's own rank, which ``relay runs`` shows), then summed up in
-        the log at most every REFUSED_REPORT_EVERY seconds: its own limit, whatever else is
-        refused."""
-        run, rank = conflict.key
-        self.counters.rejected["conflict"] += 1
-        line = conflict.line()
-        if self.runs.writers.first_time(conflict):
-            log.error("refused a second writer of run %s rank %d: a process (%s, session %s) %s, "
-                      "written by %s (session %s); its frames are refused and never acknowledged: "
-                      "give each job its own run id",
-                      run, rank, conflict.by.who(), conflict.session,
-                      "sent while the first is connected" if conflict.why == "live"
-                      else f"starts at seq {conflict.seq}, which the stream already holds",
-                      conflict.writer.who(), conflict.writer.session)
-            writer, by = conflict.writer, conflict.by
-            data = {"event": "conflict", "rank": rank, "why": conflict.why, "seq": conflict.seq,
-                    "writer_pid": writer.pid, "writer_host": writer.host, "refused_pid": by.pid,
-                    "refused_host": by.host}
-            world = self.runs.world.get(run, events[0]["world_size"])
-            self.queue_derived([Derived(run, world, "lifecycle", None, None, data)])
-        else:
-            self._conflicts_since += 1
-            if self._conflicts_at is None or now - self._conflicts_at >= REFUSED_REPORT_EVERY:
-                log.warning("%d more frames refused as second writers (%d so far); the last: %s",
-                            self._conflicts_since, self.counters.rejected["conflict"], line)
-                self._conflicts_at, self._conflicts_since = now, 0
-        if not self.deadletters.add("conflict", line, frame, peer):
-            self.counters.deadletter_overflow += 1
-        if self.tell is not None:
-            self.tell(peer, [(run, rank, line)])
 
     def commit(self, now: float) -> None:
         """Journal what waits, then acknowledge and fan out (relay/daemon/commit.py)."""
@@ -303,13 +222,13 @@ class Ingest:
     def _state(self, peer: bytes, run: str, rank: int, now: float, admitted: bool = False) -> RankState | None:
         """(run, rank)'s dedupe state, with its ack route and activity noted; None if ``run`` is new
         and ``peer`` has used up its budget of new runs (unless already ``admitted``)."""
-        state = self._lookup(peer, run, rank, now, admitted)
+        state = self.lookup(peer, run, rank, now, admitted)
         if state is not None:
             self.runs.claim((run, rank), peer, now)
             self.commit_step.ack_due((run, rank))
         return state
 
-    def _lookup(self, peer: bytes, run: str, rank: int, now: float,
+    def lookup(self, peer: bytes, run: str, rank: int, now: float,
                 admitted: bool = False) -> RankState | None:
         """(run, rank)'s dedupe state, learned from the journal for a run met again; None if ``run``
         is new and ``peer`` has used up its budget of new runs (unless already ``admitted``)."""

@@ -60,7 +60,6 @@ class Forwarder(LinkMember):
         self.state_path = Journal(journal).sidecar(STATE_SUFFIX)
         self.window = ForwardWindow(max_events=max_events, max_bytes=MAX_BYTES)
         self.floors, done = _load_state(self.state_path, to)
-        self._conflicts: set[Key] = set()  # streams the central refused, said once
         self.read_size: dict[str, int] = done  # run -> its file's size when it was last read to the end
         self.dirty: set[str] = set()  # runs (directory layout) or {""} (one file) with lines left to read
         self.ready, self.finished = threading.Event(), threading.Event()
@@ -114,8 +113,8 @@ class Forwarder(LinkMember):
         again)."""
         for run, rank, why in refused:
             key = (run, rank)
-            if key not in self._conflicts:
-                self._conflicts.add(key)
+            if key not in self.refused_streams:
+                self.refused_streams[key] = why
                 log.error("the central relay %s refuses run %s rank %d: %s; its events stay in "
                           "this journal and are not forwarded", self.to, run, rank, why)
             self.counters["refused"] += self.window.drop(key)
@@ -218,7 +217,7 @@ class Forwarder(LinkMember):
             if key[1] == RELAY_RANK:  # the central derives its own from all ranks
                 counters["skipped_relay_rank"] += len(rows)
                 continue
-            if key in self._conflicts:  # the central refuses it (_refused)
+            if key in self.refused_streams:  # the central refuses it (_refused)
                 counters["refused"] += len(rows)
                 continue
             stream = streams.get(key) or window.stream(key, floors.pop(key, 0))

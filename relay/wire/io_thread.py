@@ -262,6 +262,8 @@ class LinkMember:
         #: the link's routing id, chosen once: a Publisher's hello names it as its session's nonce
         #: (relay/daemon/writers.py), and every frame of the link carries it
         self.session = session_id()
+        #: streams whose frames the relay refuses from this link, and why (another writes them)
+        self.refused_streams: dict[tuple[str, int], str] = {}
 
     # -- the hooks ----------------------------------------------------------------------------------
 
@@ -281,7 +283,13 @@ class LinkMember:
         """A message from the relay that is no ack; it is skipped."""
 
     def _refused(self, refused: list[tuple[str, int, str]]) -> None:
-        """The relay refuses these streams' frames from this link: (run, rank, why) each."""
+        """The relay refuses these streams' frames from this link: (run, rank, why) each. Said once
+        per reason, in one line; the events stay (bounded) and are sent again, and are taken if the
+        other writer has gone and they do not repeat its seqs."""
+        for run, rank, why in refused:
+            if self.refused_streams.get((run, rank)) != why:
+                self.refused_streams[(run, rank)] = why
+                log.error("%s", why)
 
     def _left(self) -> None:
         """The link is closed (its last acks read): the member has left the hub."""
