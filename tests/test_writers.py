@@ -141,3 +141,18 @@ def test_old_clients_and_old_journals_without_a_session_are_judged_as_before(ing
     again.take_frame(b"b", frame(hello(2, None), event(3)), now=5.0)
     again.commit(now=5.1)
     assert again.counters.rejected == {} and acks == {b"b": [[("run", 0, 4)]]}
+
+
+def test_a_flood_of_other_refusals_never_hides_a_second_writer_or_another_reason(ingest, caplog) -> None:
+    """Each refusal reason has its own log limit, and second writers one of their own: after a
+    thousand refused frames of one reason, a not_owner refusal and a new conflict are still logged."""
+    live = {b"a", b"b", b"c"}
+    relay, _ = ingest(connected=live.__contains__)
+    for _ in range(1000):
+        relay.take_frame(b"x", b"\xc1", now=1.0)  # undecodable
+    relay.take_frame(b"a", frame(hello(0, A), event(1)), now=1.0)
+    relay.take_frame(b"b", compact("run", 0, range(2, 4)), now=1.1)  # a's stream, a connected: not_owner
+    relay.take_frame(b"c", frame(hello(0, B)), now=1.2)  # another session: conflict
+    logged = [r.getMessage() for r in caplog.records]
+    assert sum("undecodable" in m for m in logged) == 11, "the first ten, then the thousandth"
+    assert any("not_owner" in m for m in logged) and any("refused a second writer" in m for m in logged)
