@@ -20,6 +20,16 @@ WRITER = "metrics-relay"  # a record's ``written_by``: the files this project ma
 _said: set[Path] = set()  # the targets whose other writer was said, once each
 
 
+def export_dir(params: dict[str, Any]) -> str | None:
+    """The folder a job's params ask its ``<tool>_tracker.json`` files into: fms-hf-tuning's
+    ``run_uri_export_path`` when the job gave one, else its ``output_dir``."""
+    for key in ("run_uri_export_path", "output_dir"):
+        value = params.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
 def tracker_file(name: str, run: str, output_dir: str | None, journal: Path | None) -> Path | None:
     """Where ``run``'s file ``name`` goes: the job's output directory, where its scripts look (as
     fms-hf-tuning writes it); else beside the journal, as ``<run>.<name>`` in a journal folder of

@@ -28,7 +28,7 @@ def fms_python() -> str:
 def fms_env(**extra: str) -> dict[str, str]:
     """The environment for a process of the compatibility venv: this checkout first on the path
     (whatever the venv's own editable install points at), offline, one thread."""
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # an inner pytest is its own
     env.pop("PYTHONPATH", None)
     env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", **extra)
     return env

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,19 @@ def test_one_line_at_fms_hf_tuning_pins(fms_model: Path, tmp_path: Path) -> None
     versions = next(e["data"] for e in events if e["stage"] == "versions")
     assert versions["transformers"] == "4.55.4", versions
     assert not _relays_left(out)
+
+
+@pytest.mark.slow
+def test_callback_tests_pass_at_fms_pins() -> None:
+    """The callback's own tests (this module's fast ones, the accelerate tracker's, the tracking API's
+    and the log splitting of tests/test_trainer.py) in the compatibility venv, by its own pytest."""
+    done = run_fms(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", "tests/test_drop_in.py",
+                    "tests/test_accelerate_tracker.py", "tests/test_trainer.py", "-k",
+                    "drop_in or accelerate or split_by_stage or tracking_api or tracked_before or never_sent "
+                    "or run_id_sources"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    ran = re.search(r"ran (\d+) \((\d+) passed, 0 failed\)", done.stdout)
+    assert ran and int(ran.group(1)) == int(ran.group(2)) >= 20 and "skipped 0" in done.stdout, done.stdout[-2000:]
 
 
 @pytest.mark.slow

@@ -28,12 +28,12 @@ from trainer import collectives, custom_metrics
 from trainer.custom_metrics import to_wire
 from trainer.job_settings import JobSettings
 from trainer.job_tracking import JobPlace, JobTracking, close_at_exit, run_name_of
+from trainer.log_stages import split_logs
 from trainer.run_identity import write_run_file
 
 log = logging.getLogger(__name__)
 
 _VERSIONED = ("metrics-relay", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "pyzmq")
-_LOG_PREFIXES = (("eval_", "eval"), ("test_", "test"))
 
 
 def library_versions() -> dict[str, str]:
@@ -45,45 +45,6 @@ def library_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return found
-
-
-_STAGE_OF: dict[str, tuple[str, str]] = {}  # log key -> (stage, name): Trainer keys repeat every step
-
-
-def _stage_of(key: str) -> tuple[str, str]:
-    hit = _STAGE_OF.get(key)
-    if hit is None:
-        hit = ("train", key)
-        for prefix, prefix_stage in _LOG_PREFIXES:
-            if key.startswith(prefix):
-                hit = (prefix_stage, key[len(prefix):])
-                break
-        if len(_STAGE_OF) < 4096:
-            _STAGE_OF[key] = hit
-    return hit
-
-
-def split_logs(logs: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """Trainer logs -> {stage: {name: number}}: ``eval_loss`` becomes ``loss`` in stage ``eval``.
-
-    Training summaries (``train_runtime``, ``train_loss``) keep their names so they never
-    collide with the per-step ``loss`` curve; non-numeric entries are left out. This runs on
-    rank 0's training thread at every log, so the per-key work is a cached lookup.
-    """
-    out: dict[str, dict[str, float]] = {}
-    for key, value in logs.items():
-        kind = type(value)
-        if kind is not float and kind is not int:
-            if kind is bool or not isinstance(value, (int, float)):
-                continue
-        if key == "epoch":
-            continue  # the epoch travels in the envelope
-        stage, name = _STAGE_OF.get(key) or _stage_of(key)
-        metrics = out.get(stage)
-        if metrics is None:
-            metrics = out[stage] = {}
-        metrics[name] = value
-    return out
 
 
 def _usage(wall_since: float, cpu_since: float) -> dict[str, float]:

@@ -24,7 +24,7 @@ from trainer.embedded import (
     EmbeddedRelay, RelayStartError, agree, barrier, default_run_id, journal_name_in, near, relay_executable,
 )
 from trainer.run_identity import identify, write_run_file
-from trainer.tracker_flags import TrackingArguments, sink_args
+from trainer.tracker_flags import TrackingArguments, aim_experiment, sink_args
 
 log = logging.getLogger("trainer")
 
@@ -93,8 +93,10 @@ class JobTracking:
                           "output_dir": os.path.abspath(folder),  # the relay may run elsewhere
                           "relay_address": address, "trackers": trackers, "embedded_relay": relay is not None,
                           "user": _user(), "source": sys.argv[0], **(params or {})}
-            if tracking.experiment:
-                run_params["experiment"] = tracking.experiment  # sinks that group runs (Aim) use it
+            if tracking.aim_experiment or tracking.experiment:  # sinks that group runs (Aim) use it
+                run_params["experiment"] = aim_experiment(tracking)
+            if tracking.run_uri_export_path:  # where the trackers' <tracker>_tracker.json go
+                run_params["run_uri_export_path"] = os.path.abspath(tracking.run_uri_export_path)
             custom_metrics.set_params(run_params, name="run")
             if exp_metadata is not None:
                 custom_metrics.set_params(exp_metadata, name="experiment_metadata")
@@ -143,7 +145,7 @@ def _start_relay(place: JobPlace, tracking: TrackingArguments,
         relay = EmbeddedRelay.start(folder, sink_args=sink_args(trackers, tracking, folder),
                                     timeout=tracking.relay_start_timeout,
                                     exit_timeout=tracking.relay_exit_timeout,
-                                    journal_name=journal_name_in(folder))
+                                    journal_name=journal_name_in(folder, tracking.training_logs_filename))
     except RelayStartError as exc:
         return None, str(exc)
     return relay, None

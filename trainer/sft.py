@@ -20,7 +20,9 @@ from trainer.args import (
 )
 from trainer.embedded import RelayStartError
 from trainer.errors import UsageError
+from trainer.formatter import fill_special_tokens
 from trainer.job_tracking import JobPlace, JobTracking
+from trainer.model_load import load_kwargs
 from trainer.model_source import check_command_line
 from trainer.stopping import STOP
 from trainer.tracker_flags import TrackingArguments
@@ -60,7 +62,7 @@ def _load(plan: RunPlan, rank: int) -> tuple[PreTrainedTokenizerBase, PreTrained
     args = plan.model
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path or plan.model_path)
-    model = AutoModelForCausalLM.from_pretrained(plan.model_path)
+    model = AutoModelForCausalLM.from_pretrained(plan.model_path, **load_kwargs(args))
     if rank == 0:
         custom_metrics.track({"model_load_time": time.perf_counter() - started})
     return tokenizer, model
@@ -104,6 +106,10 @@ def train(
             with training_args.main_process_first(local=True, desc="building the demo model"):
                 build_demo(plan.model_path)
         tokenizer, model = _load(plan, rank)
+        if data_args.data_formatter_template is not None:  # its {{eos_token}}s, now the tokenizer is here
+            plan.train_dataset = fill_special_tokens(plan.train_dataset, tokenizer)
+            if plan.eval_dataset is not None:
+                plan.eval_dataset = fill_special_tokens(plan.eval_dataset, tokenizer)
         peft_config = None
         if model_args.use_peft:
             targets = model_args.target_modules

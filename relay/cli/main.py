@@ -301,13 +301,25 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
 @click.pass_context
 def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, ...], runs: tuple[str, ...],
            progress_every: float, log_level: str, world_readable: bool, **sink_params: Any) -> None:
-    """Feed JSONL journal FILES (or directories of them) through sinks, in order.
+    """Feed JSONL journal FILES (or directories of them) through sinks, in order. A consuming
+    relay's folder (or several): each run read whole from every view given, each rank in order.
 
     Stopped part way (Ctrl-C, exit 130), it says how far it got: run it again to finish, what each
     sink already holds is skipped."""
+    from contextlib import ExitStack
+
+    from relay.cli.fleet_read import FleetRead, wanted as fleet
     from relay.cli.progress import Progress, size_of
     from relay.daemon.rederive import SpoolDerivation
     from relay.sinkhost.replay import replay_files
+
+    closing = ExitStack()
+    deadletters = None
+    if fleet(list(files), several=False):  # the fleet's views, in order (relay/cli/fleet_read.py)
+        read = closing.enter_context(FleetRead(list(files)))
+        for note in read.notes():
+            click.echo(f"relay replay: {note}", err=True)
+        deadletters, files = files[0] if files[0].is_dir() else files[0].parent, (read.folder,)
 
     private_files(world_readable)
     line = LiveLine(sys.stderr) if wanted("auto", sys.stderr) else None
@@ -316,11 +328,13 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
     classes: dict[str, tuple[str, Named]] = dict(ctx.meta[_SINKS])
     journal = JournalFlags.journal(sink_params) if classes.pop(JOURNAL, None) else None
     try:
-        sink_classes = [cast("type[Sink]", cls) for _, cls in classes.values()]  # (the journal's popped above)
-        sinks = [cls(**{o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params})
-                 for cls in sink_classes]
-        result = replay_files(files, sinks, set(runs), journal, progress=progress.update,
-                              derive=SpoolDerivation() if journal is not None else None)
+        with closing:  # (the fleet's views put in order are removed)
+            sink_classes = [cast("type[Sink]", cls) for _, cls in classes.values()]  # (no journal)
+            sinks = [cls(**{o.name: sink_params[o.name] for o in cls.options()
+                            if o.name in sink_params}) for cls in sink_classes]
+            derive = SpoolDerivation() if journal is not None else None
+            result = replay_files(files, sinks, set(runs), journal, progress=progress.update,
+                                  derive=derive, deadletters=deadletters)
     except (SinkError, JournalError) as exc:
         progress.close()
         _fail(EXIT_USAGE, str(exc))
@@ -351,6 +365,11 @@ def status(target: str | None, as_json: bool, timeout: float) -> None:
     """Print a relay's status line once: ask the relay at ADDRESS (default $RELAY_ADDRESS or
     tcp://127.0.0.1:5557), or read the stats file a relay keeps beside its JOURNAL."""
     from relay.daemon.status import BadTarget, NoAnswer, status_text
+    from relay.journal.fleet_views import is_fleet
+    if target is not None and is_fleet([Path(target)]):  # a consuming relay's folder, or a view
+        from relay.cli.fleet_read import status_lines
+        click.echo("\n".join(status_lines(Path(target), as_json=as_json)))
+        return
     try:
         click.echo(status_text(target, timeout, as_json))
     except NoAnswer as exc:

@@ -57,7 +57,8 @@ class RunSummary:
     last_loss: float | None  # the Trainer's (stage train)
     stragglers: int  # the relay's straggler findings
     lost_ranks: int  # ... and rank_lost ones
-    conflicts: int = 0  # ... and second writers refused (docs/protocol.md)
+    stale: bool = False  # read only from partition views their consuming relays no longer hold
+    conflicts: int = 0  # second writers the relay refused (docs/protocol.md)
 
 
 def summarize(path: Path, now: float | None = None) -> list[RunSummary]:
@@ -171,7 +172,7 @@ class _Found:
         world = self.first.get("world_size")
         return RunSummary(self.first["run"], str(file), number(self.first.get("ts")), end_ts, status, self.attempts,
                           ranks if ranks is not None else world if type(world) is int else None, step, loss,
-                          self.stragglers, self.lost, self.conflicts)
+                          self.stragglers, self.lost, conflicts=self.conflicts)
 
 
 def _shared(file: Path, fh: BinaryIO, now: float) -> list[RunSummary]:
@@ -213,7 +214,8 @@ def as_json(summaries: list[RunSummary]) -> bytes:
 
 def table(summaries: list[RunSummary], width: int | None) -> list[str]:
     """The listing, one line per run, fitted to ``width``."""
-    rows = [{"run": s.run, "start": _when(s.start), "status": s.status, "attempts": str(s.attempts),
+    rows = [{"run": s.run, "start": _when(s.start), "status": s.status + " (stale)" * s.stale,
+             "attempts": str(s.attempts),
              "ranks": "-" if s.ranks is None else str(s.ranks), "step": "-" if s.last_step is None else str(s.last_step),
              "loss": "-" if s.last_loss is None else f"{s.last_loss:.4g}", "stragglers": str(s.stragglers),
              "lost": str(s.lost_ranks)} for s in summaries]

@@ -168,7 +168,7 @@ class Tail:
 
     def poll_once(self) -> None:
         """One look when following: what was written since, shown."""
-        fresh = [pair for _, lines in self._follower.poll() for pair in self._wanted(lines)]
+        fresh = list(self._wanted(self._fresh_lines()))
         if self.view == "steps" and not self.as_json:
             now = time.monotonic()
             rows = [row for ev, _ in fresh for row in self.steps.feed(ev, now)]
@@ -176,7 +176,11 @@ class Tail:
         else:
             self._show_events(fresh)
 
-    def _wanted(self, lines: list[bytes]) -> Iterator[tuple[dict[str, Any], bytes]]:
+    def _fresh_lines(self) -> Iterator[bytes]:
+        """The lines written since the last look (relay/cli/fleet_read.py: the fleet's views')."""
+        return (line for _, lines in self._follower.poll() for line in lines)
+
+    def _wanted(self, lines: Iterable[bytes]) -> Iterator[tuple[dict[str, Any], bytes]]:
         """The lines that are JSON objects the selection wants, parsed, with their bytes."""
         wants = self.selection.wants
         for raw in lines:

@@ -360,7 +360,9 @@ def check_sinks(specs: list[SinkSpec], journal: Path) -> None:
         except SinkError:
             raise
         except Exception as exc:  # a plugin's own bug: reported as the reason it cannot start
-            raise SinkError(f"sink {spec.name} failed its check: {type(exc).__name__}: {exc}") from None
+            said = str(exc).strip() or "it gave no reason"
+            raise SinkError(f"sink {spec.name} failed its check: "
+                            f"{type(exc).__name__}: {said}") from None
 
 
 def _widen(pipe: IO[bytes]) -> None:
