@@ -156,3 +156,13 @@ def test_a_flood_of_other_refusals_never_hides_a_second_writer_or_another_reason
     logged = [r.getMessage() for r in caplog.records]
     assert sum("undecodable" in m for m in logged) == 11, "the first ten, then the thousandth"
     assert any("not_owner" in m for m in logged) and any("refused a second writer" in m for m in logged)
+
+
+def test_a_refused_rank_spools_its_events_without_telling_to_replay_them_into_the_run() -> None:
+    """Replayed into the run, a second writer's events would be taken for its writer's."""
+    from relay.client.spool import told
+
+    said = told("ipc:///r", 12, "run", 1, "/o/run.rank1.spool.jsonl", "/o/j.jsonl", "run run rank 1 is written by x")
+    assert said.endswith("were never acknowledged: run run rank 1 is written by x; spooled in /o/run.rank1.spool.jsonl")
+    assert "relay replay /o/run.rank1.spool.jsonl --sink jsonl --path /o/j.jsonl" in told(
+        "ipc:///r", 12, "run", 1, "/o/run.rank1.spool.jsonl", "/o/j.jsonl", None)

@@ -13,7 +13,6 @@ import atexit
 import collections
 import logging
 import os
-import shlex
 import socket
 import sys
 import threading
@@ -33,11 +32,9 @@ from relay.client.send_window import SendWindow
 from sinks.events import MAX_ATTEMPT, RELAY_RANK, session_base
 
 __all__ = ["Publisher", "UNKNOWN_JOURNAL"]
+UNKNOWN_JOURNAL = spool.UNKNOWN_JOURNAL  # the journal the close warning names, when none is known
 
 log = logging.getLogger(__name__)
-
-#: What the replay command of the close warning names when the relay's journal is not known here.
-UNKNOWN_JOURNAL = "YOUR_JOURNAL"
 
 #: Stands in the queue for the closing ``stats`` event's counters until the I/O thread numbers it:
 #: counted then, they take in every drop of the events numbered before it (and its children's
@@ -252,13 +249,9 @@ class Publisher(ForkHandover, LinkMember):
                       "the spool %s: %s", self.address, len(events), self.run, self.rank, path, exc)
             return
         self._spooled += len(events)
-        if self._spool_journal is None:
-            where, journal = f"the journal of the relay at {self.address}", UNKNOWN_JOURNAL
-        else:
-            where, journal = "the journal", shlex.quote(self._spool_journal)
-        log.warning("relay %s: %d events of run %s rank %d were never acknowledged; spooled, deliver them to %s "
-                    "with: relay replay %s --sink jsonl --path %s", self.address, len(events), self.run, self.rank,
-                    where, shlex.quote(path), journal)
+        refused = self.refused_streams.get((self.run, self.rank))
+        log.warning("%s", spool.told(self.address, len(events), self.run, self.rank, path,
+                                     self._spool_journal, refused))
 
     @property
     def unacknowledged(self) -> int:

@@ -75,8 +75,8 @@ class Ingest:
         self._refused_since = 0  # refused handshakes since then
         #: second writers of streams judged and refused (relay/daemon/second_writers.py)
         self.second_writers = SecondWriters(
-            self.runs, self.owners, self.counters, deadletters, lookup=self.lookup, connected=connected,
-            gone=self.peer_gone, derive=self.queue_derived, tell=tell)
+            self.runs, self.owners, self.counters, deadletters, lookup=self.lookup,
+            connected=connected, gone=self.peer_gone, derive=self.queue_derived, tell=tell)
         self._wall_clock = wall_clock  # the ts of the relay's own events
         self._host = socket.gethostname()
 

@@ -41,7 +41,8 @@ class SecondWriters:
                  *, lookup: Callable[[bytes, str, int, float], RankState | None],
                  connected: Callable[[bytes], bool] | None, gone: Callable[[bytes], None],
                  derive: Callable[[list[Derived]], None], tell: Tell | None) -> None:
-        self.runs, self.owners, self.counters, self.deadletters = runs, owners, counters, deadletters
+        self.runs, self.owners, self.counters = runs, owners, counters
+        self.deadletters = deadletters
         self.lookup, self.connected, self.gone = lookup, connected, gone
         self.derive, self.tell = derive, tell
         self._summed_at: float | None = None  # when repeated refusals were last summed up
