@@ -170,7 +170,7 @@ def test_refused_frames_are_counted_dead_lettered_and_never_acknowledged(ingest)
     assert relay.counters.rejected["run_rate"] == 1 and relay.commit_step.pending == 1
 
 
-def test_a_client_drop_report_moves_the_floor_and_a_reused_run_id_is_reported(ingest) -> None:
+def test_a_client_drop_report_moves_the_floor_and_a_reused_run_id_is_refused(ingest) -> None:
     relay, acks = ingest()
     relay.take_frame(b"a", encoding.encode_frame([event(0, type="hello"), event(1)]), now=1.0)
     relay.take_frame(b"a", encoding.encode_frame([event(5, type="stats", dropped=3, dropped_upto=4)]), now=1.0)
@@ -178,7 +178,7 @@ def test_a_client_drop_report_moves_the_floor_and_a_reused_run_id_is_reported(in
     assert acks[b"a"] == [[("run", 0, 6)]], "seqs 2..4 were dropped in the client: acknowledged past them"
     assert relay.counters.snapshot({}, 0)["client_dropped"] == 3
     relay.take_frame(b"b", encoding.encode_frame([dict(event(0, type="hello"), ts=99.0)]), now=200.0)
-    assert relay.counters.reused_run_ids == 1 and relay.counters.duplicates == 1
+    assert relay.counters.rejected == {"conflict": 1} and relay.counters.duplicates == 0
 
 
 def test_a_later_attempt_of_a_run_is_taken_from_its_first_seq_and_known_again_after_a_restart(ingest) -> None:

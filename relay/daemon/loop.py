@@ -65,6 +65,7 @@ class Relay:
         self.fan_out = FanOut()  # the other sinks' processes (none until open_sinks starts them)
         self.ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), now,
                              send_acks=self._send_acks, fan_out=self.fan_out.submit, connected=self._connected,
+                             tell=self._tell,
                              run_rate=config.run_rate, max_runs=config.max_runs, cluster=config.cluster)
         self.counters = self.ingest.counters
         self.stats_path: Path = journal.sidecar("_stats.json")
@@ -266,6 +267,14 @@ class Relay:
             self.counters.acks_sent += 1
         except zmq.ZMQError:
             pass  # peer gone or slow: it resends, and gets a fresh ack then
+
+    def _tell(self, peer: bytes, refused: list[tuple[str, int, str]]) -> None:
+        """Tell a connection why its frames for these streams are refused (daemon/writers.py)."""
+        assert self._sock is not None
+        try:
+            self._sock.send_multipart([peer, encoding.encode_refused(refused)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # gone or slow: it is told again when it resends
 
     def _answer_status(self, sock: zmq.Socket, peer: bytes, now: float) -> None:
         """A status request: not a frame, never a reject; answered within relay/daemon/status.py's budget."""

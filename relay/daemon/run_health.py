@@ -1,11 +1,12 @@
 """Each run's health as the Prometheus endpoint shows it (relay/metrics/): its last step and when it
-came (from its ranks' windows, or from its metrics events for a run that sends none), its recent pace, each rank's last step time and own work, its attempt, whether it ended and,
-opt-in, its last loss.
+came (from its ranks' windows, or from its metrics events for a run that sends none), its recent
+pace, each rank's last step time and own work, its attempt, whether it ended and, opt-in, its last
+loss.
 
 Ingest (relay/daemon/ingest.py) hands ``observe`` the events it already looks at for the cross-rank
-derivation (``stage="rank"`` metrics and ``lifecycle`` events) and, with ``loss`` on, ``take_loss``
-each of rank 0's frames (read from its end: the latest loss is all it keeps); each costs a few dict
-writes, and nothing here builds a metric. The
+derivation (``stage="rank"`` metrics and ``lifecycle`` events) and ``take_frame`` each new frame's
+events (read from its end: the last step, and with ``loss`` on rank 0's latest loss, are all it
+keeps); each costs a few dict writes, and nothing here builds a metric. The
 endpoint's thread reads ``runs`` at scrape time (``view``): every structure it reads is replaced or
 copied whole in one C call (a dict copy, ``tuple`` of a deque), so the ingest thread never waits for a
 scrape and a scrape never sees half an update. No socket, no clock: the caller gives the time
@@ -107,6 +108,12 @@ class RunHealth:
         if type(step) is int:
             run.rank_step[rank] = step
             _stepped(run, step, now)
+
+    def take_frame(self, events: Sequence[dict[str, Any]], rank: int, now: float) -> None:
+        """New events of one frame of ``rank``, oldest first: their steps, and with ``loss`` rank 0's last."""
+        self.take_steps(events, now)
+        if self.loss and rank == 0:
+            self.take_loss(events)
 
     def take_steps(self, events: Sequence[dict[str, Any]], now: float) -> None:
         """New events of one frame, oldest first: the step of the last metrics event among them, for a

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 from relay.daemon.bounds import RunBudget
 from relay.daemon.counters import run_view
 from relay.daemon.owners import Owners
+from relay.daemon.writers import Writers, session_of, writer_of
 from relay.journal.dedupe import Dedupe, RankState
 from relay.journal.journal import Journal
 from sinks.events import RELAY_RANK
@@ -29,6 +30,7 @@ class Runs:
         self.journal = journal  # what a run met again already has (Dedupe.lookup)
         self.dedupe = Dedupe()
         self.owners = owners  # which connection sends each stream
+        self.writers = Writers()  # which session writes each stream (relay/daemon/writers.py)
         self.budget = RunBudget(run_rate)  # new runs each connection may start
         self.max_runs = max_runs
         self.hellos: dict[Key, float] = {}  # ts of each rank's hello, to spot reused run ids
@@ -74,6 +76,10 @@ class Runs:
         its ranks' clients reported dropped there, so that a restarted relay counts it at once."""
         seen = self.journal.seen(run)
         for rank, held in seen.items():
+            if held.hello is not None:  # its session, if its hello named one (an old client's not)
+                data, host, _ = held.hello
+                named = session_of(data, b"") or None
+                self.writers.recovered((run, rank), writer_of(data, host, named))
             if held.reported:
                 self.reported[(run, rank)] = held.reported
         return seen
@@ -130,6 +136,7 @@ class Runs:
         ranks = self.dedupe.forget(run)
         for rank in ranks:
             self.owners.forget((run, rank))
+            self.writers.forget((run, rank))
             self.hellos.pop((run, rank), None)
             self.active.pop((run, rank), None)
         self.journal.release(run)
