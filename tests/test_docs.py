@@ -21,9 +21,6 @@ OPTIONS = {"id", "output", "setup", "slow", "creates", "exit", "timeout", "relay
            "output_dir", "relay_env", "records", "install", "varies", "venv", "skip", *KINDS}
 EXAMPLES = [b for b in all_blocks() if not {"output", "install", "skip"} & b.opts.keys()]
 #: Docs whose snippets are not held to the rule yet, and why (issue 44 §6).
-UNRULED = {"docs/trainer.md": "being rewritten now; its snippets get their markers there"}
-
-
 def test_markers_are_well_formed() -> None:
     blocks = all_blocks()
     assert len(EXAMPLES) >= 5 and outputs(), "the docs lost their runnable examples"
@@ -54,12 +51,10 @@ SHELLS = {"python", "py", "bash", "sh", "shell", "console", "zsh"}
 
 
 def snippets() -> list[str]:
-    """Where each Python or shell snippet of README.md and docs/ opens (``path:line``), UNRULED left out."""
+    """Where each Python or shell snippet of README.md and docs/ opens (``path:line``)."""
     found = []
     for path in DOCS:
         where = str(path.relative_to(ROOT))
-        if where in UNRULED:
-            continue
         lines = path.read_text(encoding="utf-8").split("\n")
         i = 0
         while i < len(lines):
@@ -79,7 +74,7 @@ def test_the_snippet_rule_sees_every_kind_it_names() -> None:
     """The rule cannot pass by finding nothing: it finds the docs' runnable examples, the blocks that
     say why they are not run, and a transcript of each kind."""
     found = set(snippets())
-    assert {b.where for b in EXAMPLES if not b.where.startswith(tuple(UNRULED))} <= found
+    assert {b.where for b in EXAMPLES} <= found
     skipped = [b for b in all_blocks() if "skip" in b.opts]
     assert len(skipped) >= 40 and {b.where for b in skipped} <= found
     assert {b.lang for b in skipped} >= {"python", "bash", ""}
