@@ -208,11 +208,17 @@ def main() -> None:
 @click.option("--cluster/--no-cluster", default=True, show_default=True,
               help="Derive cross-rank events from the ranks' step times (stage 'rank'): per logged step the "
                    "min/median/max step time and slowest rank (stage 'cluster'), stragglers, lost ranks.")
-@click.option("--straggler-factor", type=click.FloatRange(1.0, min_open=True), default=1.5, show_default=True,
-              help="A rank is slow at a step when its step time exceeds the step's median by this factor.")
-@click.option("--straggler-steps", type=click.IntRange(1), default=3, show_default=True,
-              help="Logged steps in a row a rank must be slow to get a 'straggler' event (once per episode), "
-                   "and then within the factor to get 'straggler_cleared'.")
+@click.option("--straggler-cost", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.10,
+              show_default=True, metavar="FRACTION",
+              help="A rank's logged step is slow when its own work beyond the other ranks' median "
+                   "costs the job this fraction of its time per step; named a straggler when over "
+                   "half of its window is slow, cleared when over half costs under half of this "
+                   "(docs/watching.md).")
+@click.option("--straggler-min", type=click.FloatRange(0.0), default=0.020, show_default=True,
+              metavar="SECONDS", help="... and that excess is at least this many seconds a step.")
+@click.option("--straggler-window", type=click.IntRange(1), default=15, show_default=True,
+              metavar="STEPS",
+              help="The training steps a straggler verdict spans (at least 3 logged steps).")
 @click.option("--rank-silence", type=click.FloatRange(1.0), default=60.0, show_default=True, metavar="SECONDS",
               help="A rank silent this long while its peers went on to later steps gets 'rank_lost' ('rank_back' "
                    "when it reports again); a step also waits at most this long for its ranks. Keep it above "
@@ -242,13 +248,15 @@ def main() -> None:
 @click.pass_context
 def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_interval: float,
           stats_interval: float, sink_queue: int, forget_after: float, run_rate: float, max_runs: int,
-          max_memory: int, cluster: bool, straggler_factor: float, straggler_steps: int, rank_silence: float,
+          max_memory: int, cluster: bool, straggler_cost: float, straggler_min: float,
+          straggler_window: int, rank_silence: float,
           ready_file: Path | None, watch_pid: int | None, shutdown_timeout: float, secret_file: Path | None,
           run_open: bool,
           curve_cert: Path | None, curve_clients: Path | None, log_level: str, world_readable: bool, live: str,
           **sink_params: Any) -> None:
     """Run the relay until SIGINT/SIGTERM."""
     from relay.daemon.cross_rank import ClusterConfig
+    from relay.daemon.stragglers import StragglerRule
     from relay.daemon.config import RelayConfig
     from relay.daemon.gate import AuthError
     from relay.daemon.loop import Relay
@@ -262,7 +270,9 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
                          max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
                          shutdown_timeout=shutdown_timeout,
                          curve_cert=curve_cert, curve_clients=curve_clients, open=run_open, secret_file=secret_file,
-                         cluster=ClusterConfig(straggler_factor, straggler_steps, rank_silence) if cluster else None)
+                         cluster=ClusterConfig(StragglerRule(straggler_cost, straggler_min,
+                                                             straggler_window), rank_silence)
+                         if cluster else None)
     try:  # every check before the relay listens: a bad option stops it before any training starts
         journal, sinks = build_sinks(ctx, sink_params, log_level)
     except SinkError as exc:

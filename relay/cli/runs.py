@@ -52,8 +52,11 @@ class RunSummary:
     ranks: int | None  # world size
     last_step: int | None
     last_loss: float | None  # the Trainer's (stage train)
-    stragglers: int  # the relay's straggler findings
+    stragglers: int  # the relay's straggler findings (episodes)
     lost_ranks: int  # ... and rank_lost ones
+    straggler_rank: int | None = None  # the last straggler named ...
+    straggler_cost: float | None = None  # ... what it cost the job: a fraction of its time per step
+    straggler_cost_s: float | None = None  # ... and seconds a step
 
 
 def summarize(path: Path, now: float | None = None) -> list[RunSummary]:
@@ -78,6 +81,8 @@ def _file(file: Path, now: float) -> list[RunSummary]:
         found = _Found(first, scan.counts[_BEGIN], scan.counts[_STRAGGLER], scan.counts[_LOST])
         if scan.last[_END] > scan.last[_BEGIN]:
             found.end_line = _line_at(fh, scan.last[_END])
+        if scan.last[_STRAGGLER] >= 0:
+            found.straggler_line = _line_at(fh, scan.last[_STRAGGLER])
         tail = (ev for raw in islice(lines_backwards(file), LAST_LINES) if (ev := _event(raw)) is not None)
         return [found.summary(file, now, tail)]
 
@@ -136,6 +141,7 @@ class _Found:
         self.first = first
         self.attempts, self.stragglers, self.lost = attempts, stragglers, lost
         self.end_line: dict[str, Any] | None = None
+        self.straggler_line: dict[str, Any] | None = None  # the last straggler finding
         self.last_at = self.step_at = self.loss_at = -1  # where its last line, step and train loss are (shared file)
 
     def summary(self, file: Path, now: float, tail: Iterator[dict[str, Any]]) -> RunSummary:
@@ -160,9 +166,12 @@ class _Found:
         else:
             status = "running" if end_ts is not None and now - end_ts < RUNNING_S else "unfinished"
         world = self.first.get("world_size")
+        named = (self.straggler_line or {}).get("data") or {}
+        rank = named.get("rank") if type(named.get("rank")) is int else None
         return RunSummary(self.first["run"], str(file), number(self.first.get("ts")), end_ts, status, self.attempts,
                           ranks if ranks is not None else world if type(world) is int else None, step, loss,
-                          self.stragglers, self.lost)
+                          self.stragglers, self.lost, rank, number(named.get("cost")),
+                          number(named.get("cost_s")))
 
 
 def _shared(file: Path, fh: BinaryIO, now: float) -> list[RunSummary]:
@@ -182,7 +191,9 @@ def _shared(file: Path, fh: BinaryIO, now: float) -> list[RunSummary]:
         found.last_at = at
         if b'"type":"lifecycle"' in line:
             found.attempts += _BEGIN in line
-            found.stragglers += _STRAGGLER in line
+            if _STRAGGLER in line:
+                found.stragglers += 1
+                found.straggler_line = _event(line)
             found.lost += _LOST in line
             if _BEGIN in line:
                 found.end_line = None
@@ -206,13 +217,14 @@ def table(summaries: list[RunSummary], width: int | None) -> list[str]:
     rows = [{"run": s.run, "start": _when(s.start), "status": s.status, "attempts": str(s.attempts),
              "ranks": "-" if s.ranks is None else str(s.ranks), "step": "-" if s.last_step is None else str(s.last_step),
              "loss": "-" if s.last_loss is None else f"{s.last_loss:.4g}", "stragglers": str(s.stragglers),
-             "lost": str(s.lost_ranks)} for s in summaries]
+             "lost": str(s.lost_ranks), "costliest": _costliest(s)} for s in summaries]
     runs = max([len(r["run"]) for r in rows] + [3])
     status = Column("status", "status", max([len(r["status"]) for r in rows] + [9]), left=True)
     counts = (Column("step", "step", 8), Column("loss", "loss", 9), Column("stragglers", "stragglers", 10),
               Column("lost", "lost", 4))
     every = (Column("start", "start", 16, left=True), status, Column("attempts", "attempts", 8),
-             Column("ranks", "ranks", 5), *counts)
+             Column("ranks", "ranks", 5), *counts,
+             Column("costliest", "last straggler", 21, left=True))
     few = (status, *counts[:2], Column("stragglers", "strag", 5), counts[3])  # a narrow terminal's
     layout = fit([Layout((Column("run", "run", runs, left=True), *every)),
                   Layout((Column("run", "run", runs, left=True), *every), " "),
@@ -221,6 +233,15 @@ def table(summaries: list[RunSummary], width: int | None) -> list[str]:
     run_width = layout.columns[0].width
     return [cut(layout.header(), width)] + [
         cut(layout.line({**row, "run": cut(row["run"], run_width)}), width) for row in rows]
+
+
+def _costliest(s: RunSummary) -> str:
+    """The last straggler named and what it cost the job (``r1 31% 0.15 s/step``)."""
+    if s.straggler_rank is None:
+        return "-"
+    cost = "" if s.straggler_cost is None else f" {s.straggler_cost:.0%}"
+    seconds = "" if s.straggler_cost_s is None else f" {s.straggler_cost_s:.2f} s/step"
+    return f"r{s.straggler_rank}{cost}{seconds}"
 
 
 def _when(ts: float | None) -> str:

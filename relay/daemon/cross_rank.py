@@ -3,10 +3,12 @@ spread (``cluster`` metrics), a rank that stays slow (``straggler``) and its rec
 (``straggler_cleared``), a rank that stops while its peers go on or that the run ended without
 (``rank_lost``) and one that returns (``rank_back``). docs/protocol.md has the events' shape.
 
-A straggler is said once per episode: named after ``steps`` logged steps in a row above the median
-× ``factor``, then not again while it stays slow, whatever single steps dip under the factor; the
-episode ends (``straggler_cleared``, ``why="recovered"``) after ``steps`` logged steps in a row within
-the factor, or when the rank is lost (``why="lost"``). Only then can the rank be named again.
+A straggler is judged by what it costs the job (relay/daemon/stragglers.py: its work beyond the
+other ranks' median, over the job's time per step, over a window of logged steps), said once per
+episode:
+named when the window says so, then not again while it stays slow; the episode ends
+(``straggler_cleared``, ``why="recovered"``) when the window is calm, or when the rank is lost
+(``why="lost"``). Only then can the rank be named again.
 
 Under DDP every rank waits for the slowest in its collectives, so step times come out equal and a
 rank slow between steps even shows the shortest; a rank's ``own_time`` (its time with the waits
@@ -47,6 +49,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
+from relay.daemon.stragglers import Mark, Seen, StragglerRule, excess, period
 from relay.wire.lines import Derived
 from sinks.events import RELAY_RANK, attempt_of
 
@@ -57,10 +60,8 @@ MAX_WAITING = 16_384
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    #: a rank is slow at a step when its step time exceeds the median of the step by this factor
-    factor: float = 1.5
-    #: ... and a straggler once it was slow this many logged steps in a row
-    steps: int = 3
+    #: who is a straggler: relay/daemon/stragglers.py
+    stragglers: StragglerRule = StragglerRule()
     #: seconds without a report after which a rank whose peers went on is lost
     silence: float = 60.0
     #: seconds after a run's end within which a rank behind its peers may still report its last steps
@@ -69,31 +70,35 @@ class ClusterConfig:
 
 class Standing(NamedTuple):
     """What the derivation holds of one run now: the ranks named stragglers and not cleared since,
-    and the ranks lost and not back (the Prometheus endpoint reads it, relay/metrics/)."""
+    the ranks lost and not back, and each judged rank's cost to the job, the median over its window
+    (the Prometheus endpoint reads it, relay/metrics/)."""
 
     stragglers: tuple[int, ...]
     lost: tuple[int, ...]
+    costs: tuple[tuple[int, float], ...] = ()
 
 
 class _Rank:
-    __slots__ = ("last_step", "last_seen", "slow", "calm", "named", "lost", "ended")
+    __slots__ = ("last_step", "last_seen", "seen", "cost", "named", "lost", "ended")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, rule: StragglerRule) -> None:
         self.last_step = -1  # the highest step it reported
         self.last_seen = now  # when it last reported anything
-        self.slow = 0  # logged steps in a row above median * factor
-        self.calm = 0  # ... and within it, while named
+        self.seen = Seen(rule)  # its last logged steps' cost to the job
+        self.cost: float | None = None  # the median cost over its window when last judged
         self.named: int | None = None  # the step it was named a straggler at; None: not straggling now
         self.lost = False
         self.ended = False  # it sent its own train_end
 
 
 class _Step:
-    __slots__ = ("times", "own", "epoch", "since")
+    __slots__ = ("times", "own", "outside", "span", "epoch", "since")
 
     def __init__(self, epoch: float | None, now: float) -> None:
         self.times: dict[int, float | None] = {}  # rank -> its step time (None: reported, no usable figure)
         self.own: dict[int, float] = {}  # rank -> its own work, from the ranks that sent a usable one
+        self.outside: dict[int, float] = {}  # rank -> its time between steps, where it sent one
+        self.span = 1  # the training steps the logged step sums up (the ranks' ``steps``)
         self.epoch = epoch
         self.since = now
 
@@ -152,7 +157,7 @@ class Cluster:
         run.active = now
         info = run.ranks.get(rank)
         if info is None:
-            info = run.ranks[rank] = _Rank(now)
+            info = run.ranks[rank] = _Rank(now, self.config.stragglers)
         out: list[Derived] = []
         step = event["step"]
         if info.lost:
@@ -175,9 +180,15 @@ class Cluster:
         if rank in entry.times:
             return out
         entry.times[rank] = seconds(event["data"])
-        own = seconds(event["data"], "own_time")
+        data = event["data"]
+        own, outside = seconds(data, "own_time"), seconds(data, "outside_time")
+        span = data.get("steps")
         if own is not None:
             entry.own[rank] = own
+        if outside is not None:
+            entry.outside[rank] = outside
+        if type(span) is int and span > entry.span:
+            entry.span = span
         run.waiting += 1
         if len(entry.times) >= run.world_size - run.lost:
             out += self._settle(event["run"], run, step)
@@ -194,13 +205,13 @@ class Cluster:
             return  # (a run of no per-rank figures has no rank to judge)
         info = run.ranks.get(rank)
         if info is None:
-            info = run.ranks[rank] = _Rank(now)
+            info = run.ranks[rank] = _Rank(now, self.config.stragglers)
         info.ended = True
         if run.ended is None:
             run.ended = now
             for other in range(run.world_size):  # a rank killed before any report of it got out: judged with the rest
                 if other not in run.ranks:
-                    run.ranks[other] = _Rank(run.began)
+                    run.ranks[other] = _Rank(run.began, self.config.stragglers)
         if event["data"].get("status") == "failed":
             run.failed = True
 
@@ -256,7 +267,9 @@ class Cluster:
             return None
         ranks = sorted(dict(state.ranks).items())  # a copy first: the ingest thread may add a rank meanwhile
         return Standing(tuple(rank for rank, info in ranks if info.named is not None and not info.lost),
-                        tuple(rank for rank, info in ranks if info.lost))
+                        tuple(rank for rank, info in ranks if info.lost),
+                        tuple((rank, info.cost) for rank, info in ranks
+                              if info.cost is not None and not info.lost))
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -290,7 +303,9 @@ class Cluster:
         if info.named is not None:
             out.append(self._lifecycle(name, run, ahead, event="straggler_cleared", rank=rank, why="lost",
                                        named_step=info.named))
-            info.named, info.slow, info.calm = None, 0, 0
+            info.named = None
+        info.seen.clear()
+        info.cost = None
         return out
 
     def _settle(self, name: str, run: _Run, upto: int) -> list[Derived]:
@@ -324,32 +339,37 @@ class Cluster:
         if own:
             figures.update(_spread(own, "own_time"))
             figures["own_slowest_rank"] = figures.pop("own_time_slowest")
-        figures["ranks"] = len(entry.times)
-        out = [Derived(name, run.world_size, "metrics", step, entry.epoch, figures)]
         basis, by = (own, "own_time") if own else (times, "step_time")
-        median = figures[f"{by}_median"]
-        factor, needed = self.config.factor, self.config.steps
-        for rank, took in basis.items():
+        if len(basis) < 2:
+            figures["ranks"] = len(entry.times)
+            return [Derived(name, run.world_size, "metrics", step, entry.epoch, figures)]
+        job = period(times, entry.outside)
+        over = {rank: (extra, extra / job if job > 0 else 0.0)
+                for rank, extra in excess(basis).items()}
+        costly = max(over, key=lambda rank: over[rank][0])
+        figures.update(cost_rank=costly, cost_s=over[costly][0], cost=over[costly][1],
+                       ranks=len(entry.times))
+        out = [Derived(name, run.world_size, "metrics", step, entry.epoch, figures)]
+        rule = self.config.stragglers
+        for rank, (extra, cost) in over.items():
             info = run.ranks[rank]
-            ratio = took / median if median > 0 else 1.0
-            if ratio > factor:
-                info.slow += 1
-                info.calm = 0
-                if info.named is None and info.slow >= needed:
-                    info.named = step
-                    own_time = {"own_time": took} if own else {}
-                    out.append(self._lifecycle(name, run, step, epoch=entry.epoch, event="straggler", rank=rank,
-                                               by=by, **own_time, step_time=times[rank], median=median,
-                                               ratio=ratio, steps=needed))
+            info.seen.marks.append(Mark(extra, cost, entry.span))
+            decided, cost_s, info.cost = info.seen.judge(rule, info.named is not None)
+            if not decided:
                 continue
-            info.slow = 0
-            if info.named is not None:
-                info.calm += 1
-                if info.calm >= needed:
-                    out.append(self._lifecycle(name, run, step, epoch=entry.epoch, event="straggler_cleared",
-                                               rank=rank, why="recovered", named_step=info.named, by=by,
-                                               ratio=ratio, steps=needed))
-                    info.named, info.calm = None, 0
+            said = {"rank": rank, "by": by, "cost_s": cost_s, "cost": info.cost}
+            if info.named is None:
+                info.named = step
+                own_time = {"own_time": basis[rank]} if own else {}
+                out.append(self._lifecycle(
+                    name, run, step, epoch=entry.epoch, event="straggler", **said, **own_time,
+                    step_time=times[rank], others_median=basis[rank] - extra, job_step_s=job,
+                    window=rule.window))
+            else:
+                out.append(self._lifecycle(
+                    name, run, step, epoch=entry.epoch, event="straggler_cleared", why="recovered",
+                    named_step=info.named, **said, window=rule.window))
+                info.named = None
         return out
 
     def _replay(self, event: dict[str, Any], now: float) -> None:
@@ -366,13 +386,15 @@ class Cluster:
             return
         info = run.ranks.get(rank)
         if info is None:
-            info = run.ranks[rank] = _Rank(now)
+            info = run.ranks[rank] = _Rank(now, self.config.stragglers)
         what = data.get("event")
         if what == "straggler":  # said once: not again in this episode
             info.named = step if type(step) is int else run.done
-            info.slow, info.calm = max(info.slow, self.config.steps), 0
-        elif what == "straggler_cleared":
-            info.named, info.slow, info.calm = None, 0, 0
+            cost = seconds(data, "cost")
+            info.cost = cost if info.cost is None else info.cost
+        elif what == "straggler_cleared":  # (what its window held before is not what came since)
+            info.named = None
+            info.seen.clear()
         elif what == "rank_lost" and not info.lost:
             info.lost = True
             run.lost += 1
