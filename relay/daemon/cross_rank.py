@@ -10,17 +10,15 @@ named when the window says so, then not again while it stays slow; the episode e
 (``straggler_cleared``, ``why="recovered"``) when the window is calm, or when the rank is lost
 (``why="lost"``). Only then can the rank be named again.
 
-Under DDP every rank waits for the slowest in its collectives, so step times come out equal and a
-rank slow between steps even shows the shortest; a rank's ``own_time`` (its time with the waits
-taken out, trainer/collectives.py) is what tells the straggler. A step whose every reporting rank
-sent one is judged by it; a step with a rank that did not (an older or other publisher) falls
-back to ``step_time`` for all, so unlike figures are never compared.
+Under DDP every rank waits for the slowest in its collectives, so step times come out equal; a
+rank's ``own_time`` (its time with the waits taken out, trainer/collectives.py) tells the
+straggler. A step where a rank sent none (an older or other publisher) is judged by ``step_time``
+for all, so unlike figures are never compared.
 
-No sockets, no files and no clock of its own: ingest (relay/daemon/ingest.py) hands ``observe`` each
-new ``stage="rank"`` metrics event with the time it arrived, calls ``check`` about once a second,
-and journals what either returns as events of rank RELAY_RANK; after a restart ``restore`` replays
-the run's recent journal lines so nothing is said twice. Runs of one rank have no peers to compare
-with and get nothing.
+No sockets, files or clock of its own: ingest (relay/daemon/ingest.py) hands ``observe`` each new
+``stage="rank"`` metrics event with the time it arrived, calls ``check`` about once a second, and
+journals what either returns as events of rank RELAY_RANK; after a restart ``restore`` replays the
+run's recent journal lines so nothing is said twice. Runs of one rank get nothing.
 
 A rank killed in a synchronous (DDP) job stops its peers at their next collective, so nobody goes
 on and silence alone never names it; the job then ends (a ``train_end`` from some rank, the daemon
@@ -39,17 +37,16 @@ A logged step is summed up once every rank that is not lost reported it. A rank 
 later step will never report this one (each rank sends in order), so a later step completing
 settles every earlier one with the ranks it has (``ranks`` says how many); a step still waiting
 after ``silence`` seconds, or the oldest once a run holds ``MAX_WAITING`` reports, is settled as it
-stands. A backlog (a relay started late, or restarted: every rank resends at once) fits well within.
+stands. A backlog (a late or restarted relay: every rank resends at once) fits well within.
 """
 from __future__ import annotations
 
 import heapq
 import math
-import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
-from relay.daemon.stragglers import Mark, Seen, StragglerRule, excess, period
+from relay.daemon.stragglers import Mark, Seen, StragglerRule, excess, period, seconds, spread
 from relay.wire.lines import Derived
 from sinks.events import RELAY_RANK, attempt_of
 
@@ -79,13 +76,12 @@ class Standing(NamedTuple):
 
 
 class _Rank:
-    __slots__ = ("last_step", "last_seen", "seen", "cost", "named", "lost", "ended")
+    __slots__ = ("last_step", "last_seen", "seen", "named", "lost", "ended")
 
     def __init__(self, now: float, rule: StragglerRule) -> None:
         self.last_step = -1  # the highest step it reported
         self.last_seen = now  # when it last reported anything
         self.seen = Seen(rule)  # its last logged steps' cost to the job
-        self.cost: float | None = None  # the median cost over its window when last judged
         self.named: int | None = None  # the step it was named a straggler at; None: not straggling now
         self.lost = False
         self.ended = False  # it sent its own train_end
@@ -121,14 +117,6 @@ class _Run:
         self.ended: float | None = None  # when the first train_end came
         self.attempt = 0  # of the run's ranks' reports (sinks/events.py attempt_of): a later one starts afresh
         self.failed = False  # a train_end said status "failed": each rank that lived through it sends one
-
-
-def seconds(data: dict[str, Any], name: str = "step_time") -> float | None:
-    """A rank's figure ``name`` if it is usable: a finite number of seconds, not negative."""
-    value: Any = data.get(name)
-    if type(value) in (int, float) and math.isfinite(value) and value >= 0:  # (a bool is not a figure)
-        return float(value)
-    return None
 
 
 class Cluster:
@@ -268,8 +256,8 @@ class Cluster:
         ranks = sorted(dict(state.ranks).items())  # a copy first: the ingest thread may add a rank meanwhile
         return Standing(tuple(rank for rank, info in ranks if info.named is not None and not info.lost),
                         tuple(rank for rank, info in ranks if info.lost),
-                        tuple((rank, info.cost) for rank, info in ranks
-                              if info.cost is not None and not info.lost))
+                        tuple((rank, info.seen.cost) for rank, info in ranks
+                              if info.seen.cost is not None and not info.lost))
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -305,7 +293,6 @@ class Cluster:
                                        named_step=info.named))
             info.named = None
         info.seen.clear()
-        info.cost = None
         return out
 
     def _settle(self, name: str, run: _Run, upto: int) -> list[Derived]:
@@ -332,12 +319,12 @@ class Cluster:
         times = {rank: t for rank, t in sorted(entry.times.items()) if t is not None}
         if not times:
             return []
-        figures = _spread(times, "step_time")
+        figures = spread(times, "step_time")
         figures["slowest_rank"] = figures.pop("step_time_slowest")
         # Judged by own work only when every rank with a step time sent its own work too.
         own = {rank: entry.own[rank] for rank in times} if entry.own.keys() >= times.keys() else None
         if own:
-            figures.update(_spread(own, "own_time"))
+            figures.update(spread(own, "own_time"))
             figures["own_slowest_rank"] = figures.pop("own_time_slowest")
         basis, by = (own, "own_time") if own else (times, "step_time")
         if len(basis) < 2:
@@ -351,13 +338,13 @@ class Cluster:
                        ranks=len(entry.times))
         out = [Derived(name, run.world_size, "metrics", step, entry.epoch, figures)]
         rule = self.config.stragglers
-        for rank, (extra, cost) in over.items():
+        for rank, (extra, share) in over.items():
             info = run.ranks[rank]
-            info.seen.marks.append(Mark(extra, cost, entry.span))
-            decided, cost_s, info.cost = info.seen.judge(rule, info.named is not None)
+            info.seen.marks.append(Mark(extra, share, entry.span))
+            decided, cost_s, cost = info.seen.judge(rule, info.named is not None)
             if not decided:
                 continue
-            said = {"rank": rank, "by": by, "cost_s": cost_s, "cost": info.cost}
+            said = {"rank": rank, "by": by, "cost_s": cost_s, "cost": cost}
             if info.named is None:
                 info.named = step
                 own_time = {"own_time": basis[rank]} if own else {}
@@ -390,8 +377,7 @@ class Cluster:
         what = data.get("event")
         if what == "straggler":  # said once: not again in this episode
             info.named = step if type(step) is int else run.done
-            cost = seconds(data, "cost")
-            info.cost = cost if info.cost is None else info.cost
+            info.seen.cost = seconds(data, "cost") if info.seen.cost is None else info.seen.cost
         elif what == "straggler_cleared":  # (what its window held before is not what came since)
             info.named = None
             info.seen.clear()
@@ -406,13 +392,3 @@ class Cluster:
                    **data: Any) -> Derived:
         return Derived(name, run.world_size, "lifecycle", step, run.epoch if epoch is None else epoch, data)
 
-
-def _spread(figures: dict[int, float], name: str) -> dict[str, Any]:
-    """min, median, max, spread (max / median) and the slowest rank (the lowest among equals:
-    ``figures`` is in rank order) of one figure across the ranks."""
-    median = statistics.median(figures.values())
-    slowest = max(figures, key=figures.__getitem__)
-    longest = figures[slowest]
-    spread = longest / median if median > 0 else (1.0 if longest == 0 else math.inf)
-    return {f"{name}_min": min(figures.values()), f"{name}_median": median, f"{name}_max": longest,
-            f"{name}_spread": spread, f"{name}_slowest": slowest}

@@ -18,7 +18,8 @@ balanced job 50% of that step, and with two ranks the other rank's is the opposi
   and excess pass the bars), and its episode ends when more than half the window is calm: a rank
   hovering between the two bars stays named, so one slowness is one episode.
 
-Pure functions of the figures given: no clock, no state but each rank's window (``Seen``).
+Also the spread of a figure across the ranks of a step (``spread``: the ``cluster`` figures). Pure
+functions of the figures given: no clock, no state but each rank's window (``Seen``).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,11 @@ class Mark:
 class Seen:
     """A rank's last logged steps, enough for any window; memory bounded by ``window``."""
 
-    __slots__ = ("marks",)
+    __slots__ = ("marks", "cost")
 
     def __init__(self, rule: StragglerRule) -> None:
         self.marks: deque[Mark] = deque(maxlen=max(3, rule.window))
+        self.cost: float | None = None  # the window's median cost when last judged
 
     def window(self, rule: StragglerRule) -> tuple[list[Mark], int]:
         """The newest marks that span ``rule.window`` training steps (or all there are), and how
@@ -77,11 +80,20 @@ class Seen:
             hits = sum(m.cost < rule.cost / 2 or m.excess < rule.min_excess / 2 for m in marks)
         else:
             hits = sum(m.cost >= rule.cost and m.excess >= rule.min_excess for m in marks)
-        return (2 * hits > size, statistics.median(m.excess for m in marks),
-                statistics.median(m.cost for m in marks))
+        self.cost = statistics.median(m.cost for m in marks)
+        return 2 * hits > size, statistics.median(m.excess for m in marks), self.cost
 
     def clear(self) -> None:
         self.marks.clear()
+        self.cost = None
+
+
+def seconds(data: dict[str, Any], name: str = "step_time") -> float | None:
+    """A rank's figure ``name`` if it is usable: a finite number of seconds, not negative."""
+    value: Any = data.get(name)
+    if type(value) in (int, float) and math.isfinite(value) and value >= 0:  # (a bool is not a figure)
+        return float(value)
+    return None
 
 
 def excess(values: dict[int, float]) -> dict[int, float]:
@@ -104,3 +116,14 @@ def excess(values: dict[int, float]) -> dict[int, float]:
 def period(times: dict[int, float], outside: dict[int, float]) -> float:
     """The job's time per step: the slowest rank's step time plus its time between steps."""
     return max(took + outside.get(rank, 0.0) for rank, took in times.items())
+
+
+def spread(figures: dict[int, float], name: str) -> dict[str, Any]:
+    """min, median, max, spread (max / median) and the slowest rank (the lowest among equals:
+    ``figures`` is in rank order) of one figure across the ranks."""
+    median = statistics.median(figures.values())
+    slowest = max(figures, key=figures.__getitem__)
+    longest = figures[slowest]
+    ratio = longest / median if median > 0 else (1.0 if longest == 0 else math.inf)
+    return {f"{name}_min": min(figures.values()), f"{name}_median": median, f"{name}_max": longest,
+            f"{name}_spread": ratio, f"{name}_slowest": slowest}
