@@ -36,3 +36,5 @@ def test_a_single_process_says_so_and_unknown_wrappers_change_nothing() -> None:
     assert hparams({"fsdp": [], "learning_rate": 1.0}, single) == {"fsdp": [], "learning_rate": 1.0,
                                                                    "distributed": "single"}
     assert hparams(ASKED, None) == ASKED  # a Trainer the callback does not hold: as asked
+    flagged = hparams({"fsdp": True}, single)  # (a transformers that records it as a flag)
+    assert flagged == {"fsdp": False, "fsdp_requested": True, "distributed": "single"}

@@ -3,7 +3,8 @@ asked for FSDP where accelerate cannot shard (no accelerator: it runs plain DDP,
 so in one line) would be shown as sharded by every tracker. The callback publishes the arguments
 through :func:`hparams`, which adds ``distributed`` (``fsdp``, ``ddp`` or ``single``: the model the
 Trainer prepared) and, where FSDP was asked for and did not run, moves ``fsdp`` and ``fsdp_config``
-to ``fsdp_requested`` and ``fsdp_config_requested`` (``fsdp`` then says ``[]``, as when not asked).
+to ``fsdp_requested`` and ``fsdp_config_requested`` (``fsdp`` then says what it says when not asked:
+``[]``, or ``False`` in transformers versions that record a flag).
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def hparams(arguments: dict[str, Any], trainer: Any) -> dict[str, Any]:
         return arguments
     out = {**arguments, "distributed": ran}
     if out.get("fsdp") and ran != "fsdp":
-        out["fsdp_requested"], out["fsdp"] = out["fsdp"], []
+        out["fsdp_requested"] = out["fsdp"]
+        out["fsdp"] = type(out["fsdp"])()  # what the Trainer's arguments say when not asked: [], False
         if "fsdp_config" in out:
             out["fsdp_config_requested"] = out.pop("fsdp_config")
     return out

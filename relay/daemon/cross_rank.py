@@ -344,18 +344,18 @@ class Cluster:
             decided, cost_s, cost = info.seen.judge(rule, info.named is not None)
             if not decided:
                 continue
-            said = {"rank": rank, "by": by, "cost_s": cost_s, "cost": cost}
+            said = {"by": by, "cost_s": cost_s, "cost": cost}
             if info.named is None:
                 info.named = step
                 own_time = {"own_time": basis[rank]} if own else {}
                 out.append(self._lifecycle(
-                    name, run, step, epoch=entry.epoch, event="straggler", **said, **own_time,
+                    name, run, step, epoch=entry.epoch, event="straggler", rank=rank, **said, **own_time,
                     step_time=times[rank], others_median=basis[rank] - extra, job_step_s=job,
                     window=rule.window))
             else:
                 out.append(self._lifecycle(
-                    name, run, step, epoch=entry.epoch, event="straggler_cleared", why="recovered",
-                    named_step=info.named, **said, window=rule.window))
+                    name, run, step, epoch=entry.epoch, event="straggler_cleared", rank=rank,
+                    why="recovered", named_step=info.named, **said, window=rule.window))
                 info.named = None
         return out
 
