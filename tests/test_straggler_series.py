@@ -10,6 +10,11 @@ journal, reduced to ``[step, steps, (step_time, outside_time, own_time) of rank 
 - ``ddp-*``: the trainer on the demo model (tests/slow_rank_job.py, load average about 1): balanced
   (150 steps), and rank 1 slowed by 0.05 s a step in its forward (0.025 s a micro-batch, 40 steps),
   its collator (40 steps) and after its optimizer step (0.05 CPU-s at steps 1-30 of 50).
+- ``ddp-loaded-*``: the same on a crowded machine (load average 7-12), every rank also sleeping 0.1 s
+  per batch between steps (a step of ~0.35 s; tests/straggler_runs.py): rank 1 slow by 0.05 CPU-s at
+  steps 1-20 of 50 in its forward, after the all-reduce, after its optimizer step, in its collator;
+  and balanced (600 steps), where the rule does name ranks: see
+  ``test_a_balanced_run_on_a_crowded_machine_gets_only_short_marginal_episodes``.
 - ``fsdp*``: tests/fsdp_rank_job.py beside tests/burn.py's 2 busy loops (load average 2-7): FSDP2
   balanced (80 steps) and rank 1 slow in a layer's forward (20 steps), FSDP1 balanced (30 steps).
 """
@@ -61,16 +66,32 @@ def test_balanced_recorded_runs_name_nobody(name: str) -> None:
     assert name != "ddp-balanced" or any(abs(r[7] - r[4]) > 0.05 for r in rows)
 
 
-@pytest.mark.parametrize("name", ["ddp-forward", "ddp-collator", "ddp-optimizer", "fsdp2-forward"])
+@pytest.mark.parametrize("name", ["ddp-forward", "ddp-collator", "ddp-optimizer", "fsdp2-forward",
+                                  "ddp-loaded-forward", "ddp-loaded-allreduce", "ddp-loaded-optimizer",
+                                  "ddp-loaded-collator"])
 def test_a_rank_slow_by_0_05_s_a_step_is_named_within_10_logged_steps_once(name: str) -> None:
     said = findings(recorded(name))
     (step, event, rank, cost), *rest = said
     assert (event, rank) == ("straggler", 1) and step <= 10 and cost >= 0.1, said
-    if name == "ddp-optimizer":  # slow at steps 1-30 of 50: cleared within 2 windows after
+    if name == "ddp-optimizer" or name.startswith("ddp-loaded"):  # slow at steps 1-30 (1-20) of 50:
+        end = 30 if name == "ddp-optimizer" else 20  # cleared within 2 windows after it ends
         assert [(s, e, r) for s, e, r, _ in rest] == [(rest[0][0], "straggler_cleared", 1)], said
-        assert 30 < rest[0][0] <= 50, said
+        assert end < rest[0][0] <= min(50, end + 30), said
     else:
         assert rest == [], said  # one slowness, one episode
+
+
+def test_a_balanced_run_on_a_crowded_machine_gets_only_short_marginal_episodes() -> None:
+    """What the rule cannot tell from a straggler (docs/watching.md): on two cores at load 11 one rank
+    of a balanced job costs it 10-14% of each step for a few seconds on end (descheduled, or rank 0's
+    logging stretched by the load). Each such episode is short and just over the bar, unlike the
+    slow runs' 24-31% until the slowness ends."""
+    said = findings(recorded("ddp-loaded-balanced"))
+    named = [(s, r, c) for s, e, r, c in said if e == "straggler"]
+    cleared = [(s, r) for s, e, r, _ in said if e == "straggler_cleared"]
+    assert len(named) == len(cleared) == 6, said
+    assert all(0.10 <= c < 0.15 for _, _, c in named), said
+    assert all(0 < end - start <= 20 for (start, _, _), (end, _) in zip(named, cleared)), said
 
 
 def test_two_ranks_one_a_third_slower_is_named_with_what_it_costs() -> None:

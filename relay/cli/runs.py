@@ -231,8 +231,8 @@ def table(summaries: list[RunSummary], width: int | None) -> list[str]:
                   *(Layout((Column("run", "run", min(runs, shown), left=True), *few), " ") for shown in (runs, 32, 20))],
                  width)
     run_width = layout.columns[0].width
-    return [cut(layout.header(), width)] + [
-        cut(layout.line({**row, "run": cut(row["run"], run_width)}), width) for row in rows]
+    return [cut(layout.header(), width).rstrip()] + [
+        cut(layout.line({**row, "run": cut(row["run"], run_width)}), width).rstrip() for row in rows]
 
 
 def _costliest(s: RunSummary) -> str:
