@@ -14,8 +14,8 @@ at the steps STEPS only (``1-5,7-10``), else at every step. WHERE is where in th
   token-count gather before the step);
 - ``forward``: its model's forward, per micro-batch (slow inside the step: its peers wait in the
   gradient all-reduce);
-- ``backward``: its model's backward (at the gradient of the logits, the first), per micro-batch (as
-  forward);
+- ``backward``: its model's backward (at the gradient of its first trainable tensor), per micro-batch
+  (as forward);
 - ``allreduce``: after the gradient all-reduce, before the optimizer step (``on_pre_optimizer_step``);
 - ``optimizer``: after its optimizer step. After the all-reduce, so with every step logged its peers
   wait in the Trainer's loss gather for logging, between steps; else at the next step's collectives.
@@ -67,12 +67,6 @@ class SlowRank(TrainerCallback):
         if self.steps is None or self.step in self.steps:
             (burn if self.cpu else time.sleep)(self.seconds)
 
-    def slow_backward(self, module: Any, inputs: Any, output: Any) -> None:
-        """A forward hook: the gradient of the logits, the first of the backward pass, waits."""
-        logits = getattr(output, "logits", None)
-        if logits is not None and logits.requires_grad:
-            logits.register_hook(self.slow)
-
     def mine(self, args: Any) -> bool:
         return self.rank is None or args.process_index == self.rank
 
@@ -82,8 +76,8 @@ class SlowRank(TrainerCallback):
             return
         if self.where == "forward":
             model.register_forward_pre_hook(self.slow)
-        elif self.where == "backward":
-            model.register_forward_hook(self.slow_backward)
+        elif self.where == "backward":  # the gradient of its first trainable tensor (the last computed)
+            next(p for p in model.parameters() if p.requires_grad).register_hook(self.slow)
         elif self.where == "optimizer":
             inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds torch's
             inner.register_step_post_hook(self.slow)
