@@ -12,7 +12,7 @@ import json
 import statistics
 
 import pytest
-from straggler_runs import BALANCED_STEPS, STEPS, STEPS_BY_10, Run, straggler_runs
+from straggler_runs import BALANCED_STEPS, STEPS, STEPS_BY_10, Run, assert_balanced, straggler_runs
 from trainer_fixtures import demo_model
 from watch_helpers import relay_cmd
 
@@ -81,20 +81,16 @@ def test_logged_every_10_steps_a_slow_rank_is_named_within_3_logged_windows(stra
 def test_a_balanced_run_of_600_steps_names_nobody_for_long_and_its_params_say_it_ran_as_ddp(
         straggler_runs: dict[str, Run]) -> None:
     """Both ranks do the same work; the trainer was asked for FSDP (--fsdp "full_shard auto_wrap"),
-    which runs as DDP without an accelerator. On an idle machine nothing is named; on a crowded one
-    (load 10-12 on the two cores) one rank costs the job 10-14% of each step for a few seconds now
-    and then, which the rule names (docs/watching.md, "What the defaults can and cannot see"): each
-    such episode is short and just over the bar, never a slow rank's lasting 20-30%."""
+    which runs as DDP without an accelerator. Nothing is named, but on a crowded machine (load 10-14
+    on the two cores) one rank costs the job 10-20% of each step for a few seconds now and then,
+    which the rule names (docs/watching.md, "What the defaults can and cannot see"): there only
+    short episodes just over the bar (straggler_runs.assert_balanced)."""
     run = straggler_runs["balanced"]
     events = completed(run)
     assert_own_work_adds_up(events)
     figures, findings = cluster_of(events)
     assert len(figures) == BALANCED_STEPS and all("own_time_median" in f for f in figures)
-    named = [e for e in findings if e["data"]["event"] == "straggler"]
-    cleared = [e for e in findings if e["data"]["event"] == "straggler_cleared"]
-    assert len(named) == len(cleared) <= 8, findings
-    assert all(e["data"]["cost"] < 0.2 for e in named), findings
-    assert all(0 < end["step"] - start["step"] <= 30 for start, end in zip(named, cleared)), findings
+    assert_balanced(findings, run.load)
     assert not [e for e in events if e["type"] == "lifecycle" and e["data"]["event"] == "rank_lost"]
     (hparams,) = [e["data"] for e in events if e["type"] == "params" and e["stage"] == "hparams"]
     assert hparams["distributed"] == "ddp" and not hparams["fsdp"], hparams
