@@ -41,7 +41,7 @@ HISTORY = """## What moved the figures
   (depending on the machine's load).
 - **Reused row encoder**: the shared publisher thread packs rows with one msgpack `Packer` instead of
   `packb` per event: 1.1 -> 0.4 us of GIL time per event taken from the training thread.
-- **Cached log-key classification** (`trainer/callback.py`, `split_logs`): each Trainer log key's
+- **Cached log-key classification** (`trainer/log_stages.py`, `split_logs`): each Trainer log key's
   (stage, name) is looked up once, not prefix-scanned at every log: 3.4 -> 1.5 us per typical log,
   which moved `on_log` from about 5 us to about 3 us and the hot-path ratios to over 300x (AimCallback)
   and over 10x (file callback).

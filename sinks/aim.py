@@ -39,7 +39,7 @@ from sinks.events import Event, json_safe
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
-from sinks.tracker_export import tracker_file, write_tracker_file
+from sinks.tracker_export import export_dir, tracker_file, write_tracker_file
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,8 @@ class _RunState:
     unclosable: bool = False  # close failed: keep the (still writable) handle, never close again
     take_over: bool = False  # its remote handle was abandoned: take the run's lock over on reopen
     experiment: str | None = None
-    output_dir: str | None = None
+    output_dir: str | None = None  # where aim_tracker.json goes (sinks/tracker_export.py)
+    output_from_run: bool = False  # the `run` group's folder beats hparams' own output_dir
     export_due: bool = False
     ended: bool = False  # rank 0 said train_end: close after every batch that touches the run
     last_event: float = field(default_factory=time.monotonic)  # of its last write: what "idle" counts from
@@ -268,10 +269,11 @@ class AimSink(TrackerSink):
                 state.experiment = experiment
                 handle.experiment = experiment
                 state.export_due = True
-            output_dir = params.get("output_dir")
-            if isinstance(output_dir, str) and output_dir and output_dir != state.output_dir:
-                state.output_dir = output_dir
-                state.export_due = True
+            output_dir = export_dir(params)
+            if output_dir is not None and output_dir != state.output_dir:
+                if name == "run" or not state.output_from_run:
+                    state.output_dir, state.output_from_run = output_dir, name == "run"
+                    state.export_due = True
 
     def finish_run(self, run: str, status: str) -> None:
         self._aim[run].ended = True

@@ -82,6 +82,24 @@ def attempt_of(seq: int) -> int:
     return seq >> ATTEMPT_SEQ_BITS
 
 
+#: Within an attempt, torchrun's elastic restarts of a rank (``TORCHELASTIC_RESTART_COUNT``) number
+#: on from ``session_base(attempt, restart)``: 2**24 events per rank per restart, restarts 0 .. 255
+#: (a later one shares the last range: refused as a second writer if it meets the last's events).
+RESTART_SEQ_BITS = 24
+MAX_RESTART = 1 << (ATTEMPT_SEQ_BITS - RESTART_SEQ_BITS)
+
+
+def session_base(attempt: int, restart: int = 0) -> int:
+    """The first seq a publisher of ``attempt`` started for the ``restart``-th time numbers from."""
+    return attempt_base(attempt) + (min(max(restart, 0), MAX_RESTART - 1) << RESTART_SEQ_BITS)
+
+
+def starts_session(seq: int) -> bool:
+    """Whether ``seq`` can be the first of a publisher's session (a ``session_base``): the gap below
+    it is an earlier session's end, not a hole to wait for."""
+    return seq & ((1 << RESTART_SEQ_BITS) - 1) == 0
+
+
 NONFINITE_JSON = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 

@@ -32,7 +32,7 @@ from sinks.mlflow_rules import LABEL_MAPS, MAX_PARAM, MAX_TAG, PLAIN_GROUPS, bat
 from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
 from sinks.tracker_base import Spans, TrackerSink
-from sinks.tracker_export import tracker_file, write_tracker_file
+from sinks.tracker_export import export_dir, tracker_file, write_tracker_file
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +213,8 @@ class MlflowSink(TrackerSink):
                 self._changed(r, mkey, text, whole)
         if name == "run":
             self._standard_tags(r, params)
-        output_dir = params.get("output_dir")
-        if name in ("run", "hparams") and isinstance(output_dir, str) and output_dir:
+        output_dir = export_dir(params)
+        if name in ("run", "hparams") and output_dir is not None:
             if name == "run" or not r.output_from_run:
                 r.output_dir, r.output_from_run = output_dir, name == "run"
                 self._exports.add(run)

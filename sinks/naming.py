@@ -32,12 +32,19 @@ CLUSTER_NAMES = {
 SYSTEM = "system"
 
 
+#: The prefix of the relay's figures in the trackers that group charts by ``/`` prefixes. Not
+#: ``system/``: MLflow takes that for its own system metrics and lists them before the Trainer's
+#: (issue 44: "System metrics (33)" above the loss on the run page); ``workers/`` is no tracker's
+#: own, and sorts after the Trainer's names in every alphabetical list.
+WORKERS = "workers"
+
+
 def system_key(context: dict[str, Any], name: str) -> str:
     """A system figure's path for the trackers that group charts by ``/`` prefixes (MLflow,
-    TensorBoard, W&B): ``system/<name>/rank_<n>`` per rank, so the ranks of one figure sit side by
-    side in one group, and ``system/<name>`` for the relay's cross-rank figures."""
+    TensorBoard): ``workers/<name>/rank_<n>`` per rank, so the ranks of one figure sit side by side
+    in one group, and ``workers/<name>`` for the relay's cross-rank figures."""
     rank = context.get("rank")
-    return f"system/{name}" if rank is None else f"system/{name}/rank_{rank}"
+    return f"{WORKERS}/{name}" if rank is None else f"{WORKERS}/{name}/rank_{rank}"
 
 
 def system_name(name: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from sinks.events import attempt_base, attempt_of
+from sinks.events import starts_session
 
 
 class SeqSpans:
@@ -29,14 +29,15 @@ class SeqSpans:
 
     def add(self, seq: int) -> bool:
         """Record ``seq`` (not already present); True when this opens a new hole below it (the gap
-        before an attempt's first seq is none: the earlier attempt's numbers end where it stopped)."""
+        before a session's first seq, an attempt's or a restart's, is none: the earlier one's
+        numbers end where it stopped)."""
         spans = self.spans
         if spans and spans[-1][1] == seq:
             spans[-1][1] = seq + 1
             return False
         if not spans or seq > spans[-1][1]:
             spans.append([seq, seq + 1])
-            return seq != attempt_base(attempt_of(seq))
+            return not starts_session(seq)
         i = bisect.bisect_right(spans, [seq, math.inf])
         if i > 0 and spans[i - 1][1] == seq:
             spans[i - 1][1] = seq + 1
@@ -51,5 +52,5 @@ class SeqSpans:
     @property
     def holes(self) -> bool:
         """Whether some seq below the highest applied one is missing (but for the gaps before the first
-        seqs of a run's attempts)."""
-        return any(start != attempt_base(attempt_of(start)) for start, _ in self.spans)
+        seqs of its sessions: attempts, restarts)."""
+        return any(not starts_session(start) for start, _ in self.spans)

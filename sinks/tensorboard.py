@@ -32,7 +32,7 @@ import click
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, PermanentError, SinkContext, SinkError
 from sinks.files import write_atomic
 from sinks.preflight import need_package, need_writable_dir
-from sinks.naming import SYSTEM, system_key
+from sinks.naming import SYSTEM, WORKERS, system_key
 from sinks.tracker_base import Spans, TrackerSink
 from sinks.events import Event
 
@@ -352,15 +352,12 @@ def _lock(run: str, folder: Path) -> int:
 #: The group of the relay's figures. TensorBoard lists a run's groups (a tag's part before its first
 #: ``/``) by name and opens the first two: after ``train``, so the Trainer's ``eval`` and ``train``
 #: come first and open, as with transformers' own TensorBoardCallback.
-WORKERS = "workers"
-
-
 def _tag(rank: int | None, context: dict[str, Any], name: str) -> str:
     """The TensorBoard tag of a series, as transformers' ``rewrite_logs`` would name it: the Trainer's
     ``train/...``, ``eval/...``; a custom metric of rank 0 as the Trainer would log it (``train/<name>``,
     ``train/<stage>/<name>``); the relay's figures and other ranks' custom metrics in ``workers/...``."""
     if context.get(SYSTEM):
-        return WORKERS + system_key(context, name).removeprefix("system")
+        return system_key(context, name)
     subset = context.get("subset")
     if rank is None:  # the Trainer's own (reduced) series
         sub = context.get("sub_dataset")

@@ -5,7 +5,8 @@ A fenced block is an example when the line right before it is a marker::
 
     <!-- doc-test: python id=NAME setup=publish relay="--sink mlflow ..." slow -->
 
-- ``python``: run as a script; ``bash``: run with ``bash -e``. Each runs in a fresh folder (the
+- ``python``: run as a script (``venv=fms``: by the compatibility venv's python, fms-hf-tuning 3.2.2
+  at its pins: tests/compat_env.py); ``bash``: run with ``bash -e``. Each runs in a fresh folder (the
   sandbox) with this checkout on PYTHONPATH and the ``relay`` command on PATH, and must exit with
   ``exit`` (0). ``creates=A,B``: files it must leave. ``slow``: the slow test tier.
 - ``setup=NAME`` fills the placeholders the block names (see SETUPS): the files it reads exist
@@ -16,8 +17,13 @@ A fenced block is an example when the line right before it is a marker::
   renamed or gone fails. ``varies=REGEX`` on the output block: lines that timing decides to print
   or not (a relay's log line that depends on when it was killed), left out of the comparison.
 
-Markers are HTML comments, invisible on GitHub; what is not marked is not run (commands that
-need a GPU, a cluster, a server or a terminal).
+- ``skip="why"``: a block that cannot be run here (a relay that serves until stopped, a server, a
+  cluster, a GPU, a terminal, real output of a training job), and why, in a few words.
+
+Markers are HTML comments, invisible on GitHub, on the line right above the block's opening fence
+(which starts its line). Every Python or shell block (``python``, ``bash``, ``sh``, ``shell``,
+``console``, or an untagged block that starts with a ``$ `` prompt) has one: tests/test_docs.py fails
+on one that has none (``test_every_python_and_shell_snippet_is_run_or_says_why_not``).
 """
 from __future__ import annotations
 
@@ -34,6 +40,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
+
+from compat_env import fms_python
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -217,7 +225,7 @@ def run(block: Block, sandbox: Path) -> Result:
     if setup:
         extra = SETUPS[setup](sandbox, block.opts)
     if block.lang == "python":
-        cmd = [sys.executable, "-c", block.text]
+        cmd = [fms_python() if block.opts.get("venv") == "fms" else sys.executable, "-c", block.text]
     elif block.lang == "bash":
         cmd = ["bash", "-e", "-c", block.text]
     else:

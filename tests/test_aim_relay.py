@@ -1,15 +1,9 @@
 """The Aim sink behind a real relay process, fed by real publisher processes (one per rank)."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +16,7 @@ from sink_helpers import (drive, fill, small_fs,  # noqa: F401
                          training_events)
 from relay.wire.lines import encode_line
 from sinks.aim import AimSink
+from aim_server import aim_server, index_like_aim_up  # noqa: F401  (a fixture, used by name)
 from conftest import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,64 +162,6 @@ def test_repo_unwritable_mid_run(relays, small_fs: Path, tmp_path: Path) -> None
     assert "sink aim failed" in log and "caught up from" in log, log[-3000:]
     assert relay.stats(journal)["sinks"]["aim"]["dropped"] > 0
     check_training_run(read_repo(str(repo))["job-full"], steps=300)
-
-
-@pytest.fixture
-def aim_server(tmp_path: Path):
-    """A real `aim server` on loopback, started by the test when it wants it up."""
-    aim = shutil.which("aim", path=str(Path(sys.executable).parent)) or shutil.which("aim")
-    repo, port = tmp_path / "served", free_port()
-    repo.mkdir()
-    subprocess.run([aim, "init"], cwd=repo, check=True, capture_output=True, timeout=300)  # Aim and its migrations
-
-    class Server:
-        proc: subprocess.Popen | None = None
-        url = f"aim://127.0.0.1:{port}"
-        path = repo
-
-        def start(self) -> None:
-            # `aim server` execs uvicorn as a child: its own session lets stop() end both.
-            self.proc = subprocess.Popen([aim, "server", "--repo", str(repo), "--host", "127.0.0.1", "--port", str(port)],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-            deadline = time.monotonic() + 60
-            while not listening(port):
-                assert self.proc.poll() is None and time.monotonic() < deadline, "aim server did not start"
-                time.sleep(0.2)
-
-        def stop(self) -> None:
-            if self.proc is None or self.proc.returncode is not None:
-                return
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(20)
-            deadline = time.monotonic() + 20
-            while listening(port):
-                assert time.monotonic() < deadline, "aim server still listening"
-                time.sleep(0.1)
-
-    server = Server()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
-
-
-def index_like_aim_up(path: Path) -> None:
-    """`aim up` indexes the runs a remote server wrote; the test does the same before reading."""
-    from aim import Repo
-    from aim.sdk.index_manager import RepoIndexManager
-
-    repo = Repo(str(path))
-    for run_hash in repo.list_all_runs():
-        RepoIndexManager.get_index_manager(repo).index(run_hash)
 
 
 @pytest.mark.slow  # a whole fault scenario of relay processes: the full tier

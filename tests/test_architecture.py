@@ -179,9 +179,15 @@ def _data(tree: ast.AST) -> set[str]:
                     if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
 
 
+#: A library's classes whose methods the project wraps: not objects of its own given callbacks late.
+#: accelerate calls its trackers on the main process only (trainer/accelerate_tracker.py).
+WRAPPED_LIBRARY_CLASSES = {"Accelerator"}
+
+
 def callbacks_wired(trees: dict[Path, ast.AST]) -> list[str]:
     """Where a module of ``trees`` assigns a function (a lambda, a function or method of these modules,
-    a bound method) to an attribute of another object than ``self``/``cls``."""
+    a bound method) to an attribute of another object than ``self``/``cls`` (or a class of
+    WRAPPED_LIBRARY_CLASSES)."""
     # (a name some object holds as a value, ``run.name``, is not taken for the method of another class)
     methods = set().union(*map(_methods, trees.values())) - set().union(*map(_data, trees.values()))
     wired = []
@@ -195,8 +201,9 @@ def callbacks_wired(trees: dict[Path, ast.AST]) -> list[str]:
                     or isinstance(value, ast.Attribute) and value.attr in methods):
                 continue
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name)
-                                                              and target.value.id in ("self", "cls")):
+                if isinstance(target, ast.Attribute) and not (
+                        isinstance(target.value, ast.Name)
+                        and target.value.id in ("self", "cls", *WRAPPED_LIBRARY_CLASSES)):
                     wired.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)[:100]}")
     return wired
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from watch_helpers import cli_env
 from conftest import ROOT, finish, plugin_env, read_jsonl, wait_for
 from relay.wire import encoding
 from relay.client.publisher import Publisher
@@ -88,7 +89,7 @@ def test_a_slowed_rank_is_the_straggler_and_every_step_is_summed_up(relays, tmp_
     assert not said(ours, "rank_lost")
     assert relay.stats(journal)["derived"] == len(ours)
     status = subprocess.run([sys.executable, "-m", "relay", "status", str(journal)], capture_output=True, text=True,
-                            timeout=60, cwd=ROOT)
+                            timeout=60, cwd=ROOT, env=cli_env())  # (no $COLUMNS: the whole line)
     assert f"{len(ours)} derived, " in status.stdout, status  # the status line tells them from received ones
 
     # The live sink got exactly these, and a replay into another journal carries them over.

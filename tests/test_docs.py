@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pytest
 from doc_examples import DEMO_MODEL, DOCS, ROOT, SETUPS, Block, all_blocks, normalize, outputs, problems, run
+from compat_env import fms_model  # noqa: F401  (setup=demo venv=fms: the model transformers 4.55 built)
 from trainer_fixtures import demo_model  # noqa: F401  (setup=demo's model: the run's, built once)
 
 KINDS = {"python", "bash"}
 OPTIONS = {"id", "output", "setup", "slow", "creates", "exit", "timeout", "relay", "run", "steps", "experiment",
-           "output_dir", "relay_env", "records", "install", "varies", *KINDS}
-EXAMPLES = [b for b in all_blocks() if "output" not in b.opts and "install" not in b.opts]
+           "output_dir", "relay_env", "records", "install", "varies", "venv", "skip", *KINDS}
+EXAMPLES = [b for b in all_blocks() if not {"output", "install", "skip"} & b.opts.keys()]
+#: Docs whose snippets are not held to the rule yet, and why (issue 44 §6).
+UNRULED = {"docs/trainer.md": "being rewritten now; its snippets get their markers there"}
 
 
 def test_markers_are_well_formed() -> None:
@@ -32,8 +35,54 @@ def test_markers_are_well_formed() -> None:
         assert KINDS & set(block.opts) <= {block.lang}, f"{block.where}: the marker names another language"
         if "output" in block.opts:
             assert block.opts["output"] in ids, f"{block.where}: output of an example that is not there"
+        elif "skip" in block.opts:
+            assert len(block.opts["skip"]) >= 10, f"{block.where}: skip= must say why the block cannot run"
         elif "install" not in block.opts:
             assert block.lang in KINDS, f"{block.where}: cannot run a {block.lang!r} block"
+
+
+def test_every_python_and_shell_snippet_is_run_or_says_why_not() -> None:
+    """A fenced block of Python or shell (``python``, ``bash``, ``sh``, ``shell``, ``console``, or
+    an untagged one that starts with a ``$ `` prompt) has a marker: it is run, it is an output or an
+    install block checked against its example, or ``skip="why"`` says why it cannot be run."""
+    unmarked = [where for where in snippets() if where not in {b.where for b in all_blocks()}]
+    assert not unmarked, ("snippets neither run nor marked <!-- doc-test: skip=\"why\" --> "
+                          f"(tests/doc_examples.py): {unmarked}")
+
+
+SHELLS = {"python", "py", "bash", "sh", "shell", "console", "zsh"}
+
+
+def snippets() -> list[str]:
+    """Where each Python or shell snippet of README.md and docs/ opens (``path:line``), UNRULED left out."""
+    found = []
+    for path in DOCS:
+        where = str(path.relative_to(ROOT))
+        if where in UNRULED:
+            continue
+        lines = path.read_text(encoding="utf-8").split("\n")
+        i = 0
+        while i < len(lines):
+            fence = re.match(r"^\s*```(\S*)", lines[i])
+            if fence is None:
+                i += 1
+                continue
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].lstrip().startswith("```")), len(lines))
+            first = next((line.strip() for line in lines[i + 1:end] if line.strip()), "")
+            if fence.group(1) in SHELLS or (not fence.group(1) and first.startswith("$ ")):
+                found.append(f"{where}:{i + 1}")
+            i = end + 1
+    return found
+
+
+def test_the_snippet_rule_sees_every_kind_it_names() -> None:
+    """The rule cannot pass by finding nothing: it finds the docs' runnable examples, the blocks that
+    say why they are not run, and a transcript of each kind."""
+    found = set(snippets())
+    assert {b.where for b in EXAMPLES if not b.where.startswith(tuple(UNRULED))} <= found
+    skipped = [b for b in all_blocks() if "skip" in b.opts]
+    assert len(skipped) >= 40 and {b.where for b in skipped} <= found
+    assert {b.lang for b in skipped} >= {"python", "bash", ""}
 
 
 def _param(block: Block):
@@ -44,7 +93,8 @@ def _param(block: Block):
 @pytest.mark.parametrize("block", [_param(b) for b in EXAMPLES])
 def test_example_runs_as_written(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if block.opts.get("setup") == "demo":  # a copy of the model the run builds once, not a build of its own
-        shutil.copytree(request.getfixturevalue("demo_model"), tmp_path / DEMO_MODEL)
+        built = "fms_model" if block.opts.get("venv") == "fms" else "demo_model"
+        shutil.copytree(request.getfixturevalue(built), tmp_path / DEMO_MODEL)
     result = run(block, tmp_path)
     assert not problems(block, result), problems(block, result)
     shown = outputs().get(block.opts.get("id", ""))

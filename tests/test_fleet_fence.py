@@ -10,7 +10,8 @@ the acknowledgements. Each is a takeover: the other relay's lease claim, its vie
 from the central journal, and its commits on top. At the end every event is in the central journal
 exactly once, no folder holds an event twice, the ledger sink (tests/fence_sink.py, shared like a
 tracker server) holds each once, and a third relay started on an empty folder rebuilds every run
-whole from the central journal.
+whole from the central journal; the viewers, given the three relays' folders, show each run whole and
+in order (tests/fleet_read_helpers.py).
 """
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ pytest.importorskip("nats")
 
 from conftest import ROOT, wait_for
 from fence_sink import rows
+from fleet_read_helpers import check_viewers, in_rank_order
 from fleet_helpers import (ConsumerProcess, central_journal, central_lines, create_stream, stop_all,
                            wait_acknowledged, wait_held)
 from nats_helpers import JS_TIMEOUT, NatsCluster
 from relay.wire.lines import encode_line
+from watch_helpers import relay_cmd
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -143,6 +146,26 @@ class Runs:
         self.thread.join(60)
 
 
+def read_back(relays: list[FaultyRelay], fresh: FaultyRelay, published: dict, tmp: Path, urls: str) -> None:
+    """The three relays' folders read by every viewer (issue 40, section 1): each run whole, each rank
+    in sequence order, the node's values and last step (tests/fleet_read_helpers.py); the central
+    journal read by relay tail --nats-url, the same; one stopped relay's folder alone: every run it has
+    marked stale, and a line per view naming why."""
+    tmp.mkdir()
+    check_viewers([r.path for r in relays] + [fresh.path], published, tmp, "rank/step_time")
+    run0 = sorted((key, line) for key, line in published.items() if key[0] == "run-0")
+    tail = relay_cmd("tail", "--nats-url", urls, "--nats-stream", STREAM, "--nats-prefix", PREFIX, "--json",
+                     "-n", str(len(run0)), "run-0")
+    assert tail.returncode == 0, tail.stderr
+    shown = tail.stdout.encode().splitlines()
+    assert sorted(shown) == sorted(line for _, line in run0), "relay tail --nats-url: not run-0's lines once each"
+    assert in_rank_order([json.loads(line) for line in shown]), "relay tail --nats-url: a rank out of order"
+    alone = relay_cmd("runs", "--json", str(relays[0].path))
+    assert alone.returncode == 0 and all(run["stale"] for run in json.loads(alone.stdout)), alone.stdout
+    notes = [line for line in alone.stderr.splitlines() if "is a stale view of partition" in line]
+    assert notes and all(f"{relays[0].name} is not running" in line for line in notes), alone.stderr
+
+
 def test_killed_or_stopped_at_every_step_of_a_commit_each_event_is_once(cluster, tmp_path):
     create_stream(cluster.urls, STREAM, PREFIX, PARTITIONS, replicas=3)
     began = time.monotonic()
@@ -196,6 +219,7 @@ def test_killed_or_stopped_at_every_step_of_a_commit_each_event_is_once(cluster,
         fresh = FaultyRelay(tmp_path, "z", cluster.urls, ledger).start()  # an empty folder: the whole history
         wait_held([fresh], PARTITIONS, 60)
         wait_for(lambda: set(central_lines(fresh.path)) == set(published), 120, "the fresh relay's view whole")
+        read_back(relays, fresh, published, tmp_path / "viewers", cluster.urls)
         assert stop_all([fresh]) == [0]
         view = central_lines(fresh.path)
         assert all(len(lines) == 1 for lines in view.values())

@@ -170,7 +170,7 @@ def test_refused_frames_are_counted_dead_lettered_and_never_acknowledged(ingest)
     assert relay.counters.rejected["run_rate"] == 1 and relay.commit_step.pending == 1
 
 
-def test_a_client_drop_report_moves_the_floor_and_a_reused_run_id_is_reported(ingest) -> None:
+def test_a_client_drop_report_moves_the_floor_and_a_reused_run_id_is_refused(ingest) -> None:
     relay, acks = ingest()
     relay.take_frame(b"a", encoding.encode_frame([event(0, type="hello"), event(1)]), now=1.0)
     relay.take_frame(b"a", encoding.encode_frame([event(5, type="stats", dropped=3, dropped_upto=4)]), now=1.0)
@@ -178,7 +178,7 @@ def test_a_client_drop_report_moves_the_floor_and_a_reused_run_id_is_reported(in
     assert acks[b"a"] == [[("run", 0, 6)]], "seqs 2..4 were dropped in the client: acknowledged past them"
     assert relay.counters.snapshot({}, 0)["client_dropped"] == 3
     relay.take_frame(b"b", encoding.encode_frame([dict(event(0, type="hello"), ts=99.0)]), now=200.0)
-    assert relay.counters.reused_run_ids == 1 and relay.counters.duplicates == 1
+    assert relay.counters.rejected == {"conflict": 1} and relay.counters.duplicates == 0
 
 
 def test_a_later_attempt_of_a_run_is_taken_from_its_first_seq_and_known_again_after_a_restart(ingest) -> None:
@@ -290,5 +290,13 @@ def test_the_run_table_says_what_the_status_shows(ingest) -> None:
     relay.take_frame(b"a", compact("run", 0, range(2)), now=10.0)
     relay.take_frame(b"b", compact("run", 1, range(2)), now=50.0)
     view = relay.runs.view(now=80.0, window=60.0)
-    assert view == {"run": {"connected": 1, "ranks": 2, "world_size": 2, "idle_s": 30.0}}
+    assert view == {"run": {"connected": 1, "ranks": 2, "world_size": 2, "idle_s": 30.0, "state": "running"}}
     assert relay.runs.client_ranks() == 2
+    # its state: how its first train_end said it ended (issue 44 §2); a train_begin runs it again
+    relay.take_frame(b"a", encoding.encode_frame([event(2, type="lifecycle", event="train_end", status="failed")]),
+                     now=81.0)
+    relay.take_frame(b"b", encoding.encode_frame([event(2, rank=1, type="lifecycle", event="train_end")]), now=81.0)
+    assert relay.runs.view(now=82.0, window=60.0)["run"]["state"] == "failed"
+    relay.take_frame(b"a", encoding.encode_frame([event(3, type="lifecycle", event="train_begin", attempt=1)]),
+                     now=83.0)
+    assert relay.runs.view(now=84.0, window=60.0)["run"]["state"] == "running"

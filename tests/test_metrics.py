@@ -116,6 +116,28 @@ def test_a_scrape_follows_the_table_and_the_journal(relays, tmp_path: Path) -> N
     assert relay.stop() == 0
 
 
+def test_a_run_without_per_rank_windows_gets_its_step_pace_and_stall_series(relays, tmp_path: Path) -> None:
+    """Issue 44 §7: a custom loop publishing only ``train`` metrics events through ``Publisher`` (no
+    stage ``rank``) was only ``relay_runs 1``; its events' steps now give it the run's step, pace and
+    stall series, and per-rank series stay for the runs that send per-rank windows."""
+    port = free_port()
+    relay = relays(["--path", f"{tmp_path / 'j'}/", "--metrics-bind", f"127.0.0.1:{port}", "--live", "off"])
+    custom = subprocess.Popen([sys.executable, str(ROOT / "tests" / "publisher_proc.py"), relay.address, "custom",
+                               "0", "21", "1", "40", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=ROOT)  # steps 0..20, 40 a second
+    finish(custom)
+    wait_for(lambda: value(scrape(port), "relay_run_last_step", run="custom") == 20, 30, "the custom run's last step")
+    families = scrape(port)
+    check_against_table(families)
+    assert value(families, "relay_run_world_size", run="custom") == 1
+    assert 2 < value(families, "relay_run_steps_per_second", run="custom") < 400  # 40 a second, published
+    assert 0 < value(families, "relay_run_step_interval_median_seconds", run="custom") < 1
+    assert 0 <= value(families, "relay_run_seconds_since_last_step", run="custom") < 60
+    assert value(families, "relay_run_last_step_timestamp_seconds", run="custom") > 1.7e9
+    assert value(families, "relay_rank_last_step", run="custom", rank="0") is None  # no per-rank window sent
+    assert relay.stop() == 0
+
+
 def test_the_table_in_docs_is_the_table() -> None:
     rows = re.findall(r"^\| `(relay_\w+)` \| (\w+) \| ([^|]*) \| (.*) \|$", DOCS.read_text(), re.M)
     documented = {name: (kind, tuple(re.findall(r"`(\w+)`", labels)), help) for name, kind, labels, help in rows}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import RelayProcess, free_port
-from watch_helpers import cli_env, relay_cmd, training_journal
+from watch_helpers import cli_env, event, relay_cmd, training_journal, write_journal
 
 from relay.cli.filters import MetricName, Selection
 from relay.client.publisher import Publisher
@@ -110,8 +110,11 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_errors(journal: Path, tmp_path: Path) -> None:
-    unknown = one_line_error(relay_cmd("plot", str(journal), "--metric", "los", "-o", str(tmp_path / "x.png")))
-    assert "no metric los" in unknown and "train/loss" in unknown and "rank/step_time" in unknown
+    unknown = one_line_error(relay_cmd("plot", str(journal), "--metric", "losss", "-o", str(tmp_path / "x.png")))
+    assert unknown.endswith("no metric losss with a step in " + str(journal) + "; did you mean 'eval/loss', "
+                            "'train/loss'?\n"), unknown
+    far = one_line_error(relay_cmd("plot", str(journal), "--metric", "zzz", "-o", str(tmp_path / "x.png")))
+    assert "; metrics there: 'cluster/ranks', " in far and far.endswith(", 'train/loss'\n") and far.count("'") == 20, far
     filtered = one_line_error(relay_cmd("plot", str(journal), "--metric", "loss", "--stage", "rank",
                                         "-o", str(tmp_path / "x.png")))
     assert "with these filters" in filtered and "train/loss" not in filtered
@@ -178,3 +181,17 @@ def test_what_is_drawn_is_the_same_whether_the_name_test_is_kept_or_not(journal:
     tested = drawn()
     monkeypatch.setattr(plotting, "_lines", lambda fh, holds: fh)
     assert tested == drawn() and all(tested.values()), tested
+
+
+def test_a_mistyped_metric_among_hundreds_is_offered_the_10_nearest_names_at_most(tmp_path: Path) -> None:
+    """A journal of 300 metrics: "did you mean" names the close ones, and a name near none of them gets
+    the 10 least far, never the whole list (issue 44: one ~1,000-character line of every metric)."""
+    path = tmp_path / "wide.jsonl"
+    names = [f"layer{i}/grad_norm" for i in range(150)] + [f"loss_part_{i}" for i in range(150)]
+    write_journal(path, [event("wide", 0, 0, 1.0, "metrics", {name: 1.0 for name in names}, step=1, stage="train",
+                               world_size=1)])
+    typo = one_line_error(relay_cmd("plot", str(path), "--metric", "train/loss_part_7x", "-o", str(tmp_path / "x.png")))
+    offered = re.findall(r"'([^']+)'", typo.split("did you mean ", 1)[1])
+    assert "train/loss_part_7" in offered and len(offered) <= 10 and len(typo) < 400, typo
+    none = one_line_error(relay_cmd("plot", str(path), "--metric", "qqqq", "-o", str(tmp_path / "x.png")))
+    assert "the 10 nearest of the 300 metrics there: " in none and none.count("'") == 20 and len(none) < 500, none

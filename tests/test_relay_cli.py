@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from watch_helpers import cli_env
 from conftest import ROOT, finish, free_port, line_count, plugin_env, read_jsonl, start_publisher
 from relay.wire.lines import encode_line
 
@@ -178,7 +179,7 @@ def test_serve_publish_and_status_on_ipv6_loopback(relays, tmp_path):
     assert relay.address.startswith("tcp://[::1]:"), relay.address
     assert finish(start_publisher(relay.address, "v6", 0, 50))["left"] == 0
     assert line_count(journal / "v6.jsonl") >= 51  # its hello and the 50 events
-    status = run_relay("status", relay.address)
+    status = run_relay("status", relay.address, env=cli_env())  # (no $COLUMNS: the whole line)
     assert status.returncode == 0 and "1 run: v6 " in status.stdout, status.stderr
     assert relay.stop() == 0
 

@@ -338,15 +338,17 @@ def test_full_disk_holds_acks_then_recovers_without_loss_or_torn_lines(relays, t
     assert relay.stats(journal)["journal_errors"] >= 1
 
 
-def test_reused_run_id_is_reported_not_silently_merged(relays, tmp_path):
+def test_reused_run_id_is_refused_not_silently_merged(relays, tmp_path):
+    """A second job under a run id the journal holds: refused, never acknowledged, counted and logged
+    as an error (tests/test_one_writer.py has the rest: what the client says, relay runs)."""
     journal = tmp_path / "reuse.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
     finish(start_publisher(relay.address, "same-id", 0, 20))
     second = finish(start_publisher(relay.address, "same-id", 0, 20, flush_timeout=3))
-    assert second["left"] == 0  # acknowledged as duplicates ...
+    assert second["acked"] == 0 and second["left"] == 22  # its hello, 20 metrics, its closing stats
     assert relay.stop() == 0
-    assert relay.stats(journal)["reused_run_ids"] == 1  # ... but counted and logged as an error
-    assert "was started again by another process" in relay.log.read_text()
+    assert relay.stats(journal)["rejected"]["conflict"] >= 1
+    assert "refused a second writer of run same-id rank 0" in relay.log.read_text()
 
 
 

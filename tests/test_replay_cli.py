@@ -77,3 +77,36 @@ def test_ctrl_c_says_how_far_it_got_and_running_it_again_finishes(tmp_path: Path
     assert f"{lines - taken} new in the journal" in again.stderr and f"{taken} it held already" in again.stderr
     assert sorted((e["rank"], e["seq"]) for e in read_jsonl(out / "p.jsonl")) == sorted(
         (e["rank"], e["seq"]) for e in read_jsonl(source))
+
+
+BROKEN_SINKS = '''
+from sinks.base import Sink
+
+class NoWrite(Sink):  # an author forgot write(): abstract
+    name = "nowrite"
+
+class BadOpen(Sink):  # open() has a bug of its own
+    name = "badopen"
+    def open(self, context):
+        raise RuntimeError("bug in open")
+    def write(self, events):
+        pass
+'''
+
+
+def test_a_broken_plugin_is_one_line_and_exit_2_as_relay_serve_says_it(tmp_path: Path) -> None:
+    """Issue 44: replay printed a 32-line traceback and exited 1 for a sink missing a method; now it
+    says what ``relay serve`` says for the same plugin (docs/plugins.md), also for a bug in ``open()``."""
+    source = tmp_path / "src.jsonl"
+    training_journal(source, "p", 3, t0=1.7e9)
+    (tmp_path / "broken_sinks.py").write_text(BROKEN_SINKS)
+    env = cli_env(PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    expected = {"NoWrite": "relay: error: sink nowrite failed to start: TypeError: Can't instantiate abstract class "
+                           "NoWrite with abstract method write",
+                "BadOpen": "relay: error: sink badopen failed to start: RuntimeError: bug in open"}
+    for name, said in expected.items():
+        replay = relay_cmd("replay", str(source), "--sink", f"broken_sinks:{name}", env=env, timeout=60)
+        assert (replay.returncode, replay.stderr.splitlines()) == (2, [said]), replay.stderr
+    serve = relay_cmd("--sink", "broken_sinks:NoWrite", "--path", str(tmp_path / "j.jsonl"), "--bind",
+                      "tcp://127.0.0.1:0", env=env, timeout=60)
+    assert (serve.returncode, serve.stderr.splitlines()) == (2, [expected["NoWrite"]]), serve.stderr

@@ -35,6 +35,24 @@ def test_last_step_pace_and_each_rank_figures() -> None:
     assert view.loss is None and view.attempt is None and view.ended_at is None
 
 
+def test_a_run_without_per_rank_windows_takes_its_steps_from_its_metrics_events() -> None:
+    """A custom loop's Publisher (or the accelerate tracker) sends only metrics events: their steps give
+    the run its last step and pace; once a run sends per-rank windows, those alone move its steps."""
+    health = RunHealth()
+    for step in range(1, 6):  # the frame's last metrics event counts; params and rank-less steps do not
+        health.take_steps([ev(0, step, stage="train", loss=1.0 / step), ev(0, None, stage="train", lr=0.1),
+                           ev(0, step * 100, type="params", stage="run")], now=2.0 * step)
+    view = health.view(10)["r"]
+    assert (view.last_step, view.last_step_at) == (5, 10.0)
+    assert view.steps_per_s == pytest.approx(0.5) and view.interval_median_s == pytest.approx(2.0)
+    assert view.rank_step == {} and view.step_time == {}  # per-rank figures only from per-rank windows
+
+    health.observe(ev(1, 6, step_time=0.5), now=12.0)  # this run now sends windows
+    health.take_steps([ev(0, 50, stage="train", loss=0.1)], now=13.0)
+    view = health.view(10)["r"]
+    assert (view.last_step, view.last_step_at, view.rank_step) == (6, 12.0, {1: 6})
+
+
 def test_one_step_has_no_pace_yet_and_the_pace_window_is_bounded() -> None:
     health = RunHealth()
     health.observe(ev(0, 1, step_time=0.1), 0.0)

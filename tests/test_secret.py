@@ -74,6 +74,30 @@ def test_a_secret_it_cannot_use_is_one_line_naming_the_fix(config: Path, spoil, 
     assert fix in str(err.value) and str(config) in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_secret_behind_a_symbolic_link_is_one_line_naming_the_fix(config: Path, tmp_path: Path) -> None:
+    """A link is never followed (it could hand the relay another user's file): a link to a file names
+    the file to use; a loop (issue 44: "Too many levels of symbolic links") or a dangling link says so;
+    the relay exits 2 with that line, and ``relay status`` says it without address advice."""
+    real = secret.find().source
+    for name, target in (("loop-a", "loop-b"), ("loop-b", "loop-a"), ("dangling", "gone"), ("link", real)):
+        (tmp_path / name).symlink_to(target)
+    said = {}
+    for name in ("loop-a", "dangling", "link"):
+        with pytest.raises(secret.SecretError) as err:
+            secret.find(tmp_path / name)
+        said[name] = str(err.value)
+        assert "\n" not in said[name] and str(tmp_path / name) in said[name]
+    assert "is a symbolic link that never reaches a file (a loop, or its target is gone)" in said["loop-a"]
+    assert said["dangling"] == said["loop-a"].replace("loop-a", "dangling")
+    assert f"is a symbolic link (to {real}), which the relay does not follow; point RELAY_SECRET_FILE at {real}" \
+        in said["link"]
+    for command in (["--path", str(tmp_path / "j.jsonl"), "--live", "off", "--bind", "tcp://127.0.0.1:0"],
+                    ["status", "tcp://127.0.0.1:9"]):
+        done = subprocess.run([sys.executable, "-m", "relay", *command], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60, env=dict(os.environ, RELAY_SECRET_FILE=str(tmp_path / "loop-a")))
+        assert done.returncode == 2 and done.stderr.splitlines() == [f"relay: error: {said['loop-a']}"], done.stderr
+
+
 def test_a_short_secret_in_the_environment_is_refused(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RELAY_SECRET", "hunter2")
     with pytest.raises(secret.SecretError, match=r"\$RELAY_SECRET holds 7 characters, fewer than 16"):

@@ -82,6 +82,21 @@ def test_mapping_of_a_two_rank_run(db, tmp_path: Path) -> None:
     assert sink.counters["runs_created"] == 1 and sink.counters["skipped_values"] == 0
 
 
+def test_run_uri_export_path_takes_the_export_from_the_output_dir(db, tmp_path: Path) -> None:
+    """fms-hf-tuning's --run_uri_export_path (in the `run` params) is where mlflow_tracker.json goes,
+    also when hparams' own output_dir comes after it."""
+    uri, job, exports = db(), tmp_path / "job", tmp_path / "exports"
+    events = training_events("j2-d0c381", output_dir=str(job))
+    ev = Events("j2-d0c381")
+    ev.seqs[0] = max(e["seq"] for e in events if e["rank"] == 0) + 1
+    events.insert(3, ev(0, "params", {"run_id": "j2-d0c381", "output_dir": str(job),
+                                      "run_uri_export_path": str(exports)}, stage="run"))
+    run_sink(uri, [events])
+    exported = json.loads((exports / "mlflow_tracker.json").read_text())
+    assert exported["run_id"] == read_run(uri, "j2-d0c381").info.run_id
+    assert not (job / "mlflow_tracker.json").exists()
+
+
 def test_what_the_run_page_reads_is_filled_and_bookkeeping_hidden(db, tmp_path: Path) -> None:
     uri, job = db(), tmp_path / "job"
     events = training_events("j1-d0c381", output_dir=str(job))

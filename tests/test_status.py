@@ -21,14 +21,16 @@ import zmq
 
 from conftest import ROOT, finish, free_port, line_count, plugin_env, read_jsonl, start_publisher, wait_for, raw_socket
 from relay.daemon.status import ANSWER_RATE, STATUS_REQUEST
+from watch_helpers import cli_env
 
 CLEAR = "\r\x1b[K"
 EVENTS = re.compile(r"\| (\d+) events")
 
 
 def relay_status(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    """``relay status ARGS``, its width unlimited (no $COLUMNS) unless ``env`` says otherwise."""
     return subprocess.run([sys.executable, "-m", "relay", "status", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+                          timeout=timeout, env=env or cli_env(), cwd=ROOT)
 
 
 class PtyRelay:
@@ -98,7 +100,7 @@ def test_live_line_on_a_terminal_is_redrawn_in_place_and_logs_pass_above_it(tmp_
                                       r"\d+ ev", relay.draws()[-1]) and len(relay.draws()[-1]) <= 79, 30,
                  "a short line with every sink's queue")
         relay.resize(50)  # and what does not fit even so is cut to the width
-        wait_for(lambda: relay.draws()[-1].endswith("...") and len(relay.draws()[-1]) == 49, 30, "a cut line")
+        wait_for(lambda: relay.draws()[-1].endswith("…") and len(relay.draws()[-1]) == 49, 30, "a cut line")
         relay.resize(200)
         raw = raw_socket(zmq.Context.instance(), relay.address)
         raw.send(b"\xc1 not msgpack")  # a rejected frame: the relay logs a warning while the line is up
@@ -137,15 +139,15 @@ def test_off_a_terminal_the_status_is_logged_every_stats_interval(relays, tmp_pa
     pubs = [start_publisher(relay.address, "run-b", rank, 400, world_size=2, rate=200) for rank in (0, 1)]
     for pub in pubs:
         finish(pub)
-    wait_for(lambda: "run-b 2/2 | 804 events" in relay.log.read_text(), 30, "a stats line with every event")
+    wait_for(lambda: "run-b 2/2 running | 804 events" in relay.log.read_text(), 30, "a stats line with every event")
     assert relay.stop() == 0
     log = relay.log.read_text()
     assert "\x1b[" not in log and "\r" not in log
     periodic = [line for line in log.splitlines() if " ev/s | " in line]
     assert len(periodic) >= 3 and all(" INFO relay.daemon.counters: stats: " in line for line in periodic[:-1])
     assert " INFO relay.daemon.counters: final: " in periodic[-1]
-    line = next(line for line in periodic if "run-b 2/2 | 804 events" in line)
-    assert re.search(r"stats: \d+ ev/s \| 1 run: run-b 2/2 \| 804 events in \d+ frames, \d+ written, "
+    line = next(line for line in periodic if "run-b 2/2 running | 804 events" in line)
+    assert re.search(r"stats: \d+ ev/s \| 1 run: run-b 2/2 running \| 804 events in \d+ frames, \d+ written, "
                      r"0 duplicates, 0 rejected, 0 client drops \| sinks: jsonl \d+ queued", line), line
 
 
@@ -162,23 +164,23 @@ def test_relay_status_asks_a_live_relay_and_reads_the_stats_file_a_stopped_one_l
     snap = json.loads(as_json.stdout)
     assert snap["events"] == snap["written"] == lines and snap["duplicates"] == snap["rejected_total"] == 0
     assert snap["per_run"] == {"run-s": {"connected": 2, "ranks": 2, "world_size": 2, "idle_s": snap["per_run"]
-                                         ["run-s"]["idle_s"]}}
+                                         ["run-s"]["idle_s"], "state": "running"}}
     assert snap["runs"] == 1 and snap["address"] == relay.address and snap["final"] is False
     assert snap["sinks"]["jsonl"]["queued"] == 0 and snap["sinks"]["jsonl"]["lag_s"] == 0
     assert abs(snap["ts"] - time.time()) < 30 and "events_per_s" in snap
 
     # the plain line; with no argument, $RELAY_ADDRESS
-    text = relay_status(env=dict(os.environ, RELAY_ADDRESS=relay.address))
+    text = relay_status(env=cli_env(RELAY_ADDRESS=relay.address))
     assert text.returncode == 0, text.stderr
     assert text.stdout.count("\n") == 1
-    assert re.match(rf"\d+ ev/s \| 1 run: run-s 2/2 \| {lines} events in \d+ frames, {lines} written, 0 duplicates, "
+    assert re.match(rf"\d+ ev/s \| 1 run: run-s 2/2 running \| {lines} events in \d+ frames, {lines} written, 0 duplicates, "
                     r"0 rejected, 0 client drops \| sinks: jsonl 0 queued", text.stdout), text.stdout
 
     assert relay.stop() == 0
     for target in (journal, journal / "_relay_stats.json", journal / "run-s.jsonl"):  # a run file: its folder's
         text = relay_status(str(target))
         assert text.returncode == 0, text.stderr
-        assert f"run-s 2/2 | {lines} events" in text.stdout and "the relay had stopped" in text.stdout
+        assert text.stdout.startswith("relay stopped at ") and f"run-s 0/2 stale | {lines} events" in text.stdout
     final = json.loads(relay_status(str(journal), "--json").stdout)
     assert final["final"] is True and final["written"] == lines and final["status_answered"] == 2
 

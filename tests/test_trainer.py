@@ -175,7 +175,7 @@ def test_run_id_sources(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_trainer_logs_split_by_stage() -> None:
-    from trainer.callback import split_logs  # imports transformers: not at collection, in every xdist worker
+    from trainer.log_stages import split_logs
 
     logs = {"loss": 1.0, "eval_loss": 2.0, "eval_runtime": 0.5, "train_loss": 1.5, "epoch": 0.5, "note": "x"}
     assert split_logs(logs) == {"train": {"loss": 1.0, "train_loss": 1.5},

@@ -6,7 +6,6 @@ seconds rather than a model load; every failure is a :class:`UsageError` with on
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -14,12 +13,16 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from trainer import fms_flags
 from trainer.errors import UsageError
+from trainer.model_load import check_load_flags
 from trainer.model_source import FLAGS, check_source
+from trainer.job_settings import check_tracking
 from trainer.tracker_flags import TRACKERS, TrackingArguments
 
 if TYPE_CHECKING:
     import datasets
+    from transformers import HfArgumentParser
     from trl import SFTConfig
 
 log = logging.getLogger(__name__)
@@ -31,6 +34,12 @@ RENAMED_FLAGS = {
     "--max_seq_length": "--max_length",  # trl 1.x name
 }
 RENAMED_FLAGS.update({old.replace("_", "-"): new for old, new in RENAMED_FLAGS.items()})
+#: Every flag mapped onto another before parsing: the seed's renamed ones and fms-hf-tuning's names
+#: (their dashed spellings too, as HfArgumentParser gives every flag one).
+ALIASES = {**RENAMED_FLAGS, **fms_flags.FMS_ALIASES}
+ALIASES.update({old.replace("_", "-"): new for old, new in fms_flags.FMS_ALIASES.items()})
+#: fms-hf-tuning's ``--peft_method``: rewritten into ``--use_peft`` (trainer/fms_flags.py).
+PEFT_METHOD = "--peft_method"
 
 DEMO_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "demo_instructions.jsonl")
 DEMO_RESPONSE_TEMPLATE = "\n### Response:"
@@ -66,7 +75,7 @@ class ModelArguments:
         default=None, metadata={"help": "Tokenizer folder or hub id (default: the model's)."}
     )
     use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
-    lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
+    lora_r: int = field(default=8, metadata={"help": "LoRA rank (fms-hf-tuning's --r)."})
     lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator."})
     lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA path."})
     target_modules: list[str] | None = field(
@@ -74,6 +83,14 @@ class ModelArguments:
         metadata={"help": "Modules that get LoRA adapters, space or comma separated (default: peft's choice "
                           "for the architecture), e.g. q_proj v_proj."},
     )
+    torch_dtype: str | None = field(
+        default=None,
+        metadata={"help": "dtype the model is loaded in (from_pretrained's dtype): auto, float32, "
+                          "bfloat16, float16 ... (default: from_pretrained's, the checkpoint's)."})
+    use_flash_attn: bool = field(
+        default=False,
+        metadata={"help": "Load the model with flash_attention_2 (needs CUDA and flash-attn; "
+                          "without CUDA it stays off, said in one line)."})
     demo: bool = field(
         default=False,
         metadata={"help": "Build the bundled tiny offline model, tokenizer and data set into "
@@ -99,6 +116,11 @@ class DataArguments:
         metadata={"help": "Marker after which the response starts; the loss covers only what follows it. "
                           "Backslash escapes (\\n, \\t, \\\\) are interpreted, as shells pass them literally."},
     )
+    data_formatter_template: str | None = field(
+        default=None,
+        metadata={"help": "Jinja template that makes each record's text from its fields, as "
+                          "fms-hf-tuning's: {{input}} ... {{output}}{{eos_token}} (instead of "
+                          "--dataset_text_field)."})
 
 
 @dataclass
@@ -139,32 +161,41 @@ def _given(value: str | None, missing: str) -> str:
 
 
 def rewrite_argv(argv: list[str]) -> list[str]:
-    """Map the seed's renamed flags, merge repeated --tracker flags and apply --demo defaults."""
+    """Map the seed's renamed flags and fms-hf-tuning's names onto ours, merge every --tracker
+    (fms's list ``--tracker aim mlflow``, our ``aim,mlflow``, repeated) and apply --demo defaults."""
     out: list[str] = []
     trackers: list[str] = []
     i = 0
     while i < len(argv):
-        arg = argv[i]
-        name, eq, value = arg.partition("=")
-        if name in RENAMED_FLAGS:
-            name = RENAMED_FLAGS[name]
-            arg = name + eq + value
+        name, eq, value = argv[i].partition("=")
+        name = ALIASES.get(name, name)
+        values = [value] if eq else _values(argv, i + 1)
+        i += 1 + (0 if eq else len(values))
         if name == "--tracker":
-            if eq:
-                trackers.append(value)
-            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                trackers.append(argv[i + 1])
-                i += 1
-            else:
+            if not values:
                 raise UsageError(f"argument --tracker: expected a value ({', '.join(TRACKERS)})")
+            trackers += values
+        elif name in fms_flags.FMS_SWITCHES and not eq:
+            out += fms_flags.FMS_SWITCHES[name] + values
+        elif name == PEFT_METHOD:
+            if len(values) != 1:
+                raise UsageError("argument --peft_method: expected one value: lora or none")
+            out += ["--use_peft", fms_flags.peft_method(values[0])]
         else:
-            out.append(arg)
-        i += 1
+            out += [name + eq + value, *values]
     if trackers:
         out += ["--tracker", ",".join(trackers)]
     if demo_requested(out):
         out = DEMO_DEFAULTS + out
     return out
+
+
+def _values(argv: list[str], start: int) -> list[str]:
+    """The words after a flag up to the next flag: its values."""
+    end = start
+    while end < len(argv) and not argv[end].startswith("--"):
+        end += 1
+    return argv[start:end]
 
 
 def demo_requested(argv: list[str]) -> bool:
@@ -187,8 +218,10 @@ def _has_flag(argv: list[str], flag: str) -> bool:
     return any(a.partition("=")[0] in names for a in argv)
 
 
-def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, TrackingArguments, "SFTConfig"]:
-    """Parse a command line into the four argument dataclasses; raise UsageError on any bad flag."""
+def build_parser() -> "HfArgumentParser":
+    """The parser of our four argument dataclasses: every error a UsageError, and no abbreviated
+    flags (argparse's prefix matching turned fms-hf-tuning's ``--r`` into "ambiguous option", and
+    would let a flag added later change what an abbreviation means)."""
     from transformers import HfArgumentParser
     from transformers.hf_argparser import DataClassType
     from trl import SFTConfig
@@ -197,19 +230,29 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Tracking
         def error(self, message: str) -> NoReturn:
             raise UsageError(message)
 
+    classes = (ModelArguments, DataArguments, TrackingArguments, SFTConfig)
+    parser = _Parser([DataClassType(cls) for cls in classes], prog="metrics-relay-train", allow_abbrev=False)
+    _document_seed_flags(parser)
+    return parser
+
+
+def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, TrackingArguments, "SFTConfig"]:
+    """Parse a command line into the four argument dataclasses; raise UsageError on any bad flag."""
     # trl's SFTConfig still sets the old name by default, so transformers warns on every run.
     warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
+    if _has_flag(argv, "--dataset_text_field") and _has_flag(argv, "--data_formatter_template"):
+        raise UsageError("--dataset_text_field and --data_formatter_template are both set: give one (the "
+                         "template makes each record's text)")
     argv = rewrite_argv(argv)
     if not _has_flag(argv, "--use_cpu") and _cpu_only():
         argv = ["--use_cpu", "True", *argv]
-    parser = _Parser([DataClassType(cls) for cls in (ModelArguments, DataArguments, TrackingArguments, SFTConfig)],
-                     prog="metrics-relay-train")
-    _document_seed_flags(parser)
+    parser = build_parser()
     # Flags first, dataclasses after: under torchrun, making SFTConfig starts torch.distributed (gloo), and
     # a rank that stopped at a bad flag then could leave its peer in gloo's connection set-up, failing too.
     rest = parser.parse_known_args(argv)[1]
     if rest:
-        raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
+        refusal = next((line for word in rest if (line := fms_flags.unsupported(word))), None)
+        raise UsageError(refusal or f"unrecognized arguments: {' '.join(rest)}")
     try:
         model, data, tracking, training = parser.parse_args_into_dataclasses(args=argv)
     except (ValueError, TypeError) as exc:
@@ -246,41 +289,6 @@ def sft_config(**kwargs: Any) -> "SFTConfig":
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def parse_trackers(spec: str) -> list[str]:
-    """``"aim,mlflow"`` -> ``["jsonl", "aim", "mlflow"]``: jsonl is always kept, since it is the source of truth."""
-    names = [n.strip().lower() for n in spec.split(",") if n.strip()]
-    if not names:
-        raise UsageError(f"--tracker: empty; use {', '.join(TRACKERS)}")
-    unknown = [n for n in names if n not in TRACKERS]
-    if unknown:
-        raise UsageError(f"--tracker: unknown tracker {unknown[0]!r}; known trackers: {', '.join(TRACKERS)}")
-    if "none" in names:
-        if len(set(names)) > 1:
-            raise UsageError("--tracker: 'none' cannot be combined with other trackers")
-        return ["none"]
-    return ["jsonl"] + [n for n in dict.fromkeys(names) if n != "jsonl"]
-
-
-def load_exp_metadata(spec: str | None) -> dict[str, Any] | None:
-    """--exp_metadata is inline JSON or a path to a JSON file; either way it must be an object."""
-    if spec is None:
-        return None
-    text, where = spec, "--exp_metadata"
-    if not spec.lstrip().startswith("{"):
-        if not os.path.isfile(spec):
-            raise UsageError(f"--exp_metadata: {spec!r} is neither a JSON object nor an existing file")
-        where = f"--exp_metadata file {spec}"
-        with open(spec, encoding="utf-8") as fh:
-            text = fh.read()
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{where}: invalid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise UsageError(f"{where}: must be a JSON object, got {type(value).__name__}")
-    return value
 
 
 def unescape(text: str) -> str:
@@ -331,24 +339,7 @@ def validate(
     from trainer.dataset import load_sft_dataset
 
     tracking = tracking or TrackingArguments()
-    trackers = parse_trackers(tracking.tracker)
-    exp_metadata = load_exp_metadata(tracking.exp_metadata)
-    if tracking.aim_repo and "aim" not in trackers:
-        log.warning("--aim_repo %s is unused without --tracker aim", tracking.aim_repo)
-    if tracking.wandb_mode not in ("offline", "online"):
-        raise UsageError(f"--wandb_mode: {tracking.wandb_mode!r} must be offline or online")
-    if tracking.relay_address is not None:
-        from relay.wire import auth
-        from relay.wire.address import BadAddress, check_connect_address
-
-        try:
-            check_connect_address(tracking.relay_address)
-            auth.check(tracking.relay_address)  # the relay secret, before anything trains
-        except (BadAddress, ValueError) as exc:  # ValueError: secret.SecretError
-            raise UsageError(f"--relay_address: {exc}") from None
-    for name in ("relay_flush_timeout", "relay_start_timeout", "relay_exit_timeout"):
-        if not getattr(tracking, name) > 0:
-            raise UsageError(f"--{name} must be positive, got {getattr(tracking, name)}")
+    trackers, exp_metadata = check_tracking(tracking)
     if training.fsdp and _cpu_only() and training.process_index == 0:
         log.warning("--fsdp: no accelerator here, so accelerate runs this job as plain data parallel (DDP on gloo, "
                     "the whole model on every rank), not sharded")
@@ -369,7 +360,8 @@ def validate(
     if model.target_modules:
         model.target_modules = [m for spec in model.target_modules for m in spec.split(",") if m]
     if not model.use_peft and model.target_modules:
-        raise UsageError("--target_modules needs --use_peft")
+        raise UsageError("--target_modules needs --use_peft (--peft_method lora)")
+    check_load_flags(model, rank0=training.process_index == 0)
     if model.lora_r < 1 or model.lora_alpha < 1:
         raise UsageError("--lora_r and --lora_alpha must be positive")
     if not 0 < data.validation_split < 1:
@@ -380,14 +372,19 @@ def validate(
         data.response_template = unescape(data.response_template)
         if not data.response_template:
             raise UsageError("--response_template is empty")
-    train_ds = load_sft_dataset(data.data_path, training.dataset_text_field, data.response_template, "--data_path")
+    formatter = None
+    if data.data_formatter_template is not None:
+        from trainer.formatter import compile_template
+
+        data.data_formatter_template = unescape(data.data_formatter_template)
+        formatter = compile_template(data.data_formatter_template)
+    text_field = training.dataset_text_field
+    train_ds = load_sft_dataset(data.data_path, text_field, data.response_template, "--data_path", formatter)
     eval_ds = None
     if training.eval_strategy != "no":
         if data.validation_data_path:
-            eval_ds = load_sft_dataset(
-                data.validation_data_path, training.dataset_text_field, data.response_template,
-                "--validation_data_path",
-            )
+            eval_ds = load_sft_dataset(data.validation_data_path, text_field, data.response_template,
+                                       "--validation_data_path", formatter)
         else:
             if len(train_ds) < 2:
                 raise UsageError("--data_path: evaluation needs at least 2 records to hold some out")

@@ -26,12 +26,14 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from relay.client.publisher import Publisher
 from trainer import collectives, custom_metrics, ran_as
 from trainer.custom_metrics import to_wire
+from trainer.job_settings import JobSettings
+from trainer.job_tracking import JobPlace, JobTracking, close_at_exit, run_name_of
+from trainer.log_stages import split_logs
 from trainer.run_identity import write_run_file
 
 log = logging.getLogger(__name__)
 
 _VERSIONED = ("metrics-relay", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "pyzmq")
-_LOG_PREFIXES = (("eval_", "eval"), ("test_", "test"))
 
 
 def library_versions() -> dict[str, str]:
@@ -43,45 +45,6 @@ def library_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return found
-
-
-_STAGE_OF: dict[str, tuple[str, str]] = {}  # log key -> (stage, name): Trainer keys repeat every step
-
-
-def _stage_of(key: str) -> tuple[str, str]:
-    hit = _STAGE_OF.get(key)
-    if hit is None:
-        hit = ("train", key)
-        for prefix, prefix_stage in _LOG_PREFIXES:
-            if key.startswith(prefix):
-                hit = (prefix_stage, key[len(prefix):])
-                break
-        if len(_STAGE_OF) < 4096:
-            _STAGE_OF[key] = hit
-    return hit
-
-
-def split_logs(logs: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """Trainer logs -> {stage: {name: number}}: ``eval_loss`` becomes ``loss`` in stage ``eval``.
-
-    Training summaries (``train_runtime``, ``train_loss``) keep their names so they never
-    collide with the per-step ``loss`` curve; non-numeric entries are left out. This runs on
-    rank 0's training thread at every log, so the per-key work is a cached lookup.
-    """
-    out: dict[str, dict[str, float]] = {}
-    for key, value in logs.items():
-        kind = type(value)
-        if kind is not float and kind is not int:
-            if kind is bool or not isinstance(value, (int, float)):
-                continue
-        if key == "epoch":
-            continue  # the epoch travels in the envelope
-        stage, name = _STAGE_OF.get(key) or _stage_of(key)
-        metrics = out.get(stage)
-        if metrics is None:
-            metrics = out[stage] = {}
-        metrics[name] = value
-    return out
 
 
 def _usage(wall_since: float, cpu_since: float) -> dict[str, float]:
@@ -101,20 +64,34 @@ def _usage(wall_since: float, cpu_since: float) -> dict[str, float]:
 
 
 class RelayCallback(TrainerCallback):
-    """Publish a Trainer's metrics and lifecycle through ``publisher`` (default: tracking's)."""
+    """Publish a Trainer's metrics and lifecycle from every rank: ``Trainer(callbacks=[RelayCallback()])``.
+
+    With no publisher given and none started in this process, the callback tracks the job itself,
+    as ``python -m trainer`` does: at ``on_train_begin`` every rank takes its place from the
+    Trainer's arguments (rank, local rank and world size as the launcher set them), the ranks agree
+    on a run id (``args.run_name``, else a new one), and they publish to ``RELAY_ADDRESS`` or, when
+    none is given, to a relay rank 0 starts beside the job with its journal in ``args.output_dir``;
+    ``on_train_end`` flushes every rank and stops that relay. ``settings`` are the tracking options
+    of ``python -m trainer`` by their names (``trackers=["aim"], aim_repo=...``; each also read from
+    ``RELAY_<NAME>`` in the environment: trainer/job_settings.py).
+    """
 
     def __init__(self, publisher: Publisher | None = None, *, flush_timeout: float = 30.0,
                  run_params: Mapping[str, Mapping[str, Any]] | None = None, trainer: Any = None,
-                 time_collectives: bool = True) -> None:
+                 time_collectives: bool = True, **settings: Any) -> None:
         """``trainer``: the Trainer this callback is added to, so that under DDP or FSDP the waits in
         its collectives are timed on the model it wraps (on_train_begin gets the unwrapped one);
         ``time_collectives=False`` times nothing (ranks then send no own work)."""
-        pub = publisher or custom_metrics.publisher()
-        if pub is None:
-            raise ValueError("no publisher: call trainer.custom_metrics.start(...) first or pass one")
         if not flush_timeout > 0:
             raise ValueError(f"flush_timeout must be positive, got {flush_timeout!r}")
-        self._pub = pub
+        pub = publisher or custom_metrics.publisher()
+        if pub is not None and settings:
+            raise ValueError(f"{', '.join(settings)}: tracking settings need no publisher; this one is connected to "
+                             f"run {pub.run!r} already")
+        #: What the callback tracks the job with when it connects it itself (None: it was connected).
+        self._settings = JobSettings.read(settings) if pub is None else None
+        self._job: JobTracking | None = None
+        self._pub = pub  # None until on_train_begin connects the job
         self._flush_timeout = flush_timeout
         self._run_params = {"versions": library_versions(), **(run_params or {})}
         self._samples_per_step = 1
@@ -138,8 +115,26 @@ class RelayCallback(TrainerCallback):
         self._outside = 0.0  # between steps: from one step's end to the next one's beginning
         self._window_wall, self._window_cpu = time.perf_counter(), time.process_time()
 
+    def _connect(self, args: TrainingArguments) -> None:
+        """Track the job as ``python -m trainer`` does (see the class): every rank, once."""
+        settings = self._settings
+        assert settings is not None
+        place = JobPlace(args.output_dir or ".", args.process_index, args.local_process_index, args.world_size,
+                         run_name_of(args.run_name, args.output_dir), _checkpoint_of(args))
+        self._job = JobTracking.open(place, settings.tracking, settings.trackers,
+                                     exp_metadata=settings.exp_metadata)
+        close_at_exit(self._job)
+        self._pub = custom_metrics.publisher()
+
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        model: Any = None, **kwargs: Any) -> None:
+        if self._pub is None and self._settings is not None:
+            if self._settings.on:
+                self._connect(args)
+            else:  # trackers=["none"]: track() and set_params() discard too
+                custom_metrics.disable()
+        if self._pub is None:
+            return
         self._samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         torch = sys.modules.get("torch")
         self._cuda = torch.cuda if torch is not None and torch.cuda.is_available() else None
@@ -199,7 +194,7 @@ class RelayCallback(TrainerCallback):
 
     def _publish_rank_window(self, state: TrainerState) -> None:
         steps = self._steps
-        if not steps:
+        if not steps or self._pub is None:
             return
         data = {
             "step_time": self._busy / steps,
@@ -223,7 +218,7 @@ class RelayCallback(TrainerCallback):
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        if not state.is_world_process_zero or not logs:
+        if not state.is_world_process_zero or not logs or self._pub is None:
             return
         for stage, metrics in split_logs(logs).items():
             self._pub.publish("metrics", metrics, step=state.global_step, epoch=state.epoch, stage=stage)
@@ -232,7 +227,7 @@ class RelayCallback(TrainerCallback):
                 **kwargs: Any) -> None:
         """Beside the checkpoint, the run it belongs to: a job resumed from it continues that run
         (trainer/run_identity.py). The Trainer calls this once the checkpoint is written."""
-        if state.is_world_process_zero:
+        if state.is_world_process_zero and self._pub is not None:
             path = f"{args.output_dir}/{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             try:
                 if os.path.isdir(path):
@@ -246,6 +241,8 @@ class RelayCallback(TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
+        if self._pub is None:
+            return
         self._publish_rank_window(state)
         if self._timing is not None:
             collectives.detach(self._trainer, self._timing)
@@ -259,3 +256,14 @@ class RelayCallback(TrainerCallback):
         started = time.monotonic()
         self._pub.flush(self._flush_timeout)
         self.flush_time_left = max(0.0, self._flush_timeout - (time.monotonic() - started))
+        if self._job is not None:  # the callback connected the job: it closes it too
+            self._job.close(self.flush_time_left, completed=True)
+            self._job = None
+            self._pub = None
+
+
+def _checkpoint_of(args: TrainingArguments) -> str | None:
+    """The checkpoint a job resumes from, where its arguments say (``--resume_from_checkpoint``):
+    the run that saved it goes on (trainer/run_identity.py)."""
+    path = getattr(args, "resume_from_checkpoint", None)
+    return path if isinstance(path, str) and os.path.isdir(path) else None

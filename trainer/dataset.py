@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from trainer.errors import UsageError
 
@@ -38,9 +38,11 @@ def _records(path: str, flag: str) -> Iterator[tuple[int, Any]]:
 
 
 def load_sft_dataset(
-    path: str, text_field: str, response_template: str | None, flag: str = "--data_path"
+    path: str, text_field: str, response_template: str | None, flag: str = "--data_path",
+    formatter: Callable[[dict[str, Any]], str] | None = None,
 ) -> "datasets.Dataset":
-    """Read ``path`` into a data set of ``text_field`` (or ``prompt``/``completion``); UsageError on bad data."""
+    """Read ``path`` into a data set of ``text_field`` (or ``prompt``/``completion``); UsageError on bad data.
+    ``formatter`` makes each record's text (--data_formatter_template) instead of ``text_field``."""
     import datasets
 
     if not os.path.isfile(path):
@@ -51,7 +53,10 @@ def load_sft_dataset(
         where = f"{flag} {path}: record {number}"
         if not isinstance(record, dict):
             raise UsageError(f"{where} is a {type(record).__name__}, not a JSON object")
-        text = record.get(text_field)
+        try:
+            text = record.get(text_field) if formatter is None else formatter(record)
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc}") from None
         if text is None:
             raise UsageError(f"{where} has no field {text_field!r} (set --dataset_text_field)")
         if not isinstance(text, str):

@@ -27,7 +27,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 JSONL_NAME = "training_logs.jsonl"
-STATS_NAME = "training_logs_stats.json"  # the relay's stats, beside its journal
+#: The journal's name where JSONL_NAME is another tool's (fms-hf-tuning's file logger writes one too).
+OWN_JSONL_NAME = "relay_training_logs.jsonl"
 JOURNAL_SINK = "jsonl"  # the journal's name among the relay's sinks
 #: Seconds the job waits at its end for the relay's sinks to apply the run (--relay_exit_timeout).
 EXIT_TIMEOUT = 300.0
@@ -98,26 +99,29 @@ class EmbeddedRelay:
     """A ``relay`` subprocess writing ``<output_dir>/training_logs.jsonl`` (plus Aim when asked)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], address: str, log_path: str, workdir: str,
-                 output_dir: str, exit_timeout: float) -> None:
+                 journal: str, exit_timeout: float) -> None:
         self.proc = proc
         self.address = address
         self.log_path = log_path
-        self.stats_path = os.path.join(output_dir, STATS_NAME)
+        self.journal = journal
+        self.stats_path = stats_path(journal)
         self.exit_timeout = exit_timeout
         self.run: str | None = None  # the job's run id, for the replay command it may print
         self._workdir = workdir
 
     @classmethod
     def start(cls, output_dir: str, *, sink_args: list[str] | None = None, timeout: float = 60.0,
-              exit_timeout: float = EXIT_TIMEOUT) -> "EmbeddedRelay":
+              exit_timeout: float = EXIT_TIMEOUT, journal_name: str = JSONL_NAME) -> "EmbeddedRelay":
         """Start the relay and wait until it has bound and opened its sinks; RelayStartError if not.
-        ``exit_timeout``: how long its sinks may take at the end to apply the run (see ``stop``)."""
+        ``exit_timeout``: how long its sinks may take at the end to apply the run (see ``stop``);
+        ``journal_name``: the journal's file in ``output_dir`` (``journal_name_in`` picks it)."""
         os.makedirs(output_dir, exist_ok=True)
         workdir = _private_dir()
         ready = os.path.join(workdir, "ready.json")
+        journal = os.path.join(output_dir, journal_name)
         cmd = [
             sys.executable, "-m", "relay", "--bind", f"ipc://{os.path.join(workdir, SOCKET_NAME)}",
-            "--sink", "jsonl", "--path", os.path.join(output_dir, JSONL_NAME),
+            "--sink", "jsonl", "--path", journal,
         ]
         cmd += sink_args or []  # the other trackers' sinks (trainer/tracker_flags.py)
         cmd += ["--ready-file", ready, "--watch-pid", str(os.getpid()), "--shutdown-timeout", f"{exit_timeout:g}",
@@ -136,9 +140,8 @@ class EmbeddedRelay:
                                       f"(log: {log_path})")
             address = _read_ready(ready)
             if address:
-                log.info("embedded relay pid %d at %s, writing %s", proc.pid, address,
-                         os.path.join(output_dir, JSONL_NAME))
-                return cls(proc, address, log_path, workdir, output_dir, exit_timeout)
+                log.info("embedded relay pid %d at %s, writing %s", proc.pid, address, journal)
+                return cls(proc, address, log_path, workdir, journal, exit_timeout)
             if time.monotonic() > deadline:
                 proc.kill()
                 proc.wait()
@@ -205,6 +208,50 @@ class EmbeddedRelay:
         which = ", ".join(_shortfall(name, count, stats.get("sinks", {}).get(name, {})) for name, count in lacks.items())
         log.warning("trackers not complete after %.0f s: %s; the journal has every event: complete them with: %s",
                     waited, which, shlex.join(command))
+
+
+def stats_path(journal: str) -> str:
+    """The relay's stats file beside ``journal`` (relay/journal/journal.py ``Journal.sidecar``)."""
+    return journal.removesuffix(".jsonl") + "_stats.json"
+
+
+def journal_name_in(output_dir: str, wanted: str = JSONL_NAME) -> str:
+    """``wanted``, unless another tool writes a file of that name in ``output_dir``: then
+    OWN_JSONL_NAME, said in one line. Another tool's is a file there that is not a relay journal,
+    or fms-hf-tuning's file logger loaded in this process (it appends its own ``training_logs.jsonl``
+    to the output dir as the job logs, after the relay has started): the relay never writes
+    into, nor replaces, a file it did not make."""
+    path = os.path.join(output_dir, wanted)
+    if os.path.exists(path):
+        if _is_journal(path):
+            return wanted
+        whose = "a file the relay did not write"
+    elif wanted == JSONL_NAME and _FMS_FILE_LOGGER in sys.modules:
+        whose = "fms-hf-tuning's file logger's"
+    else:
+        return wanted
+    log.warning("%s in %s is %s; the relay's journal is %s", wanted, output_dir, whose,
+             os.path.join(output_dir, OWN_JSONL_NAME))
+    return OWN_JSONL_NAME
+
+
+_FMS_FILE_LOGGER = "tuning.trackers.filelogging_tracker"
+
+
+def _is_journal(path: str) -> bool:
+    """An empty file, or one whose first line is a relay event (every line of a journal is one)."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(1 << 16)
+    except OSError:
+        return False
+    if not first.strip():
+        return True
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and {"run", "rank", "seq"} <= record.keys()
 
 
 def _shortfall(name: str, count: int, stats: dict[str, Any]) -> str:

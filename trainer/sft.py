@@ -6,11 +6,9 @@ load, train, and at the end flush every rank before the embedded relay is stoppe
 """
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import os
-import shlex
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -20,14 +18,15 @@ from trainer.args import (
     DEMO_DATA, DEMO_RESPONSE_TEMPLATE, DataArguments, ModelArguments, RunPlan, demo_requested, output_dir, parse_args,
     validate,
 )
-from trainer.embedded import (
-    JSONL_NAME, EmbeddedRelay, RelayStartError, agree, barrier, default_run_id, near, relay_executable,
-)
+from trainer.embedded import RelayStartError
 from trainer.errors import UsageError
+from trainer.formatter import fill_special_tokens
+from trainer.job_tracking import JobPlace, JobTracking
+from trainer.model_load import load_kwargs
 from trainer.model_source import check_command_line
-from trainer.run_identity import identify, write_run_file
 from trainer.stopping import STOP
-from trainer.tracker_flags import TrackingArguments, sink_args
+from trainer.tracker_flags import TrackingArguments
+from trainer.train_requirements import check_train_requirements
 from trainer.usage import print_help
 
 if TYPE_CHECKING:
@@ -38,10 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer")
 
 DEMO_MODEL_DIR = "demo-model"
-#: Where each rank writes, at the end, what the relay never acknowledged (for ``relay replay``).
-SPOOL_DIR_NAME = "relay-spool"
-#: The last flush when training did not complete (the end-of-training flush never ran).
-CLOSE_TIMEOUT = 5.0
 #: How long a rank other than 0 waits, after an error that stops the job, for the launcher to stop
 #: it: rank 0 reads the same command line (or made the error), reports it once and exits, and
 #: torchrun then stops the others. Only an error rank 0 did not hit (a path missing on one node)
@@ -60,69 +55,6 @@ def _apply_demo(model: ModelArguments, data: DataArguments, training: "SFTConfig
             data.response_template = DEMO_RESPONSE_TEMPLATE
 
 
-def _start_tracking(plan: RunPlan, rank: int, local_rank: int, world_size: int) -> EmbeddedRelay | None:
-    """Rank 0 picks the run id and (embedded default) starts the relay; every rank connects."""
-    folder = output_dir(plan.training)
-    address = plan.tracking.relay_address
-    relay: EmbeddedRelay | None = None
-    identity = error = None
-    if rank == 0:
-        tracking = plan.tracking
-        identity = identify(default_run_id(plan.training.run_name), plan.training.resume_from_checkpoint, folder,
-                            continue_run=tracking.continue_run, new_run=tracking.new_run)
-        if address is None:
-            if world_size > int(os.environ.get("LOCAL_WORLD_SIZE", world_size)):
-                log.warning("the embedded relay listens on a socket local to this node, so ranks on other nodes cannot reach it; "
-                            "run a relay they can reach and pass --relay_address")
-            try:
-                relay = EmbeddedRelay.start(folder, sink_args=sink_args(plan.trackers, plan.tracking, folder),
-                                            timeout=plan.tracking.relay_start_timeout,
-                                            exit_timeout=plan.tracking.relay_exit_timeout)
-                address = relay.address
-            except RelayStartError as exc:
-                error = str(exc)
-        elif len(plan.trackers) > 1:
-            log.warning("--tracker %s adds no sink with --relay_address: the relay at %s writes to the sinks it was "
-                        "started with (relay --sink NAME ...)", ",".join(plan.trackers[1:]), address)
-    identity, address, error = agree((identity, address, error))
-    if error:
-        raise RelayStartError(error)
-    run_id = identity.run
-    if relay is not None:
-        relay.run = run_id
-    journal = os.path.join(folder, JSONL_NAME) if plan.tracking.relay_address is None else None
-    custom_metrics.start(run_id, rank=rank, local_rank=local_rank, world_size=world_size, address=address,
-                         spool_dir=os.path.join(folder, SPOOL_DIR_NAME), spool_journal=journal,
-                         attempt=identity.attempt)
-    if rank == 0:
-        run_params = {"run_id": run_id, "run_name": plan.training.run_name, "world_size": world_size,
-                      "attempt": identity.attempt, "resumed_from_checkpoint": identity.checkpoint,
-                      "output_dir": os.path.abspath(folder),  # the relay may run elsewhere
-                      "relay_address": address, "trackers": plan.trackers, "embedded_relay": relay is not None,
-                      "user": _user(), "source": sys.argv[0]}  # what MLflow's own logging records
-        if plan.tracking.experiment:
-            run_params["experiment"] = plan.tracking.experiment  # sinks that group runs (Aim) use it
-        custom_metrics.set_params(run_params, name="run")
-        if plan.exp_metadata is not None:
-            custom_metrics.set_params(plan.exp_metadata, name="experiment_metadata")
-        write_run_file(folder, {"run": run_id, "attempt": identity.attempt, "resumed_from": identity.resumed_from,
-                                "address": address, "world_size": world_size,
-                                "jsonl": os.path.join(folder, JSONL_NAME) if relay else None,
-                                "relay_pid": relay.proc.pid if relay else None})
-        log.info("tracking run %s%s through the relay at %s", run_id,
-                 f" (attempt {identity.attempt}, from step {identity.resumed_from})" if identity.attempt else "", address)
-    return relay
-
-
-def _user() -> str | None:
-    """The job's user, as MLflow's own logging records it (``mlflow.user``); None where the
-    system knows no name for this uid (a container without a passwd entry)."""
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):
-        return None
-
-
 def _load(plan: RunPlan, rank: int) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """Load tokenizer and model through from_pretrained, recording the time it took."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -130,7 +62,7 @@ def _load(plan: RunPlan, rank: int) -> tuple[PreTrainedTokenizerBase, PreTrained
     args = plan.model
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path or plan.model_path)
-    model = AutoModelForCausalLM.from_pretrained(plan.model_path)
+    model = AutoModelForCausalLM.from_pretrained(plan.model_path, **load_kwargs(args))
     if rank == 0:
         custom_metrics.track({"model_load_time": time.perf_counter() - started})
     return tokenizer, model
@@ -160,19 +92,24 @@ def train(
         _apply_demo(model_args, data_args, training_args)
     plan = validate(model_args, data_args, training_args, tracking_args)
     rank = training_args.process_index
-    world_size = training_args.world_size
-    relay = None
+    job: JobTracking | None = None
     relay_callback = None
     completed = False
     try:
         if plan.tracking_on:
-            relay = _start_tracking(plan, rank, training_args.local_process_index, world_size)
+            place = JobPlace(output_dir(training_args), rank, training_args.local_process_index,
+                             training_args.world_size, training_args.run_name, training_args.resume_from_checkpoint)
+            job = JobTracking.open(place, plan.tracking, plan.trackers, exp_metadata=plan.exp_metadata)
         else:
             custom_metrics.disable()
         if model_args.demo:
             with training_args.main_process_first(local=True, desc="building the demo model"):
                 build_demo(plan.model_path)
         tokenizer, model = _load(plan, rank)
+        if data_args.data_formatter_template is not None:  # its {{eos_token}}s, now the tokenizer is here
+            plan.train_dataset = fill_special_tokens(plan.train_dataset, tokenizer)
+            if plan.eval_dataset is not None:
+                plan.eval_dataset = fill_special_tokens(plan.eval_dataset, tokenizer)
         peft_config = None
         if model_args.use_peft:
             targets = model_args.target_modules
@@ -195,34 +132,14 @@ def train(
         return result
     except BaseException as exc:
         STOP.closing = True  # first: from here a SIGTERM must not cut the closing short (trainer/stopping.py)
-        pub = custom_metrics.publisher()
-        if pub is not None:
-            pub.publish("lifecycle", {"event": "train_end", "status": "failed",
-                                      "error": f"{type(exc).__name__}: {exc}"[:2000]})
+        if job is not None:
+            job.fail(f"{type(exc).__name__}: {exc}")
         raise
     finally:
         STOP.closing = True
-        try:
-            if custom_metrics.publisher() is not None:
-                # --relay_flush_timeout bounds the whole wait: closing gets what the callback's flush left.
-                left = None if relay_callback is None else relay_callback.flush_time_left
-                custom_metrics.stop(CLOSE_TIMEOUT if left is None else left)
-            if completed:
-                barrier()  # every rank has flushed before the relay goes away
-        finally:
-            if relay is not None:
-                relay.stop()
-                if completed:
-                    _point_at_journal(os.path.join(output_dir(training_args), JSONL_NAME))
-
-
-def _point_at_journal(journal: str) -> None:
-    """The last lines of a job whose relay ran beside it (``make demo``): where its journal is and
-    how to watch and plot it (docs/watching.md)."""
-    path = shlex.quote(near(journal))
-    relay = shlex.quote(relay_executable())
-    log.info("metrics journal: %s\n  watch it:  %s tail -f --view steps %s\n  plot it:   %s plot %s "
-             "--metric loss -o loss.png", journal, relay, path, relay, path)
+        if job is not None:
+            # --relay_flush_timeout bounds the whole wait: closing gets what the callback's flush left.
+            job.close(None if relay_callback is None else relay_callback.flush_time_left, completed=completed)
 
 
 def _configure_logging() -> None:
@@ -262,6 +179,7 @@ def main(argv: list[str] | None = None, callbacks: list["TrainerCallback"] | Non
         print_help()
         return 0
     try:
+        check_train_requirements()
         check_command_line(argv)
         model_args, data_args, tracking_args, training_args = parse_args(argv)
         STOP.arm()  # a SIGTERM while the flags were read raises now, before any model loads

@@ -7,13 +7,20 @@ everything under ``--output_dir``, so a job needs no server and nothing leaves t
 """
 from __future__ import annotations
 
+import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Callable
+
+from trainer.embedded import JSONL_NAME
+from trainer.errors import UsageError
 
 #: What ``--tracker`` accepts; jsonl (the journal) is always on unless ``none``.
 TRACKERS = ("jsonl", "aim", "mlflow", "tensorboard", "wandb", "clearml", "nats", "none")
 DEFAULT_PROJECT = "fms-hf-tuning"  # fms-hf-tuning's default experiment / project name
+log = logging.getLogger(__name__)
+_AIM_URL = re.compile(r"aim://([^:/\s]+):(\d+)/?")
 
 
 @dataclass
@@ -22,12 +29,32 @@ class TrackingArguments:
 
     tracker: str = field(
         default="jsonl",
-        metadata={"help": "Sinks of the embedded relay: jsonl (always on unless none), aim, mlflow, tensorboard, "
-                          "wandb, clearml, nats; comma separated or repeated; none disables tracking."},
+        metadata={"help": "Sinks of the embedded relay: jsonl (the journal, fms-hf-tuning's file_logger; "
+                          "always on unless none), aim, mlflow, tensorboard, wandb, clearml, nats; a list "
+                          "(--tracker aim mlflow), comma separated or repeated; none disables tracking."},
     )
-    aim_repo: str | None = field(default=None, metadata={"help": "Aim repository (default: <output_dir>/aim)."})
-    experiment: str | None = field(default=None, metadata={"help": "Aim experiment name (and MLflow's, unless "
-                                                                   "--mlflow_experiment)."})
+    aim_repo: str | None = field(
+        default=None, metadata={"help": "Aim repository: a folder or aim://HOST:PORT (default: "
+                                        "<output_dir>/aim)."})
+    experiment: str | None = field(
+        default=None, metadata={"help": "Aim experiment name (unless --aim_experiment) and MLflow's "
+                                        "(unless --mlflow_experiment)."})
+    aim_experiment: str | None = field(
+        default=None, metadata={"help": "Aim experiment name (default: --experiment, else "
+                                        "fms-hf-tuning)."})
+    aim_remote_server_ip: str | None = field(
+        default=None, metadata={"help": "Host of a remote `aim server`; with "
+                                        "--aim_remote_server_port, Aim writes there."})
+    aim_remote_server_port: int | None = field(
+        default=None, metadata={"help": "Port of the remote `aim server`."})
+    aim_url: str | None = field(
+        default=None, metadata={"help": "Remote `aim server` as aim://HOST:PORT (what the two flags "
+                                        "above make)."})
+    run_uri_export_path: str | None = field(
+        default=None, metadata={"help": "Folder for the trackers' <tracker>_tracker.json files (the "
+                                        "Aim run hash, the MLflow run URI) (default: --output_dir)."})
+    training_logs_filename: str = field(
+        default=JSONL_NAME, metadata={"help": "File name of the JSONL journal in --output_dir."})
     mlflow_tracking_uri: str | None = field(
         default=None, metadata={"help": "MLflow tracking URI: a folder, sqlite:///path.db or http://host:port "
                                         "(default: sqlite:///<output_dir>/mlflow.db)."})
@@ -88,9 +115,55 @@ class TrackingArguments:
     )
 
 
+def aim_remote(t: TrackingArguments) -> str | None:
+    """``aim://HOST:PORT`` of the remote ``aim server`` fms-hf-tuning's flags name, or None; a
+    UsageError for half an address, a malformed one, or two that disagree."""
+    ip, port = t.aim_remote_server_ip, t.aim_remote_server_port
+    if (ip is None) != (port is None):
+        raise UsageError("--aim_remote_server_ip and --aim_remote_server_port go together: give both "
+                         "(or --aim_url aim://HOST:PORT)")
+    if port is not None and not 0 < port < 65536:
+        raise UsageError(f"--aim_remote_server_port: {port} is not a port (1-65535)")
+    url = None
+    if t.aim_url is not None:
+        found = _AIM_URL.fullmatch(t.aim_url)
+        if found is None or not 0 < int(found.group(2)) < 65536:
+            raise UsageError(f"--aim_url: {t.aim_url!r} is not aim://HOST:PORT")
+        url = f"aim://{found.group(1)}:{int(found.group(2))}"
+    if ip is not None:
+        made = f"aim://{ip}:{port}"
+        if url is not None and url != made:
+            raise UsageError(f"--aim_url {t.aim_url} and --aim_remote_server_ip/port ({made}) "
+                             "disagree: give one")
+        url = made
+    if url is not None and t.aim_repo is not None:
+        raise UsageError(f"--aim_repo {t.aim_repo} and the remote Aim server {url} contradict each "
+                         "other: give one")
+    return url
+
+
+def check_fms_tracking(t: TrackingArguments, trackers: list[str]) -> None:
+    """UsageError for fms-hf-tuning's tracker flags given values the job cannot use; a warning for
+    Aim flags without --tracker aim and a journal name no embedded relay writes."""
+    remote = aim_remote(t)
+    if "aim" not in trackers and (t.aim_repo or remote):
+        log.warning("--aim_repo / the remote Aim server %s is unused without --tracker aim", t.aim_repo or remote)
+    name = t.training_logs_filename
+    if not name or os.path.basename(name) != name or name in (".", ".."):
+        raise UsageError(f"--training_logs_filename: {name!r} must be a file name (the journal goes "
+                         "into --output_dir; elsewhere, run a relay yourself: relay --path FILE)")
+    if name != JSONL_NAME and (t.relay_address is not None or trackers == ["none"]):
+        log.warning("--training_logs_filename %s is unused: %s", name,
+                    "the relay at --relay_address writes its own journal" if t.relay_address else "--tracker none")
+
+
+def aim_experiment(t: TrackingArguments) -> str:
+    """The Aim run's experiment: --aim_experiment, else --experiment, else fms-hf-tuning's default."""
+    return t.aim_experiment or t.experiment or DEFAULT_PROJECT
+
+
 def _aim(t: TrackingArguments, out: str) -> list[str]:
-    args = ["--repo", t.aim_repo or os.path.join(out, "aim")]
-    return args + (["--experiment", t.experiment] if t.experiment else [])
+    return ["--repo", aim_remote(t) or t.aim_repo or os.path.join(out, "aim"), "--experiment", aim_experiment(t)]
 
 
 def _mlflow(t: TrackingArguments, out: str) -> list[str]:

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainer.args import RENAMED_FLAGS, DataArguments, ModelArguments
+from trainer.args import PEFT_METHOD, RENAMED_FLAGS, DataArguments, ModelArguments
+from trainer.fms_flags import FMS_ALIASES, FMS_SWITCHES
 from trainer.tracker_flags import TrackingArguments
 
 #: The dataclass whose fields are the training flags (module, class): the parser's.
@@ -28,14 +29,14 @@ _LAZY = {("transformers", "TrainingArguments"): "transformers.training_args"}
 def print_help(out: TextIO = sys.stdout) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m trainer", add_help=False,
-        usage="python -m trainer [--demo | --model_name_or_path PATH_OR_ID --data_path FILE] --output_dir DIR "
-              "[flags]",
+        usage="python -m trainer [--demo | --model_name_or_path PATH --data_path FILE]\n"
+              "                         --output_dir DIR [flags]",
         description="Fine-tune with SFT (trl) and publish every rank's metrics to a relay (docs/trainer.md). "
                     "torchrun --nproc_per_node=N -m trainer ... runs it on N ranks; --demo trains the bundled "
                     "tiny model offline.")
     parser.add_argument("-h", "--help", action="store_true", help="Show this message and exit.")
     for title, cls in (("model", ModelArguments), ("data", DataArguments), ("tracking", TrackingArguments)):
-        group = parser.add_argument_group(f"{title} ({(cls.__doc__ or cls.__name__).splitlines()[0].rstrip('.').lower()})")
+        group = parser.add_argument_group(title, (cls.__doc__ or cls.__name__).splitlines()[0])
         for field in dataclasses.fields(cls):
             default = field.default if field.default is not dataclasses.MISSING else _NONE
             _add(group, field.name, field.metadata.get("help", ""), default, field.type in ("bool", bool))
@@ -55,6 +56,12 @@ def print_help(out: TextIO = sys.stdout) -> None:
     for old, new in RENAMED_FLAGS.items():
         if "-" not in old[2:]:
             seed.add_argument(old, metavar=new[2:].upper(), help=f"same as {new}")
+    fms = parser.add_argument_group("fms-hf-tuning's flag names (same meaning; docs/trainer.md)")
+    for old, new in FMS_ALIASES.items():
+        fms.add_argument(old, metavar=new[2:].upper(), help=f"same as {new}")
+    fms.add_argument(PEFT_METHOD, metavar="{lora,none}", help="lora: --use_peft True; none: --use_peft False")
+    for old, new_words in FMS_SWITCHES.items():
+        fms.add_argument(old, action="store_true", help=f"same as {' '.join(new_words)}")
     parser.print_help(out)
 
 

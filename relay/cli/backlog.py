@@ -13,12 +13,14 @@ first events may have cut short (relay/cli/step_view.py, ``Row.certain``), and t
 until every line shown is certain, or the window holds every file whole."""
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 from itertools import islice
-from typing import Any, Callable, Iterator
+from operator import itemgetter
+from typing import Any, Callable, Iterable, Iterator
 
-from relay.cli.backward import lines_backwards
+from relay.cli.backward import lines_from, placed_lines_backwards
 from relay.cli.follow import Ending
 from relay.cli.step_view import Row, StepView
 from relay.wire.lines import parse_line
@@ -31,24 +33,27 @@ CLOCK_SLACK_S = 300.0
 EVENTS_PER_STEP = 8
 
 Keyed = tuple[float, dict[str, Any], bytes]  # (ts to merge by, event, its line)
+Placed = tuple[float, dict[str, Any], bytes, int, int]  # ... and its file's index in the list, its offset there
 Wanted = Callable[[dict[str, Any]], bool]
+#: Events a steps view is fed between two looks for the steps now complete (which then leave memory).
+FEED_CHUNK = 4096
 
 
-def newest_first(files: list[Ending], wanted: Wanted) -> Iterator[Keyed]:
-    """The wanted lines of ``files`` (each read up to its end offset) newest first, parsed. Files are
-    opened newest first (by when they were last written) and only while one may hold a line newer
-    than the newest not yet given: a directory of thousands of old runs beside a live one costs a
-    look at each file's size and time, not a read of each."""
+def newest_first(files: list[Ending], wanted: Wanted) -> Iterator[Placed]:
+    """The wanted lines of ``files`` (each read up to its end offset) newest first, parsed, each with
+    where it is. Files are opened newest first (by when they were last written) and only while one
+    may hold a line newer than the newest not yet given: a directory of thousands of old runs beside
+    a live one costs a look at each file's size and time, not a read of each."""
     waiting = sorted(range(len(files)), key=lambda i: files[i].mtime, reverse=True)
-    heap: list[tuple[float, int, int, dict[str, Any], bytes, Iterator[Keyed]]] = []
+    heap: list[tuple[float, int, int, dict[str, Any], bytes, int, Iterator[tuple[float, dict[str, Any], bytes, int]]]] = []
     order = 0
 
-    def push(index: int, stream: Iterator[Keyed]) -> None:
+    def push(index: int, stream: Iterator[tuple[float, dict[str, Any], bytes, int]]) -> None:
         nonlocal order
         item = next(stream, None)
         if item is not None:  # ties: the later file first, so that reversed this is a forward merge's order
             order += 1
-            heapq.heappush(heap, (-item[0], -index, order, item[1], item[2], stream))
+            heapq.heappush(heap, (-item[0], -index, order, item[1], item[2], item[3], stream))
 
     while True:
         while waiting and (not heap or files[waiting[0]].mtime + CLOCK_SLACK_S >= -heap[0][0]):
@@ -56,21 +61,40 @@ def newest_first(files: list[Ending], wanted: Wanted) -> Iterator[Keyed]:
             push(index, _keyed(files[index], wanted))
         if not heap:
             return
-        key, index, _, ev, raw, stream = heapq.heappop(heap)
-        yield -key, ev, raw
+        key, index, _, ev, raw, offset, stream = heapq.heappop(heap)
+        yield -key, ev, raw, -index, offset
         push(-index, stream)
 
 
-def _keyed(file: Ending, wanted: Wanted) -> Iterator[Keyed]:
+def _keyed(file: Ending, wanted: Wanted) -> Iterator[tuple[float, dict[str, Any], bytes, int]]:
     later = math.inf
-    for raw in lines_backwards(file.path, file.end, file.identity):
+    for offset, raw in placed_lines_backwards(file.path, file.end, file.identity):
         ev = parse_line(raw)
         if ev is None or not wanted(ev):
             continue
         ts = ev.get("ts")
         if type(ts) is int or (type(ts) is float and ts == ts):  # (bool is no time, NaN no order)
             later = ts
-        yield later, ev, raw
+        yield later, ev, raw, offset
+
+
+def ts_keys(events: Iterable[tuple[dict[str, Any], bytes]]) -> Iterator[Keyed]:
+    """Each line, read forwards, with its ts to merge by; a line whose ts is not a number (a hand
+    edit, an older relay's "NaN") takes the one of the line before it, so it stays where the file has it."""
+    last: float = 0
+    for ev, raw in events:
+        ts = ev.get("ts")
+        if type(ts) is int or (type(ts) is float and ts == ts):  # (bool is no time, NaN no order)
+            last = ts
+        yield last, ev, raw
+
+
+def parsed(lines: Iterable[bytes], wanted: Wanted) -> Iterator[tuple[dict[str, Any], bytes]]:
+    """The lines that are JSON objects ``wanted`` takes, parsed, with their bytes."""
+    for raw in lines:
+        ev = parse_line(raw)
+        if ev is not None and wanted(ev):
+            yield ev, raw
 
 
 def last_events(files: list[Ending], wanted: Wanted,
@@ -78,23 +102,40 @@ def last_events(files: list[Ending], wanted: Wanted,
     """The last ``last`` wanted events of ``files``, oldest first."""
     picked = list(islice(newest_first(files, wanted), last))
     picked.reverse()
-    return [(ev, raw) for _, ev, raw in picked]
+    return [(ev, raw) for _, ev, raw, _, _ in picked]
 
 
 def last_steps(files: list[Ending], wanted: Wanted, last: int,
                view: Callable[[bool], StepView], *, now: float, final: bool) -> tuple[StepView, list[Row]]:
     """The last ``last`` lines of the steps view of ``files``, and the view that made them (with
-    the steps it still waits for, when following). ``view(from_middle)`` makes a fresh StepView."""
+    the steps it still waits for, when following). ``view(from_middle)`` makes a fresh StepView.
+
+    Memory stays the same whatever ``last``: the window of newest events is read from the files'
+    ends only to learn where in each file it begins (nothing of it is kept), then read again
+    forwards from there, fed to the view a chunk at a time, and only the last ``last`` lines kept."""
     stream = newest_first(files, wanted)
-    window: list[Keyed] = []
-    size = EVENTS_PER_STEP * (last + 2)
+    starts: dict[int, int] = {}  # file index -> offset of the oldest line of the window in it
+    taken, size = 0, EVENTS_PER_STEP * (last + 2)
     while True:
-        window.extend(islice(stream, size - len(window)))
-        whole = len(window) < size  # every file read to its start
+        for _, _, _, index, offset in islice(stream, size - taken):
+            starts[index] = offset
+            taken += 1
+        whole = taken < size  # every file read to its start
         steps = view(not whole)
-        rows = [row for _, ev, _ in reversed(window) for row in steps.feed(ev, now)]
-        rows += steps.ready(now, final=final, backlog=True)
-        shown = rows[max(0, len(rows) - last):]
-        if whole or (len(rows) >= last and all(row.certain for row in shown)):
-            return steps, shown
+        shown: collections.deque[Row] = collections.deque(maxlen=last)
+        lines = 0
+        window = heapq.merge(*(ts_keys(parsed(lines_from(files[i].path, start, files[i].end, files[i].identity),
+                                                wanted)) for i, start in sorted(starts.items())),
+                             key=itemgetter(0))
+        for count, (_, ev, _) in enumerate(window, 1):
+            rows = steps.feed(ev, now)
+            if count % FEED_CHUNK == 0:
+                rows += steps.ready(now, backlog=True)
+            shown.extend(rows)
+            lines += len(rows)
+        rows = steps.ready(now, final=final, backlog=True)
+        shown.extend(rows)
+        lines += len(rows)
+        if whole or (lines >= last and all(row.certain for row in shown)):
+            return steps, list(shown)
         size *= 2

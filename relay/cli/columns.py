@@ -3,14 +3,14 @@ the first of a table's layouts, widest first, whose lines fit it.
 
 The width is the terminal's, or ``$COLUMNS`` when set; a pipe or a file without ``$COLUMNS`` gets
 every column (a script reads the widest layout, always the same). A line still too wide (a long
-cell) is cut, with "…" where it was cut: a line that wraps breaks the table."""
+cell) is cut, with "…" where it was cut (relay/daemon/status.py `cut`, which the status line uses too):
+a line that wraps breaks the table."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from typing import Iterable, TextIO
 
-ELLIPSIS = "…"
 
 
 def terminal_width(stream: TextIO) -> int | None:
@@ -24,13 +24,6 @@ def terminal_width(stream: TextIO) -> int | None:
     except (AttributeError, ValueError, OSError):  # not a real file (captured output), or closed
         pass
     return None
-
-
-def cut(text: str, width: int | None) -> str:
-    """``text`` in ``width`` columns at most, "…" where it was cut."""
-    if width is None or len(text) <= width:
-        return text
-    return text[:max(0, width - 1)] + ELLIPSIS
 
 
 @dataclass(frozen=True)

@@ -13,19 +13,23 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
 import click
 
+from relay.cli import sigterm
+from relay.cli.suggest import no_such_command
 from relay.wire.address import ADDRESS_ENV, DEFAULT_ADDRESS, AddressInUse, BadAddress
 from relay.journal.journal import NAME as JOURNAL, Journal, JournalError
 from relay.daemon.bounds import private_files
 from relay.daemon.live_line import LiveLine, LiveLogHandler, wanted
+from relay.cli.cluster_flags import cluster_config, cluster_options
 from relay.cli.metrics_flags import start_metrics
 from relay.cli.targets import JOURNAL_SUMMARY, JournalFlags, Named, load_named, named, owner
-from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.child import SinkSpec, starting
 from sinks.base import Sink, SinkError
 
 log = logging.getLogger("relay")
@@ -51,9 +55,10 @@ class _ServeByDefault(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and not args[0].startswith("-") and args[0] not in self.commands:
-            _fail(EXIT_USAGE, _no_such_command(args[0], self.list_commands(ctx)))
+            _fail(EXIT_USAGE, no_such_command(args[0], self.list_commands(ctx)))
         if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
             args = ["serve", *args]
+        sigterm.for_command(args[0] == "serve")  # before serve loads its sinks' plugins
         return super().parse_args(ctx, args)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -72,6 +77,9 @@ class _ServeByDefault(click.Group):
             _fail(exc.exit_code, exc.format_message())
         except click.Abort:  # Ctrl-C where a command does not say more itself
             _fail(EXIT_INTERRUPTED, "interrupted")
+        except sigterm.Stopped:  # relay serve, before its body: nothing was made yet
+            log.info("stopped (SIGTERM) before listening")
+            sys.exit(0)
         gc.freeze()  # done: the exit need not walk what a sink's library built (relay replay into MLflow: 0.5 CPU-s)
         sys.exit(status if isinstance(status, int) else 0)
 
@@ -126,15 +134,6 @@ class _SinkCommand(click.Command):
                 option.help = f"[{name} sink] {option.help or ''}"
                 params.append(option)
         return params
-
-
-def _no_such_command(word: str, commands: list[str]) -> str:
-    import difflib
-
-    near = difflib.get_close_matches(word, commands, n=1, cutoff=0.6)
-    if near:
-        return f"no such command {word!r}; did you mean {near[0]!r}?"
-    return f"no such command {word!r}; commands: {', '.join(commands)} (see 'relay --help')"
 
 
 def _fail(code: int, message: str) -> NoReturn:
@@ -205,24 +204,7 @@ def main() -> None:
 @click.option("--max-memory", type=click.IntRange(0), default=1024, show_default=True, metavar="MIB",
               help="Resident memory at which every connection is dropped to free what ZeroMQ holds (clients "
                    "reconnect and resend); 0: never.")
-@click.option("--cluster/--no-cluster", default=True, show_default=True,
-              help="Derive cross-rank events from the ranks' step times (stage 'rank'): per logged step the "
-                   "min/median/max step time and slowest rank (stage 'cluster'), stragglers, lost ranks.")
-@click.option("--straggler-cost", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.10,
-              show_default=True, metavar="FRACTION",
-              help="A rank's logged step is slow when its own work beyond the other ranks' median "
-                   "costs the job this fraction of its time per step; named a straggler when over "
-                   "half of its window is slow, cleared when over half costs under half of this "
-                   "(docs/watching.md).")
-@click.option("--straggler-min", type=click.FloatRange(0.0), default=0.020, show_default=True,
-              metavar="SECONDS", help="... and that excess is at least this many seconds a step.")
-@click.option("--straggler-window", type=click.IntRange(1), default=15, show_default=True,
-              metavar="STEPS",
-              help="The training steps a straggler verdict spans (at least 3 logged steps).")
-@click.option("--rank-silence", type=click.FloatRange(1.0), default=60.0, show_default=True, metavar="SECONDS",
-              help="A rank silent this long while its peers went on to later steps gets 'rank_lost' ('rank_back' "
-                   "when it reports again); a step also waits at most this long for its ranks. Keep it above "
-                   "the time between logged steps.")
+@cluster_options
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write {\"address\", \"pid\"} here once listening (for scripts binding port '*').")
 @click.option("--watch-pid", type=int, help="Shut down cleanly when this process is gone.")
@@ -255,41 +237,44 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
           curve_cert: Path | None, curve_clients: Path | None, log_level: str, world_readable: bool, live: str,
           **sink_params: Any) -> None:
     """Run the relay until SIGINT/SIGTERM."""
-    from relay.daemon.cross_rank import ClusterConfig
-    from relay.daemon.stragglers import StragglerRule
     from relay.daemon.config import RelayConfig
     from relay.daemon.gate import AuthError
     from relay.daemon.loop import Relay
     from relay.sinkhost.process import check_sinks
 
-    private_files(world_readable)
-    line = LiveLine(sys.stderr) if wanted(live, sys.stderr) else None
-    _setup_logging(log_level, line)
-    config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
-                         sink_queue=sink_queue, forget_after=forget_after, run_rate=run_rate, max_runs=max_runs,
-                         max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
-                         shutdown_timeout=shutdown_timeout,
-                         curve_cert=curve_cert, curve_clients=curve_clients, open=run_open, secret_file=secret_file,
-                         cluster=ClusterConfig(StragglerRule(straggler_cost, straggler_min,
-                                                             straggler_window), rank_silence)
-                         if cluster else None)
-    try:  # every check before the relay listens: a bad option stops it before any training starts
-        journal, sinks = build_sinks(ctx, sink_params, log_level)
-    except SinkError as exc:
-        _fail(EXIT_USAGE, str(exc))
-    relay = Relay(config, journal, sinks)
-    try:  # a relay that stops here leaves nothing behind: no journal lock, no empty journal folder
-        relay.check_gate()
-        relay.open_journal()
-        check_sinks(sinks, journal.path)
-        relay.live = line
-        relay.bind()
-        start_metrics(relay, sink_params)  # --metrics-bind (its options: relay/cli/metrics_flags.py)
-    except (SinkError, JournalError, AddressInUse, BadAddress, AuthError) as exc:
-        journal.abandon()
-        if isinstance(exc, AddressInUse):
-            _fail(EXIT_ADDRESS_IN_USE, f"{exc}; stop the other relay or choose another address")
-        _fail(EXIT_USAGE, str(exc))
+    signal.signal(signal.SIGTERM, sigterm.stop_starting)  # from here a SIGTERM stops it cleanly (exit 0)
+    journal: Journal | None = None
+    try:
+        private_files(world_readable)
+        line = LiveLine(sys.stderr) if wanted(live, sys.stderr) else None
+        _setup_logging(log_level, line)
+        config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
+                             sink_queue=sink_queue, forget_after=forget_after, run_rate=run_rate, max_runs=max_runs,
+                             max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
+                             shutdown_timeout=shutdown_timeout,
+                             curve_cert=curve_cert, curve_clients=curve_clients, open=run_open, secret_file=secret_file,
+                             cluster=cluster_config(cluster, straggler_cost, straggler_min, straggler_window,
+                                                    rank_silence))
+        try:  # every check before the relay listens: a bad option stops it before any training starts
+            journal, sinks = build_sinks(ctx, sink_params, log_level)
+        except SinkError as exc:
+            _fail(EXIT_USAGE, str(exc))
+        relay = Relay(config, journal, sinks)
+        try:  # a relay that stops here leaves nothing behind: no journal lock, no empty journal folder
+            relay.check_gate()
+            relay.open_journal()
+            check_sinks(sinks, journal.path)
+            relay.live = line
+            relay.bind()
+            start_metrics(relay, sink_params)  # --metrics-bind (its options: relay/cli/metrics_flags.py)
+        except (SinkError, JournalError, AddressInUse, BadAddress, AuthError) as exc:
+            journal.abandon()
+            if isinstance(exc, AddressInUse):
+                _fail(EXIT_ADDRESS_IN_USE, f"{exc}; stop the other relay or choose another address")
+            _fail(EXIT_USAGE, str(exc))
+        signal.signal(signal.SIGTERM, relay.request_stop)  # listening: the loop stops, sinks starting or not
+    except sigterm.Stopped:
+        sigterm.exit_before_listening(journal)
     relay.serve()  # ready at once; the sinks' processes open beside it (Relay.open_sinks)
     logging.shutdown()
     sys.stderr.flush()
@@ -311,13 +296,25 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
 @click.pass_context
 def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, ...], runs: tuple[str, ...],
            progress_every: float, log_level: str, world_readable: bool, **sink_params: Any) -> None:
-    """Feed JSONL journal FILES (or directories of them) through sinks, in order.
+    """Feed JSONL journal FILES (or directories of them) through sinks, in order. A consuming
+    relay's folder (or several): each run read whole from every view given, each rank in order.
 
     Stopped part way (Ctrl-C, exit 130), it says how far it got: run it again to finish, what each
     sink already holds is skipped."""
+    from contextlib import ExitStack
+
+    from relay.cli.fleet_read import FleetRead, wanted as fleet
     from relay.cli.progress import Progress, size_of
     from relay.daemon.rederive import SpoolDerivation
     from relay.sinkhost.replay import replay_files
+
+    closing = ExitStack()
+    deadletters = None
+    if fleet(list(files), several=False):  # the fleet's views, in order (relay/cli/fleet_read.py)
+        read = closing.enter_context(FleetRead(list(files)))
+        for note in read.notes():
+            click.echo(f"relay replay: {note}", err=True)
+        deadletters, files = files[0] if files[0].is_dir() else files[0].parent, (read.folder,)
 
     private_files(world_readable)
     line = LiveLine(sys.stderr) if wanted("auto", sys.stderr) else None
@@ -326,11 +323,13 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
     classes: dict[str, tuple[str, Named]] = dict(ctx.meta[_SINKS])
     journal = JournalFlags.journal(sink_params) if classes.pop(JOURNAL, None) else None
     try:
-        sink_classes = [cast("type[Sink]", cls) for _, cls in classes.values()]  # (the journal's popped above)
-        sinks = [cls(**{o.name: sink_params[o.name] for o in cls.options() if o.name in sink_params})
-                 for cls in sink_classes]
-        result = replay_files(files, sinks, set(runs), journal, progress=progress.update,
-                              derive=SpoolDerivation() if journal is not None else None)
+        with closing:  # (the fleet's views put in order are removed)
+            sink_classes = {name: cast("type[Sink]", cls) for name, (_, cls) in classes.items()}  # (no journal)
+            sinks = [starting(name, cls, **{o.name: sink_params[o.name] for o in cls.options()
+                                            if o.name in sink_params}) for name, cls in sink_classes.items()]
+            derive = SpoolDerivation() if journal is not None else None
+            result = replay_files(files, sinks, set(runs), journal, progress=progress.update,
+                                  derive=derive, deadletters=deadletters)
     except (SinkError, JournalError) as exc:
         progress.close()
         _fail(EXIT_USAGE, str(exc))
@@ -360,9 +359,15 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
 def status(target: str | None, as_json: bool, timeout: float) -> None:
     """Print a relay's status line once: ask the relay at ADDRESS (default $RELAY_ADDRESS or
     tcp://127.0.0.1:5557), or read the stats file a relay keeps beside its JOURNAL."""
+    from relay.cli.columns import terminal_width
     from relay.daemon.status import BadTarget, NoAnswer, status_text
+    from relay.journal.fleet_views import is_fleet
+    if target is not None and is_fleet([Path(target)]):  # a consuming relay's folder, or a view
+        from relay.cli.fleet_read import status_lines
+        click.echo("\n".join(status_lines(Path(target), as_json=as_json)))
+        return
     try:
-        click.echo(status_text(target, timeout, as_json))
+        click.echo(status_text(target, timeout, as_json, terminal_width(sys.stdout)))
     except NoAnswer as exc:
         _fail(EXIT_RUNTIME, str(exc))
     except BadTarget as exc:

@@ -24,13 +24,13 @@ import orjson
 
 from relay.cli.decimate import BUCKETS, MinMax
 from relay.cli.filters import MetricName, Selection, number
+from relay.cli.suggest import did_you_mean
 from relay.journal.reader import journal_files
 from relay.wire.lines import parse_line
 from sinks.events import RELAY_RANK
 
 FORMATS = (".png", ".svg", ".pdf")
 #: Metrics named in an error, at most (a journal of custom metrics may hold thousands).
-_LISTED = 40
 #: A file's first lines, on which the metric names' test is tried before it is kept for the rest.
 _PROBE = 4096
 
@@ -134,10 +134,10 @@ def plot_journal(path: Path, chosen: Selection, output: Path, *, by_rank: bool =
     missing = [m.text for m, series in found.items() if not series]
     if missing:
         known = known_metrics(path, chosen)
-        listed = ", ".join(sorted(known)[:_LISTED]) + (", ..." if len(known) > _LISTED else "")
+        hint = did_you_mean(missing[0], known, "metrics there") if known else "it holds no metrics events"
         raise PlotError(f"no metric {', '.join(missing)} with a step in {path}"
                         + (" (with these filters)" if chosen != Selection(metrics=chosen.metrics) else "")
-                        + (f"; metrics there: {listed}" if known else "; it holds no metrics events"))
+                        + f"; {hint}")
     pyplot = _pyplot()
     pyplot.rcParams["svg.fonttype"] = "none"  # labels as text in an SVG: searchable, and small
     fig, axes = pyplot.subplots(len(found), 1, sharex=True, squeeze=False,

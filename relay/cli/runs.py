@@ -21,7 +21,8 @@ from typing import Any, BinaryIO, Iterator
 import orjson
 
 from relay.cli.backward import lines_backwards
-from relay.cli.columns import Column, Layout, cut, fit
+from relay.cli.columns import Column, Layout, fit
+from relay.daemon.status import cut
 from relay.cli.filters import number
 from relay.journal.reader import journal_files
 from relay.wire.lines import parse_line
@@ -34,9 +35,10 @@ LAST_LINES = 10_000
 _HEAD = b'{"v":1,"run":'  # how every line the relay writes starts (sinks.events.FIELDS order)
 _BEGIN, _END = b'"event":"train_begin"', b'"event":"train_end"'
 _STRAGGLER, _LOST = b'"event":"straggler"', b'"event":"rank_lost"'
+_CONFLICT = b'"event":"conflict"'  # the relay refused a second writer of one of its streams
 _LOSS = b'"loss":'
 _EVENT = b'"event":"'
-_FINDINGS = (_BEGIN, _END, _STRAGGLER, _LOST)
+_FINDINGS = (_BEGIN, _END, _STRAGGLER, _LOST, _CONFLICT)
 _CHUNK = 8 << 20
 _WINDOW = 1 << 20  # bytes read on each side of a finding for its line (a line is at most schema.MAX_LINE_BYTES)
 
@@ -47,13 +49,17 @@ class RunSummary:
     file: str
     start: float | None  # ts of its first event
     end: float | None  # ts of its last
-    status: str  # train_end's status (completed, failed, ...), else running or unfinished
+    #: conflict (a second writer was refused), else train_end's status (completed, failed ...),
+    #: else running or unfinished
+    status: str
     attempts: int  # train_begin events (torchrun restarts, resumed jobs)
     ranks: int | None  # world size
     last_step: int | None
     last_loss: float | None  # the Trainer's (stage train)
     stragglers: int  # the relay's straggler findings (episodes)
     lost_ranks: int  # ... and rank_lost ones
+    stale: bool = False  # read only from partition views their consuming relays no longer hold
+    conflicts: int = 0  # second writers the relay refused (docs/protocol.md)
     straggler_rank: int | None = None  # the last straggler named ...
     straggler_cost: float | None = None  # ... what it cost the job: a fraction of its time per step
     straggler_cost_s: float | None = None  # ... and seconds a step
@@ -78,7 +84,8 @@ def _file(file: Path, now: float) -> list[RunSummary]:
         scan = _Scan(fh, _HEAD + orjson.dumps(first["run"]) + b",")
         if scan.heads != scan.lines:  # (a blank line, a hand edit or another run: read it line by line)
             return _shared(file, fh, now)
-        found = _Found(first, scan.counts[_BEGIN], scan.counts[_STRAGGLER], scan.counts[_LOST])
+        counts = scan.counts
+        found = _Found(first, counts[_BEGIN], counts[_STRAGGLER], counts[_LOST], counts[_CONFLICT])
         if scan.last[_END] > scan.last[_BEGIN]:
             found.end_line = _line_at(fh, scan.last[_END])
         if scan.last[_STRAGGLER] >= 0:
@@ -137,9 +144,11 @@ class _Found:
     """What is known of one run: its first event, counts, and the lines that say its end, last step
     and last train loss."""
 
-    def __init__(self, first: dict[str, Any], attempts: int = 0, stragglers: int = 0, lost: int = 0) -> None:
+    def __init__(self, first: dict[str, Any], attempts: int = 0, stragglers: int = 0, lost: int = 0,
+                 conflicts: int = 0) -> None:
         self.first = first
         self.attempts, self.stragglers, self.lost = attempts, stragglers, lost
+        self.conflicts = conflicts
         self.end_line: dict[str, Any] | None = None
         self.straggler_line: dict[str, Any] | None = None  # the last straggler finding
         self.last_at = self.step_at = self.loss_at = -1  # where its last line, step and train loss are (shared file)
@@ -165,13 +174,15 @@ class _Found:
             status = str((self.end_line.get("data") or {}).get("status", "ended"))
         else:
             status = "running" if end_ts is not None and now - end_ts < RUNNING_S else "unfinished"
+        if self.conflicts:
+            status = "conflict"
         world = self.first.get("world_size")
         named = (self.straggler_line or {}).get("data") or {}
         rank = named.get("rank") if type(named.get("rank")) is int else None
         return RunSummary(self.first["run"], str(file), number(self.first.get("ts")), end_ts, status, self.attempts,
                           ranks if ranks is not None else world if type(world) is int else None, step, loss,
-                          self.stragglers, self.lost, rank, number(named.get("cost")),
-                          number(named.get("cost_s")))
+                          self.stragglers, self.lost, conflicts=self.conflicts, straggler_rank=rank,
+                          straggler_cost=number(named.get("cost")), straggler_cost_s=number(named.get("cost_s")))
 
 
 def _shared(file: Path, fh: BinaryIO, now: float) -> list[RunSummary]:
@@ -195,6 +206,7 @@ def _shared(file: Path, fh: BinaryIO, now: float) -> list[RunSummary]:
                 found.stragglers += 1
                 found.straggler_line = _event(line)
             found.lost += _LOST in line
+            found.conflicts += _CONFLICT in line
             if _BEGIN in line:
                 found.end_line = None
             elif _END in line:
@@ -214,7 +226,8 @@ def as_json(summaries: list[RunSummary]) -> bytes:
 
 def table(summaries: list[RunSummary], width: int | None) -> list[str]:
     """The listing, one line per run, fitted to ``width``."""
-    rows = [{"run": s.run, "start": _when(s.start), "status": s.status, "attempts": str(s.attempts),
+    rows = [{"run": s.run, "start": _when(s.start), "status": s.status + " (stale)" * s.stale,
+             "attempts": str(s.attempts),
              "ranks": "-" if s.ranks is None else str(s.ranks), "step": "-" if s.last_step is None else str(s.last_step),
              "loss": "-" if s.last_loss is None else f"{s.last_loss:.4g}", "stragglers": str(s.stragglers),
              "lost": str(s.lost_ranks), "costliest": _costliest(s)} for s in summaries]

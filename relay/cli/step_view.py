@@ -41,7 +41,8 @@ from typing import Any, NamedTuple
 
 import click
 
-from relay.cli.columns import Column, Layout, cut, fit
+from relay.cli.columns import Column, Layout, fit
+from relay.daemon.status import cut
 from relay.cli.filters import MetricName, clock, number
 
 #: Seconds a step waits after a later step began, for a rank's late report (one look of ``tail -f``).
@@ -324,7 +325,10 @@ def _spread(figures: dict[int, float]) -> tuple[int, float, float | None]:
 
 
 def _fmt(value: Any, spec: str) -> str:
-    """A cell: a number (or the journal's "NaN") formatted, "-" for nothing."""
+    """A cell: a number (or the journal's "NaN") formatted, an integer as one (``global_step=483800``,
+    never ``4.838e+05``), "-" for nothing."""
+    if type(value) is int:
+        return format(value, "," if "," in spec else "")
     num = number(value)
     if num is None:
         return "-" if value is None else str(value)[:12]

@@ -20,10 +20,9 @@ from typing import Any, Iterable, Iterator, TextIO
 import click
 import orjson
 
-from relay.cli.backlog import last_events, last_steps
+from relay.cli.backlog import last_events, last_steps, parsed, ts_keys
 from relay.cli.columns import terminal_width
 from relay.cli.follow import Follower
-from relay.wire.lines import parse_line
 from relay.cli.filters import Selection, clock
 from relay.cli.step_view import Row, StepView
 from sinks.events import RELAY_RANK
@@ -65,17 +64,6 @@ def _short(value: Any) -> str:
             return "[...]" if isinstance(value, list) else "{...}"
         return text if len(text) <= 80 else text[:77] + "..."
     return str(value)
-
-
-def _ts_keys(events: Iterable[tuple[dict[str, Any], bytes]]) -> Iterator[tuple[float, dict[str, Any], bytes]]:
-    """Each line with its ts to merge by; a line whose ts is not a number (a hand edit, an older
-    relay's "NaN") takes the one of the line before it, so it stays where the file has it."""
-    last: float = 0
-    for ev, raw in events:
-        ts = ev.get("ts")
-        if type(ts) is int or (type(ts) is float and ts == ts):  # (bool is no time, NaN no order)
-            last = ts
-        yield last, ev, raw
 
 
 def reader_gone(stream: TextIO, wait: float) -> bool:
@@ -150,9 +138,9 @@ class Tail:
     def _show_all(self, final: bool) -> None:
         """Everything there is (that the selection wants), read forwards: each file in its own order,
         files merged by time; parsed as it is consumed, so only what the view keeps stays in memory."""
-        files = [self._wanted(lines) for _, lines in self._follower.poll(final=final)]
+        files = [parsed(lines, self.selection.wants) for _, lines in self._follower.poll(final=final)]
         backlog = files[0] if len(files) == 1 else (
-            (ev, raw) for _, ev, raw in heapq.merge(*map(_ts_keys, files), key=lambda k: k[0]))
+            (ev, raw) for _, ev, raw in heapq.merge(*map(ts_keys, files), key=lambda k: k[0]))
         if self.view != "steps" or self.as_json:
             self._show_events(list(backlog))
             return
@@ -168,7 +156,7 @@ class Tail:
 
     def poll_once(self) -> None:
         """One look when following: what was written since, shown."""
-        fresh = [pair for _, lines in self._follower.poll() for pair in self._wanted(lines)]
+        fresh = list(self._wanted(self._fresh_lines()))
         if self.view == "steps" and not self.as_json:
             now = time.monotonic()
             rows = [row for ev, _ in fresh for row in self.steps.feed(ev, now)]
@@ -176,13 +164,13 @@ class Tail:
         else:
             self._show_events(fresh)
 
-    def _wanted(self, lines: list[bytes]) -> Iterator[tuple[dict[str, Any], bytes]]:
+    def _fresh_lines(self) -> Iterator[bytes]:
+        """The lines written since the last look (relay/cli/fleet_read.py: the fleet's views')."""
+        return (line for _, lines in self._follower.poll() for line in lines)
+
+    def _wanted(self, lines: Iterable[bytes]) -> Iterator[tuple[dict[str, Any], bytes]]:
         """The lines that are JSON objects the selection wants, parsed, with their bytes."""
-        wants = self.selection.wants
-        for raw in lines:
-            ev = parse_line(raw)
-            if ev is not None and wants(ev):
-                yield ev, raw
+        return parsed(lines, self.selection.wants)
 
     def _show_events(self, events: list[tuple[dict[str, Any], bytes]]) -> None:
         if not events:

@@ -13,7 +13,6 @@ import atexit
 import collections
 import logging
 import os
-import shlex
 import socket
 import sys
 import threading
@@ -30,14 +29,12 @@ from relay.wire.address import resolve_address
 from relay.wire.lines import SPOOL_SUFFIX
 from relay.wire.io_thread import LinkMember, read_monitor, shared_hub
 from relay.client.send_window import SendWindow
-from sinks.events import MAX_ATTEMPT, RELAY_RANK, attempt_base
+from sinks.events import MAX_ATTEMPT, RELAY_RANK, session_base
 
 __all__ = ["Publisher", "UNKNOWN_JOURNAL"]
+UNKNOWN_JOURNAL = spool.UNKNOWN_JOURNAL  # the journal the close warning names, when none is known
 
 log = logging.getLogger(__name__)
-
-#: What the replay command of the close warning names when the relay's journal is not known here.
-UNKNOWN_JOURNAL = "YOUR_JOURNAL"
 
 #: Stands in the queue for the closing ``stats`` event's counters until the I/O thread numbers it:
 #: counted then, they take in every drop of the events numbered before it (and its children's
@@ -71,12 +68,16 @@ class Publisher(ForkHandover, LinkMember):
         spool_dir: str | os.PathLike[str] | None = None,
         spool_journal: str | os.PathLike[str] | None = None,
         attempt: int = 0,
+        restart: int | None = None,
     ) -> None:
         """``spool_dir``: where close() writes what the relay never acknowledged (None: nowhere, it is
         only counted); ``spool_journal``: the relay's journal, named in the replay command it logs;
         ``attempt``: which attempt of ``run`` this process belongs to (a job resumed from a checkpoint
         continues its run as attempt 1, 2 ...): its seqs start at ``attempt_base(attempt)``, above every
-        earlier attempt's, so the relay takes none of its events for a duplicate."""
+        earlier attempt's, so the relay takes none of its events for a duplicate; ``restart``: how
+        often torchrun restarted this rank (None: ``TORCHELASTIC_RESTART_COUNT``): it numbers from
+        ``session_base(attempt, restart)``, above the attempt's earlier starts, so a restarted rank
+        continues its stream once the one before has gone (docs/protocol.md)."""
         if not schema.valid_run_id(run):
             raise ValueError(f"run id {run!r} must match {schema.RUN_ID_RE.pattern}")
         for name, val in (("rank", rank), ("world_size", world_size), ("max_events", max_events)):
@@ -86,7 +87,10 @@ class Publisher(ForkHandover, LinkMember):
             raise ValueError(f"rank must be below {RELAY_RANK} (the relay's own rank), got {rank}")
         if not isinstance(attempt, int) or not 0 <= attempt < MAX_ATTEMPT:
             raise ValueError(f"attempt must be an int in [0, {MAX_ATTEMPT}), got {attempt!r}")
+        env = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+        restart = (int(env) if env.isdigit() else 0) if restart is None else restart
         self.attempt = attempt
+        self.restart = restart
         self.run = run
         self.rank = rank
         self.address = resolve_address(address)
@@ -118,7 +122,7 @@ class Publisher(ForkHandover, LinkMember):
         self._dropped_error = 0  # by publish(): could not even build the event
         # Owned by the background thread:
         self._window = SendWindow(max_events=max_events, max_bytes=max_bytes, resend_after=resend_after,
-                                  now=time.monotonic(), first_seq=attempt_base(attempt))
+                                  now=time.monotonic(), first_seq=session_base(attempt, restart))
         self._pack_row = encoding.row_packer().pack
         self._dropped_bad = 0  # unencodable or oversized events
         self._reported_drops = 0
@@ -136,6 +140,7 @@ class Publisher(ForkHandover, LinkMember):
         self.publish("hello", {
             "pid": os.getpid(), "address": self.address, "python": sys.version.split()[0],
             "pyzmq": zmq.__version__, "max_events": max_events, "attempt": attempt,
+            "restart": restart, "session": self.session.hex(),
         })
         self._hub = shared_hub()
         self._hub.register(self)
@@ -211,8 +216,10 @@ class Publisher(ForkHandover, LinkMember):
         if not left:
             return 0
         if self.spool_path is None:
-            log.warning("relay %s: %d events of run %s rank %d were never acknowledged",
-                        self.address, left, self.run, self.rank)
+            why = self.refused_streams.get((self.run, self.rank))
+            why = f": {why}" if why else ""
+            log.warning("relay %s: %d events of run %s rank %d were never acknowledged%s",
+                        self.address, left, self.run, self.rank, why)
         elif not self._done.is_set():
             log.error("relay %s: %d events of run %s rank %d were never acknowledged and are not spooled: the "
                       "publisher thread did not stop", self.address, left, self.run, self.rank)
@@ -242,13 +249,9 @@ class Publisher(ForkHandover, LinkMember):
                       "the spool %s: %s", self.address, len(events), self.run, self.rank, path, exc)
             return
         self._spooled += len(events)
-        if self._spool_journal is None:
-            where, journal = f"the journal of the relay at {self.address}", UNKNOWN_JOURNAL
-        else:
-            where, journal = "the journal", shlex.quote(self._spool_journal)
-        log.warning("relay %s: %d events of run %s rank %d were never acknowledged; spooled, deliver them to %s "
-                    "with: relay replay %s --sink jsonl --path %s", self.address, len(events), self.run, self.rank,
-                    where, shlex.quote(path), journal)
+        refused = self.refused_streams.get((self.run, self.rank))
+        log.warning("%s", spool.told(self.address, len(events), self.run, self.rank, path,
+                                     self._spool_journal, refused))
 
     @property
     def unacknowledged(self) -> int:

@@ -4,12 +4,31 @@ replay`` (which skips what the journal already holds) delivers exactly the missi
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Any, Mapping
 
 import msgpack
 
 from relay.wire import schema
 from sinks.events import ROW_FIELDS
+
+
+#: What the replay command of the close warning names when the relay's journal is not known here.
+UNKNOWN_JOURNAL = "YOUR_JOURNAL"
+
+
+def told(address: str, count: int, run: str, rank: int, path: str, journal: str | None,
+         refused: str | None) -> str:
+    """What a closing Publisher says of the events it spooled: the command that delivers them, or,
+    when the relay refused the stream (another process writes it, ``refused`` says which), why not:
+    replayed into that run, they would be taken for its writer's."""
+    lost = f"relay {address}: {count} events of run {run} rank {rank} were never acknowledged"
+    if refused:
+        return f"{lost}: {refused}; spooled in {path}"
+    where = "the journal" if journal is not None else f"the journal of the relay at {address}"
+    target = shlex.quote(journal or UNKNOWN_JOURNAL)
+    return (f"{lost}; spooled, deliver them to {where} with: relay replay {shlex.quote(path)} "
+            f"--sink jsonl --path {target}")
 
 
 def row_event(envelope: Mapping[str, Any], blob: bytes) -> dict[str, Any]:

@@ -95,10 +95,12 @@ class Counters:
 
 
 def run_view(runs: Iterable[str], run_ranks: Mapping[str, list[int]], active: Mapping[tuple[str, int], float],
-             world: Mapping[str, int], now: float, window: float) -> dict[str, dict[str, Any]]:
+             world: Mapping[str, int], ended: Mapping[str, str], now: float,
+             window: float) -> dict[str, dict[str, Any]]:
     """Per run (in the order given: most recently active first), up to RUNS_LISTED: its ranks that
     sent something within ``window`` seconds, those it has state for, its world size (None until
-    known) and the seconds since its last event."""
+    known), the seconds since its last event and its state: how it ended, else "running" (the status
+    line calls one silent for long "stale", relay/daemon/status.py)."""
     view: dict[str, dict[str, Any]] = {}
     for run in runs:
         if len(view) >= RUNS_LISTED:
@@ -107,7 +109,7 @@ def run_view(runs: Iterable[str], run_ranks: Mapping[str, list[int]], active: Ma
         last = max((t for t in seen if t is not None), default=None)
         view[run] = {"connected": sum(1 for t in seen if t is not None and now - t <= window),
                      "ranks": len(seen), "world_size": world.get(run),
-                     "idle_s": None if last is None else round(now - last, 1)}
+                     "idle_s": None if last is None else round(now - last, 1), "state": ended.get(run, "running")}
     return view
 
 

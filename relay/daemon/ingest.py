@@ -12,8 +12,8 @@ and the time; the daemon's loop (relay/daemon/loop.py) reads them off its ROUTER
 fuzzer and the tests hand them in directly. What ingest calls back is given to its constructor:
 ``send_acks`` sends a connection its acks, ``fan_out`` hands what the journal took to the other
 sinks, ``connected`` asks whether a stream's owner is still connected, when another connection
-sends for its stream (relay/daemon/peers.py); ``refuse_connection`` is how the loop reports a
-refused handshake.
+sends for its stream (relay/daemon/peers.py), ``tell`` tells a refused second writer why
+(relay/daemon/writers.py); ``refuse_connection`` is how the loop reports a refused handshake.
 """
 from __future__ import annotations
 
@@ -29,18 +29,23 @@ from relay.daemon.cross_rank import Cluster, ClusterConfig
 from relay.daemon.owners import Owners
 from relay.daemon.run_health import RunHealth
 from relay.daemon.runs import Key, Runs
+from relay.daemon.second_writers import SecondWriters, Tell
+from relay.daemon.writers import session_of, writer_of
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import RankState, claimed_drop
 from relay.journal.journal import Journal
 from relay.wire import encoding, schema
 from relay.wire.lines import Derived, check_lines, encode_line, encode_lines, relay_event
-from sinks.events import RELAY_RANK, attempt_base, attempt_of
+from sinks.events import RELAY_RANK, attempt_of, starts_session
 
 log = logging.getLogger("relay")
 
 #: Seconds between the log lines (and dead letters) of refused handshakes after the first: a peer
 #: without the secret retries every few seconds for as long as it runs, and each try is counted.
 REFUSED_REPORT_EVERY = 60.0
+#: Log lines per refusal reason before only every thousandth is logged (each reason counts its own,
+#: so no flood of one reason hides another).
+REJECT_LOG_FIRST = 10
 
 _rank = operator.itemgetter("rank")
 
@@ -51,7 +56,8 @@ class Ingest:
     def __init__(self, journal: Journal, deadletters: DeadLetters, now: float, *, send_acks: Send,
                  fan_out: Deliver | None = None, connected: Callable[[bytes], bool] | None = None,
                  run_rate: float = 60.0, max_runs: int = 10_000, cluster: ClusterConfig | None = None,
-                 health: RunHealth | None = None, wall_clock: Callable[[], float] = time.time) -> None:
+                 health: RunHealth | None = None, wall_clock: Callable[[], float] = time.time,
+                 tell: Tell | None = None) -> None:
         self.journal = journal
         self.deadletters = deadletters
         self.counters = Counters()
@@ -67,6 +73,10 @@ class Ingest:
         self.connected = connected
         self._refused_at: float | None = None  # when a refused handshake was last logged
         self._refused_since = 0  # refused handshakes since then
+        #: second writers of streams judged and refused (relay/daemon/second_writers.py)
+        self.second_writers = SecondWriters(
+            self.runs, self.owners, self.counters, deadletters, lookup=self.lookup,
+            connected=connected, gone=self.peer_gone, derive=self.queue_derived, tell=tell)
         self._wall_clock = wall_clock  # the ts of the relay's own events
         self._host = socket.gethostname()
 
@@ -86,6 +96,10 @@ class Ingest:
             self.reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it derives); "
                                          "no client may publish as it", frame, peer)
             return
+        conflict = self.second_writers.judge(peer, decoded, now)
+        if conflict is not None:
+            self.second_writers.refuse(conflict, events, frame, peer, now)
+            return
         taken = self._owned_elsewhere(peer, events, first_seq, now)
         if taken is not None:
             self.reject("not_owner", f"run {taken[0]} rank {taken[1]} is being sent by another live connection; "
@@ -103,9 +117,8 @@ class Ingest:
     def follow_health(self, health: RunHealth | None) -> None:
         """Keep each run's health in ``health`` (for the Prometheus endpoint, relay/daemon/run_health.py)."""
         self.health = health
-        self._watching = self.cluster is not None or health is not None  # the events _derive takes
-        #: with --metrics-loss, what takes each of rank 0's frames for its last loss
-        self._take_loss = health.take_loss if health is not None and health.loss else None
+        #: each new frame's events for the runs' health: steps, and with --metrics-loss rank 0's loss
+        self._health_frame = health.take_frame if health is not None else None
 
     def _owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
                          now: float) -> Key | None:
@@ -155,12 +168,14 @@ class Ingest:
                 self._refuse_runs(peer, [run], events)
                 return
             counters.events += len(events)
+            if (run, rank) not in self.runs.writers.of:
+                self.runs.writers.wrote_without_hello((run, rank), peer, events[0]["host"])
             if state.take_run(first_seq, len(events)):
                 commit_step.add(run, chunk, len(events))  # (not before _state: making room may commit)
-                if derive and self._watching:
+                if derive:
                     self._derive(events, now)
-                if self._take_loss is not None and rank == 0:
-                    self._take_loss(events)
+                if self._health_frame is not None:
+                    self._health_frame(events, rank, now)
                 return
             lines = None
         else:
@@ -177,17 +192,21 @@ class Ingest:
             if key != last_key:  # a frame normally holds one rank's events: look it up once
                 held = self._state(peer, key[0], key[1], now, admitted=True)
                 last_key = key
+                if event["type"] != "hello":
+                    self.runs.writers.wrote_without_hello(key, peer, event["host"])
             if held.take(event["seq"], peer):
                 commit_step.add(key[0], line, 1)
                 if event["type"] == "stats":
                     self._client_drops(key, held, event, peer)
                 elif event["type"] == "hello":
                     self.runs.hello(key, event["ts"])
-                    self._attempt_begins(key, held, event["seq"], peer)
-                elif self._watching and (event["stage"] == "rank" or event["type"] == "lifecycle"):
+                    self.runs.writers.wrote(key, writer_of(event["data"], event["host"],
+                                                           session_of(event["data"], peer)))
+                    self._session_begins(key, held, event["seq"], peer)
+                elif event["stage"] == "rank" or event["type"] == "lifecycle":
                     self._derive((event,), now)
-                elif self._take_loss is not None and event["stage"] == "train" and key[1] == 0:
-                    self._take_loss((event,))
+                elif self._health_frame is not None:
+                    self._health_frame((event,), key[1], now)
             else:
                 counters.duplicates += 1
                 if event["type"] == "hello" and self.runs.reused(key, event["ts"]):
@@ -202,6 +221,16 @@ class Ingest:
     def _state(self, peer: bytes, run: str, rank: int, now: float, admitted: bool = False) -> RankState | None:
         """(run, rank)'s dedupe state, with its ack route and activity noted; None if ``run`` is new
         and ``peer`` has used up its budget of new runs (unless already ``admitted``)."""
+        state = self.lookup(peer, run, rank, now, admitted)
+        if state is not None:
+            self.runs.claim((run, rank), peer, now)
+            self.commit_step.ack_due((run, rank))
+        return state
+
+    def lookup(self, peer: bytes, run: str, rank: int, now: float,
+                admitted: bool = False) -> RankState | None:
+        """(run, rank)'s dedupe state, learned from the journal for a run met again; None if ``run``
+        is new and ``peer`` has used up its budget of new runs (unless already ``admitted``)."""
         runs = self.runs
         key = (run, rank)
         state = runs.ranks.get(key)
@@ -218,15 +247,14 @@ class Ingest:
                 for known, dropped in runs.reported.items():
                     self.counters.client_reported(known, dropped)
                 runs.reported.clear()
-        runs.claim(key, peer, now)
-        self.commit_step.ack_due(key)
         return state
 
     def _derive(self, events: Iterable[dict[str, Any]], now: float) -> None:
-        """Hand the new per-rank figures and lifecycle events among ``events`` to the cluster derivation
-        and the runs' health."""
+        """New per-rank figures and lifecycle events: to the cluster derivation, health and run table."""
         cluster, health = self.cluster, self.health
         for event in events:
+            if event["type"] == "lifecycle":
+                self.runs.lifecycle(event["run"], event["data"])
             if health is not None:
                 health.observe(event, now)
             if cluster is None:
@@ -270,12 +298,14 @@ class Ingest:
                 return
             self.counters.runs_evicted += 1
 
-    def _attempt_begins(self, key: Key, state: RankState, seq: int, peer: bytes) -> None:
-        """A hello at the first seq of a later attempt of its run (a resumed job; sinks/events.py): its
-        client numbers nothing below it, so the rank's floor moves up to it, as for a drop report of
-        that connection (the earlier attempt's seqs it never delivered were lost with its process)."""
-        if seq > state.floor and seq == attempt_base(attempt_of(seq)):
-            log.info("run %s rank %d: attempt %d begins (seq %d)", key[0], key[1], attempt_of(seq), seq)
+    def _session_begins(self, key: Key, state: RankState, seq: int, peer: bytes) -> None:
+        """A hello at the first seq of a later session of its stream (a resumed job's attempt, an
+        elastic restart; sinks/events.py): its client numbers nothing below it, so the rank's floor
+        moves up to it, as for a drop report of that connection (the earlier session's seqs it never
+        delivered were lost with its process)."""
+        if seq > state.floor and starts_session(seq):
+            log.info("run %s rank %d: a new session begins at seq %d (attempt %d)", key[0], key[1],
+                     seq, attempt_of(seq))
             state.skip_to(seq, peer)
 
     def _reused_run(self, key: Key) -> None:
@@ -318,6 +348,7 @@ class Ingest:
     def peer_gone(self, peer: bytes) -> None:
         """``peer``'s connection is gone: the streams it owned pass to whichever connection sends next."""
         released = self.runs.release(peer)
+        self.runs.writers.gone(peer)
         if released:
             self.counters.owners_released += released
             log.debug("peer %s disconnected: %d streams it sent are free", peer.hex(), released)
@@ -326,6 +357,7 @@ class Ingest:
         """Every connection was dropped (the loop's memory guard): every stream is free and no ack is
         due to anyone; each client resends, and is acknowledged then."""
         self.runs.release_all()
+        self.runs.writers.all_gone()
         self.commit_step.drop_acks()
 
     def refuse_connection(self, why: str, now: float) -> None:
@@ -358,10 +390,11 @@ class Ingest:
             self.counters.bad_drop_reports += 1
 
     def reject(self, reason: str, detail: str, frame: bytes, peer: bytes) -> None:
-        """A refused frame: counted by ``reason``, logged (the first ten, then every thousandth), dead-lettered."""
-        self.counters.rejected[reason] += 1
-        total = sum(self.counters.rejected.values())
-        if total <= 10 or total % 1000 == 0:
-            log.warning("rejected frame from peer %s (%d rejected so far): %s: %s", peer.hex(), total, reason, detail)
+        """A refused frame: counted by ``reason``, logged (each reason's first ten, then every
+        thousandth), dead-lettered."""
+        count = self.counters.rejected[reason] = self.counters.rejected[reason] + 1
+        if count <= REJECT_LOG_FIRST or count % 1000 == 0:
+            log.warning("rejected frame from peer %s (%d %s so far): %s: %s", peer.hex(), count,
+                        reason, reason, detail)
         if not self.deadletters.add(reason, detail, frame, peer):
             self.counters.deadletter_overflow += 1

@@ -13,6 +13,8 @@ import os
 import threading
 from typing import Callable, TextIO
 
+from relay.daemon.status import cut
+
 CLEAR = "\r\x1b[K"
 
 
@@ -42,7 +44,7 @@ class LiveLine:
             if self.closed:
                 return
             width = self.width()
-            self.text = text if len(text) <= width else text[:width - 3] + "..."
+            self.text = cut(text, width)
             self._write(CLEAR + self.text)
 
     def above(self, write: Callable[[], None]) -> None:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, cast
@@ -64,6 +65,7 @@ class Relay:
         self.fan_out = FanOut()  # the other sinks' processes (none until open_sinks starts them)
         self.ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), now,
                              send_acks=self._send_acks, fan_out=self.fan_out.submit, connected=self._connected,
+                             tell=self._tell,
                              run_rate=config.run_rate, max_runs=config.max_runs, cluster=config.cluster)
         self.counters = self.ingest.counters
         self.stats_path: Path = journal.sidecar("_stats.json")
@@ -78,6 +80,7 @@ class Relay:
         self._rate = Rate()
         self._answers = Answers(self.snapshot)
         self._journal_open = False
+        self._host = socket.gethostname()  # in the stats: relay status judges a relay of this host only
         self.each_second: list[Callable[[], None]] = []  # called on this thread (the Prometheus endpoint's snapshot)
 
     # -- setup -----------------------------------------------------------------------------------
@@ -147,7 +150,8 @@ class Relay:
         raise_file_limit()
         self.open_journal()
         self.write_ready_file()  # ready before the sinks open: they take seconds (Aim, MLflow), ingest none
-        self.open_sinks()
+        if not self._stop:  # (a SIGTERM while it started: no sink is started only to be stopped)
+            self.open_sinks()
         assert self._gate is not None
         log.info("relay listening on %s (%s), journal %s, sinks: %s", self.address, self._gate.policy.describe(),
                  self.journal.path, ", ".join([JOURNAL] + [s.name for s in self.sinks]))
@@ -264,6 +268,14 @@ class Relay:
         except zmq.ZMQError:
             pass  # peer gone or slow: it resends, and gets a fresh ack then
 
+    def _tell(self, peer: bytes, refused: list[tuple[str, int, str]]) -> None:
+        """Tell a connection why its frames for these streams are refused (daemon/writers.py)."""
+        assert self._sock is not None
+        try:
+            self._sock.send_multipart([peer, encoding.encode_refused(refused)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # gone or slow: it is told again when it resends
+
     def _answer_status(self, sock: zmq.Socket, peer: bytes, now: float) -> None:
         """A status request: not a frame, never a reject; answered within relay/daemon/status.py's budget."""
         reply = self._answers.reply(now)
@@ -337,7 +349,7 @@ class Relay:
         sinks: dict[str, Any] = {JOURNAL: self.ingest.commit_step.journal_stats(now)}
         sinks.update(self.fan_out.stats())
         snap = self.counters.snapshot(sinks, runs.client_ranks())
-        snap.update(ts=round(time.time(), 3), address=self.address, pid=os.getpid(), final=final,
+        snap.update(ts=round(time.time(), 3), address=self.address, pid=os.getpid(), host=self._host, final=final,
                     events_per_s=round(self._rate.per_s(now, self.counters.events, window), 1), rate_window_s=window,
                     runs=runs.count(), active_window_s=self.config.active_window,
                     per_run=runs.view(now, self.config.active_window))

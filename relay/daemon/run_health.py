@@ -1,11 +1,12 @@
 """Each run's health as the Prometheus endpoint shows it (relay/metrics/): its last step and when it
-came, its recent pace, each rank's last step time and own work, its attempt, whether it ended and,
-opt-in, its last loss.
+came (from its ranks' windows, or from its metrics events for a run that sends none), its recent
+pace, each rank's last step time and own work, its attempt, whether it ended and, opt-in, its last
+loss.
 
 Ingest (relay/daemon/ingest.py) hands ``observe`` the events it already looks at for the cross-rank
-derivation (``stage="rank"`` metrics and ``lifecycle`` events) and, with ``loss`` on, ``take_loss``
-each of rank 0's frames (read from its end: the latest loss is all it keeps); each costs a few dict
-writes, and nothing here builds a metric. The
+derivation (``stage="rank"`` metrics and ``lifecycle`` events) and ``take_frame`` each new frame's
+events (read from its end: the last step, and with ``loss`` on rank 0's latest loss, are all it
+keeps); each costs a few dict writes, and nothing here builds a metric. The
 endpoint's thread reads ``runs`` at scrape time (``view``): every structure it reads is replaced or
 copied whole in one C call (a dict copy, ``tuple`` of a deque), so the ingest thread never waits for a
 scrape and a scrape never sees half an update. No socket, no clock: the caller gives the time
@@ -25,7 +26,7 @@ PACE_STEPS = 64
 
 class _Run:
     __slots__ = ("world_size", "last_step", "last_step_at", "pace", "step_time", "own_time", "rank_step",
-                 "attempt", "loss", "ended_at", "status")
+                 "attempt", "loss", "ended_at", "status", "ranked")
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
@@ -39,6 +40,7 @@ class _Run:
         self.loss: float | None = None
         self.ended_at: float | None = None
         self.status: str | None = None
+        self.ranked = False  # it sends per-rank windows (stage "rank"): its steps come from them alone
 
 
 class RunView(NamedTuple):
@@ -97,6 +99,7 @@ class RunHealth:
         rank, step, data = event["rank"], event["step"], event["data"]
         if rank >= run.world_size:
             return
+        run.ranked = True
         took, own = data.get("step_time"), data.get("own_time")
         if type(took) in _NUMBERS and isfinite(took):
             run.step_time[rank] = took
@@ -104,9 +107,24 @@ class RunHealth:
             run.own_time[rank] = own
         if type(step) is int:
             run.rank_step[rank] = step
-            if step > run.last_step:
-                run.last_step, run.last_step_at = step, now
-                run.pace.append((now, step))
+            _stepped(run, step, now)
+
+    def take_frame(self, events: Sequence[dict[str, Any]], rank: int, now: float) -> None:
+        """New events of one frame of ``rank``, oldest first: their steps, and with ``loss`` rank 0's last."""
+        self.take_steps(events, now)
+        if self.loss and rank == 0:
+            self.take_loss(events)
+
+    def take_steps(self, events: Sequence[dict[str, Any]], now: float) -> None:
+        """New events of one frame, oldest first: the step of the last metrics event among them, for a
+        run that sends no per-rank windows (a custom loop's ``Publisher``, the accelerate tracker), so it
+        has a last step, a pace and a stall series too. A run that sends them keeps its steps from them."""
+        for event in reversed(events):
+            if event["type"] == "metrics" and type(event["step"]) is int and event["stage"] != "rank":
+                run = self._run(event)
+                if not run.ranked:
+                    _stepped(run, event["step"], now)
+                return
 
     def take_loss(self, events: Sequence[dict[str, Any]]) -> None:
         """Rank 0's new events of one frame, oldest first: the last training loss among them."""
@@ -146,6 +164,13 @@ class RunHealth:
         runs = list(self.runs.items())  # one C call: the ingest thread may add a run meanwhile
         runs.sort(key=lambda item: -(item[1].last_step_at or 0.0))
         return {name: _view(run) for name, run in runs[:limit]}
+
+
+def _stepped(run: _Run, step: int, now: float) -> None:
+    """A step reported at ``now``: the run's last step and pace move on if it is a new one."""
+    if step > run.last_step:
+        run.last_step, run.last_step_at = step, now
+        run.pace.append((now, step))
 
 
 def _view(run: _Run) -> RunView:

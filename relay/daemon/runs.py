@@ -14,6 +14,7 @@ from typing import Any, Iterable
 from relay.daemon.bounds import RunBudget
 from relay.daemon.counters import run_view
 from relay.daemon.owners import Owners
+from relay.daemon.writers import Writers, session_of, writer_of
 from relay.journal.dedupe import Dedupe, RankState
 from relay.journal.journal import Journal
 from sinks.events import RELAY_RANK
@@ -29,11 +30,13 @@ class Runs:
         self.journal = journal  # what a run met again already has (Dedupe.lookup)
         self.dedupe = Dedupe()
         self.owners = owners  # which connection sends each stream
+        self.writers = Writers()  # which session writes each stream (relay/daemon/writers.py)
         self.budget = RunBudget(run_rate)  # new runs each connection may start
         self.max_runs = max_runs
         self.hellos: dict[Key, float] = {}  # ts of each rank's hello, to spot reused run ids
         self.active: dict[Key, float] = {}  # each rank's last frame, for "ranks connected"
         self.world: dict[str, int] = {}  # each run's world size
+        self.ended: dict[str, str] = {}  # each ended run's train_end status (completed, failed, ...)
         #: what the clients of ranks met again had reported dropped, per the journal (ingest counts it)
         self.reported: dict[Key, int] = {}
 
@@ -73,6 +76,10 @@ class Runs:
         its ranks' clients reported dropped there, so that a restarted relay counts it at once."""
         seen = self.journal.seen(run)
         for rank, held in seen.items():
+            if held.hello is not None:  # its session, if its hello named one (an old client's not)
+                data, host, _ = held.hello
+                named = session_of(data, b"") or None
+                self.writers.recovered((run, rank), writer_of(data, host, named))
             if held.reported:
                 self.reported[(run, rank)] = held.reported
         return seen
@@ -91,6 +98,15 @@ class Runs:
         """A known run's world size (for the status), from its first accepted frame."""
         if run not in self.world and run in self.dedupe.run_ranks:
             self.world[run] = world_size
+
+    def lifecycle(self, run: str, data: dict[str, Any]) -> None:
+        """A run's train_begin (it runs, again) or its first train_end (how it ended), for the status."""
+        what = data.get("event")
+        if what == "train_begin":
+            self.ended.pop(run, None)
+        elif what == "train_end" and run not in self.ended and run in self.dedupe.run_ranks:
+            status = data.get("status")
+            self.ended[run] = status[:32] if isinstance(status, str) and status else "completed"
 
     def hello(self, key: Key, ts: float) -> None:
         self.hellos[key] = ts
@@ -120,10 +136,12 @@ class Runs:
         ranks = self.dedupe.forget(run)
         for rank in ranks:
             self.owners.forget((run, rank))
+            self.writers.forget((run, rank))
             self.hellos.pop((run, rank), None)
             self.active.pop((run, rank), None)
         self.journal.release(run)
         self.world.pop(run, None)
+        self.ended.pop(run, None)
         return ranks
 
     def ranks_of(self, run: str) -> list[int]:
@@ -137,4 +155,5 @@ class Runs:
     def view(self, now: float, window: float) -> dict[str, dict[str, Any]]:
         """The most recently active runs first, as the status lists them (counters.run_view)."""
         dedupe = self.dedupe
-        return run_view(reversed(dedupe.last_seen), dedupe.run_ranks, self.active, self.world, now, window)
+        return run_view(reversed(dedupe.last_seen), dedupe.run_ranks, self.active, self.world, self.ended, now,
+                        window)

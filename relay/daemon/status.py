@@ -10,6 +10,7 @@ and is never counted as a rejected frame (docs/protocol.md).
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import time
@@ -22,6 +23,7 @@ import zmq
 from relay.wire import auth, curve
 from relay.wire.address import is_ipv6, resolve_address
 from relay.wire.monitor import recv_event
+from relay.wire.secret import SecretError
 from relay.journal.journal import Journal
 
 #: The whole request frame; any other frame is an event frame (and judged as one).
@@ -29,6 +31,9 @@ STATUS_REQUEST = msgpack.packb({"status": 1})
 SNAPSHOT_TTL = 0.1  # seconds a snapshot answers requests before the next is taken
 ANSWER_RATE = 50.0  # answers a second, as many at once; requests beyond go unanswered (counted)
 RUNS_SHOWN = 3  # runs named in the line; the rest are "+N more"
+#: A run not ended that sent nothing this long is "stale" in the status (and "unfinished" in relay runs)
+STALE_S = 300.0
+ELLIPSIS = "…"  # where a line was cut to fit (as the viewers' tables cut theirs)
 
 
 class NoAnswer(Exception):
@@ -71,14 +76,17 @@ class Answers:
 # -- the line ---------------------------------------------------------------------------------------
 
 
-def format_line(snap: dict[str, Any], *, detail: bool = False, width: int | None = None) -> str:
-    """``1520 ev/s | 1 run: run-a 2/2 | 30120 events, 0 duplicates, 0 rejected, 0 client drops |
+def format_line(snap: dict[str, Any], *, detail: bool = False, width: int | None = None, alive: bool = True,
+                age: float = 0.0) -> str:
+    """``1520 ev/s | 1 run: run-a 2/2 running | 30120 events, 0 duplicates, 0 rejected, 0 client drops |
     sinks: jsonl 0 queued, aim 812 queued (1.0 s behind)``. ``detail`` adds frames, derived,
     written, rejection reasons and each sink's written count (the log line and ``relay status``). Fields
     a stats file of an older relay lacks are left out. ``width`` (the live line on a terminal): the
     line shortened to fit, run names, zero counters and words going first, the sinks' queues kept
-    (``1520 ev/s | sinks: jsonl 0q, aim 812q 1.0s behind | 1 run | 30120 ev``)."""
-    rate = f"{snap['events_per_s']:.0f} ev/s" if "events_per_s" in snap else ""
+    (``1520 ev/s | sinks: jsonl 0q, aim 812q 1.0s behind | 1 run | 30120 ev``). A snapshot ``age`` seconds
+    old (a stats file) judges its runs' states as of now; one of a relay no longer ``alive`` has no rate,
+    and its runs that had not ended are stale."""
+    rate = f"{snap['events_per_s']:.0f} ev/s" if "events_per_s" in snap and alive else ""
     counts = f"{snap.get('events', 0)} events"
     if detail:
         counts += f" in {snap.get('frames', 0)} frames"
@@ -92,17 +100,24 @@ def format_line(snap: dict[str, Any], *, detail: bool = False, width: int | None
                f"{snap.get('client_dropped', 0)} client drops")
     sinks = snap.get("sinks") or {}
     queues = "sinks: " + (", ".join(_sink(name, s, detail) for name, s in sinks.items()) or "none")
-    line = _joined(rate, _runs(snap), counts, queues)
+    line = _joined(rate, _runs(snap, alive=alive, age=age), counts, queues)
     if width is None or len(line) <= width:
         return line
-    runs = _runs(snap, named=False)
+    runs = _runs(snap, named=False, alive=alive, age=age)
     few = ", ".join([f"{snap.get('events', 0)} ev", *(f"{snap[key]} {word}" for key, word in _TROUBLE if snap.get(key))])
     short = "sinks: " + (", ".join(_short_sink(name, s) for name, s in sinks.items()) or "none")
     for line in (_joined(rate, runs, counts, queues), _joined(rate, runs, few, queues), _joined(rate, queues, runs, few),
                  _joined(rate, short, runs, few)):
         if len(line) <= width:
             return line
-    return line[:max(0, width - 3)] + "..."
+    return cut(line, width)
+
+
+def cut(text: str, width: int | None) -> str:
+    """``text`` in ``width`` columns at most, ELLIPSIS where it was cut."""
+    if width is None or len(text) <= width:
+        return text
+    return text[:max(0, width - 1)] + ELLIPSIS
 
 
 #: The counters the shortest line names only when they are not zero, and how.
@@ -120,24 +135,38 @@ def _short_sink(name: str, s: dict[str, Any]) -> str:
     return text + "".join(f" {s[key]} {key}" for key in ("errors", "dropped") if s.get(key))
 
 
-def _runs(snap: dict[str, Any], named: bool = True) -> str:
-    """``2 runs: run-a 4/4, run-b 1/2`` (ranks that sent something lately / world size): the most
-    recently active runs, shown by name (``named``)."""
+def _runs(snap: dict[str, Any], named: bool = True, alive: bool = True, age: float = 0.0) -> str:
+    """``2 runs: run-a 4/4 running, run-b 0/2 failed`` (ranks that sent something lately / world size,
+    run_state): the most recently active runs, shown by name (``named``)."""
     count = snap.get("runs")
     if count is None:  # an older relay's stats file
         return f"{snap.get('ranks', 0)} ranks"
-    if not named:
-        return f"{count} run{'' if count == 1 else 's'}"
     per_run = snap.get("per_run") or {}
+    if not named:  # how many are not running, by state: "3 runs (1 failed, 1 stale)"
+        states = collections.Counter(run_state(run, alive, age) for run in per_run.values())
+        said = ", ".join(f"{n} {state}" for state, n in sorted(states.items()) if state not in ("running", ""))
+        return f"{count} run{'' if count == 1 else 's'}" + (f" ({said})" if said else "")
     recent = sorted(per_run, key=lambda run: _number(per_run[run].get("idle_s"), float("inf")))
     shown = sorted(recent[:RUNS_SHOWN])
     text = f"{count} run{'' if count == 1 else 's'}"
     if shown:
-        text += ": " + ", ".join(f"{run} {per_run[run].get('connected', 0)}/{per_run[run].get('world_size') or '?'}"
-                                 for run in shown)
+        text += ": " + ", ".join(" ".join(filter(None, (
+            run, f"{per_run[run].get('connected', 0) if alive else 0}/{per_run[run].get('world_size') or '?'}",
+            run_state(per_run[run], alive, age)))) for run in shown)
     if count > len(shown) and shown:
         text += f" +{count - len(shown)} more"
     return text
+
+
+def run_state(run: dict[str, Any], alive: bool = True, age: float = 0.0) -> str:
+    """completed, failed (or whatever its train_end said), running, or stale: not ended and silent for
+    STALE_S (``age`` seconds after the snapshot), or its relay is gone; "" from an older relay."""
+    state = run.get("state")
+    if not isinstance(state, str) or state != "running":
+        return state if isinstance(state, str) else ""
+    idle = run.get("idle_s")
+    silent = isinstance(idle, (int, float)) and idle + age >= STALE_S
+    return "stale" if silent or not alive else "running"
 
 
 def _number(value: Any, default: float) -> float:
@@ -156,22 +185,35 @@ def _sink(name: str, s: dict[str, Any], detail: bool) -> str:
 
 
 def age_note(snap: dict[str, Any], now: float | None = None) -> str:
-    """How old a snapshot read from a stats file is, and whether its relay had stopped."""
+    """How old a snapshot read from a stats file is."""
     ts = snap.get("ts")
     if not isinstance(ts, (int, float)):
         return "stats file of unknown age"
-    age = max(0.0, (time.time() if now is None else now) - ts)
-    text = f"stats file written {age:.0f} s ago"
-    return text + ("; the relay had stopped" if snap.get("final") else "")
+    return f"stats file written {_age(snap, now):.0f} s ago"
+
+
+def _age(snap: dict[str, Any], now: float | None = None) -> float:
+    ts = snap.get("ts")
+    return max(0.0, (time.time() if now is None else now) - ts) if isinstance(ts, (int, float)) else 0.0
+
+
+def _when(ts: float | None) -> str:
+    """The time of day, with the date unless it is today's."""
+    if ts is None:
+        return "an unknown time"
+    today = time.strftime("%Y-%m-%d") == time.strftime("%Y-%m-%d", time.localtime(ts))
+    return time.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
 # -- relay status: asking ---------------------------------------------------------------------------
 
 
-def status_text(target: str | None, timeout: float, as_json: bool) -> str:
+def status_text(target: str | None, timeout: float, as_json: bool, width: int | None = None) -> str:
     """What ``relay status [TARGET] [--json]`` prints: the line (or the snapshot as JSON) of the relay
     at the address ``target`` (default $RELAY_ADDRESS or the default address), or of the stats file
-    ``target`` names (itself, or beside a journal). NoAnswer or BadTarget say what went wrong."""
+    ``target`` names (itself, or beside a journal): then whether its relay still runs comes first, and
+    a killed relay's figures are its last, with no rate. The line fits ``width`` (cut with ELLIPSIS).
+    NoAnswer or BadTarget say what went wrong."""
     if target is None or target.startswith(("tcp://", "ipc://")):
         address = resolve_address(target)
         try:
@@ -182,15 +224,28 @@ def status_text(target: str | None, timeout: float, as_json: bool) -> str:
             raise NoAnswer(f"no relay answered at {address} within {timeout:g} s; is it running? start one "
                            f"(relay --bind {address}), or give the stats file beside its journal "
                            f"(relay status relay-logs/)") from None
-        line = format_line(snap, detail=True)
+        return json.dumps(snap, indent=1, sort_keys=True) if as_json else format_line(snap, detail=True, width=width)
+    try:
+        file = stats_file_for(Path(target))
+        snap = read_stats(file)
+    except BadTarget as exc:
+        raise BadTarget(f"{exc}; give a relay address (tcp://..., ipc://...), its journal or its stats "
+                        "file") from None
+    from relay.daemon.liveness import judge
+
+    how = judge(file, snap)
+    if as_json:
+        return json.dumps({**snap, "relay_state": how.state, "relay_since": how.since}, indent=1, sort_keys=True)
+    alive = how.state in ("running", "unknown")
+    if how.state == "killed":
+        head, tail = f"relay not running (killed?) since {_when(how.since)}", ""
+    elif how.state == "stopped":
+        head, tail = f"relay stopped at {_when(snap.get('ts'))}", ""
     else:
-        try:
-            snap = read_stats(Path(target))
-        except BadTarget as exc:
-            raise BadTarget(f"{exc}; give a relay address (tcp://..., ipc://...), its journal or its stats "
-                            "file") from None
-        line = f"{format_line(snap, detail=True)} ({age_note(snap)})"
-    return json.dumps(snap, indent=1, sort_keys=True) if as_json else line
+        head, tail = "", f" ({'; '.join(filter(None, (age_note(snap), how.note)))})"
+    room = None if width is None else max(20, width - len(tail) - (len(head) + 3 if head else 0))
+    line = format_line(snap, detail=True, width=room, alive=alive, age=_age(snap))
+    return cut(_joined(head, line) + tail, width)
 
 
 def query(address: str, timeout: float) -> dict[str, Any]:
@@ -207,7 +262,9 @@ def query(address: str, timeout: float) -> dict[str, Any]:
             how = auth.secure_client(sock, address, os.environ.get(curve.SERVER_KEY_ENV),
                                      os.environ.get(curve.CLIENT_CERT_ENV))
             sock.connect(address)
-        except (zmq.ZMQError, ValueError) as exc:  # a malformed address, an unusable secret or CURVE key
+        except SecretError as exc:  # says what is wrong with it and the fix
+            raise BadTarget(str(exc)) from None
+        except (zmq.ZMQError, ValueError) as exc:  # a malformed address or CURVE key
             raise BadTarget(f"cannot connect to {address}: {exc}; give tcp://HOST:PORT or ipc:///path.sock "
                             "(and, for a CURVE relay, its public key in $RELAY_CURVE_SERVER_KEY)") from None
         sock.send(STATUS_REQUEST)

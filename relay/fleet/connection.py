@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 from urllib.parse import urlsplit
 
 import click
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 INSTALL = "pip install 'metrics-relay[nats]'"
 SCHEMES = ("nats", "tls")
 DEFAULT_URL = "nats://127.0.0.1:4222"
+PASSWORD_ENV, TOKEN_ENV = "NATS_PASSWORD", "NATS_TOKEN"  # the options' environment variables
 
 
 def nats_options() -> list[click.Option]:
@@ -41,9 +43,10 @@ def nats_options() -> list[click.Option]:
                      help="The NATS servers (several, comma-separated, for a cluster); user:password@ may be in the "
                           "URL; tls:// asks for TLS."),
         click.Option(["--nats-user"], default=None, help="User name (or give it in the URL)."),
-        click.Option(["--nats-password"], default=None, envvar="NATS_PASSWORD",
+        click.Option(["--nats-password"], default=None, envvar=PASSWORD_ENV,
                      help="Password for --nats-user (or $NATS_PASSWORD, or in the URL)."),
-        click.Option(["--nats-token"], default=None, envvar="NATS_TOKEN", help="Auth token (or $NATS_TOKEN)."),
+        click.Option(["--nats-token"], default=None, envvar=TOKEN_ENV,
+                     help="Auth token (or $NATS_TOKEN)."),
         click.Option(["--nats-creds"], metavar="FILE", default=None,
                      help="A .creds file (user JWT and nkey seed), as `nsc` writes it."),
         click.Option(["--nats-nkey"], metavar="FILE", default=None, help="A file holding a user nkey seed (SU...)."),
@@ -91,9 +94,22 @@ def settings_from_options(nats_url: str | None = DEFAULT_URL, nats_user: str | N
         raise SinkError(f"--nats-url is empty; give the NATS servers, as {DEFAULT_URL}")
     for server in servers:
         _check_url(server)
+    in_url = any("@" in server for server in servers)
+    # A credential read from the environment (exported for the servers' config, say) yields to one
+    # given on the command line or in the URL; an error names the variable it was read from.
+    password_env = _from_env(nats_password, PASSWORD_ENV)
+    token_env = _from_env(nats_token, TOKEN_ENV)
+    if password_env and not nats_user and (nats_token or nats_creds or nats_nkey or in_url):
+        nats_password = password_env = None
+    if token_env and (nats_user or nats_creds or nats_nkey or in_url):
+        nats_token = token_env = None
     if nats_password and not nats_user:
-        raise SinkError("--nats-password needs --nats-user")
-    kinds = [name for name, given in (("--nats-user", nats_user), ("--nats-token", nats_token),
+        raise SinkError(f"${PASSWORD_ENV} is set, and read as --nats-password, but no "
+                        f"--nats-user is given; give --nats-user NAME (or another way to "
+                        f"authenticate), or unset {PASSWORD_ENV}"
+                        if password_env else "--nats-password needs --nats-user")
+    token = f"--nats-token (${TOKEN_ENV})" if token_env else "--nats-token"
+    kinds = [name for name, given in (("--nats-user", nats_user), (token, nats_token),
                                       ("--nats-creds", nats_creds), ("--nats-nkey", nats_nkey)) if given]
     if len(kinds) > 1:
         raise SinkError(f"{' and '.join(kinds)} are two ways to authenticate; give one")
@@ -112,6 +128,11 @@ def settings_from_options(nats_url: str | None = DEFAULT_URL, nats_user: str | N
     return NatsSettings(servers=servers, user=nats_user, password=nats_password, token=nats_token,
                         creds=expand(nats_creds), nkey=expand(nats_nkey), tls_ca=expand(nats_tls_ca),
                         tls_cert=expand(nats_tls_cert), tls_key=expand(nats_tls_key))
+
+
+def _from_env(value: str | None, variable: str) -> str | None:
+    """``variable``'s name when ``value`` is what it holds (click read the option from it)."""
+    return variable if value and value == os.environ.get(variable) else None
 
 
 def _check_url(server: str) -> None:
@@ -171,6 +192,14 @@ def connect_kwargs(settings: NatsSettings) -> dict[str, Any]:
         kwargs["nkeys_seed"] = settings.nkey
     kwargs.update(settings.extra)
     return kwargs
+
+
+def backoff(first: float, longest: float) -> Iterator[float]:
+    """Waits between attempts: ``first``, doubling up to ``longest``, for ever."""
+    wait = first
+    while True:
+        yield wait
+        wait = min(longest, wait * 2)
 
 
 def describe(exc: BaseException) -> str:

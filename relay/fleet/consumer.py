@@ -13,7 +13,9 @@ bound what is held in memory; a message unacknowledged when its relay died is de
 already has.
 
 A stats file (``_relay_consume_<name>.json`` under ``--path``) says every second which partitions
-this relay holds and what each took, for operators and the tests.
+this relay holds, who held each partition when it last read the leases (``holders``: a viewer
+given a view this relay no longer holds names its holder, relay/journal/fleet_views.py) and what
+each took.
 """
 from __future__ import annotations
 
@@ -30,8 +32,9 @@ from typing import Any
 from relay.fleet.central import CentralJournal
 from relay.fleet.connection import NatsSettings, connect, describe
 from relay.fleet.holder import Holder, quietly, wait
+from relay.fleet.identity import Claimant, read_claimant, verdict
 from relay.fleet.ownership import Claim, Ownership, Renew, Start, Stop
-from relay.fleet.reconcile import check_stream, lease_bucket, update_consumers
+from relay.fleet.reconcile import Mismatch, check_stream, lease_bucket, update_consumers
 from relay.sinkhost.child import SinkSpec
 from sinks.files import write_atomic
 
@@ -67,6 +70,17 @@ class ConsumeConfig:
         self.bucket = self.bucket or f"{self.stream}-leases"
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` of this machine is alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
+
+
 def partitions_of(stream_config: Any) -> int | None:
     """P, from the stream's partition transform (None: the stream has none, so it is one partition)."""
     transform = getattr(stream_config, "subject_transform", None)
@@ -88,6 +102,7 @@ class Consumer:
         self.errors = 0
         self._closing = False
         self.latest: dict[str, Any] | None = None  # the last stats written (the Prometheus endpoint reads it)
+        self._claimant: Claimant | None = None  # who this relay is: its member key's value
 
     def stop(self) -> None:
         self._stop.set()
@@ -133,7 +148,7 @@ class Consumer:
             else:
                 await wait(self._stop, cfg.tick)
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-        self._write_stats()
+        self._write_stats(final=True)
         self._closing = True
         await quietly(self.nc.flush(2))  # the last acks
         await quietly(self.nc.close())
@@ -168,6 +183,7 @@ class Consumer:
             try:
                 await self.central.ensure(replicas)
                 self.kv = await lease_bucket(self.js, cfg, replicas)
+                await self._claim_name()
                 await update_consumers(self.js, cfg, partitions_of(info.config) or 1)
                 return True
             except (NatsError, asyncio.TimeoutError) as exc:
@@ -175,6 +191,31 @@ class Consumer:
                             describe(exc))
             await wait(self._stop, 1.0)
         return False
+
+    async def _claim_name(self) -> None:
+        """Make this relay's member key ``m.<name>``, refusing (Mismatch: one line, exit 2) a name
+        a live relay of another folder, or another live process here, holds: two relays under one
+        name would share its member key and leases, one holding every partition and the other none.
+        A relay killed on this folder is taken over at once; a stopped one deleted its key."""
+        from nats.js.errors import KeyWrongLastSequenceError
+        cfg = self.config
+        ours = self._claimant = Claimant.here(cfg.path, os.getpid())
+        try:
+            await self.kv.create(f"m.{cfg.name}", ours.value())
+            return
+        except KeyWrongLastSequenceError:
+            pass
+        entry = await self.kv.get(f"m.{cfg.name}")
+        held, written = read_claimant(entry.value)
+        age = None if written is None else max(0.0, time.time() - written)
+        if held is not None and held.pid != ours.pid and age is not None and age < cfg.ttl \
+                and (not verdict(held, ours) or _running(held.pid)):
+            raise Mismatch(f"consuming relay name {cfg.name} is live on stream {cfg.stream}: "
+                           f"{held.describe()} holds it, renewed {age:.0f} s ago, and two relays "
+                           f"under one name would share its partitions' leases (one holding every "
+                           f"partition, the other none); give this relay another --name (or none: "
+                           f"HOST-PID), or stop that relay first")
+        await self.kv.update(f"m.{cfg.name}", ours.value(), last=entry.revision)
 
     # -- leases ---------------------------------------------------------------------------------------
 
@@ -199,7 +240,8 @@ class Consumer:
                 await asyncio.wait_for(self.kv.delete(f"m.{cfg.name}"), cfg.renew)
                 members.clear()
             else:
-                await asyncio.wait_for(self.kv.put(f"m.{cfg.name}", b"1"), cfg.renew)
+                who = self._claimant.value() if self._claimant else b"1"
+                await asyncio.wait_for(self.kv.put(f"m.{cfg.name}", who), cfg.renew)
             info = await asyncio.wait_for(
                 self.js.stream_info(f"KV_{cfg.bucket}", subjects_filter=f"$KV.{cfg.bucket}.m.>"), cfg.renew)
             for subject in info.state.subjects or {}:
@@ -322,7 +364,8 @@ class Consumer:
     async def _reconnected(self) -> None:
         log.info("reconnected to NATS at %s", self.nc.connected_url.netloc if self.nc.connected_url else "?")
 
-    def _write_stats(self) -> None:
+    def _write_stats(self, final: bool = False) -> None:
+        """``final``: the relay is stopping (viewers of its folder say it is not running)."""
         own = self.own
         now = time.monotonic()
         parts = {k: holder.part for k, holder in self._holders.items() if holder.part is not None}
@@ -331,7 +374,10 @@ class Consumer:
         snap = self.latest = {"name": self.config.name, "pid": os.getpid(), "ts": round(time.time(), 3),
                               "errors": self.errors,
                 "held": sorted(own.consuming()) if own else [],
-                "partitions": {k: part.stats() for k, part in parts.items()}}
+                "partitions_total": own.partitions if own else None,
+                "holders": own.holders() if own else {},
+                "partitions": {k: part.stats() for k, part in parts.items()},
+                **({"final": True} if final else {})}
         try:
             self.config.path.mkdir(parents=True, exist_ok=True)
             write_atomic(self.stats_path, json.dumps(snap))

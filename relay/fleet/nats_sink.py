@@ -10,6 +10,7 @@ the sink's face: options, their checks, open/write/close.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import operator
 import os
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 _run = operator.itemgetter("run")  # of an event, or of a stand-in (relay/sinkhost/notices.py)
 
 CLOSE_WAIT = 5.0  # seconds close() waits for the last acks
+CHECK_S = 10.0  # seconds each start-up ask waits for NATS; past it the relay starts, the sink waits
 
 
 class NatsSink(Sink):
@@ -79,24 +81,56 @@ class NatsSink(Sink):
         self._publisher: NatsPublisher | None = None
 
     def check(self, context: SinkContext) -> None:
-        """Before the relay listens: the package, the journal, and one attempt to connect, so credentials the
-        server refuses, or a node name another relay holds live, stop the relay (exit 2); a server down
-        now is waited for, not fatal."""
+        """Before the relay listens: the package, the journal, and one attempt to connect, so
+        credentials the server refuses, a node name another relay holds live or replicas a lone
+        server cannot have stop the relay (exit 2). A server down now, or too slow to answer within
+        CHECK_S (a busy machine, a cluster starting), is waited for, not fatal: the sink checks and
+        publishes once it answers."""
         connection.check_package()
         journal = _need_journal(context)
         node = self.node(journal)
         loop = LoopThread("nats-check")
+        asking = "connect"
         try:
-            down = loop.run(connection.probe(self.settings), 10.0)
+            down = loop.run(connection.probe(self.settings), CHECK_S)
             if not down:
-                loop.run(identity.check_live(self.settings, self.spec.name, node,
-                                             identity.Claimant.here(journal, os.getpid()), self.id_file(journal)),
-                         30.0)
+                asking = "check this relay's node and the stream"
+                loop.run(self._check_fleet(journal, node), CHECK_S)
+        except (TimeoutError, concurrent.futures.TimeoutError):  # (one class from Python 3.11)
+            down = f"no answer within {CHECK_S:.0f} s to {asking}"
         finally:
             loop.stop()
         if down:
             log.warning("NATS %s is not reachable now (%s): the relay starts, and the nats sink publishes the "
                         "journal once it is", self.settings.display, down)
+
+    async def _check_fleet(self, journal: Path, node: str) -> None:
+        """SinkError (exit 2) for a node another journal folder's relay holds live, or for replicas
+        that a stream this relay would create can never have; a warning for more replicas than the
+        servers seen."""
+        ours = identity.Claimant.here(journal, os.getpid())
+        await identity.check_live(self.settings, self.spec.name, node, ours, self.id_file(journal))
+        from nats.js.errors import NotFoundError
+        try:
+            nc = await connection.connect(self.settings, retry_forever=False, timeout=CHECK_S / 2)
+        except Exception as exc:  # gone since the probe: the sink waits for it
+            log.debug("stream check: %s", connection.describe(exc))
+            return
+        try:
+            await nc.jetstream(timeout=CHECK_S / 2).stream_info(self.spec.name)
+            return  # there already: used as it is
+        except NotFoundError:  # this relay would create it: can it have its replicas?
+            seen = stream.servers_seen(getattr(nc, "_server_info", None) or {})
+            problem = stream.replicas_problem(self.spec.name, self.spec.replicas, *seen)
+        except Exception as exc:  # JetStream slow or away: the sink makes sure of the stream later
+            log.debug("stream check: %s", connection.describe(exc))
+            return
+        finally:
+            await nc.close()
+        if problem is not None and problem[0]:
+            raise SinkError(problem[1])
+        if problem is not None:
+            log.warning("%s", problem[1])
 
     def open(self, context: SinkContext) -> None:
         journal = _need_journal(context)

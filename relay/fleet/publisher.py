@@ -153,24 +153,29 @@ class NatsPublisher:
         assert self._connected is not None  # (made by _run, which every caller runs under)
         self._connected.set()
         self._up()
-        while not self._stream_ok:
-            self._stream_ok = await self._ensure_stream()
-            if not self._stream_ok:
-                await asyncio.sleep(1.0)
+        for wait in connection.backoff(1.0, 30.0):
+            failed = await self._ensure_stream()
+            self._stream_ok = failed is None
+            if self._stream_ok:
+                break
+            self.counters["errors"] += 1
+            log.warning("%s; trying again in %.0f s (the journal keeps everything)", failed, wait)
+            await asyncio.sleep(wait)
         self._holding = asyncio.ensure_future(self.claim.hold(self._js))
         self.counters["connected"] = int(self._nc.is_connected)
         assert self._wake is not None  # (made by _run, which every caller runs under)
         self._wake.set()
 
-    async def _ensure_stream(self) -> bool:
+    async def _ensure_stream(self) -> str | None:
+        """Make sure of the stream; what went wrong (None: it is there)."""
         spec = self.spec
         config = stream.stream_config(spec.name, spec.prefix, spec.partitions, spec.replicas,
                                       spec.duplicate_window, spec.max_age)
         try:
             info, created = await stream.ensure_stream(self._js, config)
         except Exception as exc:  # nats-py's API, timeout and connection errors: logged, retried
-            self._count_error(f"stream {spec.name}: {connection.describe(exc)}")
-            return False
+            info = getattr(self._nc, "_server_info", None)
+            return stream.not_ready(spec.name, spec.replicas, exc, info)
         if created:  # a new replicated stream takes a moment to elect its leader: publishing waits for it
             for _ in range(100):
                 if info.cluster is None or info.cluster.leader:
@@ -188,7 +193,7 @@ class NatsPublisher:
                  self.settings.display, info.config.num_replicas)
         self.claim.replicas = info.config.num_replicas or 1
         self._high_seq = max(self._high_seq, (info.state.last_seq or 0) if info.state else 0)
-        return True
+        return None
 
     async def _drain(self, source: str | None) -> None:
         """Publish ``source``'s chunks until it has no new line: several in flight (as slots allow),

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from relay.fleet.connection import describe
 from sinks.base import SinkError
 
 DEFAULT_PREFIX = "relay.events"
@@ -96,3 +97,47 @@ async def ensure_stream(js: Any, config: Any) -> tuple[Any, bool]:
         if "already in use" not in str(exc):
             raise
         return await js.stream_info(config.name), False
+
+
+#: JetStream's answers when a stream's replicas cannot be placed: more replicas than servers
+#: (10005, "no suitable peers for placement"; also while a fresh cluster's peers join) or a server
+#: that is not clustered (10074, "replicas > 1 not supported in non-clustered mode").
+PLACEMENT_ERRORS = (10005, 10074)
+
+
+def servers_seen(server_info: dict[str, Any]) -> tuple[int, str | None]:
+    """(servers, cluster name) a client sees from the server's INFO: its cluster's client URLs, or 1
+    server and no cluster."""
+    cluster = server_info.get("cluster") or None
+    return (max(1, len(server_info.get("connect_urls") or [])) if cluster else 1), cluster
+
+
+def replicas_problem(stream: str, replicas: int, servers: int,
+                     cluster: str | None) -> tuple[bool, str] | None:
+    """What is wrong with creating ``stream`` with ``replicas`` where a client sees ``servers``
+    (None: nothing): (fatal, one line). A server that is no cluster never can (fatal); a cluster
+    showing fewer servers than replicas may still be joining, so that is a warning with the command
+    that fixes it."""
+    if replicas <= servers:
+        return None
+    if cluster is None:
+        return True, (f"--nats-replicas {replicas}: the NATS server is a single server, not a "
+                      f"cluster (1 server seen), so stream {stream} cannot have {replicas} "
+                      "replicas; give --nats-replicas 1, or the servers of a cluster in --nats-url")
+    return False, (f"--nats-replicas {replicas} is more than the {servers} NATS servers seen in "
+                   f"cluster {cluster}: JetStream places stream {stream} only once {replicas} "
+                   f"servers are up (until then it answers 'no suitable peers for placement'); "
+                   f"the relay journals meanwhile. If the cluster has {servers} servers, restart "
+                   f"this relay with --nats-replicas {servers}")
+
+
+def not_ready(name: str, replicas: int, exc: BaseException,
+              server_info: dict[str, Any] | None) -> str:
+    """The line for a stream that could not be made sure of (the nats sink's, once per attempt); for
+    replicas JetStream cannot place, with what fixes it."""
+    said = f"nats sink: stream {name} is not ready ({describe(exc)})"
+    if getattr(exc, "err_code", None) in PLACEMENT_ERRORS:
+        problem = replicas_problem(name, replicas, *servers_seen(server_info or {}))
+        if problem is not None:
+            said += f": {problem[1]}"
+    return said

@@ -43,7 +43,7 @@ MAX_BYTES = 64 << 20  # of rows held, whatever --forward-window says
 
 #: The sink's own counters (in the relay's stats under sinks.forward.sink).
 COUNTERS = ("forwarded", "acked", "resent", "held", "unconfirmed", "skipped_relay_rank", "skipped_acked",
-            "not_sent", "bad_lines", "bad_acks", "errors")
+            "not_sent", "bad_lines", "bad_acks", "errors", "refused")
 
 
 class Forwarder(LinkMember):
@@ -105,6 +105,19 @@ class Forwarder(LinkMember):
     def _bad_ack(self, exc: schema.FrameError) -> None:
         self.counters["bad_acks"] += 1
         log.warning("ignoring malformed message from the central relay %s: %s", self.to, exc)
+
+    def _refused(self, refused: list[tuple[str, int, str]]) -> None:
+        """The central refuses a stream this node forwards: another node's process writes it there
+        (relay/daemon/writers.py). Said once per stream; its events stay in this journal and are no
+        longer sent (counted ``refused``), so the other streams go on (a restarted sink tries
+        again)."""
+        for run, rank, why in refused:
+            key = (run, rank)
+            if key not in self.refused_streams:
+                self.refused_streams[key] = why
+                log.error("the central relay %s refuses run %s rank %d: %s; its events stay in "
+                          "this journal and are not forwarded", self.to, run, rank, why)
+            self.counters["refused"] += self.window.drop(key)
 
     def _tick(self, now: float) -> None:
         """Every tick: read, send, release, watch, save. An error (the journal unreadable for now, say)
@@ -203,6 +216,9 @@ class Forwarder(LinkMember):
             key: Key = envelope[1:3]  # (run, rank)
             if key[1] == RELAY_RANK:  # the central derives its own from all ranks
                 counters["skipped_relay_rank"] += len(rows)
+                continue
+            if key in self.refused_streams:  # the central refuses it (_refused)
+                counters["refused"] += len(rows)
                 continue
             stream = streams.get(key) or window.stream(key, floors.pop(key, 0))
             first = rows[0][0]

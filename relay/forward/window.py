@@ -203,6 +203,19 @@ class ForwardWindow:
                 out.append((key, gap, n))
         return out
 
+    def drop(self, key: Key) -> int:
+        """Let go of every event held for ``key`` (the central refuses the stream); how many."""
+        stream = self.streams.get(key)
+        if stream is None or not stream.held:
+            return 0
+        n = sum(count for _, count, _, _ in stream.held)
+        self.bytes -= sum(len(rows) for _, _, _, rows in stream.held)
+        self.events -= n
+        stream.held.clear()
+        stream.sent = 0
+        del self.active[key]
+        return n
+
     def floors(self) -> dict[Key, int]:
         """Per stream, the seq below which nothing needs sending again (what the state file keeps)."""
         return {key: stream.acked for key, stream in self.streams.items()}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from sinks.events import attempt_base, attempt_of
+from sinks.events import starts_session
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,11 @@ class RankState:
         if len(self.above) > MAX_WINDOW:
             self._skip_gap()
         return True
+
+    @property
+    def top(self) -> int:
+        """The highest seq taken (or skipped), -1 for none: a new session must start above it."""
+        return max(self.above) if self.above else self.floor - 1
 
     def take_run(self, first: int, count: int) -> bool:
         """Record seqs ``first`` .. ``first + count - 1`` at once if they are exactly the next ones
@@ -201,8 +206,8 @@ class Dedupe:
             for seen_rank, seen in journal.seen(run).items():
                 known = self.ranks.get((run, seen_rank)) or self.add_state(run, seen_rank)
                 for start, end in seen.spans:
-                    if start > known.floor and start == attempt_base(attempt_of(start)):
-                        known.skip_to(start, JOURNAL)  # a later attempt of the run (relay/daemon/ingest.py)
+                    if start > known.floor and starts_session(start):
+                        known.skip_to(start, JOURNAL)  # a later session (relay/daemon/ingest.py)
                     for seq in range(start, end):
                         known.take(seq)
                     recovered += end - start

@@ -309,14 +309,17 @@ def _same_file(fd: int, path: Path) -> bool:
 class Seen:
     """What a journal holds of one (run, rank): contiguous [start, end) seq ``spans``, how far its
     client said it dropped (``dropped``: the highest ``claimed_drop`` of its stats events, 0: none)
-    and how many events it said it dropped (``reported``: the highest ``dropped`` count there)."""
+    and how many events it said it dropped (``reported``: the highest ``dropped`` count there);
+    ``hello``: the data, host and seq of its latest hello, whose session writes it
+    (relay/daemon/writers.py)."""
 
-    __slots__ = ("spans", "dropped", "reported")
+    __slots__ = ("spans", "dropped", "reported", "hello")
 
     def __init__(self) -> None:
         self.spans: list[list[int]] = []
         self.dropped = 0
         self.reported = 0
+        self.hello: tuple[Any, Any, int] | None = None
 
     def seqs(self) -> Iterator[int]:
         """Every seq the spans hold, in order (tests and the fuzzer compare them with whole lines)."""
@@ -343,7 +346,9 @@ def _scan(paths: Iterable[Path]) -> dict[str, dict[int, Seen]]:
                 spans[-1][1] = seq + 1
             else:
                 spans.append([seq, seq + 1])
-            if event["type"] == "stats":
+            if event["type"] == "hello" and (seen.hello is None or seq > seen.hello[2]):
+                seen.hello = (event["data"], event["host"], seq)
+            elif event["type"] == "stats":
                 seen.dropped = max(seen.dropped, claimed_drop(event) or 0)
                 count = event["data"].get("dropped")
                 if type(count) is int and count > seen.reported:

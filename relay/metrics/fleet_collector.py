@@ -32,10 +32,7 @@ class FleetCollector:
         out = Families()
         own = self.consumer.own
         if own is not None:
-            held = set(own.held)
-            read = own.last_read
-            for k in range(own.partitions):
-                holder = own.me if k in held else read.get(k)
+            for k, holder in own.holders().items():
                 if holder is not None:
                     out.add("relay_fleet_partition_holder", 1, k, holder)
         snap: dict[str, Any] | None = self.consumer.latest

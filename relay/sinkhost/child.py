@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import click
 
@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 NICE = 19  # added to the relay's niceness (capped at 19): ingest first
 STATS_PERIOD = 0.5
 READ_SIZE = 1 << 20
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -182,12 +184,18 @@ def build_sink(spec: SinkSpec) -> Sink:
     from sinks.registry import load
 
     cls = load(spec.source or spec.name)
+    return starting(spec.name, cls, **_options(cls, spec.options))
+
+
+def starting(name: str, step: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """One of a sink's start-up steps (building it, opening it), wherever it runs (its process,
+    ``relay replay``): a plugin's own bug there is the SinkError that says so in one line."""
     try:
-        return cls(**_options(cls, spec.options))
+        return step(*args, **kwargs)
     except SinkError:
         raise
-    except Exception as exc:  # a plugin's own bug: reported as the reason it cannot be built
-        raise SinkError(f"sink {spec.name} failed to start: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # a plugin's own bug: reported as the reason it cannot start
+        raise SinkError(f"sink {name} failed to start: {type(exc).__name__}: {exc}") from None
 
 
 def child_main(spec: SinkSpec) -> int:
@@ -213,12 +221,9 @@ def child_main(spec: SinkSpec) -> int:
         hold_sink_lock(Journal(spec.journal).sidecar(f"_sink_{spec.name}.lock"), spec.name)
     try:
         sink = build_sink(spec)
-        sink.open(SinkContext(journal=Path(spec.journal) if spec.journal else None))
+        starting(spec.name, sink.open, SinkContext(journal=Path(spec.journal) if spec.journal else None))
     except SinkError as exc:
         send({"error": str(exc)})
-        return 2
-    except Exception as exc:  # a plugin's own bug: reported as the reason it could not start
-        send({"error": f"sink {spec.name} failed to start: {type(exc).__name__}: {exc}"})
         return 2
     send({"ready": True})
     catch_up = CatchUp(spec.journal, spec.name) if spec.journal and sink.catches_up and sink.wants_events else None

@@ -87,6 +87,7 @@ class SinkProcess:
         self._backoff = RESTART_START
         self._opened = threading.Event()  # set once the first child opened its sink (or when stopping)
         self._opener: threading.Thread | None = None
+        self._give_up = threading.Event()  # set at shutdown: a child still opening with nothing to apply stops
         self.opened = False  # whether a child has opened the sink yet
         self.open_failures = 0  # attempts to open the sink that failed
         self.open_error: str | None = None  # why the last one failed, while the sink is not open
@@ -177,6 +178,10 @@ class SinkProcess:
         (relay/sinkhost/behind.py says what is missing and the command that completes it)."""
         deadline = time.monotonic() + timeout
         self._worker.stop(timeout)
+        if not self.opened and self._submitted == 0:  # it was handed nothing: no reason to wait for its open
+            self._give_up.set()
+            log.info("sink %s was still opening and had been handed nothing: stopped (it catches up from the "
+                     "journal when a relay next opens it)", self.name)
         if self._opener is not None:
             self._opener.join(max(0.0, deadline - time.monotonic()))
             if self._opener.is_alive():
@@ -206,7 +211,8 @@ class SinkProcess:
             log.error("sink %s: %d events not handed over at shutdown (they are in the journal: use relay "
                       "replay)", self.name, left)
         stats = self.stats()
-        self.complete = exited and stats["dropped"] == 0 and stats["incomplete_closes"] == 0
+        gave_up = self._give_up.is_set() and not self.opened  # handed nothing, so it lacks nothing
+        self.complete = (exited or gave_up) and stats["dropped"] == 0 and stats["incomplete_closes"] == 0
 
     def _lag(self, queued: int) -> float:
         """Seconds since the oldest event still queued was handed over, to the sampling period: at
@@ -295,7 +301,9 @@ class SinkProcess:
         self._reader = threading.Thread(target=self._read, args=(proc.stdout,), name=f"sink-{self.name}-stats",
                                         daemon=True)
         self._reader.start()
-        self._answered.wait(START_TIMEOUT)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self._answered.wait(0.1) and not self._give_up.is_set() and time.monotonic() < deadline:
+            pass
         first = self._answer
         if first.get("ready"):
             return
@@ -360,7 +368,9 @@ def check_sinks(specs: list[SinkSpec], journal: Path) -> None:
         except SinkError:
             raise
         except Exception as exc:  # a plugin's own bug: reported as the reason it cannot start
-            raise SinkError(f"sink {spec.name} failed its check: {type(exc).__name__}: {exc}") from None
+            said = str(exc).strip() or "it gave no reason"
+            raise SinkError(f"sink {spec.name} failed its check: "
+                            f"{type(exc).__name__}: {said}") from None
 
 
 def _widen(pipe: IO[bytes]) -> None:

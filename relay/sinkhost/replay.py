@@ -24,6 +24,7 @@ from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import Dedupe
 from relay.journal.journal import BadRunId, Journal
 from relay.journal.reader import journal_files, read_events
+from relay.sinkhost.child import starting
 from relay.sinkhost.driver import SinkDriver, sleep_for
 from relay.wire.lines import SPOOL_SUFFIX, Derived, relay_event
 from sinks.base import Sink, SinkContext, SinkError
@@ -61,7 +62,7 @@ class Derivation(Protocol):
 def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None = None,
                  journal: Journal | None = None, retry_for: float = RETRY_FOR,
                  progress: Callable[[int, int], None] | None = None,
-                 derive: Derivation | None = None) -> ReplayResult:
+                 derive: Derivation | None = None, deadletters: Path | None = None) -> ReplayResult:
     """Write every event of ``paths`` (files or journal directories) to ``sinks`` in file order,
     and to ``journal`` what it lacks, with what ``derive`` derives from what a spool file adds.
 
@@ -71,6 +72,7 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
     and counted in ``bad_lines``, as are events ``journal`` refuses (a run id it cannot name a file
     after, which the reader already keeps out). SinkError when a sink still fails after ``retry_for`` s.
     ``progress(events, bytes)`` is told after each batch how many events and bytes were read so far.
+    ``deadletters``: the folder of the sinks' dead-letter files (default: the first file's).
     """
     result = ReplayResult()
     files = [f for p in paths for f in journal_files(Path(p))]
@@ -81,8 +83,9 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
     drivers: list[SinkDriver] = []
     try:
         for sink in sinks:
-            sink.open(context)
-            drivers.append(SinkDriver(sink.name, sink, _deadletters(files, sink.name), wait=sleep_for(retry_for)))
+            starting(sink.name, sink.open, context)
+            dead = _deadletters(files, sink.name, deadletters)
+            drivers.append(SinkDriver(sink.name, sink, dead, wait=sleep_for(retry_for)))
         try:
             read = [0]
             for path in files:
@@ -201,8 +204,10 @@ def _write(target: _JournalTarget | None, drivers: list[SinkDriver], batch: list
     return new
 
 
-def _deadletters(files: list[Path], name: str) -> DeadLetters | None:
-    """The dead-letter file of sink ``name`` beside the journal replayed (the relay's own for it)."""
-    if not files:
+def _deadletters(files: list[Path], name: str, folder: Path | None = None) -> DeadLetters | None:
+    """The dead-letter file of sink ``name`` in ``folder``, else beside the journal replayed (the
+    relay's own for it)."""
+    if folder is None and not files:
         return None
-    return DeadLetters(Journal(str(files[0].parent) + os.sep).sidecar(f"_deadletter_{name}.jsonl"))
+    where = folder if folder is not None else files[0].parent
+    return DeadLetters(Journal(str(where) + os.sep).sidecar(f"_deadletter_{name}.jsonl"))

@@ -74,6 +74,12 @@ def encode_frame(events: Iterable[dict[str, Any]]) -> bytes:
     return encode_batch([encode_event(e) for e in events])
 
 
+def encode_refused(refused: list[tuple[str, int, str]]) -> bytes:
+    """Relay -> client: these streams' frames are refused, each (run, rank, why in one line). An
+    ack message with no acks, so a client older than it ignores it."""
+    return msgpack.packb({"ack": [], "refused": refused}, use_bin_type=True)
+
+
 def encode_ack(acks: list[tuple[str, int, int]]) -> bytes:
     """Relay -> client: cumulative acks, each (run, rank, next_seq): every seq below is durable."""
     return msgpack.packb({"ack": acks}, use_bin_type=True)

@@ -181,9 +181,9 @@ class Link:
     address, CURVE key or relay secret), holding nothing."""
 
     def __init__(self, ctx: zmq.Context, address: str, curve_server_key: str | None,
-                 curve_client_cert: str | None) -> None:
+                 curve_client_cert: str | None, routing_id: bytes | None = None) -> None:
         sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.ROUTING_ID, session_id())
+        sock.setsockopt(zmq.ROUTING_ID, routing_id or session_id())
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 1000)
         sock.setsockopt(zmq.RCVHWM, 1000)
@@ -259,6 +259,11 @@ class LinkMember:
         self._stop = threading.Event()
         self._link: Link | None = None
         self.refusal: str | None = None  # the relay refused our handshake: why, in one line (said once)
+        #: the link's routing id, chosen once: a Publisher's hello names it as its session's nonce
+        #: (relay/daemon/writers.py), and every frame of the link carries it
+        self.session = session_id()
+        #: streams whose frames the relay refuses from this link, and why (another writes them)
+        self.refused_streams: dict[tuple[str, int], str] = {}
 
     # -- the hooks ----------------------------------------------------------------------------------
 
@@ -277,6 +282,15 @@ class LinkMember:
     def _bad_ack(self, exc: schema.FrameError) -> None:
         """A message from the relay that is no ack; it is skipped."""
 
+    def _refused(self, refused: list[tuple[str, int, str]]) -> None:
+        """The relay refuses these streams' frames from this link: (run, rank, why) each. Said once
+        per reason, in one line; the events stay (bounded) and are sent again, and are taken if the
+        other writer has gone and they do not repeat its seqs."""
+        for run, rank, why in refused:
+            if self.refused_streams.get((run, rank)) != why:
+                self.refused_streams[(run, rank)] = why
+                log.error("%s", why)
+
     def _left(self) -> None:
         """The link is closed (its last acks read): the member has left the hub."""
 
@@ -284,7 +298,7 @@ class LinkMember:
 
     def _open(self, ctx: zmq.Context) -> Sequence[zmq.Socket]:
         try:
-            self._link = Link(ctx, *self._link_to)
+            self._link = Link(ctx, *self._link_to, routing_id=self.session)
         except (zmq.ZMQError, ValueError) as exc:
             self._link_failed(exc)
             return ()
@@ -315,10 +329,13 @@ class LinkMember:
         while (frame := link.recv()) is not None:
             try:
                 acks = schema.decode_ack(frame)
+                refused = schema.decode_refused(frame) if b"refused" in frame else None
             except schema.FrameError as exc:
                 self._bad_ack(exc)
                 continue
             self._acks(acks, now)
+            if refused:
+                self._refused(refused)
 
 
 def read_monitor(monitor: zmq.Socket, refused: list[tuple[int, int]] | None = None,

@@ -292,6 +292,16 @@ _TYPED_ACCEPT = [(_values_of(f), *remembering(f.rule.accept)) for f in _ENVELOPE
                  if f.rule.accept is not None]
 
 
+def decode_refused(frame: bytes) -> list[tuple[str, int, str]]:
+    """Client side of encode_refused: the streams refused, each (run, rank, why); FrameError on
+    anything else."""
+    try:
+        obj = msgpack.unpackb(frame, raw=False)
+        return [(str(r), int(k), str(why)) for r, k, why in obj.get("refused", ())]
+    except Exception as exc:  # any malformed message is one counted protocol error for the caller
+        raise FrameError("bad_ack", f"{type(exc).__name__}: {exc}") from None
+
+
 def decode_ack(frame: bytes) -> list[tuple[str, int, int]]:
     """Client side of encode_ack; raises FrameError on anything else."""
     try:

@@ -11,6 +11,7 @@ relay without it, which a client never hands an event (relay/wire/auth.py, docs/
 from __future__ import annotations
 
 import base64
+import errno
 import functools
 import hashlib
 import hmac
@@ -68,6 +69,8 @@ def _read_or_create(path: Path) -> Secret:
     except FileNotFoundError:
         return _create(path)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW: the name is a symbolic link
+            raise SecretError(_link(path)) from None
         raise SecretError(f"cannot read the relay secret {path}: {exc.strerror}; fix it or point "
                           f"{FILE_ENV} elsewhere") from None
     try:
@@ -87,6 +90,18 @@ def _read_or_create(path: Path) -> Secret:
         raise SecretError(f"the relay secret {path} holds {len(value)} characters, fewer than {MIN_LENGTH}; "
                           "remove it to have a new one made, or copy your relay's")
     return Secret(value, str(path))
+
+
+def _link(path: Path) -> str:
+    """What to say of a secret whose name is a symbolic link: never followed, since a link could hand
+    the relay a file another user controls; one that loops reaches no file at all."""
+    try:
+        target = path.resolve(strict=True)
+    except (OSError, RuntimeError):  # ELOOP (RuntimeError on Python 3.11), or a dangling link
+        return (f"the relay secret {path} is a symbolic link that never reaches a file (a loop, or its "
+                f"target is gone); remove it to have a secret made there, or point {FILE_ENV} at a real file")
+    return (f"the relay secret {path} is a symbolic link (to {target}), which the relay does not follow; "
+            f"point {FILE_ENV} at {target} itself, or put the file in the link's place")
 
 
 def _create(path: Path) -> Secret:
