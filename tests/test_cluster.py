@@ -3,15 +3,16 @@ rebuild from journal events, with the clock given by the test."""
 from __future__ import annotations
 
 import math
-import statistics
 
 import pytest
 
 from relay.daemon.cross_rank import MAX_WAITING, Cluster, ClusterConfig, Standing
+from relay.daemon.stragglers import StragglerRule
 from relay.wire.lines import Derived
 from sinks.events import RELAY_RANK, attempt_base
 
-CONFIG = ClusterConfig(factor=1.5, steps=3, silence=10.0)
+#: a window of 5 logged steps: named at the third slow one, cleared at the third calm one
+CONFIG = ClusterConfig(StragglerRule(cost=0.1, min_excess=0.02, window=5), silence=10.0)
 
 
 def report(rank: int, step: int | None, took: object = 0.1, world: int = 4, run: str = "r", own: object = None,
@@ -38,7 +39,7 @@ def test_a_step_is_summed_up_once_every_rank_reported_it() -> None:
     (figures,) = cluster.observe(report(3, 5, 0.3), 0.0)
     assert figures == Derived("r", 4, "metrics", 5, 0.05, {
         "step_time_min": 0.1, "step_time_median": 0.25, "step_time_max": 0.9, "step_time_spread": 0.9 / 0.25,
-        "slowest_rank": 2, "ranks": 4})
+        "slowest_rank": 2, "cost_rank": 2, "cost_s": pytest.approx(0.7), "cost": pytest.approx(0.7 / 0.9), "ranks": 4})
     assert cluster.observe(report(1, 5, 5.0), 1.0) == []  # a late repeat of a settled step changes nothing
 
 
@@ -62,13 +63,15 @@ def test_a_straggler_is_named_after_n_slow_steps_and_not_before() -> None:
         assert kinds(feed(cluster, {**normal, 2: 0.4}, step)) == ["figures"]
     out = feed(cluster, {**normal, 2: 0.4}, 3)
     assert kinds(out) == ["figures", "straggler"]
-    median = statistics.median([0.10, 0.11, 0.09, 0.4])
-    assert out[1] == Derived("r", 4, "lifecycle", 3, 0.03, {"event": "straggler", "rank": 2, "by": "step_time",
-                                                             "step_time": 0.4, "median": median, "ratio": 0.4 / median,
-                                                             "steps": 3})
+    # its excess: its step time less the others' median; its cost: that over the job's step (the slowest's)
+    assert out[1] == Derived("r", 4, "lifecycle", 3, 0.03, {
+        "event": "straggler", "rank": 2, "by": "step_time", "cost_s": pytest.approx(0.3), "cost": pytest.approx(0.75),
+        "step_time": 0.4, "others_median": pytest.approx(0.1), "job_step_s": 0.4, "window": 5})
     assert out[0].data["slowest_rank"] == 2
+    assert (out[0].data["cost_rank"], out[0].data["cost_s"], out[0].data["cost"]) == (2, pytest.approx(0.3),
+                                                                                     pytest.approx(0.75))
     assert kinds(feed(cluster, {**normal, 2: 0.4}, 4)) == ["figures"]  # said once while it stays slow
-    assert kinds(feed(cluster, {0: 0.1, 1: 0.1, 2: 0.1, 3: 0.14}, 9)) == ["figures"]  # within the factor
+    assert kinds(feed(cluster, {0: 0.1, 1: 0.1, 2: 0.1, 3: 0.14}, 9)) == ["figures"]
 
 
 def test_standing_names_the_straggler_while_it_stays_slow_and_the_lost_ranks() -> None:
@@ -77,38 +80,40 @@ def test_standing_names_the_straggler_while_it_stays_slow_and_the_lost_ranks() -
     normal = {0: 0.10, 1: 0.11, 3: 0.09}
     for step in (1, 2):
         feed(cluster, {**normal, 2: 0.4}, step, now=step)
-    assert cluster.standing("r") == Standing((), ())  # slow, not yet a straggler
+    assert cluster.standing("r")[:2] == ((), ())  # slow, not yet a straggler
     feed(cluster, {**normal, 2: 0.4}, 3, now=3)
-    assert cluster.standing("r") == Standing((2,), ())
+    assert cluster.standing("r")[:2] == ((2,), ())
+    assert dict(cluster.standing("r").costs)[2] == pytest.approx(0.75)  # the median over its window
     feed(cluster, {**normal, 2: 0.1}, 4, now=4)
-    assert cluster.standing("r") == Standing((2,), ())  # one step within the factor: the episode goes on
+    assert cluster.standing("r")[:2] == ((2,), ())  # one calm step: the episode goes on
     feed(cluster, {**normal, 2: 0.1}, 5, now=5)
     feed(cluster, {**normal, 2: 0.1}, 6, now=6)
-    assert cluster.standing("r") == Standing((), ())  # three in a row: cleared
+    assert cluster.standing("r")[:2] == ((), ())  # three of the window's five calm: cleared
     feed(cluster, {0: 0.1, 1: 0.1, 2: 0.1}, 7, now=7)  # rank 3 silent from t=6 while its peers go on
     cluster.check(17.0)
-    assert cluster.standing("r") == Standing((), (3,))
+    standing = cluster.standing("r")
+    assert standing[:2] == ((), (3,)) and 3 not in dict(standing.costs)
 
 
 def test_a_straggler_is_said_once_per_episode_and_its_recovery_once() -> None:
-    """One step (or two) under the factor does not end an episode: a persistent straggler with dips
-    is named once; ``steps`` calm steps in a row clear it, and only then can it be named again."""
+    """Dips in an episode do not end it: a persistent straggler with dips is named once; a window
+    whose majority is calm clears it, and only then can it be named again."""
     cluster = Cluster(CONFIG)
     normal = {0: 0.10, 1: 0.11, 3: 0.09}
     said = []
-    for step, rank2 in enumerate([0.4, 0.4, 0.4, 0.4, 0.1, 0.4, 0.1, 0.1, 0.4, 0.4, 0.1, 0.1], start=1):
+    for step, rank2 in enumerate([0.4, 0.4, 0.4, 0.4, 0.1, 0.4, 0.1, 0.4, 0.4, 0.1, 0.4, 0.4, 0.1], start=1):
         said += [(d.step, d.data["event"]) for d in feed(cluster, {**normal, 2: rank2}, step) if d.type == "lifecycle"]
     assert said == [(3, "straggler")], said  # dips of one and two steps in the episode: said once
-    out = feed(cluster, {**normal, 2: 0.1}, 13)
-    assert kinds(out) == ["figures", "straggler_cleared"]  # 3 calm steps in a row: 11, 12, 13
-    assert out[-1] == Derived("r", 4, "lifecycle", 13, 0.13, {
+    out = feed(cluster, {**normal, 2: 0.1}, 14)
+    assert kinds(out) == ["figures", "straggler_cleared"]  # 3 of the last 5 calm: 10, 13, 14
+    assert out[-1] == Derived("r", 4, "lifecycle", 14, 0.14, {
         "event": "straggler_cleared", "rank": 2, "why": "recovered", "named_step": 3, "by": "step_time",
-        "ratio": pytest.approx(0.1 / statistics.median([0.1, 0.11, 0.09, 0.1])), "steps": 3})
-    for step in (14, 15):
+        "cost_s": pytest.approx(0.0), "cost": pytest.approx(0.0), "window": 5})
+    for step in (15, 16):
         assert kinds(feed(cluster, {**normal, 2: 0.1}, step)) == ["figures"]  # cleared once
-    for step in (16, 17):
+    for step in (17, 18):
         assert kinds(feed(cluster, {**normal, 2: 0.4}, step)) == ["figures"]
-    assert kinds(feed(cluster, {**normal, 2: 0.4}, 18)) == ["figures", "straggler"]  # a new episode
+    assert kinds(feed(cluster, {**normal, 2: 0.4}, 19)) == ["figures", "straggler"]  # a new episode
 
 
 def test_a_straggler_that_is_lost_ends_its_episode() -> None:
@@ -148,11 +153,13 @@ def test_own_work_names_the_straggler_that_equal_step_times_hide() -> None:
         "step_time_min": 0.29, "step_time_median": pytest.approx(0.295), "step_time_max": 0.30,
         "step_time_spread": pytest.approx(0.30 / 0.295), "slowest_rank": 0,
         "own_time_min": 0.10, "own_time_median": pytest.approx(0.30), "own_time_max": 0.50,
-        "own_time_spread": pytest.approx(0.50 / 0.30), "own_slowest_rank": 1, "ranks": 2}
+        "own_time_spread": pytest.approx(0.50 / 0.30), "own_slowest_rank": 1,
+        "cost_rank": 1, "cost_s": pytest.approx(0.4), "cost": pytest.approx(0.4 / 0.3), "ranks": 2}
     figures, straggler = feed_own(cluster, under_ddp, 3)
     assert straggler == Derived("r", 2, "lifecycle", 3, 0.03, {
-        "event": "straggler", "rank": 1, "by": "own_time", "own_time": 0.50, "step_time": 0.29,
-        "median": pytest.approx(0.30), "ratio": pytest.approx(0.50 / 0.30), "steps": 3})
+        "event": "straggler", "rank": 1, "by": "own_time", "cost_s": pytest.approx(0.4),
+        "cost": pytest.approx(0.4 / 0.3), "own_time": 0.50, "step_time": 0.29, "others_median": pytest.approx(0.10),
+        "job_step_s": 0.30, "window": 5})
 
 
 def test_a_step_where_a_rank_sent_no_own_work_is_judged_by_step_time() -> None:
@@ -162,8 +169,9 @@ def test_a_step_where_a_rank_sent_no_own_work_is_judged_by_step_time() -> None:
     for step, rank1_own in ((1, None), (2, math.nan), (3, "x")):
         out = feed_own(cluster, {0: (0.1, 0.05), 1: (0.5, rank1_own)}, step)
         assert "own_time_median" not in out[0].data and out[0].data["slowest_rank"] == 1
-    assert out[1].data == {"event": "straggler", "rank": 1, "by": "step_time", "step_time": 0.5,
-                           "median": pytest.approx(0.3), "ratio": pytest.approx(0.5 / 0.3), "steps": 3}
+    assert out[1].data == {"event": "straggler", "rank": 1, "by": "step_time", "cost_s": pytest.approx(0.4),
+                           "cost": pytest.approx(0.8), "step_time": 0.5, "others_median": pytest.approx(0.1),
+                           "job_step_s": 0.5, "window": 5}
     balanced = Cluster(CONFIG)
     for step in range(1, 51):  # own work within the factor: never a straggler, whatever the step times
         out = feed_own(balanced, {0: (0.1, 0.09), 1: (0.4, 0.12)}, step)
@@ -332,14 +340,14 @@ def test_a_rank_that_ended_itself_is_never_lost() -> None:
 
 def test_a_step_waits_at_most_the_silence_and_a_run_holds_a_bounded_number_of_reports() -> None:
     cluster = Cluster(CONFIG)
-    feed(cluster, {0: 0.1, 1: 0.2}, step=1, now=0.0)  # ranks 2 and 3 never report at all
+    feed(cluster, {0: 0.1, 1: 0.1}, step=1, now=0.0)  # ranks 2 and 3 never report at all
     assert cluster.check(9.0) == []
     (figures,) = cluster.check(10.5)
     assert figures.step == 1 and figures.data["ranks"] == 2
     out = []
     last = 1 + MAX_WAITING // 2
     for step in range(2, last + 2):  # each step waits with two reports of four
-        out += feed(cluster, {0: 0.1, 1: 0.2}, step, now=11.0)
+        out += feed(cluster, {0: 0.1, 1: 0.1}, step, now=11.0)
     assert [d.step for d in out] == [2]  # the oldest, settled as it stood to make room
     run = cluster.runs["r"]
     assert run.waiting == sum(len(e.times) for e in run.pending.values()) == MAX_WAITING

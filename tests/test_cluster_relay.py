@@ -81,8 +81,10 @@ def test_a_slowed_rank_is_the_straggler_and_every_step_is_summed_up(relays, tmp_
         assert data["own_time_max"] >= 0.4 > data["own_time_median"] >= data["own_time_min"] >= 0.05, e
         assert data["step_time_spread"] == pytest.approx(data["step_time_max"] / data["step_time_median"])
     (straggler,) = said(ours, "straggler")
-    assert straggler["step"] == 3 and straggler["data"]["rank"] == 2 and straggler["data"]["steps"] == 3
-    assert straggler["data"]["ratio"] > 1.5 and straggler["data"]["step_time"] >= 0.4
+    # named at the 8th of a window of 15 logged steps (the default); it costs the job most of each step
+    assert straggler["step"] == 8 and straggler["data"]["rank"] == 2 and straggler["data"]["window"] == 15
+    assert straggler["data"]["cost"] > 0.5 and straggler["data"]["cost_s"] >= 0.3
+    assert straggler["data"]["step_time"] >= 0.4
     assert straggler["data"]["by"] == "own_time" and straggler["data"]["own_time"] >= 0.4
     assert not said(ours, "rank_lost")
     assert relay.stats(journal)["derived"] == len(ours)
@@ -190,8 +192,8 @@ def test_no_cluster_events_when_turned_off_or_for_one_rank(relays, tmp_path: Pat
         Publisher("r", RELAY_RANK)
 
 
-@pytest.mark.parametrize("option", ["--straggler-factor=1", "--straggler-factor=x", "--straggler-steps=0",
-                                    "--rank-silence=0.5"])
+@pytest.mark.parametrize("option", ["--straggler-cost=0", "--straggler-cost=x", "--straggler-cost=1.5",
+                                    "--straggler-min=-1", "--straggler-window=0", "--rank-silence=0.5"])
 def test_bad_cluster_options_are_one_line_errors(option: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "relay", option, "--path", str(tmp_path / "j.jsonl")],
                           capture_output=True, text=True, timeout=60)
@@ -224,7 +226,8 @@ def test_the_derived_events_read_as_documented(relays, tmp_path: Path) -> None:
                             "step_time_spread": pytest.approx(0.2 / 0.15), "slowest_rank": 0,
                             "own_time_min": 0.1, "own_time_median": pytest.approx(0.2),
                             "own_time_max": pytest.approx(0.3), "own_time_spread": pytest.approx(1.5),
-                            "own_slowest_rank": 1, "ranks": 2}
+                            "own_slowest_rank": 1, "cost_rank": 1, "cost_s": pytest.approx(0.2),
+                            "cost": pytest.approx(1.0), "ranks": 2}
     assert (line["rank"], line["seq"], line["step"], line["epoch"]) == (RELAY_RANK, 0, 10, 0.5)
 
 

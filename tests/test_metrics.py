@@ -72,7 +72,7 @@ def test_a_scrape_follows_the_table_and_the_journal(relays, tmp_path: Path) -> N
     port = free_port()
     journal = tmp_path / "j"
     relay = relays(["--path", f"{journal}/", "--metrics-bind", f"127.0.0.1:{port}", "--metrics-loss",
-                    "--straggler-steps", "2", "--stats-interval", "1", "--live", "off"])
+                    "--straggler-window", "3", "--stats-interval", "1", "--live", "off"])
     # A client that connects and sends nothing holds the endpoint for a while, never ingest.
     idle = socket.create_connection(("127.0.0.1", port))
     ranks = [start_rank(relay.address, "r", rank, 2, 6, took) for rank, took in ((0, 0.05), (1, 0.25))]
@@ -100,6 +100,9 @@ def test_a_scrape_follows_the_table_and_the_journal(relays, tmp_path: Path) -> N
         per_rank[1]["data"]["step_time"])
     assert value(families, "relay_run_straggler_rank", run="r", rank="1") == 1
     assert value(families, "relay_run_stragglers", run="r") == 1
+    # rank 1 (0.25 s a step against 0.05 s) costs the job most of each step; rank 0 less than nothing
+    assert value(families, "relay_run_rank_cost_ratio", run="r", rank="1") > 0.5
+    assert value(families, "relay_run_rank_cost_ratio", run="r", rank="0") < 0
     assert value(families, "relay_run_ranks_lost", run="r") == 0
     assert 1 < value(families, "relay_run_steps_per_second", run="r") < 1 / 0.05 * 1.2  # the first rank's pace
     assert 0 <= value(families, "relay_run_seconds_since_last_step", run="r") < 60

@@ -35,8 +35,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 __all__ = ["demo_model"]  # a fixture, used by name
 
 MONITORING = ROOT / "docs" / "monitoring"
-#: Seconds rank 1's collator sleeps per batch (two a step): well above rank 0's own work on a loaded
-#: machine, as tests/test_stragglers_torchrun.py found; with two ranks only the slower can be named.
+#: Seconds rank 1's collator sleeps per batch (two a step): it costs the job most of each step
+#: whatever the load, so the relay names it at the 8th logged step (a window of 15).
 SLEEP = "1.5"
 JOB = ROOT / "tests" / "slow_rank_job.py"
 

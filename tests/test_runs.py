@@ -98,10 +98,13 @@ def test_the_command_fits_the_terminal_and_says_json(journals: tuple[Path, Path,
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert max(map(len, lines)) <= 80 and len(lines) == 6
-    assert lines[0].split() == ["run", "status", "step", "loss", "strag", "lost"]
+    assert lines[0].split() == ["run", "status", "step", "loss", "strag", "lost"]  # (no last straggler)
     assert lines[2].split() == ["failed", "failed", "30", lines[2].split()[3], "0", "1"]
     wide = relay_cmd("runs", str(folder)).stdout.splitlines()
-    assert wide[0].split() == ["run", "start", "status", "attempts", "ranks", "step", "loss", "stragglers", "lost"]
+    assert wide[0].split() == ["run", "start", "status", "attempts", "ranks", "step", "loss", "stragglers", "lost",
+                               "last", "straggler"]
+    done = next(line for line in wide if line.startswith("done "))
+    assert done.rstrip().endswith(" 3     0  r1 60% 0.30 s/step"), wide  # what the last one named cost the job
     as_json = relay_cmd("runs", str(folder), "--json")
     assert [r["run"] for r in json.loads(as_json.stdout)] == ["done", "failed", "resumed", "stalled", "live"]
     missing = relay_cmd("runs", str(folder / "nothing"))

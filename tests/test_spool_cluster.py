@@ -13,7 +13,8 @@ from conftest import ROOT, read_jsonl
 from relay.client.publisher import Publisher
 from sinks.events import RELAY_RANK
 
-STEP_TIME = {0: 0.1, 1: 0.5}  # rank 1 is slow: named a straggler at step 3
+STEP_TIME = {0: 0.1, 1: 0.5}  # rank 1 is slow: named a straggler at step 8 (8 of a window of 15)
+BOTH = 8  # the steps both ranks report
 
 
 def report(pub: Publisher, step: int) -> None:
@@ -21,18 +22,18 @@ def report(pub: Publisher, step: int) -> None:
 
 
 def job(relay, tmp_path: Path, run: str, kill_before: int | None) -> Path:
-    """Two ranks; rank 1 reports steps 1-3 and is gone; rank 0 reports steps 1-5 and ends failed.
+    """Two ranks; rank 1 reports steps 1-8 and is gone; rank 0 reports steps 1-10 and ends failed.
     ``kill_before``: the relay is SIGKILLed before rank 0's step ``kill_before``: the rest is spooled."""
     ranks = [Publisher(run, rank, world_size=2, address=relay.address, spool_dir=tmp_path / "spool")
              for rank in (0, 1)]
-    for step in (1, 2, 3):
+    for step in range(1, BOTH + 1):
         for pub in ranks:
             report(pub, step)
     assert ranks[1].close(20) == 0  # rank 1 is done for: it never says train_end
     assert ranks[0].flush(20) == 0
     if kill_before is not None:
         relay.kill()
-    for step in (4, 5):
+    for step in (BOTH + 1, BOTH + 2):
         report(ranks[0], step)
     ranks[0].publish("lifecycle", {"event": "train_end", "status": "failed", "error": "RuntimeError: peer gone"})
     ranks[0].close(1 if kill_before is not None else 20)
@@ -60,15 +61,15 @@ def test_a_replayed_spool_gets_the_cluster_events_a_live_relay_would_have_journa
 
     journal = tmp_path / "spooled.jsonl"
     killed = relays(["--path", str(journal)])
-    spool = job(killed, tmp_path / "spooled", "spooled-run", kill_before=4)
-    assert spool.exists() and max(e[2] for e in relays_own(journal)) == 3, "the relay died before step 4"
+    spool = job(killed, tmp_path / "spooled", "spooled-run", kill_before=BOTH + 1)
+    assert spool.exists() and max(e[2] for e in relays_own(journal)) == BOTH, "the relay died before step 9"
     said = replay(spool, journal)
     assert "of the relay's own derived from them" in said, said
     expected = relays_own(live)
     events = [(e[1], e[2], dict(e[3]).get("event"), dict(e[3]).get("rank")) for e in expected if e[1] == "lifecycle"]
-    assert events == [("lifecycle", 3, "straggler", 1), ("lifecycle", 5, "rank_lost", 1),
-                      ("lifecycle", 5, "straggler_cleared", 1)], expected
-    assert [e[2] for e in expected if e[1] == "metrics"] == [1, 2, 3, 4, 5], "every step's figures"
+    assert events == [("lifecycle", 8, "straggler", 1), ("lifecycle", 10, "rank_lost", 1),
+                      ("lifecycle", 10, "straggler_cleared", 1)], expected
+    assert [e[2] for e in expected if e[1] == "metrics"] == list(range(1, BOTH + 3)), "every step's figures"
     assert relays_own(journal) == expected
     before = journal.read_bytes()
     replay(spool, journal)

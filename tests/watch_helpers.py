@@ -123,7 +123,7 @@ def training_journal(path: Path, run: str, steps: int, *, t0: float, ranks: int 
                 "own_time_max": max(own.values()), "own_time_spread": max(own.values()) / median,
                 "own_slowest_rank": max(own, key=own.__getitem__)}, step=step, stage="cluster"))
             if straggler_every and step % straggler_every in (2, 5):
-                said = ({"event": "straggler", "rank": 1, "by": "own_time", "ratio": 2.5, "steps": 3}
+                said = ({"event": "straggler", "rank": 1, "by": "own_time", "cost_s": 0.3, "cost": 0.6, "window": 15}
                         if step % straggler_every == 2 else
                         {"event": "straggler_cleared", "rank": 1, "why": "recovered", "named_step": step - 3})
                 chunk.append(ev(RELAY_RANK, ts + 0.02, "lifecycle", said, step=step, stage="cluster"))

@@ -24,7 +24,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from relay.client.publisher import Publisher
-from trainer import collectives, custom_metrics
+from trainer import collectives, custom_metrics, ran_as
 from trainer.custom_metrics import to_wire
 from trainer.job_settings import JobSettings
 from trainer.job_tracking import JobPlace, JobTracking, close_at_exit, run_name_of
@@ -154,7 +154,7 @@ class RelayCallback(TrainerCallback):
             "attempt": pub.attempt, "resumed_from": state.global_step if pub.attempt else None,
             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
         }, step=state.global_step, epoch=state.epoch)
-        pub.publish("params", to_wire(args.to_dict()), stage="hparams")
+        pub.publish("params", to_wire(ran_as.hparams(args.to_dict(), self._trainer)), stage="hparams")
         if model is not None:
             base = model.get_base_model() if hasattr(model, "get_base_model") else model
             config = getattr(base, "config", None)

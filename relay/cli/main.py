@@ -26,6 +26,7 @@ from relay.wire.address import ADDRESS_ENV, DEFAULT_ADDRESS, AddressInUse, BadAd
 from relay.journal.journal import NAME as JOURNAL, Journal, JournalError
 from relay.daemon.bounds import private_files
 from relay.daemon.live_line import LiveLine, LiveLogHandler, wanted
+from relay.cli.cluster_flags import cluster_config, cluster_options
 from relay.cli.metrics_flags import start_metrics
 from relay.cli.targets import JOURNAL_SUMMARY, JournalFlags, Named, load_named, named, owner
 from relay.sinkhost.child import SinkSpec, starting
@@ -203,18 +204,7 @@ def main() -> None:
 @click.option("--max-memory", type=click.IntRange(0), default=1024, show_default=True, metavar="MIB",
               help="Resident memory at which every connection is dropped to free what ZeroMQ holds (clients "
                    "reconnect and resend); 0: never.")
-@click.option("--cluster/--no-cluster", default=True, show_default=True,
-              help="Derive cross-rank events from the ranks' step times (stage 'rank'): per logged step the "
-                   "min/median/max step time and slowest rank (stage 'cluster'), stragglers, lost ranks.")
-@click.option("--straggler-factor", type=click.FloatRange(1.0, min_open=True), default=1.5, show_default=True,
-              help="A rank is slow at a step when its step time exceeds the step's median by this factor.")
-@click.option("--straggler-steps", type=click.IntRange(1), default=3, show_default=True,
-              help="Logged steps in a row a rank must be slow to get a 'straggler' event (once per episode), "
-                   "and then within the factor to get 'straggler_cleared'.")
-@click.option("--rank-silence", type=click.FloatRange(1.0), default=60.0, show_default=True, metavar="SECONDS",
-              help="A rank silent this long while its peers went on to later steps gets 'rank_lost' ('rank_back' "
-                   "when it reports again); a step also waits at most this long for its ranks. Keep it above "
-                   "the time between logged steps.")
+@cluster_options
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write {\"address\", \"pid\"} here once listening (for scripts binding port '*').")
 @click.option("--watch-pid", type=int, help="Shut down cleanly when this process is gone.")
@@ -240,13 +230,13 @@ def main() -> None:
 @click.pass_context
 def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_interval: float,
           stats_interval: float, sink_queue: int, forget_after: float, run_rate: float, max_runs: int,
-          max_memory: int, cluster: bool, straggler_factor: float, straggler_steps: int, rank_silence: float,
+          max_memory: int, cluster: bool, straggler_cost: float, straggler_min: float,
+          straggler_window: int, rank_silence: float,
           ready_file: Path | None, watch_pid: int | None, shutdown_timeout: float, secret_file: Path | None,
           run_open: bool,
           curve_cert: Path | None, curve_clients: Path | None, log_level: str, world_readable: bool, live: str,
           **sink_params: Any) -> None:
     """Run the relay until SIGINT/SIGTERM."""
-    from relay.daemon.cross_rank import ClusterConfig
     from relay.daemon.config import RelayConfig
     from relay.daemon.gate import AuthError
     from relay.daemon.loop import Relay
@@ -263,7 +253,8 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
                              max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
                              shutdown_timeout=shutdown_timeout,
                              curve_cert=curve_cert, curve_clients=curve_clients, open=run_open, secret_file=secret_file,
-                             cluster=ClusterConfig(straggler_factor, straggler_steps, rank_silence) if cluster else None)
+                             cluster=cluster_config(cluster, straggler_cost, straggler_min, straggler_window,
+                                                    rank_silence))
         try:  # every check before the relay listens: a bad option stops it before any training starts
             journal, sinks = build_sinks(ctx, sink_params, log_level)
         except SinkError as exc:

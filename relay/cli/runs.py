@@ -56,10 +56,13 @@ class RunSummary:
     ranks: int | None  # world size
     last_step: int | None
     last_loss: float | None  # the Trainer's (stage train)
-    stragglers: int  # the relay's straggler findings
+    stragglers: int  # the relay's straggler findings (episodes)
     lost_ranks: int  # ... and rank_lost ones
     stale: bool = False  # read only from partition views their consuming relays no longer hold
     conflicts: int = 0  # second writers the relay refused (docs/protocol.md)
+    straggler_rank: int | None = None  # the last straggler named ...
+    straggler_cost: float | None = None  # ... what it cost the job: a fraction of its time per step
+    straggler_cost_s: float | None = None  # ... and seconds a step
 
 
 def summarize(path: Path, now: float | None = None) -> list[RunSummary]:
@@ -85,6 +88,8 @@ def _file(file: Path, now: float) -> list[RunSummary]:
         found = _Found(first, counts[_BEGIN], counts[_STRAGGLER], counts[_LOST], counts[_CONFLICT])
         if scan.last[_END] > scan.last[_BEGIN]:
             found.end_line = _line_at(fh, scan.last[_END])
+        if scan.last[_STRAGGLER] >= 0:
+            found.straggler_line = _line_at(fh, scan.last[_STRAGGLER])
         tail = (ev for raw in islice(lines_backwards(file), LAST_LINES) if (ev := _event(raw)) is not None)
         return [found.summary(file, now, tail)]
 
@@ -145,6 +150,7 @@ class _Found:
         self.attempts, self.stragglers, self.lost = attempts, stragglers, lost
         self.conflicts = conflicts
         self.end_line: dict[str, Any] | None = None
+        self.straggler_line: dict[str, Any] | None = None  # the last straggler finding
         self.last_at = self.step_at = self.loss_at = -1  # where its last line, step and train loss are (shared file)
 
     def summary(self, file: Path, now: float, tail: Iterator[dict[str, Any]]) -> RunSummary:
@@ -171,9 +177,12 @@ class _Found:
         if self.conflicts:
             status = "conflict"
         world = self.first.get("world_size")
+        named = (self.straggler_line or {}).get("data") or {}
+        rank = named.get("rank") if type(named.get("rank")) is int else None
         return RunSummary(self.first["run"], str(file), number(self.first.get("ts")), end_ts, status, self.attempts,
                           ranks if ranks is not None else world if type(world) is int else None, step, loss,
-                          self.stragglers, self.lost, conflicts=self.conflicts)
+                          self.stragglers, self.lost, conflicts=self.conflicts, straggler_rank=rank,
+                          straggler_cost=number(named.get("cost")), straggler_cost_s=number(named.get("cost_s")))
 
 
 def _shared(file: Path, fh: BinaryIO, now: float) -> list[RunSummary]:
@@ -193,7 +202,9 @@ def _shared(file: Path, fh: BinaryIO, now: float) -> list[RunSummary]:
         found.last_at = at
         if b'"type":"lifecycle"' in line:
             found.attempts += _BEGIN in line
-            found.stragglers += _STRAGGLER in line
+            if _STRAGGLER in line:
+                found.stragglers += 1
+                found.straggler_line = _event(line)
             found.lost += _LOST in line
             found.conflicts += _CONFLICT in line
             if _BEGIN in line:
@@ -219,21 +230,31 @@ def table(summaries: list[RunSummary], width: int | None) -> list[str]:
              "attempts": str(s.attempts),
              "ranks": "-" if s.ranks is None else str(s.ranks), "step": "-" if s.last_step is None else str(s.last_step),
              "loss": "-" if s.last_loss is None else f"{s.last_loss:.4g}", "stragglers": str(s.stragglers),
-             "lost": str(s.lost_ranks)} for s in summaries]
+             "lost": str(s.lost_ranks), "costliest": _costliest(s)} for s in summaries]
     runs = max([len(r["run"]) for r in rows] + [3])
     status = Column("status", "status", max([len(r["status"]) for r in rows] + [9]), left=True)
     counts = (Column("step", "step", 8), Column("loss", "loss", 9), Column("stragglers", "stragglers", 10),
               Column("lost", "lost", 4))
     every = (Column("start", "start", 16, left=True), status, Column("attempts", "attempts", 8),
-             Column("ranks", "ranks", 5), *counts)
+             Column("ranks", "ranks", 5), *counts,
+             Column("costliest", "last straggler", 21, left=True))
     few = (status, *counts[:2], Column("stragglers", "strag", 5), counts[3])  # a narrow terminal's
     layout = fit([Layout((Column("run", "run", runs, left=True), *every)),
                   Layout((Column("run", "run", runs, left=True), *every), " "),
                   *(Layout((Column("run", "run", min(runs, shown), left=True), *few), " ") for shown in (runs, 32, 20))],
                  width)
     run_width = layout.columns[0].width
-    return [cut(layout.header(), width)] + [
-        cut(layout.line({**row, "run": cut(row["run"], run_width)}), width) for row in rows]
+    return [cut(layout.header(), width).rstrip()] + [
+        cut(layout.line({**row, "run": cut(row["run"], run_width)}), width).rstrip() for row in rows]
+
+
+def _costliest(s: RunSummary) -> str:
+    """The last straggler named and what it cost the job (``r1 31% 0.15 s/step``)."""
+    if s.straggler_rank is None:
+        return "-"
+    cost = "" if s.straggler_cost is None else f" {s.straggler_cost:.0%}"
+    seconds = "" if s.straggler_cost_s is None else f" {s.straggler_cost_s:.2f} s/step"
+    return f"r{s.straggler_rank}{cost}{seconds}"
 
 
 def _when(ts: float | None) -> str:

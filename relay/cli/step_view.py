@@ -14,7 +14,8 @@ and its spread, and a flag for a straggler. Where each comes from:
   rank is the one by step time (``slowest_rank``) and own_s, own_x are "-". A journal without
   cluster metrics (an older relay) gets the same figures from the ranks' own ``stage="rank"``
   ``own_time`` and ``step_time`` of the step.
-- flag: ``STRAGGLER rN`` from the relay's ``straggler`` event and ``cleared rN`` from its
+- flag: ``STRAGGLER rN 31% (0.15 s/step)`` from the relay's ``straggler`` event (what the rank
+  costs the job: the fraction of its time per step, and the seconds) and ``cleared rN`` from its
   ``straggler_cleared`` (the episode's end: recovered, or lost), each shown on that step's line, or
   the next one if it came after that line; without one, ``slow rN`` where the spread the relay
   judges by (own_x, else step_x) is at least ``straggler_ratio``. ``rank_lost``, ``rank_back`` and
@@ -207,10 +208,9 @@ class StepView:
             if type(data.get("attempt")) is int and data["attempt"] > 0:
                 return self._attempt(run, state, ev, data["attempt"], data.get("resumed_from"))
         elif event in ("straggler", "straggler_cleared") and type(data.get("rank")) is int:
-            ratio, steps, step, named = number(data.get("ratio")), data.get("steps"), ev.get("step"), data.get("named_step")
+            step, named = ev.get("step"), data.get("named_step")
             if event == "straggler":
-                flag = (f"STRAGGLER r{data['rank']}" + (f" x{ratio:.2f}" if ratio is not None else "")
-                        + (f" ({steps} steps)" if type(steps) is int else ""))
+                flag = f"STRAGGLER r{data['rank']}" + straggler_cost(data)
             else:
                 flag = (f"cleared r{data['rank']}" + (f" (named at {named}" if type(named) is int else " (")
                         + (", lost)" if data.get("why") == "lost" else ")")).replace(" ()", "")
@@ -335,3 +335,14 @@ def _fmt(value: Any, spec: str) -> str:
     if num != num or num in (float("inf"), float("-inf")):
         return str(num)
     return format(num, spec)
+
+
+def straggler_cost(data: dict[str, Any]) -> str:
+    """What a ``straggler`` event says the rank costs the job (`` 31% (0.15 s/step)``); an older
+    relay's ratio to the median (`` x1.80 (3 steps)``)."""
+    cost, cost_s = number(data.get("cost")), number(data.get("cost_s"))
+    if cost is not None:
+        return f" {cost:.0%}" + (f" ({cost_s:.2f} s/step)" if cost_s is not None else "")
+    ratio, steps = number(data.get("ratio")), data.get("steps")
+    return ((f" x{ratio:.2f}" if ratio is not None else "")
+            + (f" ({steps} steps)" if type(steps) is int else ""))

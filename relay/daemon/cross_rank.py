@@ -3,22 +3,22 @@ spread (``cluster`` metrics), a rank that stays slow (``straggler``) and its rec
 (``straggler_cleared``), a rank that stops while its peers go on or that the run ended without
 (``rank_lost``) and one that returns (``rank_back``). docs/protocol.md has the events' shape.
 
-A straggler is said once per episode: named after ``steps`` logged steps in a row above the median
-× ``factor``, then not again while it stays slow, whatever single steps dip under the factor; the
-episode ends (``straggler_cleared``, ``why="recovered"``) after ``steps`` logged steps in a row within
-the factor, or when the rank is lost (``why="lost"``). Only then can the rank be named again.
+A straggler is judged by what it costs the job (relay/daemon/stragglers.py: its work beyond the
+other ranks' median, over the job's time per step, over a window of logged steps), said once per
+episode:
+named when the window says so, then not again while it stays slow; the episode ends
+(``straggler_cleared``, ``why="recovered"``) when the window is calm, or when the rank is lost
+(``why="lost"``). Only then can the rank be named again.
 
-Under DDP every rank waits for the slowest in its collectives, so step times come out equal and a
-rank slow between steps even shows the shortest; a rank's ``own_time`` (its time with the waits
-taken out, trainer/collectives.py) is what tells the straggler. A step whose every reporting rank
-sent one is judged by it; a step with a rank that did not (an older or other publisher) falls
-back to ``step_time`` for all, so unlike figures are never compared.
+Under DDP every rank waits for the slowest in its collectives, so step times come out equal; a
+rank's ``own_time`` (its time with the waits taken out, trainer/collectives.py) tells the
+straggler. A step where a rank sent none (an older or other publisher) is judged by ``step_time``
+for all, so unlike figures are never compared.
 
-No sockets, no files and no clock of its own: ingest (relay/daemon/ingest.py) hands ``observe`` each
-new ``stage="rank"`` metrics event with the time it arrived, calls ``check`` about once a second,
-and journals what either returns as events of rank RELAY_RANK; after a restart ``restore`` replays
-the run's recent journal lines so nothing is said twice. Runs of one rank have no peers to compare
-with and get nothing.
+No sockets, files or clock of its own: ingest (relay/daemon/ingest.py) hands ``observe`` each new
+``stage="rank"`` metrics event with the time it arrived, calls ``check`` about once a second, and
+journals what either returns as events of rank RELAY_RANK; after a restart ``restore`` replays the
+run's recent journal lines so nothing is said twice. Runs of one rank get nothing.
 
 A rank killed in a synchronous (DDP) job stops its peers at their next collective, so nobody goes
 on and silence alone never names it; the job then ends (a ``train_end`` from some rank, the daemon
@@ -37,16 +37,16 @@ A logged step is summed up once every rank that is not lost reported it. A rank 
 later step will never report this one (each rank sends in order), so a later step completing
 settles every earlier one with the ranks it has (``ranks`` says how many); a step still waiting
 after ``silence`` seconds, or the oldest once a run holds ``MAX_WAITING`` reports, is settled as it
-stands. A backlog (a relay started late, or restarted: every rank resends at once) fits well within.
+stands. A backlog (a late or restarted relay: every rank resends at once) fits well within.
 """
 from __future__ import annotations
 
 import heapq
 import math
-import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
+from relay.daemon.stragglers import Mark, Seen, StragglerRule, excess, period, seconds, spread
 from relay.wire.lines import Derived
 from sinks.events import RELAY_RANK, attempt_of
 
@@ -57,10 +57,8 @@ MAX_WAITING = 16_384
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    #: a rank is slow at a step when its step time exceeds the median of the step by this factor
-    factor: float = 1.5
-    #: ... and a straggler once it was slow this many logged steps in a row
-    steps: int = 3
+    #: who is a straggler: relay/daemon/stragglers.py
+    stragglers: StragglerRule = StragglerRule()
     #: seconds without a report after which a rank whose peers went on is lost
     silence: float = 60.0
     #: seconds after a run's end within which a rank behind its peers may still report its last steps
@@ -69,31 +67,34 @@ class ClusterConfig:
 
 class Standing(NamedTuple):
     """What the derivation holds of one run now: the ranks named stragglers and not cleared since,
-    and the ranks lost and not back (the Prometheus endpoint reads it, relay/metrics/)."""
+    the ranks lost and not back, and each judged rank's cost to the job, the median over its window
+    (the Prometheus endpoint reads it, relay/metrics/)."""
 
     stragglers: tuple[int, ...]
     lost: tuple[int, ...]
+    costs: tuple[tuple[int, float], ...] = ()
 
 
 class _Rank:
-    __slots__ = ("last_step", "last_seen", "slow", "calm", "named", "lost", "ended")
+    __slots__ = ("last_step", "last_seen", "seen", "named", "lost", "ended")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, now: float, rule: StragglerRule) -> None:
         self.last_step = -1  # the highest step it reported
         self.last_seen = now  # when it last reported anything
-        self.slow = 0  # logged steps in a row above median * factor
-        self.calm = 0  # ... and within it, while named
+        self.seen = Seen(rule)  # its last logged steps' cost to the job
         self.named: int | None = None  # the step it was named a straggler at; None: not straggling now
         self.lost = False
         self.ended = False  # it sent its own train_end
 
 
 class _Step:
-    __slots__ = ("times", "own", "epoch", "since")
+    __slots__ = ("times", "own", "outside", "span", "epoch", "since")
 
     def __init__(self, epoch: float | None, now: float) -> None:
         self.times: dict[int, float | None] = {}  # rank -> its step time (None: reported, no usable figure)
         self.own: dict[int, float] = {}  # rank -> its own work, from the ranks that sent a usable one
+        self.outside: dict[int, float] = {}  # rank -> its time between steps, where it sent one
+        self.span = 1  # the training steps the logged step sums up (the ranks' ``steps``)
         self.epoch = epoch
         self.since = now
 
@@ -116,14 +117,6 @@ class _Run:
         self.ended: float | None = None  # when the first train_end came
         self.attempt = 0  # of the run's ranks' reports (sinks/events.py attempt_of): a later one starts afresh
         self.failed = False  # a train_end said status "failed": each rank that lived through it sends one
-
-
-def seconds(data: dict[str, Any], name: str = "step_time") -> float | None:
-    """A rank's figure ``name`` if it is usable: a finite number of seconds, not negative."""
-    value: Any = data.get(name)
-    if type(value) in (int, float) and math.isfinite(value) and value >= 0:  # (a bool is not a figure)
-        return float(value)
-    return None
 
 
 class Cluster:
@@ -152,7 +145,7 @@ class Cluster:
         run.active = now
         info = run.ranks.get(rank)
         if info is None:
-            info = run.ranks[rank] = _Rank(now)
+            info = run.ranks[rank] = _Rank(now, self.config.stragglers)
         out: list[Derived] = []
         step = event["step"]
         if info.lost:
@@ -175,9 +168,15 @@ class Cluster:
         if rank in entry.times:
             return out
         entry.times[rank] = seconds(event["data"])
-        own = seconds(event["data"], "own_time")
+        data = event["data"]
+        own, outside = seconds(data, "own_time"), seconds(data, "outside_time")
+        span = data.get("steps")
         if own is not None:
             entry.own[rank] = own
+        if outside is not None:
+            entry.outside[rank] = outside
+        if type(span) is int and span > entry.span:
+            entry.span = span
         run.waiting += 1
         if len(entry.times) >= run.world_size - run.lost:
             out += self._settle(event["run"], run, step)
@@ -194,13 +193,13 @@ class Cluster:
             return  # (a run of no per-rank figures has no rank to judge)
         info = run.ranks.get(rank)
         if info is None:
-            info = run.ranks[rank] = _Rank(now)
+            info = run.ranks[rank] = _Rank(now, self.config.stragglers)
         info.ended = True
         if run.ended is None:
             run.ended = now
             for other in range(run.world_size):  # a rank killed before any report of it got out: judged with the rest
                 if other not in run.ranks:
-                    run.ranks[other] = _Rank(run.began)
+                    run.ranks[other] = _Rank(run.began, self.config.stragglers)
         if event["data"].get("status") == "failed":
             run.failed = True
 
@@ -256,7 +255,9 @@ class Cluster:
             return None
         ranks = sorted(dict(state.ranks).items())  # a copy first: the ingest thread may add a rank meanwhile
         return Standing(tuple(rank for rank, info in ranks if info.named is not None and not info.lost),
-                        tuple(rank for rank, info in ranks if info.lost))
+                        tuple(rank for rank, info in ranks if info.lost),
+                        tuple((rank, info.seen.cost) for rank, info in ranks
+                              if info.seen.cost is not None and not info.lost))
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -290,7 +291,8 @@ class Cluster:
         if info.named is not None:
             out.append(self._lifecycle(name, run, ahead, event="straggler_cleared", rank=rank, why="lost",
                                        named_step=info.named))
-            info.named, info.slow, info.calm = None, 0, 0
+            info.named = None
+        info.seen.clear()
         return out
 
     def _settle(self, name: str, run: _Run, upto: int) -> list[Derived]:
@@ -317,39 +319,44 @@ class Cluster:
         times = {rank: t for rank, t in sorted(entry.times.items()) if t is not None}
         if not times:
             return []
-        figures = _spread(times, "step_time")
+        figures = spread(times, "step_time")
         figures["slowest_rank"] = figures.pop("step_time_slowest")
         # Judged by own work only when every rank with a step time sent its own work too.
         own = {rank: entry.own[rank] for rank in times} if entry.own.keys() >= times.keys() else None
         if own:
-            figures.update(_spread(own, "own_time"))
+            figures.update(spread(own, "own_time"))
             figures["own_slowest_rank"] = figures.pop("own_time_slowest")
-        figures["ranks"] = len(entry.times)
-        out = [Derived(name, run.world_size, "metrics", step, entry.epoch, figures)]
         basis, by = (own, "own_time") if own else (times, "step_time")
-        median = figures[f"{by}_median"]
-        factor, needed = self.config.factor, self.config.steps
-        for rank, took in basis.items():
+        if len(basis) < 2:
+            figures["ranks"] = len(entry.times)
+            return [Derived(name, run.world_size, "metrics", step, entry.epoch, figures)]
+        job = period(times, entry.outside)
+        over = {rank: (extra, extra / job if job > 0 else 0.0)
+                for rank, extra in excess(basis).items()}
+        costly = max(over, key=lambda rank: over[rank][0])
+        figures.update(cost_rank=costly, cost_s=over[costly][0], cost=over[costly][1],
+                       ranks=len(entry.times))
+        out = [Derived(name, run.world_size, "metrics", step, entry.epoch, figures)]
+        rule = self.config.stragglers
+        for rank, (extra, share) in over.items():
             info = run.ranks[rank]
-            ratio = took / median if median > 0 else 1.0
-            if ratio > factor:
-                info.slow += 1
-                info.calm = 0
-                if info.named is None and info.slow >= needed:
-                    info.named = step
-                    own_time = {"own_time": took} if own else {}
-                    out.append(self._lifecycle(name, run, step, epoch=entry.epoch, event="straggler", rank=rank,
-                                               by=by, **own_time, step_time=times[rank], median=median,
-                                               ratio=ratio, steps=needed))
+            info.seen.marks.append(Mark(extra, share, entry.span))
+            decided, cost_s, cost = info.seen.judge(rule, info.named is not None)
+            if not decided:
                 continue
-            info.slow = 0
-            if info.named is not None:
-                info.calm += 1
-                if info.calm >= needed:
-                    out.append(self._lifecycle(name, run, step, epoch=entry.epoch, event="straggler_cleared",
-                                               rank=rank, why="recovered", named_step=info.named, by=by,
-                                               ratio=ratio, steps=needed))
-                    info.named, info.calm = None, 0
+            said = {"by": by, "cost_s": cost_s, "cost": cost}
+            if info.named is None:
+                info.named = step
+                own_time = {"own_time": basis[rank]} if own else {}
+                out.append(self._lifecycle(
+                    name, run, step, epoch=entry.epoch, event="straggler", rank=rank, **said, **own_time,
+                    step_time=times[rank], others_median=basis[rank] - extra, job_step_s=job,
+                    window=rule.window))
+            else:
+                out.append(self._lifecycle(
+                    name, run, step, epoch=entry.epoch, event="straggler_cleared", rank=rank,
+                    why="recovered", named_step=info.named, **said, window=rule.window))
+                info.named = None
         return out
 
     def _replay(self, event: dict[str, Any], now: float) -> None:
@@ -366,13 +373,14 @@ class Cluster:
             return
         info = run.ranks.get(rank)
         if info is None:
-            info = run.ranks[rank] = _Rank(now)
+            info = run.ranks[rank] = _Rank(now, self.config.stragglers)
         what = data.get("event")
         if what == "straggler":  # said once: not again in this episode
             info.named = step if type(step) is int else run.done
-            info.slow, info.calm = max(info.slow, self.config.steps), 0
-        elif what == "straggler_cleared":
-            info.named, info.slow, info.calm = None, 0, 0
+            info.seen.cost = seconds(data, "cost") if info.seen.cost is None else info.seen.cost
+        elif what == "straggler_cleared":  # (what its window held before is not what came since)
+            info.named = None
+            info.seen.clear()
         elif what == "rank_lost" and not info.lost:
             info.lost = True
             run.lost += 1
@@ -384,13 +392,3 @@ class Cluster:
                    **data: Any) -> Derived:
         return Derived(name, run.world_size, "lifecycle", step, run.epoch if epoch is None else epoch, data)
 
-
-def _spread(figures: dict[int, float], name: str) -> dict[str, Any]:
-    """min, median, max, spread (max / median) and the slowest rank (the lowest among equals:
-    ``figures`` is in rank order) of one figure across the ranks."""
-    median = statistics.median(figures.values())
-    slowest = max(figures, key=figures.__getitem__)
-    longest = figures[slowest]
-    spread = longest / median if median > 0 else (1.0 if longest == 0 else math.inf)
-    return {f"{name}_min": min(figures.values()), f"{name}_median": median, f"{name}_max": longest,
-            f"{name}_spread": spread, f"{name}_slowest": slowest}

@@ -79,6 +79,10 @@ class RelayCollector:
                 out.add("relay_run_straggler_rank", 1, run, rank)
             for rank in standing.lost[:self.max_ranks]:
                 out.add("relay_run_lost_rank", 1, run, rank)
+            named = set(standing.stragglers[:self.max_ranks])
+            for rank, cost in standing.costs:
+                if per_rank or rank in named:
+                    out.add("relay_run_rank_cost_ratio", cost, run, rank)
         for name, figures in (("step", view.step_time), ("own", view.own_time)):
             if figures:
                 values = list(figures.values())

@@ -39,6 +39,10 @@ TABLE: dict[str, Spec] = {
     "relay_run_lost_rank": Spec("gauge", _RANK, "1 for each rank of the run now lost."),
     "relay_run_stragglers": Spec("gauge", _RUN, "Ranks of the run now named stragglers."),
     "relay_run_straggler_rank": Spec("gauge", _RANK, "1 for each rank of the run now named a straggler."),
+    "relay_run_rank_cost_ratio": Spec(
+        "gauge", _RANK, "What the rank costs the job: its own work beyond the other "
+                        "ranks' median, over the job's time per step (median over its straggler "
+                        "window; per rank up to --metrics-max-ranks, else for the stragglers)."),
     "relay_run_ended": Spec("gauge", _RUN, "1 once the run sent its train_end, else 0."),
     "relay_run_loss": Spec("gauge", _RUN, "The run's last training loss (rank 0's; with --metrics-loss only)."),
     "relay_run_rank_step_duration_seconds": Spec(
