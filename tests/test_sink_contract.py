@@ -374,8 +374,7 @@ def test_a_permanent_error_is_dead_lettered_and_the_rest_written(workspace, tmp_
 
 @pytest.mark.parametrize("name", [
     "tensorboard", "clearml",
-    pytest.param("mlflow", marks=pytest.mark.xfail(strict=True, reason="found here: after a full disk, the directory "
-                                                   "store holds a checkpoint param without its value")),
+    "mlflow",
     "csv",
 ])  # Aim's (its read-back after the outage is not yet steady here), W&B's full disk (its sink process exits)
 #      and the forward sink's central down: in their own files
