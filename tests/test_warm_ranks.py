@@ -1,6 +1,6 @@
 """Warm ranks are torchrun's ranks (tests/warm_ranks.py): the same probe job (tests/launch_probe_job.py)
-under real torchrun and warm gives each rank the same environment, default signal handlers, argv and
-a real gloo process group; a rank SIGKILLed is reported by the agent as torchrun reports it and its
+under real torchrun and warm gives each rank the same environment, default signal handlers, no signal
+when its agent dies, argv and a real gloo process group; a rank SIGKILLed is reported by the agent as torchrun reports it and its
 peer is stopped with SIGTERM; a job SIGTERMed stops both ranks with SIGTERM. The trainer's own
 behaviour under a warm launch, a rank killed mid-step, is tests/test_rank_death.py's.
 
@@ -74,6 +74,7 @@ def test_a_warm_rank_sees_what_a_torchrun_rank_sees(outcomes: dict, mode: str) -
     for rank, seen in warm["ranks"].items():
         assert seen["world"] == [str(rank), str(rank), "2"] and seen["sum"] == 3
         assert seen["handlers"] == [True, True] and seen["sigint"] and seen["main"] == "__main__"
+        assert seen["pdeathsig"] == 0  # an agent SIGKILLed signals no rank (test_resume kills both)
         assert {"TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT"} <= set(seen["env"])
 
 

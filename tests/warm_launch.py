@@ -25,6 +25,7 @@ of every process it reaped, its ranks included). Run as ``warm_launch.py FD``.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
 import resource
@@ -36,6 +37,7 @@ import sys
 import traceback
 
 HANDLED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torch's agent takes these (TORCHELASTIC_SIGNALS_TO_HANDLE)
+PR_SET_PDEATHSIG = 1  # prctl(2)
 PIDS_ENV = "WARM_RANK_PIDS"  # a folder where each rank writes rank{RANK}.pid (psutil cannot see a fork's environ)
 
 
@@ -67,6 +69,9 @@ def warm_rank(module: bool, target: str, *argv: str) -> None:
     for name in HANDLED:  # a fresh interpreter's handlers, not the agent's (inherited by the fork)
         signum = getattr(signal, name)
         signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    # torch.multiprocessing asks for SIGINT when the agent dies; torchrun's ranks (subprocesses)
+    # get nothing: a rank whose agent was SIGKILLed trains on until it is killed itself.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
     if os.environ.get(PIDS_ENV):
         with open(os.path.join(os.environ[PIDS_ENV], f"rank{os.environ['RANK']}.pid"), "w") as out:
             out.write(str(os.getpid()))

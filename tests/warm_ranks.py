@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 import budget
+from warm_launch import PIDS_ENV
 
 SERVER = Path(__file__).resolve().parent / "warm_launch.py"
 READY_WAIT = 600  # a wait, not a limit: the imports take 10 CPU-s, minutes at load 30
@@ -105,13 +107,20 @@ class WarmLauncher:
         return json.loads(message)
 
     def pump(self, timeout: float | None) -> None:
-        """Take the serving process's messages: a job's end (its status, its CPU charged)."""
+        """Take the serving process's messages until none is waiting (the first within ``timeout``)."""
         message = self._receive(timeout)
         while message is not None:
-            if "exit" in message:
-                self._charge(message["cpu"])
-                self.jobs.pop(message["exit"]).returncode = message["status"]
+            self._take(message)
             message = self._receive(0)
+
+    def _take(self, message: dict) -> int | None:
+        """A job's end (its status set, its CPU charged, its pid files gone); a job's start: its pid."""
+        if "exit" in message:
+            self._charge(message["cpu"])
+            job = self.jobs.pop(message["exit"])
+            job.returncode = message["status"]
+            shutil.rmtree(job.pids, ignore_errors=True)
+        return message.get("pid")
 
     def start(self, argv: list[str], env: dict[str, str], *, stdout: int | IO | None = None,
               stderr: int | IO | None = None) -> WarmJob:
@@ -126,21 +135,19 @@ class WarmLauncher:
                         stderr.fileno() if stderr is not None and not isinstance(stderr, int) else 2)
         in_fd = os.open(os.devnull, os.O_RDONLY)
         pids = Path(tempfile.mkdtemp(prefix="warm-ranks-"))
-        request = {"argv": argv, "env": {**env, "WARM_RANK_PIDS": str(pids)}, "cwd": str(self.cwd)}
+        request = {"argv": argv, "env": {**env, PIDS_ENV: str(pids)}, "cwd": str(self.cwd)}
         try:
             socket.send_fds(self.sock, [json.dumps(request).encode()], [in_fd, out_fd, err_fd])
         finally:
             for fd in (in_fd, out_fd, err_fd):
                 os.close(fd)
-        while True:
+        pid = None
+        while pid is None:
             message = self._receive(READY_WAIT)
             if message is None:
                 raise RuntimeError("the warm launcher did not start the job")
-            if "pid" in message:
-                break
-            self._charge(message["cpu"])
-            self.jobs.pop(message["exit"]).returncode = message["status"]
-        job = WarmJob(self, message["pid"], os.fdopen(ours, "r") if ours is not None else None, pids)
+            pid = self._take(message)
+        job = WarmJob(self, pid, os.fdopen(ours, "r") if ours is not None else None, pids)
         self.jobs[job.pid] = job
         return job
 
