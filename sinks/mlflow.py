@@ -17,6 +17,7 @@ rules for names, keys and batch sizes are in sinks/mlflow_rules.py.
 from __future__ import annotations
 
 import json
+from collections import Counter
 import logging
 import os
 from pathlib import Path
@@ -320,23 +321,40 @@ class MlflowSink(TrackerSink):
     def _repair(self, r: MlRun) -> None:
         """After a failed save into a directory store, which appends points and which a full disk
         can leave with torn (empty) files: send only the points it lacks, first (that mends torn
-        metric files, past which MLflow cannot read the run), then take its params as they are,
-        torn ones included, so the pending params that differ become ``relay.changed.*`` tags."""
-        held: dict[str, set] = {}
+        metric files, past which MLflow cannot read the run), then take its params as they are, a
+        torn one (empty) removed and sent again, so the pending params that differ become
+        ``relay.changed.*`` tags."""
+        held: dict[str, Counter] = {}  # as many of a point as the store has (a step's epoch: twice)
         lacking = []
         for m in r.metrics:
             points = held.get(m.key)
             if points is None:
-                points = held[m.key] = {point(x) for x in self._client.get_metric_history(r.run_id, m.key)}
-            if point(m) not in points:
+                history = self._client.get_metric_history(r.run_id, m.key)
+                points = held[m.key] = Counter(point(x) for x in history)
+            if points[point(m)] > 0:
+                points[point(m)] -= 1
+            else:
                 lacking.append(m)
         for m, _, _ in batches(lacking, [], [], []):
             self._client.log_batch(r.run_id, metrics=m)
         r.params = dict(self._client.get_run(r.run_id).data.params)
         for key, text in list(r.new_params.items()):
-            if r.params.get(key, text) != text:
+            if text and r.params.get(key) == "" and self._untorn(r, key):
+                del r.params[key]  # sent again, whole, with the rest
+            elif r.params.get(key, text) != text:
                 del r.new_params[key]
                 self._changed(r, key, text, {"key": key, "value": text})
+
+    def _untorn(self, r: MlRun, key: str) -> bool:
+        """Remove a param file a full disk left empty (MLflow created it, then had no room for
+        its value): MLflow refuses to change a param, so only then can the value be logged."""
+        folder = self._folder()
+        path = folder / str(r.experiment_id) / str(r.run_id) / "params" / key if folder else None
+        if path is None or not path.is_file() or path.stat().st_size:
+            return False
+        path.unlink()
+        self.counters["params_untorn"] += 1
+        return True
 
     def _changed(self, r: MlRun, key: str, text: str, whole: dict[str, Any]) -> None:
         """MLflow refuses to change a param: the first value stays, the newest goes to a tag."""

@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 TRAINER_STAGES = frozenset({"train", "eval", "test"})
 INT64 = range(-(1 << 63), 1 << 63)  # ``in`` a range is O(1)
 Spans = dict[int, list[list[int]]]
+#: The state file's key for appends_to's sizes (a run id starts with a letter or a digit).
+APPENDED = "#appended"
 
 
 class TrackerSink(Sink):
@@ -76,6 +78,8 @@ class TrackerSink(Sink):
         self._warned: set[str] = set()
         self.counters: Counter[str] = Counter()
         self._state_file: dict[str, Spans] | None = None
+        self._sizes: dict[str, int] = {}  # appends_to's files, as far as the saved spans cover them
+        self._unwritten = False  # save_applied kept spans the state file does not hold yet
         self._holes: set[str] = set()  # runs with a hole the relay has not caught up yet
 
     # -- what a sink author writes ---------------------------------------------------------------
@@ -108,6 +112,14 @@ class TrackerSink(Sink):
     def state_path(self) -> Path | None:
         """A file beside the sink's output for the applied spans (default: kept in memory only)."""
         return None
+
+    def appends_to(self) -> list[Path]:
+        """Files this sink only appends to (a CSV), with the default ``save_applied`` and a
+        ``state_path``: their sizes are saved with the spans, and each is cut back to its saved
+        size when a batch fails and when a process starts, so what was written and not yet
+        recorded (a batch failed half-way, a process killed before it saved) is written again
+        once, not twice."""
+        return []
 
     # -- the shared part -------------------------------------------------------------------------
 
@@ -161,11 +173,9 @@ class TrackerSink(Sink):
         return self._states().get(run, {})
 
     def save_applied(self, run: str, spans: Spans) -> None:
-        states = self._states()
-        states[run] = spans
-        path = self.state_path()
-        if path is not None:
-            write_atomic(path, json.dumps(states))
+        """Keep ``spans``; the state file is written once the batch's runs are all kept."""
+        self._states()[run] = spans
+        self._unwritten = True
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -173,8 +183,31 @@ class TrackerSink(Sink):
         if self._state_file is None:
             path = self.state_path()
             raw = json.loads(path.read_text()) if path is not None and path.exists() else {}
+            sizes = raw.pop(APPENDED, {})
             self._state_file = {run: {int(r): s for r, s in spans.items()} for run, spans in raw.items()}
+            # What an earlier process wrote past its last save is cut; a file it never saved a size
+            # for is kept as it is (it may be another tool's).
+            self._sizes = {str(f): sizes.get(str(f), _size(f)) for f in self.appends_to()}
+            self._cut()
         return self._state_file
+
+    def _write_states(self) -> None:
+        self._unwritten = False
+        path = self.state_path()
+        if path is None:
+            return
+        sizes = {str(f): _size(f) for f in self.appends_to()}
+        states: dict[str, Any] = {**self._states(), APPENDED: sizes} if sizes else self._states()
+        write_atomic(path, json.dumps(states))
+        self._sizes = sizes
+
+    def _cut(self) -> None:
+        for name, size in self._sizes.items():
+            path = Path(name)
+            if _size(path) > size:
+                log.info("%s: cut back to the %d bytes the applied spans cover", path, size)
+                with path.open("r+b") as fh:
+                    fh.truncate(size)
 
     def _run(self, event: Event) -> "_Run":
         run = event["run"]
@@ -303,17 +336,31 @@ class TrackerSink(Sink):
             self.finish_run(state.run, status if isinstance(status, str) and status else "completed")
 
     def _save(self, states: Any) -> None:
+        before = {}
         for state in states:
             if state.dirty:
                 spans = {rank: [list(span) for span in s.spans] for rank, s in state.applied.items()}
                 self.save_applied(state.run, spans)
+                before[state.run] = state.saved
                 state.saved, state.dirty = spans, False
+        if self._unwritten:
+            try:
+                self._write_states()
+            except Exception:
+                for state in states:
+                    state.saved = before.get(state.run, state.saved)
+                raise
 
     def _rollback(self, states: Any) -> None:
         """After a failure, trust only what was saved: the retry re-applies the rest."""
         for state in states:
             state.applied = {rank: SeqSpans(spans) for rank, spans in state.saved.items()}
             state.dirty = False
+        self._cut()
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
 
 
 class _Run:

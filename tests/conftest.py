@@ -30,6 +30,8 @@ import skip_policy
 if TYPE_CHECKING:
     import zmq
 
+    from warm_ranks import WarmLauncher
+
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHER = Path(__file__).resolve().parent / "publisher_proc.py"
 _saved_env = pytest.StashKey[dict]()
@@ -142,6 +144,18 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterato
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield root / name
+
+
+@pytest.fixture(scope="session")
+def warm_launcher() -> Iterator["WarmLauncher"]:
+    """This pytest process's warm launcher (tests/warm_ranks.py), started by the first test that
+    asks for it: one per pytest-xdist worker that runs a warm job."""
+    from trainer_fixtures import trainer_env
+    from warm_ranks import WarmLauncher
+
+    launcher = WarmLauncher(trainer_env(), ROOT)
+    yield launcher
+    launcher.close()
 
 
 def free_port() -> int:

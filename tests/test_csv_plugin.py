@@ -140,3 +140,45 @@ def test_serve_help_lists_installed_sinks_third_party_too(tmp_path: Path) -> Non
     names = re.findall(r"^  (\S+)  ", listed, re.M)
     assert names == ["jsonl", "aim", "clearml", "csv", "forward", "mlflow", "nats", "tensorboard", "wandb"], listed
     assert re.search(r"^  csv +\S", listed, re.M), "one line about each sink, from its docstring"
+
+
+class Killed(BaseException):
+    """The sink's process dies here: no ``except Exception`` runs, nothing is rolled back."""
+
+
+def test_rows_written_but_not_recorded_when_the_process_died_are_written_once(tmp_path: Path, monkeypatch) -> None:
+    """The doc's sink, killed after writing a batch's rows and before it recorded them (its state file's
+    write): the next process on the same files, fed the whole run again as the relay's catch-up feeds it
+    from the journal, cuts those rows (``appends_to``) and writes them once: its file is the file of one
+    process that wrote every event once."""
+    from sink_helpers import training_events
+    from sinks import tracker_base
+    from sinks.base import SinkContext
+
+    example: dict = {}
+    exec(doc_example(), example)
+    events = training_events("job-cut", steps=6)
+
+    def sink(path: Path):
+        made = example["CsvSink"](str(path))
+        made.open(SinkContext())
+        return made
+
+    first = sink(tmp_path / "m.csv")
+    first.write(events[:10])
+    recorded = (tmp_path / "m.csv").stat().st_size
+
+    def killed(path, text) -> None:
+        raise Killed
+    monkeypatch.setattr(tracker_base, "write_atomic", killed)
+    try:
+        first.write(events[10:])
+    except Killed:
+        pass
+    else:
+        raise AssertionError("the state file was not written after the rows")
+    monkeypatch.undo()
+    assert (tmp_path / "m.csv").stat().st_size > recorded, "no row was written before the kill: it proves nothing"
+    sink(tmp_path / "m.csv").write(events)
+    sink(tmp_path / "once.csv").write(events)
+    assert (tmp_path / "m.csv").read_text() == (tmp_path / "once.csv").read_text()

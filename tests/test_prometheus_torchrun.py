@@ -1,5 +1,5 @@
 """A real Prometheus and Alertmanager (Debian's packages) scrape a relay serving a real two-rank
-torchrun job (CPU, gloo) on the demo model, rank 1 slowed between steps (tests/slow_rank_job.py), and
+job (torchrun's agent, warm ranks: tests/warm_ranks.py; CPU, gloo) on the demo model, rank 1 slowed between steps (tests/slow_rank_job.py), and
 fire the shipped rules (docs/monitoring/relay-rules.yml, with short ``for:`` durations and stall bar):
 the straggler alert names rank 1; the job's series hold the journal's values (through Prometheus's
 HTTP query API) and every dashboard query runs; SIGSTOP rank 0 and the stall alert fires; SIGKILL
@@ -23,7 +23,8 @@ from typing import Any, Iterator
 import psutil
 import pytest
 from conftest import free_port, read_jsonl, wait_for
-from trainer_fixtures import ROOT, demo_model, seed_flags, torchrun, trainer_env
+from trainer_fixtures import ROOT, demo_model, launch_flags, seed_flags, trainer_env
+from warm_ranks import WarmJob, WarmLauncher
 
 from sinks.events import RELAY_RANK
 
@@ -169,18 +170,18 @@ def dashboard_queries(run: str) -> list[str]:
 
 
 def test_prometheus_scrapes_a_real_job_and_alertmanager_gets_its_alerts(demo_model: Path, tmp_path: Path, relays,
-                                                                          monitoring: dict[str, Any]) -> None:
+                                                                          monitoring: dict[str, Any],
+                                                                          warm_launcher: WarmLauncher) -> None:
     prometheus, alertmanager = monitoring["prometheus"], monitoring["alertmanager"]
     sockets = Path(tempfile.mkdtemp(prefix="prom-", dir="/tmp"))  # ipc paths are short; secure by default
     journals = tmp_path / "journal"
     relay = relays(["--path", f"{journals}/", "--metrics-bind", f"127.0.0.1:{monitoring['metrics_port']}",
                     "--metrics-loss", "--live", "off"], address=f"ipc://{sockets}/relay.sock")
     out = tmp_path / "out"
-    cmd = (torchrun(free_port())[:-2] + [str(JOB), "1", "collator", SLEEP, "--"]
+    cmd = (launch_flags(free_port())[:-2] + [str(JOB), "1", "collator", SLEEP, "--"]
            + seed_flags(demo_model, out, steps=2000, eval_steps=None) + ["--relay_address", relay.address])
     with open(tmp_path / "job.log", "wb") as log:
-        job = subprocess.Popen(cmd, cwd=ROOT, env=trainer_env(), stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+        job = warm_launcher.start(cmd, trainer_env(), stdout=log, stderr=subprocess.STDOUT)
     stopped: list[psutil.Process] = []
     try:
         run_file = out / "tracking_run.json"
@@ -192,9 +193,8 @@ def test_prometheus_scrapes_a_real_job_and_alertmanager_gets_its_alerts(demo_mod
         assert not firing(alertmanager, "TrainingRankStraggling", run=run, rank="0")
         assert not firing(alertmanager, "TrainingRunStalled", run=run), "a running job is not stalled"
 
-        workers = [p for p in psutil.Process(job.pid).children(recursive=True) if p.environ().get("RANK") == "0"
-                   and "slow_rank_job" in " ".join(p.cmdline())]
-        assert len(workers) == 1, workers
+        workers = [p for p in psutil.Process(job.pid).children() if p.pid == job.rank_pids().get(0)]
+        assert len(workers) == 1, (workers, job.rank_pids())
         workers[0].send_signal(signal.SIGSTOP)  # its peer blocks at the next collective: no step from either
         stopped.append(workers[0])
         wait_for(lambda: firing(alertmanager, "TrainingRunStalled", run=run), 120, "stall alert")
@@ -219,10 +219,10 @@ def test_prometheus_scrapes_a_real_job_and_alertmanager_gets_its_alerts(demo_mod
         shutil.rmtree(sockets, ignore_errors=True)
 
 
-def stop_job(job: subprocess.Popen[bytes]) -> None:
-    """SIGKILL torchrun and its ranks. Each rank is in a session of its own (torchrun starts them so),
-    which torchrun's process group does not reach: killed alone, torchrun left both ranks training on
-    toward step 2000, orphaned, for hours of CPU beside the rest of the suite."""
+def stop_job(job: WarmJob) -> None:
+    """SIGKILL the job's agent and its ranks, and what they started. Under torchrun each rank was in a
+    session of its own, which torchrun's process group did not reach: killed alone, torchrun left both
+    ranks training on toward step 2000, orphaned, for hours of CPU beside the rest of the suite."""
     try:
         ranks = psutil.Process(job.pid).children(recursive=True)
     except psutil.NoSuchProcess:

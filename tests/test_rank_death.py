@@ -2,14 +2,16 @@
 external relay (``--rank-silence 5``), rank 1 SIGKILLs itself inside a step (tests/dying_rank_job.py:
 in its forward pass, its backward pass, its optimizer step, or between steps), and torchrun's agent
 stops rank 0 as it stops any failed job's survivors: SIGTERM, then SIGKILL after its grace. Ten tries
-in a row, one torchrun launch each (``--max-restarts`` does not serve: with torch 2.13 the restarted
+in a row, one launch each by torchrun's own agent with warm ranks (tests/warm_ranks.py: each rank a
+process forked by the agent, after torch, transformers and trl were imported once) (``--max-restarts`` does not serve: with torch 2.13 the restarted
 workers' gloo mesh dials the dead rank's old address, and under the c10d rendezvous they hang), and
 in every one rank 0's every event (its failed ``train_end`` and its last ``stats`` included) is in
 the journal or its spool, and the relay names rank 1 lost.
 
-Each launch is kept cheap: a 16-example data set, death at step 3, one relay for all ten; what a
-launch costs is the start of three Python processes that import torch (and two transformers and
-trl), which no launch can share."""
+Each launch is kept cheap: a 16-example data set, death at step 3, one relay for all ten. Under
+torchrun a launch cost 15 CPU-s, the start of three Python processes that import torch (and two
+transformers and trl); warm, the imports are paid once per pytest process (docs/development.md,
+"Warm ranks")."""
 from __future__ import annotations
 
 import json
@@ -17,7 +19,8 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port, read_jsonl, wait_for
-from trainer_fixtures import DEMO_DATA, demo_model, run_trainer, seed_flags, torchrun
+from trainer_fixtures import DEMO_DATA, demo_model, launch_flags, seed_flags, trainer_env
+from warm_ranks import WarmLauncher
 
 from sinks.events import RELAY_RANK
 
@@ -37,9 +40,9 @@ def survivor_events(journal: list[dict], out: Path, run: str) -> list[dict]:
     return sorted([e for e in journal if e["run"] == run and e["rank"] == 0] + spooled, key=lambda e: e["seq"])
 
 
-@pytest.mark.timeout(1500)  # ten torchrun launches: 741 s in all at load 13-20 on the shared two cores
+@pytest.mark.timeout(1500)  # ten launches: 741 s in all at load 13-20 on the shared two cores under torchrun
 def test_a_rank_killed_anywhere_in_a_step_still_closes_its_run_ten_times_in_a_row(
-        demo_model: Path, tmp_path: Path, relays) -> None:
+        demo_model: Path, tmp_path: Path, relays, warm_launcher: WarmLauncher) -> None:
     journal = tmp_path / "journal.jsonl"
     relay = relays(["--path", str(journal), "--rank-silence", "5"])
     data = tmp_path / "data.jsonl"
@@ -49,8 +52,8 @@ def test_a_rank_killed_anywhere_in_a_step_still_closes_its_run_ten_times_in_a_ro
         point, out = POINTS[attempt % len(POINTS)], tmp_path / f"try{attempt}"
         flags = seed_flags(demo_model, out, steps=STEP + 2, eval_steps=None)
         flags[flags.index("--data_path") + 1] = str(data)
-        cmd = torchrun(free_port())[:-2] + [str(JOB), str(STEP), point, "--"] + flags
-        done = run_trainer(cmd + ["--relay_address", relay.address])
+        cmd = launch_flags(free_port())[:-2] + [str(JOB), str(STEP), point, "--"] + flags
+        done = warm_launcher.run(cmd + ["--relay_address", relay.address], trainer_env(), timeout=540)
         assert done.returncode != 0, done.stderr[-3000:]
         assert "Signal 9 (SIGKILL) received by PID" in done.stderr, f"{point}: rank 1 did not die: {done.stderr[-3000:]}"
         runs.append((json.loads((out / "tracking_run.json").read_text())["run"], point, out))

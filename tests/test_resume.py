@@ -1,4 +1,5 @@
-"""A resumed job is one run (issue 28): a real two-rank torchrun job with every tracker (the suite's one
+"""A resumed job is one run (issue 28): a real two-rank job (torchrun's agent, warm ranks:
+tests/warm_ranks.py) with every tracker (the suite's one
 job with all five trackers at once) saves
 checkpoint-4, logs steps 5 and 6, and is SIGKILLed; a second job resumes from the checkpoint. The
 journal holds one run, with each attempt and the step it resumed from, and no seq twice; each
@@ -11,7 +12,6 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +20,8 @@ import pytest
 
 from conftest import free_port, once_per_run, read_jsonl, wait_for
 from sinks.events import RELAY_RANK, attempt_base, attempt_of
-from trainer_fixtures import ROOT, demo_model, run_trainer, seed_flags, trainer_env
+from trainer_fixtures import demo_model, launch_flags, seed_flags, trainer_env
+from warm_ranks import WarmLauncher
 
 pytestmark = pytest.mark.slow
 __all__ = ["demo_model"]  # a fixture, used by name
@@ -35,17 +36,16 @@ def _command(model: Path, out: Path, *extra: str) -> list[str]:
     flags = seed_flags(model, out, steps=STEPS, eval_steps=SAVED)
     flags[flags.index("--save_steps") + 1] = str(SAVED)
     flags[flags.index("--save_total_limit") + 1] = "3"
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-            f"--master_port={free_port()}", str(JOB), *flags, "--run_name", RUN_NAME, "--tracker", ",".join(SINKS),
+    return [*launch_flags(free_port())[:-2], str(JOB), *flags, "--run_name", RUN_NAME, "--tracker", ",".join(SINKS),
             "--experiment", "resume", *extra]
 
 
-def _first_attempt(model: Path, out: Path) -> None:
+def _first_attempt(launcher: WarmLauncher, model: Path, out: Path) -> None:
     """Run until both ranks logged step HELD (and checkpoint-SAVED is saved), then SIGKILL the job
-    (torchrun and its ranks); its embedded relay, in a session of its own, sees rank 0 gone and stops."""
+    (torchrun's agent and its ranks); its embedded relay, in a session of its own, sees rank 0 gone and stops."""
     with open(out.parent / "first-attempt.log", "w") as log:
-        job = subprocess.Popen(_command(model, out), cwd=ROOT, env=trainer_env(HELD_JOB_AT=str(HELD)),
-                               stdout=log, stderr=subprocess.STDOUT)
+        job = launcher.start(_command(model, out), trainer_env(HELD_JOB_AT=str(HELD)), stdout=log,
+                             stderr=subprocess.STDOUT)
     journal = out / "training_logs.jsonl"
 
     def held() -> bool:
@@ -58,7 +58,7 @@ def _first_attempt(model: Path, out: Path) -> None:
     try:
         wait_for(held, 540, f"both ranks past step {HELD}")
         assert (out / f"checkpoint-{SAVED}" / "tracking_run.json").exists()
-    finally:  # torchrun and its ranks (each in a session of its own), not the relay rank 0 started
+    finally:  # the agent and its ranks, not the relay rank 0 started (in a session of its own)
         procs = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
         relay = {p.pid for p in procs if p.cmdline()[1:3] == ["-m", "relay"]}
         relay |= {c.pid for p in procs if p.pid in relay for c in p.children(recursive=True)}
@@ -71,15 +71,17 @@ def _first_attempt(model: Path, out: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def job(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def job(demo_model: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
     """The output directory of the job after both attempts (one per test run, see the module's docstring)."""
     with once_per_run(tmp_path_factory, "resume") as root:
         out = root / "out"
         if not (root / "job-done").exists():
             shutil.rmtree(root, ignore_errors=True)  # what a failed run on another worker left
             out.mkdir(parents=True)
-            _first_attempt(demo_model, out)
-            second = run_trainer(_command(demo_model, out, "--resume_from_checkpoint", "True"), timeout=540)
+            launcher = request.getfixturevalue("warm_launcher")
+            _first_attempt(launcher, demo_model, out)
+            second = launcher.run(_command(demo_model, out, "--resume_from_checkpoint", "True"), trainer_env(),
+                                  timeout=540)
             (root / "second-attempt.log").write_text(second.stderr)
             assert second.returncode == 0, second.stderr[-3000:]
             (root / "job-done").touch()

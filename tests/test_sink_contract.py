@@ -282,10 +282,7 @@ def test_replayed_twice_adds_nothing(workspace, tmp_path: Path, name: str) -> No
 
 
 @pytest.mark.slow  # two relays, two rank processes, a tracker opened twice: 10-40 s each
-@pytest.mark.parametrize("name", [n if n != "csv" else pytest.param(n, marks=pytest.mark.xfail(
-    strict=False, reason="found here: the docs' CSV example writes a batch's rows again when its process was "
-    "killed after writing them and before it recorded them (its full-disk case, below, is the same); whether "
-    "the kill falls there is chance")) for n in SINKS])
+@pytest.mark.parametrize("name", SINKS)
 def test_relay_sigkill_mid_run_is_exactly_once(relays, workspace, tmp_path: Path, name: str) -> None:
     """Real publishers for two ranks; the relay is SIGKILLed mid-run once its sink has written, and
     started again on the same journal and address; every point lands once. Then the journal,
@@ -377,10 +374,8 @@ def test_a_permanent_error_is_dead_lettered_and_the_rest_written(workspace, tmp_
 
 @pytest.mark.parametrize("name", [
     "tensorboard", "clearml",
-    pytest.param("mlflow", marks=pytest.mark.xfail(strict=True, reason="found here: after a full disk, the directory "
-                                                   "store holds a checkpoint param without its value")),
-    pytest.param("csv", marks=pytest.mark.xfail(strict=True, reason="found here: the docs' CSV example writes the "
-                                                "rows of a batch that failed half-way again when it is retried")),
+    "mlflow",
+    "csv",
 ])  # Aim's (its read-back after the outage is not yet steady here), W&B's full disk (its sink process exits)
 #      and the forward sink's central down: in their own files
 def test_a_full_disk_is_caught_up_once_there_is_room(small_fs: Path, workspace, tmp_path: Path, name: str) -> None:

@@ -20,7 +20,7 @@ pytest.importorskip("mlflow")
 from sink_helpers import finish_ranks as finish, start_rank
 from sink_helpers import Events, drive, fill, small_fs, training_events  # noqa: F401
 from sink_readback import EXPERIMENT, check_mlflow as check_training_run, comparable, read_run
-from conftest import free_port, wait_for
+from conftest import free_port, line_count, wait_for
 from relay.sinkhost.catch_up import CatchUp
 from relay.sinkhost.driver import SinkDriver
 from relay.wire.lines import encode_line
@@ -311,19 +311,27 @@ def replay(journal: Path, uri: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow  # a whole fault scenario of relay processes: the full tier
 def test_two_ranks_relay_killed_mid_run_then_replay_twice(relays, db, tmp_path: Path) -> None:
-    """Two real ranks through a real relay that is SIGKILLed mid-run and started again on the same
-    journal and address: every point lands once. Then `relay replay` twice into a fresh database
-    gives the same run, and the second adds nothing."""
-    uri, job = db(), tmp_path / "job"
-    relay = relays(["--sink", "mlflow", "--mlflow-tracking-uri", uri, "--mlflow-experiment", EXPERIMENT],
-                   env=QUIET)
-    procs = [start_rank(relay.address, "job-live", rank, 40, output_dir=job, pause=0.05) for rank in (0, 1)]
-    time.sleep(1.5)
+    """Two real ranks through a real relay that is SIGKILLed mid-run, once the ranks' first halves are
+    journaled and its MLflow sink has written, and started again on the same journal and address:
+    every point lands once. Then `relay replay` twice into a fresh database gives the same run, and
+    the second adds nothing."""
+    uri, job, gate = db(), tmp_path / "job", tmp_path / "gate"
+    logs = tmp_path / "relay-logs"  # the relay's default --path, in its working folder
+    journal = logs / "job-live.jsonl"
+    relay = relays(["--sink", "mlflow", "--mlflow-tracking-uri", uri, "--mlflow-experiment", EXPERIMENT,
+                    "--stats-interval", "0.3"], env=QUIET)
+    procs = [start_rank(relay.address, "job-live", rank, 40, output_dir=job, pause=0.05, gate=gate)
+             for rank in (0, 1)]
+    wait_for(lambda: line_count(journal) > 40 and relay.sink_stats(logs, "mlflow").get("written", 0) > 0, 300,
+             "the ranks under way and the mlflow sink writing", relay.log_tail)
+    gate.touch()  # the ranks' second halves: still to come when the relay dies, whatever the load
+    assert all(proc.poll() is None for proc in procs), "the publishers finished before the kill"
     relay.kill()  # no flush, no goodbye: the publishers keep what was not acknowledged and resend it
-    time.sleep(0.5)
+    killed_at = line_count(journal)
     relay.start()
     finish(procs)
     assert relay.stop() == 0
+    assert 0 < killed_at < line_count(journal), "the relay was not killed mid-run"
     live = read_run(uri, "job-live")
     check_training_run(live, steps=40)
     evals = len(range(3, 41, 3))  # epoch is logged again with each eval log and the final train_* figures
@@ -334,7 +342,7 @@ def test_two_ranks_relay_killed_mid_run_then_replay_twice(relays, db, tmp_path: 
 
     fresh = db()
     for attempt in range(2):
-        done = replay(tmp_path / "relay-logs" / "job-live.jsonl", fresh)
+        done = replay(journal, fresh)
         assert done.returncode == 0, done.stderr[-2000:]
         rebuilt = read_run(fresh, "job-live")
         assert comparable(rebuilt) == comparable(live)

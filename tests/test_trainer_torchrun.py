@@ -1,13 +1,19 @@
-"""Real two-rank torchrun jobs (CPU, gloo) on the demo model, with real relay processes on loopback."""
+"""Real two-rank jobs (CPU, gloo) on the demo model, with real relay processes on loopback: the job with an
+external relay under the shared job's run name is real torchrun's ``-m trainer`` (the seed's command); the
+shared job (``tracked_job``) and the job whose relay comes up mid-run run under torchrun's agent with warm
+ranks (tests/warm_ranks.py)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from conftest import free_port, read_jsonl
-from trainer_fixtures import assert_complete, demo_model, run_trainer, seed_flags, start_trainer, torchrun, tracked_job
+from trainer_fixtures import (assert_complete, demo_model, launch_flags, run_trainer, seed_flags, torchrun, tracked_job,
+                              trainer_env)
+from warm_ranks import WarmLauncher
 
 pytestmark = pytest.mark.slow
 __all__ = ["demo_model", "tracked_job"]  # fixtures, used by name
@@ -25,7 +31,8 @@ def test_embedded_relay_records_every_rank(tracked_job: dict) -> None:
     assert not tracked_job["orphans"], "the embedded relay outlived the job"
 
 
-def test_external_relay_started_mid_run_loses_nothing(demo_model: Path, tmp_path: Path, relays) -> None:
+def test_external_relay_started_mid_run_loses_nothing(demo_model: Path, tmp_path: Path, relays,
+                                                      warm_launcher: WarmLauncher) -> None:
     """The relay is down when the job starts and comes up once rank 0 has logged a step. The job
     (tests/held_job.py) holds its ranks after step 2 until the relay is up, so the relay comes up
     mid-run however slow the machine is (before, 150 steps were to make that likely: 28-30 CPU-s)."""
@@ -33,10 +40,11 @@ def test_external_relay_started_mid_run_loses_nothing(demo_model: Path, tmp_path
     port = free_port()
     relay = relays(["--sink", "jsonl", "--path", str(tmp_path / "relay.jsonl")],
                    address=f"tcp://127.0.0.1:{port}", start=False)
-    job = start_trainer(torchrun(free_port())[:-2] + [str(HELD_JOB)] + seed_flags(demo_model, out, steps=STEPS,
-                                                                                  eval_steps=None)
-                        + ["--relay_address", relay.address, "--run_name", "late-relay"],
-                        stderr_path=tmp_path / "job.err", HELD_JOB_AT="2", HELD_JOB_UNTIL=str(gate))
+    argv = (launch_flags(free_port())[:-2] + [str(HELD_JOB)] + seed_flags(demo_model, out, steps=STEPS, eval_steps=None)
+            + ["--relay_address", relay.address, "--run_name", "late-relay"])
+    with open(tmp_path / "job.err", "w") as err:
+        job = warm_launcher.start(argv, trainer_env(HELD_JOB_AT="2", HELD_JOB_UNTIL=str(gate)),
+                                  stdout=subprocess.PIPE, stderr=err)
     try:
         for line in job.stdout:  # the Trainer prints each log dict on rank 0's stdout
             if "'loss'" in line:

@@ -32,15 +32,14 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tracked_job(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One real two-rank torchrun job, 6 steps with an eval every 3, run once per test run for every
+def tracked_job(demo_model: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict:
+    """One real two-rank job, launched warm (tests/warm_ranks.py), 6 steps with an eval every 3, run once per test run for every
     test that reads it: its embedded relay writes the journal and four trackers' stores
     (``--tracker aim,mlflow,tensorboard,wandb``, ``--run_name j1single``), with transformers' own
     ``MLflowCallback``, ``TensorBoardCallback`` and ``WandbCallback`` beside them (tests/hf_callbacks_job.py:
     ``trainer.sft.main`` as ``python -m trainer`` runs it, plus those callbacks). The journal and the run
     id are read in tests/test_trainer_torchrun.py, the Aim repository in tests/test_aim_torchrun.py, the
-    relay's stores against HF's in tests/test_hf_fidelity.py: a job costs about 20 CPU-seconds, nearly
-    all of it three processes importing torch, transformers and trl, so they share one. Its folder
+    relay's stores against HF's in tests/test_hf_fidelity.py: they share one. Its folder
     ``out`` (HF's stores in it: ``hf.db``, ``hf-runs``, ``hf-wandb``; the relay's: ``relay.db``,
     ``relay-runs``, ``wandb-relay``) and ``aim``, and how it ended (``returncode``, ``stderr``, the
     ``orphans`` of it still running once it returned)."""
@@ -52,15 +51,17 @@ def tracked_job(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> d
             shutil.rmtree(folder, ignore_errors=True)  # what a failed run on another worker left
             out = folder / "out"
             (out / "hf-wandb").mkdir(parents=True)
-            cmd = torchrun(free_port())[:-2] + [str(HF_CALLBACKS_JOB)] + seed_flags(demo_model, out, steps=6, eval_steps=3)
+            cmd = launch_flags(free_port())[:-2] + [str(HF_CALLBACKS_JOB)] + seed_flags(demo_model, out, steps=6,
+                                                                                       eval_steps=3)
             cmd += ["--run_name", "j1single", "--tracker", "aim,mlflow,tensorboard,wandb", "--aim_repo",
                     str(folder / "aim"), "--experiment", "sft-demo", "--mlflow_tracking_uri",
                     f"sqlite:///{out / 'relay.db'}", "--mlflow_experiment", "relay", "--tensorboard_logdir",
                     str(out / "relay-runs")]
-            done = run_trainer(cmd, timeout=600, MLFLOW_TRACKING_URI=f"sqlite:///{out / 'hf.db'}",
-                               MLFLOW_EXPERIMENT_NAME="hf", TENSORBOARD_LOGGING_DIR=str(out / "hf-runs"),
-                               MLFLOW_DISABLE_TELEMETRY="true", WANDB_MODE="offline", WANDB_DIR=str(out / "hf-wandb"),
-                               WANDB_PROJECT="hf", WANDB_SILENT="true")
+            env = trainer_env(MLFLOW_TRACKING_URI=f"sqlite:///{out / 'hf.db'}", MLFLOW_EXPERIMENT_NAME="hf",
+                              TENSORBOARD_LOGGING_DIR=str(out / "hf-runs"), MLFLOW_DISABLE_TELEMETRY="true",
+                              WANDB_MODE="offline", WANDB_DIR=str(out / "hf-wandb"), WANDB_PROJECT="hf",
+                              WANDB_SILENT="true")
+            done = request.getfixturevalue("warm_launcher").run(cmd, env, timeout=600)
             orphans = [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
                        if str(out) in " ".join(p.info["cmdline"] or [])]
             result.write_text(json.dumps({"returncode": done.returncode, "stderr": done.stderr[-3000:],
@@ -98,9 +99,13 @@ def seed_flags(model: Path, output_dir: Path, *, steps: int = 6, eval_steps: int
     return flags
 
 
+def launch_flags(master_port: int) -> list[str]:
+    """torchrun's flags for a two-rank job of ``-m trainer`` (the last two: replace them with a script)."""
+    return ["--nnodes=1", "--nproc_per_node=2", f"--master_port={master_port}", "-m", "trainer"]
+
+
 def torchrun(master_port: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-            f"--master_port={master_port}", "-m", "trainer"]
+    return [sys.executable, "-m", "torch.distributed.run", *launch_flags(master_port)]
 
 
 def start_trainer(cmd: list[str], stderr_path: Path, **env: str) -> subprocess.Popen[str]:

@@ -276,7 +276,8 @@ def test_a_spoofed_drop_report_cannot_make_the_relay_discard_real_events(relays,
     spoof = raw_socket(ctx, relay.address)
     spoof.send(encoding.encode_frame([_event(run="victim", rank=0, seq=claimed, type="stats", stage="client",
                                            data={"dropped": claimed, "dropped_upto": claimed - 1})]))
-    time.sleep(0.3)
+    # The spoof is read (and refused: the rank is another live connection's) before the real events go on.
+    wait_for(lambda: _stats(journal)["rejected"].get("not_owner"), 60, "the spoofed report read", relay.log_tail)
     for i in range(100, 300):
         pub.publish("metrics", {"i": i}, step=i)
     assert pub.close(20) == 0, pub.stats
@@ -285,6 +286,7 @@ def test_a_spoofed_drop_report_cannot_make_the_relay_discard_real_events(relays,
     assert [e["data"]["i"] for e in events if e["type"] == "metrics"] == list(range(300))
     seqs = [e["seq"] for e in events if e["seq"] != claimed]
     assert seqs == list(range(len(seqs))), "every real event exactly once, in order"
+    assert _stats(journal)["rejected"] == {"not_owner": 1}
 
 
 def test_no_client_may_publish_as_the_relay(relays, tmp_path, zmq_context):
