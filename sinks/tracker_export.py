@@ -49,8 +49,8 @@ def write_tracker_file(target: Path, record: dict[str, Any], counters: Counter[s
         own = target.with_name(f"relay_{target.name}")
         if target not in _said:
             _said.add(target)
-            log.warning("%s sink: %s was written by another tool (fms-hf-tuning's %s tracker?); the relay's "
-                        "is %s", sink, target, sink, own)
+            log.warning("%s sink: %s was written by another tool (fms-hf-tuning's %s tracker?); "
+                        "the relay's is %s", sink, target, sink, own)
         target = own
     record = {**record, "written_by": WRITER}
     try:

@@ -171,8 +171,10 @@ class WandbSink(TrackerSink):
             self._system(wb, context, values, ts)
             return
         row, summary = row_and_summary(rank, context, values)
-        if row and step is None:  # (track() before training: model_load_time) a scalar of the run, not a
-            summary.update(row)   # history row at step 0, which HF's callback never writes
+        # (track() before training: model_load_time) a scalar of the run, not a history row at
+        # step 0, which HF's callback never writes
+        if row and step is None:
+            summary.update(row)
             row = {}
         if summary:
             wb.handle.summary.update(summary)

@@ -74,8 +74,8 @@ class WbRun:
     def add_to_row(self, values: dict[str, Any], step: int | None, ts: float) -> None:
         """One history row per Trainer log, as the HF callback's one ``wandb.log`` per ``on_log``: the
         groups of one event (an eval log's ``eval/*`` and its ``train/epoch``) share a row. A metric
-        without a step (``model_load_time``, before training) goes to the summary instead (WandbSink.log_metrics);
-        one that comes here anyway is at step 0."""
+        without a step (``model_load_time``, before training) goes to the summary instead
+        (WandbSink.log_metrics); one that comes here anyway is at step 0."""
         x = 0 if step is None else step
         if self.row is not None and self.row_key != (x, ts):
             self.commit_row()

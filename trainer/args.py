@@ -162,7 +162,8 @@ def _given(value: str | None, missing: str) -> str:
 
 def rewrite_argv(argv: list[str]) -> list[str]:
     """Map the seed's renamed flags and fms-hf-tuning's names onto ours, merge every --tracker
-    (fms's list ``--tracker aim mlflow``, our ``aim,mlflow``, repeated) and apply --demo defaults."""
+    (fms's list ``--tracker aim mlflow``, our ``aim,mlflow``, repeated) and apply --demo
+    defaults."""
     out: list[str] = []
     trackers: list[str] = []
     i = 0
@@ -231,18 +232,20 @@ def build_parser() -> "HfArgumentParser":
             raise UsageError(message)
 
     classes = (ModelArguments, DataArguments, TrackingArguments, SFTConfig)
-    parser = _Parser([DataClassType(cls) for cls in classes], prog="metrics-relay-train", allow_abbrev=False)
+    parser = _Parser([DataClassType(cls) for cls in classes], prog="metrics-relay-train",
+                     allow_abbrev=False)
     _document_seed_flags(parser)
     return parser
 
 
-def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, TrackingArguments, "SFTConfig"]:
+def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, TrackingArguments,
+                                         "SFTConfig"]:
     """Parse a command line into the four argument dataclasses; raise UsageError on any bad flag."""
     # trl's SFTConfig still sets the old name by default, so transformers warns on every run.
     warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
     if _has_flag(argv, "--dataset_text_field") and _has_flag(argv, "--data_formatter_template"):
-        raise UsageError("--dataset_text_field and --data_formatter_template are both set: give one (the "
-                         "template makes each record's text)")
+        raise UsageError("--dataset_text_field and --data_formatter_template are both set: give "
+                         "one (the template makes each record's text)")
     argv = rewrite_argv(argv)
     if not _has_flag(argv, "--use_cpu") and _cpu_only():
         argv = ["--use_cpu", "True", *argv]
@@ -379,12 +382,13 @@ def validate(
         data.data_formatter_template = unescape(data.data_formatter_template)
         formatter = compile_template(data.data_formatter_template)
     text_field = training.dataset_text_field
-    train_ds = load_sft_dataset(data.data_path, text_field, data.response_template, "--data_path", formatter)
+    train_ds = load_sft_dataset(data.data_path, text_field, data.response_template, "--data_path",
+                                formatter)
     eval_ds = None
     if training.eval_strategy != "no":
         if data.validation_data_path:
-            eval_ds = load_sft_dataset(data.validation_data_path, text_field, data.response_template,
-                                       "--validation_data_path", formatter)
+            eval_ds = load_sft_dataset(data.validation_data_path, text_field,
+                                       data.response_template, "--validation_data_path", formatter)
         else:
             if len(train_ds) < 2:
                 raise UsageError("--data_path: evaluation needs at least 2 records to hold some out")

@@ -64,7 +64,8 @@ def _usage(wall_since: float, cpu_since: float) -> dict[str, float]:
 
 
 class RelayCallback(TrainerCallback):
-    """Publish a Trainer's metrics and lifecycle from every rank: ``Trainer(callbacks=[RelayCallback()])``.
+    """Publish a Trainer's metrics and lifecycle from every rank:
+    ``Trainer(callbacks=[RelayCallback()])``.
 
     With no publisher given and none started in this process, the callback tracks the job itself,
     as ``python -m trainer`` does: at ``on_train_begin`` every rank takes its place from the
@@ -86,9 +87,10 @@ class RelayCallback(TrainerCallback):
             raise ValueError(f"flush_timeout must be positive, got {flush_timeout!r}")
         pub = publisher or custom_metrics.publisher()
         if pub is not None and settings:
-            raise ValueError(f"{', '.join(settings)}: tracking settings need no publisher; this one is connected to "
-                             f"run {pub.run!r} already")
-        #: What the callback tracks the job with when it connects it itself (None: it was connected).
+            raise ValueError(f"{', '.join(settings)}: tracking settings need no publisher; this "
+                             f"one is connected to run {pub.run!r} already")
+        #: What the callback tracks the job with when it connects it itself (None: it was
+        #: connected).
         self._settings = JobSettings.read(settings) if pub is None else None
         self._job: JobTracking | None = None
         self._pub = pub  # None until on_train_begin connects the job
@@ -119,8 +121,9 @@ class RelayCallback(TrainerCallback):
         """Track the job as ``python -m trainer`` does (see the class): every rank, once."""
         settings = self._settings
         assert settings is not None
-        place = JobPlace(args.output_dir or ".", args.process_index, args.local_process_index, args.world_size,
-                         run_name_of(args.run_name, args.output_dir), _checkpoint_of(args))
+        place = JobPlace(args.output_dir or ".", args.process_index, args.local_process_index,
+                         args.world_size, run_name_of(args.run_name, args.output_dir),
+                         _checkpoint_of(args))
         self._job = JobTracking.open(place, settings.tracking, settings.trackers,
                                      exp_metadata=settings.exp_metadata)
         close_at_exit(self._job)
@@ -154,7 +157,8 @@ class RelayCallback(TrainerCallback):
             "attempt": pub.attempt, "resumed_from": state.global_step if pub.attempt else None,
             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
         }, step=state.global_step, epoch=state.epoch)
-        pub.publish("params", to_wire(ran_as.hparams(args.to_dict(), self._trainer)), stage="hparams")
+        pub.publish("params", to_wire(ran_as.hparams(args.to_dict(), self._trainer)),
+                    stage="hparams")
         if model is not None:
             base = model.get_base_model() if hasattr(model, "get_base_model") else model
             config = getattr(base, "config", None)

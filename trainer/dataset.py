@@ -41,8 +41,9 @@ def load_sft_dataset(
     path: str, text_field: str, response_template: str | None, flag: str = "--data_path",
     formatter: Callable[[dict[str, Any]], str] | None = None,
 ) -> "datasets.Dataset":
-    """Read ``path`` into a data set of ``text_field`` (or ``prompt``/``completion``); UsageError on bad data.
-    ``formatter`` makes each record's text (--data_formatter_template) instead of ``text_field``."""
+    """Read ``path`` into a data set of ``text_field`` (or ``prompt``/``completion``); UsageError on
+    bad data. ``formatter`` makes each record's text (--data_formatter_template) instead of
+    ``text_field``."""
     import datasets
 
     if not os.path.isfile(path):

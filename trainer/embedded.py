@@ -27,7 +27,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 JSONL_NAME = "training_logs.jsonl"
-#: The journal's name where JSONL_NAME is another tool's (fms-hf-tuning's file logger writes one too).
+#: The journal's name where JSONL_NAME is another tool's (fms-hf-tuning's file logger writes one
+#: too).
 OWN_JSONL_NAME = "relay_training_logs.jsonl"
 JOURNAL_SINK = "jsonl"  # the journal's name among the relay's sinks
 #: Seconds the job waits at its end for the relay's sinks to apply the run (--relay_exit_timeout).
@@ -111,7 +112,8 @@ class EmbeddedRelay:
 
     @classmethod
     def start(cls, output_dir: str, *, sink_args: list[str] | None = None, timeout: float = 60.0,
-              exit_timeout: float = EXIT_TIMEOUT, journal_name: str = JSONL_NAME) -> "EmbeddedRelay":
+              exit_timeout: float = EXIT_TIMEOUT,
+              journal_name: str = JSONL_NAME) -> "EmbeddedRelay":
         """Start the relay and wait until it has bound and opened its sinks; RelayStartError if not.
         ``exit_timeout``: how long its sinks may take at the end to apply the run (see ``stop``);
         ``journal_name``: the journal's file in ``output_dir`` (``journal_name_in`` picks it)."""
@@ -217,10 +219,10 @@ def stats_path(journal: str) -> str:
 
 def journal_name_in(output_dir: str, wanted: str = JSONL_NAME) -> str:
     """``wanted``, unless another tool writes a file of that name in ``output_dir``: then
-    OWN_JSONL_NAME, said in one line. Another tool's is a file there that is not a relay journal,
-    or fms-hf-tuning's file logger loaded in this process (it appends its own ``training_logs.jsonl``
-    to the output dir as the job logs, after the relay has started): the relay never writes
-    into, nor replaces, a file it did not make."""
+    OWN_JSONL_NAME, said in one line. Another tool's is a file there that is not a relay journal, or
+    fms-hf-tuning's file logger loaded in this process (it appends its own ``training_logs.jsonl``
+    to the output dir as the job logs, after the relay has started): the relay never writes into,
+    nor replaces, a file it did not make."""
     path = os.path.join(output_dir, wanted)
     if os.path.exists(path):
         if _is_journal(path):

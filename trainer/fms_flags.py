@@ -13,7 +13,8 @@ from functools import lru_cache
 
 from trainer.errors import UsageError
 
-#: fms-hf-tuning's flag -> ours, same meaning (``--tracker`` is fms's abbreviation of ``--trackers``).
+#: fms-hf-tuning's flag -> ours, same meaning (``--tracker`` is fms's abbreviation of
+#: ``--trackers``).
 FMS_ALIASES = {
     "--trackers": "--tracker",
     "--training_data_path": "--data_path",
@@ -25,9 +26,11 @@ PEFT_METHODS = {"lora": "True", "none": "False"}
 TRACKER_ALIASES = {"file_logger": "jsonl"}
 
 _LORA = "it takes --lora_r (--r), --lora_alpha, --lora_dropout and --target_modules"
-_ONE_TEXT = "give --data_path (JSON or JSONL) with --dataset_text_field or --data_formatter_template"
+_ONE_TEXT = ("give --data_path (JSON or JSONL) with --dataset_text_field or "
+             "--data_formatter_template")
 _ACCELERATION = "fms-acceleration's plugins are not supported here; drop the flag"
-_NO_PREPROCESSING = "offline data processing is not supported here; fms-hf-tuning's own trainer does it"
+_NO_PREPROCESSING = ("offline data processing is not supported here; fms-hf-tuning's own trainer "
+                     "does it")
 #: fms-hf-tuning 3.2.2 flags this trainer does not take -> what to use instead.
 FMS_UNSUPPORTED = {
     "--peft_method pt": "prompt tuning is not supported here; use --peft_method lora (or none)",
@@ -36,7 +39,8 @@ FMS_UNSUPPORTED = {
     "--prompt_tuning_init": "prompt tuning is not supported here; use --peft_method lora",
     "--prompt_tuning_init_text": "prompt tuning is not supported here; use --peft_method lora",
     "--num_virtual_tokens": "prompt tuning is not supported here; use --peft_method lora",
-    "--quantization_method": "quantized (MXFP4) models are not supported here; train an unquantized one",
+    "--quantization_method": "quantized (MXFP4) models are not supported here; train an "
+                             "unquantized one",
     "--dequantize": "quantized (MXFP4) models are not supported here; train an unquantized one",
     "--auto_gptq": "QLoRA is not supported here; use --peft_method lora on an unquantized model",
     "--bnb_qlora": "QLoRA is not supported here; use --peft_method lora on an unquantized model",
@@ -47,26 +51,30 @@ FMS_UNSUPPORTED = {
     "--data_config_path": f"data configs are not supported here; {_ONE_TEXT}",
     "--data_config": f"data configs are not supported here; {_ONE_TEXT}",
     "--chat_template": f"chat data is not supported here; {_ONE_TEXT} and --response_template",
-    "--instruction_template": f"chat data is not supported here; {_ONE_TEXT} and --response_template",
+    "--instruction_template": f"chat data is not supported here; {_ONE_TEXT} and "
+                              "--response_template",
     "--dataset_conversation_field": f"chat data is not supported here; {_ONE_TEXT}",
-    "--dataset_image_field": "vision models are not supported here; fine-tune a causal language model",
+    "--dataset_image_field": "vision models are not supported here; fine-tune a causal language "
+                             "model",
     "--add_special_tokens": "adding tokens is not supported here; use a tokenizer that has them "
                             "(--tokenizer_name_or_path)",
     "--do_dataprocessing_only": _NO_PREPROCESSING,
     "--num_train_dataset_shards": _NO_PREPROCESSING,
     "--num_eval_dataset_shards": _NO_PREPROCESSING,
     "--embedding_size_multiple_of": "resizing the embeddings is not supported here; drop the flag",
-    "--flash_attn_implementation": "use --use_flash_attn True (flash_attention_2) or leave the model's "
-                                   "default attention",
+    "--flash_attn_implementation": "use --use_flash_attn True (flash_attention_2) or leave the "
+                                   "model's default attention",
     "--save_model_dir": "the model is saved into --output_dir; copy it from there",
     "--enable_reduce_loss_sum": "the loss is trl's mean here; drop the flag",
-    "--trainer_controller_config_file": "trainer controllers are not supported here; add a callback from "
-                                        "Python instead (train(..., callbacks=[...]))",
-    "--scanner_output_filename": "the hf_resource_scanner tracker is not supported here: every rank's "
-                                 "memory and step time are in the journal (docs/watching.md)",
+    "--trainer_controller_config_file": "trainer controllers are not supported here; add a "
+                                        "callback from Python instead (train(..., "
+                                        "callbacks=[...]))",
+    "--scanner_output_filename": "the hf_resource_scanner tracker is not supported here: every "
+                                 "rank's memory and step time are in the journal "
+                                 "(docs/watching.md)",
     "--cache_dir": "set HF_HOME (or HF_HUB_CACHE) for where models are cached",
-    "--tracker hf_resource_scanner": "not supported here: every rank's memory and step time are in the "
-                                     "journal already (docs/watching.md)",
+    "--tracker hf_resource_scanner": "not supported here: every rank's memory and step time are "
+                                     "in the journal already (docs/watching.md)",
 }
 _GONE = "transformers 5 removed it (fms-hf-tuning 3.2.2 runs transformers 4.55)"
 #: TrainingArguments flags of transformers 4.55 (fms-hf-tuning's) that transformers 5 removed.
@@ -101,11 +109,13 @@ FMS_SWITCHES = {"--no_use_flash_attn": ["--use_flash_attn", "False"]}
 
 
 def unsupported(flag: str) -> str | None:
-    """The line that refuses fms-hf-tuning's ``flag`` (``--name``), or None if fms has no such flag."""
+    """The line that refuses fms-hf-tuning's ``flag`` (``--name``), or None if fms has no such
+    flag."""
     name = flag.partition("=")[0]
     if name in FMS_UNSUPPORTED:
         return f"{name}: {FMS_UNSUPPORTED[name]}"
-    if name.startswith("--no_") and f"--{name[5:]}" in FMS_UNSUPPORTED:  # a yes/no flag's --no_ form
+    # a yes/no flag's --no_ form
+    if name.startswith("--no_") and f"--{name[5:]}" in FMS_UNSUPPORTED:
         return f"{name}: {FMS_UNSUPPORTED['--' + name[5:]]}"
     if name[2:].removeprefix("no_") in _lora_fields():
         return f"{name}: a field of peft's LoraConfig that this trainer does not take; {_LORA}"
@@ -114,7 +124,8 @@ def unsupported(flag: str) -> str | None:
 
 @lru_cache(maxsize=1)
 def _lora_fields() -> frozenset[str]:
-    """peft's LoraConfig fields: fms-hf-tuning takes each as a flag (its LoraConfig extends peft's)."""
+    """peft's LoraConfig fields: fms-hf-tuning takes each as a flag (its LoraConfig extends
+    peft's)."""
     from peft import LoraConfig
 
     return frozenset(f.name for f in dataclasses.fields(LoraConfig))

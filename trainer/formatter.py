@@ -1,10 +1,12 @@
-"""``--data_formatter_template``: each record's text made from its fields, as fms-hf-tuning makes it.
+"""``--data_formatter_template``: each record's text made from its fields, as fms-hf-tuning makes
+it.
 
-The template is Jinja in a sandbox with undefined names an error (fms's ``apply_custom_jinja_template``):
-``{{input}}``, ``{{element['input']}}`` and the tokenizer's special tokens (``{{eos_token}}``). The
-data is checked before any model loads, when there is no tokenizer yet, so a special token is
-rendered as a marker first and replaced by the tokenizer's token once it is loaded
-(:func:`fill_special_tokens`); a record without a field the template uses is one line, exit 2.
+The template is Jinja in a sandbox with undefined names an error (fms's
+``apply_custom_jinja_template``): ``{{input}}``, ``{{element['input']}}`` and the tokenizer's
+special tokens (``{{eos_token}}``). The data is checked before any model loads, when there is no
+tokenizer yet, so a special token is rendered as a marker first and replaced by the tokenizer's
+token once it is loaded (:func:`fill_special_tokens`); a record without a field the template uses is
+one line, exit 2.
 """
 from __future__ import annotations
 
@@ -46,7 +48,8 @@ def compile_template(text: str) -> Callable[[dict[str, Any]], str]:
     return render
 
 
-def fill_special_tokens(ds: "datasets.Dataset", tokenizer: "PreTrainedTokenizerBase") -> "datasets.Dataset":
+def fill_special_tokens(ds: "datasets.Dataset",
+                        tokenizer: "PreTrainedTokenizerBase") -> "datasets.Dataset":
     """Replace the markers :func:`compile_template` left with the tokenizer's special tokens."""
     import datasets
 
@@ -57,7 +60,8 @@ def fill_special_tokens(ds: "datasets.Dataset", tokenizer: "PreTrainedTokenizerB
             for name, token in tokens.items():
                 if _marker(name) in text:
                     if not token:
-                        raise UsageError(f"{FLAG} uses {{{{{name}}}}}, which the tokenizer does not have")
+                        raise UsageError(f"{FLAG} uses {{{{{name}}}}}, which the tokenizer does "
+                                         "not have")
                     text = text.replace(_marker(name), token)
             row[column] = text
     return datasets.Dataset.from_list(rows)

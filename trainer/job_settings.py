@@ -30,7 +30,8 @@ _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
 def env_name(field: str) -> str:
-    """``RELAY_<NAME>`` for an option (``relay_address`` -> ``RELAY_ADDRESS``, tracker -> RELAY_TRACKERS)."""
+    """``RELAY_<NAME>`` for an option (``relay_address`` -> ``RELAY_ADDRESS``, tracker ->
+    RELAY_TRACKERS)."""
     if field == "tracker":
         return "RELAY_TRACKERS"
     return "RELAY_" + field.removeprefix("relay_").upper()
@@ -49,7 +50,8 @@ class JobSettings:
         return self.trackers != ["none"]
 
     @classmethod
-    def read(cls, given: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> JobSettings:
+    def read(cls, given: Mapping[str, Any],
+             environ: Mapping[str, str] | None = None) -> JobSettings:
         """``given`` keyword options over ``environ``'s (os.environ); UsageError (a ValueError) with
         one line for an unknown name or a bad value."""
         environ = os.environ if environ is None else environ
@@ -62,7 +64,8 @@ class JobSettings:
             if name not in _FIELDS:
                 raise UsageError(f"unknown tracking option {key!r}; known: trackers, "
                                  f"{', '.join(n for n in _FIELDS if n != 'tracker')}")
-            values[name] = ",".join(value) if name == "tracker" and not isinstance(value, str) else value
+            values[name] = (",".join(value) if name == "tracker" and not isinstance(value, str)
+                            else value)
         for name, field in _FIELDS.items():
             text = environ.get(env_name(name))
             if name not in values and text is not None and text.strip():
@@ -73,13 +76,15 @@ class JobSettings:
 
 
 def parse_trackers(spec: str) -> list[str]:
-    """``"aim,mlflow"`` -> ``["jsonl", "aim", "mlflow"]``: jsonl is always kept, since it is the source of truth."""
+    """``"aim,mlflow"`` -> ``["jsonl", "aim", "mlflow"]``: jsonl is always kept, since it is the
+    source of truth."""
     names = [fms_flags.tracker_name(n.strip().lower()) for n in spec.split(",") if n.strip()]
     if not names:
         raise UsageError(f"--tracker: empty; use {', '.join(TRACKERS)}")
     unknown = [n for n in names if n not in TRACKERS]
     if unknown:
-        raise UsageError(f"--tracker: unknown tracker {unknown[0]!r}; known trackers: {', '.join(TRACKERS)}")
+        raise UsageError(f"--tracker: unknown tracker {unknown[0]!r}; known trackers: "
+                         f"{', '.join(TRACKERS)}")
     if "none" in names:
         if len(set(names)) > 1:
             raise UsageError("--tracker: 'none' cannot be combined with other trackers")
@@ -94,7 +99,8 @@ def load_exp_metadata(spec: str | None) -> dict[str, Any] | None:
     text, where = spec, "--exp_metadata"
     if not spec.lstrip().startswith("{"):
         if not os.path.isfile(spec):
-            raise UsageError(f"--exp_metadata: {spec!r} is neither a JSON object nor an existing file")
+            raise UsageError(f"--exp_metadata: {spec!r} is neither a JSON object nor an existing "
+                             "file")
         where = f"--exp_metadata file {spec}"
         with open(spec, encoding="utf-8") as fh:
             text = fh.read()
@@ -131,7 +137,8 @@ def check_tracking(tracking: TrackingArguments) -> tuple[list[str], dict[str, An
 
 
 def _convert(variable: str, text: str, kind: Any) -> Any:
-    """An environment variable's text as its option's type (the field's annotation, a string here)."""
+    """An environment variable's text as its option's type (the field's annotation, a string
+    here)."""
     kind = str(kind)
     try:
         if kind.startswith("bool"):

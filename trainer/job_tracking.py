@@ -21,7 +21,8 @@ from typing import Any
 
 from trainer import custom_metrics
 from trainer.embedded import (
-    EmbeddedRelay, RelayStartError, agree, barrier, default_run_id, journal_name_in, near, relay_executable,
+    EmbeddedRelay, RelayStartError, agree, barrier, default_run_id, journal_name_in, near,
+    relay_executable,
 )
 from trainer.run_identity import identify, write_run_file
 from trainer.tracker_flags import TrackingArguments, aim_experiment, sink_args
@@ -49,7 +50,8 @@ class JobPlace:
 class JobTracking:
     """This process's share of a job's tracking, from ``open`` to ``close``."""
 
-    def __init__(self, run: str, relay: EmbeddedRelay | None, journal: str | None, rank: int) -> None:
+    def __init__(self, run: str, relay: EmbeddedRelay | None, journal: str | None,
+                 rank: int) -> None:
         self.run = run
         self.relay = relay
         #: The embedded relay's journal (None with a relay given by address).
@@ -74,8 +76,9 @@ class JobTracking:
                 relay, error = _start_relay(place, tracking, trackers)
                 address = relay.address if relay is not None else None
             elif len(trackers) > 1:
-                log.warning("--tracker %s adds no sink with --relay_address: the relay at %s writes to the "
-                            "sinks it was started with (relay --sink NAME ...)", ",".join(trackers[1:]), address)
+                log.warning("--tracker %s adds no sink with --relay_address: the relay at %s "
+                            "writes to the sinks it was started with (relay --sink NAME ...)",
+                            ",".join(trackers[1:]), address)
         journal = relay.journal if relay is not None else None
         identity, address, journal, error = agree((identity, address, journal, error))
         if error:
@@ -83,15 +86,18 @@ class JobTracking:
         run_id = identity.run
         if relay is not None:
             relay.run = run_id
-        custom_metrics.start(run_id, rank=place.rank, local_rank=place.local_rank, world_size=place.world_size,
+        custom_metrics.start(run_id, rank=place.rank, local_rank=place.local_rank,
+                             world_size=place.world_size,
                              address=address, spool_dir=os.path.join(folder, SPOOL_DIR_NAME),
                              spool_journal=journal, attempt=identity.attempt)
         job = cls(run_id, relay, journal, place.rank)
         if place.rank == 0:
-            run_params = {"run_id": run_id, "run_name": place.run_name, "world_size": place.world_size,
-                          "attempt": identity.attempt, "resumed_from_checkpoint": identity.checkpoint,
+            run_params = {"run_id": run_id, "run_name": place.run_name,
+                          "world_size": place.world_size, "attempt": identity.attempt,
+                          "resumed_from_checkpoint": identity.checkpoint,
                           "output_dir": os.path.abspath(folder),  # the relay may run elsewhere
-                          "relay_address": address, "trackers": trackers, "embedded_relay": relay is not None,
+                          "relay_address": address, "trackers": trackers,
+                          "embedded_relay": relay is not None,
                           "user": _user(), "source": sys.argv[0], **(params or {})}
             if tracking.aim_experiment or tracking.experiment:  # sinks that group runs (Aim) use it
                 run_params["experiment"] = aim_experiment(tracking)
@@ -105,19 +111,20 @@ class JobTracking:
                                     "world_size": place.world_size, "jsonl": journal,
                                     "relay_pid": relay.proc.pid if relay else None})
             log.info("tracking run %s%s through the relay at %s", run_id,
-                     f" (attempt {identity.attempt}, from step {identity.resumed_from})" if identity.attempt
-                     else "", address)
+                     f" (attempt {identity.attempt}, from step {identity.resumed_from})"
+                     if identity.attempt else "", address)
         return job
 
     def fail(self, why: str) -> None:
         """Rank 0 (or the rank that failed) says the run ended in failure, before ``close``."""
         pub = custom_metrics.publisher()
         if pub is not None:
-            pub.publish("lifecycle", {"event": "train_end", "status": "failed", "error": why[:2000]})
+            pub.publish("lifecycle",
+                        {"event": "train_end", "status": "failed", "error": why[:2000]})
 
     def close(self, timeout: float | None, *, completed: bool) -> None:
-        """Flush and close this process's publisher within ``timeout`` (CLOSE_TIMEOUT if None); a job
-        that completed waits for every rank before rank 0 stops the embedded relay (a failed one
+        """Flush and close this process's publisher within ``timeout`` (CLOSE_TIMEOUT if None); a
+        job that completed waits for every rank before rank 0 stops the embedded relay (a failed one
         cannot count on its peers reaching the barrier). Idempotent."""
         if self.closed:
             return
@@ -139,13 +146,14 @@ def _start_relay(place: JobPlace, tracking: TrackingArguments,
     """Rank 0's embedded relay, or the reason it did not start."""
     folder = place.output_dir
     if place.world_size > int(os.environ.get("LOCAL_WORLD_SIZE", place.world_size)):
-        log.warning("the embedded relay listens on a socket local to this node, so ranks on other nodes "
-                    "cannot reach it; run a relay they can reach and pass --relay_address")
+        log.warning("the embedded relay listens on a socket local to this node, so ranks on other "
+                    "nodes cannot reach it; run a relay they can reach and pass --relay_address")
     try:
         relay = EmbeddedRelay.start(folder, sink_args=sink_args(trackers, tracking, folder),
                                     timeout=tracking.relay_start_timeout,
                                     exit_timeout=tracking.relay_exit_timeout,
-                                    journal_name=journal_name_in(folder, tracking.training_logs_filename))
+                                    journal_name=journal_name_in(folder,
+                                                                 tracking.training_logs_filename))
     except RelayStartError as exc:
         return None, str(exc)
     return relay, None
@@ -178,8 +186,8 @@ def point_at_journal(journal: str) -> None:
     how to watch and plot it (docs/watching.md)."""
     path = shlex.quote(near(journal))
     relay = shlex.quote(relay_executable())
-    log.info("metrics journal: %s\n  watch it:  %s tail -f --view steps %s\n  plot it:   %s plot %s "
-             "--metric loss -o loss.png", journal, relay, path, relay, path)
+    log.info("metrics journal: %s\n  watch it:  %s tail -f --view steps %s\n"
+             "  plot it:   %s plot %s --metric loss -o loss.png", journal, relay, path, relay, path)
 
 
 def _user() -> str | None:

@@ -23,19 +23,20 @@ def check_load_flags(model: LoadFlags, rank0: bool) -> None:
     import torch
 
     dtype = model.torch_dtype
-    if dtype is not None and dtype != "auto" and not isinstance(getattr(torch, dtype, None), torch.dtype):
-        raise UsageError(f"--torch_dtype: {dtype!r} is not a torch dtype; use auto, float32, bfloat16 or "
-                         "float16")
+    if (dtype is not None and dtype != "auto"
+            and not isinstance(getattr(torch, dtype, None), torch.dtype)):
+        raise UsageError(f"--torch_dtype: {dtype!r} is not a torch dtype; use auto, float32, "
+                         "bfloat16 or float16")
     if not model.use_flash_attn:
         return
     if not torch.cuda.is_available():
         model.use_flash_attn = False
         if rank0:
-            log.warning("--use_flash_attn: no CUDA device here, so flash attention is off (the model's "
-                        "default attention)")
+            log.warning("--use_flash_attn: no CUDA device here, so flash attention is off (the "
+                        "model's default attention)")
     elif importlib.util.find_spec("flash_attn") is None:
-        raise UsageError("--use_flash_attn needs the flash-attn package (pip install flash-attn); or drop "
-                         "the flag for the model's default attention")
+        raise UsageError("--use_flash_attn needs the flash-attn package (pip install flash-attn); "
+                         "or drop the flag for the model's default attention")
 
 
 def load_kwargs(model: LoadFlags) -> dict[str, Any]:

@@ -98,15 +98,18 @@ def train(
     try:
         if plan.tracking_on:
             place = JobPlace(output_dir(training_args), rank, training_args.local_process_index,
-                             training_args.world_size, training_args.run_name, training_args.resume_from_checkpoint)
-            job = JobTracking.open(place, plan.tracking, plan.trackers, exp_metadata=plan.exp_metadata)
+                             training_args.world_size, training_args.run_name,
+                             training_args.resume_from_checkpoint)
+            job = JobTracking.open(place, plan.tracking, plan.trackers,
+                                   exp_metadata=plan.exp_metadata)
         else:
             custom_metrics.disable()
         if model_args.demo:
             with training_args.main_process_first(local=True, desc="building the demo model"):
                 build_demo(plan.model_path)
         tokenizer, model = _load(plan, rank)
-        if data_args.data_formatter_template is not None:  # its {{eos_token}}s, now the tokenizer is here
+        # its {{eos_token}}s, now the tokenizer is here
+        if data_args.data_formatter_template is not None:
             plan.train_dataset = fill_special_tokens(plan.train_dataset, tokenizer)
             if plan.eval_dataset is not None:
                 plan.eval_dataset = fill_special_tokens(plan.eval_dataset, tokenizer)
@@ -138,8 +141,10 @@ def train(
     finally:
         STOP.closing = True
         if job is not None:
-            # --relay_flush_timeout bounds the whole wait: closing gets what the callback's flush left.
-            job.close(None if relay_callback is None else relay_callback.flush_time_left, completed=completed)
+            # --relay_flush_timeout bounds the whole wait: closing gets what the callback's flush
+            # left.
+            job.close(None if relay_callback is None else relay_callback.flush_time_left,
+                      completed=completed)
 
 
 def _configure_logging() -> None:

@@ -29,16 +29,17 @@ class TrackingArguments:
 
     tracker: str = field(
         default="jsonl",
-        metadata={"help": "Sinks of the embedded relay: jsonl (the journal, fms-hf-tuning's file_logger; "
-                          "always on unless none), aim, mlflow, tensorboard, wandb, clearml, nats; a list "
-                          "(--tracker aim mlflow), comma separated or repeated; none disables tracking."},
+        metadata={"help": "Sinks of the embedded relay: jsonl (the journal, fms-hf-tuning's "
+                          "file_logger; always on unless none), aim, mlflow, tensorboard, wandb, "
+                          "clearml, nats; a list (--tracker aim mlflow), comma separated or "
+                          "repeated; none disables tracking."},
     )
     aim_repo: str | None = field(
         default=None, metadata={"help": "Aim repository: a folder or aim://HOST:PORT (default: "
                                         "<output_dir>/aim)."})
     experiment: str | None = field(
-        default=None, metadata={"help": "Aim experiment name (unless --aim_experiment) and MLflow's "
-                                        "(unless --mlflow_experiment)."})
+        default=None, metadata={"help": "Aim experiment name (unless --aim_experiment) and "
+                                        "MLflow's (unless --mlflow_experiment)."})
     aim_experiment: str | None = field(
         default=None, metadata={"help": "Aim experiment name (default: --experiment, else "
                                         "fms-hf-tuning)."})
@@ -48,11 +49,12 @@ class TrackingArguments:
     aim_remote_server_port: int | None = field(
         default=None, metadata={"help": "Port of the remote `aim server`."})
     aim_url: str | None = field(
-        default=None, metadata={"help": "Remote `aim server` as aim://HOST:PORT (what the two flags "
-                                        "above make)."})
+        default=None, metadata={"help": "Remote `aim server` as aim://HOST:PORT (what the two "
+                                        "flags above make)."})
     run_uri_export_path: str | None = field(
-        default=None, metadata={"help": "Folder for the trackers' <tracker>_tracker.json files (the "
-                                        "Aim run hash, the MLflow run URI) (default: --output_dir)."})
+        default=None, metadata={"help": "Folder for the trackers' <tracker>_tracker.json files "
+                                        "(the Aim run hash, the MLflow run URI) (default: "
+                                        "--output_dir)."})
     training_logs_filename: str = field(
         default=JSONL_NAME, metadata={"help": "File name of the JSONL journal in --output_dir."})
     mlflow_tracking_uri: str | None = field(
@@ -120,8 +122,8 @@ def aim_remote(t: TrackingArguments) -> str | None:
     UsageError for half an address, a malformed one, or two that disagree."""
     ip, port = t.aim_remote_server_ip, t.aim_remote_server_port
     if (ip is None) != (port is None):
-        raise UsageError("--aim_remote_server_ip and --aim_remote_server_port go together: give both "
-                         "(or --aim_url aim://HOST:PORT)")
+        raise UsageError("--aim_remote_server_ip and --aim_remote_server_port go together: give "
+                         "both (or --aim_url aim://HOST:PORT)")
     if port is not None and not 0 < port < 65536:
         raise UsageError(f"--aim_remote_server_port: {port} is not a port (1-65535)")
     url = None
@@ -147,23 +149,28 @@ def check_fms_tracking(t: TrackingArguments, trackers: list[str]) -> None:
     Aim flags without --tracker aim and a journal name no embedded relay writes."""
     remote = aim_remote(t)
     if "aim" not in trackers and (t.aim_repo or remote):
-        log.warning("--aim_repo / the remote Aim server %s is unused without --tracker aim", t.aim_repo or remote)
+        log.warning("--aim_repo / the remote Aim server %s is unused without --tracker aim",
+                    t.aim_repo or remote)
     name = t.training_logs_filename
     if not name or os.path.basename(name) != name or name in (".", ".."):
-        raise UsageError(f"--training_logs_filename: {name!r} must be a file name (the journal goes "
-                         "into --output_dir; elsewhere, run a relay yourself: relay --path FILE)")
+        raise UsageError(f"--training_logs_filename: {name!r} must be a file name (the journal "
+                         "goes into --output_dir; elsewhere, run a relay yourself: relay --path "
+                         "FILE)")
     if name != JSONL_NAME and (t.relay_address is not None or trackers == ["none"]):
         log.warning("--training_logs_filename %s is unused: %s", name,
-                    "the relay at --relay_address writes its own journal" if t.relay_address else "--tracker none")
+                    "the relay at --relay_address writes its own journal" if t.relay_address
+                    else "--tracker none")
 
 
 def aim_experiment(t: TrackingArguments) -> str:
-    """The Aim run's experiment: --aim_experiment, else --experiment, else fms-hf-tuning's default."""
+    """The Aim run's experiment: --aim_experiment, else --experiment, else fms-hf-tuning's
+    default."""
     return t.aim_experiment or t.experiment or DEFAULT_PROJECT
 
 
 def _aim(t: TrackingArguments, out: str) -> list[str]:
-    return ["--repo", aim_remote(t) or t.aim_repo or os.path.join(out, "aim"), "--experiment", aim_experiment(t)]
+    return ["--repo", aim_remote(t) or t.aim_repo or os.path.join(out, "aim"),
+            "--experiment", aim_experiment(t)]
 
 
 def _mlflow(t: TrackingArguments, out: str) -> list[str]:

@@ -1,8 +1,8 @@
 """Whether this environment can run ``python -m trainer``: the ``[train]`` extra's libraries at the
 versions it names (transformers 5, trl 1: their APIs differ from 4.x and 0.x). An environment pinned
 to older ones, fms-hf-tuning 3.2.2's (transformers 4.55, trl 0.19), gets one line naming what is
-needed and the way in that works there (the one-line callback), not a traceback from deep in argparse.
-Read from the installed package's own metadata, so the versions are pyproject.toml's."""
+needed and the way in that works there (the one-line callback), not a traceback from deep in
+argparse. Read from the installed package's own metadata, so the versions are pyproject.toml's."""
 from __future__ import annotations
 
 from importlib import metadata
@@ -35,4 +35,5 @@ def check_train_requirements() -> None:
             unmet.append(f"{requirement.name}{requirement.specifier} (this environment has {have})")
     if unmet:
         raise UsageError(f"python -m trainer needs {', '.join(unmet)}: install './[train]', or add "
-                         "RelayCallback() to your own Trainer at your pins (docs/trainer.md, One line in any Trainer)")
+                         "RelayCallback() to your own Trainer at your pins (docs/trainer.md, One "
+                         "line in any Trainer)")

@@ -59,7 +59,8 @@ def print_help(out: TextIO = sys.stdout) -> None:
     fms = parser.add_argument_group("fms-hf-tuning's flag names (same meaning; docs/trainer.md)")
     for old, new in FMS_ALIASES.items():
         fms.add_argument(old, metavar=new[2:].upper(), help=f"same as {new}")
-    fms.add_argument(PEFT_METHOD, metavar="{lora,none}", help="lora: --use_peft True; none: --use_peft False")
+    fms.add_argument(PEFT_METHOD, metavar="{lora,none}",
+                     help="lora: --use_peft True; none: --use_peft False")
     for old, new_words in FMS_SWITCHES.items():
         fms.add_argument(old, action="store_true", help=f"same as {' '.join(new_words)}")
     parser.print_help(out)

@@ -33,19 +33,22 @@ CLOCK_SLACK_S = 300.0
 EVENTS_PER_STEP = 8
 
 Keyed = tuple[float, dict[str, Any], bytes]  # (ts to merge by, event, its line)
-Placed = tuple[float, dict[str, Any], bytes, int, int]  # ... and its file's index in the list, its offset there
+# ... and its file's index in the list, its offset there
+Placed = tuple[float, dict[str, Any], bytes, int, int]
 Wanted = Callable[[dict[str, Any]], bool]
-#: Events a steps view is fed between two looks for the steps now complete (which then leave memory).
+#: Events a steps view is fed between two looks for the steps now complete (which then leave
+#: memory).
 FEED_CHUNK = 4096
 
 
 def newest_first(files: list[Ending], wanted: Wanted) -> Iterator[Placed]:
-    """The wanted lines of ``files`` (each read up to its end offset) newest first, parsed, each with
-    where it is. Files are opened newest first (by when they were last written) and only while one
-    may hold a line newer than the newest not yet given: a directory of thousands of old runs beside
-    a live one costs a look at each file's size and time, not a read of each."""
+    """The wanted lines of ``files`` (each read up to its end offset) newest first, parsed, each
+    with where it is. Files are opened newest first (by when they were last written) and only while
+    one may hold a line newer than the newest not yet given: a directory of thousands of old runs
+    beside a live one costs a look at each file's size and time, not a read of each."""
     waiting = sorted(range(len(files)), key=lambda i: files[i].mtime, reverse=True)
-    heap: list[tuple[float, int, int, dict[str, Any], bytes, int, Iterator[tuple[float, dict[str, Any], bytes, int]]]] = []
+    heap: list[tuple[float, int, int, dict[str, Any], bytes, int,
+                     Iterator[tuple[float, dict[str, Any], bytes, int]]]] = []
     order = 0
 
     def push(index: int, stream: Iterator[tuple[float, dict[str, Any], bytes, int]]) -> None:
@@ -80,7 +83,8 @@ def _keyed(file: Ending, wanted: Wanted) -> Iterator[tuple[float, dict[str, Any]
 
 def ts_keys(events: Iterable[tuple[dict[str, Any], bytes]]) -> Iterator[Keyed]:
     """Each line, read forwards, with its ts to merge by; a line whose ts is not a number (a hand
-    edit, an older relay's "NaN") takes the one of the line before it, so it stays where the file has it."""
+    edit, an older relay's "NaN") takes the one of the line before it, so it stays where the file
+    has it."""
     last: float = 0
     for ev, raw in events:
         ts = ev.get("ts")
@@ -112,7 +116,8 @@ def last_steps(files: list[Ending], wanted: Wanted, last: int,
 
     Memory stays the same whatever ``last``: the window of newest events is read from the files'
     ends only to learn where in each file it begins (nothing of it is kept), then read again
-    forwards from there, fed to the view a chunk at a time, and only the last ``last`` lines kept."""
+    forwards from there, fed to the view a chunk at a time, and only the last ``last`` lines
+    kept."""
     stream = newest_first(files, wanted)
     starts: dict[int, int] = {}  # file index -> offset of the oldest line of the window in it
     taken, size = 0, EVENTS_PER_STEP * (last + 2)
@@ -124,7 +129,8 @@ def last_steps(files: list[Ending], wanted: Wanted, last: int,
         steps = view(not whole)
         shown: collections.deque[Row] = collections.deque(maxlen=last)
         lines = 0
-        window = heapq.merge(*(ts_keys(parsed(lines_from(files[i].path, start, files[i].end, files[i].identity),
+        window = heapq.merge(*(ts_keys(parsed(lines_from(files[i].path, start, files[i].end,
+                                                         files[i].identity),
                                                 wanted)) for i, start in sorted(starts.items())),
                              key=itemgetter(0))
         for count, (_, ev, _) in enumerate(window, 1):

@@ -26,7 +26,8 @@ def lines_backwards(path: Path, end: int | None = None, identity: Identity | Non
 
 def placed_lines_backwards(path: Path, end: int | None = None,
                            identity: Identity | None = None) -> Iterator[tuple[int, bytes]]:
-    """lines_backwards, each line with the offset it starts at (where ``lines_from`` reads it again)."""
+    """lines_backwards, each line with the offset it starts at (where ``lines_from`` reads it
+    again)."""
     opened = _open(path, identity)
     if opened is None:
         return
@@ -53,9 +54,10 @@ def placed_lines_backwards(path: Path, end: int | None = None,
         os.close(fd)
 
 
-def lines_from(path: Path, start: int, end: int, identity: Identity | None = None) -> Iterator[bytes]:
-    """The lines of ``path`` from byte ``start`` to byte ``end``, first first, read a block at a time
-    (memory: a block): what a reader from the end found there, read again forwards."""
+def lines_from(path: Path, start: int, end: int,
+               identity: Identity | None = None) -> Iterator[bytes]:
+    """The lines of ``path`` from byte ``start`` to byte ``end``, first first, read a block at a
+    time (memory: a block): what a reader from the end found there, read again forwards."""
     opened = _open(path, identity)
     if opened is None:
         return

@@ -3,8 +3,8 @@ the first of a table's layouts, widest first, whose lines fit it.
 
 The width is the terminal's, or ``$COLUMNS`` when set; a pipe or a file without ``$COLUMNS`` gets
 every column (a script reads the widest layout, always the same). A line still too wide (a long
-cell) is cut, with "…" where it was cut (relay/daemon/status.py `cut`, which the status line uses too):
-a line that wraps breaks the table."""
+cell) is cut, with "…" where it was cut (relay/daemon/status.py `cut`, which the status line uses
+too): a line that wraps breaks the table."""
 from __future__ import annotations
 
 import os

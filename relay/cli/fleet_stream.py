@@ -51,16 +51,19 @@ class StreamRead:
         try:
             self.nc = await connect(self.settings, retry_forever=False, timeout=ASK_S)
         except Exception as exc:  # nats-py's errors and timeouts: said in one line
-            raise click.ClickException(f"NATS {self.settings.display} did not answer: {describe(exc)}") from None
+            raise click.ClickException(f"NATS {self.settings.display} did not answer: "
+                                       f"{describe(exc)}") from None
         js = self.nc.jetstream(timeout=ASK_S)
         subject = f"{self.prefix}.*.*.{run_token(self.run)}"
         try:
             last = await js.get_last_msg(self.stream, subject)
         except NotFoundError:
             raise click.ClickException(f"stream {self.stream} holds no message of run {self.run} "
-                                       f"({subject}); give the run id as the trainer named it") from None
+                                       f"({subject}); give the run id as the trainer named "
+                                       "it") from None
         self.partition = int(last.subject.split(".")[len(self.prefix.split("."))])
-        self.central = CentralJournal(self.nc, js, self.stream, self.prefix, self.nc.max_payload, "viewer")
+        self.central = CentralJournal(self.nc, js, self.stream, self.prefix, self.nc.max_payload,
+                                      "viewer")
 
     async def _read(self) -> list[bytes]:
         """The run's lines of the commits after ``after``."""
@@ -84,7 +87,8 @@ class StreamRead:
         if nc is not None:
             try:
                 self.loop.run(nc.close(), ASK_S)
-            except Exception as exc:  # noqa: BLE001 - closing a viewer's connection: nothing to keep
+            # closing a viewer's connection: nothing to keep
+            except Exception as exc:  # noqa: BLE001
                 click.echo(f"relay tail: closing the NATS connection: {describe(exc)}", err=True)
         self.loop.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -98,7 +102,8 @@ class StreamRead:
 
 
 class StreamTail(Tail):
-    """``relay tail`` over ``StreamRead``: the run in order, then (``-f``) what is committed since."""
+    """``relay tail`` over ``StreamRead``: the run in order, then (``-f``) what is committed
+    since."""
 
     def __init__(self, read: StreamRead, *args: Any, **kwargs: Any) -> None:
         super().__init__(read.folder, *args, **kwargs)

@@ -242,37 +242,45 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
     from relay.daemon.loop import Relay
     from relay.sinkhost.process import check_sinks
 
-    signal.signal(signal.SIGTERM, sigterm.stop_starting)  # from here a SIGTERM stops it cleanly (exit 0)
+    # from here a SIGTERM stops it cleanly (exit 0)
+    signal.signal(signal.SIGTERM, sigterm.stop_starting)
     journal: Journal | None = None
     try:
         private_files(world_readable)
         line = LiveLine(sys.stderr) if wanted(live, sys.stderr) else None
         _setup_logging(log_level, line)
-        config = RelayConfig(address=address, flush_interval=flush_interval, stats_interval=stats_interval,
-                             sink_queue=sink_queue, forget_after=forget_after, run_rate=run_rate, max_runs=max_runs,
+        config = RelayConfig(address=address, flush_interval=flush_interval,
+                             stats_interval=stats_interval,
+                             sink_queue=sink_queue, forget_after=forget_after, run_rate=run_rate,
+                             max_runs=max_runs,
                              max_memory=max_memory, ready_file=ready_file, watch_pid=watch_pid,
                              shutdown_timeout=shutdown_timeout,
-                             curve_cert=curve_cert, curve_clients=curve_clients, open=run_open, secret_file=secret_file,
-                             cluster=cluster_config(cluster, straggler_cost, straggler_min, straggler_window,
-                                                    rank_silence))
-        try:  # every check before the relay listens: a bad option stops it before any training starts
+                             curve_cert=curve_cert, curve_clients=curve_clients, open=run_open,
+                             secret_file=secret_file,
+                             cluster=cluster_config(cluster, straggler_cost, straggler_min,
+                                                    straggler_window, rank_silence))
+        # every check before the relay listens: a bad option stops it before any training starts
+        try:
             journal, sinks = build_sinks(ctx, sink_params, log_level)
         except SinkError as exc:
             _fail(EXIT_USAGE, str(exc))
         relay = Relay(config, journal, sinks)
-        try:  # a relay that stops here leaves nothing behind: no journal lock, no empty journal folder
+        # a relay that stops here leaves nothing behind: no journal lock, no empty journal folder
+        try:
             relay.check_gate()
             relay.open_journal()
             check_sinks(sinks, journal.path)
             relay.live = line
             relay.bind()
-            start_metrics(relay, sink_params)  # --metrics-bind (its options: relay/cli/metrics_flags.py)
+            # --metrics-bind (its options: relay/cli/metrics_flags.py)
+            start_metrics(relay, sink_params)
         except (SinkError, JournalError, AddressInUse, BadAddress, AuthError) as exc:
             journal.abandon()
             if isinstance(exc, AddressInUse):
                 _fail(EXIT_ADDRESS_IN_USE, f"{exc}; stop the other relay or choose another address")
             _fail(EXIT_USAGE, str(exc))
-        signal.signal(signal.SIGTERM, relay.request_stop)  # listening: the loop stops, sinks starting or not
+        # listening: the loop stops, sinks starting or not
+        signal.signal(signal.SIGTERM, relay.request_stop)
     except sigterm.Stopped:
         sigterm.exit_before_listening(journal)
     relay.serve()  # ready at once; the sinks' processes open beside it (Relay.open_sinks)
@@ -324,9 +332,11 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
     journal = JournalFlags.journal(sink_params) if classes.pop(JOURNAL, None) else None
     try:
         with closing:  # (the fleet's views put in order are removed)
-            sink_classes = {name: cast("type[Sink]", cls) for name, (_, cls) in classes.items()}  # (no journal)
+            # (no journal)
+            sink_classes = {name: cast("type[Sink]", cls) for name, (_, cls) in classes.items()}
             sinks = [starting(name, cls, **{o.name: sink_params[o.name] for o in cls.options()
-                                            if o.name in sink_params}) for name, cls in sink_classes.items()]
+                                            if o.name in sink_params})
+                     for name, cls in sink_classes.items()]
             derive = SpoolDerivation() if journal is not None else None
             result = replay_files(files, sinks, set(runs), journal, progress=progress.update,
                                   derive=derive, deadletters=deadletters)

@@ -134,7 +134,8 @@ def plot_journal(path: Path, chosen: Selection, output: Path, *, by_rank: bool =
     missing = [m.text for m, series in found.items() if not series]
     if missing:
         known = known_metrics(path, chosen)
-        hint = did_you_mean(missing[0], known, "metrics there") if known else "it holds no metrics events"
+        hint = (did_you_mean(missing[0], known, "metrics there") if known
+                else "it holds no metrics events")
         raise PlotError(f"no metric {', '.join(missing)} with a step in {path}"
                         + (" (with these filters)" if chosen != Selection(metrics=chosen.metrics) else "")
                         + f"; {hint}")

@@ -182,7 +182,8 @@ class _Found:
         return RunSummary(self.first["run"], str(file), number(self.first.get("ts")), end_ts, status, self.attempts,
                           ranks if ranks is not None else world if type(world) is int else None, step, loss,
                           self.stragglers, self.lost, conflicts=self.conflicts, straggler_rank=rank,
-                          straggler_cost=number(named.get("cost")), straggler_cost_s=number(named.get("cost_s")))
+                          straggler_cost=number(named.get("cost")),
+                          straggler_cost_s=number(named.get("cost_s")))
 
 
 def _shared(file: Path, fh: BinaryIO, now: float) -> list[RunSummary]:
@@ -245,7 +246,8 @@ def table(summaries: list[RunSummary], width: int | None) -> list[str]:
                  width)
     run_width = layout.columns[0].width
     return [cut(layout.header(), width).rstrip()] + [
-        cut(layout.line({**row, "run": cut(row["run"], run_width)}), width).rstrip() for row in rows]
+        cut(layout.line({**row, "run": cut(row["run"], run_width)}), width).rstrip()
+        for row in rows]
 
 
 def _costliest(s: RunSummary) -> str:

@@ -325,8 +325,8 @@ def _spread(figures: dict[int, float]) -> tuple[int, float, float | None]:
 
 
 def _fmt(value: Any, spec: str) -> str:
-    """A cell: a number (or the journal's "NaN") formatted, an integer as one (``global_step=483800``,
-    never ``4.838e+05``), "-" for nothing."""
+    """A cell: a number (or the journal's "NaN") formatted, an integer as one
+    (``global_step=483800``, never ``4.838e+05``), "-" for nothing."""
     if type(value) is int:
         return format(value, "," if "," in spec else "")
     num = number(value)

@@ -1,6 +1,7 @@
 """What a mistyped name was likely meant to be: "did you mean" for commands and metrics, with the
 nearest names only, never a list of everything there is (a journal holds hundreds of metrics). A
-name ``stage/key`` is as near as the nearer of itself and its ``key`` (``losss``: ``train/loss``)."""
+name ``stage/key`` is as near as the nearer of itself and its ``key`` (``losss``:
+``train/loss``)."""
 from __future__ import annotations
 
 import difflib
@@ -28,7 +29,8 @@ def nearest(word: str, names: Iterable[str], n: int = NEAREST) -> tuple[list[str
 
 
 def did_you_mean(word: str, names: Iterable[str], what: str, n: int = NEAREST) -> str:
-    """``did you mean 'train/loss', 'eval/loss'?`` or ``the 10 nearest of the 42 WHAT: ...``; "" for none."""
+    """``did you mean 'train/loss', 'eval/loss'?`` or ``the 10 nearest of the 42 WHAT: ...``; "" for
+    none."""
     pool = set(names)
     found, close = nearest(word, pool, n)
     quoted = ", ".join(repr(name) for name in found)
@@ -36,7 +38,8 @@ def did_you_mean(word: str, names: Iterable[str], what: str, n: int = NEAREST) -
         return ""
     if close:
         return f"did you mean {quoted}?"
-    return f"{what}: {quoted}" if len(found) == len(pool) else f"the {len(found)} nearest of the {len(pool)} {what}: {quoted}"
+    return (f"{what}: {quoted}" if len(found) == len(pool)
+            else f"the {len(found)} nearest of the {len(pool)} {what}: {quoted}")
 
 
 def no_such_command(word: str, commands: list[str]) -> str:

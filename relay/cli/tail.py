@@ -138,7 +138,8 @@ class Tail:
     def _show_all(self, final: bool) -> None:
         """Everything there is (that the selection wants), read forwards: each file in its own order,
         files merged by time; parsed as it is consumed, so only what the view keeps stays in memory."""
-        files = [parsed(lines, self.selection.wants) for _, lines in self._follower.poll(final=final)]
+        files = [parsed(lines, self.selection.wants)
+                 for _, lines in self._follower.poll(final=final)]
         backlog = files[0] if len(files) == 1 else (
             (ev, raw) for _, ev, raw in heapq.merge(*map(ts_keys, files), key=lambda k: k[0]))
         if self.view != "steps" or self.as_json:

@@ -23,8 +23,9 @@ def _stream_options(command: Any) -> Any:
     from relay.fleet.stream import stream_options
 
     url = click.Option(["--nats-url"], default=None, metavar="nats://HOST:4222[,...]",
-                       help="Read RUN from the fleet's central journal on these NATS servers instead "
-                            "of PATH (docs/deployment.md); the other --nats-* options as the nats sink's.")
+                       help="Read RUN from the fleet's central journal on these NATS servers "
+                            "instead of PATH (docs/deployment.md); the other --nats-* options as "
+                            "the nats sink's.")
     rest = [o for o in nats_options() if o.name != "nats_url"]
     command.params.extend([url, *rest, *(o for o in stream_options()
                                          if o.name in ("nats_stream", "nats_prefix"))])

@@ -109,7 +109,8 @@ def run_view(runs: Iterable[str], run_ranks: Mapping[str, list[int]], active: Ma
         last = max((t for t in seen if t is not None), default=None)
         view[run] = {"connected": sum(1 for t in seen if t is not None and now - t <= window),
                      "ranks": len(seen), "world_size": world.get(run),
-                     "idle_s": None if last is None else round(now - last, 1), "state": ended.get(run, "running")}
+                     "idle_s": None if last is None else round(now - last, 1),
+                     "state": ended.get(run, "running")}
     return view
 
 

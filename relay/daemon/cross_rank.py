@@ -349,7 +349,8 @@ class Cluster:
                 info.named = step
                 own_time = {"own_time": basis[rank]} if own else {}
                 out.append(self._lifecycle(
-                    name, run, step, epoch=entry.epoch, event="straggler", rank=rank, **said, **own_time,
+                    name, run, step, epoch=entry.epoch, event="straggler", rank=rank, **said,
+                    **own_time,
                     step_time=times[rank], others_median=basis[rank] - extra, job_step_s=job,
                     window=rule.window))
             else:

@@ -117,7 +117,7 @@ class Ingest:
     def follow_health(self, health: RunHealth | None) -> None:
         """Keep each run's health in ``health`` (for the Prometheus endpoint, relay/daemon/run_health.py)."""
         self.health = health
-        #: each new frame's events for the runs' health: steps, and with --metrics-loss rank 0's loss
+        #: each new frame's events for runs' health: steps, and with --metrics-loss rank 0's loss
         self._health_frame = health.take_frame if health is not None else None
 
     def _owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
@@ -250,7 +250,7 @@ class Ingest:
         return state
 
     def _derive(self, events: Iterable[dict[str, Any]], now: float) -> None:
-        """New per-rank figures and lifecycle events: to the cluster derivation, health and run table."""
+        """New per-rank figures and lifecycle events: to the cluster derivation, health and runs."""
         cluster, health = self.cluster, self.health
         for event in events:
             if event["type"] == "lifecycle":

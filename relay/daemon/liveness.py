@@ -3,9 +3,9 @@ shows a killed relay's last rates as if it were alive.
 
 A serving relay holds an exclusive ``flock`` on its journal's lock file (relay/journal/journal.py)
 for as long as it lives; the kernel lets it go when the process dies, however it dies. The lock is
-looked up in ``/proc/locks`` (Linux), never taken, so a relay starting at that moment is never turned
-away; where that table cannot be read, whether the stats file's ``pid`` lives decides. A relay on
-another host (a shared file system) cannot be judged from here, and is said to be so.
+looked up in ``/proc/locks`` (Linux), never taken, so a relay starting at that moment is never
+turned away; where that table cannot be read, whether the stats file's ``pid`` lives decides. A
+relay on another host (a shared file system) cannot be judged from here, and is said to be so.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ class Liveness(NamedTuple):
 
 
 def lock_file_for(stats_file: Path) -> Path:
-    """``relay-logs/_relay_stats.json`` -> ``relay-logs/_relay.lock``; ``j_stats.json`` -> ``j.lock``."""
+    """``relay-logs/_relay_stats.json`` -> ``relay-logs/_relay.lock``; ``j_stats.json`` ->
+    ``j.lock``."""
     return stats_file.with_name(stats_file.name.removesuffix("_stats.json") + ".lock")
 
 
@@ -43,8 +44,8 @@ def lock_held(lock: Path, table: Path = LOCKS) -> bool | None:
         text = table.read_text()
     except OSError:
         return None
-    return any(fields[1] == "FLOCK" and device in fields[5:6] for fields in map(str.split, text.splitlines())
-               if len(fields) > 5)
+    return any(fields[1] == "FLOCK" and device in fields[5:6]
+               for fields in map(str.split, text.splitlines()) if len(fields) > 5)
 
 
 def last_sign_of_life(stats_file: Path, snap: dict[str, Any]) -> float | None:
@@ -54,7 +55,8 @@ def last_sign_of_life(stats_file: Path, snap: dict[str, Any]) -> float | None:
     try:
         with os.scandir(stats_file.parent) as entries:
             for entry in entries:
-                if entry.name.endswith(".jsonl") and (stem == "_relay" or entry.name == f"{stem}.jsonl"):
+                if entry.name.endswith(".jsonl") and (stem == "_relay"
+                                                      or entry.name == f"{stem}.jsonl"):
                     times.append(entry.stat().st_mtime)
     except OSError:
         pass  # a folder gone or unreadable: the stats' own time says it
@@ -70,12 +72,13 @@ def judge(stats_file: Path, snap: dict[str, Any]) -> Liveness:
     pid_lives = alive(pid) if type(pid) is int and pid > 0 else None
     if snap.get("final"):
         if held:
-            return Liveness("running", None, "a relay serves this journal again and has written no stats yet")
+            return Liveness("running", None,
+                            "a relay serves this journal again and has written no stats yet")
         return Liveness("stopped", None, "the relay had stopped")
     if held or (held is None and pid_lives):
         if pid_lives is False:  # the lock is another relay's: this one's stats are all there is
-            return Liveness("running", None, f"pid {pid} is gone; another relay serves this journal, "
-                                             "no stats of its own yet")
+            return Liveness("running", None, f"pid {pid} is gone; another relay serves this "
+                                             "journal, no stats of its own yet")
         return Liveness("running", None, "")
     if held is None and pid_lives is None:
         return Liveness("unknown", None, "whether its relay runs cannot be told here")

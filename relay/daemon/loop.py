@@ -80,7 +80,8 @@ class Relay:
         self._rate = Rate()
         self._answers = Answers(self.snapshot)
         self._journal_open = False
-        self._host = socket.gethostname()  # in the stats: relay status judges a relay of this host only
+        # in the stats: relay status judges a relay of this host only
+        self._host = socket.gethostname()
         self.each_second: list[Callable[[], None]] = []  # called on this thread (the Prometheus endpoint's snapshot)
 
     # -- setup -----------------------------------------------------------------------------------
@@ -349,7 +350,8 @@ class Relay:
         sinks: dict[str, Any] = {JOURNAL: self.ingest.commit_step.journal_stats(now)}
         sinks.update(self.fan_out.stats())
         snap = self.counters.snapshot(sinks, runs.client_ranks())
-        snap.update(ts=round(time.time(), 3), address=self.address, pid=os.getpid(), host=self._host, final=final,
+        snap.update(ts=round(time.time(), 3), address=self.address, pid=os.getpid(),
+                    host=self._host, final=final,
                     events_per_s=round(self._rate.per_s(now, self.counters.events, window), 1), rate_window_s=window,
                     runs=runs.count(), active_window_s=self.config.active_window,
                     per_run=runs.view(now, self.config.active_window))

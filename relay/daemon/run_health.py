@@ -40,7 +40,8 @@ class _Run:
         self.loss: float | None = None
         self.ended_at: float | None = None
         self.status: str | None = None
-        self.ranked = False  # it sends per-rank windows (stage "rank"): its steps come from them alone
+        # it sends per-rank windows (stage "rank"): its steps come from them alone
+        self.ranked = False
 
 
 class RunView(NamedTuple):
@@ -110,17 +111,20 @@ class RunHealth:
             _stepped(run, step, now)
 
     def take_frame(self, events: Sequence[dict[str, Any]], rank: int, now: float) -> None:
-        """New events of one frame of ``rank``, oldest first: their steps, and with ``loss`` rank 0's last."""
+        """New events of one frame of ``rank``, oldest first: their steps, and with ``loss`` rank
+        0's last."""
         self.take_steps(events, now)
         if self.loss and rank == 0:
             self.take_loss(events)
 
     def take_steps(self, events: Sequence[dict[str, Any]], now: float) -> None:
-        """New events of one frame, oldest first: the step of the last metrics event among them, for a
-        run that sends no per-rank windows (a custom loop's ``Publisher``, the accelerate tracker), so it
-        has a last step, a pace and a stall series too. A run that sends them keeps its steps from them."""
+        """New events of one frame, oldest first: the step of the last metrics event among them, for
+        a run that sends no per-rank windows (a custom loop's ``Publisher``, the accelerate
+        tracker), so it has a last step, a pace and a stall series too. A run that sends them keeps
+        its steps from them."""
         for event in reversed(events):
-            if event["type"] == "metrics" and type(event["step"]) is int and event["stage"] != "rank":
+            if (event["type"] == "metrics" and type(event["step"]) is int
+                    and event["stage"] != "rank"):
                 run = self._run(event)
                 if not run.ranked:
                     _stepped(run, event["step"], now)

@@ -36,7 +36,8 @@ class Runs:
         self.hellos: dict[Key, float] = {}  # ts of each rank's hello, to spot reused run ids
         self.active: dict[Key, float] = {}  # each rank's last frame, for "ranks connected"
         self.world: dict[str, int] = {}  # each run's world size
-        self.ended: dict[str, str] = {}  # each ended run's train_end status (completed, failed, ...)
+        # each ended run's train_end status (completed, failed, ...)
+        self.ended: dict[str, str] = {}
         #: what the clients of ranks met again had reported dropped, per the journal (ingest counts it)
         self.reported: dict[Key, int] = {}
 
@@ -100,7 +101,8 @@ class Runs:
             self.world[run] = world_size
 
     def lifecycle(self, run: str, data: dict[str, Any]) -> None:
-        """A run's train_begin (it runs, again) or its first train_end (how it ended), for the status."""
+        """A run's train_begin (it runs, again) or its first train_end (how it ended), for the
+        status."""
         what = data.get("event")
         if what == "train_begin":
             self.ended.pop(run, None)
@@ -155,5 +157,5 @@ class Runs:
     def view(self, now: float, window: float) -> dict[str, dict[str, Any]]:
         """The most recently active runs first, as the status lists them (counters.run_view)."""
         dedupe = self.dedupe
-        return run_view(reversed(dedupe.last_seen), dedupe.run_ranks, self.active, self.world, self.ended, now,
-                        window)
+        return run_view(reversed(dedupe.last_seen), dedupe.run_ranks, self.active, self.world,
+                        self.ended, now, window)

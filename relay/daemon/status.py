@@ -31,7 +31,8 @@ STATUS_REQUEST = msgpack.packb({"status": 1})
 SNAPSHOT_TTL = 0.1  # seconds a snapshot answers requests before the next is taken
 ANSWER_RATE = 50.0  # answers a second, as many at once; requests beyond go unanswered (counted)
 RUNS_SHOWN = 3  # runs named in the line; the rest are "+N more"
-#: A run not ended that sent nothing this long is "stale" in the status (and "unfinished" in relay runs)
+#: A run not ended that sent nothing this long is "stale" in the status (and "unfinished" in relay
+#: runs)
 STALE_S = 300.0
 ELLIPSIS = "…"  # where a line was cut to fit (as the viewers' tables cut theirs)
 
@@ -76,16 +77,17 @@ class Answers:
 # -- the line ---------------------------------------------------------------------------------------
 
 
-def format_line(snap: dict[str, Any], *, detail: bool = False, width: int | None = None, alive: bool = True,
-                age: float = 0.0) -> str:
-    """``1520 ev/s | 1 run: run-a 2/2 running | 30120 events, 0 duplicates, 0 rejected, 0 client drops |
+def format_line(snap: dict[str, Any], *, detail: bool = False, width: int | None = None,
+                alive: bool = True, age: float = 0.0) -> str:
+    """``1520 ev/s | 1 run: run-a 2/2 running | 30120 events, 0 duplicates, 0 rejected, 0 client
+    drops |
     sinks: jsonl 0 queued, aim 812 queued (1.0 s behind)``. ``detail`` adds frames, derived,
     written, rejection reasons and each sink's written count (the log line and ``relay status``). Fields
     a stats file of an older relay lacks are left out. ``width`` (the live line on a terminal): the
     line shortened to fit, run names, zero counters and words going first, the sinks' queues kept
-    (``1520 ev/s | sinks: jsonl 0q, aim 812q 1.0s behind | 1 run | 30120 ev``). A snapshot ``age`` seconds
-    old (a stats file) judges its runs' states as of now; one of a relay no longer ``alive`` has no rate,
-    and its runs that had not ended are stale."""
+    (``1520 ev/s | sinks: jsonl 0q, aim 812q 1.0s behind | 1 run | 30120 ev``). A snapshot ``age``
+    seconds old (a stats file) judges its runs' states as of now; one of a relay no longer ``alive``
+    has no rate, and its runs that had not ended are stale."""
     rate = f"{snap['events_per_s']:.0f} ev/s" if "events_per_s" in snap and alive else ""
     counts = f"{snap.get('events', 0)} events"
     if detail:
@@ -136,22 +138,24 @@ def _short_sink(name: str, s: dict[str, Any]) -> str:
 
 
 def _runs(snap: dict[str, Any], named: bool = True, alive: bool = True, age: float = 0.0) -> str:
-    """``2 runs: run-a 4/4 running, run-b 0/2 failed`` (ranks that sent something lately / world size,
-    run_state): the most recently active runs, shown by name (``named``)."""
+    """``2 runs: run-a 4/4 running, run-b 0/2 failed`` (ranks that sent something lately / world
+    size, run_state): the most recently active runs, shown by name (``named``)."""
     count = snap.get("runs")
     if count is None:  # an older relay's stats file
         return f"{snap.get('ranks', 0)} ranks"
     per_run = snap.get("per_run") or {}
     if not named:  # how many are not running, by state: "3 runs (1 failed, 1 stale)"
         states = collections.Counter(run_state(run, alive, age) for run in per_run.values())
-        said = ", ".join(f"{n} {state}" for state, n in sorted(states.items()) if state not in ("running", ""))
+        said = ", ".join(f"{n} {state}" for state, n in sorted(states.items())
+                         if state not in ("running", ""))
         return f"{count} run{'' if count == 1 else 's'}" + (f" ({said})" if said else "")
     recent = sorted(per_run, key=lambda run: _number(per_run[run].get("idle_s"), float("inf")))
     shown = sorted(recent[:RUNS_SHOWN])
     text = f"{count} run{'' if count == 1 else 's'}"
     if shown:
         text += ": " + ", ".join(" ".join(filter(None, (
-            run, f"{per_run[run].get('connected', 0) if alive else 0}/{per_run[run].get('world_size') or '?'}",
+            run, f"{per_run[run].get('connected', 0) if alive else 0}/"
+                 f"{per_run[run].get('world_size') or '?'}",
             run_state(per_run[run], alive, age)))) for run in shown)
     if count > len(shown) and shown:
         text += f" +{count - len(shown)} more"
@@ -159,8 +163,9 @@ def _runs(snap: dict[str, Any], named: bool = True, alive: bool = True, age: flo
 
 
 def run_state(run: dict[str, Any], alive: bool = True, age: float = 0.0) -> str:
-    """completed, failed (or whatever its train_end said), running, or stale: not ended and silent for
-    STALE_S (``age`` seconds after the snapshot), or its relay is gone; "" from an older relay."""
+    """completed, failed (or whatever its train_end said), running, or stale: not ended and silent
+    for STALE_S (``age`` seconds after the snapshot), or its relay is gone; "" from an older
+    relay."""
     state = run.get("state")
     if not isinstance(state, str) or state != "running":
         return state if isinstance(state, str) else ""
@@ -194,7 +199,8 @@ def age_note(snap: dict[str, Any], now: float | None = None) -> str:
 
 def _age(snap: dict[str, Any], now: float | None = None) -> float:
     ts = snap.get("ts")
-    return max(0.0, (time.time() if now is None else now) - ts) if isinstance(ts, (int, float)) else 0.0
+    return (max(0.0, (time.time() if now is None else now) - ts) if isinstance(ts, (int, float))
+            else 0.0)
 
 
 def _when(ts: float | None) -> str:
@@ -211,9 +217,9 @@ def _when(ts: float | None) -> str:
 def status_text(target: str | None, timeout: float, as_json: bool, width: int | None = None) -> str:
     """What ``relay status [TARGET] [--json]`` prints: the line (or the snapshot as JSON) of the relay
     at the address ``target`` (default $RELAY_ADDRESS or the default address), or of the stats file
-    ``target`` names (itself, or beside a journal): then whether its relay still runs comes first, and
-    a killed relay's figures are its last, with no rate. The line fits ``width`` (cut with ELLIPSIS).
-    NoAnswer or BadTarget say what went wrong."""
+    ``target`` names (itself, or beside a journal): then whether its relay still runs comes first,
+    and a killed relay's figures are its last, with no rate. The line fits ``width`` (cut with
+    ELLIPSIS). NoAnswer or BadTarget say what went wrong."""
     if target is None or target.startswith(("tcp://", "ipc://")):
         address = resolve_address(target)
         try:
@@ -224,18 +230,20 @@ def status_text(target: str | None, timeout: float, as_json: bool, width: int | 
             raise NoAnswer(f"no relay answered at {address} within {timeout:g} s; is it running? start one "
                            f"(relay --bind {address}), or give the stats file beside its journal "
                            f"(relay status relay-logs/)") from None
-        return json.dumps(snap, indent=1, sort_keys=True) if as_json else format_line(snap, detail=True, width=width)
+        return (json.dumps(snap, indent=1, sort_keys=True) if as_json
+                else format_line(snap, detail=True, width=width))
     try:
         file = stats_file_for(Path(target))
         snap = read_stats(file)
     except BadTarget as exc:
-        raise BadTarget(f"{exc}; give a relay address (tcp://..., ipc://...), its journal or its stats "
-                        "file") from None
+        raise BadTarget(f"{exc}; give a relay address (tcp://..., ipc://...), its journal or its "
+                        "stats file") from None
     from relay.daemon.liveness import judge
 
     how = judge(file, snap)
     if as_json:
-        return json.dumps({**snap, "relay_state": how.state, "relay_since": how.since}, indent=1, sort_keys=True)
+        return json.dumps({**snap, "relay_state": how.state, "relay_since": how.since}, indent=1,
+                          sort_keys=True)
     alive = how.state in ("running", "unknown")
     if how.state == "killed":
         head, tail = f"relay not running (killed?) since {_when(how.since)}", ""

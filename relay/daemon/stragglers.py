@@ -5,8 +5,8 @@ A rank's *excess* at a logged step is its own work (its step time where own work
 minus the median of the *other* ranks'; its *cost* is that excess over the job's time per step (the
 slowest rank's step time plus its time between steps: under DDP and FSDP every rank waits for the
 slowest, so the job goes at its pace; a cost is then at most 1). A rank's verdict is taken over a
-window of its last logged steps, never step by step: under load one rank descheduled for a step costs a
-balanced job 50% of that step, and with two ranks the other rank's is the opposite figure.
+window of its last logged steps, never step by step: under load one rank descheduled for a step
+costs a balanced job 50% of that step, and with two ranks the other rank's is the opposite figure.
 
 - A step of a rank is *slow* when its cost is at least ``cost`` and its excess at least
   ``min_excess``; *calm* when its cost is below half of ``cost`` or its excess below half of
@@ -91,7 +91,8 @@ class Seen:
 def seconds(data: dict[str, Any], name: str = "step_time") -> float | None:
     """A rank's figure ``name`` if it is usable: a finite number of seconds, not negative."""
     value: Any = data.get(name)
-    if type(value) in (int, float) and math.isfinite(value) and value >= 0:  # (a bool is not a figure)
+    # (a bool is not a figure)
+    if type(value) in (int, float) and math.isfinite(value) and value >= 0:
         return float(value)
     return None
 

@@ -89,8 +89,10 @@ class Ownership:
         return math.ceil(self.partitions / max(1, len(members | {self.me})))
 
     def holders(self) -> dict[int, str | None]:
-        """Each partition's holder: this relay for those it holds, else as the last plan was told."""
-        return {k: self.me if k in self.held else self.last_read.get(k) for k in range(self.partitions)}
+        """Each partition's holder: this relay for those it holds, else as the last plan was
+        told."""
+        return {k: self.me if k in self.held else self.last_read.get(k)
+                for k in range(self.partitions)}
 
     def valid(self, partition: int, now: float) -> bool:
         """Whether our lease on ``partition`` is certainly still ours at ``now``."""

@@ -221,7 +221,8 @@ def child_main(spec: SinkSpec) -> int:
         hold_sink_lock(Journal(spec.journal).sidecar(f"_sink_{spec.name}.lock"), spec.name)
     try:
         sink = build_sink(spec)
-        starting(spec.name, sink.open, SinkContext(journal=Path(spec.journal) if spec.journal else None))
+        starting(spec.name, sink.open,
+                 SinkContext(journal=Path(spec.journal) if spec.journal else None))
     except SinkError as exc:
         send({"error": str(exc)})
         return 2

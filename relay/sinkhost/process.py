@@ -87,7 +87,8 @@ class SinkProcess:
         self._backoff = RESTART_START
         self._opened = threading.Event()  # set once the first child opened its sink (or when stopping)
         self._opener: threading.Thread | None = None
-        self._give_up = threading.Event()  # set at shutdown: a child still opening with nothing to apply stops
+        # set at shutdown: a child still opening with nothing to apply stops
+        self._give_up = threading.Event()
         self.opened = False  # whether a child has opened the sink yet
         self.open_failures = 0  # attempts to open the sink that failed
         self.open_error: str | None = None  # why the last one failed, while the sink is not open
@@ -178,10 +179,11 @@ class SinkProcess:
         (relay/sinkhost/behind.py says what is missing and the command that completes it)."""
         deadline = time.monotonic() + timeout
         self._worker.stop(timeout)
-        if not self.opened and self._submitted == 0:  # it was handed nothing: no reason to wait for its open
+        # it was handed nothing: no reason to wait for its open
+        if not self.opened and self._submitted == 0:
             self._give_up.set()
-            log.info("sink %s was still opening and had been handed nothing: stopped (it catches up from the "
-                     "journal when a relay next opens it)", self.name)
+            log.info("sink %s was still opening and had been handed nothing: stopped (it catches "
+                     "up from the journal when a relay next opens it)", self.name)
         if self._opener is not None:
             self._opener.join(max(0.0, deadline - time.monotonic()))
             if self._opener.is_alive():
@@ -212,7 +214,8 @@ class SinkProcess:
                       "replay)", self.name, left)
         stats = self.stats()
         gave_up = self._give_up.is_set() and not self.opened  # handed nothing, so it lacks nothing
-        self.complete = (exited or gave_up) and stats["dropped"] == 0 and stats["incomplete_closes"] == 0
+        self.complete = ((exited or gave_up) and stats["dropped"] == 0
+                         and stats["incomplete_closes"] == 0)
 
     def _lag(self, queued: int) -> float:
         """Seconds since the oldest event still queued was handed over, to the sampling period: at
@@ -302,7 +305,8 @@ class SinkProcess:
                                         daemon=True)
         self._reader.start()
         deadline = time.monotonic() + START_TIMEOUT
-        while not self._answered.wait(0.1) and not self._give_up.is_set() and time.monotonic() < deadline:
+        while (not self._answered.wait(0.1) and not self._give_up.is_set()
+               and time.monotonic() < deadline):
             pass
         first = self._answer
         if first.get("ready"):

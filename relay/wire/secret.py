@@ -93,15 +93,16 @@ def _read_or_create(path: Path) -> Secret:
 
 
 def _link(path: Path) -> str:
-    """What to say of a secret whose name is a symbolic link: never followed, since a link could hand
-    the relay a file another user controls; one that loops reaches no file at all."""
+    """What to say of a secret whose name is a symbolic link: never followed, since a link could
+    hand the relay a file another user controls; one that loops reaches no file at all."""
     try:
         target = path.resolve(strict=True)
     except (OSError, RuntimeError):  # ELOOP (RuntimeError on Python 3.11), or a dangling link
-        return (f"the relay secret {path} is a symbolic link that never reaches a file (a loop, or its "
-                f"target is gone); remove it to have a secret made there, or point {FILE_ENV} at a real file")
-    return (f"the relay secret {path} is a symbolic link (to {target}), which the relay does not follow; "
-            f"point {FILE_ENV} at {target} itself, or put the file in the link's place")
+        return (f"the relay secret {path} is a symbolic link that never reaches a file (a loop, "
+                "or its target is gone); remove it to have a secret made there, or point "
+                f"{FILE_ENV} at a real file")
+    return (f"the relay secret {path} is a symbolic link (to {target}), which the relay does not "
+            f"follow; point {FILE_ENV} at {target} itself, or put the file in the link's place")
 
 
 def _create(path: Path) -> Secret:
