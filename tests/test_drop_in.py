@@ -166,7 +166,12 @@ def test_relay_address_from_the_environment(demo_model: Path, tmp_path: Path, re
 
 
 def test_settings_from_keywords_and_the_environment() -> None:
+    from transformers import HfArgumentParser
+
     from trainer.job_settings import JobSettings
+    from trainer.tracker_flags import TrackingArguments
+
+    HfArgumentParser(TrackingArguments)  # as python -m trainer's parse does: it retypes the dataclass's fields
 
     env = {"RELAY_TRACKERS": "aim,mlflow", "RELAY_AIM_REPO": "/data/aim", "RELAY_FLUSH_TIMEOUT": "12",
            "RELAY_TIME_COLLECTIVES": "no", "RELAY_EXPERIMENT": " "}

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import os
+import typing
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -24,6 +25,10 @@ from trainer.tracker_flags import TRACKERS, TrackingArguments, check_fms_trackin
 log = logging.getLogger(__name__)
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrackingArguments)}
+#: Each option's type, None left out of ``X | None``: resolved here, since HfArgumentParser replaces
+#: the fields' own annotations (strings) with the types it resolved, once it has parsed them.
+_KINDS = {name: next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+          for name, hint in typing.get_type_hints(TrackingArguments).items()}
 #: Keyword names that are not a field's own: the trackers, as a list, like Trainer's report_to.
 _ALIASES = {"trackers": "tracker"}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
@@ -66,10 +71,10 @@ class JobSettings:
                                  f"{', '.join(n for n in _FIELDS if n != 'tracker')}")
             values[name] = (",".join(value) if name == "tracker" and not isinstance(value, str)
                             else value)
-        for name, field in _FIELDS.items():
+        for name in _FIELDS:
             text = environ.get(env_name(name))
             if name not in values and text is not None and text.strip():
-                values[name] = _convert(env_name(name), text.strip(), field.type)
+                values[name] = _convert(env_name(name), text.strip(), _KINDS[name])
         tracking = TrackingArguments(**values)
         trackers, exp_metadata = check_tracking(tracking)
         return cls(tracking, trackers, exp_metadata)
@@ -137,18 +142,14 @@ def check_tracking(tracking: TrackingArguments) -> tuple[list[str], dict[str, An
 
 
 def _convert(variable: str, text: str, kind: Any) -> Any:
-    """An environment variable's text as its option's type (the field's annotation, a string
-    here)."""
-    kind = str(kind)
+    """An environment variable's text as its option's type."""
     try:
-        if kind.startswith("bool"):
+        if kind is bool:
             if text.lower() not in _TRUE | _FALSE:
                 raise ValueError(f"not one of {', '.join(sorted(_TRUE | _FALSE))}")
             return text.lower() in _TRUE
-        if kind.startswith("float"):
-            return float(text)
-        if kind.startswith("int"):
-            return int(text)
+        if kind in (float, int):
+            return kind(text)
     except ValueError as exc:
         raise UsageError(f"{variable}={text!r}: {exc}") from None
     return text
