@@ -41,8 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from compat_env import fms_python
-
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MARKER = re.compile(r"^<!--\s*doc-test:(.*?)-->\s*$")
@@ -225,7 +223,12 @@ def run(block: Block, sandbox: Path) -> Result:
     if setup:
         extra = SETUPS[setup](sandbox, block.opts)
     if block.lang == "python":
-        cmd = [fms_python() if block.opts.get("venv") == "fms" else sys.executable, "-c", block.text]
+        python = sys.executable
+        if block.opts.get("venv") == "fms":
+            from compat_env import fms_python  # tests/ is on the path: pytest's, or main()'s
+
+            python = fms_python()
+        cmd = [python, "-c", block.text]
     elif block.lang == "bash":
         cmd = ["bash", "-e", "-c", block.text]
     else:
@@ -312,5 +315,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the checkout, and tests/ as pytest puts it
     main()
