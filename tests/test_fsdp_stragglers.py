@@ -91,12 +91,12 @@ def test_a_rank_slow_anywhere_in_its_sharded_step_is_named_by_its_own_work(journ
 
 
 def test_a_balanced_sharded_run_names_no_straggler(journals: dict) -> None:
-    """Nothing is named, but on a crowded machine only short episodes just over the bar: under FSDP
-    most of a step is waiting on both ranks and own work is noisy (19 episodes of 10-20% in 600 steps
-    at load 12-14, docs/watching.md)."""
+    """Only short episodes just over the bar, at any load: under FSDP most of a step is waiting on
+    both ranks and own work is noisy (19 episodes of 10-20% in 600 steps at load 12-14, and one of 11%
+    in a fresh-clone `make test` at 1.1 per core, the other test worker beside it: docs/watching.md)."""
     figures, findings = relay_said(read_jsonl(journals["fsdp2-none"]))
     assert len(figures) == 600 and all("own_time_median" in f for f in figures)
-    assert_balanced(findings, journals["load"])
+    assert_balanced(findings, journals["load"], crowded=0.0)
 
 
 def test_with_the_timing_off_no_own_work_is_sent_and_the_steps_view_says_so(journals: dict) -> None:
