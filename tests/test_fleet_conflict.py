@@ -56,17 +56,34 @@ def refused(port: int) -> float:
         return sum(float(n) for n in SAMPLE.findall(answer.read().decode()))
 
 
+def start_nodes(relays, urls: str, tmp_path: Path) -> dict:
+    """Node relays ``node-a`` and ``node-b``, each publishing its journal to the stream."""
+    nodes = {}
+    for name in ("node-a", "node-b"):
+        node = relays(["--path", f"{tmp_path / name}/", "--sink", "nats", "--nats-url", urls,
+                       "--nats-node", name, "--nats-partitions", "2", "--stats-interval", "0.2"],
+                      start=False)
+        node.log = tmp_path / f"{name}.log"
+        nodes[name] = node.start()
+    return nodes
+
+
+def refused_by(consumer: ConsumerProcess) -> int:
+    """The lines a consuming relay refused as second writers', as its stats file says now."""
+    return sum(p["conflict"] for p in consumer.stats().get("partitions", {}).values())
+
+
+def conflicts(central: Path) -> list[dict]:
+    """The conflict and conflict_ended events of run ``shared`` in a consuming relay's views."""
+    return [json.loads(line)["data"] for line in view(central, "shared", RELAY_RANK)
+            if b'"event":"conflict' in line]
+
+
 def test_two_nodes_under_one_run_id_the_central_keeps_one_writer_and_says_conflict(relays,
                                                                                   tmp_path):
     with NatsCluster(tmp_path / "nats", size=1) as server:
         urls = server.url(0)
-        nodes = {}
-        for name in ("node-a", "node-b"):
-            node = relays(["--path", f"{tmp_path / name}/", "--sink", "nats", "--nats-url", urls,
-                           "--nats-node", name, "--nats-partitions", "2",
-                           "--stats-interval", "0.2"], start=False)
-            node.log = tmp_path / f"{name}.log"
-            nodes[name] = node.start()
+        nodes = start_nodes(relays, urls, tmp_path)
         central, port = tmp_path / "central", free_port()
         consumer = ConsumerProcess(tmp_path, "c", urls, central, ["--metrics-bind", str(port)])
         consumer.start()
@@ -97,14 +114,13 @@ def check(nodes: dict, consumer: ConsumerProcess, central: Path, port: int, urls
     wait_acknowledged(urls, "RELAY", 60)
     mine = node_stream(tmp_path / "node-a", "shared")
     assert view(central, "shared") == mine, "node a's events only, as written"
-    said = [json.loads(line)["data"] for line in view(central, "shared", RELAY_RANK)
-            if b'"event":"conflict"' in line]
+    said = conflicts(central)
     assert said == [{"event": "conflict", "rank": 1, "why": "history", "seq": 0,
                      "writer_pid": first.pid, "writer_host": said[0]["writer_host"],
                      "refused_pid": second.pid, "refused_host": said[0]["refused_host"],
                      "node": "node-b", "session": said[0]["session"]}]
     wait_for(lambda: refused(port) == 202, 30, "Prometheus counts node b's 202 refused events")
-    assert sum(p["conflict"] for p in consumer.stats()["partitions"].values()) == 202
+    assert refused_by(consumer) == 202
     moved = sorted(json.loads(line)["seq"] for line in view(central, "moved"))
     assert moved == [*range(52), *range(attempt_base(1), attempt_base(1) + 52)]
     restarted = sorted(json.loads(line)["seq"] for line in view(central, "restarted"))
@@ -118,3 +134,50 @@ def check(nodes: dict, consumer: ConsumerProcess, central: Path, port: int, urls
     assert runs_status(central, "moved") != "conflict" != runs_status(central, "restarted")
     for node in nodes.values():
         assert node.stop() == 0
+
+
+def test_a_relay_that_takes_the_partition_over_on_its_own_disk_judges_as_the_last_did(relays,
+                                                                                     tmp_path):
+    """The judge's memory is the central journal: a consuming relay that takes the partition over
+    on an empty folder while node b's second writer still publishes refuses the rest of it without
+    saying the conflict again, and lets node b's next attempt of the rank in."""
+    with NatsCluster(tmp_path / "nats", size=1) as server:
+        urls = server.url(0)
+        nodes = start_nodes(relays, urls, tmp_path)
+        a, b = nodes["node-a"].address, nodes["node-b"].address
+        port = free_port()
+        first = ConsumerProcess(tmp_path, "c1", urls, tmp_path / "c1").start()
+        then = ConsumerProcess(tmp_path, "c2", urls, tmp_path / "c2", ["--metrics-bind", str(port)])
+        try:
+            assert finish(publisher(a, "shared", 100))["left"] == 0
+            wait_for(lambda: len(view(tmp_path / "c1", "shared")) >= 102, 90,
+                     "node a's job, centrally")
+            second = publisher(b, "shared", 300, rate=30)  # 10 s: still publishing at the takeover
+            wait_for(lambda: refused_by(first) > 0, 60, "c1 refused node b's job")
+            assert first.stop() == 0
+            then.start()
+            assert finish(second)["left"] == 0
+            wait_for(lambda: published_all(nodes["node-b"], tmp_path / "node-b"), 60,
+                     "node b published all")
+            wait_acknowledged(urls, "RELAY", 60)
+            wait_for(lambda: refused(port) > 0, 30, "c2 refused the rest of node b's job")
+            c1_log = first.log.read_text()
+            before = sum(int(n) for n in re.findall(r"conflict=(\d+)", c1_log))
+            assert before + refused(port) >= 302, "every line of node b's job refused"
+            assert view(tmp_path / "c2", "shared") == node_stream(tmp_path / "node-a", "shared")
+            assert [c["event"] for c in conflicts(tmp_path / "c2")] == ["conflict"], "said once"
+            c2_log = then.log.read_text()
+            assert "refused a second writer" not in c2_log and "more events refused" in c2_log
+            resumed = publisher(b, "shared", 50, attempt=1)  # node b's job resumed: above
+            assert finish(resumed)["left"] == 0
+            wait_for(lambda: len(view(tmp_path / "c2", "shared")) >= 154, 60, "attempt 1 taken")
+            assert [(c["event"], c["node"]) for c in conflicts(tmp_path / "c2")] == [
+                ("conflict", "node-b"), ("conflict_ended", "node-b")]
+            assert then.stop() == 0
+            assert runs_status(tmp_path / "c2", "shared") == "conflict"
+            for node in nodes.values():
+                assert node.stop() == 0
+        finally:
+            for consumer in (first, then):
+                if consumer.alive():
+                    consumer.kill()
