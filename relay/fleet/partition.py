@@ -146,7 +146,7 @@ class Partition:
         judged = None
         if replay:
             judged = self.sessions.learn(body, checked)
-        elif self.sessions.concerned(body):
+        elif self.sessions.concerned(node, body):
             judged = self.sessions.judge(node, checked, states, now)
             if judged.refused:
                 checked = judged.kept

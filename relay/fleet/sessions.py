@@ -98,9 +98,13 @@ class FleetWriters:
         judge_.logged, judge_._summed_at, judge_._since = self.logged, self._summed_at, self._since
         return judge_
 
-    def concerned(self, body: bytes) -> bool:
-        """Whether a message needs judging: it holds a hello, or some node is refused a stream."""
-        return bool(self.writers.refused) or HELLO in body
+    def concerned(self, node: str, body: bytes) -> bool:
+        """Whether a message of ``node`` needs judging: it holds a hello, or the node is refused a
+        stream (the other nodes' messages go on at full speed)."""
+        if HELLO in body:
+            return True
+        peer = node.encode()
+        return any(peer in peers for peers in self.writers.refused.values())
 
     def recover(self, run: str, seen: dict[int, Any]) -> None:
         """What the view holds of ``run``, met now (``Journal.seen``): each stream's writer, from
