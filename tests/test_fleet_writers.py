@@ -55,7 +55,9 @@ class Central:
         return [line + b"\n" for line in lines if json.loads(line)["rank"] == rank]
 
     def said(self) -> list[dict]:
-        return [json.loads(line)["data"] for line in self.stream(RELAY_RANK)]
+        """The conflicts the consuming relay said in the view."""
+        said = [json.loads(line)["data"] for line in self.stream(RELAY_RANK)]
+        return [data for data in said if data["event"].startswith("conflict")]
 
 
 def test_a_second_nodes_session_is_refused_counted_and_said_once(tmp_path, caplog):
@@ -79,18 +81,28 @@ def test_a_second_nodes_session_is_refused_counted_and_said_once(tmp_path, caplo
     assert stats["conflict"] == 30
 
 
+def node_said(seq: int) -> bytes:
+    """An event node a's relay derived itself (rank RELAY_RANK, numbered from 0)."""
+    return encode_line({**json.loads(encode_line(event(seq))), "rank": RELAY_RANK,
+                        "type": "lifecycle", "stage": "cluster", "data": {"event": "rank_lost"}})
+
+
 def test_a_new_holder_and_a_reopened_view_judge_as_the_last_holder_did(tmp_path):
     """The judge's state is the view's: rebuilt from the central journal on another folder, or from
-    the folder itself, it refuses the second node's next message and says nothing twice."""
+    the folder itself, it refuses the second node's next message and says nothing twice; the node
+    relays' own events go on below the consuming relay's."""
     first, second = job("a" * 32, 11, 0, 10), job("b" * 32, 22, 0, 40)
     central = Central(tmp_path / "c")
-    central.take(("node-a", first), ("node-b", second[:10]))
+    central.take(("node-a", first), ("node-b", second[:10]), ("node-a", [node_said(0)]))
     central.part.close()
     for root in (tmp_path / "c", tmp_path / "other"):
         again = Central(root, list(central.commits))
         again.take(("node-b", second[10:20]), ("node-a", first))  # no hello of node b's in it
+        again.take(("node-a", [node_said(1)]))
         assert again.stream() == first and len(again.said()) == 1
-        assert again.part.counters.conflict == 10
+        seqs = sorted(json.loads(line)["seq"] for line in again.stream(RELAY_RANK))
+        assert seqs == [0, 1, CENTRAL_SEQ]
+        assert again.part.counters.conflict == 10 and again.part.counters.duplicates == 10
         again.part.close()
 
 
