@@ -82,7 +82,8 @@ class Partition:
         self.position = 0  # the central journal's last commit of this partition that the view holds
         self._position_path = self.journal.sidecar("_view.json")
         self._central = ""  # the central journal the position is of (its stream's creation time)
-        self._counted = [0, 0, 0]  # messages, duplicates, refused counted by the last take_all (reset uncounts them)
+        #: messages, duplicates and refused lines counted by the last take_all (reset uncounts them)
+        self._counted = [0, 0, 0]
         self.pending = 0  # messages of the partition in the stream not yet delivered, after the last fetch
         self.published: float | None = None  # unix time of the last message fetched
 
@@ -132,10 +133,11 @@ class Partition:
         for i, n in enumerate((1, duplicates, refused)):
             self._counted[i] += n
 
-    def _keep(self, body: bytes, now: float, node: str = "", replay: bool = False) -> tuple[int, int]:
-        """Queue ``body``'s lines the view does not hold, judged by session (relay/fleet/sessions.py)
-        as lines of ``node``, or with ``replay`` (lines of the central journal: judged already) only
-        learned from; how many it held already, and how many were refused."""
+    def _keep(self, body: bytes, now: float, node: str = "",
+              replay: bool = False) -> tuple[int, int]:
+        """Queue ``body``'s lines the view does not hold, judged by session
+        (relay/fleet/sessions.py) as lines of ``node``, or with ``replay`` (lines of the central
+        journal: judged already) only learned from; how many it held already, how many refused."""
         lines = [line for line in body.split(b"\n") if line]
         checked = self.check.keys(lines)
         seqs = _seqs(checked)
@@ -291,5 +293,5 @@ def _seqs(checked: Checked) -> dict[tuple[str, int], list[int]]:
 
 
 def node_of(msg: Any) -> str:
-    """The node relay that published a message (its ``Relay-Node`` header, relay/fleet/chunks.py)."""
+    """The node relay that published a message (its ``Relay-Node``, relay/fleet/chunks.py)."""
     return (msg.headers or {}).get("Relay-Node", "")
