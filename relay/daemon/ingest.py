@@ -171,9 +171,9 @@ class Ingest:
             if state.take_run(first_seq, count):
                 commit_step.add(run, chunk, count)  # (not before _state: making room may commit)
                 if decoded.derive:
-                    self._derive(decoded.events, now)
+                    self._derive(decoded.to_derive(), now)
                 if self._health_frame is not None:
-                    self._health_frame(decoded.events, rank, now)
+                    self._health_frame(decoded.read_back, rank, now)
                 return
             lines = None
         events = decoded.events

@@ -203,13 +203,14 @@ class ChunkCheck:
     def events(self, lines: list[bytes], run: str | None = None) -> list[Checked]:
         """The events of ``lines`` (those of ``run`` only, if given), in order: each line as written,
         its envelope and its row (``sinks.events.ENVELOPE``, ``ROW_FIELDS``)."""
-        return [(line, envelope_of(item), row_of(item)) for line, item in self._taken(lines, run)]
+        lines, items = self._taken(lines, run)
+        return list(zip(lines, map(envelope_of, items), map(row_of, items)))
 
     def rows(self, lines: list[bytes], run: str | None = None) -> dict[tuple, list[tuple]]:
         """The events of ``lines`` (those of ``run`` only, if given) as ``events`` has them, grouped
         by envelope: each envelope's rows, in order (what a compact batch sends). The work per line
         is all in C (a journal's lines come in runs of one envelope)."""
-        items = [item for _, item in self._taken(lines, run)]
+        items = self._taken(lines, run)[1]
         groups: dict[tuple, list[tuple]] = {}
         for envelope, same in groupby(zip(map(envelope_of, items), map(row_of, items)), key=_FIRST):
             rows = list(map(_SECOND, same))
@@ -221,21 +222,23 @@ class ChunkCheck:
 
     def keys(self, lines: list[bytes]) -> list[tuple[bytes, tuple[str, int, int]]]:
         """The events of ``lines``, in order, as what dedupe needs: each line and its (run, rank, seq)."""
-        return [(line, _key_of(item)) for line, item in self._taken(lines, None)]
+        lines, items = self._taken(lines, None)
+        return list(zip(lines, map(_key_of, items)))
 
-    def _taken(self, lines: list[bytes], run: str | None) -> list[tuple[bytes, Any]]:
-        """Each line that is an event (of ``run``, if given) with its Line; ``bad`` hears of the
+    def _taken(self, lines: list[bytes], run: str | None) -> tuple[list[bytes], list[Any]]:
+        """The lines that are events (of ``run``, if given) and their Lines; ``bad`` hears of the
         others, but for another run's lines (as JournalReader.read skips them)."""
         items = decode_lines(lines)
         if None not in items and (run is None or set(map(_run_of, items)) == {run}):
-            return list(zip(lines, items))
-        taken = []
+            return lines, items
+        taken, kept = [], []
         for line, item in zip(lines, items):
             if item is None:
                 self._refused(line, run)
             elif run is None or item.run == run:
-                taken.append((line, item))
-        return taken
+                taken.append(line)
+                kept.append(item)
+        return taken, kept
 
     def _refused(self, line: bytes, run: str | None) -> None:
         event = parse_line(line)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from itertools import starmap
 from operator import attrgetter, itemgetter
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Sequence, Union, overload
 
 import msgpack
 import msgspec
@@ -160,11 +160,42 @@ class Frame:
             self._first = self._events[0] if self._events is not None else asdict(self.records[0])
         return self._first
 
+    @property
+    def read_back(self) -> Sequence[dict[str, Any]]:
+        """The events as a sequence that makes each dict as it is read: for a reader of a few (a
+        run's health reads the last ones)."""
+        return self._events if self._events is not None else _Read(self.records)
+
+    def to_derive(self) -> list[dict[str, Any]]:
+        """The events ``derive`` is about (stage ``rank``, or a lifecycle event), as dicts, in order."""
+        return [asdict(r) for r in self.records if r.stage == "rank" or r.type == "lifecycle"]
+
     def streams(self) -> set[tuple[str, int]]:
         """The (run, rank) streams the frame sends for (one, on the ``first_seq`` path)."""
         if self.first_seq is not None:
             return {_stream_of(self.records[0])}
         return set(map(_stream_of, self.records))
+
+
+class _Read(Sequence[dict[str, Any]]):
+    """Frame.read_back of records not made into dicts yet."""
+
+    def __init__(self, records: list[Any]) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return list(map(asdict, self.records[index]))
+        return asdict(self.records[index])
 
 
 def decode_frame(frame: bytes) -> list[dict[str, Any]]:
