@@ -22,7 +22,7 @@ ROOMS: dict[str, set[str]] = {
     "relay.sinkhost": {"relay.wire", "relay.journal", "sinks", "sinks.events"},
     "relay.daemon": {"relay.wire", "relay.journal", "relay.sinkhost", "sinks", "sinks.events"},
     "relay.forward": {"relay.wire", "relay.client", "relay.journal", "sinks", "sinks.events"},
-    "relay.fleet": {"relay.wire", "relay.journal", "relay.sinkhost", "relay.daemon", "sinks", "sinks.events"},
+    "relay.fleet": {"relay.wire", "relay.journal", "relay.sinkhost", "sinks", "sinks.events"},
     "relay.metrics": {"relay.wire", "relay.daemon", "relay.fleet", "sinks.events"},
     "relay.cli": {"relay.wire", "relay.client", "relay.journal", "relay.sinkhost", "relay.daemon", "relay.forward",
                   "relay.fleet", "relay.metrics", "sinks", "sinks.events"},

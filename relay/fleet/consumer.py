@@ -35,7 +35,7 @@ from relay.fleet.holder import Holder, quietly, wait
 from relay.fleet.identity import Claimant, read_claimant, verdict
 from relay.fleet.ownership import Claim, Ownership, Renew, Start, Stop
 from relay.fleet.reconcile import Mismatch, check_stream, lease_bucket, update_consumers
-from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.spec import SinkSpec
 from sinks.files import write_atomic
 
 log = logging.getLogger("relay.fleet")

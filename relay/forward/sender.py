@@ -25,7 +25,7 @@ from relay.wire.encoding import array_header
 from relay.forward.lines import LineReader
 from relay.client.send_window import MAX_BATCH_BYTES, MAX_BATCH_EVENTS
 from relay.forward.window import ForwardWindow, Key, Stream
-from relay.wire.io_thread import LinkMember
+from relay.client.link_member import LinkMember
 from relay.journal.journal import Journal
 from relay.journal.reader import JournalReader
 from sinks.events import RELAY_RANK
@@ -84,7 +84,7 @@ class Forwarder(LinkMember):
             self._notified |= runs
             self.idle = False
 
-    # -- relay.wire.io_thread.LinkMember ---------------------------------------------------------------
+    # -- relay.client.link_member.LinkMember ---------------------------------------------------------------
 
     def _link_up(self, now: float) -> None:
         self.window.last_ack = now
