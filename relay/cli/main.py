@@ -154,7 +154,8 @@ def build_sinks(ctx: click.Context, params: dict[str, Any], log_level: str = "in
     to build it: its name, what to load, and only its own options."""
     sinks = dict(ctx.meta[_SINKS])
     del sinks[JOURNAL]
-    specs = [SinkSpec(name, {o.name: jsonable(params[o.name]) for o in cls.options() if o.name in params},
+    specs = [SinkSpec(name, {o.name: jsonable(params[o.name])
+                             for o in cls.options() if o.name in params},
                       source=source, log_level=log_level)
              for name, (source, cls) in sinks.items()]
     return JournalFlags.journal(params), specs
@@ -256,13 +257,12 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
             journal, sinks = build_sinks(ctx, sink_params, log_level)
         except SinkError as exc:
             _fail(EXIT_USAGE, str(exc))
-        relay = Relay(config, journal, sinks)
+        relay = Relay(config, journal, sinks, live=line)
         # a relay that stops here leaves nothing behind: no journal lock, no empty journal folder
         try:
             relay.check_gate()
             relay.open_journal()
             check_sinks(sinks, journal.path)
-            relay.live = line
             relay.bind()
             # --metrics-bind (its options: relay/cli/metrics_flags.py)
             start_metrics(relay, sink_params)

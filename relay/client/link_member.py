@@ -1,8 +1,8 @@
-"""``LinkMember``: the hub's member with one ``Link`` to a relay (relay/wire/io_thread.py), that both
-the Publisher (relay/client/publisher.py) and the forward sink's Forwarder (relay/forward/sender.py)
-are: it opens the link, reads the acks and the lost connections, and reads the last acks before
-closing; each says what those mean to it. Client behaviour, so in the client's room; the forward
-sink may import the client's.
+"""``LinkMember``: the hub's member with one ``Link`` to a relay (relay/wire/io_thread.py), that
+both the Publisher (relay/client/publisher.py) and the forward sink's Forwarder
+(relay/forward/sender.py) are: it opens the link, reads the acks and the lost connections, and
+reads the last acks before closing; each says what those mean to it. Client behaviour, so in the
+client's room; the forward sink may import the client's.
 """
 from __future__ import annotations
 
@@ -23,19 +23,21 @@ class LinkMember:
     """A ``Member`` that talks to one relay over one ``Link``. Subclasses implement ``_tick`` and
     the hooks below (all called on the hub thread), and register with a Hub once constructed."""
 
-    def __init__(self, address: str, server_key: str | None, client_cert: str | None, interval: float) -> None:
+    def __init__(self, address: str, server_key: str | None, client_cert: str | None,
+                 interval: float) -> None:
         self._link_to = (address, server_key, client_cert)
         self._interval = interval
         self._stop = threading.Event()
         self._link: Link | None = None
-        self.refusal: str | None = None  # the relay refused our handshake: why, in one line (said once)
+        #: the relay refused our handshake: why, in one line (said once)
+        self.refusal: str | None = None
         #: the link's routing id, chosen once: a Publisher's hello names it as its session's nonce
         #: (relay/daemon/writers.py), and every frame of the link carries it
         self.session = session_id()
         #: streams whose frames the relay refuses from this link, and why (another writes them)
         self.refused_streams: dict[tuple[str, int], str] = {}
 
-    # -- the hooks ----------------------------------------------------------------------------------
+    # -- the hooks ---------------------------------------------------------------------------------
 
     def _link_up(self, now: float) -> None:
         """The link is connecting (ZeroMQ connects in the background): the member is ready."""
@@ -64,7 +66,7 @@ class LinkMember:
     def _left(self) -> None:
         """The link is closed (its last acks read): the member has left the hub."""
 
-    # -- Member ----------------------------------------------------------------------------------
+    # -- Member ------------------------------------------------------------------------------------
 
     def _open(self, ctx: zmq.Context) -> Sequence[zmq.Socket]:
         try:
@@ -85,7 +87,8 @@ class LinkMember:
             self._link_lost()
         if self.refusal is None and len(link.refused) >= auth.REFUSALS_TOLD:
             self.refusal = auth.refusal(link.auth, link.address, link.refused)
-            log.error("%s; events are kept (bounded) and resent once it accepts this process", self.refusal)
+            log.error("%s; events are kept (bounded) and resent once it accepts this process",
+                      self.refusal)
 
     def _shut(self) -> None:
         if self._link is not None:

@@ -290,12 +290,12 @@ class Publisher(ForkHandover, LinkMember):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- background thread (relay.client.link_member.LinkMember) ----------------------------------------------
+    # -- background thread (relay.client.link_member.LinkMember) -----------------------------------
 
     _read_monitor = staticmethod(read_monitor)  # where tests find the monitor filter
 
     def _link_up(self, now: float) -> None:
-        self._window.last_progress = now
+        self._window.connected(now)
         self._ready.set()
 
     def _link_failed(self, exc: zmq.ZMQError | ValueError) -> None:

@@ -199,7 +199,7 @@ class Ingest:
             lines = [encode_line(event) for event in events]
             check_lines(lines)
             new = self.runs.new_runs(e["run"] for e in events)
-            if new and not self.runs.budget.admit(peer, len(new), now):
+            if new and not self.runs.admit(peer, len(new), now):
                 self._refuse_runs(peer, sorted(new), events)
                 return
             counters.events += len(events)
@@ -254,7 +254,7 @@ class Ingest:
         if state is None:
             new = not runs.known(run)
             if new:
-                if not admitted and not runs.budget.admit(peer, 1, now):
+                if not admitted and not runs.admit(peer, 1, now):
                     return None
                 self._make_room(now)
             state = runs.lookup(run, rank)

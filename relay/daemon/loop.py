@@ -32,10 +32,12 @@ from relay.daemon import gate, listener, peers
 from relay.daemon.bounds import TURN_BYTES, MemoryProbe, alive, raise_file_limit, trim_heap
 from relay.daemon.commit import Acks
 from relay.daemon.counters import log_stats, write_stats
+from relay.daemon.cross_rank import Cluster
 from relay.daemon.config import RelayConfig
 from relay.sinkhost.fan_out import FanOut
 from relay.daemon.ingest import Ingest
 from relay.daemon.live_line import LiveLine
+from relay.daemon.run_health import RunHealth
 from relay.daemon.shutdown import Shutdown
 from relay.daemon.status import STATUS_REQUEST, Answers, format_line
 from relay.journal.deadletter import KEEP_BYTES, DeadLetters
@@ -57,7 +59,8 @@ REBIND_TIMEOUT = 5.0  # seconds to get the address back after dropping every con
 class Relay:
     """The socket and the loop around ``ingest`` (frames in) and its commit step (journal, acks, fan-out)."""
 
-    def __init__(self, config: RelayConfig, journal: Journal, sinks: list[SinkSpec]) -> None:
+    def __init__(self, config: RelayConfig, journal: Journal, sinks: list[SinkSpec],
+                 live: LiveLine | None = None) -> None:
         self.config = config
         self.journal = journal
         self.sinks = sinks
@@ -77,7 +80,7 @@ class Relay:
         self._policy: gate.Policy | None = None
         self._stop = False
         self._memory = MemoryProbe()
-        self.live: LiveLine | None = None  # the status line on a terminal (set before open_sinks)
+        self.live = live  # the status line on a terminal
         self._rate = Rate()
         self._answers = Answers(self.snapshot)
         self._journal_open = False
@@ -335,6 +338,12 @@ class Relay:
 
     # -- shutdown -----------------------------------------------------------------------------------
 
+    def follow_health(self, health: RunHealth) -> Cluster | None:
+        """Keep each run's health in ``health`` (the Prometheus endpoint, relay/metrics/); returns
+        the cross-rank derivation the endpoint reads too (None without ``--cluster``)."""
+        self.ingest.follow_health(health)
+        return self.ingest.cluster
+
     def _each_second(self, now: float) -> None:
         """Sample what rates and lags are computed from; redraw the live line."""
         self._rate.sample(now, self.counters.events)
@@ -362,8 +371,10 @@ class Relay:
         if self.live is not None:  # the last live line stays on the terminal
             self.live.show(format_line(self.snapshot(), width=self.live.width()))
             self.live.close()
-        Shutdown(self.ingest, self.journal, self.deadletters, self.counters, self.fan_out, self.sinks,
-                 self.config.shutdown_timeout, self.snapshot, self.stats_path).run(self.config.stats_interval)
+        shutdown = Shutdown(self.ingest, self.journal, self.deadletters, self.counters,
+                            self.fan_out, self.sinks, self.config.shutdown_timeout, self.snapshot,
+                            self.stats_path)
+        shutdown.run(self.config.stats_interval)
         if self._sock is not None:
             if self._gate is not None:
                 self._gate.release(self._sock)

@@ -38,8 +38,8 @@ class Refusals:
             return
         count, self._refused_since, self._refused_at = self._refused_since, 0, now
         detail = f"{why} ({count} refused since the last report)" if count > 1 else why
-        log.warning("refused a connection (%d so far): %s; nothing it sends is read (docs/security.md)",
-                    self.counters.rejected["auth_failed"], detail)
+        log.warning("refused a connection (%d so far): %s; nothing it sends is read "
+                    "(docs/security.md)", self.counters.rejected["auth_failed"], detail)
         if not self.deadletters.add("auth_failed", detail, b"", b""):
             self.counters.deadletter_overflow += 1
 

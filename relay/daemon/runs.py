@@ -69,6 +69,11 @@ class Runs:
         """As many runs as ``max_runs`` are tracked: one must be forgotten before a new one."""
         return len(self.dedupe.run_ranks) >= self.max_runs
 
+    def admit(self, peer: bytes, runs: int, now: float) -> bool:
+        """Take ``runs`` new runs from ``peer``'s budget; False (nothing taken) if it has not that
+        many."""
+        return self.budget.admit(peer, runs, now)
+
     def lookup(self, run: str, rank: int) -> RankState:
         """(run, rank)'s state, learned first from the journal for a run not met before."""
         return self.dedupe.lookup(run, rank, self)

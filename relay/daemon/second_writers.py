@@ -33,9 +33,10 @@ Tell = Callable[[bytes, list[tuple[str, int, str]]], None]
 
 class SecondWriters:
     """Judges each frame's hellos, and refuses a second writer's frames loudly. Given ingest's run
-    table, owners, writers, counters and dead letters, and what to call: ``lookup`` a stream's dedupe state
-    (None: a new run past its connection's budget), ``connected`` (None: every owner is), ``gone``
-    (a connection found gone), ``derive`` (queue the relay's own events) and ``tell``."""
+    table, owners, writers, counters and dead letters, and what to call: ``lookup`` a stream's
+    dedupe state (None: a new run past its connection's budget), ``connected`` (None: every owner
+    is), ``gone`` (a connection found gone), ``derive`` (queue the relay's own events) and
+    ``tell``."""
 
     def __init__(self, runs: Runs, owners: Owners, writers: Writers, counters: Counters,
                  deadletters: DeadLetters,

@@ -26,8 +26,8 @@ log = logging.getLogger("relay")
 class Shutdown:
     """What ``Relay._shutdown`` does between the loop's end and closing the socket."""
 
-    def __init__(self, ingest: Ingest, journal: Journal, deadletters: DeadLetters, counters: Counters,
-                 fan_out: FanOut, specs: list[SinkSpec], timeout: float,
+    def __init__(self, ingest: Ingest, journal: Journal, deadletters: DeadLetters,
+                 counters: Counters, fan_out: FanOut, specs: list[SinkSpec], timeout: float,
                  snapshot: Callable[..., dict[str, Any]], stats_path: Path) -> None:
         self.ingest, self.journal, self.fan_out, self.specs = ingest, journal, fan_out, specs
         self.deadletters, self.counters = deadletters, counters

@@ -137,7 +137,8 @@ class Consumer:
                  cfg.name, cfg.path)
         next_stats = 0.0
         while not self.own.done():
-            self.own.leaving = self._stop.is_set()
+            if self._stop.is_set():
+                self.own.leave()
             await self._tick()
             now = time.monotonic()
             if now >= next_stats:

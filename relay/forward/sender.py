@@ -84,10 +84,15 @@ class Forwarder(LinkMember):
             self._notified |= runs
             self.idle = False
 
-    # -- relay.client.link_member.LinkMember ---------------------------------------------------------------
+    @property
+    def unacked(self) -> int:
+        """Events sent and not acknowledged yet (or waiting to be sent again)."""
+        return self.window.events
+
+    # -- relay.client.link_member.LinkMember -------------------------------------------------------
 
     def _link_up(self, now: float) -> None:
-        self.window.last_ack = now
+        self.window.connected(now)
         self.ready.set()
 
     def _link_failed(self, exc: zmq.ZMQError | ValueError) -> None:

@@ -321,6 +321,21 @@ class Seen:
         self.reported = 0
         self.hello: tuple[Any, Any, int] | None = None
 
+    def take(self, event: dict[str, Any], seq: int) -> None:
+        """One more of its events, read from the journal."""
+        spans = self.spans
+        if spans and spans[-1][1] == seq:
+            spans[-1][1] = seq + 1
+        else:
+            spans.append([seq, seq + 1])
+        if event["type"] == "hello" and (self.hello is None or seq > self.hello[2]):
+            self.hello = (event["data"], event["host"], seq)
+        elif event["type"] == "stats":
+            self.dropped = max(self.dropped, claimed_drop(event) or 0)
+            count = event["data"].get("dropped")
+            if type(count) is int and count > self.reported:
+                self.reported = count
+
     def seqs(self) -> Iterator[int]:
         """Every seq the spans hold, in order (tests and the fuzzer compare them with whole lines)."""
         for start, end in self.spans:
@@ -341,16 +356,5 @@ def _scan(paths: Iterable[Path]) -> dict[str, dict[int, Seen]]:
             seen = ranks.get(rank)
             if seen is None:
                 seen = ranks[rank] = Seen()
-            spans = seen.spans
-            if spans and spans[-1][1] == seq:
-                spans[-1][1] = seq + 1
-            else:
-                spans.append([seq, seq + 1])
-            if event["type"] == "hello" and (seen.hello is None or seq > seen.hello[2]):
-                seen.hello = (event["data"], event["host"], seq)
-            elif event["type"] == "stats":
-                seen.dropped = max(seen.dropped, claimed_drop(event) or 0)
-                count = event["data"].get("dropped")
-                if type(count) is int and count > seen.reported:
-                    seen.reported = count
+            seen.take(event, seq)
     return index

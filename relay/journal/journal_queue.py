@@ -14,8 +14,8 @@ News = dict[str, tuple[int, int]]
 
 
 def news_of(written: list[tuple[str, bytes]], ends: dict[str, int]) -> News:
-    """The news of one journal write: ``written``, its (run, lines) pairs; ``ends``, where each run's
-    file ends (``relay.journal.journal.Journal.ends``)."""
+    """The news of one journal write: ``written``, its (run, lines) pairs; ``ends``, where each
+    run's file ends (``relay.journal.journal.Journal.ends``)."""
     counts: dict[str, int] = {}
     for run, chunk in written:
         counts[run] = counts.get(run, 0) + chunk.count(b"\n")
@@ -78,7 +78,7 @@ class JournalQueue:
             except PartialWrite as exc:
                 written, left, error = exc.written, exc.left, exc
             if written:
-                events = self.events if not left else sum(chunk.count(b"\n") for _, chunk in written)
+                events = self.events if not left else sum(c.count(b"\n") for _, c in written)
                 self.lines, self.events = left, self.events - events
                 self.bytes = sum(len(chunk) for _, chunk in left)
                 self.unflushed = True
@@ -88,6 +88,7 @@ class JournalQueue:
                 self.unflushed = False
         finally:
             if written:
-                deliver(b"".join([chunk for _, chunk in written]), events, news_of(written, journal.ends))
+                lines = b"".join([chunk for _, chunk in written])
+                deliver(lines, events, news_of(written, journal.ends))
         if error is not None:
             raise error

@@ -92,15 +92,15 @@ class SinkWriter:
             self.worker.submit(CATCH_UP_PASS, 0)
 
     def not_events(self, lines: int) -> None:
-        """``lines`` from the relay so far were not events (the decoder's count): counted as dropped,
-        and said when there are new ones."""
+        """``lines`` from the relay so far were not events (the decoder's count): counted as
+        dropped, and said when there are new ones."""
         if lines > self.bad_lines:
             log.error("sink %s: %d lines from the relay were not events; dropped", self.name, lines)
             self.bad_lines = lines
 
     @property
     def overflowed(self) -> int:
-        """Events of batches the queue had no room for (they are in the journal: a catch-up reads them)."""
+        """Events of batches the queue had no room for (in the journal: a catch-up reads them)."""
         return self.worker.dropped
 
     def stats(self) -> dict[str, Any]:
@@ -238,7 +238,7 @@ def child_main(spec: SinkSpec) -> int:
                 break
             writer.submit(decoder.feed(data))
             writer.not_events(decoder.bad_lines)
-        if writer.overflowed > dropped:  # batches that did not fit: read back from the journal later
+        if writer.overflowed > dropped:  # batches that did not fit: read from the journal later
             dropped = writer.overflowed
             writer.request_catch_up()
         if time.monotonic() >= next_stats:

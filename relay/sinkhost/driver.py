@@ -97,7 +97,7 @@ class SinkDriver:
                 "incomplete_flushes": self.incomplete_flushes, "incomplete_closes": self.incomplete_closes, **extra}
 
     def count_error(self) -> None:
-        """An error of the sink's own work outside ``write`` (its catch-up could not read the journal)."""
+        """An error outside ``write`` (the sink's catch-up could not read the journal)."""
         self.errors += 1
 
     def write(self, batch: Batch, caught_up: bool = False) -> bool:

@@ -25,7 +25,7 @@ class SinkSpec:
 
 
 def jsonable(value: Any) -> Any:
-    """An option value as the sink process receives it in its spec (its click type converts it back)."""
+    """An option value as the sink's process receives it (its click type converts it back)."""
     if isinstance(value, (tuple, list)):
         return [jsonable(v) for v in value]
     if value is None or isinstance(value, (str, int, float, bool)):
