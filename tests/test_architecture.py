@@ -540,7 +540,6 @@ ASSIGN_ALLOWED: dict[tuple[str, str], str] = {
         "the W&B sink's per-run side (sinks/wandb_run.py), set by the one sink that holds it; the "
         "smaller sink contract (issue 42 item 4) reshapes these sinks",
     ("sinks/mlflow.py", "MlRun"): "the MLflow sink's per-run side (sinks/mlflow_run.py), as WbRun",
-    ("sinks/tensorboard.py", "_Board"): "the TensorBoard sink's per-run writer state, as WbRun",
 }
 
 
