@@ -536,10 +536,6 @@ ASSIGN_ALLOWED: dict[tuple[str, str], str] = {
     ("relay/daemon/*.py", "Counters"):
         "the relay's tally: each part of the relay (ingest, loop, commit, refusals, shutdown) is "
         "given it to add its own counts; += is a counter's whole interface",
-    ("sinks/wandb.py", "WbRun"):
-        "the W&B sink's per-run side (sinks/wandb_run.py), set by the one sink that holds it; the "
-        "smaller sink contract (issue 42 item 4) reshapes these sinks",
-    ("sinks/mlflow.py", "MlRun"): "the MLflow sink's per-run side (sinks/mlflow_run.py), as WbRun",
 }
 
 
