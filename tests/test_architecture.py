@@ -1,6 +1,7 @@
 """The layout's rules, checked on the source: imports run trainer -> relay -> sinks with no cycle
 between modules (lazy imports inside functions included), each room of relay/ imports only the rooms
-its ``__init__`` names (ROOMS, drawn in docs/architecture.md), and no module is over 400 lines."""
+its ``__init__`` names (ROOMS, drawn in docs/architecture.md), no module is over 400 lines, and
+no object is reached through to its parts or has its state assigned by another."""
 from __future__ import annotations
 
 import ast
