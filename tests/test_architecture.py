@@ -25,7 +25,8 @@ ROOMS: dict[str, set[str]] = {
     "relay.sinkhost": {"relay.wire", "relay.journal", "sinks", "sinks.events"},
     "relay.daemon": {"relay.wire", "relay.journal", "relay.sinkhost", "sinks", "sinks.events"},
     "relay.forward": {"relay.wire", "relay.client", "relay.journal", "sinks", "sinks.events"},
-    "relay.fleet": {"relay.wire", "relay.journal", "relay.sinkhost", "sinks", "sinks.events"},
+    "relay.fleet": {"relay.wire", "relay.journal", "relay.sinkhost", "relay.daemon", "sinks",
+                    "sinks.events"},
     "relay.metrics": {"relay.wire", "relay.daemon", "relay.fleet", "sinks.events"},
     "relay.cli": {"relay.wire", "relay.client", "relay.journal", "relay.sinkhost", "relay.daemon", "relay.forward",
                   "relay.fleet", "relay.metrics", "sinks", "sinks.events"},
@@ -431,16 +432,16 @@ def _built(stmt: ast.stmt) -> str | None:
 
 
 def _setting_up(body: list[ast.stmt]) -> set[int]:
-    """The ``x.attr = ...`` statements of ``body`` (and of its nested blocks) that set up ``x``
-    right after the same block built it (``x = C(...)``), before any other statement: filling in
-    a new object, not changing one someone holds."""
+    """The ``x.attr = ...`` (``x.a, x.b = ...``) statements of ``body`` (and of its nested blocks)
+    that set up ``x`` right after the same block built it (``x = C(...)``), before any other
+    statement: filling in a new object, not changing one someone holds."""
     exempt: set[int] = set()
     building: str | None = None
     for stmt in body:
-        one = isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-        target = stmt.targets[0] if one and isinstance(stmt, ast.Assign) else None
-        if building is not None and isinstance(target, ast.Attribute) \
-                and isinstance(target.value, ast.Name) and target.value.id == building:
+        targets = _targets(stmt) if isinstance(stmt, ast.Assign) else []
+        if building is not None and targets and all(
+                isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                and t.value.id == building for t in targets):
             exempt.add(id(stmt))
             continue
         building = _built(stmt)
@@ -616,7 +617,7 @@ class Writer:
 
 def main():
     writer = Writer()
-    writer.bad_lines = 0                       # passes: set up right after it was built
+    writer.bad_lines, writer.worker = 0, None  # passes: set up right after it was built
     writer.close()
     writer.bad_lines = 3                       # assigned: into an object that keeps its state
     record = Record()

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 from relay.daemon.bounds import RunBudget
 from relay.daemon.counters import run_view
 from relay.daemon.owners import Owners
-from relay.daemon.writers import Writers, session_of, writer_of
+from relay.daemon.writers import Writers, named_session, writer_of
 from relay.journal.dedupe import Dedupe, RankState
 from relay.journal.journal import Journal
 from sinks.events import RELAY_RANK
@@ -85,8 +85,7 @@ class Runs:
         for rank, held in seen.items():
             if held.hello is not None:  # its session, if its hello named one (an old client's not)
                 data, host, _ = held.hello
-                named = session_of(data, b"") or None
-                self.writers.recovered((run, rank), writer_of(data, host, named))
+                self.writers.recovered((run, rank), writer_of(data, host, named_session(data)))
             if held.reported:
                 self.reported[(run, rank)] = held.reported
         return seen

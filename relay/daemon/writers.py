@@ -14,7 +14,9 @@ A hello above the stream's history once the writer has gone (a resumed attempt, 
 sinks/events.py ``session_base``) opens the next session. Once refused, a connection's every frame
 for that stream is refused until one of its hellos passes. A writer whose session is not known (a
 journal written before sessions, an old client's hello) lets any session take over, as before.
-Forwarded hellos keep their nonce, so a central relay judges the same way. No socket, no clock.
+Forwarded hellos keep their nonce, so a central relay judges the same way; a consuming relay of
+the fleet tier judges with these rules too, the publishing node relay as the "connection"
+(relay/fleet/sessions.py). No socket, no clock.
 """
 from __future__ import annotations
 
@@ -67,12 +69,15 @@ class Conflict(NamedTuple):
                 "use another --run_name")
 
 
+def named_session(data: Any) -> str | None:
+    """The session a hello's ``data`` names (None: it names none, as an old client's does)."""
+    named = data.get("session") if isinstance(data, dict) else None
+    return named if isinstance(named, str) and 0 < len(named) <= MAX_SESSION else None
+
+
 def session_of(data: Any, peer: bytes) -> str:
     """A hello's session: its ``session`` if it names one, else its connection's routing id."""
-    named = data.get("session") if isinstance(data, dict) else None
-    if isinstance(named, str) and 0 < len(named) <= MAX_SESSION:
-        return named
-    return peer.hex()
+    return named_session(data) or peer.hex()
 
 
 def writer_of(data: Any, host: Any, session: str | None) -> Writer:

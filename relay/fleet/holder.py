@@ -5,7 +5,8 @@ longer be trusted.
 
 A commit, for each batch fetched, in this order:
 
-1. **take**: the batch's lines the view does not hold (dedupe by (run, rank, seq));
+1. **take**: the batch's lines the view does not hold (dedupe by (run, rank, seq)) and no second
+   writer sent (relay/fleet/sessions.py);
 2. **fence**: the lease checked, then those lines appended to the central journal on top of the
    view's position (relay/fleet/central.py): stored only if nobody committed the partition since.
    Refused (another relay got in first), the view applies what came in and the batch is taken

@@ -11,7 +11,9 @@ up from it. A position older than the lines (a kill between the two writes) only
 applied twice, and ``take`` drops what the folder holds already (its dedupe by (run, rank, seq)
 reads the folder); the journal's lock keeps two relays off one folder.
 
-``take`` keeps each fetched message's new lines, byte for byte as the node wrote them;
+``take`` keeps each fetched message's new lines, byte for byte as the node wrote them, less those of
+a second writer (relay/fleet/sessions.py judges each stream by session, the message's node relay as
+the connection, and says a conflict once in the view as an event of the relay's own);
 ``uncommitted`` is what the caller commits to the central journal, and only then does ``write`` put
 the lines in the folder (relay/daemon/commit.py's ``JournalQueue``: one write, flushed, and every
 other sink's process gets exactly the lines the folder took) and ``settle`` move the position.
@@ -23,18 +25,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from relay.fleet.sessions import CENTRAL_SEQ, Checked, FleetWriters
 from relay.journal.dedupe import Dedupe, RankState
-from relay.journal.journal import Journal
+from relay.journal.journal import Journal, Seen
 from relay.journal.journal_queue import JournalQueue, News
 from relay.journal.reader import journal_files
 from relay.sinkhost.fan_out import FanOut
 from relay.sinkhost.spec import SinkSpec
-from relay.wire.lines import ChunkCheck
+from relay.wire.lines import ChunkCheck, Derived, encode_line, relay_event
+from sinks.events import RELAY_RANK
 from sinks.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -48,6 +53,7 @@ class PartitionCounters:
     bad_lines: int = 0
     applied: int = 0  # lines the view took from the central journal (what another relay committed)
     withheld: int = 0  # lines written into the view once the lease could not be trusted: not handed to the sinks
+    conflict: int = 0  # lines refused: a second writer's (relay/fleet/sessions.py)
 
 
 @dataclass
@@ -68,13 +74,15 @@ class Partition:
     def __post_init__(self) -> None:
         self.journal = Journal(f"{self.root / f'p{self.number}'}{os.sep}", fsync=self.fsync)
         self.dedupe = Dedupe()
+        self.sessions = FleetWriters(self.number)
         self.fan_out = FanOut()
         self._queue = JournalQueue()
         self.check = ChunkCheck(self._bad_line)
         self.position = 0  # the central journal's last commit of this partition that the view holds
         self._position_path = self.journal.sidecar("_view.json")
         self._central = ""  # the central journal the position is of (its stream's creation time)
-        self._counted = [0, 0]  # messages and duplicates counted by the last take_all (reset uncounts them)
+        #: messages, duplicates and refused lines counted by the last take_all (reset uncounts them)
+        self._counted = [0, 0, 0]
         self.pending = 0  # messages of the partition in the stream not yet delivered, after the last fetch
         self.published: float | None = None  # unix time of the last message fetched
 
@@ -101,41 +109,49 @@ class Partition:
 
     def take_messages(self, msgs: list[Any], now: float) -> None:
         """A fetch's JetStream messages; the last one says what waits behind it in the stream, and since when."""
-        self.take_all([msg.data for msg in msgs], now)
+        self.take_all([msg.data for msg in msgs], now, [node_of(msg) for msg in msgs])
         if msgs:
             meta = msgs[-1].metadata
             self.pending, self.published = meta.num_pending, meta.timestamp.timestamp()
 
-    def take_all(self, bodies: list[bytes], now: float) -> None:
-        """``take`` each of a batch (a batch taken again after ``reset`` is counted once)."""
-        self._counted = [0, 0]
-        for body in bodies:
-            self.take(body, now)
+    def take_all(self, bodies: list[bytes], now: float, nodes: list[str] | None = None) -> None:
+        """``take`` each of a batch, ``nodes`` naming each one's node relay (a batch taken again
+        after ``reset`` is counted once)."""
+        self._counted = [0, 0, 0]
+        for i, body in enumerate(bodies):
+            self.take(body, now, nodes[i] if nodes else "")
 
-    def take(self, body: bytes, now: float) -> None:
-        """Keep the lines of one message that this journal does not hold yet: the message itself when
-        it is all new events of one run (the common case: one write of it, not one per line)."""
-        duplicates = self._keep(body, now)
+    def take(self, body: bytes, now: float, node: str = "") -> None:
+        """Keep the lines of one message of ``node`` that this journal does not hold yet, and that
+        no second writer sent: the message itself when it is all new events of one run (the common
+        case: one write of it, not one per line)."""
+        duplicates, refused = self._keep(body, now, node)
         self.counters.messages += 1
         self.counters.duplicates += duplicates
-        self._counted[0] += 1
-        self._counted[1] += duplicates
+        self.counters.conflict += refused
+        for i, n in enumerate((1, duplicates, refused)):
+            self._counted[i] += n
 
-    def _keep(self, body: bytes, now: float) -> int:
-        """Queue ``body``'s lines the view does not hold; how many it held already."""
+    def _keep(self, body: bytes, now: float, node: str = "",
+              replay: bool = False) -> tuple[int, int]:
+        """Queue ``body``'s lines the view does not hold, judged by session
+        (relay/fleet/sessions.py) as lines of ``node``, or with ``replay`` (lines of the central
+        journal: judged already) only learned from; how many it held already, how many refused."""
         lines = [line for line in body.split(b"\n") if line]
         checked = self.check.keys(lines)
-        seqs: dict[tuple[str, int], list[int]] = {}  # per (run, rank), its seqs in the message's order
-        for _, (run, rank, seq) in checked:
-            found = seqs.get((run, rank))
-            if found is None:
-                seqs[(run, rank)] = [seq]
-            else:
-                found.append(seq)
+        seqs = _seqs(checked)
         states: dict[tuple[str, int], RankState] = {}
         for key in seqs:
-            states[key] = self.dedupe.lookup(key[0], key[1], self.journal)
+            states[key] = self.dedupe.lookup(key[0], key[1], self)
             self.dedupe.touch(key[0], now)
+        judged = None
+        if replay:
+            judged = self.sessions.learn(body, checked)
+        elif self.sessions.concerned(node, body):
+            judged = self.sessions.judge(node, checked, states, now)
+            if judged.refused:
+                checked = judged.kept
+                seqs = _seqs(checked)
         if all(states[key].floor == got[0] and not states[key].above
                and got == list(range(got[0], got[0] + len(got))) for key, got in seqs.items()):
             # (the common case) every line new: each rank's next seqs, taken at once
@@ -150,7 +166,30 @@ class Partition:
         else:
             for run, line in taken:
                 self._queue.add(run, line + b"\n", 1)
-        return len(checked) - len(taken)
+        if judged is not None:
+            if judged.hellos:
+                lines_taken = {id(line) for _, line in taken}
+                for hello in judged.hellos:
+                    if id(hello.line) in lines_taken:
+                        self.sessions.wrote(hello)
+            self._derive(judged.derived)
+        return len(checked) - len(taken), judged.refused if judged is not None else 0
+
+    def _derive(self, derived: list[Derived]) -> None:
+        """The relay's own events (a conflict said) into the view, numbered from CENTRAL_SEQ."""
+        for item in derived:
+            state = self.dedupe.lookup(item.run, RELAY_RANK, self)
+            seq = max(state.top + 1, CENTRAL_SEQ)
+            state.take(seq)
+            line = encode_line(relay_event(item, seq, socket.gethostname(), time.time()))
+            self._queue.add(item.run, line, 1)
+
+    def seen(self, run: str) -> dict[int, Seen]:
+        """What the view holds of a run met now (relay/journal/dedupe.py's History), its writers
+        and refusals learned by the judge."""
+        seen = self.journal.seen(run)
+        self.sessions.recover(run, seen)
+        return seen
 
     def _bad_line(self, line: bytes, why: str) -> None:
         self.counters.bad_lines += 1
@@ -176,7 +215,7 @@ class Partition:
         if not commits:
             return
         for _, body in commits:
-            self._keep(body, now)
+            self._keep(body, now, replay=True)
         self.counters.applied += self._queue.events
         self.write()
         self.settle(commits[-1][0])
@@ -186,9 +225,11 @@ class Partition:
         view again."""
         self._queue = JournalQueue()
         self.dedupe = Dedupe()
+        self.sessions = self.sessions.fresh()
         self.counters.messages -= self._counted[0]
         self.counters.duplicates -= self._counted[1]
-        self._counted = [0, 0]
+        self.counters.conflict -= self._counted[2]
+        self._counted = [0, 0, 0]
 
     def _read_position(self) -> int:
         try:
@@ -217,7 +258,7 @@ class Partition:
     def forget_idle(self, before: float) -> None:
         """Drop the dedupe state of runs silent since ``before``; the journal rebuilds it if they return."""
         for run in self.dedupe.idle_runs(before):
-            self.dedupe.forget(run)
+            self.sessions.forget(run, self.dedupe.forget(run))
             self.journal.release(run)
 
     def close(self) -> None:
@@ -236,3 +277,20 @@ class Partition:
         out = {"partition": self.number, **self.counters.__dict__, "position": self.position,
                "pending": self.pending, "lag_s": round(lag, 3), "sinks": self.fan_out.stats()}
         return out
+
+
+def _seqs(checked: Checked) -> dict[tuple[str, int], list[int]]:
+    """Per (run, rank), its seqs in the message's order."""
+    seqs: dict[tuple[str, int], list[int]] = {}
+    for _, (run, rank, seq) in checked:
+        found = seqs.get((run, rank))
+        if found is None:
+            seqs[(run, rank)] = [seq]
+        else:
+            found.append(seq)
+    return seqs
+
+
+def node_of(msg: Any) -> str:
+    """The node relay that published a message (its ``Relay-Node``, relay/fleet/chunks.py)."""
+    return (msg.headers or {}).get("Relay-Node", "")

@@ -26,7 +26,7 @@ from relay.journal.dedupe import claimed_drop
 from relay.journal.reader import JournalReader, is_directory_layout, read_events
 from relay.journal.recovery import cut_torn_tail
 from relay.wire.lines import encode_line, parse_event
-from sinks.events import from_journal
+from sinks.events import RELAY_RANK, from_journal
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ MAX_OPEN_FILES = 128
 MAX_RELEASED = 4096  # forgotten runs of a shared file remembered before its index is dropped whole
 RECENT_BYTES = 1 << 20  # what Journal.recent reads back from the end of a run's file
 IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers one writev() takes
+#: The relay's own lifecycle events that say who may write a stream (kept in ``Seen.said``).
+WRITER_EVENTS = ("conflict", "conflict_ended")
 
 
 class JournalError(Exception):
@@ -311,15 +313,17 @@ class Seen:
     client said it dropped (``dropped``: the highest ``claimed_drop`` of its stats events, 0: none)
     and how many events it said it dropped (``reported``: the highest ``dropped`` count there);
     ``hello``: the data, host and seq of its latest hello, whose session writes it
-    (relay/daemon/writers.py)."""
+    (relay/daemon/writers.py); ``said`` (the relay's own rank only): the data of its ``conflict``
+    and ``conflict_ended`` lifecycle events, in the order written (relay/fleet/sessions.py)."""
 
-    __slots__ = ("spans", "dropped", "reported", "hello")
+    __slots__ = ("spans", "dropped", "reported", "hello", "said")
 
     def __init__(self) -> None:
         self.spans: list[list[int]] = []
         self.dropped = 0
         self.reported = 0
         self.hello: tuple[Any, Any, int] | None = None
+        self.said: list[dict[str, Any]] = []
 
     def take(self, event: dict[str, Any], seq: int) -> None:
         """One more of its events, read from the journal."""
@@ -335,6 +339,9 @@ class Seen:
             count = event["data"].get("dropped")
             if type(count) is int and count > self.reported:
                 self.reported = count
+        elif event["type"] == "lifecycle" and event["rank"] == RELAY_RANK \
+                and event["data"].get("event") in WRITER_EVENTS:
+            self.said.append(event["data"])
 
     def seqs(self) -> Iterator[int]:
         """Every seq the spans hold, in order (tests and the fuzzer compare them with whole lines)."""

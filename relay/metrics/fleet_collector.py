@@ -45,6 +45,7 @@ class FleetCollector:
                 out.add("relay_fleet_partition_lag_seconds", part["lag_s"], k)
                 for key, name in PARTITION_COUNTERS.items():
                     out.add(name, part[key], k)
+                out.add("relay_fleet_partition_refused_total", part["conflict"], k, "conflict")
                 for sink, figures in part["sinks"].items():
                     out.add("relay_fleet_partition_sink_queued_events", figures.get("queued"), k, sink)
                     out.add("relay_fleet_partition_sink_lag_seconds", figures.get("lag_s"), k, sink)

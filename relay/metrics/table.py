@@ -102,6 +102,9 @@ TABLE: dict[str, Spec] = {
     "relay_fleet_partition_duplicates_total": Spec("counter", _PART, "Events of the partition dropped as "
                                                                      "duplicates."),
     "relay_fleet_partition_bad_lines_total": Spec("counter", _PART, "Message lines that were not events, skipped."),
+    "relay_fleet_partition_refused_total": Spec("counter", ("partition", "reason"),
+                                                "Events of the partition refused, by reason "
+                                                "(conflict: a second writer's)."),
     "relay_fleet_partition_sink_queued_events": Spec("gauge", ("partition", "sink"), "Events handed to the "
                                                      "partition's sink and not yet written."),
     "relay_fleet_partition_sink_lag_seconds": Spec("gauge", ("partition", "sink"), "Seconds since the oldest event "
