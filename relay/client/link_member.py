@@ -32,7 +32,7 @@ class LinkMember:
         #: the relay refused our handshake: why, in one line (said once)
         self.refusal: str | None = None
         #: the link's routing id, chosen once: a Publisher's hello names it as its session's nonce
-        #: (relay/daemon/writers.py), and every frame of the link carries it
+        #: (relay/journal/writers.py), and every frame of the link carries it
         self.session = session_id()
         #: streams whose frames the relay refuses from this link, and why (another writes them)
         self.refused_streams: dict[tuple[str, int], str] = {}

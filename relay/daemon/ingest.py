@@ -13,7 +13,7 @@ fuzzer and the tests hand them in directly. What ingest calls back is given to i
 ``send_acks`` sends a connection its acks, ``fan_out`` hands what the journal took to the other
 sinks, ``connected`` asks whether a stream's owner is still connected, when another connection
 sends for its stream (relay/daemon/peers.py), ``tell`` tells a refused second writer why
-(relay/daemon/writers.py); ``refuse_connection`` is how the loop reports a refused handshake.
+(relay/journal/writers.py); ``refuse_connection`` is how the loop reports a refused handshake.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from relay.daemon.refusals import Refusals
 from relay.daemon.run_health import RunHealth
 from relay.daemon.runs import Key, Runs
 from relay.daemon.second_writers import SecondWriters, Tell
-from relay.daemon.writers import Writers, session_of, writer_of
+from relay.journal.writers import Writers, session_of, writer_of
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import RankState, claimed_drop
 from relay.journal.journal import Journal
@@ -57,7 +57,7 @@ class Ingest:
         self.deadletters = deadletters
         self.counters = Counters()
         self.owners = Owners()  # which connection sends each stream (relay/daemon/owners.py)
-        self.writers = Writers()  # which session writes each stream (relay/daemon/writers.py)
+        self.writers = Writers()  # which session writes each stream (relay/journal/writers.py)
         self.runs = Runs(journal, run_rate, max_runs, self.owners, self.writers)
         #: the lines waiting for the journal and the acks waiting for them (relay/daemon/commit.py)
         self.commit_step = Commit(journal, self.counters, self.runs.ranks, self.owners.owner, now, send=send_acks,

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 from relay.daemon.bounds import RunBudget
 from relay.daemon.counters import run_view
 from relay.daemon.owners import Owners
-from relay.daemon.writers import Writers, named_session, writer_of
+from relay.journal.writers import Writers, named_session, writer_of
 from relay.journal.dedupe import Dedupe, RankState
 from relay.journal.journal import Journal
 from sinks.events import RELAY_RANK
@@ -31,7 +31,7 @@ class Runs:
         self.journal = journal  # what a run met again already has (Dedupe.lookup)
         self.dedupe = Dedupe()
         self.owners = owners  # which connection sends each stream
-        self.writers = writers  # which session writes each stream (relay/daemon/writers.py)
+        self.writers = writers  # which session writes each stream (relay/journal/writers.py)
         self.budget = RunBudget(run_rate)  # new runs each connection may start
         self.max_runs = max_runs
         self.hellos: dict[Key, float] = {}  # ts of each rank's hello, to spot reused run ids

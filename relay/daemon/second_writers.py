@@ -1,5 +1,5 @@
 """Ingest's judge of second writers: the hellos of a frame held against each stream's writer
-(relay/daemon/writers.py says the rule), and a refused frame made loud.
+(relay/journal/writers.py says the rule), and a refused frame made loud.
 
 A refused frame is counted and dead-lettered as ``conflict`` and never acknowledged; its connection
 is told why (``tell``, an ack message with no acks, relay/wire/encoding.py ``encode_refused``); the
@@ -16,16 +16,14 @@ from typing import Any, Callable
 from relay.daemon.counters import Counters
 from relay.daemon.owners import Owners
 from relay.daemon.runs import Key, Runs
-from relay.daemon.writers import Conflict, Writers, judge, session_of, writer_of
+from relay.journal.writers import (REFUSED_REPORT_EVERY, Conflict, Writers, judge, session_of,
+                                   writer_of)
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import RankState
 from relay.wire import schema
 from relay.wire.lines import Derived
 
 log = logging.getLogger("relay")
-
-#: Seconds between the log lines that sum up repeated refusals of second writers.
-REFUSED_REPORT_EVERY = 60.0
 
 #: Tells a connection why its frames for some streams are refused: (run, rank, one line) each.
 Tell = Callable[[bytes, list[tuple[str, int, str]]], None]

@@ -113,7 +113,7 @@ class Forwarder(LinkMember):
 
     def _refused(self, refused: list[tuple[str, int, str]]) -> None:
         """The central refuses a stream this node forwards: another node's process writes it there
-        (relay/daemon/writers.py). Said once per stream; its events stay in this journal and are no
+        (relay/journal/writers.py). Said once per stream; its events stay in this journal and are no
         longer sent (counted ``refused``), so the other streams go on (a restarted sink tries
         again)."""
         for run, rank, why in refused:

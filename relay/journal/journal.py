@@ -313,7 +313,7 @@ class Seen:
     client said it dropped (``dropped``: the highest ``claimed_drop`` of its stats events, 0: none)
     and how many events it said it dropped (``reported``: the highest ``dropped`` count there);
     ``hello``: the data, host and seq of its latest hello, whose session writes it
-    (relay/daemon/writers.py); ``said`` (the relay's own rank only): the data of its ``conflict``
+    (relay/journal/writers.py); ``said`` (the relay's own rank only): the data of its ``conflict``
     and ``conflict_ended`` lifecycle events, in the order written (relay/fleet/sessions.py)."""
 
     __slots__ = ("spans", "dropped", "reported", "hello", "said")
