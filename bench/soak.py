@@ -609,7 +609,7 @@ EDGES = """## At the edges: what the tests prove
   the other runs' lines go to every sink as they are written, each once, and the rest once the disk
   has room, also to a plugin sink without catch-up
   (`tests/test_relay_core.py::test_lines_journaled_before_a_failed_write_reach_every_sink_once`;
-  relay/daemon/commit.py's `JournalQueue`, which a consuming relay's partitions use too).
+  relay/journal/journal_queue.py's `JournalQueue`, which a consuming relay's partitions use too).
 - **Losses add up.** A rank's lines before its last `stats` line number exactly
   `published - dropped`, also when the client dropped its own earlier reports; a restarted relay's
   `client_dropped` holds a rank's journaled report as soon as the rank sends again

@@ -124,8 +124,9 @@ def test_a_partition_journals_the_same_bytes_as_a_line_by_line_reading(tmp_path:
 
 
 def test_a_partitions_failed_write_counts_what_went_in_once_and_retries_only_the_rest(tmp_path: Path) -> None:
-    """The daemon's commit step (JournalQueue) serves the partition too: a real fault, run-b's file
-    cannot be opened (a directory in its place), leaves run-a's lines written and counted once."""
+    """The JournalQueue (relay/journal/) serves the partition as the daemon's commit step: a real
+    fault, run-b's file cannot be opened (a directory in its place), leaves run-a's lines written
+    and counted once."""
     part = Partition(0, tmp_path / "fail", [])
     part.open("central")
     lines = [encode_line(dict(_event(random.Random(seq), seq), run=run, rank=0))

@@ -382,7 +382,7 @@ def test_lines_journaled_before_a_failed_write_reach_every_sink_once(relays, tmp
     """A directory journal where one run's file is on a full disk (a file of a 1 MiB tmpfs bound over
     it): each commit writes run a's lines and fails on run b's. Run a's lines go to the sinks as they
     are written, b's once the disk has room; a plugin sink without catch-up (``collect``) gets every
-    journaled line exactly once (relay/daemon/commit.py's JournalQueue)."""
+    journaled line exactly once (relay/journal/journal_queue.py's JournalQueue)."""
     journal, collected = tmp_path / "journal", tmp_path / "collected.jsonl"
     journal.mkdir()
     (journal / "b.jsonl").touch()

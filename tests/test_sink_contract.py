@@ -21,7 +21,8 @@ from conftest import line_count, read_jsonl, wait_for
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
 from relay.sinkhost.catch_up import CatchUp
-from relay.sinkhost.child import SinkSpec, build_sink
+from relay.sinkhost.child import build_sink
+from relay.sinkhost.spec import SinkSpec
 from relay.sinkhost.driver import SinkDriver
 from relay.sinkhost.replay import ReplayResult, replay_files
 from relay.wire.lines import encode_line

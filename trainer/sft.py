@@ -134,12 +134,12 @@ def train(
         completed = True
         return result
     except BaseException as exc:
-        STOP.closing = True  # first: from here a SIGTERM must not cut the closing short (trainer/stopping.py)
+        STOP.close()  # first: a SIGTERM must not cut the closing short (trainer/stopping.py)
         if job is not None:
             job.fail(f"{type(exc).__name__}: {exc}")
         raise
     finally:
-        STOP.closing = True
+        STOP.close()
         if job is not None:
             # --relay_flush_timeout bounds the whole wait: closing gets what the callback's flush
             # left.

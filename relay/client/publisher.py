@@ -27,7 +27,8 @@ from relay.client import spool
 from relay.client.fork import ForkHandover, ForkPipe, live
 from relay.wire.address import resolve_address
 from relay.wire.lines import SPOOL_SUFFIX
-from relay.wire.io_thread import LinkMember, read_monitor, shared_hub
+from relay.client.link_member import LinkMember
+from relay.wire.io_thread import read_monitor, shared_hub
 from relay.client.send_window import SendWindow
 from sinks.events import MAX_ATTEMPT, RELAY_RANK, session_base
 
@@ -289,12 +290,12 @@ class Publisher(ForkHandover, LinkMember):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- background thread (relay.wire.io_thread.LinkMember) ----------------------------------------------
+    # -- background thread (relay.client.link_member.LinkMember) -----------------------------------
 
     _read_monitor = staticmethod(read_monitor)  # where tests find the monitor filter
 
     def _link_up(self, now: float) -> None:
-        self._window.last_progress = now
+        self._window.connected(now)
         self._ready.set()
 
     def _link_failed(self, exc: zmq.ZMQError | ValueError) -> None:

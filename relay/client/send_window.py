@@ -96,6 +96,10 @@ class SendWindow:
             self.sent_before = max(self.sent_before, self.next_send)
             self.next_send = self.unacked[0][0]
 
+    def connected(self, now: float) -> None:
+        """A link to the relay is up: the ack timeout runs from now."""
+        self.last_progress = now
+
     def hurry(self) -> None:
         """Someone waits in flush(): retry soon, not after a long backoff."""
         self.backoff = min(self.backoff, self.resend_after)

@@ -35,7 +35,7 @@ from relay.fleet.holder import Holder, quietly, wait
 from relay.fleet.identity import Claimant, read_claimant, verdict
 from relay.fleet.ownership import Claim, Ownership, Renew, Start, Stop
 from relay.fleet.reconcile import Mismatch, check_stream, lease_bucket, update_consumers
-from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.spec import SinkSpec
 from sinks.files import write_atomic
 
 log = logging.getLogger("relay.fleet")
@@ -137,7 +137,8 @@ class Consumer:
                  cfg.name, cfg.path)
         next_stats = 0.0
         while not self.own.done():
-            self.own.leaving = self._stop.is_set()
+            if self._stop.is_set():
+                self.own.leave()
             await self._tick()
             now = time.monotonic()
             if now >= next_stats:

@@ -205,6 +205,10 @@ class NodeClaim:
         self.sent: float | None = None  # when the last create or renewal that worked was sent
         self.refused = False
 
+    def use_replicas(self, replicas: int) -> None:
+        """The stream has ``replicas`` (as it exists): the node's key bucket gets as many."""
+        self.replicas = replicas
+
     def valid(self, now: float) -> bool:
         """Whether the key is surely still ours at ``now`` (a third of the ttl to spare)."""
         return self.sent is not None and now < self.sent + self.ttl * 2 / 3

@@ -143,7 +143,8 @@ class NatsSink(Sink):
         self.counters = publisher.counters
         publisher.start()
         log.info("publishing the journal to NATS %s, stream %s, subjects %s.%s.RUN; state in %s",
-                 self.settings.display, self.spec.name, self.spec.prefix, node, publisher.state.path)
+                 self.settings.display, self.spec.name, self.spec.prefix, node,
+                 publisher.state_path)
 
     def node(self, journal: Path) -> str:
         """``--nats-node``, else the journal's own node id (made once, kept beside it)."""

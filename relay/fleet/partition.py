@@ -31,14 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from relay.daemon.commit import JournalQueue
 from relay.fleet.sessions import CENTRAL_SEQ, Checked, FleetWriters
 from relay.journal.dedupe import Dedupe, RankState
 from relay.journal.journal import Journal, Seen
+from relay.journal.journal_queue import JournalQueue, News
 from relay.journal.reader import journal_files
 from relay.sinkhost.fan_out import FanOut
-from relay.sinkhost.child import SinkSpec
-from relay.sinkhost.notices import News
+from relay.sinkhost.spec import SinkSpec
 from relay.wire.lines import ChunkCheck, Derived, encode_line, relay_event
 from sinks.events import RELAY_RANK
 from sinks.files import write_atomic

@@ -84,6 +84,11 @@ class NatsPublisher:
 
     # -- any thread -----------------------------------------------------------------------------------
 
+    @property
+    def state_path(self) -> Path:
+        """Where the positions JetStream acknowledged are kept."""
+        return self.state.path
+
     def start(self) -> None:
         for key, (_, offset, _) in self.acked.items():
             self.chunks.seek(key_source(key), offset)
@@ -92,7 +97,7 @@ class NatsPublisher:
     def notify(self, runs: set[str]) -> None:
         """These runs have new lines in the journal."""
         self.idle = False
-        self.loop.loop.call_soon_threadsafe(self._notified, runs)
+        self.loop.call_soon(self._notified, runs)
 
     def stop(self, wait: float) -> None:
         """Wait up to ``wait`` seconds for everything read to be acknowledged, then stop and save."""
@@ -191,7 +196,7 @@ class NatsPublisher:
                         spec.name, subjects, spec.prefix, spec.prefix)
         log.info("%s stream %s on %s (replicas %s)", "created" if created else "using", spec.name,
                  self.settings.display, info.config.num_replicas)
-        self.claim.replicas = info.config.num_replicas or 1
+        self.claim.use_replicas(info.config.num_replicas or 1)
         self._high_seq = max(self._high_seq, (info.state.last_seq or 0) if info.state else 0)
         return None
 

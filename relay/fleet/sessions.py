@@ -1,5 +1,5 @@
 """A consuming relay's judge of second writers: each stream of a partition is held to one session
-by the rules a node relay keeps (relay/daemon/writers.py: its table and its ``judge``), the node
+by the rules a node relay keeps (relay/journal/writers.py: its table and its ``judge``), the node
 relay that published a message (its ``Relay-Node``) standing for the connection.
 
 Why here too: a node relay holds its own streams to one writer, but when two jobs on two nodes share
@@ -32,8 +32,8 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
-from relay.daemon.second_writers import REFUSED_REPORT_EVERY
-from relay.daemon.writers import Conflict, Key, Writer, Writers, judge, named_session, writer_of
+from relay.journal.writers import (REFUSED_REPORT_EVERY, Conflict, Key, Writer, Writers, judge,
+                                   named_session, writer_of)
 from relay.journal.dedupe import RankState
 from relay.journal.journal import WRITER_EVENTS
 from relay.wire.lines import Derived, parse_line

@@ -127,7 +127,7 @@ class ForwardSink(Sink):
         if not fw.idle:
             log.warning("the central relay %s has not acknowledged %d events (and %d runs are left to read) at "
                         "shutdown: they stay in the journal and are sent when a relay runs on it again",
-                        self.to, fw.window.events, len(fw.dirty))
+                        self.to, fw.unacked, len(fw.dirty))
         log.info("forward sink closed: %s", self.counters)
         return fw.idle
 

@@ -133,6 +133,10 @@ class ForwardWindow:
             if not held:
                 del self.active[key]
 
+    def connected(self, now: float) -> None:
+        """A link to the central relay is up: a wait for acks counts from now."""
+        self.last_ack = now
+
     def rewind(self, why: str) -> None:
         """Send every stream again from its oldest held event: what was in flight may be lost."""
         resent = sum(stream.events_sent() for stream in self.active.values())

@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.spec import SinkSpec
 from sinks.base import Sink
 
 #: Seconds between the progress lines of a relay waiting for its sinks.

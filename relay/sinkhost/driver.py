@@ -96,6 +96,10 @@ class SinkDriver:
                 "deadletter_overflow": self.deadletter_overflow, "caught_up": self.caught_up,
                 "incomplete_flushes": self.incomplete_flushes, "incomplete_closes": self.incomplete_closes, **extra}
 
+    def count_error(self) -> None:
+        """An error outside ``write`` (the sink's catch-up could not read the journal)."""
+        self.errors += 1
+
     def write(self, batch: Batch, caught_up: bool = False) -> bool:
         """Write ``batch`` (a catch-up pass's with ``caught_up``), retrying transient errors with
         backoff; False when ``wait`` gave up first. A catch-up's events already dead-lettered are

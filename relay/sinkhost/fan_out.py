@@ -10,8 +10,8 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from relay.journal.journal import Journal
-from relay.sinkhost.child import SinkSpec
-from relay.sinkhost.notices import News
+from relay.journal.journal_queue import News
+from relay.sinkhost.spec import SinkSpec
 from relay.sinkhost.process import SinkProcess
 
 

@@ -28,17 +28,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any, Callable
 
+from relay.journal.journal_queue import News
 from relay.sinkhost import notices
 from relay.sinkhost.counts import ChildCounts
 from relay.sinkhost.batch_queue import BatchWorker
-from relay.sinkhost.child import SinkSpec, build_sink
+from relay.sinkhost.child import build_sink
 from relay.sinkhost.lifeline import kill, spawn
-from relay.sinkhost.notices import News
 from relay.sinkhost.rate import Rate
+from relay.sinkhost.spec import SinkSpec
 from sinks.base import SinkContext, SinkError
 from sinks.registry import load
 
-__all__ = ["SinkProcess", "SinkSpec", "check_sinks"]
+__all__ = ["SinkProcess", "check_sinks"]
 
 log = logging.getLogger(__name__)
 

@@ -198,7 +198,7 @@ def _check_ingest(ingest: Any, path: Path, written: int, acked: Acked) -> None:
         raise Violation(f"internal_error ({detail.split(':', 1)[0]})", f"take_frame swallowed an exception: {detail}")
     if counters.journal_errors:
         raise Violation("journal_error", f"{counters.journal_errors} journal writes failed with a writable journal")
-    pending = ingest.commit_step.pending
+    pending = ingest.pending
     if counters.events + counters.derived != counters.written + counters.duplicates + pending:
         raise Violation("counters", f"events {counters.events} + derived {counters.derived} != written "
                                     f"{counters.written} + duplicates {counters.duplicates} + pending {pending}")
