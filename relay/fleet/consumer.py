@@ -371,7 +371,7 @@ class Consumer:
         now = time.monotonic()
         parts = {k: holder.part for k, holder in self._holders.items() if holder.part is not None}
         for part in parts.values():
-            part.fan_out.sample(now)  # the sinks' lag
+            part.sample(now)  # the sinks' lag
         snap = self.latest = {"name": self.config.name, "pid": os.getpid(), "ts": round(time.time(), 3),
                               "errors": self.errors,
                 "held": sorted(own.consuming()) if own else [],

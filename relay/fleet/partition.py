@@ -15,8 +15,9 @@ reads the folder); the journal's lock keeps two relays off one folder.
 a second writer (relay/fleet/sessions.py judges each stream by session, the message's node relay as
 the connection, and says a conflict once in the view as an event of the relay's own);
 ``uncommitted`` is what the caller commits to the central journal, and only then does ``write`` put
-the lines in the folder (relay/daemon/commit.py's ``JournalQueue``: one write, flushed, and every
-other sink's process gets exactly the lines the folder took) and ``settle`` move the position.
+the lines in the folder (relay/journal/journal_queue.py's ``JournalQueue``: one write, flushed,
+and every other sink's process gets exactly the lines the folder took) and ``settle`` move the
+position.
 After a failure anywhere in between, ``reset`` forgets what was taken and not written, and the
 caller applies the central journal again: the view is rebuilt from it, never from a guess.
 """
@@ -271,6 +272,10 @@ class Partition:
             self.journal.close()
         except OSError as exc:
             log.error("partition %d: journal close failed: %s", self.number, exc)
+
+    def sample(self, now: float) -> None:
+        """Note the sinks' lag at ``now`` (monotonic), for the stats' figures."""
+        self.fan_out.sample(now)
 
     def stats(self) -> dict:
         lag = time.time() - self.published if self.pending and self.published is not None else 0.0
