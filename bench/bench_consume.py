@@ -28,8 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
@@ -141,7 +141,7 @@ async def _first_consumer(urls: str, name: str, start: Callable[[], None], procs
             try:
                 await sub.next_msg(timeout=0.5)
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if time.monotonic() > deadline or any(proc.poll() is not None for proc in procs):
                     raise RuntimeError(f"no consuming relay made a consumer of {name} within 120 s") from None
     finally:
@@ -185,7 +185,7 @@ def _raw(urls: str, servers: Callable[[], float], total: int, round_id: str) -> 
             while state["seen"] < total:
                 try:
                     msgs = await sub.fetch(batch, timeout=0.5)
-                except (asyncio.TimeoutError, NatsError):  # a stream just made, its leader still being elected
+                except (TimeoutError, NatsError):  # a stream just made, its leader still being elected
                     continue
                 if not state["start"]:
                     state.update(start=time.monotonic(), cpu=time.process_time(), servers=servers())

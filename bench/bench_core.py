@@ -19,8 +19,8 @@ import zmq
 from bench import procs
 from bench.common import RelayRun, Sample, alternate, free_port, machine, table
 from relay.client.publisher import Publisher
-from relay.wire import auth
 from relay.journal.journal import Journal
+from relay.wire import auth
 
 LOG = {"loss": 1.234, "grad_norm": 0.56, "learning_rate": 2e-5, "epoch": 0.5, "entropy": 1.9,
        "mean_token_accuracy": 0.61, "num_tokens": 123456.0}

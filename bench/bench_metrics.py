@@ -25,10 +25,10 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 
 import psutil
-from pathlib import Path
-from typing import Callable
 
 from bench.bench_ingest import _timed_feed
 from bench.common import RelayRun, Sample, Section, alternate_many, cli, free_port

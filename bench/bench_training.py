@@ -36,13 +36,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bench.common import ROOT, RelayRun, Sample, alternate, free_port, machine, table
 from relay.wire.address import ADDRESS_ENV
 from trainer.custom_metrics import SEND_INTERVAL
-
 
 OFF, RELAY, AIM = "tracking off", "relay on", "AimCallback in-process"
 OFF_AGAIN = "tracking off again (A/A: the noise floor)"

@@ -10,9 +10,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ class Sample:
     def spread(self) -> tuple[float, float]:
         return min(self.values), max(self.values)
 
-    def row(self, baseline: "Sample | None" = None) -> dict:
+    def row(self, baseline: Sample | None = None) -> dict:
         lo, hi = self.spread
         out = {"name": self.name, "unit": self.unit, "median": self.median, "min": lo, "max": hi, "n": len(self.values)}
         if baseline is not None:

@@ -21,9 +21,9 @@ import importlib.util
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Callable, Iterator
 
 import msgpack
 

@@ -8,14 +8,14 @@ a sink: the relay owns it, relay/journal/journal.py.)
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Sequence
-
-from sinks.events import Event
+from typing import ClassVar
 
 import click
 
+from sinks.events import Event
 
 #: Seconds ``flush``/``close`` may take when the caller names no deadline (OpenTelemetry's exporters' 30 s).
 FLUSH_TIMEOUT = 30.0

@@ -24,17 +24,18 @@ import os
 import socket
 import time
 import types
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import click
 
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, PermanentError, SinkContext, SinkError
-from sinks.files import write_atomic
-from sinks.preflight import need_package, need_writable_dir
-from sinks.naming import SYSTEM, WORKERS, system_key
-from sinks.tracker_base import Spans, TrackerSink
 from sinks.events import Event
+from sinks.files import write_atomic
+from sinks.naming import SYSTEM, WORKERS, system_key
+from sinks.preflight import need_package, need_writable_dir
+from sinks.tracker_base import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
 

@@ -64,8 +64,8 @@ def check_viewers(folders: list[Path], expected: dict[Key, bytes], tmp: Path, me
 
     plot = relay_cmd("plot", *args, "--metric", metric, "--by", "rank", "-o", str(tmp / "plot.png"))
     assert plot.returncode == 0 and (tmp / "plot.png").stat().st_size > 0, plot.stderr
-    from relay.cli.fleet_read import FleetRead
     from relay.cli.filters import selection
+    from relay.cli.fleet_read import FleetRead
     from relay.cli.plot import collect
     with FleetRead(folders) as read:  # what relay plot drew: each rank's points, in step order
         series = collect(read.folder, selection(metrics=(metric,)), by_rank=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from conftest import free_port, once_per_run, read_jsonl
 from trainer_fixtures import ROOT, seed_flags, torchrun, trainer_env
 

@@ -11,15 +11,14 @@ import pytest
 
 pytest.importorskip("aim")
 
+from relay.wire.lines import encode_line
+from sink_helpers import Events, aim_repo, drive, fill, small_fs, training_events  # noqa: F401
+from sink_readback import check_aim as check_training_run, read_repo
 from sinks.aim import AimSink
-from sinks.naming import trainer_groups as _trainer_groups
-from sinks.spans import SeqSpans
 from sinks.base import SinkContext, SinkError
 from sinks.events import RELAY_RANK
-from relay.wire.lines import encode_line
-from sink_readback import check_aim as check_training_run, read_repo
-from sink_helpers import (Events, aim_repo, drive, fill, small_fs,  # noqa: F401
-                               training_events)
+from sinks.naming import trainer_groups as _trainer_groups
+from sinks.spans import SeqSpans
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from line_helpers import event as _event
-from line_helpers import lines as _lines
+from line_helpers import event as _event, lines as _lines
 from relay.fleet.partition import Partition
 from relay.journal.journal import JournalError
 from relay.wire.lines import ChunkCheck, encode_line, parse_event, parse_line

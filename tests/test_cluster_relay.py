@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from watch_helpers import cli_env
 from conftest import ROOT, finish, plugin_env, read_jsonl, wait_for
-from relay.wire import encoding
 from relay.client.publisher import Publisher
 from relay.daemon.cross_rank import ClusterConfig
 from relay.daemon.ingest import Ingest
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
 from relay.journal.reader import journal_files, read_events
+from relay.wire import encoding
 from sinks.events import RELAY_RANK
+from watch_helpers import cli_env
 
 RANK_PROC = Path(__file__).resolve().parent / "rank_proc.py"
 

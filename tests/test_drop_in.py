@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from compat_env import ROOT, fms_env, fms_model, fms_python, run_fms
 from conftest import free_port, read_jsonl
 from sink_readback import read_repo

@@ -29,9 +29,16 @@ pytest.importorskip("nats")
 
 from conftest import ROOT, wait_for
 from fence_sink import rows
+from fleet_helpers import (
+    ConsumerProcess,
+    central_journal,
+    central_lines,
+    create_stream,
+    stop_all,
+    wait_acknowledged,
+    wait_held,
+)
 from fleet_read_helpers import check_viewers, in_rank_order
-from fleet_helpers import (ConsumerProcess, central_journal, central_lines, create_stream, stop_all,
-                           wait_acknowledged, wait_held)
 from nats_helpers import JS_TIMEOUT, NatsCluster
 from relay.wire.lines import encode_line
 from watch_helpers import relay_cmd
@@ -67,7 +74,7 @@ class FaultyRelay(ConsumerProcess):
     def command(self) -> list[str]:
         return [sys.executable, str(ROOT / "tests" / "fence_consumer_proc.py"), str(self.control), "consume"]
 
-    def start(self) -> "FaultyRelay":
+    def start(self) -> FaultyRelay:
         self.control.unlink(missing_ok=True)
         super().start()
         return self
@@ -137,7 +144,7 @@ class Runs:
         finally:
             await nc.close()
 
-    def __enter__(self) -> "Runs":
+    def __enter__(self) -> Runs:
         self.thread.start()
         return self
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from aim_server import aim_server, index_like_aim_up  # noqa: F401  (a fixture, used by name)
 from compat_env import run_fms
 from conftest import read_jsonl

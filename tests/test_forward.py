@@ -18,10 +18,10 @@ import orjson
 import pytest
 
 from conftest import RelayProcess, finish, free_port, read_jsonl, start_publisher, wait_for
-from relay.wire.curve import load_secret
-from relay.forward.window import STALL_S, ForwardWindow
-from relay.wire.encoding import array_header
 from relay.forward.sender import Forwarder
+from relay.forward.window import STALL_S, ForwardWindow
+from relay.wire.curve import load_secret
+from relay.wire.encoding import array_header
 from relay.wire.lines import encode_line
 from sinks.events import RELAY_RANK
 from test_curve import keygen
@@ -263,6 +263,7 @@ def test_the_forwarders_rows_are_the_bytes_encode_row_makes():
     """The forwarder packs rows with msgspec (relay/forward/sender.py), in C: byte for byte what the
     wire's own encode_row makes, for every kind of value a journal line can hold."""
     import msgspec
+
     from relay.wire.encoding import encode_row
     rng, encode = random.Random(3), msgspec.msgpack.Encoder().encode
 

@@ -17,16 +17,17 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psutil
 import pytest
+
 from conftest import free_port, read_jsonl, wait_for
+from sinks.events import RELAY_RANK
 from trainer_fixtures import ROOT, demo_model, launch_flags, seed_flags, trainer_env
 from warm_ranks import WarmJob, WarmLauncher
-
-from sinks.events import RELAY_RANK
 
 PROMETHEUS, ALERTMANAGER = shutil.which("prometheus"), shutil.which("prometheus-alertmanager")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(

@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("clearml")
 
+from conftest import free_port
 from sink_helpers import Events, drive, training_events
 from sink_readback import SUMMARY, check_clearml as check_training_run, read_sessions
-from conftest import free_port
 from sinks.base import SinkContext
 from sinks.clearml import ClearmlSink
 

@@ -250,6 +250,7 @@ def test_a_set_up_killed_midway_leaves_no_store_and_the_next_one_makes_it(tool, 
         ready_sqlite(store)
     else:
         from aim.sdk.repo import Repo
+
         from sinks.aim_repo import open_local
 
         open_local(Repo, tmp_path)
@@ -270,6 +271,7 @@ def test_a_store_that_an_older_set_up_left_half_made_is_mended(tool, tmp_path):
         from mlflow import MlflowClient
         from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
         from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
         from sinks.mlflow_store import ready_sqlite
 
         engine = sqlalchemy.create_engine(f"sqlite:///{store}")
@@ -284,6 +286,7 @@ def test_a_store_that_an_older_set_up_left_half_made_is_mended(tool, tmp_path):
         assert [p.name.split(".half-made-")[0] for p in tmp_path.glob("mlflow.db.half-made-*")] == ["mlflow.db"]
     else:
         from aim.sdk.repo import Repo
+
         from sinks.aim_repo import open_local
 
         Repo(str(tmp_path), init=True)

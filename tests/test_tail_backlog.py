@@ -13,13 +13,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_for
-from watch_helpers import LiveCommand, event, training_journal, write_journal
 
+from conftest import wait_for
 from relay.cli.backward import lines_backwards
 from relay.cli.filters import Selection, selection
 from relay.cli.tail import Tail
 from relay.wire.lines import encode_line
+from watch_helpers import LiveCommand, event, training_journal, write_journal
 
 
 def shown(path: Path, last: int | None, chosen: Selection = Selection(), **kw) -> str:

@@ -3,7 +3,8 @@
 ``loss`` in stage ``eval``). Imports neither transformers nor accelerate: both trackers share it."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 _LOG_PREFIXES = (("eval_", "eval"), ("test_", "test"))
 #: log key -> (stage, name): a Trainer's keys repeat every step

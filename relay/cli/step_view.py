@@ -42,8 +42,8 @@ from typing import Any, NamedTuple
 import click
 
 from relay.cli.columns import Column, Layout, fit
-from relay.daemon.status import cut
 from relay.cli.filters import MetricName, clock, number
+from relay.daemon.status import cut
 
 #: Seconds a step waits after a later step began, for a rank's late report (one look of ``tail -f``).
 GRACE_S = 0.25

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import msgpack
 
 from relay.wire import schema
 from sinks.events import ROW_FIELDS
-
 
 #: What the replay command of the close warning names when the relay's journal is not known here.
 UNKNOWN_JOURNAL = "YOUR_JOURNAL"

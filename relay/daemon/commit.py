@@ -11,7 +11,8 @@ acks (the daemon's ROUTER socket, relay/daemon/loop.py) and a ``fan_out`` for th
 from __future__ import annotations
 
 import logging
-from typing import Callable, Mapping, Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from relay.daemon.bounds import COMMIT_BYTES
 from relay.daemon.counters import Counters

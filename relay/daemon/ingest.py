@@ -21,7 +21,8 @@ import logging
 import operator
 import socket
 import time
-from typing import Any, Callable, Iterable, Literal, overload
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, overload
 
 from relay.daemon.commit import Commit, Deliver, Send
 from relay.daemon.counters import Counters

@@ -23,17 +23,17 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import zmq
 
 from relay.daemon import gate, listener, peers
 from relay.daemon.bounds import TURN_BYTES, MemoryProbe, alive, raise_file_limit, trim_heap
 from relay.daemon.commit import Acks
-from relay.daemon.counters import log_stats, write_stats
 from relay.daemon.config import RelayConfig
-from relay.sinkhost.fan_out import FanOut
+from relay.daemon.counters import log_stats, write_stats
 from relay.daemon.ingest import Ingest
 from relay.daemon.live_line import LiveLine
 from relay.daemon.shutdown import Shutdown
@@ -41,6 +41,7 @@ from relay.daemon.status import STATUS_REQUEST, Answers, format_line
 from relay.journal.deadletter import KEEP_BYTES, DeadLetters
 from relay.journal.journal import NAME as JOURNAL, Journal
 from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.fan_out import FanOut
 from relay.sinkhost.rate import Rate
 from relay.wire import encoding
 from relay.wire.address import AddressInUse, check_bind_address, ensure_ipc_free

@@ -15,9 +15,10 @@ scrape and a scrape never sees half an update. No socket, no clock: the caller g
 from __future__ import annotations
 
 import collections
-from math import isfinite
 import statistics
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from math import isfinite
+from typing import Any, NamedTuple
 
 #: Logged steps whose arrival times a run keeps: its pace (steps/s) and its median interval between
 #: logged steps (what the stall rule scales with) are taken over these.

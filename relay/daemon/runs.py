@@ -9,7 +9,8 @@ deduplicated them goes. No socket, no clock.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from relay.daemon.bounds import RunBudget
 from relay.daemon.counters import run_view

@@ -11,7 +11,8 @@ so no flood of other refusals hides them. No socket, no clock: ingest gives both
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from relay.daemon.counters import Counters
 from relay.daemon.owners import Owners

@@ -14,8 +14,9 @@ import concurrent.futures
 import logging
 import operator
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import click
 

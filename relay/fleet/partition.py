@@ -24,16 +24,17 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from relay.daemon.commit import JournalQueue
 from relay.journal.dedupe import Dedupe, RankState
 from relay.journal.journal import Journal
 from relay.journal.reader import journal_files
-from relay.sinkhost.fan_out import FanOut
 from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.fan_out import FanOut
 from relay.sinkhost.notices import News
 from relay.wire.lines import ChunkCheck
 from sinks.files import write_atomic

@@ -136,7 +136,7 @@ class NatsPublisher:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), SAVE_EVERY)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             connecting.cancel()

@@ -10,7 +10,7 @@ so the central's own consumers see numbers and its journal writes the node's ver
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from relay.wire import encoding
 from relay.wire.lines import ChunkCheck

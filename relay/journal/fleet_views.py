@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from relay.journal.reader import journal_files
 from relay.wire.lines import parse_line

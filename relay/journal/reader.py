@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from relay.wire import schema
 from relay.wire.lines import event_error, parse_event, parse_line

@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from relay.journal.deadletter import DeadLetters, EventKey, event_key
 from relay.wire.lines import encode_line

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from relay.journal.journal import Journal
 from relay.sinkhost.child import SinkSpec

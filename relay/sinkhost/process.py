@@ -24,14 +24,15 @@ import logging
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 from relay.sinkhost import notices
-from relay.sinkhost.counts import ChildCounts
 from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.child import SinkSpec, build_sink
+from relay.sinkhost.counts import ChildCounts
 from relay.sinkhost.lifeline import kill, spawn
 from relay.sinkhost.notices import News
 from relay.sinkhost.rate import Rate

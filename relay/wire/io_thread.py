@@ -20,7 +20,8 @@ import os
 import select
 import threading
 import time
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import zmq
 

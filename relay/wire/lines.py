@@ -4,8 +4,9 @@ the wire room's side so none of them needs the journal to speak it."""
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Iterable
 from itertools import groupby
-from typing import Any, Callable, Iterable, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import msgspec
 import orjson
@@ -13,7 +14,6 @@ import orjson
 from relay.wire import schema, typed_lines
 from relay.wire.typed_lines import OPTIONAL_FIELDS
 from sinks.events import ENVELOPE, FIELDS, RELAY_RANK, ROW_FIELDS, json_safe
-
 
 #: How a Publisher names a spool file (relay/client/publisher.py): one rank's journal lines, none of
 #: them the relay's own, which ``relay replay`` derives as it journals them (relay/daemon/rederive.py).

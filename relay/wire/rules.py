@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 _NONE = type(None)
 #: The error a check raises, ``error(reason, detail)``: relay/wire/schema.py's FrameError.

@@ -20,11 +20,11 @@ import psutil
 import pytest
 import zmq
 
+from conftest import ROOT, raw_socket, read_jsonl, wait_for
+from relay.client.publisher import Publisher
 from relay.daemon.bounds import RunBudget
 from relay.wire import encoding, schema
-from relay.client.publisher import Publisher
 from sinks.events import ENVELOPE, EVENT_TYPES, FIELDS, RELAY_RANK
-from conftest import ROOT, raw_socket, read_jsonl, wait_for
 
 EDGE_INTS = [0, -1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, -(2**63)]
 EDGE_FLOATS = [math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324, -0.0]
