@@ -112,7 +112,8 @@ class Fleet:
         assert len(expected) == 4 * (self.count + 2)  # each rank's hello, its metrics, its closing stats
         wait_complete(self.folders, expected, 180)
         for node, journal in zip(self.nodes, self.node_dirs):
-            wait_for(lambda: _nats_sink(node, journal).get("held") == 0, 60, "the node's nats sink all acknowledged")
+            wait_for(lambda node=node, journal=journal: _nats_sink(node, journal).get("held") == 0,
+                     60, "the node's nats sink all acknowledged")
         wait_acknowledged(self.cluster.urls, self.stream, 120)
         assert_exactly_once_on_own_disks(self.folders, expected, self.cluster.urls, self.stream)
         for run in self.runs():

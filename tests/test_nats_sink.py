@@ -155,11 +155,11 @@ def test_node_relay_killed_and_restarted_resumes_where_acknowledged(relays, clus
     address = node.address
     pubs = run_ranks(node, "restart", 2, 8000, rate=800)
     for lose_state in (False, True):
-        wait_for(lambda: published(node, journal) > 1000, 60, "publishing")
+        wait_for(lambda node=node: published(node, journal) > 1000, 60, "publishing")
         sink = int(re.findall(r"sink nats open \(pid (\d+)\)", node.log.read_text())[-1])
         node.kill()
         # its sink process dies with it (relay/sinkhost: at once, saving nothing more): only then is the file lost
-        wait_for(lambda: not running(sink), 30, "the sink process ended")
+        wait_for(lambda sink=sink: not running(sink), 30, "the sink process ended")
         if lose_state:
             (journal / "_relay_nats.json").unlink()
         (journal / "_relay_stats.json").unlink(missing_ok=True)

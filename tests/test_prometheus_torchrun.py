@@ -101,7 +101,7 @@ scrape_configs:
     base = {name: f"http://127.0.0.1:{ports[name]}" for name in ("prometheus", "alertmanager")}
     try:
         for name, url in base.items():
-            wait_for(lambda: _ready(url + "/-/ready"), 60, f"{name} ready")
+            wait_for(lambda url=url: _ready(url + "/-/ready"), 60, f"{name} ready")
         yield {"metrics_port": ports["metrics"], **base}
     finally:
         for server in servers:

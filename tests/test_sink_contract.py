@@ -393,7 +393,7 @@ def test_a_full_disk_is_caught_up_once_there_is_room(small_fs: Path, workspace, 
         sink.open(SinkContext())
         failures = []
 
-        def wait(seconds: float) -> bool:
+        def wait(seconds: float, failures: list[float] = failures) -> bool:
             if seconds > 0:
                 failures.append(seconds)
                 if len(failures) == 3:

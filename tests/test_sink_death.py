@@ -370,7 +370,8 @@ def test_relay_sigkilled_50_times_in_its_first_seconds_every_store_holds_every_v
         relay = relays(args, address=address, start=False, env=env)
         relay.start(wait=False)
         launched = time.monotonic()
-        wait_for(lambda: len(_children(relay.proc.pid)) >= 2 * len(TRACKERS), 120,  # each with its supervisor
+        # each with its supervisor
+        wait_for(lambda relay=relay: len(_children(relay.proc.pid)) >= 2 * len(TRACKERS), 120,
                  "the relay's sink processes started")
         started, at = time.monotonic(), rng.uniform(0, SHORT)
         if k % BUSY_EVERY == BUSY_EVERY - 1:  # wait until a sink is busy (a condition), then a random moment

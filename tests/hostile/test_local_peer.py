@@ -184,7 +184,8 @@ def test_a_connection_that_took_over_a_closed_ones_stream_keeps_it_whatever_the_
         a.close(0)
         b = _raw(ctx, relay.address)
         # (resent while the relay still counts A as connected, as a client resends after its ack timeout)
-        wait_for(lambda: b.send(_frames(run, range(1, 2), "b")[0]) or _acked(b, (run, 0, 2), 0.2) or journaled(run, 1),
+        wait_for(lambda b=b, run=run: b.send(_frames(run, range(1, 2), "b")[0])
+                 or _acked(b, (run, 0, 2), 0.2) or journaled(run, 1),
                  20, f"trial {t}: B's event journaled")
         c = _raw(ctx, relay.address)
         c.send(_frames(run, range(2, 3), "c")[0])
@@ -407,7 +408,8 @@ def test_journal_stats_and_dead_letters_are_the_users_alone(relays, tmp_path, zm
             pub = Publisher("modes", 0, address=relay.address)
             pub.publish("metrics", {"i": 0}, step=0)
             assert pub.close(20) == 0
-            wait_for(lambda: (journal / "_relay_deadletter.jsonl").exists(), 20, "the dead letter")
+            wait_for(lambda journal=journal: (journal / "_relay_deadletter.jsonl").exists(), 20,
+                     "the dead letter")
             assert relay.stop() == 0
             made = sorted(p.name for p in journal.iterdir())
             assert made == ["_relay_deadletter.jsonl", "_relay_stats.json", "modes.jsonl"], made  # (the lock goes at stop)

@@ -171,6 +171,7 @@ def test_a_message_is_bounded_as_a_whole_not_part_by_part(relays, tmp_path, monk
     ctx.setsockopt(zmq.LINGER, 0)
     part = b"\x00" * (1 << 20)
     rounds = 4 if mode == "open" else 1
+    stats = journal.with_name("j_stats.json")
     try:
         for round_ in range(rounds):  # 400 MiB offered each, against a 192 MiB ceiling
             attacker = raw_socket(ctx, relay.address, SNDHWM=0)
@@ -179,8 +180,8 @@ def test_a_message_is_bounded_as_a_whole_not_part_by_part(relays, tmp_path, monk
             attacker.send(part)
             for i in range(50):
                 pub.publish("metrics", {"i": round_ * 50 + i}, step=round_ * 50 + i)
-            wait_for(lambda: json.loads(journal.with_name("j_stats.json").read_text())["memory_resets"] > round_
-                     if journal.with_name("j_stats.json").exists() else False, 60, "every connection dropped")
+            wait_for(lambda round_=round_: json.loads(stats.read_text())["memory_resets"] > round_
+                     if stats.exists() else False, 60, "every connection dropped")
             attacker.close(0)
         small = raw_socket(ctx, relay.address)
         small.send_multipart([b"two", b"parts"])
