@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         hooks = hook_cost(steps * 10, work)
     off = samples[OFF]
     paired = {name: Sample(f"{name} / tracking off, same round", "x",
-                           [b / a for a, b in zip(off.values, samples[name].values)]) for name in (RELAY, AIM)}
+                           [b / a for a, b in zip(off.values, samples[name].values, strict=True)])
+              for name in (RELAY, AIM)}
     rate = {name: Sample(f"{name}: steps/s", "steps/s", [steps / t for t in samples[name].values]) for name in JOBS}
     rows = [off.row(), samples[RELAY].row(off), samples[AIM].row(off),
             rate[OFF].row(), rate[RELAY].row(rate[OFF]), rate[AIM].row(rate[OFF]),

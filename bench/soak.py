@@ -452,7 +452,7 @@ def plot(summary: dict[str, Any], samples: list[dict[str, Any]], path: Path) -> 
     minutes = [s["t"] / 60 for s in samples]
     rss = [float("nan") if s["rss_mib"] is None else s["rss_mib"] for s in samples]
     segments: list[tuple[int | None, list[float], list[float]]] = []  # one line per relay process
-    for s, m, v in zip(samples, minutes, rss):
+    for s, m, v in zip(samples, minutes, rss, strict=True):
         if not segments or s["pid"] != segments[-1][0]:
             segments.append((s["pid"], [], []))
         segments[-1][1].append(m)

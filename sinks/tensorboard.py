@@ -198,9 +198,10 @@ class TensorBoardSink(TrackerSink):
         tags = [_tag(rank, context, name) for name in values]
         if step is not None:
             self._record(board, tb.Event(wall_time=ts, step=step, summary=tb.Summary(value=[
-                tb.Value(tag=tag, simple_value=value) for tag, value in zip(tags, values.values())])))
+                tb.Value(tag=tag, simple_value=value)
+                for tag, value in zip(tags, values.values(), strict=True)])))
         else:  # TensorBoard needs a step: number each series' points 0, 1, 2 ... (saved with the spans)
-            for tag, value in zip(tags, values.values()):
+            for tag, value in zip(tags, values.values(), strict=True):
                 auto = board.auto.get(tag, 0)
                 board.auto[tag] = auto + 1
                 self._record(board, tb.Event(wall_time=ts, step=auto, summary=tb.Summary(

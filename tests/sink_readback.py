@@ -69,7 +69,7 @@ def read_repo(path: str) -> dict[str, AimRunView]:
             steps, (values, _epochs, times) = metric.data.items_list()
             key = (name, tuple(sorted(context.to_dict().items())))
             assert len(set(steps)) == len(steps), f"{key}: repeated steps {steps}"
-            view.metrics[key] = dict(zip(steps, values))
+            view.metrics[key] = dict(zip(steps, values, strict=True))
             view.timestamps[key] = list(times)
         run_id = params.get("relay", {}).get("run_id", run_hash)
         assert run_id not in runs, f"two Aim runs for run id {run_id}"

@@ -88,7 +88,7 @@ def test_custom_metrics_without_step_are_not_doubled_by_a_retry(aim_repo: Path) 
 def test_two_runs_at_once_stay_apart(aim_repo: Path) -> None:
     a = training_events("job-a", experiment="exp-a")
     b = training_events("job-b", experiment="exp-b", steps=4)
-    mixed = [e for pair in zip(a, b) for e in pair] + a[len(b):]
+    mixed = [e for pair in zip(a, b, strict=False) for e in pair] + a[len(b):]
     run_sink(aim_repo, [mixed[i:i + 7] for i in range(0, len(mixed), 7)])
     runs = read_repo(str(aim_repo))
     assert sorted(runs) == ["job-a", "job-b"]

@@ -111,7 +111,7 @@ class Fleet:
         expected = node_lines(*self.node_dirs)
         assert len(expected) == 4 * (self.count + 2)  # each rank's hello, its metrics, its closing stats
         wait_complete(self.folders, expected, 180)
-        for node, journal in zip(self.nodes, self.node_dirs):
+        for node, journal in zip(self.nodes, self.node_dirs, strict=True):
             wait_for(lambda node=node, journal=journal: _nats_sink(node, journal).get("held") == 0,
                      60, "the node's nats sink all acknowledged")
         wait_acknowledged(self.cluster.urls, self.stream, 120)

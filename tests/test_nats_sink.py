@@ -91,8 +91,8 @@ def test_two_node_relays_publish_every_line_exactly_once(relays, cluster, tmp_pa
     nodes = [relays(sink_args(d, cluster.urls)) for d in dirs]
     pubs = [p for i, node in enumerate(nodes) for p in run_ranks(node, f"job.{i}", 2, 1000)]
     all_acknowledged(pubs)
-    wait_for(lambda: sum(published(n, d) for n, d in zip(nodes, dirs)) >= sum(len(journal_lines(d)) for d in dirs),
-             60, "every journal line published")
+    wait_for(lambda: sum(published(n, d) for n, d in zip(nodes, dirs, strict=True))
+             >= sum(len(journal_lines(d)) for d in dirs), 60, "every journal line published")
     for node in nodes:
         assert node.stop() == 0
         errors = [line for line in node.log.read_text().splitlines() if "ERROR" in line]

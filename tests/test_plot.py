@@ -7,6 +7,7 @@ import re
 import struct
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -154,7 +155,7 @@ def test_a_long_line_is_decimated_and_says_so(tmp_path: Path) -> None:
     spread = re.search(r'<g id="series-1">.*?<path d="([^"]*)"', svg, re.S).group(1)
     heights = [float(y) for y in re.findall(r"[ML] -?[\d.]+ (-?[\d.]+)", spread)]  # (matplotlib drops collinear ones)
     top = min(heights)  # SVG's y grows downwards
-    episodes = sum(1 for before, y in zip([None] + heights, heights) if y == top and before != top)
+    episodes = sum(1 for before, y in pairwise([None, *heights]) if y == top and before != top)
     assert episodes == 7, heights  # steps 1-2, 500-502, ..., 2500-2502, 3000: every episode a spike, none averaged away
 
 

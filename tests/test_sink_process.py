@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from pathlib import Path
 
 import pytest
@@ -113,7 +113,7 @@ def test_a_busy_sink_is_flushed_on_a_timer_under_steady_load(relays, tmp_path):
     assert sum(c.get("events", 0) for c in calls) == len(read_jsonl(journal))
     busy = [t for t in flushes if t < writes[-1]]  # while batches were still waiting
     assert len(writes) > 3 * len(busy) and writes[-1] - writes[0] > 3, (len(writes), len(busy))
-    gaps = [b - a for a, b in zip([writes[0], *busy], [*busy, writes[-1]])]
+    gaps = [b - a for a, b in pairwise([writes[0], *busy, writes[-1]])]
     assert max(gaps) < 2.0, gaps  # FLUSH_EVERY (1 s) plus a write in progress, on a busy machine
 
 

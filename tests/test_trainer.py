@@ -87,7 +87,7 @@ def stops_early(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> d
                                   env=trainer_env(), capture_output=True, text=True, timeout=540)
             assert done.returncode == 0, done.stderr[-3000:]
         ran = json.loads(results.read_text())
-        return {name: (folder / name, result) for name, result in zip(flags, ran)}
+        return {name: (folder / name, result) for name, result in zip(flags, ran, strict=True)}
 
 
 @pytest.mark.slow  # the trainer's imports: transformers' alone takes seconds

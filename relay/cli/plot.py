@@ -148,7 +148,7 @@ def plot_journal(path: Path, chosen: Selection, output: Path, *, by_rank: bool =
     if len(all_runs) == 1:
         fig.suptitle(f"run {next(iter(all_runs))}", fontsize=10)
     drawn = Drawn()
-    for ax, (metric, series) in zip(axes[:, 0], found.items()):
+    for ax, (metric, series) in zip(axes[:, 0], found.items(), strict=True):
         stages = {name for _, name, _ in series}
         ranks: dict[tuple[str, str], int] = defaultdict(int)  # ranks per (run, name): one needs no label
         for run, name, _ in series:

@@ -169,7 +169,7 @@ class StepView:
             later_seen = [math.inf] * len(pending)  # when the first step after each was first read
             for i in range(len(pending) - 1, 0, -1):
                 later_seen[i - 1] = min(later_seen[i], state.steps[pending[i]].seen)
-            for step, later in zip(pending, later_seen):
+            for step, later in zip(pending, later_seen, strict=True):
                 rec = state.steps[step]
                 later = min(later, rec.ended)
                 if not (final or now - rec.last >= SETTLE_S

@@ -35,7 +35,7 @@ def row_event(envelope: Mapping[str, Any], blob: bytes) -> dict[str, Any]:
     """One encoded row as the relay would journal it: decoded as the relay decodes, the envelope
     added, and checked by the relay's rules; ValueError where the relay would reject it."""
     row = msgpack.unpackb(blob, raw=False, strict_map_key=True, use_list=True)
-    event = {**envelope, **dict(zip(ROW_FIELDS, row))}
+    event = {**envelope, **dict(zip(ROW_FIELDS, row, strict=True))}
     schema.validate_event(event)
     return event
 

@@ -188,7 +188,7 @@ class Ingest:
                 return
             counters.events += len(events)
         last_key = None
-        for event, line in zip(events, lines or map(encode_line, events)):
+        for event, line in zip(events, lines or map(encode_line, events), strict=True):
             key = (event["run"], event["rank"])
             if key != last_key:  # a frame normally holds one rank's events: look it up once
                 held = self._state(peer, key[0], key[1], now, admitted=True)

@@ -46,5 +46,6 @@ class LineReader:
     def _prefix(self, envelope: tuple) -> bytes:
         if len(self._prefixes) >= MAX_PREFIXES:
             self._prefixes.clear()
-        prefix = self._prefixes[envelope] = encoding.compact_prefix(dict(zip(ENVELOPE, envelope)))
+        fields = dict(zip(ENVELOPE, envelope, strict=True))
+        prefix = self._prefixes[envelope] = encoding.compact_prefix(fields)
         return prefix

@@ -229,6 +229,6 @@ def in_order(given: Iterable[bytes]) -> list[bytes]:
     out = list(lines)
     for slots in places.values():
         by_seq = sorted(slots, key=lambda i: keys[i][2])  # type: ignore[index]
-        for slot, source in zip(slots, by_seq):
+        for slot, source in zip(slots, by_seq, strict=True):
             out[slot] = lines[source]
     return out

@@ -146,7 +146,7 @@ class ChunkCheck:
         its envelope and its row (``sinks.events.ENVELOPE``, ``ROW_FIELDS``)."""
         envelope_of, row_of = typed_lines.envelope_of, typed_lines.row_of
         out = []
-        for line, item in zip(lines, typed_lines.decode(lines)):
+        for line, item in zip(lines, typed_lines.decode(lines), strict=True):
             if item is None:
                 event = self._slow(line, run)
                 if event is not None:
@@ -163,7 +163,8 @@ class ChunkCheck:
         if None in items or (run is not None and set(map(typed_lines.run_of, items)) != {run}):
             pairs: Iterable[tuple[tuple, tuple]] = [(envelope, row) for _, envelope, row in self.events(lines, run)]
         else:
-            pairs = zip(map(typed_lines.envelope_of, items), map(typed_lines.row_of, items))
+            pairs = zip(map(typed_lines.envelope_of, items), map(typed_lines.row_of, items),
+                        strict=True)
         groups: dict[tuple, list[tuple]] = {}
         for envelope, same in groupby(pairs, key=_FIRST):
             rows = list(map(_SECOND, same))
@@ -177,7 +178,7 @@ class ChunkCheck:
         """The events of ``lines``, in order, as what dedupe needs: each line and its (run, rank, seq)."""
         key_of = typed_lines.key_of
         out = []
-        for line, item in zip(lines, typed_lines.decode(lines)):
+        for line, item in zip(lines, typed_lines.decode(lines), strict=True):
             if item is not None:
                 out.append((line, key_of(item)))
             elif (event := self._slow(line, None)) is not None:

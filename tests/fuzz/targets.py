@@ -86,7 +86,7 @@ def check_decode(frame: bytes) -> None:
     if lines.pop() != b"" or len(lines) != len(events):
         raise Violation("journal_lines", f"{len(events)} events encoded as {len(lines)} lines")
     _check_line_bound(chunk, lines)
-    for line, event in zip(lines, events):
+    for line, event in zip(lines, events, strict=True):
         _check_journaled(orjson.loads(line))
         encoding.encode_ack([(event["run"], event["rank"], event["seq"] + 1)])
 
