@@ -23,6 +23,7 @@ consuming relay of this tree beside one of that tree's (a before/after in the sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -67,10 +68,8 @@ async def _delete(urls: str, names: list[str]) -> None:
     from nats.js.errors import NotFoundError
     nc = await nats.connect(urls.split(","))
     for name in names:
-        try:
+        with contextlib.suppress(NotFoundError):
             await nc.jetstream().delete_stream(name)
-        except NotFoundError:
-            pass
     await nc.close()
 
 

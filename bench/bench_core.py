@@ -47,7 +47,8 @@ def publish_cost(calls: int, rounds: int) -> list[dict]:
                 ev = {"v": 1, "run": "bench-raw", "rank": 0, "local_rank": 0, "world_size": 1, "host": host,
                       "seq": state["seq"], "ts": time.time(), "type": "metrics", "step": state["step"],
                       "epoch": 0.5, "stage": "train", "data": LOG}
-                try:
+                # (try, not contextlib.suppress: the timed floor, suppress() adds ~0.25 us a call)
+                try:  # noqa: SIM105
                     raw.send(msgpack.packb(ev), zmq.NOBLOCK)
                 except zmq.Again:
                     pass

@@ -82,7 +82,8 @@ class RawSend:
         event = {"v": 1, "run": "bench-raw", "rank": 0, "local_rank": 0, "world_size": 1, "host": self.host,
                  "seq": self.seq, "ts": time.time(), "type": "metrics", "step": state.global_step,
                  "epoch": logs.get("epoch"), "stage": "train", "data": data}
-        try:
+        # (try, not contextlib.suppress: the timed floor, and suppress() adds ~0.25 us a call)
+        try:  # noqa: SIM105
             self.sock.send(msgpack.packb(event), zmq.NOBLOCK)
         except zmq.Again:
             pass

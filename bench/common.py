@@ -1,6 +1,7 @@
 """Shared measurement helpers: alternate contenders, take medians, report spread and ratios."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -188,10 +189,8 @@ class RelayRun:
         """SIGTERM (a clean flush), then SIGKILL to the whole group if it takes longer than ``timeout``."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
         kill_group(self.proc)
 
 
@@ -202,8 +201,6 @@ def spawn(cmd: list[str], **kwargs: object) -> subprocess.Popen:
 
 def kill_group(proc: subprocess.Popen) -> None:
     """Make sure ``proc`` and anything it started are gone (finally blocks call this)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()

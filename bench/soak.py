@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime
 import json
 import logging
@@ -163,10 +164,8 @@ class Relay:
             proc = psutil.Process(self.proc.pid)
             rss, fds = proc.memory_info().rss, proc.num_fds()
             for child in proc.children(recursive=True):
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):
                     rss, fds = rss + child.memory_info().rss, fds + child.num_fds()
-                except psutil.NoSuchProcess:
-                    pass
             return rss, fds
         except psutil.NoSuchProcess:
             return None

@@ -7,6 +7,7 @@ the relay and the relay-down alert fires. One job serves every check, in that or
 cannot straggle, a dead relay shows nothing). Each server runs on loopback, started and stopped here."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -231,9 +232,7 @@ def stop_job(job: WarmJob) -> None:
     if job.poll() is None:
         os.killpg(job.pid, signal.SIGKILL)
     for rank in ranks:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             rank.kill()
-        except psutil.NoSuchProcess:
-            pass
     job.wait(30)
     psutil.wait_procs(ranks, timeout=30)

@@ -11,6 +11,7 @@ reads every store back through its own client: every value once, and no sink pro
 by more than a second."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -79,10 +80,8 @@ def _sink_env(tmp_path: Path) -> dict[str, str]:
 def _kill_all(pids: list[int]) -> None:
     """What a test started and a failure may have left running."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _gone(pid: int) -> bool:

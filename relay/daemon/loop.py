@@ -16,6 +16,7 @@ bounded in bytes (bounds.COMMIT_BYTES, bounds.TURN_BYTES), not only in messages.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -273,10 +274,8 @@ class Relay:
     def _tell(self, peer: bytes, refused: list[tuple[str, int, str]]) -> None:
         """Tell a connection why its frames for these streams are refused (daemon/writers.py)."""
         assert self._sock is not None
-        try:
+        with contextlib.suppress(zmq.ZMQError):  # gone or slow: it is told again when it resends
             self._sock.send_multipart([peer, encoding.encode_refused(refused)], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # gone or slow: it is told again when it resends
 
     def _answer_status(self, sock: zmq.Socket, peer: bytes, now: float) -> None:
         """A status request: not a frame, never a reject; answered within relay/daemon/status.py's budget."""

@@ -22,6 +22,7 @@ journal and JetStream delivers again (and ``take`` drops).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -230,10 +231,8 @@ class Holder:
 
 async def wait(event: asyncio.Event, seconds: float) -> bool:
     """Wait up to ``seconds`` for ``event``; whether it is set."""
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), seconds)
-    except TimeoutError:
-        pass
     return event.is_set()
 
 

@@ -18,6 +18,7 @@ handed over, sampled every second (``sample``).
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -253,10 +254,8 @@ class SinkProcess:
 
     def _end_input(self) -> None:
         if self._proc is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._stdin().close()  # end of input: the child drains and exits
-            except OSError:
-                pass
 
     def _restart(self) -> bool:
         """Account for a dead child and start another after the backoff; False when stopping."""

@@ -9,6 +9,7 @@ in. Files are the user's alone; drop accounting survives a restart; what ``--ope
 shown, and that ipc:// in a 0700 directory and explicit CURVE certificates close it too."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -311,18 +312,14 @@ class _Proxy:
         except OSError:
             pass
         for s in (a, b):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def cut(self) -> None:
         conns, self.conns = self.conns, []
         for s in conns:
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         self.cuts += 1
 
     def close(self) -> None:
