@@ -72,7 +72,9 @@ def _ingest(blobs: list[bytes], peers: list[bytes], folder: str, profile: cProfi
     written = ingest.counters.written
     journal.close()
     ingest.deadletters.close()
-    if written != sum(1 for _ in open(journal.path, "rb")):
+    with open(journal.path, "rb") as fh:
+        held = sum(1 for _ in fh)
+    if written != held:
         raise RuntimeError(f"ingest counted {written} written, the journal holds other lines")
     return took
 

@@ -79,8 +79,8 @@ def meta(command: str, seconds: float, load_before: tuple, load_after: tuple) ->
         except metadata.PackageNotFoundError:
             continue
     cpu = "unknown"
-    with contextlib.suppress(OSError, StopIteration):
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as info:
+        cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
     return {"command": command, "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": round(seconds), "machine": {**machine(), "cpu": cpu, **versions},
             "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in load_after],

@@ -171,7 +171,7 @@ class ClearmlSink(TrackerSink):
         """One process per directory; the state is read once the lock is held, never before."""
         if self._lock_fh is not None:
             return
-        fh = open(self.root / LOCK_NAME, "a+")
+        fh = open(self.root / LOCK_NAME, "a+")  # noqa: SIM115 (the lock is held while it is open)
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -215,9 +215,9 @@ class RelayProcess:
         # load 40): the relay waits for them at shutdown as long as stop() waits for it, unless args say less.
         cmd = [sys.executable, "-m", "relay", "--bind", self.address, "--ready-file", str(self.ready),
                "--shutdown-timeout", "280", *self.args]
-        self._logfh = open(self.log, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=self._logfh, stderr=subprocess.STDOUT,
-                                     env=self.env)
+        with open(self.log, "ab") as log:  # the relay writes through its own copy of the descriptor
+            self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=log,
+                                         stderr=subprocess.STDOUT, env=self.env)
         if wait:
             deadline = time.monotonic() + 120  # a wait: 2 s is usual, a machine at load 40 took ten times that
             while not self.ready.exists():
@@ -235,15 +235,12 @@ class RelayProcess:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout)
-        self._logfh.close()
-        return code
+        return self.proc.wait(timeout)
 
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait(10)
-        self._logfh.close()
 
     def stats(self, journal: Path) -> dict:
         """The relay's stats file (written at its first --stats-interval: waited for, up to 30 s)."""

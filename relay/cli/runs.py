@@ -75,7 +75,7 @@ def summarize(path: Path, now: float | None = None) -> list[RunSummary]:
 
 def _file(file: Path, now: float) -> list[RunSummary]:
     try:
-        fh = open(file, "rb")
+        fh = open(file, "rb")  # noqa: SIM115 (closed by the with below; this try is open's alone)
     except OSError:  # gone since it was listed, or unreadable
         return []
     with fh:
