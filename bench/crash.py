@@ -199,7 +199,7 @@ def run_round(kills: int, out: Path, *, runs: int = 2, ranks: int = 2, rate: flo
             crash.kill_once()
         crash.start()
         crash.wait_ready()
-        for run_id, rank, proc in publishers:
+        for _, _, proc in publishers:
             proc.terminate()
         for run_id, rank, proc in publishers:
             try:

@@ -92,7 +92,7 @@ def test_replay_keeps_the_jobs_times_and_leaves_the_jobs_files_alone(tmp_path: P
     written_live = export.read_bytes()
     assert json.loads(written_live)["run_hash"] == live.hash
 
-    for attempt in range(2):  # the second finds everything there: the run is opened, nothing applied
+    for _ in range(2):  # the second finds everything there: the run is opened, nothing applied
         done = replay(journal, tmp_path / "rebuilt")
         assert done.returncode == 0, done.stderr[-2000:]
         assert "idle for" not in done.stderr, done.stderr[-2000:]
