@@ -21,8 +21,10 @@ from relay.cli.tail import Tail
 from relay.wire.lines import encode_line
 from watch_helpers import LiveCommand, event, training_journal, write_journal
 
+EVERYTHING = Selection()  # no filter (frozen: one shared default is safe)
 
-def shown(path: Path, last: int | None, chosen: Selection = Selection(), **kw) -> str:
+
+def shown(path: Path, last: int | None, chosen: Selection = EVERYTHING, **kw) -> str:
     """What ``relay tail`` prints (without following), run in this process."""
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
     with contextlib.redirect_stdout(out):
