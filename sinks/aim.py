@@ -271,10 +271,10 @@ class AimSink(TrackerSink):
                 handle.experiment = experiment
                 state.export_due = True
             output_dir = export_dir(params)
-            if output_dir is not None and output_dir != state.output_dir:
-                if name == "run" or not state.output_from_run:
-                    state.output_dir, state.output_from_run = output_dir, name == "run"
-                    state.export_due = True
+            if (output_dir is not None and output_dir != state.output_dir
+                    and (name == "run" or not state.output_from_run)):
+                state.output_dir, state.output_from_run = output_dir, name == "run"
+                state.export_due = True
 
     def finish_run(self, run: str, status: str) -> None:
         self._aim[run].ended = True

@@ -216,10 +216,10 @@ class MlflowSink(TrackerSink):
         if name == "run":
             self._standard_tags(r, params)
         output_dir = export_dir(params)
-        if name in ("run", "hparams") and output_dir is not None:
-            if name == "run" or not r.output_from_run:
-                r.output_dir, r.output_from_run = output_dir, name == "run"
-                self._exports.add(run)
+        if (name in ("run", "hparams") and output_dir is not None
+                and (name == "run" or not r.output_from_run)):
+            r.output_dir, r.output_from_run = output_dir, name == "run"
+            self._exports.add(run)
         if name == "relay.lifecycle" and isinstance(params.get("train_end"), dict):
             r.end_ts = params["train_end"].get("ts")
 

@@ -34,9 +34,9 @@ def split_logs(logs: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for key, value in logs.items():
         kind = type(value)
-        if kind is not float and kind is not int:
-            if kind is bool or not isinstance(value, (int, float)):
-                continue
+        exact = kind is float or kind is int  # the usual case, decided without isinstance
+        if not exact and (kind is bool or not isinstance(value, (int, float))):
+            continue
         if key == "epoch":
             continue  # the epoch travels in the envelope
         stage, name = _STAGE_OF.get(key) or _stage_of(key)

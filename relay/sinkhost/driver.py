@@ -135,9 +135,8 @@ class SinkDriver:
     def after_batch(self, idle: bool, read: Callable[[str], Iterable[Batch]] | None = None) -> None:
         """Flush when nothing is waiting (``idle``) or ``flush_every`` has passed; with ``read``, first
         fill the sink's holes from it (``fill_holes``)."""
-        if idle or self._clock() >= self._next_flush:
-            if read is None or self.fill_holes(read):
-                self.flush()
+        if (idle or self._clock() >= self._next_flush) and (read is None or self.fill_holes(read)):
+            self.flush()
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         """``sink.flush(timeout)``; False (counted, logged) when it failed or did not complete: the
