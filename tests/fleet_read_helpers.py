@@ -52,7 +52,7 @@ def check_viewers(folders: list[Path], expected: dict[Key, bytes], tmp: Path, me
     shown = tail.stdout.encode().splitlines()
     assert Counter(shown) == Counter(expected.values()), "relay tail: not every line once"
     events = _events(shown)
-    assert in_rank_order([ev for ev in events]), "relay tail: a rank's events out of order"
+    assert in_rank_order(list(events)), "relay tail: a rank's events out of order"
     assert Counter((ev["run"], ev["rank"]) for ev in events) == Counter(key[:2] for key in expected)
 
     out = tmp / "replayed"
