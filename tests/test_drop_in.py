@@ -241,9 +241,9 @@ def test_callback_with_a_publisher_takes_no_settings() -> None:
     from relay.client.publisher import Publisher
     from trainer import RelayCallback
 
-    with Publisher("settings-test", 0, address=None) as pub:
-        with pytest.raises(ValueError, match="tracking settings need no publisher"):
-            RelayCallback(pub, trackers=["aim"])
+    with (Publisher("settings-test", 0, address=None) as pub,
+          pytest.raises(ValueError, match="tracking settings need no publisher")):
+        RelayCallback(pub, trackers=["aim"])
 
 
 @pytest.mark.slow  # the compatibility venv: make test builds it, make test-fast does not
