@@ -96,7 +96,7 @@ def _folders(tmp_path: Path) -> dict[str, str]:
 
 def _fill(word: str, where: dict[str, str]) -> str:
     for name, path in where.items():
-        word = word.replace("{%s}" % name, path)
+        word = word.replace(f"{{{name}}}", path)
     return word
 
 
