@@ -235,6 +235,5 @@ class Partition:
 
     def stats(self) -> dict:
         lag = time.time() - self.published if self.pending and self.published is not None else 0.0
-        out = {"partition": self.number, **self.counters.__dict__, "position": self.position,
-               "pending": self.pending, "lag_s": round(lag, 3), "sinks": self.fan_out.stats()}
-        return out
+        return {"partition": self.number, **self.counters.__dict__, "position": self.position,
+                "pending": self.pending, "lag_s": round(lag, 3), "sinks": self.fan_out.stats()}
