@@ -124,10 +124,8 @@ class Ingest:
     def _owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
                          now: float) -> Key | None:
         """The first stream of the frame that is kept for another connection, if any."""
-        for key in self.runs.keys_of(events, first_seq):
-            if self._kept_from(key, peer, now):
-                return key
-        return None
+        keys = self.runs.keys_of(events, first_seq)
+        return next((key for key in keys if self._kept_from(key, peer, now)), None)
 
     def _kept_from(self, key: Key, peer: bytes, now: float) -> bool:
         """Whether ``key`` is another connection's: its owner's while that is connected (and not
