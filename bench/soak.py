@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime
 import json
 import logging
@@ -163,10 +164,8 @@ class Relay:
             proc = psutil.Process(self.proc.pid)
             rss, fds = proc.memory_info().rss, proc.num_fds()
             for child in proc.children(recursive=True):
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):
                     rss, fds = rss + child.memory_info().rss, fds + child.num_fds()
-                except psutil.NoSuchProcess:
-                    pass
             return rss, fds
         except psutil.NoSuchProcess:
             return None
@@ -452,7 +451,7 @@ def plot(summary: dict[str, Any], samples: list[dict[str, Any]], path: Path) -> 
     minutes = [s["t"] / 60 for s in samples]
     rss = [float("nan") if s["rss_mib"] is None else s["rss_mib"] for s in samples]
     segments: list[tuple[int | None, list[float], list[float]]] = []  # one line per relay process
-    for s, m, v in zip(samples, minutes, rss):
+    for s, m, v in zip(samples, minutes, rss, strict=True):
         if not segments or s["pid"] != segments[-1][0]:
             segments.append((s["pid"], [], []))
         segments[-1][1].append(m)

@@ -17,21 +17,22 @@ rules for names, keys and batch sizes are in sinks/mlflow_rules.py.
 from __future__ import annotations
 
 import json
-from collections import Counter
 import logging
 import os
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import click
 
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, PermanentError, SinkContext, SinkError
 from sinks.events import Event, json_safe
+from sinks.mlflow_rules import LABEL_MAPS, MAX_PARAM, MAX_TAG, PLAIN_GROUPS, batches, metric_name, mlflow_key, point
 from sinks.mlflow_run import MlRun
 from sinks.mlflow_store import ready_sqlite, sqlite_path
-from sinks.mlflow_rules import LABEL_MAPS, MAX_PARAM, MAX_TAG, PLAIN_GROUPS, batches, metric_name, mlflow_key, point
-from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
+from sinks.preflight import need_package, need_writable_dir
 from sinks.tracker_base import Spans, TrackerSink
 from sinks.tracker_export import export_dir, tracker_file, write_tracker_file
 
@@ -215,9 +216,9 @@ class MlflowSink(TrackerSink):
         if name == "run":
             self._standard_tags(r, params)
         output_dir = export_dir(params)
-        if name in ("run", "hparams") and output_dir is not None:
-            if r.export_to(output_dir, from_run=name == "run"):
-                self._exports.add(run)
+        if name in ("run", "hparams") and output_dir is not None \
+                and r.export_to(output_dir, from_run=name == "run"):
+            self._exports.add(run)
         if name == "relay.lifecycle" and isinstance(params.get("train_end"), dict):
             r.ended_at(params["train_end"].get("ts"))
 

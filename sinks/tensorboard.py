@@ -22,17 +22,18 @@ import os
 import socket
 import time
 import types
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import click
 
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, PermanentError, SinkContext, SinkError
-from sinks.preflight import need_package, need_writable_dir
+from sinks.events import Event
 from sinks.naming import SYSTEM, WORKERS, system_key
+from sinks.preflight import need_package, need_writable_dir
 from sinks.tensorboard_run import Board, Pending
 from sinks.tracker_base import Spans, TrackerSink
-from sinks.events import Event
 
 log = logging.getLogger(__name__)
 
@@ -164,9 +165,9 @@ class TensorBoardSink(TrackerSink):
         tags = [_tag(rank, context, name) for name in values]
         if step is not None:
             self._record(board, tb.Event(wall_time=ts, step=step, summary=tb.Summary(value=[
-                tb.Value(tag=tag, simple_value=value) for tag, value in zip(tags, values.values())])))
+                tb.Value(tag=tag, simple_value=value) for tag, value in zip(tags, values.values(), strict=True)])))
         else:  # TensorBoard needs a step: number each series' points 0, 1, 2 ... (saved with the spans)
-            for tag, value in zip(tags, values.values()):
+            for tag, value in zip(tags, values.values(), strict=True):
                 auto = board.auto.get(tag, 0)
                 board.auto[tag] = auto + 1
                 self._record(board, tb.Event(wall_time=ts, step=auto, summary=tb.Summary(

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sinks.files import write_atomic
 from sinks.tracker_base import Spans

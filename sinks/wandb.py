@@ -29,19 +29,20 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import click
 
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, SinkContext, SinkError
-from sinks.preflight import need_package, need_writable_dir
+from sinks.events import Event
 from sinks.naming import SYSTEM
+from sinks.preflight import need_package, need_writable_dir
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
 from sinks.wandb_access import api_key_present, import_wandb
 from sinks.wandb_layout import STEP_KEY, config_update, row_and_summary, stats_items
 from sinks.wandb_run import STATE_DIR, WbRun
-from sinks.events import Event
 
 log = logging.getLogger(__name__)
 

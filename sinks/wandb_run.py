@@ -44,7 +44,7 @@ class WbRun:
         """Own the run across processes: a restarted relay's sink waits for the old one to finish."""
         if self.lock is not None:  # already ours (a load that failed after taking it is retried)
             return
-        fh = open(state_dir / f"{self.run_id}.lock", "a+")
+        fh = open(state_dir / f"{self.run_id}.lock", "a+")  # noqa: SIM115 (held while open)
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
             try:

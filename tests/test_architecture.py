@@ -469,12 +469,12 @@ def _declared(function: Function | None, owner: ast.ClassDef | None,
             found[arg.arg] = cls
     for node in ast.walk(function):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 \
-                and isinstance(node.targets[0], ast.Name):
-            if (cls := _object_class(node.value, known)) is not None:
-                found[node.targets[0].id] = cls
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if (cls := _object_class(node.annotation, known, annotation=True)) is not None:
-                found[node.target.id] = cls
+                and isinstance(node.targets[0], ast.Name) \
+                and (cls := _object_class(node.value, known)) is not None:
+            found[node.targets[0].id] = cls
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and (cls := _object_class(node.annotation, known, annotation=True)) is not None:
+            found[node.target.id] = cls
     return found
 
 

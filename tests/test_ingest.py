@@ -62,7 +62,7 @@ def journaled(ingest: Ingest) -> list[tuple[str, int, int]]:
 
 def test_a_frame_is_journaled_once_and_acknowledged_only_after_the_commit(ingest) -> None:
     relay, acks = ingest()
-    relay.take_frame(b"a", compact("run", 0, range(0, 4)), now=1.0)
+    relay.take_frame(b"a", compact("run", 0, range(4)), now=1.0)
     assert journaled(relay) == [] and acks == {}, "nothing written or acknowledged before the commit"
     assert relay.pending == 4
     relay.take_frame(b"a", compact("run", 0, range(2, 6)), now=1.1)  # a resend overlapping the first
@@ -71,7 +71,7 @@ def test_a_frame_is_journaled_once_and_acknowledged_only_after_the_commit(ingest
     assert acks == {b"a": [[("run", 0, 6)]]}
     counters = relay.counters
     assert (counters.frames, counters.events, counters.written, counters.duplicates) == (2, 8, 6, 2)
-    relay.take_frame(b"a", compact("run", 0, range(0, 6)), now=1.3)
+    relay.take_frame(b"a", compact("run", 0, range(6)), now=1.3)
     relay.commit(now=1.4)
     assert journaled(relay) == [("run", 0, s) for s in range(6)] and counters.duplicates == 8
     assert acks[b"a"][-1] == [("run", 0, 6)], "a frame of duplicates is acknowledged again"

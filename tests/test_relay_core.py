@@ -17,9 +17,9 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import finish, free_port, line_count, plugin_env, read_jsonl, start_publisher, wait_for, raw_socket
-from relay.wire import encoding, schema
+from conftest import finish, free_port, line_count, plugin_env, raw_socket, read_jsonl, start_publisher, wait_for
 from relay.client.publisher import Publisher
+from relay.wire import encoding, schema
 from sinks.events import from_json_metrics
 
 
@@ -130,7 +130,7 @@ def test_malformed_frames_are_rejected_with_reasons_and_valid_ones_survive(relay
         "bad_run": msgpack.packb(_raw_event(run="../../etc/passwd")),
         "name_too_long": msgpack.packb(_raw_event(data={"k" * 300: 1})),
     }
-    for i, (reason, frame) in enumerate(bad_frames.items()):
+    for i, frame in enumerate(bad_frames.values()):
         pub.publish("metrics", {"i": i}, step=i, stage="train")
         raw.send(frame)
     noise = os.urandom(64)  # random bytes: whichever rule they break, it is recorded as such

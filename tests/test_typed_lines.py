@@ -12,10 +12,10 @@ import orjson
 
 from conftest import ROOT
 from line_helpers import BREAKS, JUNK, event
-from test_event_model import NEW_FIELD
 from relay.wire import typed_lines
 from relay.wire.lines import encode_line, parse_event
 from sinks.events import FIELDS
+from test_event_model import NEW_FIELD
 
 #: Text-level bends of a line as the relay writes it: what orjson and msgspec might read apart.
 _TEXT = [

@@ -40,7 +40,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from trainer import dist_waits
 

@@ -21,16 +21,16 @@ from typing import Any, NoReturn, cast
 import click
 
 from relay.cli import sigterm
-from relay.cli.suggest import no_such_command
-from relay.wire.address import ADDRESS_ENV, DEFAULT_ADDRESS, AddressInUse, BadAddress
-from relay.journal.journal import NAME as JOURNAL, Journal, JournalError
-from relay.daemon.bounds import private_files
-from relay.daemon.live_line import LiveLine, LiveLogHandler, wanted
 from relay.cli.cluster_flags import cluster_config, cluster_options
 from relay.cli.metrics_flags import start_metrics
+from relay.cli.suggest import no_such_command
 from relay.cli.targets import JOURNAL_SUMMARY, JournalFlags, Named, load_named, named, owner
+from relay.daemon.bounds import private_files
+from relay.daemon.live_line import LiveLine, LiveLogHandler, wanted
+from relay.journal.journal import NAME as JOURNAL, Journal, JournalError
 from relay.sinkhost.child import starting
 from relay.sinkhost.spec import SinkSpec, jsonable
+from relay.wire.address import ADDRESS_ENV, DEFAULT_ADDRESS, AddressInUse, BadAddress
 from sinks.base import Sink, SinkError
 
 log = logging.getLogger("relay")

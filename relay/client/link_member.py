@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import zmq
 

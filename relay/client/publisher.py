@@ -17,19 +17,19 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import zmq
 
-from relay.wire import curve, encoding, schema
-
 from relay.client import spool
 from relay.client.fork import ForkHandover, ForkPipe, live
-from relay.wire.address import resolve_address
-from relay.wire.lines import SPOOL_SUFFIX
 from relay.client.link_member import LinkMember
-from relay.wire.io_thread import read_monitor, shared_hub
 from relay.client.send_window import SendWindow
+from relay.wire import curve, encoding, schema
+from relay.wire.address import resolve_address
+from relay.wire.io_thread import read_monitor, shared_hub
+from relay.wire.lines import SPOOL_SUFFIX
 from sinks.events import MAX_ATTEMPT, RELAY_RANK, session_base
 
 __all__ = ["Publisher", "UNKNOWN_JOURNAL"]
@@ -284,7 +284,7 @@ class Publisher(ForkHandover, LinkMember):
             "protocol_errors": self._malformed_acks + w.protocol_errors,
         }
 
-    def __enter__(self) -> "Publisher":
+    def __enter__(self) -> Publisher:
         return self
 
     def __exit__(self, *exc: object) -> None:

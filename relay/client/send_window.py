@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class SendWindow:
         to ``send`` in batches, oldest first, until it refuses one (False: not connected, or full)."""
         in_flight = self.in_flight
         if in_flight and now - self.last_progress > self.backoff:
-            self.rewind("no acknowledgement for %.1f s" % self.backoff)
+            self.rewind(f"no acknowledgement for {self.backoff:.1f} s")
             self.last_progress = now
             self.backoff = min(self.backoff * 2, MAX_BACKOFF)
             in_flight = False

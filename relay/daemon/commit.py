@@ -12,7 +12,7 @@ acks (the daemon's ROUTER socket, relay/daemon/loop.py) and a ``fan_out`` for th
 from __future__ import annotations
 
 import logging
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from relay.daemon.bounds import COMMIT_BYTES
 from relay.daemon.counters import Counters

@@ -21,7 +21,8 @@ import logging
 import operator
 import socket
 import time
-from typing import Any, Callable, Iterable, Literal, overload
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, overload
 
 from relay.daemon.commit import Commit, Send
 from relay.daemon.counters import Counters
@@ -31,11 +32,11 @@ from relay.daemon.refusals import Refusals
 from relay.daemon.run_health import RunHealth
 from relay.daemon.runs import Key, Runs
 from relay.daemon.second_writers import SecondWriters, Tell
-from relay.journal.writers import Writers, session_of, writer_of
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import RankState, claimed_drop
 from relay.journal.journal import Journal
 from relay.journal.journal_queue import Deliver
+from relay.journal.writers import Writers, session_of, writer_of
 from relay.wire import encoding, schema
 from relay.wire.lines import Derived, check_lines, encode_line, encode_lines, relay_event
 from sinks.events import RELAY_RANK, attempt_of, starts_session
@@ -118,10 +119,8 @@ class Ingest:
     def _owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
                          now: float) -> Key | None:
         """The first stream of the frame that is kept for another connection, if any."""
-        for key in self.runs.keys_of(events, first_seq):
-            if self._kept_from(key, peer, now):
-                return key
-        return None
+        keys = self.runs.keys_of(events, first_seq)
+        return next((key for key in keys if self._kept_from(key, peer, now)), None)
 
     def _kept_from(self, key: Key, peer: bytes, now: float) -> bool:
         """Whether ``key`` is another connection's: its owner's while that is connected (and not
@@ -204,7 +203,7 @@ class Ingest:
                 return
             counters.events += len(events)
         last_key = None
-        for event, line in zip(events, lines or map(encode_line, events)):
+        for event, line in zip(events, lines or map(encode_line, events), strict=True):
             key = (event["run"], event["rank"])
             if key != last_key:  # a frame normally holds one rank's events: look it up once
                 held = self._state(peer, key[0], key[1], now, admitted=True)

@@ -16,6 +16,7 @@ bounded in bytes (bounds.COMMIT_BYTES, bounds.TURN_BYTES), not only in messages.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -23,18 +24,18 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import zmq
 
 from relay.daemon import gate, listener, peers
 from relay.daemon.bounds import TURN_BYTES, MemoryProbe, alive, raise_file_limit, trim_heap
 from relay.daemon.commit import Acks
+from relay.daemon.config import RelayConfig
 from relay.daemon.counters import log_stats, write_stats
 from relay.daemon.cross_rank import Cluster
-from relay.daemon.config import RelayConfig
-from relay.sinkhost.fan_out import FanOut
 from relay.daemon.ingest import Ingest
 from relay.daemon.live_line import LiveLine
 from relay.daemon.run_health import RunHealth
@@ -42,8 +43,9 @@ from relay.daemon.shutdown import Shutdown
 from relay.daemon.status import STATUS_REQUEST, Answers, format_line
 from relay.journal.deadletter import KEEP_BYTES, DeadLetters
 from relay.journal.journal import NAME as JOURNAL, Journal
-from relay.sinkhost.spec import SinkSpec
+from relay.sinkhost.fan_out import FanOut
 from relay.sinkhost.rate import Rate
+from relay.sinkhost.spec import SinkSpec
 from relay.wire import encoding
 from relay.wire.address import AddressInUse, check_bind_address, ensure_ipc_free
 from sinks.base import SinkError
@@ -276,10 +278,8 @@ class Relay:
     def _tell(self, peer: bytes, refused: list[tuple[str, int, str]]) -> None:
         """Tell a connection why its frames for these streams are refused (daemon/writers.py)."""
         assert self._sock is not None
-        try:
+        with contextlib.suppress(zmq.ZMQError):  # gone or slow: told again when it resends
             self._sock.send_multipart([peer, encoding.encode_refused(refused)], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # gone or slow: it is told again when it resends
 
     def _answer_status(self, sock: zmq.Socket, peer: bytes, now: float) -> None:
         """A status request: not a frame, never a reject; answered within relay/daemon/status.py's budget."""

@@ -9,14 +9,15 @@ deduplicated them goes. No socket, no clock.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from relay.daemon.bounds import RunBudget
 from relay.daemon.counters import run_view
 from relay.daemon.owners import Owners
-from relay.journal.writers import Writers, named_session, writer_of
 from relay.journal.dedupe import Dedupe, RankState
 from relay.journal.journal import Journal
+from relay.journal.writers import Writers, named_session, writer_of
 from sinks.events import RELAY_RANK
 
 Key = tuple[str, int]

@@ -11,15 +11,15 @@ so no flood of other refusals hides them. No socket, no clock: ingest gives both
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from relay.daemon.counters import Counters
 from relay.daemon.owners import Owners
 from relay.daemon.runs import Key, Runs
-from relay.journal.writers import (REFUSED_REPORT_EVERY, Conflict, Writers, judge, session_of,
-                                   writer_of)
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import RankState
+from relay.journal.writers import REFUSED_REPORT_EVERY, Conflict, Writers, judge, session_of, writer_of
 from relay.wire import schema
 from relay.wire.lines import Derived
 

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from relay.daemon.counters import Counters, log_stats, write_stats
-from relay.sinkhost.fan_out import FanOut
 from relay.daemon.ingest import Ingest
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import NAME as JOURNAL, Journal
 from relay.sinkhost import behind
+from relay.sinkhost.fan_out import FanOut
 from relay.sinkhost.spec import SinkSpec
 
 log = logging.getLogger("relay")

@@ -93,7 +93,7 @@ class Claimant:
     boot: str
 
     @classmethod
-    def here(cls, journal: Path, pid: int) -> "Claimant":
+    def here(cls, journal: Path, pid: int) -> Claimant:
         folder = journal if Journal(journal).directory else journal.parent
         st = os.stat(folder)
         try:
@@ -227,7 +227,7 @@ class NodeClaim:
                     kv = await bucket(js, self.stream, self.replicas, create=True)
                     self.ttl = await _ttl(kv) or NODE_TTL
                 await self._renew(kv)
-            except (NatsError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, NatsError, OSError) as exc:
                 log.debug("node %s: claim not renewed now: %s", self.node, connection.describe(exc))
             await asyncio.sleep(self.ttl / 5)
 

@@ -7,7 +7,8 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from typing import Any, Callable, Coroutine, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,10 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from relay.fleet.sessions import CENTRAL_SEQ, Checked, FleetWriters
 from relay.journal.dedupe import Dedupe, RankState
@@ -279,9 +280,8 @@ class Partition:
 
     def stats(self) -> dict:
         lag = time.time() - self.published if self.pending and self.published is not None else 0.0
-        out = {"partition": self.number, **self.counters.__dict__, "position": self.position,
-               "pending": self.pending, "lag_s": round(lag, 3), "sinks": self.fan_out.stats()}
-        return out
+        return {"partition": self.number, **self.counters.__dict__, "position": self.position,
+                "pending": self.pending, "lag_s": round(lag, 3), "sinks": self.fan_out.stats()}
 
 
 def _seqs(checked: Checked) -> dict[tuple[str, int], list[int]]:

@@ -16,6 +16,7 @@ resumes after the stream's last message for this node and run (its ``Relay-End``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -139,10 +140,8 @@ class NatsPublisher:
                     next_save = now + SAVE_EVERY
                 self.idle = self._stream_ok and not self._dirty and not self._busy
                 self._wake.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), SAVE_EVERY)
-                except asyncio.TimeoutError:
-                    pass
         finally:
             connecting.cancel()
 

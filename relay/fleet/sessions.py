@@ -32,10 +32,9 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
-from relay.journal.writers import (REFUSED_REPORT_EVERY, Conflict, Key, Writer, Writers, judge,
-                                   named_session, writer_of)
 from relay.journal.dedupe import RankState
 from relay.journal.journal import WRITER_EVENTS
+from relay.journal.writers import REFUSED_REPORT_EVERY, Conflict, Key, Writer, Writers, judge, named_session, writer_of
 from relay.wire.lines import Derived, parse_line
 from sinks.events import RELAY_RANK, RESTART_SEQ_BITS, starts_session
 
@@ -92,7 +91,7 @@ class FleetWriters:
         self._summed_at: float | None = None  # when refused lines were last summed up in the log
         self._since = 0  # lines refused, not logged, since then
 
-    def fresh(self) -> "FleetWriters":
+    def fresh(self) -> FleetWriters:
         """A judge that learns the view anew (after ``Partition.reset``), knowing what it logged."""
         judge_ = FleetWriters(self.number)
         judge_.logged, judge_._summed_at, judge_._since = self.logged, self._summed_at, self._since

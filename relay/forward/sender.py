@@ -20,14 +20,14 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from relay.wire import schema
-from relay.wire.encoding import array_header
-from relay.forward.lines import LineReader
-from relay.client.send_window import MAX_BATCH_BYTES, MAX_BATCH_EVENTS
-from relay.forward.window import ForwardWindow, Key, Stream
 from relay.client.link_member import LinkMember
+from relay.client.send_window import MAX_BATCH_BYTES, MAX_BATCH_EVENTS
+from relay.forward.lines import LineReader
+from relay.forward.window import ForwardWindow, Key, Stream
 from relay.journal.journal import Journal
 from relay.journal.reader import JournalReader
+from relay.wire import schema
+from relay.wire.encoding import array_header
 from sinks.events import RELAY_RANK
 from sinks.files import write_atomic
 

@@ -24,16 +24,16 @@ from __future__ import annotations
 import logging
 import operator
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import click
 import zmq.auth
 from zmq.utils import z85
 
+from relay.forward.sender import Forwarder
 from relay.wire import auth, curve
 from relay.wire.address import BadAddress, check_bind_address, is_loopback
-from relay.forward.sender import Forwarder
 from relay.wire.io_thread import Hub
 from sinks.base import CLOSE_TIMEOUT, Sink, SinkContext, SinkError
 from sinks.events import Event

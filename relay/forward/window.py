@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 

@@ -18,13 +18,14 @@ import contextlib
 import fcntl
 import logging
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
-from relay.wire import schema
 from relay.journal.dedupe import claimed_drop
 from relay.journal.reader import JournalReader, is_directory_layout, read_events
 from relay.journal.recovery import cut_torn_tail
+from relay.wire import schema
 from relay.wire.lines import encode_line, parse_event
 from sinks.events import RELAY_RANK, from_journal
 

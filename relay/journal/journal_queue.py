@@ -5,7 +5,8 @@ journal so that neither of the two needs the other's room.
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from relay.journal.journal import PartialWrite
 

@@ -10,8 +10,9 @@ last moment a sink can be complete; what it lacks then is only in the journal.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from relay.sinkhost.spec import SinkSpec
 from sinks.base import Sink

@@ -28,20 +28,21 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import click
 
+from relay.journal.deadletter import DeadLetters
+from relay.journal.journal import Journal
+from relay.journal.reader import LineDecoder
 from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.catch_up import CatchUp
 from relay.sinkhost.driver import SinkDriver
 from relay.sinkhost.lifeline import hold_sink_lock
 from relay.sinkhost.notices import NoticeDecoder
 from relay.sinkhost.spec import SinkSpec
-from relay.journal.deadletter import DeadLetters
-from relay.journal.journal import Journal
-from relay.journal.reader import LineDecoder
 from sinks.base import Sink, SinkContext, SinkError
 
 log = logging.getLogger(__name__)

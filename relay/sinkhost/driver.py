@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from relay.journal.deadletter import DeadLetters, EventKey, event_key
 from relay.wire.lines import encode_line
@@ -138,9 +139,8 @@ class SinkDriver:
     def after_batch(self, idle: bool, read: Callable[[str], Iterable[Batch]] | None = None) -> None:
         """Flush when nothing is waiting (``idle``) or ``flush_every`` has passed; with ``read``, first
         fill the sink's holes from it (``fill_holes``)."""
-        if idle or self._clock() >= self._next_flush:
-            if read is None or self.fill_holes(read):
-                self.flush()
+        if (idle or self._clock() >= self._next_flush) and (read is None or self.fill_holes(read)):
+            self.flush()
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         """``sink.flush(timeout)``; False (counted, logged) when it failed or did not complete: the

@@ -16,6 +16,7 @@ from typing import Any
 from relay.journal.journal_queue import News
 from relay.wire.schema import valid_run_id
 
+
 def encode(news: News) -> bytes:
     return b"".join([b"%s %d %d\n" % (run.encode(), end, events) for run, (events, end) in news.items()])
 

@@ -16,9 +16,10 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import Dedupe

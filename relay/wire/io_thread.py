@@ -13,12 +13,14 @@ itself to a TCP relay is relay/wire/auth.py's; a refused handshake is said once,
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
 import threading
 import time
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import zmq
 
@@ -82,10 +84,8 @@ class Hub:
 
     def wake(self) -> None:
         """Have the thread look at new, stopping or flushing members now, not at its next tick."""
-        try:
+        with contextlib.suppress(BlockingIOError):  # a wake-up is already pending
             os.write(self._wake_w, b"x")
-        except BlockingIOError:
-            pass  # a wake-up is already pending
 
     def _serve(self) -> None:
         ctx = zmq.Context()
@@ -235,10 +235,8 @@ class Link:
     def _redial(self) -> None:
         self.redial_at = None
         self.gave_up.clear()
-        try:
+        with contextlib.suppress(zmq.ZMQError):  # ZeroMQ already let go of it
             self.sock.disconnect(self.address)
-        except zmq.ZMQError:
-            pass  # ZeroMQ already let go of it
         self.sock.connect(self.address)
 
     def close(self) -> None:

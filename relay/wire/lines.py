@@ -4,8 +4,9 @@ the wire room's side so none of them needs the journal to speak it."""
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Iterable
 from itertools import groupby
-from typing import Any, Callable, Iterable, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import msgspec
 import orjson
@@ -13,7 +14,6 @@ import orjson
 from relay.wire import schema, typed_lines
 from relay.wire.typed_lines import OPTIONAL_FIELDS
 from sinks.events import ENVELOPE, FIELDS, RELAY_RANK, ROW_FIELDS, json_safe
-
 
 #: How a Publisher names a spool file (relay/client/publisher.py): one rank's journal lines, none of
 #: them the relay's own, which ``relay replay`` derives as it journals them (relay/daemon/rederive.py).
@@ -146,7 +146,7 @@ class ChunkCheck:
         its envelope and its row (``sinks.events.ENVELOPE``, ``ROW_FIELDS``)."""
         envelope_of, row_of = typed_lines.envelope_of, typed_lines.row_of
         out = []
-        for line, item in zip(lines, typed_lines.decode(lines)):
+        for line, item in zip(lines, typed_lines.decode(lines), strict=True):
             if item is None:
                 event = self._slow(line, run)
                 if event is not None:
@@ -163,7 +163,8 @@ class ChunkCheck:
         if None in items or (run is not None and set(map(typed_lines.run_of, items)) != {run}):
             pairs: Iterable[tuple[tuple, tuple]] = [(envelope, row) for _, envelope, row in self.events(lines, run)]
         else:
-            pairs = zip(map(typed_lines.envelope_of, items), map(typed_lines.row_of, items))
+            pairs = zip(map(typed_lines.envelope_of, items), map(typed_lines.row_of, items),
+                        strict=True)
         groups: dict[tuple, list[tuple]] = {}
         for envelope, same in groupby(pairs, key=_FIRST):
             rows = list(map(_SECOND, same))
@@ -177,7 +178,7 @@ class ChunkCheck:
         """The events of ``lines``, in order, as what dedupe needs: each line and its (run, rank, seq)."""
         key_of = typed_lines.key_of
         out = []
-        for line, item in zip(lines, typed_lines.decode(lines)):
+        for line, item in zip(lines, typed_lines.decode(lines), strict=True):
             if item is not None:
                 out.append((line, key_of(item)))
             elif (event := self._slow(line, None)) is not None:

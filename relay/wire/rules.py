@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 _NONE = type(None)
 #: The error a check raises, ``error(reason, detail)``: relay/wire/schema.py's FrameError.
@@ -216,13 +217,15 @@ class Rules:
         (a dict of a zip per row costs twice as much)."""
         envelope = [f"e{i}" for i in range(len(self.envelope))]
         row = [f"r{i}" for i in range(len(self.row))]
-        items = ", ".join(f"{name!r}: {var}" for name, var in zip(self.fields, envelope + row))
+        pairs = zip(self.fields, envelope + row, strict=True)
+        items = ", ".join(f"{name!r}: {var}" for name, var in pairs)
         return eval(f"lambda rows, {', '.join(envelope)}: [{{{items}}} for {', '.join(row)} in rows]", {})
 
     def _event_check(self) -> Callable[[Any], None]:
         compiler = _Compiler()
         names = [f"f{i}" for i in range(len(self._all))]
-        test = "\n            and ".join(compiler.test(field, var) for field, var in zip(self._all, names))
+        pairs = zip(self._all, names, strict=True)
+        test = "\n            and ".join(compiler.test(field, var) for field, var in pairs)
         deep = "".join(f"\n            {call}" for call in compiler.deep)
         compiler.namespace.update(get=operator.itemgetter(*self.fields), explain=self.explain)
         source = (f"def validate_event(ev):\n"
@@ -240,7 +243,8 @@ class Rules:
         """``(*row) -> bool``: a compact batch's row (its envelope checked already) passes the rules."""
         compiler = _Compiler()
         names = [f"r{i}" for i in range(len(self.row))]
-        test = " and ".join(compiler.test(field, var) for field, var in zip(self._all[len(self.envelope):], names))
+        pairs = zip(self._all[len(self.envelope):], names, strict=True)
+        test = " and ".join(compiler.test(field, var) for field, var in pairs)
         deep = "".join(f"\n        {call}" for call in compiler.deep)
         source = (f"def row_ok({', '.join(names)}):\n"
                   f"    if {test}:{deep}\n"
@@ -269,8 +273,8 @@ class Rules:
         the rows (nested data), so the caller then finds out which, row by row."""
         if set(map(type, rows)) != {list} or set(map(len, rows)) != {len(self.row)}:
             return None
-        columns = tuple(zip(*rows))
-        for test, column in zip(self._columns, columns):
+        columns = tuple(zip(*rows, strict=True))
+        for test, column in zip(self._columns, columns, strict=True):
             if not test(column):
                 return None
         return columns

@@ -13,9 +13,10 @@ them together) and a new field of the model needs no edit here.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from itertools import chain
 from operator import attrgetter, itemgetter
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 import msgspec

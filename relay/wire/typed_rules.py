@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Union
 
 from msgspec import Meta
 
@@ -27,8 +27,8 @@ def flat_map(max_key: int) -> Any:
     """A map's type: string keys of at most ``max_key`` characters, flat values only, finite floats
     only (a nested map or list, a NaN or an infinity is the rules' to judge, as a relay's column
     check leaves nested data to its row checks; what the types take is then known to be finite)."""
-    value = Union[Annotated[int, Meta(ge=INT64[0], le=INT64[1])], Annotated[float, Meta(ge=-_MAX, le=_MAX)], str, bool,
-                  None]
+    value = (Annotated[int, Meta(ge=INT64[0], le=INT64[1])]
+             | Annotated[float, Meta(ge=-_MAX, le=_MAX)] | str | bool | None)
     return dict[Annotated[str, Meta(max_length=max_key)], value]
 
 
@@ -37,7 +37,7 @@ def typed(field: Field, max_key: int) -> Any:
     it cannot say (a check inside a value other than a map's)."""
     rule = field.rule
     kind = _typed(field.name, rule, max_key)
-    return Optional[kind] if field.nullable else kind
+    return kind | None if field.nullable else kind
 
 
 def _typed(name: str, rule: Rule, max_key: int) -> Any:
@@ -61,7 +61,7 @@ def _typed(name: str, rule: Rule, max_key: int) -> Any:
             parts.append(Annotated[str, Meta(max_length=rule.max_len)] if rule.max_len is not None else str)
         else:
             raise ImportError(f"relay/wire/typed_rules.py cannot type the field {name!r}: a {kind.__name__}")
-    return Union[tuple(parts)]
+    return Union[tuple(parts)]  # noqa: UP007 (a union of a runtime tuple, which | cannot spell)
 
 
 def rows_of(fields: list[Field], max_key: int) -> Any:

@@ -13,24 +13,25 @@ import os
 import resource
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import msgpack
 import orjson
 from hypothesis import strategies as st
 
-from relay.wire import encoding, schema
-from relay.sinkhost.replay import replay_files
 from relay.cli.filters import Selection
 from relay.cli.tail import Tail, format_event
 from relay.journal.journal import Journal, JournalError
 from relay.journal.reader import journal_files, read_events
+from relay.sinkhost.replay import replay_files
+from relay.wire import encoding, schema
 from relay.wire.lines import check_lines, encode_lines
+from sinks.events import FIELDS, from_journal
 
 from . import strategies
-from sinks.events import FIELDS, from_journal
 
 #: File descriptors a check may open beyond those already open: the usual default ``ulimit -n``,
 #: so a relay or replay that keeps one file per run open fails here as it would in the field.
@@ -85,7 +86,7 @@ def check_decode(frame: bytes) -> None:
     if lines.pop() != b"" or len(lines) != len(events):
         raise Violation("journal_lines", f"{len(events)} events encoded as {len(lines)} lines")
     _check_line_bound(chunk, lines)
-    for line, event in zip(lines, events):
+    for line, event in zip(lines, events, strict=True):
         _check_journaled(orjson.loads(line))
         encoding.encode_ack([(event["run"], event["rank"], event["seq"] + 1)])
 
