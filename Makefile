@@ -59,9 +59,10 @@ test test-fast test-loaded: export PYTHONDONTWRITEBYTECODE =
 test: $(STAMP) $(FMS_STAMP) lint test-servers
 	$(PY) -m pytest -q -n $(SUITE_WORKERS) --budget=20 --strict-skips
 
-# ruff (pyflakes and pycodestyle's errors) on everything, mypy on relay/, sinks/, trainer/ (pyproject.toml
-# says how strict): part of `make test`, first: about 70 s of CPU from a clean clone (mypy reads the typed
-# libraries once; its .mypy_cache makes a rerun seconds), while the suite takes many minutes.
+# ruff (pyflakes and pycodestyle's errors, and the style sets pyproject.toml selects) on everything,
+# mypy on relay/, sinks/, trainer/ (pyproject.toml says how strict): part of `make test`, first:
+# about 70 s of CPU from a clean clone (mypy reads the typed libraries once; its .mypy_cache makes a
+# rerun seconds), while the suite takes many minutes.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

@@ -16,8 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bench import report
 from bench.common import ROOT, Section

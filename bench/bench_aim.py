@@ -22,8 +22,9 @@ import atexit
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.common import Section, alternate, table
 from relay.wire.schema import SCHEMA_VERSION

@@ -66,12 +66,12 @@ def run(quick: bool = False) -> Section:
             section.add_table(f"{what}: the relay process's CPU per event (all its threads)",
                               [cpu_base.row(), samples[SECRET]["s"].row(cpu_base)])
             held = Sample("authenticated / open, same round", "x", [a / b for a, b in zip(
-                samples[SECRET]["events/s"].values, base.values)])
+                samples[SECRET]["events/s"].values, base.values, strict=True)])
             section.target(f"ingest authenticated >= 90% of --open ({n} publishers, median same-round ratio)",
                            held.median, 0.9, True,
                            f"{held.median:.0%} (rounds {', '.join(f'{v:.0%}' for v in held.values)})")
             cost = Sample("CPU per event, authenticated / open, same round", "x", [a / b for a, b in zip(
-                samples[SECRET]["s"].values, cpu_base.values)])
+                samples[SECRET]["s"].values, cpu_base.values, strict=True)])
             section.notes.append(f"{n} publishers: the relay's CPU per event authenticated / --open, median of the "
                                  f"same-round ratios {cost.median:.2f}x (rounds "
                                  f"{', '.join(f'{v:.2f}' for v in cost.values)}).")

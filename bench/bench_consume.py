@@ -23,13 +23,14 @@ consuming relay of this tree beside one of that tree's (a before/after in the sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
@@ -67,10 +68,8 @@ async def _delete(urls: str, names: list[str]) -> None:
     from nats.js.errors import NotFoundError
     nc = await nats.connect(urls.split(","))
     for name in names:
-        try:
+        with contextlib.suppress(NotFoundError):
             await nc.jetstream().delete_stream(name)
-        except NotFoundError:
-            pass
     await nc.close()
 
 
@@ -141,7 +140,7 @@ async def _first_consumer(urls: str, name: str, start: Callable[[], None], procs
             try:
                 await sub.next_msg(timeout=0.5)
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if time.monotonic() > deadline or any(proc.poll() is not None for proc in procs):
                     raise RuntimeError(f"no consuming relay made a consumer of {name} within 120 s") from None
     finally:
@@ -185,7 +184,7 @@ def _raw(urls: str, servers: Callable[[], float], total: int, round_id: str) -> 
             while state["seen"] < total:
                 try:
                     msgs = await sub.fetch(batch, timeout=0.5)
-                except (asyncio.TimeoutError, NatsError):  # a stream just made, its leader still being elected
+                except (TimeoutError, NatsError):  # a stream just made, its leader still being elected
                     continue
                 if not state["start"]:
                     state.update(start=time.monotonic(), cpu=time.process_time(), servers=servers())

@@ -19,8 +19,8 @@ import zmq
 from bench import procs
 from bench.common import RelayRun, Sample, alternate, free_port, machine, table
 from relay.client.publisher import Publisher
-from relay.wire import auth
 from relay.journal.journal import Journal
+from relay.wire import auth
 
 LOG = {"loss": 1.234, "grad_norm": 0.56, "learning_rate": 2e-5, "epoch": 0.5, "entropy": 1.9,
        "mean_token_accuracy": 0.61, "num_tokens": 123456.0}
@@ -47,7 +47,8 @@ def publish_cost(calls: int, rounds: int) -> list[dict]:
                 ev = {"v": 1, "run": "bench-raw", "rank": 0, "local_rank": 0, "world_size": 1, "host": host,
                       "seq": state["seq"], "ts": time.time(), "type": "metrics", "step": state["step"],
                       "epoch": 0.5, "stage": "train", "data": LOG}
-                try:
+                # (try, not contextlib.suppress: the timed floor, suppress() adds ~0.25 us a call)
+                try:  # noqa: SIM105
                     raw.send(msgpack.packb(ev), zmq.NOBLOCK)
                 except zmq.Again:
                     pass

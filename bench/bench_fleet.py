@@ -27,8 +27,8 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
@@ -85,7 +85,7 @@ def _with_nats(work: Path, urls: str, servers: Callable[[], float], publishers: 
                                      relay.check_alive))
         to_js = ingest + stored - ingested  # from the publishers' release, as ingest
         cpu = [(after - before) / total * 1e6 for before, after in
-               zip(cpu, [cpu_seconds([relay.pid]), cpu_seconds(sink), servers()])]
+               zip(cpu, [cpu_seconds([relay.pid]), cpu_seconds(sink), servers()], strict=True)]
     finally:
         relay.stop()
     journals.append(journal)
@@ -199,14 +199,14 @@ def run(quick: bool = False) -> Section:
                       "this machine", rows)
     cpu = [samples[BARE][RELAY_CPU], *(samples[WITH][unit] for unit in (RELAY_CPU, SINK_CPU, SERVERS_CPU))]
     for sample, name in zip(cpu, ("the node relay, no sink (over its ingest)", "the node relay, nats sink attached",
-                                  "the nats sink's process", "the three servers")):
+                                  "the nats sink's process", "the three servers"), strict=True):
         sample.name = name
     cpu_rows = [cpu[0].row(), cpu[1].row(cpu[0]), cpu[2].row(), cpu[3].row()]
     if baseline:
         base_cpu = [samples[f"{BARE}, the code of {baseline}"][RELAY_CPU],
                     *(samples[f"{WITH}, the code of {baseline}"][unit] for unit in (RELAY_CPU, SINK_CPU))]
         for sample, name, ours in zip(base_cpu, ("the node relay, no sink", "the node relay, nats sink attached",
-                                                 "the nats sink's process"), cpu):
+                                                 "the nats sink's process"), cpu, strict=False):
             sample.name = f"{name}, the code of {baseline}"
             cpu_rows.append(sample.row(ours))
     section.add_table("CPU time per event: the node relay's process over its ingest (no sink), and, with the nats "

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bench.bench_ingest import _timed_feed
 from bench.common import RelayRun, Sample, Section, alternate_many, cli

@@ -22,9 +22,10 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 import zmq
@@ -81,7 +82,8 @@ class RawSend:
         event = {"v": 1, "run": "bench-raw", "rank": 0, "local_rank": 0, "world_size": 1, "host": self.host,
                  "seq": self.seq, "ts": time.time(), "type": "metrics", "step": state.global_step,
                  "epoch": logs.get("epoch"), "stage": "train", "data": data}
-        try:
+        # (try, not contextlib.suppress: the timed floor, and suppress() adds ~0.25 us a call)
+        try:  # noqa: SIM105
             self.sock.send(msgpack.packb(event), zmq.NOBLOCK)
         except zmq.Again:
             pass

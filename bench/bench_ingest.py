@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bench import procs
 from bench.common import RelayRun, Sample, Section, alternate_many, cli, kill_group
@@ -123,12 +123,14 @@ def run(quick: bool = False) -> Section:
             section.target(f">= 80% of the raw writer ({n} publishers)", relay / base.median, 0.8, True,
                            f"{relay / base.median:.0%} ({relay:,.0f} vs {base.median:,.0f} ev/s)")
             held = Sample("with Aim / without, same round", "x", [a / b for a, b in zip(
-                samples[RELAY_AIM]["events/s"].values, samples[RELAY]["events/s"].values)])
+                samples[RELAY_AIM]["events/s"].values, samples[RELAY]["events/s"].values,
+                strict=True)])
             section.target(f"JSONL rate holds with the Aim sink attached ({n} publishers, >= 90%, median same-round "
                            "ratio)", held.median, 0.9, True,
                            f"{held.median:.0%} (rounds {', '.join(f'{v:.0%}' for v in held.values)})")
             every = Sample("with all five sinks / without, same round", "x", [a / b for a, b in zip(
-                samples[RELAY_ALL]["events/s"].values, samples[RELAY]["events/s"].values)])
+                samples[RELAY_ALL]["events/s"].values, samples[RELAY]["events/s"].values,
+                strict=True)])
             section.target(f"JSONL rate holds with all five sinks attached ({n} publishers, >= 90%, median "
                            "same-round ratio)", every.median, 0.9, True,
                            f"{every.median:.0%} (rounds {', '.join(f'{v:.0%}' for v in every.values)})")

@@ -25,10 +25,10 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 
 import psutil
-from pathlib import Path
-from typing import Callable
 
 from bench.bench_ingest import _timed_feed
 from bench.common import RelayRun, Sample, Section, alternate_many, cli, free_port
@@ -134,7 +134,7 @@ def _in_process(section: Section, quick: bool) -> None:
     with_health = Sample("ingest, cross-rank on, run health kept", "us/event", on)
     section.add_table(f"in-process CPU per event, {ranks} ranks x {steps:,} stage=\"rank\" reports (worst case)",
                       [base.row(), with_health.row(base)])
-    ratio = statistics.median(a / b for a, b in zip(off, on))
+    ratio = statistics.median(a / b for a, b in zip(off, on, strict=True))
     section.target("in process, rank reports only: ingest rate with the run health >= 95% of without (median "
                    "same-round ratio)", ratio, 0.95, True, f"{ratio:.0%}")
 
@@ -157,12 +157,13 @@ def run(quick: bool = False) -> Section:
     section.add_table("the relay process's CPU (user + system, every thread) per event, same rounds",
                       [cpu.row()] + [samples[name]["relay CPU us/event"].row(cpu) for name in (SCRAPED, LOSS)])
     for name, what in ((SCRAPED, "scraped every second"), (LOSS, "--metrics-loss, scraped every second")):
-        held = statistics.median(a / b for a, b in zip(cpu.values, samples[name]["relay CPU us/event"].values))
+        with_endpoint = samples[name]["relay CPU us/event"].values
+        held = statistics.median(a / b for a, b in zip(cpu.values, with_endpoint, strict=True))
         section.target(f"relay CPU per event without / with the endpoint ({what}) >= 95% (median same-round "
                        "ratio: the rate it allows on an idle core)", held, 0.95, True, f"{held:.0%}")
     for name, what in ((SCRAPED, "with the endpoint scraped every second"), (LOSS, "with --metrics-loss as well")):
         held = Sample(f"{name} / without, same round", "x", [a / b for a, b in zip(
-            samples[name]["events/s"].values, base.values)])
+            samples[name]["events/s"].values, base.values, strict=True)])
         section.target(f"ingest {what} >= 95% of without (median same-round ratio)", held.median, 0.95, True,
                        f"{held.median:.0%} (rounds {', '.join(f'{v:.0%}' for v in held.values)})")
     scrapes = ", ".join(f"{name}: {samples[name]['scrapes'].median:.0f}" for name in (SCRAPED, LOSS))

@@ -21,8 +21,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.common import Section, alternate, cli
 from relay.wire.schema import SCHEMA_VERSION

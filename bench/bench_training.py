@@ -36,13 +36,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from bench.common import ROOT, RelayRun, Sample, alternate, free_port, machine, table
 from relay.wire.address import ADDRESS_ENV
 from trainer.custom_metrics import SEND_INTERVAL
-
 
 OFF, RELAY, AIM = "tracking off", "relay on", "AimCallback in-process"
 OFF_AGAIN = "tracking off again (A/A: the noise floor)"
@@ -253,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         hooks = hook_cost(steps * 10, work)
     off = samples[OFF]
     paired = {name: Sample(f"{name} / tracking off, same round", "x",
-                           [b / a for a, b in zip(off.values, samples[name].values)]) for name in (RELAY, AIM)}
+                           [b / a for a, b in zip(off.values, samples[name].values, strict=True)])
+              for name in (RELAY, AIM)}
     rate = {name: Sample(f"{name}: steps/s", "steps/s", [steps / t for t in samples[name].values]) for name in JOBS}
     rows = [off.row(), samples[RELAY].row(off), samples[AIM].row(off),
             rate[OFF].row(), rate[RELAY].row(rate[OFF]), rate[AIM].row(rate[OFF]),

@@ -26,8 +26,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
@@ -156,7 +156,8 @@ def run(quick: bool) -> Section:
         made = time.perf_counter()
         paths = build(work, steps, small_runs)
         big, folder = paths["big"], paths["dir"]
-        lines = sum(1 for _ in open(big, "rb"))
+        with open(big, "rb") as fh:
+            lines = sum(1 for _ in fh)
         size = big.stat().st_size
         section.notes.append(f"The journal: {lines:,} lines, {size / 1e6:,.0f} MB, two ranks, {steps:,} logged steps "
                              f"(written in {time.perf_counter() - made:.0f} s by tests/watch_helpers.training_journal); "

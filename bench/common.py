@@ -1,6 +1,7 @@
 """Shared measurement helpers: alternate contenders, take medians, report spread and ratios."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -10,9 +11,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +34,7 @@ class Sample:
     def spread(self) -> tuple[float, float]:
         return min(self.values), max(self.values)
 
-    def row(self, baseline: "Sample | None" = None) -> dict:
+    def row(self, baseline: Sample | None = None) -> dict:
         lo, hi = self.spread
         out = {"name": self.name, "unit": self.unit, "median": self.median, "min": lo, "max": hi, "n": len(self.values)}
         if baseline is not None:
@@ -188,10 +189,8 @@ class RelayRun:
         """SIGTERM (a clean flush), then SIGKILL to the whole group if it takes longer than ``timeout``."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
         kill_group(self.proc)
 
 
@@ -202,8 +201,6 @@ def spawn(cmd: list[str], **kwargs: object) -> subprocess.Popen:
 
 def kill_group(proc: subprocess.Popen) -> None:
     """Make sure ``proc`` and anything it started are gone (finally blocks call this)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()

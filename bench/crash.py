@@ -156,7 +156,7 @@ def run(kills: int, out: Path, *, per_round: int = 100, runs: int = 2, ranks: in
     journal (removed once it passed, so a long run needs no more disk than one round); the figures
     summed over the rounds, ``ok`` if every round passed. ``stop`` set: no more kills, the round
     is checked as it stands."""
-    total: dict[str, Any] = {key: 0 for key in SUMMED}
+    total: dict[str, Any] = dict.fromkeys(SUMMED, 0)
     total.update(layout=layout, runs=runs, ranks_per_run=ranks, rate_hz=rate, seed=seed, rounds=0, ok=True,
                  last_exit_code=0)
     done = 0
@@ -199,7 +199,7 @@ def run_round(kills: int, out: Path, *, runs: int = 2, ranks: int = 2, rate: flo
             crash.kill_once()
         crash.start()
         crash.wait_ready()
-        for run_id, rank, proc in publishers:
+        for _, _, proc in publishers:
             proc.terminate()
         for run_id, rank, proc in publishers:
             try:

@@ -19,8 +19,8 @@ import threading
 import time
 
 from bench import soak_rank
-from relay.wire import schema
 from relay.client.publisher import Publisher
+from relay.wire import schema
 
 CLOSE_TIMEOUT = 120.0
 SMALLEST = 100

@@ -72,7 +72,9 @@ def _ingest(blobs: list[bytes], peers: list[bytes], folder: str, profile: cProfi
     written = ingest.counters.written
     journal.close()
     ingest.deadletters.close()
-    if written != sum(1 for _ in open(journal.path, "rb")):
+    with open(journal.path, "rb") as fh:
+        held = sum(1 for _ in fh)
+    if written != held:
         raise RuntimeError(f"ingest counted {written} written, the journal holds other lines")
     return took
 
@@ -86,7 +88,8 @@ def main() -> None:
     args = parser.parse_args()
     per = args.events // args.publishers
     groups = [frames("bench", rank, per)[0] for rank in range(args.publishers)]
-    blobs = [blob for together in zip(*groups) for blob in together]  # the publishers interleaved
+    # the publishers interleaved
+    blobs = [blob for together in zip(*groups, strict=True) for blob in together]
     peers = [b"peer%d" % rank for rank in range(args.publishers)]
     events = per * args.publishers
     gc.freeze()
@@ -96,7 +99,7 @@ def main() -> None:
         for _ in range(args.rounds):
             raw.append(_raw(blobs, folder))
             ours.append(_ingest(blobs, peers, folder))
-        ratios = [r / o for r, o in zip(raw, ours)]
+        ratios = [r / o for r, o in zip(raw, ours, strict=True)]
         print(f"{events:,} events from {args.publishers} publishers, {args.rounds} rounds: raw writer "
               f"{statistics.median(raw) / events * 1e6:.2f} us/event, ingest {statistics.median(ours) / events * 1e6:.2f} "
               f"us/event; ingest's rate / raw's, same round: median {statistics.median(ratios):.0%} "

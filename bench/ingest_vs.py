@@ -85,7 +85,7 @@ def main() -> None:
     for turn in range(args.rounds):
         for tree, into in ((ROOT, ours), (args.baseline, base))[::1 if turn % 2 else -1]:
             into.append(_round(tree, args.events, args.derive, args.health))
-    ratios = [b / o for o, b in zip(ours, base)]
+    ratios = [b / o for o, b in zip(ours, base, strict=True)]
     print(f"{args.events:,} events, {args.rounds} rounds: this tree {statistics.median(ours):.3f} us/event (CPU), "
           f"baseline {statistics.median(base):.3f}; this tree's rate / the baseline's, same round: median "
           f"{statistics.median(ratios):.0%} (rounds {', '.join(f'{r:.0%}' for r in ratios)})")

@@ -39,7 +39,8 @@ def frames(run: str, rank: int, events: int) -> tuple[list[bytes], int]:
     for start in range(0, events, FRAME_EVENTS):
         rows = [(s, time.time(), "metrics", s, 0.5, "train", DATA) for s in range(start, min(start + FRAME_EVENTS, events))]
         out.append(encoding.compact_frame(prefix, [encoding.encode_row(*row) for row in rows]))
-        size += len(encode_lines([{**envelope, **dict(zip(ROW_FIELDS, row))} for row in rows]))  # as the relay writes
+        journaled = [{**envelope, **dict(zip(ROW_FIELDS, row, strict=True))} for row in rows]
+        size += len(encode_lines(journaled))  # as the relay writes
     return out, size
 
 

@@ -1,6 +1,7 @@
 """Turns benchmark sections into docs/benchmarks.md, docs/benchmarks.json and the PNG plots."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import platform
@@ -78,11 +79,9 @@ def meta(command: str, seconds: float, load_before: tuple, load_after: tuple) ->
         except metadata.PackageNotFoundError:
             continue
     cpu = "unknown"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"command": command, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as info:
+        cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    return {"command": command, "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": round(seconds), "machine": {**machine(), "cpu": cpu, **versions},
             "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in load_after],
             "host": platform.node()}

@@ -21,9 +21,9 @@ import importlib.util
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Callable, Iterator
 
 import msgpack
 
@@ -73,7 +73,7 @@ def _workloads(blobs: list[bytes]) -> dict[str, list[bytes]]:
 
 
 def _line(what: str, events: int, ours: list[float], base: list[float]) -> str:
-    ratios = [b / o for o, b in zip(ours, base)]
+    ratios = [b / o for o, b in zip(ours, base, strict=True)]
     return (f"{what}: this tree {statistics.median(ours) / events * 1e6:.3f} us/event, baseline "
             f"{statistics.median(base) / events * 1e6:.3f} us/event; this tree's rate / the baseline's, same round: "
             f"median {statistics.median(ratios):.0%} (rounds {', '.join(f'{r:.0%}' for r in ratios)})")
@@ -89,7 +89,7 @@ def main() -> None:
     baseline = _load(args.baseline)
     per = args.events // args.publishers
     groups = [frames("bench", rank, per)[0] for rank in range(args.publishers)]
-    blobs = [blob for together in zip(*groups) for blob in together]
+    blobs = [blob for together in zip(*groups, strict=True) for blob in together]
     peers = [b"peer%d" % rank for rank in range(args.publishers)]
     events = per * args.publishers
     workloads = _workloads(blobs)

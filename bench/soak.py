@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime
 import json
 import logging
@@ -163,10 +164,8 @@ class Relay:
             proc = psutil.Process(self.proc.pid)
             rss, fds = proc.memory_info().rss, proc.num_fds()
             for child in proc.children(recursive=True):
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):
                     rss, fds = rss + child.memory_info().rss, fds + child.num_fds()
-                except psutil.NoSuchProcess:
-                    pass
             return rss, fds
         except psutil.NoSuchProcess:
             return None
@@ -452,7 +451,7 @@ def plot(summary: dict[str, Any], samples: list[dict[str, Any]], path: Path) -> 
     minutes = [s["t"] / 60 for s in samples]
     rss = [float("nan") if s["rss_mib"] is None else s["rss_mib"] for s in samples]
     segments: list[tuple[int | None, list[float], list[float]]] = []  # one line per relay process
-    for s, m, v in zip(samples, minutes, rss):
+    for s, m, v in zip(samples, minutes, rss, strict=True):
         if not segments or s["pid"] != segments[-1][0]:
             segments.append((s["pid"], [], []))
         segments[-1][1].append(m)
@@ -609,7 +608,7 @@ EDGES = """## At the edges: what the tests prove
   the other runs' lines go to every sink as they are written, each once, and the rest once the disk
   has room, also to a plugin sink without catch-up
   (`tests/test_relay_core.py::test_lines_journaled_before_a_failed_write_reach_every_sink_once`;
-  relay/daemon/commit.py's `JournalQueue`, which a consuming relay's partitions use too).
+  relay/journal/journal_queue.py's `JournalQueue`, which a consuming relay's partitions use too).
 - **Losses add up.** A rank's lines before its last `stats` line number exactly
   `published - dropped`, also when the client dropped its own earlier reports; a restarted relay's
   `client_dropped` holds a rank's journaled report as soon as the rank sends again

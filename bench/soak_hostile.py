@@ -21,7 +21,8 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
 import zmq

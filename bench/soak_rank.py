@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from relay.client.publisher import Publisher
 

@@ -76,7 +76,7 @@ def main() -> None:
           "baseline's, same round)")
     for name in ours[0]:
         mine, theirs = [r[name] for r in ours], [r[name] for r in base]
-        ratios = [b / o for o, b in zip(mine, theirs)]
+        ratios = [b / o for o, b in zip(mine, theirs, strict=True)]
         rounds = ", ".join(f"{r:.0%}" for r in ratios)
         print(f"{name}: this tree {statistics.median(mine):.3f}, baseline "
               f"{statistics.median(theirs):.3f}; median {statistics.median(ratios):.0%} "

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import click
 import orjson
@@ -36,8 +37,8 @@ from sinks.aim_repo import PARAMS_KEY, RunLookup, forget_listing, index, open_lo
 from sinks.aim_run import close_at, relay_run_class
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, SinkContext, SinkError
 from sinks.events import Event, json_safe
-from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM
+from sinks.preflight import need_package, need_writable_dir
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
 from sinks.tracker_export import export_dir, tracker_file, write_tracker_file
 
@@ -270,10 +271,10 @@ class AimSink(TrackerSink):
                 handle.experiment = experiment
                 state.export_due = True
             output_dir = export_dir(params)
-            if output_dir is not None and output_dir != state.output_dir:
-                if name == "run" or not state.output_from_run:
-                    state.output_dir, state.output_from_run = output_dir, name == "run"
-                    state.export_due = True
+            if (output_dir is not None and output_dir != state.output_dir
+                    and (name == "run" or not state.output_from_run)):
+                state.output_dir, state.output_from_run = output_dir, name == "run"
+                state.export_due = True
 
     def finish_run(self, run: str, status: str) -> None:
         self._aim[run].ended = True

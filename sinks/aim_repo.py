@@ -4,8 +4,9 @@ lifetime; and the indexing of a closed run, so Aim's own readers see it at once.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
-from typing import Any, Counter
+from typing import Any
 
 from sinks.store_setup import build_into_place, setup_lock
 

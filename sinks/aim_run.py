@@ -31,7 +31,7 @@ def relay_run_class() -> type:
             if self._props is None:  # as Aim's own, with the creation time when the props are new
                 when: Any = None  # (Aim's stub says datetime; it takes None: "no creation time")
                 if self._created_at is not None:
-                    when = datetime.datetime.fromtimestamp(self._created_at, tz=datetime.timezone.utc)
+                    when = datetime.datetime.fromtimestamp(self._created_at, tz=datetime.UTC)
                     if not self.repo.is_remote_repo:
                         when = when.replace(tzinfo=None)  # as Aim's SQL rows keep it: naive UTC
                 self._props = self.repo.request_props(self.hash, self.read_only, when)

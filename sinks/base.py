@@ -8,14 +8,14 @@ a sink: the relay owns it, relay/journal/journal.py.)
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Sequence
-
-from sinks.events import Event
+from typing import ClassVar
 
 import click
 
+from sinks.events import Event
 
 #: Seconds ``flush``/``close`` may take when the caller names no deadline (OpenTelemetry's exporters' 30 s).
 FLUSH_TIMEOUT = 30.0
@@ -94,9 +94,11 @@ class Sink(abc.ABC):
         writable; see sinks/preflight.py). Raise SinkError: the relay exits 2 with that one line,
         before any training starts. ``open()`` runs later, in the sink's process, beside a relay
         that already listens; what only it can find out (a server down) it reports then."""
+        return  # optional: nothing to check by default
 
     def open(self, context: SinkContext) -> None:
         """Acquire files, connections, locks. Raise SinkError for a configuration problem."""
+        return  # optional: nothing to acquire by default
 
     @abc.abstractmethod
     def write(self, events: Sequence[Event]) -> None:
@@ -114,6 +116,7 @@ class Sink(abc.ABC):
     def caught_up(self, run: str) -> None:
         """The relay has written ``run``'s journal events since ``holes()`` named it: what is still
         missing is not in the journal (a client's dropped events, one the sink refused)."""
+        return  # optional: nothing to note by default
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         """Make everything written so far durable or visible, within ``timeout`` seconds (as

@@ -31,17 +31,18 @@ import json
 import logging
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import click
 
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, SinkContext, SinkError
 from sinks.events import Event, json_safe
 from sinks.files import write_atomic
-from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM
+from sinks.preflight import need_package, need_writable_dir
 from sinks.tracker_base import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ class ClearmlSink(TrackerSink):
         """One process per directory; the state is read once the lock is held, never before."""
         if self._lock_fh is not None:
             return
-        fh = open(self.root / LOCK_NAME, "a+")
+        fh = open(self.root / LOCK_NAME, "a+")  # noqa: SIM115 (the lock is held while it is open)
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -8,7 +8,8 @@ the lowest layer, so the imports run one way (relay -> sinks) and a sink never n
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence, TypedDict, cast
+from collections.abc import Sequence
+from typing import Any, TypedDict, cast
 
 #: Known event types (docs/protocol.md); a new type is a schema change.
 EVENT_TYPES = frozenset({"hello", "params", "metrics", "lifecycle", "stats"})

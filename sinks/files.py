@@ -17,9 +17,8 @@ def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
     lost write is fatal, counted or only logged."""
     path = Path(path)  # a standard one: ClearML hands out its own pathlib2 paths
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fh = open(tmp, "wb")
     try:
-        with fh:
+        with open(tmp, "wb") as fh:
             fh.write(text.encode() if isinstance(text, str) else text)
         os.replace(tmp, path)
     except BaseException:

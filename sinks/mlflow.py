@@ -17,21 +17,22 @@ rules for names, keys and batch sizes are in sinks/mlflow_rules.py.
 from __future__ import annotations
 
 import json
-from collections import Counter
 import logging
 import os
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import click
 
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, PermanentError, SinkContext, SinkError
 from sinks.events import Event, json_safe
+from sinks.mlflow_rules import LABEL_MAPS, MAX_PARAM, MAX_TAG, PLAIN_GROUPS, batches, metric_name, mlflow_key, point
 from sinks.mlflow_run import MlRun
 from sinks.mlflow_store import ready_sqlite, sqlite_path
-from sinks.mlflow_rules import LABEL_MAPS, MAX_PARAM, MAX_TAG, PLAIN_GROUPS, batches, metric_name, mlflow_key, point
-from sinks.preflight import need_package, need_writable_dir
 from sinks.naming import SYSTEM, system_key
+from sinks.preflight import need_package, need_writable_dir
 from sinks.tracker_base import Spans, TrackerSink
 from sinks.tracker_export import export_dir, tracker_file, write_tracker_file
 
@@ -215,12 +216,11 @@ class MlflowSink(TrackerSink):
         if name == "run":
             self._standard_tags(r, params)
         output_dir = export_dir(params)
-        if name in ("run", "hparams") and output_dir is not None:
-            if name == "run" or not r.output_from_run:
-                r.output_dir, r.output_from_run = output_dir, name == "run"
-                self._exports.add(run)
+        if name in ("run", "hparams") and output_dir is not None \
+                and r.export_to(output_dir, from_run=name == "run"):
+            self._exports.add(run)
         if name == "relay.lifecycle" and isinstance(params.get("train_end"), dict):
-            r.end_ts = params["train_end"].get("ts")
+            r.ended_at(params["train_end"].get("ts"))
 
     def _standard_tags(self, r: MlRun, params: dict[str, Any]) -> None:
         """What MLflow's run page reads ("Created by", "Source", the run's name), as MLflow's own
@@ -232,10 +232,10 @@ class MlflowSink(TrackerSink):
         if isinstance(params.get("source"), str):
             r.tags["mlflow.source.type"] = "LOCAL"
         if isinstance(params.get("run_name"), str) and params["run_name"]:
-            r.name = params["run_name"]
+            r.rename(params["run_name"])
 
     def finish_run(self, run: str, status: str) -> None:
-        self._ml[run].end = STATUS.get(status.lower(), "FAILED")
+        self._ml[run].ends(STATUS.get(status.lower(), "FAILED"))
 
     def load_applied(self, run: str) -> Spans:
         """Resume the MLflow run tagged with this run id, or create it; its spans from its tags."""
@@ -246,14 +246,12 @@ class MlflowSink(TrackerSink):
         if not found:
             made = client.create_run(self._experiment(), start_time=int(r.first_ts * 1000), tags={RUN_TAG: run},
                                      run_name=run)
-            r.run_id, r.experiment_id, r.params, r.suspect = made.info.run_id, made.info.experiment_id, {}, False
-            r.name = run
+            r.attach(made.info.run_id, made.info.experiment_id, run, {}, made=True)
             self.counters["runs_created"] += 1
             log.info("mlflow run %s created for run %s", r.run_id, run)
             return {}
         info, tags = found[0].info, found[0].data.tags
-        r.name = info.run_name or run
-        r.run_id, r.experiment_id, r.params = info.run_id, info.experiment_id, dict(found[0].data.params)
+        r.attach(info.run_id, info.experiment_id, info.run_name or run, dict(found[0].data.params))
         self.counters["runs_resumed"] += 1
         log.info("mlflow run %s resumed for run %s", r.run_id, run)
         try:
@@ -261,7 +259,7 @@ class MlflowSink(TrackerSink):
             text = "".join(tags.get(f"{prefix}.{i}", "") for i in range(int(tags.get(prefix) or 0)))
             return {int(rank): spans for rank, spans in json.loads(text).items()}
         except ValueError:  # none saved yet, or torn by a full disk: all again, as after a failed save
-            r.suspect = self.directory
+            r.save_failed(partial=self.directory)
             return {}
 
     def save_applied(self, run: str, spans: Spans) -> None:
@@ -270,7 +268,7 @@ class MlflowSink(TrackerSink):
         try:
             self._send(r, spans)
         except Exception as exc:
-            r.suspect = self.directory
+            r.save_failed(partial=self.directory)
             from mlflow.exceptions import MlflowException
 
             if self._deleted(r):  # by someone, meanwhile: the retry makes a new run (and catches up)
@@ -280,9 +278,7 @@ class MlflowSink(TrackerSink):
             elif isinstance(exc, MlflowException) and exc.error_code == "INVALID_PARAMETER_VALUE":
                 raise PermanentError(f"MLflow refused it: {exc.message}") from exc
             raise
-        r.params.update(r.new_params)
-        r.discard()
-        r.suspect = False
+        r.saved()
 
     # -- MLflow calls -----------------------------------------------------------------------------
 
@@ -337,7 +333,7 @@ class MlflowSink(TrackerSink):
                 lacking.append(m)
         for m, _, _ in batches(lacking, [], [], []):
             self._client.log_batch(r.run_id, metrics=m)
-        r.params = dict(self._client.get_run(r.run_id).data.params)
+        r.holds(dict(self._client.get_run(r.run_id).data.params))
         for key, text in list(r.new_params.items()):
             if text and r.params.get(key) == "" and self._untorn(r, key):
                 del r.params[key]  # sent again, whole, with the rest

@@ -24,5 +24,49 @@ class MlRun:
     output_from_run: bool = False  # the `run` group's absolute output_dir beats hparams' own
     suspect: bool = False  # a save failed: a directory store may hold part of it already
 
+    def attach(self, run_id: str, experiment_id: str, name: str, params: dict[str, str],
+               made: bool = False) -> None:
+        """The MLflow run this training run's events go to, found again or ``made`` now (which
+        holds nothing yet, so none of it is suspect)."""
+        self.run_id, self.experiment_id = run_id, experiment_id
+        self.name, self.params = name, params
+        if made:
+            self.suspect = False
+
+    def rename(self, name: str) -> None:
+        """The job's own run name (its ``run`` params'), which MLflow shows."""
+        self.name = name
+
+    def export_to(self, output_dir: str, from_run: bool) -> bool:
+        """The job's output dir, from the ``run`` params (``from_run``, which win) or hparams';
+        False if ``run``'s had said it already."""
+        if self.output_from_run and not from_run:
+            return False
+        self.output_dir, self.output_from_run = output_dir, from_run
+        return True
+
+    def ends(self, status: str) -> None:
+        """Rank 0's train_end asks for this MLflow status."""
+        self.end = status
+
+    def ended_at(self, ts: Any) -> None:
+        """When the job ended, as the relay's lifecycle params say."""
+        self.end_ts = ts
+
+    def save_failed(self, partial: bool) -> None:
+        """A save failed (or its spans are unreadable): with ``partial`` (a directory store) the
+        MLflow run may hold part of it already, so the next save repairs first."""
+        self.suspect = partial
+
+    def holds(self, params: dict[str, str]) -> None:
+        """The params the MLflow run holds, read back from it."""
+        self.params = params
+
+    def saved(self) -> None:
+        """A save went in whole: its params are held, nothing waits, nothing is suspect."""
+        self.params.update(self.new_params)
+        self.discard()
+        self.suspect = False
+
     def discard(self) -> None:
         self.metrics, self.new_params, self.tags, self.artifacts, self.end = [], {}, {}, {}, None

@@ -17,8 +17,8 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,8 @@ many ranks publish (docs/sinks/tensorboard.md). Built on sinks/tracker_base.py; 
 * **Exactly once in append-only files.** A batch's records are framed in memory, appended when the
   batch is done, then the run's state file (applied spans, bytes committed per event file) is
   replaced atomically. Bytes beyond what it names (a batch that failed halfway, a process killed
-  between the two writes) are cut off before that file is written again.
-
-It runs over 350 lines because the exactly-once bookkeeping for append-only event files (state
-file, cut-back of uncommitted bytes, one writer per run directory) belongs with the writer it guards.
+  between the two writes) are cut off before that file is written again (a run's side of it:
+  sinks/tensorboard_run.py).
 """
 from __future__ import annotations
 
@@ -24,17 +22,18 @@ import os
 import socket
 import time
 import types
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import click
 
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, PermanentError, SinkContext, SinkError
-from sinks.files import write_atomic
-from sinks.preflight import need_package, need_writable_dir
-from sinks.naming import SYSTEM, WORKERS, system_key
-from sinks.tracker_base import Spans, TrackerSink
 from sinks.events import Event
+from sinks.naming import SYSTEM, WORKERS, system_key
+from sinks.preflight import need_package, need_writable_dir
+from sinks.tensorboard_run import Board, Pending
+from sinks.tracker_base import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
 
@@ -85,38 +84,6 @@ def _encodable(method: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-class _Pending(list):
-    """Framed records of the batch in hand: ``RecordWriter`` writes into it, a commit appends it."""
-
-    write = list.append
-
-
-class _Board:
-    """One training run's TensorBoard run directory and what is committed to it."""
-
-    def __init__(self, run: str, folder: Path, lock: int, state: dict[str, Any], records: Any) -> None:
-        self.run = run
-        self.dir = folder
-        self.lock = lock
-        self.committed = state  # the state file as last written: what a failure goes back to
-        self.restore()
-        self.pending = _Pending()
-        self.records = records(self.pending)
-        self.current: str | None = None  # this process's event file, made at its first commit
-        self.fd: int | None = None
-        self.ended = False
-        self.last_used = time.monotonic()
-        self.last_ts: float | None = None
-
-    def restore(self) -> None:
-        state = self.committed
-        self.spans: Spans = {int(rank): spans for rank, spans in state.get("spans", {}).items()}
-        self.files: dict[str, int] = dict(state.get("files", {}))
-        self.auto: dict[str, int] = dict(state.get("auto", {}))
-        hparams = state.get("hparams", {})
-        self.hparams: dict[str, Any] | None = None if hparams is None else dict(hparams)
-
-
 class TensorBoardSink(TrackerSink):
     """Write relay events as TensorBoard event files, one run directory per training run."""
 
@@ -134,7 +101,7 @@ class TensorBoardSink(TrackerSink):
         if not logdir:
             raise SinkError("--sink tensorboard needs --logdir DIR (a directory, created if missing)")
         self.logdir = Path(logdir).expanduser()
-        self._boards: dict[str, _Board] = {}
+        self._boards: dict[str, Board] = {}
         self.idle_close_s = IDLE_CLOSE_S
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -155,7 +122,7 @@ class TensorBoardSink(TrackerSink):
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
         """Close every event file (all records were committed with their batch)."""
         for board in self._boards.values():
-            self._close_file(board)
+            board.close_file()
             os.close(board.lock)
         log.info("tensorboard sink closed: %s", dict(sorted(self.counters.items())))
         return True
@@ -187,7 +154,8 @@ class TensorBoardSink(TrackerSink):
             os.close(lock)
             raise
         self.counters["runs_resumed" if state else "runs_created"] += 1
-        self._boards[run] = _Board(run, folder, lock, state, self._tb.RecordWriter)
+        self._boards[run] = Board(run, folder, lock, state, self._tb.RecordWriter,
+                                  folder / STATE_NAME)
 
     @_encodable
     def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
@@ -197,9 +165,9 @@ class TensorBoardSink(TrackerSink):
         tags = [_tag(rank, context, name) for name in values]
         if step is not None:
             self._record(board, tb.Event(wall_time=ts, step=step, summary=tb.Summary(value=[
-                tb.Value(tag=tag, simple_value=value) for tag, value in zip(tags, values.values())])))
+                tb.Value(tag=tag, simple_value=value) for tag, value in zip(tags, values.values(), strict=True)])))
         else:  # TensorBoard needs a step: number each series' points 0, 1, 2 ... (saved with the spans)
-            for tag, value in zip(tags, values.values()):
+            for tag, value in zip(tags, values.values(), strict=True):
                 auto = board.auto.get(tag, 0)
                 board.auto[tag] = auto + 1
                 self._record(board, tb.Event(wall_time=ts, step=auto, summary=tb.Summary(
@@ -252,53 +220,33 @@ class TensorBoardSink(TrackerSink):
 
     def save_applied(self, run: str, spans: Spans) -> None:
         """Append the run's framed records, then say in its state file that they are there."""
-        board = self._boards[run]
-        board.last_used = time.monotonic()
-        if board.pending:
-            if board.current not in board.files:  # named in the state file before any byte lands in it
-                board.current = board.current or (f"events.out.tfevents.{int(time.time()):010d}.{self._host}."
-                                                  f"{os.getpid()}.{len(board.files)}{FILE_SUFFIX}")
-                board.files[board.current] = 0
-                self._write_state(board, {**board.committed, "files": board.files})
-                self.counters["files_created"] += 1
-            if board.fd is None:
-                board.fd = os.open(board.dir / board.current, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            fd = board.fd
-            size = board.files[board.current]
-            if os.fstat(fd).st_size != size:  # the tail of a batch that failed: never committed
-                os.ftruncate(fd, size)
-            data = (self._header() if size == 0 else b"") + b"".join(board.pending)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            board.files[board.current] = size + len(data)
-            board.pending.clear()
-        self._write_state(board, {"spans": spans, "files": board.files, "auto": board.auto, "hparams": board.hparams})
+        if self._boards[run].save(spans, self._header, self._file_name):
+            self.counters["files_created"] += 1
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _record(self, board: _Board, event: Any) -> None:
+    def _file_name(self, number: int) -> str:
+        """This process's ``number``th event file of a run (named as TensorBoard names one)."""
+        return (f"events.out.tfevents.{int(time.time()):010d}.{self._host}.{os.getpid()}."
+                f"{number}{FILE_SUFFIX}")
+
+    def _record(self, board: Board, event: Any) -> None:
         board.records.write(event.SerializeToString())
 
     def _header(self) -> bytes:
         """The first record of every event file, as TensorBoard's own EventFileWriter writes it
         (it also tells TensorBoard's readers not to drop points whose steps go back)."""
-        first = _Pending()
+        first = Pending()
         self._tb.RecordWriter(first).write(self._tb.Event(wall_time=time.time(), file_version="brain.Event:2")
                                            .SerializeToString())
         return first[0]
 
-    def _session_start(self, board: _Board, ts: float) -> None:
+    def _session_start(self, board: Board, ts: float) -> None:
         """The run's session in the hparams plugin: TensorBoard keeps only a run's first one, so it
         is written once, when the Trainer starts logging (its params are all published by then)."""
         self._record(board, self._tb.Event(wall_time=ts, step=0, summary=self._tb.hparams_pb(
-            board.hparams, trial_id=board.run, start_time_secs=ts)))
-        board.hparams = None
+            board.take_hparams(), trial_id=board.run, start_time_secs=ts)))
         self.counters["sessions"] += 1
-
-    def _write_state(self, board: _Board, state: dict[str, Any]) -> None:
-        write_atomic(board.dir / STATE_NAME, json.dumps(state))
-        board.committed = json.loads(json.dumps(state))  # a copy: the live dicts go on changing
 
     def _cut_uncommitted(self, run: str, folder: Path, files: dict[str, int]) -> None:
         """A process that died between appending and saving left bytes no state file names."""
@@ -314,11 +262,6 @@ class TensorBoardSink(TrackerSink):
                 log.warning("tensorboard sink: run %s: %s holds %d bytes, %d were written: removed or cut by "
                             "someone else (`relay replay` into a fresh --logdir rebuilds it)", run, name, actual, size)
 
-    def _close_file(self, board: _Board) -> None:
-        if board.fd is not None:
-            os.close(board.fd)
-            board.fd = None
-
     def _discard(self) -> None:
         """After a failure: back to what the state files say; the retry writes the rest."""
         self.counters["discarded_batches"] += 1
@@ -330,7 +273,7 @@ class TensorBoardSink(TrackerSink):
         quiet_since = time.monotonic() - self.idle_close_s
         for board in self._boards.values():
             if board.fd is not None and (board.ended or board.last_used < quiet_since):
-                self._close_file(board)
+                board.close_file()
 
 
 def _lock(run: str, folder: Path) -> int:

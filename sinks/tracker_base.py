@@ -43,8 +43,9 @@ import json
 import logging
 import math
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sinks.base import Sink, SinkContext
 from sinks.events import NONFINITE_JSON, RELAY_RANK, Event
@@ -209,7 +210,7 @@ class TrackerSink(Sink):
                 with path.open("r+b") as fh:
                     fh.truncate(size)
 
-    def _run(self, event: Event) -> "_Run":
+    def _run(self, event: Event) -> _Run:
         run = event["run"]
         state = self._runs.get(run)
         if state is None:
@@ -220,7 +221,7 @@ class TrackerSink(Sink):
                 self._holes.add(run)
         return state
 
-    def _apply(self, state: "_Run", event: Event) -> None:
+    def _apply(self, state: _Run, event: Event) -> None:
         rank, seq = event["rank"], event["seq"]
         spans = state.applied.get(rank)
         if spans is None:
@@ -291,7 +292,7 @@ class TrackerSink(Sink):
                                 kind.__name__)
         return out
 
-    def _params(self, state: "_Run", name: str, data: dict[str, Any], ts: float) -> None:
+    def _params(self, state: _Run, name: str, data: dict[str, Any], ts: float) -> None:
         fresh = {}
         for key, value in data.items():
             if state.param_ts.get((name, key), -math.inf) > ts:
@@ -301,7 +302,7 @@ class TrackerSink(Sink):
         if fresh:
             self.log_params(state.run, name, fresh)
 
-    def _client_stats(self, state: "_Run", event: Event) -> None:
+    def _client_stats(self, state: _Run, event: Event) -> None:
         """A client's cumulative counters: a param per rank (the newest report wins), and the one
         curve worth drawing, ``relay_dropped``, once it is not zero (stepped by the report's seq)."""
         rank, data = event["rank"], event["data"]
@@ -312,7 +313,7 @@ class TrackerSink(Sink):
         if dropped and dropped["relay_dropped"] != 0:
             self.log_metrics(state.run, rank, event["seq"], None, {SYSTEM: "rank", "rank": rank}, dropped, event["ts"])
 
-    def _lifecycle(self, state: "_Run", event: Event) -> None:
+    def _lifecycle(self, state: _Run, event: Event) -> None:
         data = event["data"]
         what = data.get("event")
         record = {**data, "step": event["step"], "ts": event["ts"]}

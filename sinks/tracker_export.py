@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from pathlib import Path
-from typing import Any, Counter
+from typing import Any
 
 from sinks.files import write_atomic
 

@@ -29,19 +29,20 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import click
 
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, SinkContext, SinkError
-from sinks.preflight import need_package, need_writable_dir
+from sinks.events import Event
 from sinks.naming import SYSTEM
+from sinks.preflight import need_package, need_writable_dir
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
 from sinks.wandb_access import api_key_present, import_wandb
 from sinks.wandb_layout import STEP_KEY, config_update, row_and_summary, stats_items
 from sinks.wandb_run import STATE_DIR, WbRun
-from sinks.events import Event
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class WandbSink(TrackerSink):
                 self._data_lost(f"wandb-core is gone ({type(exc).__name__}: {exc})")
             except Exception:
                 for wb in self._wb.values():
-                    wb.step, wb.row = wb.saved_step, None
+                    wb.back_to_saved()
                 raise
             finally:
                 self._system_held.clear()
@@ -205,7 +206,7 @@ class WandbSink(TrackerSink):
             wb.name = wb.handle.name = run_name
 
     def finish_run(self, run: str, status: str) -> None:
-        self._wb[run].exit_code = 0 if status == "completed" else 1
+        self._wb[run].ends(completed=status == "completed")
 
     def supersede(self, run: str, step: int) -> None:
         """W&B keeps every history row, so the earlier attempt's rows after ``step`` are dropped the way
@@ -220,10 +221,7 @@ class WandbSink(TrackerSink):
             return  # nothing was logged past the checkpoint
         if wb.handle is not None:
             self._finish(wb)
-        wb.rewind = max(first - 1, 0)
-        wb.step = wb.saved_step = wb.logged_step = wb.rewind + 1
-        wb.forget_rows_from(first)
-        wb.write_state(self.state_dir)
+        wb.rewind_before(first, self.state_dir)
         self.counters["rewinds"] += 1
         log.info("W&B run %s: attempt after step %d; rewound to _step %d (its rows past the step are superseded)",
                  run, step, wb.rewind)
@@ -234,8 +232,7 @@ class WandbSink(TrackerSink):
         wb = self._wb.setdefault(run, WbRun(run))
         wb.acquire(self.state_dir)
         state = wb.read_state(self.state_dir)
-        wb.exit_code = state.get("exit_code")
-        left_open = state.get("open")
+        exit_code, left_open = state.get("exit_code"), state.get("open")
         if left_open:  # out of `wandb sync`'s way, which looks one level down only
             for run_dir in self._left_open(run, left_open):
                 target = self.root / "wandb" / DISCARD_DIR / run_dir.name
@@ -246,12 +243,10 @@ class WandbSink(TrackerSink):
                     log.warning("W&B directory %s left incomplete: moved to %s, its points are applied again",
                                 run_dir, target)
             state = left_open
-        wb.saved_spans = {int(r): s for r, s in state.get("spans", {}).items()}
-        wb.step = wb.saved_step = wb.logged_step = state.get("step", 0)
-        wb.rewind = state.get("rewind")
+        spans = wb.restore(state, exit_code)
         if left_open:
             wb.write_state(self.state_dir)
-        return wb.saved_spans
+        return spans
 
     def _run_dirs(self, run: str) -> list[Path]:
         return sorted((self.root / "wandb").glob(f"*-run-*-{run}"))
@@ -267,12 +262,9 @@ class WandbSink(TrackerSink):
         wb = self._wb[run]
         if wb.handle is not None:
             wb.commit_row()  # the spans say its events are in
-        saved = wb.saved_spans, wb.saved_step
-        wb.saved_spans, wb.saved_step = spans, wb.step
         try:
-            wb.write_state(self.state_dir)
+            wb.save(spans, self.state_dir)
         except OSError as exc:
-            wb.saved_spans, wb.saved_step = saved
             if wb.handle is not None:  # the same disk holds the .wandb file wandb-core is buffering
                 self._data_lost(f"W&B run {run}: cannot save the sink's state ({exc})")
             raise
@@ -289,12 +281,8 @@ class WandbSink(TrackerSink):
             mode=self.mode, reinit="create_new", silent=True, console="off", x_disable_stats=True,
             x_disable_meta=True, x_disable_machine_info=True, disable_code=True, disable_git=True,
             save_code=False, x_save_requirements=False)
-        # Marked as opening before wandb.init writes anything: a process that dies in between (a full
-        # disk) leaves a directory the next one finds by what was not there before, and discards.
-        wb.open = {"dir": None, "before": [d.name for d in self._run_dirs(run)], "spans": wb.saved_spans,
-                   "step": wb.saved_step, "rewind": wb.rewind}
         try:
-            wb.write_state(self.state_dir)
+            wb.opening([d.name for d in self._run_dirs(run)], self.state_dir)
         except OSError as exc:
             self._data_lost(f"W&B run {run}: cannot save the sink's state ({exc})")
         # a rewound run (a later attempt: ``supersede``) continues from its rewind point, else after its last row
@@ -309,24 +297,19 @@ class WandbSink(TrackerSink):
             raise RuntimeError(f"wandb.init for run {run} failed: {type(exc).__name__}: {exc}") from exc
         handle.define_metric(STEP_KEY)  # as the HF callback defines them
         handle.define_metric("*", step_metric=STEP_KEY, step_sync=True)
-        wb.handle, wb.core_log_at = handle, 0
-        # Marked open before its first point: if this process dies, the next one discards the
-        # directory and applies again what came after the run's earlier directories.
-        wb.open = {"dir": str(Path(handle.dir).parent), "spans": wb.saved_spans, "step": wb.saved_step,
-                   "rewind": wb.rewind}
-        wb.rewind = None
+        directory = str(Path(handle.dir).parent)
         try:
-            wb.write_state(self.state_dir)
+            wb.opened(handle, directory, self.state_dir)
         except OSError as exc:
             self._data_lost(f"W&B run {run}: cannot save the sink's state ({exc})")
         self.counters["wandb_runs_opened"] += 1
-        log.info("W&B run %s opened in %s", run, wb.open["dir"])
+        log.info("W&B run %s opened in %s", run, directory)
         return wb
 
     def _finish(self, wb: WbRun) -> None:
         """Finish the W&B run; its directory counts as complete only if wandb-core wrote it all."""
         wb.commit_row()
-        handle, wb.handle = wb.handle, None
+        handle = wb.detach()
         try:
             handle.finish(exit_code=1 if wb.exit_code is None else wb.exit_code)
         except Exception as exc:  # wandb-core is gone: the directory stays marked open, to rebuild
@@ -339,9 +322,8 @@ class WandbSink(TrackerSink):
             log.warning("W&B run %s finished with points not confirmed; the next process rebuilds it", wb.run_id)
             return
         self._check_core(wb, handle)
-        wb.open = None
         try:
-            wb.write_state(self.state_dir)
+            wb.complete(self.state_dir)
         except OSError as exc:  # the directory stays marked open: the next process rebuilds it
             self.counters["state_errors"] += 1
             log.error("W&B run %s finished but the sink's state was not saved: %s", wb.run_id, exc)
@@ -362,9 +344,7 @@ class WandbSink(TrackerSink):
 
     def _release(self, wb: WbRun) -> None:
         """Let another process take the run; a later event here reloads its state (and the lock)."""
-        if wb.lock is not None:
-            wb.lock.close()
-            wb.lock = None
+        wb.release()
         self._wb.pop(wb.run_id, None)
         self.forget_run(wb.run_id)
 
@@ -376,7 +356,7 @@ class WandbSink(TrackerSink):
                 seen = fh.read()
         except OSError:
             return
-        wb.core_log_at += len(seen)
+        wb.core_log_read(len(seen))
         if CORE_WRITE_ERROR in seen:
             self._data_lost(f"W&B run {wb.run_id}: wandb-core failed to write {handle.settings.sync_file}")
 

@@ -44,7 +44,7 @@ class WbRun:
         """Own the run across processes: a restarted relay's sink waits for the old one to finish."""
         if self.lock is not None:  # already ours (a load that failed after taking it is retried)
             return
-        fh = open(state_dir / f"{self.run_id}.lock", "a+")
+        fh = open(state_dir / f"{self.run_id}.lock", "a+")  # noqa: SIM115 (held while open)
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
             try:
@@ -97,6 +97,10 @@ class WbRun:
         self.step += 1
         self.logged_step = max(self.logged_step, self.step)
 
+    def back_to_saved(self) -> None:
+        """After a failed write: the row in hand dropped, the next ``_step`` the one last saved."""
+        self.step, self.row = self.saved_step, None
+
     def first_step_after(self, x: int) -> int | None:
         """The first ``_step`` of a row logged past step ``x`` (None: none was)."""
         return min((step for row_x, step in self.rows if row_x > x), default=None)
@@ -105,3 +109,70 @@ class WbRun:
         """Rows from ``_step`` ``step`` on are rewound away."""
         self.rows = [row for row in self.rows if row[1] < step]
         self.last_x = max((x for x, _ in self.rows), default=0)
+
+    def rewind_before(self, first: int, state_dir: Path) -> None:
+        """A later attempt: the rows from ``_step`` ``first`` on are superseded; the next instance
+        resumes from the ``_step`` before it (saved at once)."""
+        self.rewind = max(first - 1, 0)
+        self.step = self.saved_step = self.logged_step = self.rewind + 1
+        self.forget_rows_from(first)
+        self.write_state(state_dir)
+
+    def restore(self, state: dict[str, Any], exit_code: int | None) -> Spans:
+        """What the state (saved, or of a directory left open) says was applied; its spans."""
+        self.exit_code = exit_code
+        self.saved_spans = {int(r): s for r, s in state.get("spans", {}).items()}
+        self.step = self.saved_step = self.logged_step = state.get("step", 0)
+        self.rewind = state.get("rewind")
+        return self.saved_spans
+
+    def save(self, spans: Spans, state_dir: Path) -> None:
+        """The rows so far hold ``spans``: said in the state file (left as it was if that fails)."""
+        saved = self.saved_spans, self.saved_step
+        self.saved_spans, self.saved_step = spans, self.step
+        try:
+            self.write_state(state_dir)
+        except OSError:
+            self.saved_spans, self.saved_step = saved
+            raise
+
+    def ends(self, completed: bool) -> None:
+        """Rank 0's train_end: the W&B run finishes with exit code 0 if it completed, else 1."""
+        self.exit_code = 0 if completed else 1
+
+    def opening(self, before: list[str], state_dir: Path) -> None:
+        """Marked as opening before wandb.init writes anything: a process that dies in between
+        leaves a directory the next one finds by what was not there ``before``, and discards."""
+        self.open = {"dir": None, "before": before, "spans": self.saved_spans,
+                     "step": self.saved_step, "rewind": self.rewind}
+        self.write_state(state_dir)
+
+    def opened(self, handle: Any, directory: str, state_dir: Path) -> None:
+        """Its W&B run is open in ``directory``: marked open before its first point (a process that
+        dies leaves it to be discarded, and what came after the earlier directories applied
+        again); the rewind is done."""
+        self.handle, self.core_log_at = handle, 0
+        self.open = {"dir": directory, "spans": self.saved_spans, "step": self.saved_step,
+                     "rewind": self.rewind}
+        self.rewind = None
+        self.write_state(state_dir)
+
+    def detach(self) -> Any:
+        """The open W&B run, to finish: from here the run has none."""
+        handle, self.handle = self.handle, None
+        return handle
+
+    def complete(self, state_dir: Path) -> None:
+        """Its W&B directory holds all it was sent: no longer open (saved)."""
+        self.open = None
+        self.write_state(state_dir)
+
+    def release(self) -> None:
+        """Let another process take the run."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
+    def core_log_read(self, size: int) -> None:
+        """``size`` more bytes of wandb-core's log were checked."""
+        self.core_log_at += size

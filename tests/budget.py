@@ -19,9 +19,9 @@ import resource
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

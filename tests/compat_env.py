@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from conftest import once_per_run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,8 +18,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -75,7 +76,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             os.environ[key] = value
 
 
-def raw_socket(ctx: "zmq.Context", address: str, kind: int | None = None, **options: int) -> "zmq.Socket":
+def raw_socket(ctx: zmq.Context, address: str, kind: int | None = None, **options: int) -> zmq.Socket:
     """A raw socket (a DEALER by default) connected to the relay at ``address`` that proves itself as
     a Publisher does (relay/wire/auth.py: the user's secret on TCP), so a test plays a peer of the
     job's own user; LINGER 0, and ``options`` (zmq option names: SNDHWM=0) set before it connects."""
@@ -93,7 +94,7 @@ def raw_socket(ctx: "zmq.Context", address: str, kind: int | None = None, **opti
 
 
 @pytest.fixture
-def zmq_context() -> Iterator["zmq.Context"]:
+def zmq_context() -> Iterator[zmq.Context]:
     """A ZeroMQ context for a test's raw sockets, destroyed (LINGER 0) when the test ends, failed or
     not. One a failed test leaves to the garbage collector with a socket in the same cycle never goes:
     the collector clears the context's weak references to its sockets first, so Context.__del__ closes
@@ -147,7 +148,7 @@ def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterato
 
 
 @pytest.fixture(scope="session")
-def warm_launcher() -> Iterator["WarmLauncher"]:
+def warm_launcher() -> Iterator[WarmLauncher]:
     """This pytest process's warm launcher (tests/warm_ranks.py), started by the first test that
     asks for it: one per pytest-xdist worker that runs a warm job."""
     from trainer_fixtures import trainer_env
@@ -208,15 +209,15 @@ class RelayProcess:
         self.log = workdir / "relay.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, wait: bool = True) -> "RelayProcess":
+    def start(self, wait: bool = True) -> RelayProcess:
         self.ready.unlink(missing_ok=True)
         # Its sinks may take long to set up on a loaded machine (MLflow's first set-up took over 120 s at
         # load 40): the relay waits for them at shutdown as long as stop() waits for it, unless args say less.
         cmd = [sys.executable, "-m", "relay", "--bind", self.address, "--ready-file", str(self.ready),
                "--shutdown-timeout", "280", *self.args]
-        self._logfh = open(self.log, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=self._logfh, stderr=subprocess.STDOUT,
-                                     env=self.env)
+        with open(self.log, "ab") as log:  # the relay writes through its own copy of the descriptor
+            self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=log,
+                                         stderr=subprocess.STDOUT, env=self.env)
         if wait:
             deadline = time.monotonic() + 120  # a wait: 2 s is usual, a machine at load 40 took ten times that
             while not self.ready.exists():
@@ -234,15 +235,12 @@ class RelayProcess:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout)
-        self._logfh.close()
-        return code
+        return self.proc.wait(timeout)
 
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait(10)
-        self._logfh.close()
 
     def stats(self, journal: Path) -> dict:
         """The relay's stats file (written at its first --stats-interval: waited for, up to 30 s)."""

@@ -37,9 +37,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -114,10 +114,11 @@ class Relay:
 
     def __init__(self, sandbox: Path, args: list[str]) -> None:
         ready = sandbox / ".relay-ready.json"
-        self.log = open(sandbox / ".relay.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "relay", "--bind", "tcp://127.0.0.1:*", "--ready-file",
-                                      str(ready), "--live", "off", "--shutdown-timeout", "280", *args],
-                                     cwd=sandbox, stdout=self.log, stderr=subprocess.STDOUT, env=_env(sandbox))
+        with open(sandbox / ".relay.log", "ab") as log:  # the relay writes through its own copy
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "relay", "--bind", "tcp://127.0.0.1:*", "--ready-file",
+                 str(ready), "--live", "off", "--shutdown-timeout", "280", *args],
+                cwd=sandbox, stdout=log, stderr=subprocess.STDOUT, env=_env(sandbox))
         deadline = time.monotonic() + 300  # a wait: a relay with tracker sinks on a loaded machine
         while not ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -130,10 +131,8 @@ class Relay:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(300)  # its sinks get up to --shutdown-timeout to finish (a set-up under load)
-        finally:
-            self.log.close()
+        # its sinks get up to --shutdown-timeout to finish (a set-up under load)
+        code = self.proc.wait(300)
         if code != 0:
             raise RuntimeError(f"relay exited {code}")
 

@@ -95,7 +95,9 @@ def uncovered(fms_flags: list[str]) -> list[str]:
 def main(side: str, cases_path: str, results_path: str) -> None:
     meaning = fms_meaning if side == "fms" else ours_meaning
     results = []
-    for argv in json.loads(open(cases_path, encoding="utf-8").read()):
+    with open(cases_path, encoding="utf-8") as fh:
+        cases = json.load(fh)
+    for argv in cases:
         try:
             results.append({"meaning": meaning(argv)})
         except (Exception, SystemExit) as exc:  # the parser's refusal is the result

@@ -31,7 +31,7 @@ class ConsumerProcess:
     def command(self) -> list[str]:
         return [sys.executable, "-m", "relay", "consume"]
 
-    def start(self) -> "ConsumerProcess":
+    def start(self) -> ConsumerProcess:
         self.stats_path.unlink(missing_ok=True)
         cmd = [*self.command(), "--nats-url", self.urls, "--path", f"{self.path}/", "--name", self.name,
                "--ack-wait", "5", *self.extra]

@@ -52,7 +52,7 @@ def check_viewers(folders: list[Path], expected: dict[Key, bytes], tmp: Path, me
     shown = tail.stdout.encode().splitlines()
     assert Counter(shown) == Counter(expected.values()), "relay tail: not every line once"
     events = _events(shown)
-    assert in_rank_order([ev for ev in events]), "relay tail: a rank's events out of order"
+    assert in_rank_order(list(events)), "relay tail: a rank's events out of order"
     assert Counter((ev["run"], ev["rank"]) for ev in events) == Counter(key[:2] for key in expected)
 
     out = tmp / "replayed"
@@ -64,8 +64,8 @@ def check_viewers(folders: list[Path], expected: dict[Key, bytes], tmp: Path, me
 
     plot = relay_cmd("plot", *args, "--metric", metric, "--by", "rank", "-o", str(tmp / "plot.png"))
     assert plot.returncode == 0 and (tmp / "plot.png").stat().st_size > 0, plot.stderr
-    from relay.cli.fleet_read import FleetRead
     from relay.cli.filters import selection
+    from relay.cli.fleet_read import FleetRead
     from relay.cli.plot import collect
     with FleetRead(folders) as read:  # what relay plot drew: each rank's points, in step order
         series = collect(read.folder, selection(metrics=(metric,)), by_rank=True)

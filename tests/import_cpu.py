@@ -8,13 +8,13 @@ by top-level package, and the costliest modules as a whole: the profile in docs/
 """
 from __future__ import annotations
 
+import _frozen_importlib  # CPython's import machinery: every import not yet in sys.modules calls its _find_and_load
 import argparse
 import sys
 import time
 from collections import defaultdict
-from typing import Any, Callable
-
-import _frozen_importlib  # CPython's import machinery: every import not yet in sys.modules calls its _find_and_load
+from collections.abc import Callable
+from typing import Any
 
 
 def profile(statements: str) -> tuple[float, dict[str, tuple[float, float]]]:

@@ -103,7 +103,7 @@ class NatsCluster:
             self.procs[i] = subprocess.Popen([self.binary, "-c", str(config)], stdout=log, stderr=subprocess.STDOUT,
                                              preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
 
-    def start(self, timeout: float = 60.0) -> "NatsCluster":
+    def start(self, timeout: float = 60.0) -> NatsCluster:
         for i in range(self.size):
             self.start_node(i)
         self.wait_ready(timeout)
@@ -129,7 +129,7 @@ class NatsCluster:
                                                      num_replicas=self.size))
                     await js.delete_stream("READY_PROBE")
                     return
-                except (NatsError, asyncio.TimeoutError) as e:
+                except (TimeoutError, NatsError) as e:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"no stream of {self.size} replicas placeable within {timeout}s: {e}; "
                                            f"logs in {self.tmp}/nats-*/server.log") from e
@@ -232,12 +232,12 @@ class NatsCluster:
         try:
             nc = await nats.connect(",".join(self.url(i) for i in self.alive()).split(","),
                                     connect_timeout=2, allow_reconnect=False)
-        except (NatsError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, NatsError, OSError):
             return None
         try:
             info = await nc.jetstream(timeout=timeout).stream_info(stream)
             return info.cluster.leader if info.cluster else None
-        except (NatsError, asyncio.TimeoutError):
+        except (TimeoutError, NatsError):
             return None
         finally:
             await nc.close()
@@ -247,7 +247,7 @@ class NatsCluster:
             self.kill(i)
         ports.release(self._claims)
 
-    def __enter__(self) -> "NatsCluster":
+    def __enter__(self) -> NatsCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -275,7 +275,7 @@ async def read_stream(urls: str, stream: str, subjects: str = ">") -> list[Any]:
             while True:
                 try:
                     msg = await sub.next_msg(timeout=2.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
                 out.append(msg)
                 if msg.metadata.num_pending == 0:

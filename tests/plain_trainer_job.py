@@ -13,7 +13,11 @@ import os
 import sys
 
 from transformers import (
-    AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer, TrainerCallback,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DataCollatorForLanguageModeling,
+    Trainer,
+    TrainerCallback,
     TrainingArguments,
 )
 

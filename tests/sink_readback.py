@@ -69,7 +69,7 @@ def read_repo(path: str) -> dict[str, AimRunView]:
             steps, (values, _epochs, times) = metric.data.items_list()
             key = (name, tuple(sorted(context.to_dict().items())))
             assert len(set(steps)) == len(steps), f"{key}: repeated steps {steps}"
-            view.metrics[key] = dict(zip(steps, values))
+            view.metrics[key] = dict(zip(steps, values, strict=True))
             view.timestamps[key] = list(times)
         run_id = params.get("relay", {}).get("run_id", run_hash)
         assert run_id not in runs, f"two Aim runs for run id {run_id}"
@@ -286,7 +286,7 @@ def check_wandb(view: WandbView, steps: int = 6) -> None:
     assert sorted(loss) == list(range(1, steps + 1))
     assert math.isnan(loss[3]) and loss[2] == 1.0
     assert view.series["eval/loss"] == {s: 1 / s for s in range(3, steps + 1, 3)}
-    assert view.series["eval/runtime"] == {s: 0.5 for s in range(3, steps + 1, 3)}
+    assert view.series["eval/runtime"] == dict.fromkeys(range(3, steps + 1, 3), 0.5)
     assert sorted(view.series["train/epoch"]) == list(range(1, steps + 1))
     assert view.series["train/learning_rate"][2] == pytest.approx(2e-5)
     for rank in (0, 1):  # the relay's per-rank figures: system stats at the event's time, not history rows
@@ -383,9 +383,9 @@ def check_clearml(view: TaskView, steps: int = 6) -> None:
     loss = view.scalars[("train", "loss")]
     assert sorted(loss) == list(range(1, steps + 1))
     assert loss[3] == 0.0 and loss[2] == 1.0  # NaN: ClearML reports it as 0.0 (its default)
-    assert view.scalars[("train", "grad_norm")] == {s: 1.5 for s in range(1, steps + 1)}
+    assert view.scalars[("train", "grad_norm")] == dict.fromkeys(range(1, steps + 1), 1.5)
     assert view.scalars[("eval", "loss")] == {s: 1 / s for s in range(3, steps + 1, 3)}
-    assert view.scalars[("eval", "runtime")] == {s: 0.5 for s in range(3, steps + 1, 3)}
+    assert view.scalars[("eval", "runtime")] == dict.fromkeys(range(3, steps + 1, 3), 0.5)
     summary = {series: values[SUMMARY] for (title, series), values in view.scalars.items() if title == "Summary"}
     assert summary == {"train_loss": 0.9, "train_runtime": 12.0, "total_flos": 1e9, "epoch": 1.0,
                        "model_load_time": 3.25}

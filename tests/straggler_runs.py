@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from conftest import free_port, once_per_run, read_jsonl
 from trainer_fixtures import ROOT, seed_flags, torchrun, trainer_env
 
@@ -76,7 +77,9 @@ def assert_balanced(findings: list[dict], load: float, crowded: float = CROWDED)
     cleared = [e for e in findings if e["data"]["event"] == "straggler_cleared"]
     assert len(named) - len(cleared) in (0, 1), (load, findings)
     assert all(e["data"]["cost"] < 0.25 for e in named), (load, findings)
-    assert all(0 < end["step"] - start["step"] <= 40 for start, end in zip(named, cleared)), (load, findings)
+    # (the last one named may have no clear)
+    pairs = zip(named, cleared, strict=False)
+    assert all(0 < end["step"] - start["step"] <= 40 for start, end in pairs), (load, findings)
 
 
 #: Runs whose trainer is also asked for FSDP, which runs as DDP here (no accelerator).

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from compat_env import fms_env, fms_python
 from conftest import free_port, read_jsonl
 from test_drop_in import RELAY_RANK, _relays_left, _run, _torchrun

@@ -10,14 +10,12 @@ import pytest
 
 pytest.importorskip("aim")
 
-from sink_helpers import finish_ranks as finish, start_rank
-from sink_readback import check_aim as check_training_run, read_repo, same_float
-from sink_helpers import (drive, fill, small_fs,  # noqa: F401
-                         training_events)
-from relay.wire.lines import encode_line
-from sinks.aim import AimSink
 from aim_server import aim_server, index_like_aim_up  # noqa: F401  (a fixture, used by name)
 from conftest import free_port, wait_for
+from relay.wire.lines import encode_line
+from sink_helpers import drive, fill, finish_ranks as finish, small_fs, start_rank, training_events  # noqa: F401
+from sink_readback import check_aim as check_training_run, read_repo, same_float
+from sinks.aim import AimSink
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,7 +92,7 @@ def test_replay_keeps_the_jobs_times_and_leaves_the_jobs_files_alone(tmp_path: P
     written_live = export.read_bytes()
     assert json.loads(written_live)["run_hash"] == live.hash
 
-    for attempt in range(2):  # the second finds everything there: the run is opened, nothing applied
+    for _ in range(2):  # the second finds everything there: the run is opened, nothing applied
         done = replay(journal, tmp_path / "rebuilt")
         assert done.returncode == 0, done.stderr[-2000:]
         assert "idle for" not in done.stderr, done.stderr[-2000:]

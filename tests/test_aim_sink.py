@@ -11,15 +11,14 @@ import pytest
 
 pytest.importorskip("aim")
 
+from relay.wire.lines import encode_line
+from sink_helpers import Events, aim_repo, drive, fill, small_fs, training_events  # noqa: F401
+from sink_readback import check_aim as check_training_run, read_repo
 from sinks.aim import AimSink
-from sinks.naming import trainer_groups as _trainer_groups
-from sinks.spans import SeqSpans
 from sinks.base import SinkContext, SinkError
 from sinks.events import RELAY_RANK
-from relay.wire.lines import encode_line
-from sink_readback import check_aim as check_training_run, read_repo
-from sink_helpers import (Events, aim_repo, drive, fill, small_fs,  # noqa: F401
-                               training_events)
+from sinks.naming import trainer_groups as _trainer_groups
+from sinks.spans import SeqSpans
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,7 +88,7 @@ def test_custom_metrics_without_step_are_not_doubled_by_a_retry(aim_repo: Path) 
 def test_two_runs_at_once_stay_apart(aim_repo: Path) -> None:
     a = training_events("job-a", experiment="exp-a")
     b = training_events("job-b", experiment="exp-b", steps=4)
-    mixed = [e for pair in zip(a, b) for e in pair] + a[len(b):]
+    mixed = [e for pair in zip(a, b, strict=False) for e in pair] + a[len(b):]
     run_sink(aim_repo, [mixed[i:i + 7] for i in range(0, len(mixed), 7)])
     runs = read_repo(str(aim_repo))
     assert sorted(runs) == ["job-a", "job-b"]

@@ -11,6 +11,7 @@ from typing import Any
 
 import psutil
 import pytest
+
 from conftest import wait_for
 from relay.journal.deadletter import DeadLetters
 from relay.sinkhost.catch_up import CatchUp
@@ -20,9 +21,7 @@ from sink_helpers import Events, finish_ranks as finish, start_rank
 from sink_readback import check_aim as check_aim_run, read_repo
 from sinks.base import PermanentError
 from sinks.tracker_base import TrackerSink
-from test_sink_tensorboard import check_training_run as check_tb_run
-from test_sink_tensorboard import read_logdir
-
+from test_sink_tensorboard import check_training_run as check_tb_run, read_logdir
 
 STEPS = 30
 

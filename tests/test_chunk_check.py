@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from line_helpers import event as _event
-from line_helpers import lines as _lines
+from line_helpers import event as _event, lines as _lines
 from relay.fleet.partition import Partition
 from relay.journal.journal import JournalError
 from relay.wire.lines import ChunkCheck, encode_line, parse_event, parse_line
@@ -24,7 +23,7 @@ def test_a_chunk_check_accepts_exactly_what_parse_event_accepts() -> None:
         lines = _lines(rng, rng.randrange(1, 40), rng.choice([0.0, 0.02, 0.2, 0.6]))
         run = rng.choice([None, None, "run-a"])
         heard: list[bytes] = []
-        check = ChunkCheck(lambda line, why: heard.append(line))
+        check = ChunkCheck(lambda line, why, heard=heard: heard.append(line))
         got = check.events(lines, run)
         expected = [(line, event) for line in lines if (event := parse_event(line)) is not None
                     and (run is None or event["run"] == run)]
@@ -124,8 +123,9 @@ def test_a_partition_journals_the_same_bytes_as_a_line_by_line_reading(tmp_path:
 
 
 def test_a_partitions_failed_write_counts_what_went_in_once_and_retries_only_the_rest(tmp_path: Path) -> None:
-    """The daemon's commit step (JournalQueue) serves the partition too: a real fault, run-b's file
-    cannot be opened (a directory in its place), leaves run-a's lines written and counted once."""
+    """The JournalQueue (relay/journal/) serves the partition as the daemon's commit step: a real
+    fault, run-b's file cannot be opened (a directory in its place), leaves run-a's lines written
+    and counted once."""
     part = Partition(0, tmp_path / "fail", [])
     part.open("central")
     lines = [encode_line(dict(_event(random.Random(seq), seq), run=run, rank=0))

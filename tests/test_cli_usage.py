@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port
-from watch_helpers import cli_env, event, relay_cmd, write_journal
 
+from conftest import free_port
 from relay.wire.address import BadAddress, check_bind_address, check_connect_address
+from watch_helpers import cli_env, event, relay_cmd, write_journal
 
 
 @pytest.mark.parametrize("args, message", [

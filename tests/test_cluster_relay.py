@@ -9,20 +9,21 @@ import signal
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
-from watch_helpers import cli_env
 from conftest import ROOT, finish, plugin_env, read_jsonl, wait_for
-from relay.wire import encoding
 from relay.client.publisher import Publisher
 from relay.daemon.cross_rank import ClusterConfig
 from relay.daemon.ingest import Ingest
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
 from relay.journal.reader import journal_files, read_events
+from relay.wire import encoding
 from sinks.events import RELAY_RANK
+from watch_helpers import cli_env
 
 RANK_PROC = Path(__file__).resolve().parent / "rank_proc.py"
 
@@ -251,7 +252,8 @@ def test_a_relay_killed_at_any_point_sums_each_step_once(tmp_path: Path) -> None
             kept = [s for s in range(1, steps + 1) if rank or rng.random() > 0.2]  # rank 0 drops some
             reports = [(seq, step, rng.choice([0.1, 0.5])) for seq, step in enumerate(kept)]
             cuts = sorted(rng.sample(range(1, len(reports)), min(len(reports) - 1, 4))) if len(reports) > 1 else []
-            queues.append([_rank_frame(rank, world, reports[a:b]) for a, b in zip([0, *cuts], [*cuts, len(reports)])])
+            bounds = pairwise([0, *cuts, len(reports)])
+            queues.append([_rank_frame(rank, world, reports[a:b]) for a, b in bounds])
         order = []
         while any(queues):
             order.append(rng.choice([q for q in queues if q]).pop(0))

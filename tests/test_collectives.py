@@ -74,13 +74,15 @@ def test_the_late_rank_waits_least_and_its_peer_as_long_as_it_was_late(tmp_path:
         assert found[rank]["grads"] == pytest.approx(found[rank]["expected"], rel=1e-5)  # DDP's own all-reduce
         assert all(outside == 0.0 for _, outside in found[rank]["waits"])  # no gather: nothing between steps
     waits = [[inside for inside, _ in found[rank]["waits"]] for rank in (0, 1)]
-    computing = [[last - first for first, last in zip(found[rank]["firsts"], found[rank]["launches"])]
-                 for rank in (0, 1)]  # from its first gradient (its bucket went then) to its last
+    # from its first gradient (its bucket went then) to its last
+    computing = [[last - first for first, last in zip(one["firsts"], one["launches"], strict=True)]
+                 for one in found]
     assert len(waits[1]) == STEPS and all(t >= LATE for t in computing[1]), computing  # the sleep is in it
     # Which rank was late is measured per step: rank 1 computes LATE longer, but on a loaded machine a
     # descheduled rank 0 was later than that now and then (-0.23 s once in 4 runs at load 7-14).
-    steps = [(1, 0, gap) if gap > 0 else (0, 1, -gap)  # (the late rank, the early one, how late)
-             for gap in (b - a for a, b in zip(found[0]["launches"], found[1]["launches"]))]
+    gaps = (b - a for a, b in zip(found[0]["launches"], found[1]["launches"], strict=True))
+    # (the late rank, the early one, how late)
+    steps = [(1, 0, gap) if gap > 0 else (0, 1, -gap) for gap in gaps]
     seen = {"waits": waits, "computing": computing, "late": steps}
     for i, (late, early, lateness) in enumerate(steps):
         # the early rank waited as long as the late one was late (the last all-reduce needs its bucket),

@@ -161,7 +161,7 @@ def test_the_types_and_the_explainer_agree_on_every_frame() -> None:
         assert explained is None and decoded is not None, (frame, explained)
         plain = msgpack.unpackb(frame, raw=False)
         envelope = {k: plain[k] for k in ENVELOPE}
-        held = [{**envelope, **dict(zip(ROW, row))} for row in plain["events"]]
+        held = [{**envelope, **dict(zip(ROW, row, strict=True))} for row in plain["events"]]
         assert _same(decoded.events, held), frame
         floats = _floats([e["data"] for e in decoded.events])
         assert decoded.finite == all(map(math.isfinite, floats)), frame

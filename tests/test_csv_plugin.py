@@ -85,7 +85,7 @@ def test_the_docs_replay_commands_run_as_written(relays, tmp_path: Path) -> None
     assert len(lines) == 2 and doc_block("bash").splitlines()[0].startswith("pip install ./my_sinks")
     bin_dir = Path(sys.executable).parent
     shell_env = {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
-    for line, written in zip(lines, ("rebuilt.csv", "by-path.csv")):
+    for line, written in zip(lines, ("rebuilt.csv", "by-path.csv"), strict=True):
         command = line.split("  #")[0].strip().replace("PYTHONPATH=my_sinks", f"PYTHONPATH={shlex.quote(str(package()[0]))}")
         seen = []
         for _ in range(2):  # twice: the second adds nothing

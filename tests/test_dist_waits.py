@@ -5,8 +5,8 @@ to time and says in words what it does not."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
 
@@ -57,10 +57,9 @@ def test_blocking_collectives_are_timed_once_and_asynchronous_ones_not(group: No
 def test_the_clock_counts_a_wait_inside_or_between_steps(group: None) -> None:
     import torch
     import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     from trainer import collectives
-
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
     model.register_comm_hook(None, allreduce_hook)  # a hook of the job's own is left alone

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from compat_env import ROOT, fms_env, fms_model, fms_python, run_fms
 from conftest import free_port, read_jsonl
 from sink_readback import read_repo
@@ -240,9 +241,9 @@ def test_callback_with_a_publisher_takes_no_settings() -> None:
     from relay.client.publisher import Publisher
     from trainer import RelayCallback
 
-    with Publisher("settings-test", 0, address=None) as pub:
-        with pytest.raises(ValueError, match="tracking settings need no publisher"):
-            RelayCallback(pub, trackers=["aim"])
+    with (Publisher("settings-test", 0, address=None) as pub,
+          pytest.raises(ValueError, match="tracking settings need no publisher")):
+        RelayCallback(pub, trackers=["aim"])
 
 
 @pytest.mark.slow  # the compatibility venv: make test builds it, make test-fast does not

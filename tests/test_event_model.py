@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 from conftest import ROOT, parse_python
-
 from relay.wire import encoding, schema
 from sinks.events import ENVELOPE, FIELDS, ROW_FIELDS
 

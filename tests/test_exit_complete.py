@@ -90,7 +90,9 @@ def test_the_job_waits_for_its_trackers_and_says_which_lack_what_and_how_to_comp
             pub.publish("metrics", {"loss": 1.0 / (step + 1)}, step=step, stage="train")
         assert pub.close(30) == 0
         if out.name == "done":  # (a sink process's start took over 10 s at load 30)
-            wait_for(lambda: "sink collect open (pid" in Path(relay.log_path).read_text(), 120, "collect open")
+            log = Path(relay.log_path)
+            wait_for(lambda log=log: "sink collect open (pid" in log.read_text(), 120,
+                     "collect open")
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="trainer.embedded"):
             assert relay.stop() == 0

@@ -108,7 +108,8 @@ def check(nodes: dict, consumer: ConsumerProcess, central: Path, port: int, urls
     assert finish(publisher(a, "restarted", 50))["left"] == 0
     assert finish(publisher(a, "restarted", 50, restart=1))["left"] == 0  # torchrun restarted it
     for name, node in nodes.items():
-        wait_for(lambda: published_all(node, tmp_path / name), 60, f"{name} published everything")
+        wait_for(lambda node=node, name=name: published_all(node, tmp_path / name), 60,
+                 f"{name} published everything")
     wait_for(lambda: len(view(central, "moved")) >= 104 and len(view(central, "restarted")) >= 104,
              60, "the resumed attempt and the restarted rank in the central view")
     wait_acknowledged(urls, "RELAY", 60)

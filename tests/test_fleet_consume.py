@@ -15,8 +15,15 @@ import pytest
 pytest.importorskip("nats")
 
 from conftest import ROOT, free_port, wait_for
-from fleet_helpers import (ConsumerProcess, assert_exactly_once, create_stream, publish_raw,
-                           wait_acknowledged, wait_complete, wait_held)
+from fleet_helpers import (
+    ConsumerProcess,
+    assert_exactly_once,
+    create_stream,
+    publish_raw,
+    wait_acknowledged,
+    wait_complete,
+    wait_held,
+)
 from nats_helpers import JS_TIMEOUT, NatsCluster
 from relay.fleet.central import pieces
 from relay.fleet.holder import FETCH_BYTES, fetch_size

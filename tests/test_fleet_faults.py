@@ -28,8 +28,16 @@ pytest.importorskip("nats")
 pytest.importorskip("mlflow")
 
 from conftest import finish, free_port, start_publisher, wait_for
-from fleet_helpers import (ConsumerProcess, assert_exactly_once_on_own_disks, central_lines, node_lines,
-                           stop_all, wait_acknowledged, wait_complete, wait_held)
+from fleet_helpers import (
+    ConsumerProcess,
+    assert_exactly_once_on_own_disks,
+    central_lines,
+    node_lines,
+    stop_all,
+    wait_acknowledged,
+    wait_complete,
+    wait_held,
+)
 from nats_helpers import NatsCluster, read_stream
 from test_sink_mlflow import read_run, template_db  # noqa: F401
 from trainer_fixtures import demo_model, run_trainer, seed_flags, torchrun  # noqa: F401
@@ -82,7 +90,7 @@ class Fleet:
             self.nodes.append(node)
         return node
 
-    def start(self, consumers: bool = True) -> "Fleet":
+    def start(self, consumers: bool = True) -> Fleet:
         for i in range(2):
             self.start_node(i)
         for i, run in enumerate(self.runs()):
@@ -103,8 +111,9 @@ class Fleet:
         expected = node_lines(*self.node_dirs)
         assert len(expected) == 4 * (self.count + 2)  # each rank's hello, its metrics, its closing stats
         wait_complete(self.folders, expected, 180)
-        for node, journal in zip(self.nodes, self.node_dirs):
-            wait_for(lambda: _nats_sink(node, journal).get("held") == 0, 60, "the node's nats sink all acknowledged")
+        for node, journal in zip(self.nodes, self.node_dirs, strict=True):
+            wait_for(lambda node=node, journal=journal: _nats_sink(node, journal).get("held") == 0,
+                     60, "the node's nats sink all acknowledged")
         wait_acknowledged(self.cluster.urls, self.stream, 120)
         assert_exactly_once_on_own_disks(self.folders, expected, self.cluster.urls, self.stream)
         for run in self.runs():

@@ -29,9 +29,16 @@ pytest.importorskip("nats")
 
 from conftest import ROOT, wait_for
 from fence_sink import rows
+from fleet_helpers import (
+    ConsumerProcess,
+    central_journal,
+    central_lines,
+    create_stream,
+    stop_all,
+    wait_acknowledged,
+    wait_held,
+)
 from fleet_read_helpers import check_viewers, in_rank_order
-from fleet_helpers import (ConsumerProcess, central_journal, central_lines, create_stream, stop_all,
-                           wait_acknowledged, wait_held)
 from nats_helpers import JS_TIMEOUT, NatsCluster
 from relay.wire.lines import encode_line
 from watch_helpers import relay_cmd
@@ -67,7 +74,7 @@ class FaultyRelay(ConsumerProcess):
     def command(self) -> list[str]:
         return [sys.executable, str(ROOT / "tests" / "fence_consumer_proc.py"), str(self.control), "consume"]
 
-    def start(self) -> "FaultyRelay":
+    def start(self) -> FaultyRelay:
         self.control.unlink(missing_ok=True)
         super().start()
         return self
@@ -137,7 +144,7 @@ class Runs:
         finally:
             await nc.close()
 
-    def __enter__(self) -> "Runs":
+    def __enter__(self) -> Runs:
         self.thread.start()
         return self
 
@@ -166,6 +173,25 @@ def read_back(relays: list[FaultyRelay], fresh: FaultyRelay, published: dict, tm
     assert notes and all(f"{relays[0].name} is not running" in line for line in notes), alone.stderr
 
 
+def _take_over(victim: FaultyRelay, other: FaultyRelay, step: str, sig: str) -> tuple[int, float]:
+    """One fault: ``victim`` killed or stopped at ``step`` of a commit, ``other`` takes the
+    partition over and commits it. Returns the partition and the seconds from the fault's arming."""
+    wait_for(lambda: victim.held() and other.stats().get("pid") == other.proc.pid, 120,
+             f"{victim.name} holds partitions, {other.name} is up")
+    start = time.monotonic()
+    claims = other.claims()
+    victim.arm(step, sig)
+    wait_for(lambda: victim.hit() is not None, 120, f"{victim.name} reaches step {step}")
+    k = victim.hit()["partition"]
+    wait_for(victim.stopped if sig == "STOP" else (lambda: not victim.alive()), 30,
+             f"{victim.name} {sig}")
+    wait_for(lambda: other.claims()[k] > claims[k] and k in other.held(), 120,
+             f"{other.name} takes partition {k} over")
+    taken_at = other.position(k)
+    wait_for(lambda: other.position(k) > taken_at, 120, f"{other.name} commits partition {k}")
+    return k, time.monotonic() - start
+
+
 def test_killed_or_stopped_at_every_step_of_a_commit_each_event_is_once(cluster, tmp_path):
     create_stream(cluster.urls, STREAM, PREFIX, PARTITIONS, replicas=3)
     began = time.monotonic()
@@ -178,21 +204,9 @@ def test_killed_or_stopped_at_every_step_of_a_commit_each_event_is_once(cluster,
             for i, (step, sig) in enumerate(FAULTS):
                 # the victim holds every partition but a just restarted one's, which the victim's faults hand it
                 victim, other = relays[i % 2], relays[1 - i % 2]
-                wait_for(lambda: victim.held() and other.stats().get("pid") == other.proc.pid, 120,
-                         f"{victim.name} holds partitions, {other.name} is up")
-                start = time.monotonic()
-                claims = other.claims()
-                victim.arm(step, sig)
-                wait_for(lambda: victim.hit() is not None, 120, f"{victim.name} reaches step {step}")
-                k = victim.hit()["partition"]
-                wait_for(victim.stopped if sig == "STOP" else (lambda: not victim.alive()), 30,
-                         f"{victim.name} {sig}")
-                wait_for(lambda: other.claims()[k] > claims[k] and k in other.held(), 120,
-                         f"{other.name} takes partition {k} over")
-                taken_at = other.position(k)
-                wait_for(lambda: other.position(k) > taken_at, 120, f"{other.name} commits partition {k}")
+                k, seconds = _take_over(victim, other, step, sig)
                 takeovers += 1
-                rounds.append(time.monotonic() - start)
+                rounds.append(seconds)
                 print(f"takeover {takeovers}: {victim.name} {sig} at {step} of partition {k}, "
                       f"{rounds[-1]:.1f} s", file=sys.stderr)
                 if sig == "STOP":

@@ -75,8 +75,8 @@ class SilentCheck(Sink):
 
 
 def test_an_exception_without_a_message_is_never_an_empty_reason(tmp_path):
-    from relay.sinkhost.child import SinkSpec
     from relay.sinkhost.process import check_sinks
+    from relay.sinkhost.spec import SinkSpec
     with pytest.raises(SinkError) as said:
         check_sinks([SinkSpec("silentcheck", source="test_fleet_mistakes:SilentCheck")], tmp_path)
     assert str(said.value) == "sink silentcheck failed its check: TimeoutError: it gave no reason"

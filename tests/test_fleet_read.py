@@ -11,16 +11,15 @@ import json
 import re
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from fleet_read_helpers import check_viewers, in_rank_order
-from watch_helpers import relay_cmd
-
 from relay.journal.fleet_views import ordered_lines
 from relay.wire.lines import encode_line
 from sinks.files import write_atomic
+from watch_helpers import relay_cmd
 
 STEPS = 100
 
@@ -152,9 +151,9 @@ def test_tail_reads_a_run_from_the_central_journal_itself(tmp_path):
     import pytest
     pytest.importorskip("nats")
     import nats
+
     from fleet_helpers import create_stream, publish_raw
     from nats_helpers import NatsCluster, read_stream
-
     from relay.cli.fleet_stream import StreamRead
     from relay.fleet.central import CentralJournal
     from relay.fleet.connection import settings_from_options

@@ -4,8 +4,8 @@ its position once, however stale the position it kept, and rebuilds from commits
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from relay.fleet.central import pieces
 from relay.fleet.partition import Partition
@@ -28,7 +28,7 @@ def lines(root: Path) -> list[bytes]:
     return sorted(line for path in (root / "p0").glob("*.jsonl") for line in path.read_bytes().splitlines())
 
 
-COMMITS = [(3, body("a", range(0, 10))), (7, body("b", range(0, 5)) + body("a", range(10, 20))),
+COMMITS = [(3, body("a", range(10))), (7, body("b", range(5)) + body("a", range(10, 20))),
            (9, body("a", range(20, 25)))]
 
 
@@ -70,7 +70,7 @@ def test_a_view_of_another_central_journal_is_read_from_its_start_without_repeat
 
 def test_a_batch_taken_and_refused_by_the_fence_is_taken_again_on_top_of_what_came_in(tmp_path):
     part = view(tmp_path)
-    batch = [body("a", range(0, 12))]
+    batch = [body("a", range(12))]
     part.take_all(batch, 0.0)
     assert part.uncommitted() == batch[0]
     part.reset()  # the fence refused it: another relay committed a[0:10] meanwhile
@@ -81,7 +81,7 @@ def test_a_batch_taken_and_refused_by_the_fence_is_taken_again_on_top_of_what_ca
     part.write()
     part.settle(4)
     part.close()
-    assert lines(tmp_path) == sorted(body("a", range(0, 12)).splitlines())
+    assert lines(tmp_path) == sorted(body("a", range(12)).splitlines())
 
 
 def test_lines_written_once_the_lease_is_in_doubt_are_withheld_from_the_sinks(tmp_path):

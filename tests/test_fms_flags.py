@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from aim_server import aim_server, index_like_aim_up  # noqa: F401  (a fixture, used by name)
 from compat_env import run_fms
 from conftest import read_jsonl
@@ -95,7 +96,7 @@ def _folders(tmp_path: Path) -> dict[str, str]:
 
 def _fill(word: str, where: dict[str, str]) -> str:
     for name, path in where.items():
-        word = word.replace("{%s}" % name, path)
+        word = word.replace(f"{{{name}}}", path)
     return word
 
 
@@ -122,7 +123,7 @@ def test_fms_and_our_parser_read_fms_command_lines_the_same(tmp_path: Path) -> N
     remote = [*cases[0], "--tracker", "aim", "--aim_remote_server_ip", "127.0.0.1", "--aim_remote_server_port",
               "53800"]
     fms, ours, fms_flags, uncovered = _meanings(tmp_path, [*cases, remote])
-    for name, argv, theirs, mine in zip(DOC_CASES, cases, fms, ours):
+    for name, argv, theirs, mine in zip(DOC_CASES, cases, fms, ours, strict=False):
         assert "meaning" in theirs, (name, theirs)
         assert "meaning" in mine, (name, mine)
         for key, value in theirs["meaning"].items():
@@ -166,7 +167,8 @@ def test_unsupported_fms_flags_are_one_line_and_exit_2(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(CASES), str(tmp_path / "cases.json"), str(tmp_path / "out.json")],
                           cwd=ROOT, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stderr[-3000:]
-    for (flags, says), result in zip(REFUSED, json.loads((tmp_path / "out.json").read_text())):
+    results = json.loads((tmp_path / "out.json").read_text())
+    for (flags, says), result in zip(REFUSED, results, strict=True):
         errors = error_lines(result["stderr"])
         assert result["status"] == 2 and len(errors) == 1, (flags, result["stderr"][-2000:])
         assert says in errors[0], (flags, errors[0])

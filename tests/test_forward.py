@@ -18,10 +18,10 @@ import orjson
 import pytest
 
 from conftest import RelayProcess, finish, free_port, read_jsonl, start_publisher, wait_for
-from relay.wire.curve import load_secret
-from relay.forward.window import STALL_S, ForwardWindow
-from relay.wire.encoding import array_header
 from relay.forward.sender import Forwarder
+from relay.forward.window import STALL_S, ForwardWindow
+from relay.wire.curve import load_secret
+from relay.wire.encoding import array_header
 from relay.wire.lines import encode_line
 from sinks.events import RELAY_RANK
 from test_curve import keygen
@@ -108,7 +108,8 @@ def test_two_nodes_into_a_central_killed_and_restarted_mid_run_exactly_once(rela
     central_dir = tmp_path / "central-journal"
     central = relay_at("central", ["--path", f"{central_dir}/"])
     dirs = [tmp_path / "node-a-journal", tmp_path / "node-b-journal"]
-    nodes = [relay_at(f"node-{n}", forward_args(d, central.address)) for n, d in zip("ab", dirs)]
+    nodes = [relay_at(f"node-{n}", forward_args(d, central.address))
+             for n, d in zip("ab", dirs, strict=True)]
     pubs = [start_publisher(nodes[rank // 2].address, "multinode", rank, 3000, world_size=4, rate=500,
                             flush_timeout=60) for rank in range(4)]
     wait_for(lambda: count(central_dir) > 1000, 60, "the central journaled the first events")
@@ -125,7 +126,7 @@ def test_two_nodes_into_a_central_killed_and_restarted_mid_run_exactly_once(rela
     assert central.stop() == 0
     assert before < total
     assert assert_exactly_once(central_dir, *dirs) == total
-    for node, d in zip(nodes, dirs):
+    for node, d in zip(nodes, dirs, strict=True):
         counters = forward_counters(node, d)
         assert counters["acked"] >= 2 * 3002 - counters["skipped_acked"] and counters["held"] == 0, counters
 
@@ -263,6 +264,7 @@ def test_the_forwarders_rows_are_the_bytes_encode_row_makes():
     """The forwarder packs rows with msgspec (relay/forward/sender.py), in C: byte for byte what the
     wire's own encode_row makes, for every kind of value a journal line can hold."""
     import msgspec
+
     from relay.wire.encoding import encode_row
     rng, encode = random.Random(3), msgspec.msgpack.Encoder().encode
 

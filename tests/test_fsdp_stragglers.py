@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from conftest import ROOT, RelayProcess, free_port, once_per_run, read_jsonl
-from watch_helpers import relay_cmd
+from sinks.events import RELAY_RANK
 from straggler_runs import assert_balanced, load_per_core
 from trainer_fixtures import trainer_env
-
-from sinks.events import RELAY_RANK
+from watch_helpers import relay_cmd
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 

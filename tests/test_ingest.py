@@ -62,16 +62,16 @@ def journaled(ingest: Ingest) -> list[tuple[str, int, int]]:
 
 def test_a_frame_is_journaled_once_and_acknowledged_only_after_the_commit(ingest) -> None:
     relay, acks = ingest()
-    relay.take_frame(b"a", compact("run", 0, range(0, 4)), now=1.0)
+    relay.take_frame(b"a", compact("run", 0, range(4)), now=1.0)
     assert journaled(relay) == [] and acks == {}, "nothing written or acknowledged before the commit"
-    assert relay.commit_step.pending == 4
+    assert relay.pending == 4
     relay.take_frame(b"a", compact("run", 0, range(2, 6)), now=1.1)  # a resend overlapping the first
     relay.commit(now=1.2)
     assert journaled(relay) == [("run", 0, s) for s in range(6)]
     assert acks == {b"a": [[("run", 0, 6)]]}
     counters = relay.counters
     assert (counters.frames, counters.events, counters.written, counters.duplicates) == (2, 8, 6, 2)
-    relay.take_frame(b"a", compact("run", 0, range(0, 6)), now=1.3)
+    relay.take_frame(b"a", compact("run", 0, range(6)), now=1.3)
     relay.commit(now=1.4)
     assert journaled(relay) == [("run", 0, s) for s in range(6)] and counters.duplicates == 8
     assert acks[b"a"][-1] == [("run", 0, 6)], "a frame of duplicates is acknowledged again"
@@ -167,7 +167,7 @@ def test_refused_frames_are_counted_dead_lettered_and_never_acknowledged(ingest)
     letters = [orjson.loads(line) for line in relay.deadletters.path.read_bytes().splitlines()]
     assert [letter["reason"] for letter in letters][1:] == ["reserved_rank", "run_rate"]
     relay.take_frame(b"a", compact("run-2", 0, range(1)), now=61.0)  # its budget grew back
-    assert relay.counters.rejected["run_rate"] == 1 and relay.commit_step.pending == 1
+    assert relay.counters.rejected["run_rate"] == 1 and relay.pending == 1
 
 
 def test_a_client_drop_report_moves_the_floor_and_a_reused_run_id_is_refused(ingest) -> None:

@@ -10,13 +10,13 @@ import orjson
 import pytest
 import zmq
 
-from conftest import finish, start_publisher, wait_for, raw_socket
-from relay.wire import encoding, schema
+from conftest import finish, raw_socket, start_publisher, wait_for
 from relay.client.publisher import Publisher
 from relay.journal.journal import Journal
 from relay.journal.reader import read_events
-
+from relay.wire import encoding, schema
 from relay.wire.lines import encode_line
+
 TORN = 3 << 19  # 1.5 MiB: more than the 1 MiB the old recovery looked back
 
 

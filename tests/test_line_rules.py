@@ -13,10 +13,9 @@ import orjson
 
 from conftest import ROOT
 from line_helpers import BREAKS, JUNK, event
-from test_event_model import NEW_FIELD
-from relay.wire.lines import (decode_lines, encode_line, envelope_of, explain_line, parse_event,
-                              parse_line, row_of)
+from relay.wire.lines import decode_lines, encode_line, envelope_of, explain_line, parse_event, parse_line, row_of
 from sinks.events import FIELDS
+from test_event_model import NEW_FIELD
 
 #: Text-level bends of a line as the relay writes it: what orjson and msgspec might read apart.
 _TEXT = [

@@ -14,14 +14,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, finish, free_port, read_jsonl, wait_for
-from test_cluster_relay import start_rank
 
+from conftest import ROOT, finish, free_port, read_jsonl, wait_for
 from relay.daemon.cross_rank import Cluster, ClusterConfig
 from relay.daemon.run_health import RunHealth
 from relay.metrics import relay_collector
 from relay.metrics.relay_collector import RelayCollector
 from relay.metrics.table import TABLE, Families
+from test_cluster_relay import start_rank
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="the [prometheus] extra is not installed")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -156,7 +156,7 @@ def test_per_rank_series_stop_at_the_documented_world_size_and_runs_at_theirs(mo
         for rank in range(world):
             health.observe({"run": run, "rank": rank, "world_size": world, "type": "metrics", "stage": "rank",
                             "step": 1, "data": {"step_time": 0.1 * (rank + 1)}}, now=1.0 if run == "small" else 2.0)
-    collector = RelayCollector(lambda: {}, health, cluster, max_memory_mib=0, max_runs=5, max_ranks=2)
+    collector = RelayCollector(dict, health, cluster, max_memory_mib=0, max_runs=5, max_ranks=2)
     samples = [(s.name, s.labels) for family in collector.collect() for s in family.samples]
     ranked = {labels["run"] for name, labels in samples if name.startswith("relay_rank_")}
     assert ranked == {"small"}, "the 3-rank run is over --metrics-max-ranks 2"

@@ -4,6 +4,7 @@ events are never sent as a run's; a restart steps over what the stream already h
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,7 +32,7 @@ def test_chunks_are_bounded_and_resume_where_they_stopped(tmp_path: Path) -> Non
     chunks = drain(ChunkReader(journal), "a.1", max_lines=10, max_bytes=4000)
     assert [c.lines for c in chunks] == [10, 10, 5, 1]  # the long line alone, whole
     assert b"".join(c.body for c in chunks) == b"".join(lines)
-    assert all(a.end == b.start for a, b in zip(chunks, chunks[1:])) and chunks[0].start == 0
+    assert all(a.end == b.start for a, b in pairwise(chunks)) and chunks[0].start == 0
     assert chunks[1].headers("n1") == {"Nats-Msg-Id": f"n1:a.1:a.1.jsonl:{chunks[1].start}-{chunks[1].end}",
                                        "Relay-Node": "n1", "Relay-Run": "a.1", "Relay-Lines": "10",
                                        "Relay-End": f"a.1.jsonl:{chunks[1].end}"}
@@ -95,7 +96,7 @@ def test_a_restart_steps_over_every_chunk_the_stream_holds_and_cuts_the_rest_to_
                 break
             new.append(chunk)
         ranges = sorted([(c.start, c.end) for c in old[:saved] + stored + new])
-        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), ranges  # no line twice, none missing
+        assert all(a[1] == b[0] for a, b in pairwise(ranges)), ranges  # no line twice, none missing
         assert ranges[0][0] == 0 and ranges[-1][1] == (journal / "a.jsonl").stat().st_size
 
 

@@ -91,8 +91,8 @@ def test_two_node_relays_publish_every_line_exactly_once(relays, cluster, tmp_pa
     nodes = [relays(sink_args(d, cluster.urls)) for d in dirs]
     pubs = [p for i, node in enumerate(nodes) for p in run_ranks(node, f"job.{i}", 2, 1000)]
     all_acknowledged(pubs)
-    wait_for(lambda: sum(published(n, d) for n, d in zip(nodes, dirs)) >= sum(len(journal_lines(d)) for d in dirs),
-             60, "every journal line published")
+    wait_for(lambda: sum(published(n, d) for n, d in zip(nodes, dirs, strict=True))
+             >= sum(len(journal_lines(d)) for d in dirs), 60, "every journal line published")
     for node in nodes:
         assert node.stop() == 0
         errors = [line for line in node.log.read_text().splitlines() if "ERROR" in line]
@@ -155,11 +155,11 @@ def test_node_relay_killed_and_restarted_resumes_where_acknowledged(relays, clus
     address = node.address
     pubs = run_ranks(node, "restart", 2, 8000, rate=800)
     for lose_state in (False, True):
-        wait_for(lambda: published(node, journal) > 1000, 60, "publishing")
+        wait_for(lambda node=node: published(node, journal) > 1000, 60, "publishing")
         sink = int(re.findall(r"sink nats open \(pid (\d+)\)", node.log.read_text())[-1])
         node.kill()
         # its sink process dies with it (relay/sinkhost: at once, saving nothing more): only then is the file lost
-        wait_for(lambda: not running(sink), 30, "the sink process ended")
+        wait_for(lambda sink=sink: not running(sink), 30, "the sink process ended")
         if lose_state:
             (journal / "_relay_nats.json").unlink()
         (journal / "_relay_stats.json").unlink(missing_ok=True)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
-import re
 import subprocess
 import sys
 import urllib.request

@@ -5,16 +5,17 @@ import importlib
 import io
 import re
 import struct
-import sys
 import subprocess
+import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from conftest import RelayProcess, free_port
-from watch_helpers import cli_env, event, relay_cmd, training_journal, write_journal
 
+from conftest import RelayProcess, free_port
 from relay.cli.filters import MetricName, Selection
 from relay.client.publisher import Publisher
+from watch_helpers import cli_env, event, relay_cmd, training_journal, write_journal
 
 plotting = importlib.import_module("relay.cli.plot")  # (relay.cli.plot, the attribute, is the click command)
 
@@ -154,7 +155,7 @@ def test_a_long_line_is_decimated_and_says_so(tmp_path: Path) -> None:
     spread = re.search(r'<g id="series-1">.*?<path d="([^"]*)"', svg, re.S).group(1)
     heights = [float(y) for y in re.findall(r"[ML] -?[\d.]+ (-?[\d.]+)", spread)]  # (matplotlib drops collinear ones)
     top = min(heights)  # SVG's y grows downwards
-    episodes = sum(1 for before, y in zip([None] + heights, heights) if y == top and before != top)
+    episodes = sum(1 for before, y in pairwise([None, *heights]) if y == top and before != top)
     assert episodes == 7, heights  # steps 1-2, 500-502, ..., 2500-2502, 3000: every episode a spike, none averaged away
 
 
@@ -189,7 +190,7 @@ def test_a_mistyped_metric_among_hundreds_is_offered_the_10_nearest_names_at_mos
     the 10 least far, never the whole list (issue 44: one ~1,000-character line of every metric)."""
     path = tmp_path / "wide.jsonl"
     names = [f"layer{i}/grad_norm" for i in range(150)] + [f"loss_part_{i}" for i in range(150)]
-    write_journal(path, [event("wide", 0, 0, 1.0, "metrics", {name: 1.0 for name in names}, step=1, stage="train",
+    write_journal(path, [event("wide", 0, 0, 1.0, "metrics", dict.fromkeys(names, 1.0), step=1, stage="train",
                                world_size=1)])
     typo = one_line_error(relay_cmd("plot", str(path), "--metric", "train/loss_part_7x", "-o", str(tmp_path / "x.png")))
     offered = re.findall(r"'([^']+)'", typo.split("did you mean ", 1)[1])

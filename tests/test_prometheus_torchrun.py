@@ -7,6 +7,7 @@ the relay and the relay-down alert fires. One job serves every check, in that or
 cannot straggle, a dead relay shows nothing). Each server runs on loopback, started and stopped here."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,16 +18,17 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psutil
 import pytest
+
 from conftest import free_port, read_jsonl, wait_for
+from sinks.events import RELAY_RANK
 from trainer_fixtures import ROOT, demo_model, launch_flags, seed_flags, trainer_env
 from warm_ranks import WarmJob, WarmLauncher
-
-from sinks.events import RELAY_RANK
 
 PROMETHEUS, ALERTMANAGER = shutil.which("prometheus"), shutil.which("prometheus-alertmanager")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
@@ -100,7 +102,7 @@ scrape_configs:
     base = {name: f"http://127.0.0.1:{ports[name]}" for name in ("prometheus", "alertmanager")}
     try:
         for name, url in base.items():
-            wait_for(lambda: _ready(url + "/-/ready"), 60, f"{name} ready")
+            wait_for(lambda url=url: _ready(url + "/-/ready"), 60, f"{name} ready")
         yield {"metrics_port": ports["metrics"], **base}
     finally:
         for server in servers:
@@ -230,9 +232,7 @@ def stop_job(job: WarmJob) -> None:
     if job.poll() is None:
         os.killpg(job.pid, signal.SIGKILL)
     for rank in ranks:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             rank.kill()
-        except psutil.NoSuchProcess:
-            pass
     job.wait(30)
     psutil.wait_procs(ranks, timeout=30)

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 from conftest import read_jsonl
-from relay.client.publisher import Publisher
 from relay.client.fork import RECORD_MAX
+from relay.client.publisher import Publisher
 
 PARENT = "parent"
 

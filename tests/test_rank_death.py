@@ -18,11 +18,11 @@ import json
 from pathlib import Path
 
 import pytest
+
 from conftest import free_port, read_jsonl, wait_for
+from sinks.events import RELAY_RANK
 from trainer_fixtures import DEMO_DATA, demo_model, launch_flags, seed_flags, trainer_env
 from warm_ranks import WarmLauncher
-
-from sinks.events import RELAY_RANK
 
 pytestmark = pytest.mark.slow
 __all__ = ["demo_model"]  # a fixture, used by name

@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 import pytest
-from watch_helpers import cli_env
+
 from conftest import ROOT, finish, free_port, line_count, plugin_env, read_jsonl, start_publisher
 from relay.wire.lines import encode_line
+from watch_helpers import cli_env
 
 
 def run_relay(*args: str, timeout: float = 30, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -17,9 +17,9 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import finish, free_port, line_count, plugin_env, read_jsonl, start_publisher, wait_for, raw_socket
-from relay.wire import encoding, schema
+from conftest import finish, free_port, line_count, plugin_env, raw_socket, read_jsonl, start_publisher, wait_for
 from relay.client.publisher import Publisher
+from relay.wire import encoding, schema
 from sinks.events import from_json_metrics
 
 
@@ -130,7 +130,7 @@ def test_malformed_frames_are_rejected_with_reasons_and_valid_ones_survive(relay
         "bad_run": msgpack.packb(_raw_event(run="../../etc/passwd")),
         "name_too_long": msgpack.packb(_raw_event(data={"k" * 300: 1})),
     }
-    for i, (reason, frame) in enumerate(bad_frames.items()):
+    for i, frame in enumerate(bad_frames.values()):
         pub.publish("metrics", {"i": i}, step=i, stage="train")
         raw.send(frame)
     noise = os.urandom(64)  # random bytes: whichever rule they break, it is recorded as such
@@ -382,7 +382,7 @@ def test_lines_journaled_before_a_failed_write_reach_every_sink_once(relays, tmp
     """A directory journal where one run's file is on a full disk (a file of a 1 MiB tmpfs bound over
     it): each commit writes run a's lines and fails on run b's. Run a's lines go to the sinks as they
     are written, b's once the disk has room; a plugin sink without catch-up (``collect``) gets every
-    journaled line exactly once (relay/daemon/commit.py's JournalQueue)."""
+    journaled line exactly once (relay/journal/journal_queue.py's JournalQueue)."""
     journal, collected = tmp_path / "journal", tmp_path / "collected.jsonl"
     journal.mkdir()
     (journal / "b.jsonl").touch()

@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import plugin_env, start_publisher, wait_for
-from conftest import finish as finish_publisher
 
+from conftest import finish as finish_publisher, plugin_env, start_publisher, wait_for
 from trainer.tracker_flags import TrackingArguments, sink_args
 
 FIVE = ["aim", "mlflow", "tensorboard", "wandb", "clearml"]

@@ -181,7 +181,7 @@ def test_mlflow_one_run_both_attempts_points_the_later_the_last_attempts(job: Pa
     assert view.info.run_name == RUN_NAME and view.info.status == "FINISHED"
     for key, expected in (("loss", loss), ("workers/rank_step_time_s/rank_1", step_time)):
         points = view.history[key]
-        twice = [s for s in range(SAVED + 1, HELD + 1)]  # MLflow keeps every point: docs/sinks/mlflow.md
+        twice = list(range(SAVED + 1, HELD + 1))  # MLflow keeps every point: docs/sinks/mlflow.md
         assert sorted(step for step, _, _ in points) == sorted([*range(1, STEPS + 1), *twice]), key
         latest = {step: value for step, value, _ in sorted(points, key=lambda p: (p[0], p[2]))}
         assert latest == pytest.approx(expected), key

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-from watch_helpers import RELAY_RANK, cli_env, event, relay_cmd, training_journal, write_journal
 
 from relay.cli.runs import summarize
 from relay.wire.lines import encode_line
+from watch_helpers import RELAY_RANK, cli_env, event, relay_cmd, training_journal, write_journal
 
 
 def naive(lines: list[bytes], now: float) -> dict[str, dict]:

@@ -6,8 +6,8 @@ import math
 import msgpack
 import pytest
 
-from relay.wire import encoding, schema
 from relay.journal.dedupe import RankState
+from relay.wire import encoding, schema
 from sinks.events import from_json_metrics, json_safe
 
 

@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("clearml")
 
+from conftest import free_port
 from sink_helpers import Events, drive, training_events
 from sink_readback import SUMMARY, check_clearml as check_training_run, read_sessions
-from conftest import free_port
 from sinks.base import SinkContext
 from sinks.clearml import ClearmlSink
 
@@ -125,7 +125,7 @@ def test_a_sink_dying_while_it_saves_the_task_leaves_the_last_whole_task(tmp_pat
 def test_two_runs_interleaved_in_one_process(tmp_path: Path) -> None:
     """Task.init allows one task per process; the sink keeps any number of offline tasks apart."""
     a, b = training_events("job-a"), training_events("job-b", steps=9)
-    mixed = [e for pair in zip(a, b) for e in pair] + b[len(a):]
+    mixed = [e for pair in zip(a, b, strict=False) for e in pair] + b[len(a):]
     run_sink(tmp_path / "cml", [mixed[i:i + 7] for i in range(0, len(mixed), 7)])
     views = read_sessions(tmp_path / "cml")
     assert sorted(views) == ["job-a", "job-b"] and views["job-a"].task_id != views["job-b"].task_id

@@ -11,26 +11,27 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
+import sink_readback as rb
 from conftest import line_count, read_jsonl, wait_for
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
 from relay.sinkhost.catch_up import CatchUp
-from relay.sinkhost.child import SinkSpec, build_sink
+from relay.sinkhost.child import build_sink
 from relay.sinkhost.driver import SinkDriver
 from relay.sinkhost.replay import ReplayResult, replay_files
+from relay.sinkhost.spec import SinkSpec
 from relay.wire.lines import encode_line
 from sink_helpers import Events, fill, finish_ranks, small_fs, start_rank, training_events  # noqa: F401 (small_fs: a fixture)
-import sink_readback as rb
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.events import RELAY_RANK
 from sinks.tracker_base import TrackerSink
-
 
 
 @dataclass
@@ -393,7 +394,7 @@ def test_a_full_disk_is_caught_up_once_there_is_room(small_fs: Path, workspace, 
         sink.open(SinkContext())
         failures = []
 
-        def wait(seconds: float) -> bool:
+        def wait(seconds: float, failures: list[float] = failures) -> bool:
             if seconds > 0:
                 failures.append(seconds)
                 if len(failures) == 3:

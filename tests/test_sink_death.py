@@ -11,6 +11,7 @@ reads every store back through its own client: every value once, and no sink pro
 by more than a second."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -79,10 +80,8 @@ def _sink_env(tmp_path: Path) -> dict[str, str]:
 def _kill_all(pids: list[int]) -> None:
     """What a test started and a failure may have left running."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _gone(pid: int) -> bool:
@@ -250,6 +249,7 @@ def test_a_set_up_killed_midway_leaves_no_store_and_the_next_one_makes_it(tool, 
         ready_sqlite(store)
     else:
         from aim.sdk.repo import Repo
+
         from sinks.aim_repo import open_local
 
         open_local(Repo, tmp_path)
@@ -270,6 +270,7 @@ def test_a_store_that_an_older_set_up_left_half_made_is_mended(tool, tmp_path):
         from mlflow import MlflowClient
         from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
         from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
         from sinks.mlflow_store import ready_sqlite
 
         engine = sqlalchemy.create_engine(f"sqlite:///{store}")
@@ -284,6 +285,7 @@ def test_a_store_that_an_older_set_up_left_half_made_is_mended(tool, tmp_path):
         assert [p.name.split(".half-made-")[0] for p in tmp_path.glob("mlflow.db.half-made-*")] == ["mlflow.db"]
     else:
         from aim.sdk.repo import Repo
+
         from sinks.aim_repo import open_local
 
         Repo(str(tmp_path), init=True)
@@ -367,7 +369,8 @@ def test_relay_sigkilled_50_times_in_its_first_seconds_every_store_holds_every_v
         relay = relays(args, address=address, start=False, env=env)
         relay.start(wait=False)
         launched = time.monotonic()
-        wait_for(lambda: len(_children(relay.proc.pid)) >= 2 * len(TRACKERS), 120,  # each with its supervisor
+        # each with its supervisor
+        wait_for(lambda relay=relay: len(_children(relay.proc.pid)) >= 2 * len(TRACKERS), 120,
                  "the relay's sink processes started")
         started, at = time.monotonic(), rng.uniform(0, SHORT)
         if k % BUSY_EVERY == BUSY_EVERY - 1:  # wait until a sink is busy (a condition), then a random moment

@@ -7,8 +7,9 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from relay.journal.deadletter import DeadLetters
 from relay.sinkhost.driver import BACKOFF_MAX, BACKOFF_START, SinkDriver, sleep_for

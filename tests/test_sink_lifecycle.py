@@ -5,8 +5,9 @@ stored" zip). Real stores, read through the sinks' own counters."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 

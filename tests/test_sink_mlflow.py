@@ -17,14 +17,13 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-from sink_helpers import finish_ranks as finish, start_rank
-from sink_helpers import Events, drive, fill, small_fs, training_events  # noqa: F401
-from sink_readback import EXPERIMENT, check_mlflow as check_training_run, comparable, read_run
 from conftest import free_port, line_count, wait_for
 from relay.sinkhost.catch_up import CatchUp
 from relay.sinkhost.driver import SinkDriver
-from relay.wire.lines import encode_line
 from relay.sinkhost.replay import replay_files
+from relay.wire.lines import encode_line
+from sink_helpers import Events, drive, fill, finish_ranks as finish, small_fs, start_rank, training_events  # noqa: F401
+from sink_readback import EXPERIMENT, check_mlflow as check_training_run, comparable, read_run
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.mlflow import MlflowSink
 from sinks.mlflow_rules import MAX_PARAM, batches

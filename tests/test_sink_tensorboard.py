@@ -13,10 +13,10 @@ import pytest
 
 pytest.importorskip("tensorboard")
 
-from sink_helpers import Events, drive, training_events
-from sink_readback import check_tensorboard as check_training_run, read_logdir
 from conftest import free_port
 from relay.wire.lines import encode_line
+from sink_helpers import Events, drive, training_events
+from sink_readback import check_tensorboard as check_training_run, read_logdir
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.tensorboard import STATE_NAME, TensorBoardSink, _tag
 

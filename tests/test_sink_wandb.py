@@ -14,10 +14,10 @@ import pytest
 
 pytest.importorskip("wandb")
 
-from sink_helpers import Events, drive, fill, small_fs, start_rank, training_events  # noqa: F401
-from sink_readback import check_wandb as check_training_run, read_wandb, run_dirs
 from conftest import free_port, wait_for
 from relay.wire.lines import encode_line
+from sink_helpers import Events, drive, fill, small_fs, start_rank, training_events  # noqa: F401
+from sink_readback import check_wandb as check_training_run, read_wandb, run_dirs
 from sinks.base import PermanentError, SinkContext
 from sinks.wandb import WandbSink
 

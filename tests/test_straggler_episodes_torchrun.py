@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from straggler_runs import SLOW_STEPS, STEPS, Run, assert_balanced, straggler_runs
 from test_stragglers_torchrun import PLACES, cluster_of, completed, named
 from trainer_fixtures import demo_model

@@ -91,7 +91,8 @@ def test_a_balanced_run_on_a_crowded_machine_gets_only_short_marginal_episodes()
     cleared = [(s, r) for s, e, r, _ in said if e == "straggler_cleared"]
     assert len(named) == len(cleared) == 6, said
     assert all(0.10 <= c < 0.15 for _, _, c in named), said
-    assert all(0 < end - start <= 20 for (start, _, _), (end, _) in zip(named, cleared)), said
+    pairs = zip(named, cleared, strict=True)
+    assert all(0 < end - start <= 20 for (start, _, _), (end, _) in pairs), said
 
 
 def test_two_ranks_one_a_third_slower_is_named_with_what_it_costs() -> None:

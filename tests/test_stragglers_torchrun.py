@@ -12,11 +12,11 @@ import json
 import statistics
 
 import pytest
+
+from sinks.events import RELAY_RANK
 from straggler_runs import BALANCED_STEPS, STEPS, STEPS_BY_10, Run, assert_balanced, straggler_runs
 from trainer_fixtures import demo_model
 from watch_helpers import relay_cmd
-
-from sinks.events import RELAY_RANK
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # the first test to ask runs the shared launch
 __all__ = ["demo_model", "straggler_runs"]  # fixtures, used by name

@@ -13,16 +13,18 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_for
-from watch_helpers import LiveCommand, event, training_journal, write_journal
 
+from conftest import wait_for
 from relay.cli.backward import lines_backwards
 from relay.cli.filters import Selection, selection
 from relay.cli.tail import Tail
 from relay.wire.lines import encode_line
+from watch_helpers import LiveCommand, event, training_journal, write_journal
+
+EVERYTHING = Selection()  # no filter (frozen: one shared default is safe)
 
 
-def shown(path: Path, last: int | None, chosen: Selection = Selection(), **kw) -> str:
+def shown(path: Path, last: int | None, chosen: Selection = EVERYTHING, **kw) -> str:
     """What ``relay tail`` prints (without following), run in this process."""
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
     with contextlib.redirect_stdout(out):

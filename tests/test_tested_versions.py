@@ -8,8 +8,8 @@ import importlib.metadata
 import logging
 
 import pytest
-from conftest import ROOT, parse_python
 
+from conftest import ROOT, parse_python
 from sinks.base import SinkError
 from sinks.preflight import need_package, untested
 

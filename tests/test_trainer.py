@@ -13,12 +13,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sink_readback import read_repo
-from conftest import once_per_run, read_jsonl
-from trainer_fixtures import DEMO_DATA, ROOT, demo_model, error_lines, run_trainer, start_trainer, trainer_env
 
+from conftest import once_per_run, read_jsonl
+from sink_readback import read_repo
 from trainer import set_params, track
 from trainer.embedded import default_run_id
+from trainer_fixtures import DEMO_DATA, ROOT, demo_model, error_lines, run_trainer, start_trainer, trainer_env
 
 __all__ = ["demo_model"]  # a fixture, used by name
 TRAIN = [sys.executable, "-m", "trainer"]
@@ -87,7 +87,7 @@ def stops_early(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> d
                                   env=trainer_env(), capture_output=True, text=True, timeout=540)
             assert done.returncode == 0, done.stderr[-3000:]
         ran = json.loads(results.read_text())
-        return {name: (folder / name, result) for name, result in zip(flags, ran)}
+        return {name: (folder / name, result) for name, result in zip(flags, ran, strict=True)}
 
 
 @pytest.mark.slow  # the trainer's imports: transformers' alone takes seconds

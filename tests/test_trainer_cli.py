@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import free_port
 from trainer_fixtures import error_lines, run_trainer
 

@@ -10,9 +10,18 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import free_port, read_jsonl
-from trainer_fixtures import (assert_complete, demo_model, launch_flags, run_trainer, seed_flags, torchrun, tracked_job,
-                              trainer_env)
+from trainer_fixtures import (
+    assert_complete,
+    demo_model,
+    launch_flags,
+    run_trainer,
+    seed_flags,
+    torchrun,
+    tracked_job,
+    trainer_env,
+)
 from warm_ranks import WarmLauncher
 
 pytestmark = pytest.mark.slow

@@ -59,8 +59,9 @@ def outcomes(warm_launcher: WarmLauncher, tmp_path_factory: pytest.TempPathFacto
         folder = tmp_path_factory.mktemp(f"{how}-hold") / "job"
         job = start(how, warm_launcher, folder, "hold")
         try:
-            wait_for(lambda: all((folder / f"rank{r}.json").exists() for r in (0, 1)), 300, "both ranks started",
-                     lambda: (folder / "job.log").read_text()[-3000:])
+            wait_for(lambda folder=folder: all((folder / f"rank{r}.json").exists() for r in (0, 1)),
+                     300, "both ranks started",
+                     lambda folder=folder: (folder / "job.log").read_text()[-3000:])
         finally:
             job.send_signal(signal.SIGTERM)
         found[how, "hold"] = outcome(job, folder)

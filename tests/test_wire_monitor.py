@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import zmq
-from conftest import free_port
 
+from conftest import free_port
 from relay.wire.monitor import recv_event
 
 

@@ -1,11 +1,11 @@
-"""Who writes a stream (relay/daemon/writers.py), in milliseconds: the pure judgment, then ingest
+"""Who writes a stream (relay/journal/writers.py), in milliseconds: the pure judgment, then ingest
 (no socket, no clock) judging hellos of sessions, telling the refused, and a relay started again on
 the journal judging the same way. The same cases with real processes: tests/test_one_writer.py."""
 from __future__ import annotations
 
 from typing import Any
 
-from relay.daemon.writers import MAX_REFUSED, SAID_PER_STREAM, Conflict, Writer, Writers, judge, session_of
+from relay.journal.writers import MAX_REFUSED, SAID_PER_STREAM, Conflict, Writer, Writers, judge, session_of
 from relay.wire import encoding
 from sinks.events import RELAY_RANK, attempt_base, session_base, starts_session
 from test_ingest import compact, event, ingest, journaled

@@ -10,6 +10,7 @@ the serving process's ``wait4`` says), the serving process's imports in the firs
 for it; when it ends, what was charged is taken back, since its whole CPU is then reaped."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -169,10 +170,8 @@ class WarmLauncher:
         """Every job still running killed, the serving process ended and reaped: its CPU is counted
         as a reaped child's now, so what was charged is taken back."""
         for pid in list(self.jobs):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.sock.close()
         self.proc.wait(60)
         budget.charge(-self.charged)

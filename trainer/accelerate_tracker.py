@@ -18,7 +18,8 @@ import logging
 import numbers
 import os
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from accelerate import Accelerator, PartialState
 from accelerate.tracking import GeneralTracker

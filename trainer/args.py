@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer import fms_flags
 from trainer.errors import UsageError
+from trainer.job_settings import check_tracking
 from trainer.model_load import check_load_flags
 from trainer.model_source import FLAGS, check_source
-from trainer.job_settings import check_tracking
 from trainer.tracker_flags import TRACKERS, TrackingArguments
 
 if TYPE_CHECKING:
@@ -130,11 +130,11 @@ class RunPlan:
     model: ModelArguments
     data: DataArguments
     tracking: TrackingArguments
-    training: "SFTConfig"
+    training: SFTConfig
     trackers: list[str]
     exp_metadata: dict[str, Any] | None
-    train_dataset: "datasets.Dataset"
-    eval_dataset: "datasets.Dataset | None"
+    train_dataset: datasets.Dataset
+    eval_dataset: datasets.Dataset | None
 
     @property
     def tracking_on(self) -> bool:
@@ -149,7 +149,7 @@ class RunPlan:
 MODEL_REQUIRED = "--model_name_or_path is required (or use --demo)"
 
 
-def output_dir(training: "SFTConfig") -> str:
+def output_dir(training: SFTConfig) -> str:
     """--output_dir: TrainingArguments types it optional, and fills in "trainer_output" when it is not given."""
     return _given(training.output_dir, "--output_dir is required: the folder for checkpoints and the run's journal")
 
@@ -219,7 +219,7 @@ def _has_flag(argv: list[str], flag: str) -> bool:
     return any(a.partition("=")[0] in names for a in argv)
 
 
-def build_parser() -> "HfArgumentParser":
+def build_parser() -> HfArgumentParser:
     """The parser of our four argument dataclasses: every error a UsageError, and no abbreviated
     flags (argparse's prefix matching turned fms-hf-tuning's ``--r`` into "ambiguous option", and
     would let a flag added later change what an abbreviation means)."""
@@ -239,7 +239,7 @@ def build_parser() -> "HfArgumentParser":
 
 
 def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, TrackingArguments,
-                                         "SFTConfig"]:
+                                         SFTConfig]:
     """Parse a command line into the four argument dataclasses; raise UsageError on any bad flag."""
     # trl's SFTConfig still sets the old name by default, so transformers warns on every run.
     warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
@@ -263,7 +263,7 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Tracking
     return model, data, tracking, training
 
 
-def _document_seed_flags(parser: "argparse.ArgumentParser") -> None:
+def _document_seed_flags(parser: argparse.ArgumentParser) -> None:
     """List the seed's flag names in --help; rewrite_argv has mapped them before parsing, so they
     never reach the parser (SUPPRESS keeps them out of the parsed arguments)."""
     group = parser.add_argument_group("the seed's flag names (still accepted)")
@@ -280,7 +280,7 @@ def _cpu_only() -> bool:
     return not torch.accelerator.is_available()
 
 
-def sft_config(**kwargs: Any) -> "SFTConfig":
+def sft_config(**kwargs: Any) -> SFTConfig:
     """``trl.SFTConfig(**kwargs)`` as the command line makes it, for ``train()`` callers: with no
     accelerator, ``use_cpu=True`` unless given (a bare SFTConfig raises on a CPU-only machine)."""
     from trl import SFTConfig
@@ -303,7 +303,7 @@ def unescape(text: str) -> str:
 LAST_CHECKPOINT = ("true", "last")
 
 
-def _resume_args(training: "SFTConfig", tracking: TrackingArguments) -> None:
+def _resume_args(training: SFTConfig, tracking: TrackingArguments) -> None:
     """``--resume_from_checkpoint True`` (or ``last``) becomes the last checkpoint in --output_dir, and a
     checkpoint that is not a folder, a run to continue that is not a run id, or both run flags at once
     are usage errors (the run a resumed job continues: trainer/run_identity.py)."""
@@ -332,7 +332,7 @@ def _resume_args(training: "SFTConfig", tracking: TrackingArguments) -> None:
 def validate(
     model: ModelArguments,
     data: DataArguments,
-    training: "SFTConfig",
+    training: SFTConfig,
     tracking: TrackingArguments | None = None,
 ) -> RunPlan:
     """Check everything that does not need the model; load and split the data set.

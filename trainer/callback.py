@@ -17,8 +17,9 @@ import platform
 import resource
 import sys
 import time
+from collections.abc import Mapping
 from importlib import metadata
-from typing import Any, Mapping
+from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -181,14 +182,14 @@ class RelayCallback(TrainerCallback):
         self._step_start = now = time.perf_counter()
         self._outside += now - self._step_end
         if self._clock is not None:
-            self._clock.in_step = True
+            self._clock.step_begins()
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
         self._step_end = now = time.perf_counter()
         took = now - self._step_start
         if self._clock is not None:
-            self._clock.in_step = False
+            self._clock.step_ends()
         self._steps += 1
         self._busy += took
         self._slowest = max(self._slowest, took)

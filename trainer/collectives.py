@@ -40,7 +40,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from trainer import dist_waits
 
@@ -94,6 +95,14 @@ class CollectiveClock:
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
+
+    def step_begins(self) -> None:
+        """The Trainer's step begins (``on_step_begin``): waits count as inside it."""
+        self.in_step = True
+
+    def step_ends(self) -> None:
+        """The step ended (``on_step_end``): waits until the next one count as outside a step."""
+        self.in_step = False
 
     def waited(self, seconds: float) -> None:
         """A blocking collective took ``seconds`` (trainer/dist_waits.py), or the all-reduce after the

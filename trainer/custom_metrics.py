@@ -13,7 +13,8 @@ import logging
 import numbers
 import threading
 from collections import deque
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from relay.client.publisher import Publisher
 from relay.wire.schema import MAX_DEPTH, MAX_NAME_LEN

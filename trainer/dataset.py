@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import UsageError
 
@@ -40,7 +41,7 @@ def _records(path: str, flag: str) -> Iterator[tuple[int, Any]]:
 def load_sft_dataset(
     path: str, text_field: str, response_template: str | None, flag: str = "--data_path",
     formatter: Callable[[dict[str, Any]], str] | None = None,
-) -> "datasets.Dataset":
+) -> datasets.Dataset:
     """Read ``path`` into a data set of ``text_field`` (or ``prompt``/``completion``); UsageError on
     bad data. ``formatter`` makes each record's text (--data_formatter_template) instead of
     ``text_field``."""

@@ -25,8 +25,9 @@ import functools
 import inspect
 import threading
 import time
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 #: The collectives that can make a rank wait for its peers (those of this torch that exist are used).
 BLOCKING = (

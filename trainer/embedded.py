@@ -113,7 +113,7 @@ class EmbeddedRelay:
     @classmethod
     def start(cls, output_dir: str, *, sink_args: list[str] | None = None, timeout: float = 60.0,
               exit_timeout: float = EXIT_TIMEOUT,
-              journal_name: str = JSONL_NAME) -> "EmbeddedRelay":
+              journal_name: str = JSONL_NAME) -> EmbeddedRelay:
         """Start the relay and wait until it has bound and opened its sinks; RelayStartError if not.
         ``exit_timeout``: how long its sinks may take at the end to apply the run (see ``stop``);
         ``journal_name``: the journal's file in ``output_dir`` (``journal_name_in`` picks it)."""

@@ -100,9 +100,9 @@ FMS_UNSUPPORTED.update({flag: f"{_GONE}; {instead}" for flag, instead in {
     "--torchdynamo": "use --torch_compile_backend",
     "--save_safetensors": "checkpoints are always safetensors",
     "--no_save_safetensors": "checkpoints are always safetensors",
-    **{flag: "drop the flag" for flag in (
+    **dict.fromkeys((
         "--jit_mode_eval", "--mp_parameters", "--past_index", "--ray_scope", "--tpu_metrics_debug",
-        "--tpu_num_cores", "--use_ipex", "--use_legacy_prediction_loop")},
+        "--tpu_num_cores", "--use_ipex", "--use_legacy_prediction_loop"), "drop the flag"),
 }.items()})
 #: fms-hf-tuning's ``--no_`` switches of a flag that is on there by default and off here.
 FMS_SWITCHES = {"--no_use_flash_attn": ["--use_flash_attn", "False"]}

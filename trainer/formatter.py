@@ -10,7 +10,8 @@ one line, exit 2.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import UsageError
 
@@ -48,8 +49,8 @@ def compile_template(text: str) -> Callable[[dict[str, Any]], str]:
     return render
 
 
-def fill_special_tokens(ds: "datasets.Dataset",
-                        tokenizer: "PreTrainedTokenizerBase") -> "datasets.Dataset":
+def fill_special_tokens(ds: datasets.Dataset,
+                        tokenizer: PreTrainedTokenizerBase) -> datasets.Dataset:
     """Replace the markers :func:`compile_template` left with the tokenizer's special tokens."""
     import datasets
 

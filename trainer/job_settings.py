@@ -15,8 +15,9 @@ import json
 import logging
 import os
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from trainer import fms_flags
 from trainer.errors import UsageError

@@ -21,7 +21,13 @@ from typing import Any
 
 from trainer import custom_metrics
 from trainer.embedded import (
-    EmbeddedRelay, RelayStartError, agree, barrier, default_run_id, journal_name_in, near,
+    EmbeddedRelay,
+    RelayStartError,
+    agree,
+    barrier,
+    default_run_id,
+    journal_name_in,
+    near,
     relay_executable,
 )
 from trainer.run_identity import identify, write_run_file

@@ -3,7 +3,8 @@
 ``loss`` in stage ``eval``). Imports neither transformers nor accelerate: both trackers share it."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 _LOG_PREFIXES = (("eval_", "eval"), ("test_", "test"))
 #: log key -> (stage, name): a Trainer's keys repeat every step
@@ -33,9 +34,9 @@ def split_logs(logs: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for key, value in logs.items():
         kind = type(value)
-        if kind is not float and kind is not int:
-            if kind is bool or not isinstance(value, (int, float)):
-                continue
+        exact = kind is float or kind is int  # the usual case, decided without isinstance
+        if not exact and (kind is bool or not isinstance(value, (int, float))):
+            continue
         if key == "epoch":
             continue  # the epoch travels in the envelope
         stage, name = _STAGE_OF.get(key) or _stage_of(key)

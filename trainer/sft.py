@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 
 from trainer import custom_metrics
 from trainer.args import (
-    DEMO_DATA, DEMO_RESPONSE_TEMPLATE, DataArguments, ModelArguments, RunPlan, demo_requested, output_dir, parse_args,
+    DEMO_DATA,
+    DEMO_RESPONSE_TEMPLATE,
+    DataArguments,
+    ModelArguments,
+    RunPlan,
+    demo_requested,
+    output_dir,
+    parse_args,
     validate,
 )
 from trainer.embedded import RelayStartError
@@ -44,7 +51,7 @@ DEMO_MODEL_DIR = "demo-model"
 PEER_ERROR_WAIT = 10.0
 
 
-def _apply_demo(model: ModelArguments, data: DataArguments, training: "SFTConfig") -> None:
+def _apply_demo(model: ModelArguments, data: DataArguments, training: SFTConfig) -> None:
     """--demo: the bundled data and a model built under output_dir, unless given explicitly."""
     if model.model_name_or_path is None:
         model.model_name_or_path = os.path.join(output_dir(training), DEMO_MODEL_DIR)
@@ -71,10 +78,10 @@ def _load(plan: RunPlan, rank: int) -> tuple[PreTrainedTokenizerBase, PreTrained
 def train(
     model_args: ModelArguments,
     data_args: DataArguments,
-    training_args: "SFTConfig",
+    training_args: SFTConfig,
     tracking_args: TrackingArguments | None = None,
-    callbacks: list["TrainerCallback"] | None = None,
-) -> "TrainOutput":
+    callbacks: list[TrainerCallback] | None = None,
+) -> TrainOutput:
     """Fine-tune as the command line does; with no ``tracking_args``, log to ``output_dir/training_logs.jsonl``.
 
     ``callbacks`` are added to the Trainer beside ours (another tracker to compare against, say).
@@ -134,12 +141,12 @@ def train(
         completed = True
         return result
     except BaseException as exc:
-        STOP.closing = True  # first: from here a SIGTERM must not cut the closing short (trainer/stopping.py)
+        STOP.close()  # first: a SIGTERM must not cut the closing short (trainer/stopping.py)
         if job is not None:
             job.fail(f"{type(exc).__name__}: {exc}")
         raise
     finally:
-        STOP.closing = True
+        STOP.close()
         if job is not None:
             # --relay_flush_timeout bounds the whole wait: closing gets what the callback's flush
             # left.
@@ -169,7 +176,7 @@ def _not_printed_by_its_library(record: logging.LogRecord) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None, callbacks: list["TrainerCallback"] | None = None) -> int:
+def main(argv: list[str] | None = None, callbacks: list[TrainerCallback] | None = None) -> int:
     """Command line entry point; returns the exit status (2: bad usage or input, 143: SIGTERM; 0 on
     a rank that torchrun stopped after rank 0 reported the job's error). ``callbacks``: as for train()."""
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -50,6 +50,11 @@ class Stopping:
         if self.received and not self.closing:
             raise Terminated(128 + signal.SIGTERM)
 
+    def close(self) -> None:
+        """The run is being closed: from here a SIGTERM is noted, not raised (it must not cut the
+        closing short)."""
+        self.closing = True
+
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         first = not self.received
         self.received = True

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from trainer.embedded import JSONL_NAME
 from trainer.errors import UsageError

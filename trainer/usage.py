@@ -127,7 +127,7 @@ def _field(value: ast.expr | None) -> tuple[str, Any] | None:
     help_text = ""
     metadata = keywords.get("metadata")
     if isinstance(metadata, ast.Dict):
-        for key, item in zip(metadata.keys, metadata.values):
+        for key, item in zip(metadata.keys, metadata.values, strict=True):
             if isinstance(key, ast.Constant) and key.value == "help":
                 help_text = _literal(item) if isinstance(_literal(item), str) else ""
     return help_text, _literal(keywords["default"]) if "default" in keywords else _NONE

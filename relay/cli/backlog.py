@@ -16,9 +16,10 @@ from __future__ import annotations
 import collections
 import heapq
 import math
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from operator import itemgetter
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from relay.cli.backward import lines_from, placed_lines_backwards
 from relay.cli.follow import Ending

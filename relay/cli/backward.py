@@ -7,8 +7,8 @@ prints it) and come back without their newline; empty lines are left out."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 #: The first read at a file's end: a few lines (a directory of thousands of runs reads one each).
 FIRST_BLOCK = 8 << 10

@@ -2,7 +2,8 @@
 the straggler rule's bars (relay/daemon/stragglers.py, docs/watching.md) and when a rank is lost."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -42,7 +43,7 @@ def cluster_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def cluster_config(cluster: bool, straggler_cost: float, straggler_min: float,
-                   straggler_window: int, rank_silence: float) -> "ClusterConfig | None":
+                   straggler_window: int, rank_silence: float) -> ClusterConfig | None:
     """What the options ask for (None: ``--no-cluster``)."""
     from relay.daemon.cross_rank import ClusterConfig
     from relay.daemon.stragglers import StragglerRule

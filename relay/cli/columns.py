@@ -8,9 +8,9 @@ too): a line that wraps breaks the table."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, TextIO
-
+from typing import TextIO
 
 
 def terminal_width(stream: TextIO) -> int | None:

@@ -15,8 +15,15 @@ from typing import Any
 
 import click
 
-from relay.cli.main import (EXIT_ADDRESS_IN_USE, EXIT_USAGE, WORLD_READABLE, _fail, _setup_logging, _SinkCommand,
-                            build_sinks)
+from relay.cli.main import (
+    EXIT_ADDRESS_IN_USE,
+    EXIT_USAGE,
+    WORLD_READABLE,
+    _fail,
+    _setup_logging,
+    _SinkCommand,
+    build_sinks,
+)
 from relay.cli.metrics_flags import take_metrics_options
 from relay.daemon.bounds import private_files
 from sinks.base import SinkError

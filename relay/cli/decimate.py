@@ -49,7 +49,7 @@ class MinMax:
         """The points to draw: all of them, or each bucket's lowest and highest in reading order
         (a NaN where a bucket held a non-finite value)."""
         if not self.decimated:
-            return list(zip(self._steps, self._values))
+            return list(zip(self._steps, self._values, strict=True))
         self._fold(final=True)
         out: list[Point] = []
         for low, high, gap in self._buckets:
@@ -75,8 +75,9 @@ def _bucket(steps: list[int], values: list[float]) -> tuple[Point, Point, int | 
     if math.isfinite(sum(values)):  # every value finite (the usual case): min and max in C
         low, high = min(values), max(values)
         return (steps[values.index(low)], low), (steps[values.index(high)], high), None
-    finite = [(step, value) for step, value in zip(steps, values) if math.isfinite(value)]
-    gap = next((step for step, value in zip(steps, values) if not math.isfinite(value)), None)
+    points = list(zip(steps, values, strict=True))
+    finite = [(step, value) for step, value in points if math.isfinite(value)]
+    gap = next((step for step, value in points if not math.isfinite(value)), None)
     if not finite:
         return _NONE, _NONE, gap
     return min(finite, key=lambda p: p[1]), max(finite, key=lambda p: p[1]), gap

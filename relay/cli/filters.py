@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -62,7 +63,7 @@ class MetricName:
     name: str
 
     @classmethod
-    def parse(cls, text: str) -> "MetricName":
+    def parse(cls, text: str) -> MetricName:
         stage, slash, name = text.partition("/")
         return cls(text, stage, name) if slash and stage and name else cls(text, None, text)
 

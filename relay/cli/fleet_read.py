@@ -16,15 +16,27 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Iterator
+from typing import Any
 
 from relay.cli.follow import Follower
 from relay.cli.runs import RunSummary, summarize
 from relay.cli.tail import Tail
-from relay.journal.fleet_views import (FRESH_S, Key, View, is_fleet, is_relay_root, key_of,
-                                      ordered_lines, read_stats, run_files, unseen, views)
+from relay.journal.fleet_views import (
+    FRESH_S,
+    Key,
+    View,
+    is_fleet,
+    is_relay_root,
+    key_of,
+    ordered_lines,
+    read_stats,
+    run_files,
+    unseen,
+    views,
+)
 
 
 def wanted(paths: list[Path], several: bool = True) -> bool:
@@ -81,7 +93,7 @@ class FleetRead:
             follower.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    def __enter__(self) -> "FleetRead":
+    def __enter__(self) -> FleetRead:
         return self
 
     def __exit__(

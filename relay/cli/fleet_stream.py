@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Iterator
+from typing import Any
 
 import click
 
@@ -93,7 +94,7 @@ class StreamRead:
         self.loop.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    def __enter__(self) -> "StreamRead":
+    def __enter__(self) -> StreamRead:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,

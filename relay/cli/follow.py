@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from relay.cli.backward import Identity, end_of_last_line
 from relay.journal.reader import READ_SIZE, journal_files
@@ -76,7 +77,8 @@ class Follower:
             try:
                 stat = os.stat(name)
                 quiet = now - stat.st_mtime > WRITTEN_S
-                fh = None if final or quiet else open(name, "rb")
+                # (no with: a handle kept open across polls in _files, closed by _close)
+                fh = None if final or quiet else open(name, "rb")  # noqa: SIM115
             except OSError:  # gone between the listing and now: the next poll sees what happened
                 continue
             opened = os.fstat(fh.fileno()) if fh is not None else stat
@@ -143,7 +145,7 @@ class Follower:
                 state.quiet += 1  # closed and unchanged: not worth opening
                 return self._take(state, final)
             try:
-                state.fh = open(name, "rb")
+                state.fh = open(name, "rb")  # noqa: SIM115 (kept open across polls, see _close)
             except OSError:
                 return []
             self._open += 1

@@ -21,15 +21,16 @@ from typing import Any, NoReturn, cast
 import click
 
 from relay.cli import sigterm
-from relay.cli.suggest import no_such_command
-from relay.wire.address import ADDRESS_ENV, DEFAULT_ADDRESS, AddressInUse, BadAddress
-from relay.journal.journal import NAME as JOURNAL, Journal, JournalError
-from relay.daemon.bounds import private_files
-from relay.daemon.live_line import LiveLine, LiveLogHandler, wanted
 from relay.cli.cluster_flags import cluster_config, cluster_options
 from relay.cli.metrics_flags import start_metrics
+from relay.cli.suggest import no_such_command
 from relay.cli.targets import JOURNAL_SUMMARY, JournalFlags, Named, load_named, named, owner
-from relay.sinkhost.child import SinkSpec, starting
+from relay.daemon.bounds import private_files
+from relay.daemon.live_line import LiveLine, LiveLogHandler, wanted
+from relay.journal.journal import NAME as JOURNAL, Journal, JournalError
+from relay.sinkhost.child import starting
+from relay.sinkhost.spec import SinkSpec, jsonable
+from relay.wire.address import ADDRESS_ENV, DEFAULT_ADDRESS, AddressInUse, BadAddress
 from sinks.base import Sink, SinkError
 
 log = logging.getLogger("relay")
@@ -153,19 +154,11 @@ def build_sinks(ctx: click.Context, params: dict[str, Any], log_level: str = "in
     to build it: its name, what to load, and only its own options."""
     sinks = dict(ctx.meta[_SINKS])
     del sinks[JOURNAL]
-    specs = [SinkSpec(name, {o.name: _jsonable(params[o.name]) for o in cls.options() if o.name in params},
+    specs = [SinkSpec(name, {o.name: jsonable(params[o.name])
+                             for o in cls.options() if o.name in params},
                       source=source, log_level=log_level)
              for name, (source, cls) in sinks.items()]
     return JournalFlags.journal(params), specs
-
-
-def _jsonable(value: Any) -> Any:
-    """An option value as the sink process receives it (its click type converts it back)."""
-    if isinstance(value, (tuple, list)):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
 
 
 @click.group(cls=_ServeByDefault, context_settings={"help_option_names": ["-h", "--help"]})
@@ -264,13 +257,12 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
             journal, sinks = build_sinks(ctx, sink_params, log_level)
         except SinkError as exc:
             _fail(EXIT_USAGE, str(exc))
-        relay = Relay(config, journal, sinks)
+        relay = Relay(config, journal, sinks, live=line)
         # a relay that stops here leaves nothing behind: no journal lock, no empty journal folder
         try:
             relay.check_gate()
             relay.open_journal()
             check_sinks(sinks, journal.path)
-            relay.live = line
             relay.bind()
             # --metrics-bind (its options: relay/cli/metrics_flags.py)
             start_metrics(relay, sink_params)

@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Iterator
+from typing import IO, Any
 
 import orjson
 
@@ -147,7 +148,7 @@ def plot_journal(path: Path, chosen: Selection, output: Path, *, by_rank: bool =
     if len(all_runs) == 1:
         fig.suptitle(f"run {next(iter(all_runs))}", fontsize=10)
     drawn = Drawn()
-    for ax, (metric, series) in zip(axes[:, 0], found.items()):
+    for ax, (metric, series) in zip(axes[:, 0], found.items(), strict=True):
         stages = {name for _, name, _ in series}
         ranks: dict[tuple[str, str], int] = defaultdict(int)  # ranks per (run, name): one needs no label
         for run, name, _ in series:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from relay.daemon.live_line import LiveLine
 from relay.journal.reader import journal_files

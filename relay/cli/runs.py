@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 import orjson
 
 from relay.cli.backward import lines_backwards
 from relay.cli.columns import Column, Layout, fit
-from relay.daemon.status import cut
 from relay.cli.filters import number
+from relay.daemon.status import cut
 from relay.journal.reader import journal_files
 from relay.wire.lines import parse_line
 
@@ -74,7 +75,7 @@ def summarize(path: Path, now: float | None = None) -> list[RunSummary]:
 
 def _file(file: Path, now: float) -> list[RunSummary]:
     try:
-        fh = open(file, "rb")
+        fh = open(file, "rb")  # noqa: SIM115 (closed by the with below; this try is open's alone)
     except OSError:  # gone since it was listed, or unreadable
         return []
     with fh:

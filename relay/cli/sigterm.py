@@ -68,7 +68,7 @@ def for_command(serve: bool) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def exit_before_listening(journal: "Journal | None") -> NoReturn:
+def exit_before_listening(journal: Journal | None) -> NoReturn:
     """``relay serve`` stopped by a SIGTERM before it listened: nothing was journaled, so it leaves
     nothing behind (no lock, no empty journal folder) and exits 0 at once; a half-made socket must
     not hold the exit up."""

@@ -42,8 +42,8 @@ from typing import Any, NamedTuple
 import click
 
 from relay.cli.columns import Column, Layout, fit
-from relay.daemon.status import cut
 from relay.cli.filters import MetricName, clock, number
+from relay.daemon.status import cut
 
 #: Seconds a step waits after a later step began, for a rank's late report (one look of ``tail -f``).
 GRACE_S = 0.25
@@ -169,7 +169,7 @@ class StepView:
             later_seen = [math.inf] * len(pending)  # when the first step after each was first read
             for i in range(len(pending) - 1, 0, -1):
                 later_seen[i - 1] = min(later_seen[i], state.steps[pending[i]].seen)
-            for step, later in zip(pending, later_seen):
+            for step, later in zip(pending, later_seen, strict=True):
                 rec = state.steps[step]
                 later = min(later, rec.ended)
                 if not (final or now - rec.last >= SETTLE_S

@@ -5,7 +5,7 @@ name ``stage/key`` is as near as the nearer of itself and its ``key`` (``losss``
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 NEAREST = 10  # names a message offers at most
 CLOSE = 0.6  # similarity (difflib's ratio) from which a name is taken to be the one meant

@@ -13,17 +13,18 @@ import heapq
 import select
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TextIO
+from typing import Any, TextIO
 
 import click
 import orjson
 
 from relay.cli.backlog import last_events, last_steps, parsed, ts_keys
 from relay.cli.columns import terminal_width
-from relay.cli.follow import Follower
 from relay.cli.filters import Selection, clock
+from relay.cli.follow import Follower
 from relay.cli.step_view import Row, StepView
 from sinks.events import RELAY_RANK
 

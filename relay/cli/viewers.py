@@ -63,8 +63,8 @@ def tail(paths: tuple[Path, ...], follow: bool, view: str, as_json: bool, types:
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     if lines is None:
         lines = None if chosen.since is not None else 20
-    options: dict[str, Any] = dict(view=view, as_json=as_json, color=color,
-                                   straggler_ratio=straggler_ratio)
+    options: dict[str, Any] = {"view": view, "as_json": as_json, "color": color,
+                               "straggler_ratio": straggler_ratio}
     try:
         if nats["nats_url"] is not None:
             _tail_stream(paths, nats, chosen, options, follow, lines)

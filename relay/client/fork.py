@@ -153,7 +153,7 @@ class ForkHandover:
 
 
 #: Every Publisher not closed yet: each hears of a fork (os.register_at_fork, as OpenTelemetry's SDK does).
-live: "weakref.WeakSet[ForkHandover]" = weakref.WeakSet()
+live: weakref.WeakSet[ForkHandover] = weakref.WeakSet()
 
 
 def _before_fork() -> None:

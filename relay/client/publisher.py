@@ -17,18 +17,19 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import zmq
 
-from relay.wire import curve, encoding, schema
-
 from relay.client import spool
 from relay.client.fork import ForkHandover, ForkPipe, live
-from relay.wire.address import resolve_address
-from relay.wire.lines import SPOOL_SUFFIX
-from relay.wire.io_thread import LinkMember, read_monitor, shared_hub
+from relay.client.link_member import LinkMember
 from relay.client.send_window import SendWindow
+from relay.wire import curve, encoding, schema
+from relay.wire.address import resolve_address
+from relay.wire.io_thread import read_monitor, shared_hub
+from relay.wire.lines import SPOOL_SUFFIX
 from sinks.events import MAX_ATTEMPT, RELAY_RANK, session_base
 
 __all__ = ["Publisher", "UNKNOWN_JOURNAL"]
@@ -283,18 +284,18 @@ class Publisher(ForkHandover, LinkMember):
             "protocol_errors": self._malformed_acks + w.protocol_errors,
         }
 
-    def __enter__(self) -> "Publisher":
+    def __enter__(self) -> Publisher:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- background thread (relay.wire.io_thread.LinkMember) ----------------------------------------------
+    # -- background thread (relay.client.link_member.LinkMember) -----------------------------------
 
     _read_monitor = staticmethod(read_monitor)  # where tests find the monitor filter
 
     def _link_up(self, now: float) -> None:
-        self._window.last_progress = now
+        self._window.connected(now)
         self._ready.set()
 
     def _link_failed(self, exc: zmq.ZMQError | ValueError) -> None:

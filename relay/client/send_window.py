@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,10 @@ class SendWindow:
             self.sent_before = max(self.sent_before, self.next_send)
             self.next_send = self.unacked[0][0]
 
+    def connected(self, now: float) -> None:
+        """A link to the relay is up: the ack timeout runs from now."""
+        self.last_progress = now
+
     def hurry(self) -> None:
         """Someone waits in flush(): retry soon, not after a long backoff."""
         self.backoff = min(self.backoff, self.resend_after)
@@ -105,7 +109,7 @@ class SendWindow:
         to ``send`` in batches, oldest first, until it refuses one (False: not connected, or full)."""
         in_flight = self.in_flight
         if in_flight and now - self.last_progress > self.backoff:
-            self.rewind("no acknowledgement for %.1f s" % self.backoff)
+            self.rewind(f"no acknowledgement for {self.backoff:.1f} s")
             self.last_progress = now
             self.backoff = min(self.backoff * 2, MAX_BACKOFF)
             in_flight = False

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import msgpack
 
 from relay.wire import schema
 from sinks.events import ROW_FIELDS
-
 
 #: What the replay command of the close warning names when the relay's journal is not known here.
 UNKNOWN_JOURNAL = "YOUR_JOURNAL"
@@ -35,7 +35,7 @@ def row_event(envelope: Mapping[str, Any], blob: bytes) -> dict[str, Any]:
     """One encoded row as the relay would journal it: decoded as the relay decodes, the envelope
     added, and checked by the relay's rules; ValueError where the relay would reject it."""
     row = msgpack.unpackb(blob, raw=False, strict_map_key=True, use_list=True)
-    event = {**envelope, **dict(zip(ROW_FIELDS, row))}
+    event = {**envelope, **dict(zip(ROW_FIELDS, row, strict=True))}
     schema.validate_event(event)
     return event
 

@@ -4,20 +4,20 @@ journal; only then are their senders acknowledged and the same lines handed to t
 So an ack always means "in the journal". A failing journal keeps every line it did not take
 (retried with backoff, no acks meanwhile, and ingest stops reading at MAX_UNJOURNALED: clients keep
 their events). The other sinks get exactly the lines the journal took, each once, even when a write
-fails part way (``JournalQueue``, which a consuming relay's partitions use too, relay/fleet/partition.py).
+fails part way (relay/journal/journal_queue.py's ``JournalQueue``, which a consuming relay's
+partitions use too).
 No socket and no clock of its own: the caller gives the time, and at construction a ``send`` for the
 acks (the daemon's ROUTER socket, relay/daemon/loop.py) and a ``fan_out`` for the other sinks.
 """
 from __future__ import annotations
 
 import logging
-from typing import Callable, Mapping, Protocol
+from collections.abc import Callable, Mapping
 
 from relay.daemon.bounds import COMMIT_BYTES
 from relay.daemon.counters import Counters
 from relay.journal.dedupe import RankState
-from relay.journal.journal import PartialWrite
-from relay.sinkhost.notices import News, news_of
+from relay.journal.journal_queue import Deliver, JournalQueue, LineJournal, News
 
 log = logging.getLogger("relay")
 
@@ -26,79 +26,8 @@ MAX_BACKOFF = 5.0  # seconds between journal retries, at most
 
 #: One connection's cumulative acks: (run, rank, the next seq it may send).
 Acks = list[tuple[str, int, int]]
-
-
-class LineJournal(Protocol):
-    """What the commit step needs of the journal (relay/journal/journal.py)."""
-
-    ends: dict[str, int]
-
-    def write_lines(self, lines: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]: ...
-
-    def flush(self) -> None: ...
-
-
-#: Hands on what the journal took: its lines, joined; how many events they are; and per run, how
-#: many and where its file ends now (what the journal's followers learn, relay/sinkhost/notices.py).
-Deliver = Callable[[bytes, int, News], None]
 #: Sends one connection (its routing id) its acks.
 Send = Callable[[bytes, Acks], None]
-
-
-class JournalQueue:
-    """Journal lines waiting for one write, and the one way they are written: the daemon's commit
-    step and each partition of a consuming relay (relay/fleet/partition.py) both use it, so both
-    hand on exactly what the journal took, once.
-
-    A write that fails part way (a directory journal where a later run's file fails) leaves the
-    files before it written: those lines are handed on at once and forgotten, so a retry neither
-    writes them twice nor leaves them out of the other sinks; the rest wait for the next call."""
-
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, bytes]] = []  # (run, one or more of its journal lines)
-        self.events = 0  # events in self.lines (one line each)
-        self.bytes = 0  # bytes in self.lines
-        self.unflushed = False  # written, but the flush after it failed: flushed before any ack
-
-    def add(self, run: str, chunk: bytes, count: int) -> None:
-        """``count`` events of ``run``, as their journal lines, wait for the next write."""
-        self.lines.append((run, chunk))
-        self.events += count
-        self.bytes += len(chunk)
-
-    @property
-    def due(self) -> bool:
-        """Whether a write (or a flush) waits."""
-        return bool(self.lines) or self.unflushed
-
-    def write(self, journal: LineJournal, deliver: Deliver) -> None:
-        """Append the waiting lines (one write per file), flush, and hand ``deliver`` exactly the
-        lines the journal took, with their event count. When the journal fails, what it did take
-        is still flushed and delivered (it is never written again), the rest waits for the next
-        call, and the error is raised. Once this returns, nothing waits and all is flushed."""
-        written: list[tuple[str, bytes]] = []
-        events = 0
-        error: PartialWrite | None = None
-        if self.lines:
-            try:
-                written = journal.write_lines(self.lines)
-                left: list[tuple[str, bytes]] = []
-            except PartialWrite as exc:
-                written, left, error = exc.written, exc.left, exc
-            if written:
-                events = self.events if not left else sum(chunk.count(b"\n") for _, chunk in written)
-                self.lines, self.events = left, self.events - events
-                self.bytes = sum(len(chunk) for _, chunk in left)
-                self.unflushed = True
-        try:
-            if self.unflushed:
-                journal.flush()
-                self.unflushed = False
-        finally:
-            if written:
-                deliver(b"".join([chunk for _, chunk in written]), events, news_of(written, journal.ends))
-        if error is not None:
-            raise error
 
 
 class Commit:

@@ -11,8 +11,9 @@ import collections
 import json
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from relay.daemon.status import format_line
 from sinks.events import RELAY_RANK

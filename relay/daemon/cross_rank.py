@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 from relay.daemon.stragglers import Mark, Seen, StragglerRule, excess, period, seconds, spread
 from relay.wire.lines import Derived

@@ -13,39 +13,34 @@ fuzzer and the tests hand them in directly. What ingest calls back is given to i
 ``send_acks`` sends a connection its acks, ``fan_out`` hands what the journal took to the other
 sinks, ``connected`` asks whether a stream's owner is still connected, when another connection
 sends for its stream (relay/daemon/peers.py), ``tell`` tells a refused second writer why
-(relay/daemon/writers.py); ``refuse_connection`` is how the loop reports a refused handshake.
+(relay/journal/writers.py); ``refuse_connection`` is how the loop reports a refused handshake.
 """
 from __future__ import annotations
 
 import logging
 import socket
 import time
-from typing import Any, Callable, Iterable, Literal, overload
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, overload
 
-from relay.daemon.commit import Commit, Deliver, Send
+from relay.daemon.commit import Commit, Send
 from relay.daemon.counters import Counters
 from relay.daemon.cross_rank import Cluster, ClusterConfig
 from relay.daemon.owners import Owners
+from relay.daemon.refusals import Refusals
 from relay.daemon.run_health import RunHealth
 from relay.daemon.runs import Key, Runs
 from relay.daemon.second_writers import SecondWriters, Tell
-from relay.daemon.writers import session_of, writer_of
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import RankState, claimed_drop
 from relay.journal.journal import Journal
+from relay.journal.journal_queue import Deliver
+from relay.journal.writers import Writers, session_of, writer_of
 from relay.wire import encoding, schema
 from relay.wire.lines import Derived, check_lines, encode_line, encode_lines, relay_event
 from sinks.events import RELAY_RANK, attempt_of, starts_session
 
 log = logging.getLogger("relay")
-
-#: Seconds between the log lines (and dead letters) of refused handshakes after the first: a peer
-#: without the secret retries every few seconds for as long as it runs, and each try is counted.
-REFUSED_REPORT_EVERY = 60.0
-#: Log lines per refusal reason before only every thousandth is logged (each reason counts its own,
-#: so no flood of one reason hides another).
-REJECT_LOG_FIRST = 10
-
 
 
 class Ingest:
@@ -60,7 +55,8 @@ class Ingest:
         self.deadletters = deadletters
         self.counters = Counters()
         self.owners = Owners()  # which connection sends each stream (relay/daemon/owners.py)
-        self.runs = Runs(journal, run_rate, max_runs, self.owners)
+        self.writers = Writers()  # which session writes each stream (relay/journal/writers.py)
+        self.runs = Runs(journal, run_rate, max_runs, self.owners, self.writers)
         #: the lines waiting for the journal and the acks waiting for them (relay/daemon/commit.py)
         self.commit_step = Commit(journal, self.counters, self.runs.ranks, self.owners.owner, now, send=send_acks,
                                   fan_out=fan_out)
@@ -69,11 +65,10 @@ class Ingest:
         self.run_rate = run_rate
         #: whether a stream owner's connection is still there (None: every owner is, until silent)
         self.connected = connected
-        self._refused_at: float | None = None  # when a refused handshake was last logged
-        self._refused_since = 0  # refused handshakes since then
+        self.refusals = Refusals(self.counters, deadletters)  # refused frames and handshakes, said
         #: second writers of streams judged and refused (relay/daemon/second_writers.py)
         self.second_writers = SecondWriters(
-            self.runs, self.owners, self.counters, deadletters, lookup=self.lookup,
+            self.runs, self.owners, self.writers, self.counters, deadletters, lookup=self.lookup,
             connected=connected, gone=self.peer_gone, derive=self.queue_derived, tell=tell)
         self._wall_clock = wall_clock  # the ts of the relay's own events
         self._host = socket.gethostname()
@@ -119,10 +114,7 @@ class Ingest:
 
     def _owned_elsewhere(self, peer: bytes, streams: Iterable[Key], now: float) -> Key | None:
         """The first stream of the frame that is kept for another connection, if any."""
-        for key in streams:
-            if self._kept_from(key, peer, now):
-                return key
-        return None
+        return next((key for key in streams if self._kept_from(key, peer, now)), None)
 
     def _kept_from(self, key: Key, peer: bytes, now: float) -> bool:
         """Whether ``key`` is another connection's: its owner's while that is connected (and not
@@ -148,9 +140,31 @@ class Ingest:
         owners.refused(key, peer)
         return True
 
-    def commit(self, now: float) -> None:
-        """Journal what waits, then acknowledge and fan out (relay/daemon/commit.py)."""
+    def commit(self, now: float, retry_now: bool = False) -> None:
+        """Journal what waits, then acknowledge and fan out (relay/daemon/commit.py); with
+        ``retry_now`` (at shutdown) at once, whatever the journal's backoff says."""
+        if retry_now:
+            self.commit_step.retry_now()
         self.commit_step.commit(now)
+
+    @property
+    def reading(self) -> bool:
+        """Whether the loop may read more frames before the next commit (``Commit.reading``)."""
+        return self.commit_step.reading
+
+    @property
+    def full(self) -> bool:
+        """Enough waits for the journal that the loop commits now (``Commit.full``)."""
+        return self.commit_step.full
+
+    @property
+    def pending(self) -> int:
+        """Events the journal has not taken yet."""
+        return self.commit_step.pending
+
+    def journal_stats(self, now: float) -> dict[str, float]:
+        """The journal's figures for the status, as each sink's (``Commit.journal_stats``)."""
+        return self.commit_step.journal_stats(now)
 
     def _take_events(self, peer: bytes, decoded: schema.Frame, now: float) -> None:
         counters, commit_step = self.counters, self.commit_step
@@ -166,8 +180,8 @@ class Ingest:
                 self._refuse_runs(peer, [run], decoded.events)
                 return
             counters.events += count
-            if (run, rank) not in self.runs.writers.of:
-                self.runs.writers.wrote_without_hello((run, rank), peer, decoded.first["host"])
+            if (run, rank) not in self.writers.of:
+                self.writers.wrote_without_hello((run, rank), peer, decoded.first["host"])
             if state.take_run(first_seq, count):
                 commit_step.add(run, chunk, count)  # (not before _state: making room may commit)
                 if decoded.derive:
@@ -181,25 +195,25 @@ class Ingest:
             lines = [encode_line(event) for event in events]
             check_lines(lines)
             new = self.runs.new_runs(e["run"] for e in events)
-            if new and not self.runs.budget.admit(peer, len(new), now):
+            if new and not self.runs.admit(peer, len(new), now):
                 self._refuse_runs(peer, sorted(new), events)
                 return
             counters.events += len(events)
         last_key = None
-        for event, line in zip(events, lines or map(encode_line, events)):
+        for event, line in zip(events, lines or map(encode_line, events), strict=True):
             key = (event["run"], event["rank"])
             if key != last_key:  # a frame normally holds one rank's events: look it up once
                 held = self._state(peer, key[0], key[1], now, admitted=True)
                 last_key = key
                 if event["type"] != "hello":
-                    self.runs.writers.wrote_without_hello(key, peer, event["host"])
+                    self.writers.wrote_without_hello(key, peer, event["host"])
             if held.take(event["seq"], peer):
                 commit_step.add(key[0], line, 1)
                 if event["type"] == "stats":
                     self._client_drops(key, held, event, peer)
                 elif event["type"] == "hello":
                     self.runs.hello(key, event["ts"])
-                    self.runs.writers.wrote(key, writer_of(event["data"], event["host"],
+                    self.writers.wrote(key, writer_of(event["data"], event["host"],
                                                            session_of(event["data"], peer)))
                     self._session_begins(key, held, event["seq"], peer)
                 elif event["stage"] == "rank" or event["type"] == "lifecycle":
@@ -236,7 +250,7 @@ class Ingest:
         if state is None:
             new = not runs.known(run)
             if new:
-                if not admitted and not runs.budget.admit(peer, 1, now):
+                if not admitted and not runs.admit(peer, 1, now):
                     return None
                 self._make_room(now)
             state = runs.lookup(run, rank)
@@ -347,7 +361,6 @@ class Ingest:
     def peer_gone(self, peer: bytes) -> None:
         """``peer``'s connection is gone: the streams it owned pass to whichever connection sends next."""
         released = self.runs.release(peer)
-        self.runs.writers.gone(peer)
         if released:
             self.counters.owners_released += released
             log.debug("peer %s disconnected: %d streams it sent are free", peer.hex(), released)
@@ -356,23 +369,7 @@ class Ingest:
         """Every connection was dropped (the loop's memory guard): every stream is free and no ack is
         due to anyone; each client resends, and is acknowledged then."""
         self.runs.release_all()
-        self.runs.writers.all_gone()
         self.commit_step.drop_acks()
-
-    def refuse_connection(self, why: str, now: float) -> None:
-        """A connection failed the handshake (relay/daemon/gate.py): nothing of it was read. Counted
-        as ``auth_failed`` every time; logged in one line and dead-lettered the first time, then at
-        most every REFUSED_REPORT_EVERY seconds with how many came since."""
-        self.counters.rejected["auth_failed"] += 1
-        self._refused_since += 1
-        if self._refused_at is not None and now - self._refused_at < REFUSED_REPORT_EVERY:
-            return
-        count, self._refused_since, self._refused_at = self._refused_since, 0, now
-        detail = f"{why} ({count} refused since the last report)" if count > 1 else why
-        log.warning("refused a connection (%d so far): %s; nothing it sends is read (docs/security.md)",
-                    self.counters.rejected["auth_failed"], detail)
-        if not self.deadletters.add("auth_failed", detail, b"", b""):
-            self.counters.deadletter_overflow += 1
 
     def _client_drops(self, key: Key, state: RankState, event: dict[str, Any], peer: bytes) -> None:
         """A client's own loss report. Its ``dropped_upto`` moves the rank's floor past the gap, but
@@ -388,12 +385,10 @@ class Ingest:
         elif upto is not None and upto != -1:
             self.counters.bad_drop_reports += 1
 
+    def refuse_connection(self, why: str, now: float) -> None:
+        """A connection failed the handshake (relay/daemon/refusals.py)."""
+        self.refusals.connection(why, now)
+
     def reject(self, reason: str, detail: str, frame: bytes, peer: bytes) -> None:
-        """A refused frame: counted by ``reason``, logged (each reason's first ten, then every
-        thousandth), dead-lettered."""
-        count = self.counters.rejected[reason] = self.counters.rejected[reason] + 1
-        if count <= REJECT_LOG_FIRST or count % 1000 == 0:
-            log.warning("rejected frame from peer %s (%d %s so far): %s: %s", peer.hex(), count,
-                        reason, reason, detail)
-        if not self.deadletters.add(reason, detail, frame, peer):
-            self.counters.deadletter_overflow += 1
+        """A refused frame: counted, logged, dead-lettered (relay/daemon/refusals.py)."""
+        self.refusals.frame(reason, detail, frame, peer)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from relay.daemon.status import cut
 

@@ -16,6 +16,7 @@ bounded in bytes (bounds.COMMIT_BYTES, bounds.TURN_BYTES), not only in messages.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -23,25 +24,28 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import zmq
 
 from relay.daemon import gate, listener, peers
 from relay.daemon.bounds import TURN_BYTES, MemoryProbe, alive, raise_file_limit, trim_heap
 from relay.daemon.commit import Acks
-from relay.daemon.counters import log_stats, write_stats
 from relay.daemon.config import RelayConfig
-from relay.sinkhost.fan_out import FanOut
+from relay.daemon.counters import log_stats, write_stats
+from relay.daemon.cross_rank import Cluster
 from relay.daemon.ingest import Ingest
 from relay.daemon.live_line import LiveLine
+from relay.daemon.run_health import RunHealth
 from relay.daemon.shutdown import Shutdown
 from relay.daemon.status import STATUS_REQUEST, Answers, format_line
 from relay.journal.deadletter import KEEP_BYTES, DeadLetters
 from relay.journal.journal import NAME as JOURNAL, Journal
-from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.fan_out import FanOut
 from relay.sinkhost.rate import Rate
+from relay.sinkhost.spec import SinkSpec
 from relay.wire import encoding
 from relay.wire.address import AddressInUse, check_bind_address, ensure_ipc_free
 from sinks.base import SinkError
@@ -57,13 +61,15 @@ REBIND_TIMEOUT = 5.0  # seconds to get the address back after dropping every con
 class Relay:
     """The socket and the loop around ``ingest`` (frames in) and its commit step (journal, acks, fan-out)."""
 
-    def __init__(self, config: RelayConfig, journal: Journal, sinks: list[SinkSpec]) -> None:
+    def __init__(self, config: RelayConfig, journal: Journal, sinks: list[SinkSpec],
+                 live: LiveLine | None = None) -> None:
         self.config = config
         self.journal = journal
         self.sinks = sinks
         now = time.monotonic()
         self.fan_out = FanOut()  # the other sinks' processes (none until open_sinks starts them)
-        self.ingest = Ingest(journal, DeadLetters(journal.sidecar("_deadletter.jsonl")), now,
+        self.deadletters = DeadLetters(journal.sidecar("_deadletter.jsonl"))
+        self.ingest = Ingest(journal, self.deadletters, now,
                              send_acks=self._send_acks, fan_out=self.fan_out.submit, connected=self._connected,
                              tell=self._tell,
                              run_rate=config.run_rate, max_runs=config.max_runs, cluster=config.cluster)
@@ -76,7 +82,7 @@ class Relay:
         self._policy: gate.Policy | None = None
         self._stop = False
         self._memory = MemoryProbe()
-        self.live: LiveLine | None = None  # the status line on a terminal (set before open_sinks)
+        self.live = live  # the status line on a terminal
         self._rate = Rate()
         self._answers = Answers(self.snapshot)
         self._journal_open = False
@@ -163,14 +169,14 @@ class Relay:
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, 20, 20)
         interval = self.config.flush_interval
-        ingest, commit_step = self.ingest, self.ingest.commit_step
+        ingest = self.ingest
         next_flush = time.monotonic() + interval
         next_stats = time.monotonic() + self.config.stats_interval
         next_watch = time.monotonic() + 1.0
         while not self._stop:
             now = time.monotonic()
             timeout = max(0.0, min(next_flush, next_watch) - now)
-            if commit_step.reading:
+            if ingest.reading:
                 if self._wait_for_frames(poller, timeout):
                     self._receive(self._sock)
             else:
@@ -178,7 +184,7 @@ class Relay:
                 time.sleep(timeout)
                 self.fan_out.idle.clear()
             now = time.monotonic()
-            if now >= next_flush or commit_step.full:
+            if now >= next_flush or ingest.full:
                 self._refusals(now)
                 ingest.commit(now)
                 next_flush = now + interval
@@ -233,9 +239,9 @@ class Relay:
         rejected whole, read part by part so that the relay never holds more than one part of it."""
         now = time.monotonic()
         budget = TURN_BYTES
-        commit_step, take_frame = self.ingest.commit_step, self.ingest.take_frame
+        ingest, take_frame = self.ingest, self.ingest.take_frame
         for _ in range(RECV_BURST):
-            if budget <= 0 or commit_step.full:
+            if budget <= 0 or ingest.full:
                 return
             try:
                 peer = sock.recv(zmq.NOBLOCK)
@@ -272,10 +278,8 @@ class Relay:
     def _tell(self, peer: bytes, refused: list[tuple[str, int, str]]) -> None:
         """Tell a connection why its frames for these streams are refused (daemon/writers.py)."""
         assert self._sock is not None
-        try:
+        with contextlib.suppress(zmq.ZMQError):  # gone or slow: told again when it resends
             self._sock.send_multipart([peer, encoding.encode_refused(refused)], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # gone or slow: it is told again when it resends
 
     def _answer_status(self, sock: zmq.Socket, peer: bytes, now: float) -> None:
         """A status request: not a frame, never a reject; answered within relay/daemon/status.py's budget."""
@@ -334,6 +338,12 @@ class Relay:
 
     # -- shutdown -----------------------------------------------------------------------------------
 
+    def follow_health(self, health: RunHealth) -> Cluster | None:
+        """Keep each run's health in ``health`` (the Prometheus endpoint, relay/metrics/); returns
+        the cross-rank derivation the endpoint reads too (None without ``--cluster``)."""
+        self.ingest.follow_health(health)
+        return self.ingest.cluster
+
     def _each_second(self, now: float) -> None:
         """Sample what rates and lags are computed from; redraw the live line."""
         self._rate.sample(now, self.counters.events)
@@ -347,7 +357,7 @@ class Relay:
         """Every counter, plus events/s over about the last ``window`` seconds and the runs' ranks."""
         now = time.monotonic()
         runs = self.ingest.runs
-        sinks: dict[str, Any] = {JOURNAL: self.ingest.commit_step.journal_stats(now)}
+        sinks: dict[str, Any] = {JOURNAL: self.ingest.journal_stats(now)}
         sinks.update(self.fan_out.stats())
         snap = self.counters.snapshot(sinks, runs.client_ranks())
         snap.update(ts=round(time.time(), 3), address=self.address, pid=os.getpid(),
@@ -361,8 +371,10 @@ class Relay:
         if self.live is not None:  # the last live line stays on the terminal
             self.live.show(format_line(self.snapshot(), width=self.live.width()))
             self.live.close()
-        Shutdown(self.ingest, self.journal, self.fan_out, self.sinks, self.config.shutdown_timeout, self.snapshot,
-                 self.stats_path).run(self.config.stats_interval)
+        shutdown = Shutdown(self.ingest, self.journal, self.deadletters, self.counters,
+                            self.fan_out, self.sinks, self.config.shutdown_timeout, self.snapshot,
+                            self.stats_path)
+        shutdown.run(self.config.stats_interval)
         if self._sock is not None:
             if self._gate is not None:
                 self._gate.release(self._sock)

@@ -15,9 +15,11 @@ scrape and a scrape never sees half an update. No socket, no clock: the caller g
 from __future__ import annotations
 
 import collections
-from math import isfinite
 import statistics
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from itertools import pairwise
+from math import isfinite
+from typing import Any, NamedTuple
 
 #: Logged steps whose arrival times a run keeps: its pace (steps/s) and its median interval between
 #: logged steps (what the stall rule scales with) are taken over these.
@@ -183,7 +185,7 @@ def _view(run: _Run) -> RunView:
     if len(pace) >= 2:
         (t0, s0), (t1, s1) = pace[0], pace[-1]
         steps_per_s = (s1 - s0) / (t1 - t0) if t1 > t0 else None
-        interval = statistics.median(b[0] - a[0] for a, b in zip(pace, pace[1:]))
+        interval = statistics.median(b[0] - a[0] for a, b in pairwise(pace))
     last = run.last_step
     return RunView(run.world_size, last if last >= 0 else None, run.last_step_at, steps_per_s, interval,
                    run.step_time.copy(), run.own_time.copy(), run.rank_step.copy(), run.attempt, run.loss,

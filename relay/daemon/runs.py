@@ -9,14 +9,15 @@ deduplicated them goes. No socket, no clock.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from relay.daemon.bounds import RunBudget
 from relay.daemon.counters import run_view
 from relay.daemon.owners import Owners
-from relay.daemon.writers import Writers, named_session, writer_of
 from relay.journal.dedupe import Dedupe, RankState
 from relay.journal.journal import Journal
+from relay.journal.writers import Writers, named_session, writer_of
 from sinks.events import RELAY_RANK
 
 Key = tuple[str, int]
@@ -26,11 +27,12 @@ class Runs:
     """The table; ``dedupe`` is its core, the rest is per (run, rank) or per run beside it. Its
     callers ask it, not its core: what they need of the dedupe state is a method here."""
 
-    def __init__(self, journal: Journal, run_rate: float, max_runs: int, owners: Owners) -> None:
+    def __init__(self, journal: Journal, run_rate: float, max_runs: int, owners: Owners,
+                 writers: Writers) -> None:
         self.journal = journal  # what a run met again already has (Dedupe.lookup)
         self.dedupe = Dedupe()
         self.owners = owners  # which connection sends each stream
-        self.writers = Writers()  # which session writes each stream (relay/daemon/writers.py)
+        self.writers = writers  # which session writes each stream (relay/journal/writers.py)
         self.budget = RunBudget(run_rate)  # new runs each connection may start
         self.max_runs = max_runs
         self.hellos: dict[Key, float] = {}  # ts of each rank's hello, to spot reused run ids
@@ -60,6 +62,11 @@ class Runs:
     def full(self) -> bool:
         """As many runs as ``max_runs`` are tracked: one must be forgotten before a new one."""
         return len(self.dedupe.run_ranks) >= self.max_runs
+
+    def admit(self, peer: bytes, runs: int, now: float) -> bool:
+        """Take ``runs`` new runs from ``peer``'s budget; False (nothing taken) if it has not that
+        many."""
+        return self.budget.admit(peer, runs, now)
 
     def lookup(self, run: str, rank: int) -> RankState:
         """(run, rank)'s state, learned first from the journal for a run not met before."""
@@ -111,11 +118,13 @@ class Runs:
 
     def release(self, peer: bytes) -> int:
         """``peer``'s connection is gone: the streams it owned are free. Returns how many."""
+        self.writers.gone(peer)
         return self.owners.release(peer)
 
     def release_all(self) -> None:
         """Every connection is gone: every stream is free."""
         self.owners.release_all()
+        self.writers.all_gone()
 
     def least_recent(self) -> str | None:
         """The run active least recently (the first forgotten to make room), None if none."""

@@ -1,5 +1,5 @@
 """Ingest's judge of second writers: the hellos of a frame held against each stream's writer
-(relay/daemon/writers.py says the rule), and a refused frame made loud.
+(relay/journal/writers.py says the rule), and a refused frame made loud.
 
 A refused frame is counted and dead-lettered as ``conflict`` and never acknowledged; its connection
 is told why (``tell``, an ack message with no acks, relay/wire/encoding.py ``encode_refused``); the
@@ -11,21 +11,19 @@ so no flood of other refusals hides them. No socket, no clock: ingest gives both
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from relay.daemon.counters import Counters
 from relay.daemon.owners import Owners
 from relay.daemon.runs import Key, Runs
-from relay.daemon.writers import Conflict, judge, session_of, writer_of
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import RankState
+from relay.journal.writers import REFUSED_REPORT_EVERY, Conflict, Writers, judge, session_of, writer_of
 from relay.wire import schema
 from relay.wire.lines import Derived
 
 log = logging.getLogger("relay")
-
-#: Seconds between the log lines that sum up repeated refusals of second writers.
-REFUSED_REPORT_EVERY = 60.0
 
 #: Tells a connection why its frames for some streams are refused: (run, rank, one line) each.
 Tell = Callable[[bytes, list[tuple[str, int, str]]], None]
@@ -33,15 +31,17 @@ Tell = Callable[[bytes, list[tuple[str, int, str]]], None]
 
 class SecondWriters:
     """Judges each frame's hellos, and refuses a second writer's frames loudly. Given ingest's run
-    table, owners, counters and dead letters, and what to call: ``lookup`` a stream's dedupe state
-    (None: a new run past its connection's budget), ``connected`` (None: every owner is), ``gone``
-    (a connection found gone), ``derive`` (queue the relay's own events) and ``tell``."""
+    table, owners, writers, counters and dead letters, and what to call: ``lookup`` a stream's
+    dedupe state (None: a new run past its connection's budget), ``connected`` (None: every owner
+    is), ``gone`` (a connection found gone), ``derive`` (queue the relay's own events) and
+    ``tell``."""
 
-    def __init__(self, runs: Runs, owners: Owners, counters: Counters, deadletters: DeadLetters,
+    def __init__(self, runs: Runs, owners: Owners, writers: Writers, counters: Counters,
+                 deadletters: DeadLetters,
                  *, lookup: Callable[[bytes, str, int, float], RankState | None],
                  connected: Callable[[bytes], bool] | None, gone: Callable[[bytes], None],
                  derive: Callable[[list[Derived]], None], tell: Tell | None) -> None:
-        self.runs, self.owners, self.counters = runs, owners, counters
+        self.runs, self.owners, self.writers, self.counters = runs, owners, writers, counters
         self.deadletters = deadletters
         self.lookup, self.connected, self.gone = lookup, connected, gone
         self.derive, self.tell = derive, tell
@@ -51,7 +51,7 @@ class SecondWriters:
     def judge(self, peer: bytes, decoded: schema.Frame, now: float) -> Conflict | None:
         """The first stream of the frame that another session writes: a hello of a new session
         judged, or any frame of a connection already refused the stream."""
-        writers = self.runs.writers
+        writers = self.writers
         if decoded.first_seq is not None:  # one stream, and no hello among its events
             if not writers.refused:
                 return None
@@ -98,7 +98,7 @@ class SecondWriters:
         run, rank = conflict.key
         self.counters.rejected["conflict"] += 1
         line = conflict.line()
-        if self.runs.writers.first_time(conflict):
+        if self.writers.first_time(conflict):
             log.error("refused a second writer of run %s rank %d: a process (%s, session %s) %s, "
                       "written by %s (session %s); its frames are refused and never acknowledged: "
                       "give each job its own run id",

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from relay.daemon.counters import log_stats, write_stats
-from relay.sinkhost.fan_out import FanOut
+from relay.daemon.counters import Counters, log_stats, write_stats
 from relay.daemon.ingest import Ingest
+from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import NAME as JOURNAL, Journal
 from relay.sinkhost import behind
-from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.fan_out import FanOut
+from relay.sinkhost.spec import SinkSpec
 
 log = logging.getLogger("relay")
 
@@ -25,33 +27,34 @@ log = logging.getLogger("relay")
 class Shutdown:
     """What ``Relay._shutdown`` does between the loop's end and closing the socket."""
 
-    def __init__(self, ingest: Ingest, journal: Journal, fan_out: FanOut, specs: list[SinkSpec],
-                 timeout: float, snapshot: Callable[..., dict[str, Any]], stats_path: Path) -> None:
+    def __init__(self, ingest: Ingest, journal: Journal, deadletters: DeadLetters,
+                 counters: Counters, fan_out: FanOut, specs: list[SinkSpec], timeout: float,
+                 snapshot: Callable[..., dict[str, Any]], stats_path: Path) -> None:
         self.ingest, self.journal, self.fan_out, self.specs = ingest, journal, fan_out, specs
+        self.deadletters, self.counters = deadletters, counters
         self.timeout, self.snapshot, self.stats_path = timeout, snapshot, stats_path
         self._line_due = behind.PROGRESS_EVERY  # seconds into the wait for the sinks when a progress line is due
 
     def run(self, stats_window: float) -> None:
         """Journal, drain, close the journal; the final stats written and logged."""
-        ingest, commit_step = self.ingest, self.ingest.commit_step
+        ingest = self.ingest
         ingest.close_runs(time.monotonic())
-        log.info("shutting down: flushing %d events", commit_step.pending)
+        log.info("shutting down: flushing %d events", ingest.pending)
         deadline = time.monotonic() + self.timeout
-        commit_step.retry_now()
-        ingest.commit(time.monotonic())
-        while commit_step.lines and time.monotonic() < deadline:
-            time.sleep(min(commit_step.backoff, 0.5))
+        ingest.commit(time.monotonic(), retry_now=True)
+        while ingest.pending and time.monotonic() < deadline:
+            time.sleep(0.1)  # each retry when the journal's backoff says
             ingest.commit(time.monotonic())
-        if commit_step.lines:
+        if ingest.pending:
             log.error("shutting down with %d events the journal could not take; their clients still hold "
-                      "them and will resend to the next relay", commit_step.pending)
+                      "them and will resend to the next relay", ingest.pending)
         self.fan_out.close(deadline, lambda waited: self._progress(stats_window, waited))
         try:
             self.journal.close()
         except OSError as exc:
-            ingest.counters.journal_errors += 1
+            self.counters.journal_errors += 1
             log.error("journal close failed: %s", exc)
-        ingest.deadletters.close()
+        self.deadletters.close()
         snap = self.snapshot(stats_window, final=True)
         snap.update(self._lacking(snap["sinks"]))
         if snap["behind"]:

@@ -14,17 +14,18 @@ import collections
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 import zmq
 
+from relay.journal.journal import Journal
 from relay.wire import auth, curve
 from relay.wire.address import is_ipv6, resolve_address
 from relay.wire.monitor import recv_event
 from relay.wire.secret import SecretError
-from relay.journal.journal import Journal
 
 #: The whole request frame; any other frame is an event frame (and judged as one).
 STATUS_REQUEST = msgpack.packb({"status": 1})

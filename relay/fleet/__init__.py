@@ -1,1 +1,2 @@
-"""The fleet tier over NATS JetStream (connection, stream, the nats sink); imports relay.wire, relay.journal, relay.sinkhost, relay.daemon and sinks."""
+"""The fleet tier over NATS JetStream (connection, stream, the nats sink); imports relay.wire,
+relay.journal, relay.sinkhost and sinks."""

@@ -27,11 +27,11 @@ again and dedupe decides).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import secrets
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from relay.fleet.connection import describe
 
@@ -75,6 +75,7 @@ class CentralJournal:
         batches, which are switched on where the servers have them)."""
         from nats.js.api import StorageType, StreamConfig
         from nats.js.errors import APIError
+
         from relay.fleet.stream import ensure_stream
         config = StreamConfig(name=self.name, subjects=[f"{self.prefix}-journal.>"], storage=StorageType.FILE,
                               num_replicas=replicas, max_age=0, allow_atomic=True)
@@ -159,7 +160,7 @@ class CentralJournal:
                 if exc.err_code in WRONG_LAST:
                     raise Fenced(f"partition {k}: another relay committed since sequence {expected}") from None
                 raise
-            except asyncio.TimeoutError as exc:
+            except TimeoutError as exc:
                 log.debug("central journal: partition %d: no acknowledgement (%s), publishing again", k,
                           describe(exc))
                 if attempt == ATTEMPTS - 1:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import orjson
 
 from relay.journal.journal import Journal
-from relay.journal.reader import READ_SIZE, JournalReader
+from relay.journal.reader import READ_SIZE, JournalReader, open_listed
 from sinks.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -164,9 +164,8 @@ class ChunkReader:
 def _read_lines(path: Path, start: int, limit: int, whole_line: bool) -> bytes:
     """The complete lines of ``path`` from ``start``, at most ``limit`` bytes; with ``whole_line``, a
     first line longer than ``limit`` whole. Empty when no complete line is there (yet)."""
-    try:
-        fh = open(path, "rb")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    fh = open_listed(path)
+    if fh is None:
         return b""
     with fh:
         fh.seek(start)

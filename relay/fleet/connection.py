@@ -16,9 +16,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import click

@@ -35,7 +35,7 @@ from relay.fleet.holder import Holder, quietly, wait
 from relay.fleet.identity import Claimant, read_claimant, verdict
 from relay.fleet.ownership import Claim, Ownership, Renew, Start, Stop
 from relay.fleet.reconcile import Mismatch, check_stream, lease_bucket, update_consumers
-from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.spec import SinkSpec
 from sinks.files import write_atomic
 
 log = logging.getLogger("relay.fleet")
@@ -137,7 +137,8 @@ class Consumer:
                  cfg.name, cfg.path)
         next_stats = 0.0
         while not self.own.done():
-            self.own.leaving = self._stop.is_set()
+            if self._stop.is_set():
+                self.own.leave()
             await self._tick()
             now = time.monotonic()
             if now >= next_stats:
@@ -166,7 +167,7 @@ class Consumer:
                     log.warning("stream %s does not exist yet; waiting for a node relay to create it",
                                 self.config.stream)
                     warned = True
-            except (NatsError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, NatsError) as exc:
                 log.debug("stream %s: %s", self.config.stream, describe(exc))
             await wait(self._stop, 1.0)
         return None
@@ -186,7 +187,7 @@ class Consumer:
                 await self._claim_name()
                 await update_consumers(self.js, cfg, partitions_of(info.config) or 1)
                 return True
-            except (NatsError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, NatsError) as exc:
                 log.warning("cannot set up the stream's central journal and leases now (%s); trying again",
                             describe(exc))
             await wait(self._stop, 1.0)
@@ -248,7 +249,7 @@ class Consumer:
                 member = subject.split(".", 3)[3]
                 if member not in members and await self._alive(member):
                     members.add(member)
-        except (NatsError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, NatsError) as exc:
             log.debug("leases: cannot read the members: %s", describe(exc))
             return members, dict.fromkeys(range(own.partitions), "?")
         for k in range(own.partitions):
@@ -259,7 +260,7 @@ class Consumer:
                 leases[k] = (entry.value or b"?").decode(errors="replace")
             except KeyNotFoundError:
                 leases[k] = None
-            except (NatsError, asyncio.TimeoutError):
+            except (TimeoutError, NatsError):
                 leases[k] = "?"
         return members, leases
 
@@ -299,7 +300,7 @@ class Consumer:
                 self._halt(action)
         except KeyWrongLastSequenceError:
             pass  # another relay claimed it first
-        except (NatsError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, NatsError) as exc:
             if isinstance(action, Renew):
                 own.unanswered(action.partition)
             log.debug("lease %s for partition %d: %s", type(action).__name__, action.partition, describe(exc))
@@ -341,7 +342,7 @@ class Consumer:
             try:
                 await asyncio.wait_for(self.kv.delete(f"p{k}", last=revision), self.config.renew)
                 log.info("gave partition %d back", k)
-            except (NatsError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, NatsError) as exc:
                 log.info("gave partition %d back (its lease expires: %s)", k, describe(exc))
 
     async def _consume(self, k: int, quit_: asyncio.Event, previous: asyncio.Task | None) -> None:
@@ -370,7 +371,7 @@ class Consumer:
         now = time.monotonic()
         parts = {k: holder.part for k, holder in self._holders.items() if holder.part is not None}
         for part in parts.values():
-            part.fan_out.sample(now)  # the sinks' lag
+            part.sample(now)  # the sinks' lag
         snap = self.latest = {"name": self.config.name, "pid": os.getpid(), "ts": round(time.time(), 3),
                               "errors": self.errors,
                 "held": sorted(own.consuming()) if own else [],

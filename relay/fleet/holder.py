@@ -23,6 +23,7 @@ journal and JetStream delivers again (and ``take`` drops).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -110,7 +111,7 @@ class Holder:
                         commits, size = [], 0
                 await loop.run_in_executor(None, part.apply, commits, time.monotonic())
                 return True
-            except (NatsError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, NatsError) as exc:
                 log.warning("partition %d: cannot read the central journal now (%s); trying again", self.k,
                             describe(exc))
             except (OSError, JournalError) as exc:
@@ -123,12 +124,13 @@ class Holder:
 
     async def subscribe(self, quit_: asyncio.Event) -> Any:
         from nats.errors import Error as NatsError
+
         from relay.fleet.reconcile import bind_consumer
         cfg = self.config
         while not quit_.is_set():
             try:
                 return await bind_consumer(self.consumer.js, cfg, self.k)
-            except (NatsError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, NatsError) as exc:
                 log.debug("partition %d: cannot bind its consumer yet: %s", self.k, describe(exc))
                 if await wait(quit_, 1.0):
                     break
@@ -168,7 +170,7 @@ class Holder:
             want = min(size, cfg.fetch - len(msgs))
             try:
                 got = await sub.fetch(want, timeout=FOLLOW_UP if msgs else 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
             except NatsError as exc:
                 log.debug("partition %d: fetch: %s", self.k, describe(exc))
@@ -200,7 +202,7 @@ class Holder:
                     if not await self.catch_up(part, quit_):
                         return False
                     continue
-                except (NatsError, asyncio.TimeoutError) as exc:  # stored or not: the central journal says
+                except (TimeoutError, NatsError) as exc:  # stored or not: the central journal says
                     log.warning("partition %d: the central journal did not answer (%s): the batch comes again",
                                 self.k, describe(exc))
                     part.reset()
@@ -230,10 +232,8 @@ class Holder:
 
 async def wait(event: asyncio.Event, seconds: float) -> bool:
     """Wait up to ``seconds`` for ``event``; whether it is set."""
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), seconds)
-    except asyncio.TimeoutError:
-        pass
     return event.is_set()
 
 
@@ -242,6 +242,6 @@ async def quietly(coro: Any) -> None:
     from nats.errors import Error as NatsError
     try:
         await coro
-    except (NatsError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, NatsError, OSError) as exc:
         log.debug("NATS: %s", describe(exc))
 

@@ -93,7 +93,7 @@ class Claimant:
     boot: str
 
     @classmethod
-    def here(cls, journal: Path, pid: int) -> "Claimant":
+    def here(cls, journal: Path, pid: int) -> Claimant:
         folder = journal if Journal(journal).directory else journal.parent
         st = os.stat(folder)
         try:
@@ -205,6 +205,10 @@ class NodeClaim:
         self.sent: float | None = None  # when the last create or renewal that worked was sent
         self.refused = False
 
+    def use_replicas(self, replicas: int) -> None:
+        """The stream has ``replicas`` (as it exists): the node's key bucket gets as many."""
+        self.replicas = replicas
+
     def valid(self, now: float) -> bool:
         """Whether the key is surely still ours at ``now`` (a third of the ttl to spare)."""
         return self.sent is not None and now < self.sent + self.ttl * 2 / 3
@@ -223,7 +227,7 @@ class NodeClaim:
                     kv = await bucket(js, self.stream, self.replicas, create=True)
                     self.ttl = await _ttl(kv) or NODE_TTL
                 await self._renew(kv)
-            except (NatsError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, NatsError, OSError) as exc:
                 log.debug("node %s: claim not renewed now: %s", self.node, connection.describe(exc))
             await asyncio.sleep(self.ttl / 5)
 

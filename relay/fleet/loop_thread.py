@@ -7,7 +7,8 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from typing import Any, Coroutine, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,10 @@ class LoopThread:
         self.loop.run_forever()
         self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         self.loop.close()
+
+    def call_soon(self, callback: Callable[..., object], *args: Any) -> None:
+        """Have the loop call ``callback(*args)`` (from any thread)."""
+        self.loop.call_soon_threadsafe(callback, *args)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)

@@ -14,8 +14,9 @@ import concurrent.futures
 import logging
 import operator
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import click
 
@@ -75,8 +76,9 @@ class NatsSink(Sink):
                                duplicate_window=stream.seconds(nats_duplicate_window, "--nats-duplicate-window"),
                                max_age=stream.seconds(nats_max_age, "--nats-max-age"))
         self.given_node = stream.run_token(nats_node) if nats_node else None
-        self.limits: dict[str, Any] = dict(max_lines=nats_chunk_events, max_bytes=nats_chunk_bytes, linger=nats_linger,
-                           inflight=nats_inflight)
+        self.limits: dict[str, Any] = {
+            "max_lines": nats_chunk_events, "max_bytes": nats_chunk_bytes, "linger": nats_linger,
+            "inflight": nats_inflight}
         self.counters: dict[str, int] = {}  # the publisher's, once open (the relay's stats show them)
         self._publisher: NatsPublisher | None = None
 
@@ -143,7 +145,8 @@ class NatsSink(Sink):
         self.counters = publisher.counters
         publisher.start()
         log.info("publishing the journal to NATS %s, stream %s, subjects %s.%s.RUN; state in %s",
-                 self.settings.display, self.spec.name, self.spec.prefix, node, publisher.state.path)
+                 self.settings.display, self.spec.name, self.spec.prefix, node,
+                 publisher.state_path)
 
     def node(self, journal: Path) -> str:
         """``--nats-node``, else the journal's own node id (made once, kept beside it)."""

@@ -82,6 +82,10 @@ class Ownership:
     last_read: dict[int, str | None] = field(default_factory=dict)
     _first: float | None = None  # the first plan's time: claims wait ``renew`` for the others' member keys
 
+    def leave(self) -> None:
+        """Stop: every partition is stopped and given back, none is claimed."""
+        self.leaving = True
+
     def share(self, members: set[str]) -> int:
         """The most partitions one relay keeps with ``members`` alive (this relay counts)."""
         if self.leaving:

@@ -15,8 +15,9 @@ reads the folder); the journal's lock keeps two relays off one folder.
 a second writer (relay/fleet/sessions.py judges each stream by session, the message's node relay as
 the connection, and says a conflict once in the view as an event of the relay's own);
 ``uncommitted`` is what the caller commits to the central journal, and only then does ``write`` put
-the lines in the folder (relay/daemon/commit.py's ``JournalQueue``: one write, flushed, and every
-other sink's process gets exactly the lines the folder took) and ``settle`` move the position.
+the lines in the folder (relay/journal/journal_queue.py's ``JournalQueue``: one write, flushed,
+and every other sink's process gets exactly the lines the folder took) and ``settle`` move the
+position.
 After a failure anywhere in between, ``reset`` forgets what was taken and not written, and the
 caller applies the central journal again: the view is rebuilt from it, never from a guess.
 """
@@ -27,18 +28,18 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from relay.daemon.commit import JournalQueue
 from relay.fleet.sessions import CENTRAL_SEQ, Checked, FleetWriters
 from relay.journal.dedupe import Dedupe, RankState
 from relay.journal.journal import Journal, Seen
+from relay.journal.journal_queue import JournalQueue, News
 from relay.journal.reader import journal_files
 from relay.sinkhost.fan_out import FanOut
-from relay.sinkhost.child import SinkSpec
-from relay.sinkhost.notices import News
+from relay.sinkhost.spec import SinkSpec
 from relay.wire.lines import ChunkCheck, Derived, encode_line, relay_event
 from sinks.events import RELAY_RANK
 from sinks.files import write_atomic
@@ -273,11 +274,14 @@ class Partition:
         except OSError as exc:
             log.error("partition %d: journal close failed: %s", self.number, exc)
 
+    def sample(self, now: float) -> None:
+        """Note the sinks' lag at ``now`` (monotonic), for the stats' figures."""
+        self.fan_out.sample(now)
+
     def stats(self) -> dict:
         lag = time.time() - self.published if self.pending and self.published is not None else 0.0
-        out = {"partition": self.number, **self.counters.__dict__, "position": self.position,
-               "pending": self.pending, "lag_s": round(lag, 3), "sinks": self.fan_out.stats()}
-        return out
+        return {"partition": self.number, **self.counters.__dict__, "position": self.position,
+                "pending": self.pending, "lag_s": round(lag, 3), "sinks": self.fan_out.stats()}
 
 
 def _seqs(checked: Checked) -> dict[tuple[str, int], list[int]]:

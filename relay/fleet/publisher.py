@@ -16,6 +16,7 @@ resumes after the stream's last message for this node and run (its ``Relay-End``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -84,6 +85,11 @@ class NatsPublisher:
 
     # -- any thread -----------------------------------------------------------------------------------
 
+    @property
+    def state_path(self) -> Path:
+        """Where the positions JetStream acknowledged are kept."""
+        return self.state.path
+
     def start(self) -> None:
         for key, (_, offset, _) in self.acked.items():
             self.chunks.seek(key_source(key), offset)
@@ -92,7 +98,7 @@ class NatsPublisher:
     def notify(self, runs: set[str]) -> None:
         """These runs have new lines in the journal."""
         self.idle = False
-        self.loop.loop.call_soon_threadsafe(self._notified, runs)
+        self.loop.call_soon(self._notified, runs)
 
     def stop(self, wait: float) -> None:
         """Wait up to ``wait`` seconds for everything read to be acknowledged, then stop and save."""
@@ -134,10 +140,8 @@ class NatsPublisher:
                     next_save = now + SAVE_EVERY
                 self.idle = self._stream_ok and not self._dirty and not self._busy
                 self._wake.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), SAVE_EVERY)
-                except asyncio.TimeoutError:
-                    pass
         finally:
             connecting.cancel()
 
@@ -191,7 +195,7 @@ class NatsPublisher:
                         spec.name, subjects, spec.prefix, spec.prefix)
         log.info("%s stream %s on %s (replicas %s)", "created" if created else "using", spec.name,
                  self.settings.display, info.config.num_replicas)
-        self.claim.replicas = info.config.num_replicas or 1
+        self.claim.use_replicas(info.config.num_replicas or 1)
         self._high_seq = max(self._high_seq, (info.state.last_seq or 0) if info.state else 0)
         return None
 

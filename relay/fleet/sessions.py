@@ -1,5 +1,5 @@
 """A consuming relay's judge of second writers: each stream of a partition is held to one session
-by the rules a node relay keeps (relay/daemon/writers.py: its table and its ``judge``), the node
+by the rules a node relay keeps (relay/journal/writers.py: its table and its ``judge``), the node
 relay that published a message (its ``Relay-Node``) standing for the connection.
 
 Why here too: a node relay holds its own streams to one writer, but when two jobs on two nodes share
@@ -32,10 +32,9 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
-from relay.daemon.second_writers import REFUSED_REPORT_EVERY
-from relay.daemon.writers import Conflict, Key, Writer, Writers, judge, named_session, writer_of
 from relay.journal.dedupe import RankState
 from relay.journal.journal import WRITER_EVENTS
+from relay.journal.writers import REFUSED_REPORT_EVERY, Conflict, Key, Writer, Writers, judge, named_session, writer_of
 from relay.wire.lines import Derived, parse_line
 from sinks.events import RELAY_RANK, RESTART_SEQ_BITS, starts_session
 
@@ -92,7 +91,7 @@ class FleetWriters:
         self._summed_at: float | None = None  # when refused lines were last summed up in the log
         self._since = 0  # lines refused, not logged, since then
 
-    def fresh(self) -> "FleetWriters":
+    def fresh(self) -> FleetWriters:
         """A judge that learns the view anew (after ``Partition.reset``), knowing what it logged."""
         judge_ = FleetWriters(self.number)
         judge_.logged, judge_._summed_at, judge_._since = self.logged, self._summed_at, self._since

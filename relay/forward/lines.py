@@ -10,7 +10,7 @@ so the central's own consumers see numbers and its journal writes the node's ver
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from relay.wire import encoding
 from relay.wire.lines import ChunkCheck
@@ -46,5 +46,6 @@ class LineReader:
     def _prefix(self, envelope: tuple) -> bytes:
         if len(self._prefixes) >= MAX_PREFIXES:
             self._prefixes.clear()
-        prefix = self._prefixes[envelope] = encoding.compact_prefix(dict(zip(ENVELOPE, envelope)))
+        fields = dict(zip(ENVELOPE, envelope, strict=True))
+        prefix = self._prefixes[envelope] = encoding.compact_prefix(fields)
         return prefix

@@ -20,14 +20,14 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from relay.wire import schema
-from relay.wire.encoding import array_header
-from relay.forward.lines import LineReader
+from relay.client.link_member import LinkMember
 from relay.client.send_window import MAX_BATCH_BYTES, MAX_BATCH_EVENTS
+from relay.forward.lines import LineReader
 from relay.forward.window import ForwardWindow, Key, Stream
-from relay.wire.io_thread import LinkMember
 from relay.journal.journal import Journal
 from relay.journal.reader import JournalReader
+from relay.wire import schema
+from relay.wire.encoding import array_header
 from sinks.events import RELAY_RANK
 from sinks.files import write_atomic
 
@@ -84,10 +84,15 @@ class Forwarder(LinkMember):
             self._notified |= runs
             self.idle = False
 
-    # -- relay.wire.io_thread.LinkMember ---------------------------------------------------------------
+    @property
+    def unacked(self) -> int:
+        """Events sent and not acknowledged yet (or waiting to be sent again)."""
+        return self.window.events
+
+    # -- relay.client.link_member.LinkMember -------------------------------------------------------
 
     def _link_up(self, now: float) -> None:
-        self.window.last_ack = now
+        self.window.connected(now)
         self.ready.set()
 
     def _link_failed(self, exc: zmq.ZMQError | ValueError) -> None:
@@ -108,7 +113,7 @@ class Forwarder(LinkMember):
 
     def _refused(self, refused: list[tuple[str, int, str]]) -> None:
         """The central refuses a stream this node forwards: another node's process writes it there
-        (relay/daemon/writers.py). Said once per stream; its events stay in this journal and are no
+        (relay/journal/writers.py). Said once per stream; its events stay in this journal and are no
         longer sent (counted ``refused``), so the other streams go on (a restarted sink tries
         again)."""
         for run, rank, why in refused:

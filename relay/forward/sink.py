@@ -24,16 +24,16 @@ from __future__ import annotations
 import logging
 import operator
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import click
 import zmq.auth
 from zmq.utils import z85
 
+from relay.forward.sender import Forwarder
 from relay.wire import auth, curve
 from relay.wire.address import BadAddress, check_bind_address, is_loopback
-from relay.forward.sender import Forwarder
 from relay.wire.io_thread import Hub
 from sinks.base import CLOSE_TIMEOUT, Sink, SinkContext, SinkError
 from sinks.events import Event
@@ -127,7 +127,7 @@ class ForwardSink(Sink):
         if not fw.idle:
             log.warning("the central relay %s has not acknowledged %d events (and %d runs are left to read) at "
                         "shutdown: they stay in the journal and are sent when a relay runs on it again",
-                        self.to, fw.window.events, len(fw.dirty))
+                        self.to, fw.unacked, len(fw.dirty))
         log.info("forward sink closed: %s", self.counters)
         return fw.idle
 

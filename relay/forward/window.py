@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 
@@ -132,6 +132,10 @@ class ForwardWindow:
             stream.backoff = self.resend_after
             if not held:
                 del self.active[key]
+
+    def connected(self, now: float) -> None:
+        """A link to the central relay is up: a wait for acks counts from now."""
+        self.last_ack = now
 
     def rewind(self, why: str) -> None:
         """Send every stream again from its oldest held event: what was in flight may be lost."""

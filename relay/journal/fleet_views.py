@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from relay.journal.reader import journal_files
 from relay.wire.lines import parse_line
@@ -228,6 +229,6 @@ def in_order(given: Iterable[bytes]) -> list[bytes]:
     out = list(lines)
     for slots in places.values():
         by_seq = sorted(slots, key=lambda i: keys[i][2])  # type: ignore[index]
-        for slot, source in zip(slots, by_seq):
+        for slot, source in zip(slots, by_seq, strict=True):
             out[slot] = lines[source]
     return out

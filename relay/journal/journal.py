@@ -18,13 +18,14 @@ import contextlib
 import fcntl
 import logging
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
-from relay.wire import schema
 from relay.journal.dedupe import claimed_drop
 from relay.journal.reader import JournalReader, is_directory_layout, read_events
 from relay.journal.recovery import cut_torn_tail
+from relay.wire import schema
 from relay.wire.lines import encode_line, parse_event
 from sinks.events import RELAY_RANK, from_journal
 
@@ -313,7 +314,7 @@ class Seen:
     client said it dropped (``dropped``: the highest ``claimed_drop`` of its stats events, 0: none)
     and how many events it said it dropped (``reported``: the highest ``dropped`` count there);
     ``hello``: the data, host and seq of its latest hello, whose session writes it
-    (relay/daemon/writers.py); ``said`` (the relay's own rank only): the data of its ``conflict``
+    (relay/journal/writers.py); ``said`` (the relay's own rank only): the data of its ``conflict``
     and ``conflict_ended`` lifecycle events, in the order written (relay/fleet/sessions.py)."""
 
     __slots__ = ("spans", "dropped", "reported", "hello", "said")
@@ -324,6 +325,24 @@ class Seen:
         self.reported = 0
         self.hello: tuple[Any, Any, int] | None = None
         self.said: list[dict[str, Any]] = []
+
+    def take(self, event: dict[str, Any], seq: int) -> None:
+        """One more of its events, read from the journal."""
+        spans = self.spans
+        if spans and spans[-1][1] == seq:
+            spans[-1][1] = seq + 1
+        else:
+            spans.append([seq, seq + 1])
+        if event["type"] == "hello" and (self.hello is None or seq > self.hello[2]):
+            self.hello = (event["data"], event["host"], seq)
+        elif event["type"] == "stats":
+            self.dropped = max(self.dropped, claimed_drop(event) or 0)
+            count = event["data"].get("dropped")
+            if type(count) is int and count > self.reported:
+                self.reported = count
+        elif event["type"] == "lifecycle" and event["rank"] == RELAY_RANK \
+                and event["data"].get("event") in WRITER_EVENTS:
+            self.said.append(event["data"])
 
     def seqs(self) -> Iterator[int]:
         """Every seq the spans hold, in order (tests and the fuzzer compare them with whole lines)."""
@@ -345,19 +364,5 @@ def _scan(paths: Iterable[Path]) -> dict[str, dict[int, Seen]]:
             seen = ranks.get(rank)
             if seen is None:
                 seen = ranks[rank] = Seen()
-            spans = seen.spans
-            if spans and spans[-1][1] == seq:
-                spans[-1][1] = seq + 1
-            else:
-                spans.append([seq, seq + 1])
-            if event["type"] == "hello" and (seen.hello is None or seq > seen.hello[2]):
-                seen.hello = (event["data"], event["host"], seq)
-            elif event["type"] == "stats":
-                seen.dropped = max(seen.dropped, claimed_drop(event) or 0)
-                count = event["data"].get("dropped")
-                if type(count) is int and count > seen.reported:
-                    seen.reported = count
-            elif event["type"] == "lifecycle" and rank == RELAY_RANK \
-                    and event["data"].get("event") in WRITER_EVENTS:
-                seen.said.append(event["data"])
+            seen.take(event, seq)
     return index

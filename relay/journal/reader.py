@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO
 
 from relay.wire import schema
 from relay.wire.lines import event_error, parse_event, parse_line
@@ -37,6 +38,15 @@ def journal_files(path: Path) -> list[Path]:
             names = sorted(e.name for e in entries if e.name.endswith(".jsonl") and not e.name.startswith("_"))
         return [path / name for name in names]
     return [path]
+
+
+def open_listed(path: Path) -> BinaryIO | None:
+    """``path`` opened for reading, or None where it went since it was listed (or is no file);
+    the caller closes it (``with``)."""
+    try:
+        return open(path, "rb")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
 
 
 def is_directory_layout(path: str | os.PathLike[str]) -> bool:
@@ -141,9 +151,8 @@ class JournalReader:
                 break
             key = (str(path), run)
             offset = self._offsets.get(key, 0)
-            try:
-                fh = open(path, "rb")
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            fh = open_listed(path)
+            if fh is None:
                 continue
             with fh:
                 if os.fstat(fh.fileno()).st_size < offset:  # replaced by a shorter file: read it afresh
@@ -178,9 +187,8 @@ class JournalReader:
     def _lines(self, path: Path, run: str | None) -> Iterator[bytes]:
         key = (str(path), run)  # a str: hashing a Path per line costs more than reading the line
         offset = self._offsets.get(key, 0)
-        try:
-            fh = open(path, "rb")
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        fh = open_listed(path)
+        if fh is None:
             return
         offsets = self._offsets
         with fh:

@@ -35,8 +35,9 @@ def serve_relay(relay: Relay, options: MetricsOptions) -> MetricsServer:
     """Keep each run's health, hand the collector a snapshot every second, and listen (AddressInUse,
     BadAddress); before ``relay.serve()``."""
     health = RunHealth(options.keep_ended, options.loss)
-    relay.ingest.follow_health(health)
-    collector = RelayCollector(relay.snapshot, health, relay.ingest.cluster, max_memory_mib=relay.config.max_memory,
+    cluster = relay.follow_health(health)
+    collector = RelayCollector(relay.snapshot, health, cluster,
+                               max_memory_mib=relay.config.max_memory,
                                max_runs=options.max_runs, max_ranks=options.max_ranks)
     relay.each_second.append(collector.take)
     server = MetricsServer(options.bind, _registry(collector))

@@ -8,7 +8,8 @@ waits for that loop, nor it for a scrape.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client.metrics_core import Metric
 

@@ -41,7 +41,7 @@ def parse_bind(text: str) -> tuple[str, int]:
 
 
 class _Server(HTTPServer):
-    def __init__(self, address: tuple[str, int], render: "_Render") -> None:
+    def __init__(self, address: tuple[str, int], render: _Render) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.render = render
         super().__init__(address, _Handler)

@@ -15,7 +15,8 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,11 @@ class BatchWorker(Generic[T]):
             self._queue.clear()
             self.dropped += left
         return left
+
+    def got_through(self, events: int) -> None:
+        """``events`` counted as dropped at close were written after all (half a narrowed batch)."""
+        with self._cond:
+            self.dropped -= events
 
     def _run(self) -> None:
         try:

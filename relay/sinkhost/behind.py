@@ -10,10 +10,11 @@ last moment a sink can be complete; what it lacks then is only in the journal.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from relay.sinkhost.child import SinkSpec
+from relay.sinkhost.spec import SinkSpec
 from sinks.base import Sink
 
 #: Seconds between the progress lines of a relay waiting for its sinks.

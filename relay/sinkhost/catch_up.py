@@ -24,12 +24,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from relay.journal.journal import Journal
 from relay.journal.reader import journal_files
-
 from relay.wire.lines import parse_event
 from sinks.events import from_journal
 from sinks.files import write_atomic

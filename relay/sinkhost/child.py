@@ -28,20 +28,21 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import click
 
+from relay.journal.deadletter import DeadLetters
+from relay.journal.journal import Journal
+from relay.journal.reader import LineDecoder
 from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.catch_up import CatchUp
 from relay.sinkhost.driver import SinkDriver
 from relay.sinkhost.lifeline import hold_sink_lock
 from relay.sinkhost.notices import NoticeDecoder
-from relay.journal.deadletter import DeadLetters
-from relay.journal.journal import Journal
-from relay.journal.reader import LineDecoder
+from relay.sinkhost.spec import SinkSpec
 from sinks.base import Sink, SinkContext, SinkError
 
 log = logging.getLogger(__name__)
@@ -51,22 +52,6 @@ STATS_PERIOD = 0.5
 READ_SIZE = 1 << 20
 
 T = TypeVar("T")
-
-
-@dataclass
-class SinkSpec:
-    """What a child needs to build its sink: its name, what to load (a registry name or
-    ``module:Class``) and the sink's own CLI options; the journal it may read to catch up, and its
-    dead-letter file."""
-
-    name: str
-    options: dict[str, Any] = field(default_factory=dict)
-    source: str = ""  # what sinks.registry.load gets; the name when empty
-    journal: str | None = None  # ends with os.sep in the directory layout
-    deadletter: str | None = None
-    max_events: int = 200_000
-    drain_timeout: float = 10.0
-    log_level: str = "INFO"
 
 
 #: What the queue holds to ask for a catch-up pass (relay/sinkhost/catch_up.py) in turn with the batches:
@@ -107,6 +92,18 @@ class SinkWriter:
             self._pass_queued = True
             self.worker.submit(CATCH_UP_PASS, 0)
 
+    def not_events(self, lines: int) -> None:
+        """``lines`` from the relay so far were not events (the decoder's count): counted as
+        dropped, and said when there are new ones."""
+        if lines > self.bad_lines:
+            log.error("sink %s: %d lines from the relay were not events; dropped", self.name, lines)
+            self.bad_lines = lines
+
+    @property
+    def overflowed(self) -> int:
+        """Events of batches the queue had no room for (in the journal: a catch-up reads them)."""
+        return self.worker.dropped
+
     def stats(self) -> dict[str, Any]:
         return {**self.driver.stats(), "dropped": self.worker.dropped + self.bad_lines,
                 "queued": self.worker.queued, "catch_up_passes": self.catch_up_passes}
@@ -118,7 +115,7 @@ class SinkWriter:
         left = self.worker.close(timeout)
         if left:
             resolved = min(left, self.driver.resolved)
-            self.worker.dropped -= resolved  # half a narrowed batch did get through
+            self.worker.got_through(resolved)  # half a narrowed batch
             log.error("sink %s: %d events not written at shutdown (they are in the journal: use relay replay)",
                       self.name, left - resolved)
         self.driver.close(max(CLOSE_AT_LEAST, deadline - time.monotonic()))
@@ -135,7 +132,7 @@ class SinkWriter:
             self._unreadable(exc)
 
     def _unreadable(self, exc: OSError) -> None:
-        self.driver.errors += 1
+        self.driver.count_error()
         log.error("sink %s: catch-up from the journal failed: %s", self.name, exc)
 
     def _recovered(self) -> None:
@@ -241,11 +238,9 @@ def child_main(spec: SinkSpec) -> int:
             if not data:
                 break
             writer.submit(decoder.feed(data))
-            if decoder.bad_lines > writer.bad_lines:
-                log.error("sink %s: %d lines from the relay were not events; dropped", spec.name, decoder.bad_lines)
-                writer.bad_lines = decoder.bad_lines
-        if writer.worker.dropped > dropped:  # batches that did not fit: read back from the journal later
-            dropped = writer.worker.dropped
+            writer.not_events(decoder.bad_lines)
+        if writer.overflowed > dropped:  # batches that did not fit: read from the journal later
+            dropped = writer.overflowed
             writer.request_catch_up()
         if time.monotonic() >= next_stats:
             send(writer.stats())

@@ -27,7 +27,8 @@ class ChildCounts:
         return cls(**{f.name: int(message.get(f.name, 0)) for f in dataclasses.fields(cls)})
 
     def __add__(self, other: ChildCounts) -> ChildCounts:
-        return ChildCounts(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+        pairs = zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)
+        return ChildCounts(*(a + b for a, b in pairs))
 
     @property
     def resolved(self) -> int:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from relay.journal.deadletter import DeadLetters, EventKey, event_key
 from relay.wire.lines import encode_line
@@ -96,6 +97,10 @@ class SinkDriver:
                 "deadletter_overflow": self.deadletter_overflow, "caught_up": self.caught_up,
                 "incomplete_flushes": self.incomplete_flushes, "incomplete_closes": self.incomplete_closes, **extra}
 
+    def count_error(self) -> None:
+        """An error outside ``write`` (the sink's catch-up could not read the journal)."""
+        self.errors += 1
+
     def write(self, batch: Batch, caught_up: bool = False) -> bool:
         """Write ``batch`` (a catch-up pass's with ``caught_up``), retrying transient errors with
         backoff; False when ``wait`` gave up first. A catch-up's events already dead-lettered are
@@ -134,9 +139,8 @@ class SinkDriver:
     def after_batch(self, idle: bool, read: Callable[[str], Iterable[Batch]] | None = None) -> None:
         """Flush when nothing is waiting (``idle``) or ``flush_every`` has passed; with ``read``, first
         fill the sink's holes from it (``fill_holes``)."""
-        if idle or self._clock() >= self._next_flush:
-            if read is None or self.fill_holes(read):
-                self.flush()
+        if (idle or self._clock() >= self._next_flush) and (read is None or self.fill_holes(read)):
+            self.flush()
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         """``sink.flush(timeout)``; False (counted, logged) when it failed or did not complete: the

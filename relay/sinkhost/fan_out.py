@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from relay.journal.journal import Journal
-from relay.sinkhost.child import SinkSpec
-from relay.sinkhost.notices import News
+from relay.journal.journal_queue import News
 from relay.sinkhost.process import SinkProcess
+from relay.sinkhost.spec import SinkSpec
 
 
 class FanOut:

@@ -27,6 +27,7 @@ store for one journal together.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import logging
@@ -37,8 +38,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +69,8 @@ def spawn(name: str, module: str, args: list[str], **popen: Any) -> subprocess.P
 
 def kill(proc: subprocess.Popen) -> None:
     """Kill a sink's process, its supervisor and whatever its tool started (one process group)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):  # all gone already
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:  # all gone already
-        pass
 
 
 def ask_kernel(sig: int) -> Callable[[], None] | None:
@@ -118,12 +118,10 @@ def supervise(relay_pid: int, fd: int, name: str, command: list[str]) -> None:
 
 
 def _end_group(name: str) -> None:
-    try:
+    with contextlib.suppress(OSError):  # the log went with the relay
         os.write(2, f"{name} (supervisor pid {os.getpid()}): the relay that started it is gone; stopping its "
                     "processes now (what it had not written is in the journal: the next relay's sink catches it "
                     "up)\n".encode())
-    except OSError:  # the log went with the relay
-        pass
     os.killpg(0, signal.SIGKILL)
 
 

@@ -13,19 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from relay.journal.journal_queue import News
 from relay.wire.schema import valid_run_id
-
-#: run -> (events the write held, where the run's file ends after it)
-News = dict[str, tuple[int, int]]
-
-
-def news_of(written: list[tuple[str, bytes]], ends: dict[str, int]) -> News:
-    """The news of one journal write: ``written``, its (run, lines) pairs; ``ends``, where each run's
-    file ends (``relay.journal.journal.Journal.ends``)."""
-    counts: dict[str, int] = {}
-    for run, chunk in written:
-        counts[run] = counts.get(run, 0) + chunk.count(b"\n")
-    return {run: (count, ends.get(run, 0)) for run, count in counts.items()}
 
 
 def encode(news: News) -> bytes:

@@ -18,27 +18,30 @@ handed over, sampled every second (``sample``).
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
+from relay.journal.journal_queue import News
 from relay.sinkhost import notices
-from relay.sinkhost.counts import ChildCounts
 from relay.sinkhost.batch_queue import BatchWorker
-from relay.sinkhost.child import SinkSpec, build_sink
+from relay.sinkhost.child import build_sink
+from relay.sinkhost.counts import ChildCounts
 from relay.sinkhost.lifeline import kill, spawn
-from relay.sinkhost.notices import News
 from relay.sinkhost.rate import Rate
+from relay.sinkhost.spec import SinkSpec
 from sinks.base import SinkContext, SinkError
 from sinks.registry import load
 
-__all__ = ["SinkProcess", "SinkSpec", "check_sinks"]
+__all__ = ["SinkProcess", "check_sinks"]
 
 log = logging.getLogger(__name__)
 
@@ -252,10 +255,8 @@ class SinkProcess:
 
     def _end_input(self) -> None:
         if self._proc is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._stdin().close()  # end of input: the child drains and exits
-            except OSError:
-                pass
 
     def _restart(self) -> bool:
         """Account for a dead child and start another after the backoff; False when stopping."""

@@ -16,9 +16,10 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import Dedupe
@@ -91,7 +92,7 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
             for path in files:
                 result.files += 1
                 if target is not None:
-                    target.deriving = path.name.endswith(SPOOL_SUFFIX)
+                    target.reading(path)
                 bad: list[int] = []
                 batch = []
                 for event in read_events(path, bad, read_bytes=read):
@@ -146,6 +147,10 @@ class _JournalTarget:
         self.derived = 0
         self._met: set[str] = set()
         self._host = socket.gethostname()
+
+    def reading(self, path: Path) -> None:
+        """The next batches are ``path``'s: a spool file's events are derived from."""
+        self.deriving = path.name.endswith(SPOOL_SUFFIX)
 
     def write(self, batch: list[dict]) -> tuple[int, list[dict]]:
         """Journal what ``batch`` holds that the journal lacks; (how many, the events derived from them)."""

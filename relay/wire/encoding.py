@@ -3,7 +3,8 @@ rows), and the relay's acks, as msgpack frames. The sender's side of the format;
 back and what makes it valid is relay/wire/schema.py (docs/protocol.md has both)."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import msgpack
 

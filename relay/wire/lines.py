@@ -8,9 +8,10 @@ given their defaults; ``line_error`` says why one is not."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from itertools import groupby
 from operator import attrgetter, itemgetter
-from typing import Any, Callable, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import msgspec
 import orjson
@@ -19,7 +20,6 @@ from msgspec.structs import asdict
 from relay.wire import schema
 from relay.wire.rules import Repeated, matching, pairs_hook
 from sinks.events import ENVELOPE, FIELDS, RELAY_RANK, ROW_FIELDS, json_safe
-
 
 #: How a Publisher names a spool file (relay/client/publisher.py): one rank's journal lines, none of
 #: them the relay's own, which ``relay replay`` derives as it journals them (relay/daemon/rederive.py).
@@ -204,7 +204,7 @@ class ChunkCheck:
         """The events of ``lines`` (those of ``run`` only, if given), in order: each line as written,
         its envelope and its row (``sinks.events.ENVELOPE``, ``ROW_FIELDS``)."""
         lines, items = self._taken(lines, run)
-        return list(zip(lines, map(envelope_of, items), map(row_of, items)))
+        return list(zip(lines, map(envelope_of, items), map(row_of, items), strict=True))
 
     def rows(self, lines: list[bytes], run: str | None = None) -> dict[tuple, list[tuple]]:
         """The events of ``lines`` (those of ``run`` only, if given) as ``events`` has them, grouped
@@ -212,7 +212,8 @@ class ChunkCheck:
         is all in C (a journal's lines come in runs of one envelope)."""
         items = self._taken(lines, run)[1]
         groups: dict[tuple, list[tuple]] = {}
-        for envelope, same in groupby(zip(map(envelope_of, items), map(row_of, items)), key=_FIRST):
+        pairs = zip(map(envelope_of, items), map(row_of, items), strict=True)
+        for envelope, same in groupby(pairs, key=_FIRST):
             rows = list(map(_SECOND, same))
             if envelope in groups:
                 groups[envelope] += rows
@@ -223,7 +224,7 @@ class ChunkCheck:
     def keys(self, lines: list[bytes]) -> list[tuple[bytes, tuple[str, int, int]]]:
         """The events of ``lines``, in order, as what dedupe needs: each line and its (run, rank, seq)."""
         lines, items = self._taken(lines, None)
-        return list(zip(lines, map(_key_of, items)))
+        return list(zip(lines, map(_key_of, items), strict=True))
 
     def _taken(self, lines: list[bytes], run: str | None) -> tuple[list[bytes], list[Any]]:
         """The lines that are events (of ``run``, if given) and their Lines; ``bad`` hears of the
@@ -232,7 +233,7 @@ class ChunkCheck:
         if None not in items and (run is None or set(map(_run_of, items)) == {run}):
             return lines, items
         taken, kept = [], []
-        for line, item in zip(lines, items):
+        for line, item in zip(lines, items, strict=True):
             if item is None:
                 self._refused(line, run)
             elif run is None or item.run == run:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import re
 import sys
-from typing import Annotated, Any, Callable, Literal, Mapping, NamedTuple, Optional, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal, NamedTuple, Union
 
 from msgspec import Meta
 
@@ -76,7 +77,7 @@ def typed(field: Field, finite: bool = False, patterns: bool = True) -> Any:
     what the type took needs no look for one. ``patterns=False``: a string's pattern left out, for a
     caller that tests it itself, once per value rather than once per decoding (``matching``)."""
     kind = _typed(field.name, field.rule if patterns else field.rule._replace(pattern=None), finite)
-    return Optional[kind] if field.nullable else kind
+    return kind | None if field.nullable else kind
 
 
 def matching(pattern: str) -> Callable[[set[Any]], set[Any]]:
@@ -116,7 +117,7 @@ def _typed(name: str, rule: Rule, finite: bool) -> Any:
             raise ImportError(f"relay/wire/rules.py cannot type the field {name!r}: a "
                               f"{kind.__name__} (teach _typed() the kind, and explain() if it "
                               "checks anything new)")
-    return Union[tuple(parts)]
+    return Union[tuple(parts)]  # noqa: UP007 (a union of a runtime tuple, which | cannot spell)
 
 
 def _map_type(max_key: int, depth: int, finite: bool) -> Any:
@@ -124,10 +125,10 @@ def _map_type(max_key: int, depth: int, finite: bool) -> Any:
     lists of them, nested ``depth`` deep at most (the map itself is the first level)."""
     key = Annotated[str, Meta(max_length=max_key)]
     number = Annotated[float, Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)] if finite else float
-    scalar = (int, number, str, bool, None)
-    value: Any = Union[scalar]
+    scalar = int | number | str | bool | None
+    value: Any = scalar
     for _ in range(depth - 1):
-        value = Union[(*scalar, list[value], dict[key, value])]
+        value = scalar | list[value] | dict[key, value]
     return dict[key, value]
 
 

@@ -13,9 +13,10 @@ needs no edit here.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from itertools import starmap
 from operator import attrgetter, itemgetter
-from typing import Annotated, Any, Sequence, Union, overload
+from typing import Annotated, Any, overload
 
 import msgpack
 import msgspec
@@ -116,7 +117,7 @@ Event = event_struct("Event")
 #: or an array of maps. What none takes, ``explain_frame`` says why.
 _BATCHES = [(msgspec.msgpack.Decoder(_batch_struct("FiniteBatch", True)).decode, True),
             (msgspec.msgpack.Decoder(_batch_struct("Batch", False)).decode, False)]
-_MAPS: Any = Union[Event, Annotated[list[Event], Meta(min_length=1)]]  # type: ignore[valid-type]
+_MAPS: Any = Event | Annotated[list[Event], Meta(min_length=1)]  # type: ignore[valid-type]
 _decode_maps = msgspec.msgpack.Decoder(_MAPS).decode
 _envelope_of = attrgetter(*ENVELOPE)
 _stream_of = attrgetter("run", "rank")
@@ -301,7 +302,7 @@ def explain_frame(obj: Any) -> FrameError | None:
     for row in rows:
         if type(row) is not list or len(row) != len(ROW_FIELDS):
             return FrameError("bad_type", f"compact event must be [{', '.join(ROW_FIELDS)}]")
-        wrong = explain_event({**envelope, **dict(zip(ROW_FIELDS, row))})
+        wrong = explain_event({**envelope, **dict(zip(ROW_FIELDS, row, strict=True))})
         if wrong is not None:
             return wrong
     return None

@@ -176,7 +176,7 @@ def compact_frames(draw: st.DrawFn, run: str | None = None) -> bytes:
 @st.composite
 def events(draw: st.DrawFn, broken: bool = True) -> dict[str, Any]:
     """One event map; with ``broken``, one in ten breaks the schema."""
-    event = {**draw(envelopes()), **dict(zip(ROW_FIELDS, draw(rows())))}
+    event = {**draw(envelopes()), **dict(zip(ROW_FIELDS, draw(rows()), strict=True))}
     if broken and rarely(draw, 10):
         event = draw(breakage(event))
     return event

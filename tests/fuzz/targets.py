@@ -13,24 +13,25 @@ import os
 import resource
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import msgpack
 import orjson
 from hypothesis import strategies as st
 
-from relay.wire import encoding, schema
-from relay.sinkhost.replay import replay_files
 from relay.cli.filters import Selection
 from relay.cli.tail import Tail, format_event
 from relay.journal.journal import Journal, JournalError
 from relay.journal.reader import journal_files, read_events
+from relay.sinkhost.replay import replay_files
+from relay.wire import encoding, schema
 from relay.wire.lines import check_lines, decode_lines, encode_lines, explain_line
+from sinks.events import FIELDS, from_journal
 
 from . import strategies
-from sinks.events import FIELDS, from_journal
 
 #: File descriptors a check may open beyond those already open: the usual default ``ulimit -n``,
 #: so a relay or replay that keeps one file per run open fails here as it would in the field.
@@ -93,7 +94,7 @@ def check_decode(frame: bytes) -> None:
     if lines.pop() != b"" or len(lines) != len(events):
         raise Violation("journal_lines", f"{len(events)} events encoded as {len(lines)} lines")
     _check_line_bound(chunk, lines)
-    for line, event in zip(lines, events):
+    for line, event in zip(lines, events, strict=True):
         _check_journaled(orjson.loads(line))
         encoding.encode_ack([(event["run"], event["rank"], event["seq"] + 1)])
 
@@ -206,7 +207,7 @@ def _check_ingest(ingest: Any, path: Path, written: int, acked: Acked) -> None:
         raise Violation(f"internal_error ({detail.split(':', 1)[0]})", f"take_frame swallowed an exception: {detail}")
     if counters.journal_errors:
         raise Violation("journal_error", f"{counters.journal_errors} journal writes failed with a writable journal")
-    pending = ingest.commit_step.pending
+    pending = ingest.pending
     if counters.events + counters.derived != counters.written + counters.duplicates + pending:
         raise Violation("counters", f"events {counters.events} + derived {counters.derived} != written "
                                     f"{counters.written} + duplicates {counters.duplicates} + pending {pending}")
@@ -312,7 +313,7 @@ def _check_line_verdicts(journal_bytes: bytes) -> None:
     """Each line gets one verdict: the types' (decode_lines, what readers apply) and the
     explainer's."""
     lines = journal_bytes.split(b"\n")
-    for line, item in zip(lines, decode_lines(lines)):
+    for line, item in zip(lines, decode_lines(lines), strict=True):
         why = explain_line(line)
         if (item is None) != (why is not None):
             said = f"the types {'refused' if item is None else 'took'} it, the explainer: {why}"

@@ -9,6 +9,7 @@ in. Files are the user's alone; drop accounting survives a restart; what ``--ope
 shown, and that ipc:// in a 0700 directory and explicit CURVE certificates close it too."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -19,14 +20,14 @@ from pathlib import Path
 
 import pytest
 import zmq
+from test_relay_hostile import _acked, _connect_as, _event
 
 from conftest import free_port, raw_socket, read_jsonl, wait_for
+from relay.client.publisher import Publisher
 from relay.daemon.status import STATUS_REQUEST
 from relay.wire import encoding, schema, secret
-from relay.client.publisher import Publisher
 from relay.wire.curve import load_secret
 from test_curve import keygen
-from test_relay_hostile import _acked, _connect_as, _event
 
 
 def _stats(journal: Path) -> dict:
@@ -135,7 +136,7 @@ def test_a_stream_passes_to_the_next_connection_once_its_owner_disconnects(relay
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
     ctx = zmq_context
     first, second = _raw(ctx, relay.address), _raw(ctx, relay.address)
-    for frame in _frames("r", range(0, 10), "first"):
+    for frame in _frames("r", range(10), "first"):
         first.send(frame)
     wait_for(lambda: ("r", 0, 10) in _acks(first, 0.2), 20, "the owner acknowledged")
     for frame in _frames("r", range(10, 20), "second"):
@@ -179,12 +180,13 @@ def test_a_connection_that_took_over_a_closed_ones_stream_keeps_it_whatever_the_
     for t in range(trials):
         run = f"race-{t}"
         a = _raw(ctx, relay.address)
-        a.send(_frames(run, range(0, 1), "a")[0])
+        a.send(_frames(run, range(1), "a")[0])
         assert _acked(a, (run, 0, 1), 10), f"trial {t}: a single event from a fresh connection never acknowledged"
         a.close(0)
         b = _raw(ctx, relay.address)
         # (resent while the relay still counts A as connected, as a client resends after its ack timeout)
-        wait_for(lambda: b.send(_frames(run, range(1, 2), "b")[0]) or _acked(b, (run, 0, 2), 0.2) or journaled(run, 1),
+        wait_for(lambda b=b, run=run: b.send(_frames(run, range(1, 2), "b")[0])
+                 or _acked(b, (run, 0, 2), 0.2) or journaled(run, 1),
                  20, f"trial {t}: B's event journaled")
         c = _raw(ctx, relay.address)
         c.send(_frames(run, range(2, 3), "c")[0])
@@ -208,7 +210,7 @@ def test_without_the_secret_a_peer_can_neither_pre_claim_a_run_nor_forge_a_ranks
     journal = tmp_path / "j.jsonl"
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
     ctx = zmq_context
-    forged = _frames("victim", range(0, 100), "forger") + [encoding.encode_frame([_event(
+    forged = _frames("victim", range(100), "forger") + [encoding.encode_frame([_event(
         run="victim", rank=1, seq=5, type="stats", stage="client", data={"dropped": 10**12, "dropped_upto": 4})])]
     strangers = [_stranger(ctx, relay.address), _stranger(ctx, relay.address, b"another user's secret, not ours")]
     for peer in strangers:
@@ -240,7 +242,7 @@ def test_with_the_secret_a_process_of_the_same_user_can_pre_claim_a_run_and_forg
     relay = relays(["--path", str(journal), "--stats-interval", "0.2"])
     ctx = zmq_context
     peer = _raw(ctx, relay.address)
-    for frame in _frames("victim", range(0, 100), "forger"):
+    for frame in _frames("victim", range(100), "forger"):
         peer.send(frame)
     peer.send(encoding.encode_frame([_event(run="victim", rank=1, seq=5, type="stats", stage="client",
                                             data={"dropped": 10**12, "dropped_upto": 4})]))
@@ -310,18 +312,14 @@ class _Proxy:
         except OSError:
             pass
         for s in (a, b):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def cut(self) -> None:
         conns, self.conns = self.conns, []
         for s in conns:
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         self.cuts += 1
 
     def close(self) -> None:
@@ -407,7 +405,8 @@ def test_journal_stats_and_dead_letters_are_the_users_alone(relays, tmp_path, zm
             pub = Publisher("modes", 0, address=relay.address)
             pub.publish("metrics", {"i": 0}, step=0)
             assert pub.close(20) == 0
-            wait_for(lambda: (journal / "_relay_deadletter.jsonl").exists(), 20, "the dead letter")
+            wait_for(lambda journal=journal: (journal / "_relay_deadletter.jsonl").exists(), 20,
+                     "the dead letter")
             assert relay.stop() == 0
             made = sorted(p.name for p in journal.iterdir())
             assert made == ["_relay_deadletter.jsonl", "_relay_stats.json", "modes.jsonl"], made  # (the lock goes at stop)
@@ -552,7 +551,7 @@ def test_with_curve_clients_a_peer_without_an_allowed_key_cannot_publish(relays,
     peer.curve_serverkey = server_key
     peer.curve_publickey, peer.curve_secretkey = load_secret(bad_secret)
     peer.connect(relay.address)
-    for frame in _frames("secure", range(2, 12), "peer") + _frames("other-run", range(0, 10), "peer"):
+    for frame in _frames("secure", range(2, 12), "peer") + _frames("other-run", range(10), "peer"):
         peer.send(frame)
     assert _acks(peer, 1.0) == []
     pub.publish("metrics", {"i": 1}, step=1)

@@ -20,11 +20,11 @@ import psutil
 import pytest
 import zmq
 
+from conftest import ROOT, raw_socket, read_jsonl, wait_for
+from relay.client.publisher import Publisher
 from relay.daemon.bounds import RunBudget
 from relay.wire import encoding, schema
-from relay.client.publisher import Publisher
 from sinks.events import ENVELOPE, EVENT_TYPES, FIELDS, RELAY_RANK
-from conftest import ROOT, raw_socket, read_jsonl, wait_for
 
 EDGE_INTS = [0, -1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, -(2**63)]
 EDGE_FLOATS = [math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324, -0.0]
@@ -171,6 +171,7 @@ def test_a_message_is_bounded_as_a_whole_not_part_by_part(relays, tmp_path, monk
     ctx.setsockopt(zmq.LINGER, 0)
     part = b"\x00" * (1 << 20)
     rounds = 4 if mode == "open" else 1
+    stats = journal.with_name("j_stats.json")
     try:
         for round_ in range(rounds):  # 400 MiB offered each, against a 192 MiB ceiling
             attacker = raw_socket(ctx, relay.address, SNDHWM=0)
@@ -179,8 +180,8 @@ def test_a_message_is_bounded_as_a_whole_not_part_by_part(relays, tmp_path, monk
             attacker.send(part)
             for i in range(50):
                 pub.publish("metrics", {"i": round_ * 50 + i}, step=round_ * 50 + i)
-            wait_for(lambda: json.loads(journal.with_name("j_stats.json").read_text())["memory_resets"] > round_
-                     if journal.with_name("j_stats.json").exists() else False, 60, "every connection dropped")
+            wait_for(lambda round_=round_: json.loads(stats.read_text())["memory_resets"] > round_
+                     if stats.exists() else False, 60, "every connection dropped")
             attacker.close(0)
         small = raw_socket(ctx, relay.address)
         small.send_multipart([b"two", b"parts"])

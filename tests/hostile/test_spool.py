@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port, read_jsonl
-from trainer_fixtures import DEMO_DATA, demo_model, run_trainer
 
+from conftest import ROOT, free_port, read_jsonl
 from relay.client.publisher import Publisher
 from sinks.events import FIELDS
+from trainer_fixtures import DEMO_DATA, demo_model, run_trainer
 
 __all__ = ["demo_model"]  # a fixture, used by name
 N = 40

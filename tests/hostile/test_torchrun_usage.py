@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port
-from trainer_fixtures import error_lines, run_trainer, torchrun
 
+from conftest import free_port
 from trainer.sft import PEER_ERROR_WAIT
+from trainer_fixtures import error_lines, run_trainer, torchrun
 
 pytestmark = pytest.mark.slow  # real torchrun jobs
 

@@ -16,11 +16,16 @@ for that stream is refused until one of its hellos passes. A writer whose sessio
 journal written before sessions, an old client's hello) lets any session take over, as before.
 Forwarded hellos keep their nonce, so a central relay judges the same way; a consuming relay of
 the fleet tier judges with these rules too, the publishing node relay as the "connection"
-(relay/fleet/sessions.py). No socket, no clock.
+(relay/fleet/sessions.py). No socket, no clock. Kept with the journal, as the dedupe state is,
+because the node relay (relay/daemon/) and the consuming relay (relay/fleet/) both judge by it.
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple
+
+#: Seconds between the log lines that sum up repeated refusals of second writers (the node
+#: relay's, relay/daemon/second_writers.py, and a consuming relay's, relay/fleet/sessions.py).
+REFUSED_REPORT_EVERY = 60.0
 
 Key = tuple[str, int]
 
