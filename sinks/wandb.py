@@ -147,7 +147,7 @@ class WandbSink(TrackerSink):
                 self._data_lost(f"wandb-core is gone ({type(exc).__name__}: {exc})")
             except Exception:
                 for wb in self._wb.values():
-                    wb.step, wb.row = wb.saved_step, None
+                    wb.back_to_saved()
                 raise
             finally:
                 self._system_held.clear()

@@ -97,6 +97,10 @@ class WbRun:
         self.step += 1
         self.logged_step = max(self.logged_step, self.step)
 
+    def back_to_saved(self) -> None:
+        """After a failed write: the row in hand dropped, the next ``_step`` the one last saved."""
+        self.step, self.row = self.saved_step, None
+
     def first_step_after(self, x: int) -> int | None:
         """The first ``_step`` of a row logged past step ``x`` (None: none was)."""
         return min((step for row_x, step in self.rows if row_x > x), default=None)

@@ -1,4 +1,4 @@
-"""Journal lines for the line-checking tests (tests/test_chunk_check.py, tests/test_typed_lines.py):
+"""Journal lines for the line-checking tests (tests/test_chunk_check.py, tests/test_line_rules.py):
 events as the relay writes them, and the ways a line breaks, or only bends, the rules."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The chunk-level check of journal lines (relay.wire.lines.ChunkCheck, which the forward sink and the
 consuming relays read lines with) accepts exactly the lines ``parse_event`` accepts, as the same
-events (in C where it can, relay/wire/typed_lines.py), and reports every other line once; and a consuming relay's partition journals the
-very bytes, and counts the very lines, that a line-by-line reading would, a failed write included."""
+events, and reports every other line once; and a consuming relay's partition journals the very
+bytes, and counts the very lines, that a line-by-line reading would, a failed write included."""
 from __future__ import annotations
 
 import random

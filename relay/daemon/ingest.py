@@ -18,7 +18,6 @@ sends for its stream (relay/daemon/peers.py), ``tell`` tells a refused second wr
 from __future__ import annotations
 
 import logging
-import operator
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -42,8 +41,6 @@ from relay.wire.lines import Derived, check_lines, encode_line, encode_lines, re
 from sinks.events import RELAY_RANK, attempt_of, starts_session
 
 log = logging.getLogger("relay")
-
-_rank = operator.itemgetter("rank")
 
 
 class Ingest:
@@ -87,23 +84,22 @@ class Ingest:
         except schema.FrameError as exc:
             self.reject(exc.reason, exc.detail, frame, peer)
             return
-        events, first_seq, derive = decoded
-        if (events[0]["rank"] if first_seq is not None else max(map(_rank, events))) == RELAY_RANK:
+        if max(rank for _, rank in decoded.streams()) == RELAY_RANK:
             self.reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it derives); "
                                          "no client may publish as it", frame, peer)
             return
         conflict = self.second_writers.judge(peer, decoded, now)
         if conflict is not None:
-            self.second_writers.refuse(conflict, events, frame, peer, now)
+            self.second_writers.refuse(conflict, decoded.events, frame, peer, now)
             return
-        taken = self._owned_elsewhere(peer, events, first_seq, now)
+        taken = self._owned_elsewhere(peer, decoded.streams(), now)
         if taken is not None:
             self.reject("not_owner", f"run {taken[0]} rank {taken[1]} is being sent by another live connection; "
                                      "refused until that one disconnects", frame, peer)
             return
         try:
             self._take_events(peer, decoded, now)
-            self.runs.note_world(events[0]["run"], events[0]["world_size"])
+            self.runs.note_world(decoded.first["run"], decoded.first["world_size"])
         except schema.FrameError as exc:  # its journal lines would be too long (check_lines)
             self.reject(exc.reason, exc.detail, frame, peer)
         except Exception as exc:  # counted and dead-lettered below; one frame never stops ingest
@@ -116,11 +112,9 @@ class Ingest:
         #: each new frame's events for runs' health: steps, and with --metrics-loss rank 0's loss
         self._health_frame = health.take_frame if health is not None else None
 
-    def _owned_elsewhere(self, peer: bytes, events: list[dict[str, Any]], first_seq: int | None,
-                         now: float) -> Key | None:
+    def _owned_elsewhere(self, peer: bytes, streams: Iterable[Key], now: float) -> Key | None:
         """The first stream of the frame that is kept for another connection, if any."""
-        keys = self.runs.keys_of(events, first_seq)
-        return next((key for key in keys if self._kept_from(key, peer, now)), None)
+        return next((key for key in streams if self._kept_from(key, peer, now)), None)
 
     def _kept_from(self, key: Key, peer: bytes, now: float) -> bool:
         """Whether ``key`` is another connection's: its owner's while that is connected (and not
@@ -174,27 +168,30 @@ class Ingest:
 
     def _take_events(self, peer: bytes, decoded: schema.Frame, now: float) -> None:
         counters, commit_step = self.counters, self.commit_step
-        events, first_seq, derive = decoded
+        first_seq, count = decoded.first_seq, len(decoded.records)
         if first_seq is not None:  # one rank's plain events, seqs without a gap: maybe all new
-            run, rank = events[0]["run"], events[0]["rank"]
-            chunk = encode_lines(events, decoded.finite)
+            run, rank = decoded.first["run"], decoded.first["rank"]
+            # a frame of finite floats is journaled from its records; else the lines say "NaN"
+            finite = decoded.finite
+            chunk = encode_lines(decoded.records if finite else decoded.events, finite)
             check_lines(chunk)
             state = self._state(peer, run, rank, now)
             if state is None:
-                self._refuse_runs(peer, [run], events)
+                self._refuse_runs(peer, [run], decoded.events)
                 return
-            counters.events += len(events)
+            counters.events += count
             if (run, rank) not in self.writers.of:
-                self.writers.wrote_without_hello((run, rank), peer, events[0]["host"])
-            if state.take_run(first_seq, len(events)):
-                commit_step.add(run, chunk, len(events))  # (not before _state: making room may commit)
-                if derive:
-                    self._derive(events, now)
+                self.writers.wrote_without_hello((run, rank), peer, decoded.first["host"])
+            if state.take_run(first_seq, count):
+                commit_step.add(run, chunk, count)  # (not before _state: making room may commit)
+                if decoded.derive:
+                    self._derive(decoded.to_derive(), now)
                 if self._health_frame is not None:
-                    self._health_frame(events, rank, now)
+                    self._health_frame(decoded.read_back, rank, now)
                 return
             lines = None
-        else:
+        events = decoded.events
+        if first_seq is None:
             lines = [encode_line(event) for event in events]
             check_lines(lines)
             new = self.runs.new_runs(e["run"] for e in events)

@@ -43,13 +43,6 @@ class Runs:
         #: what the clients of ranks met again had reported dropped, per the journal (ingest counts it)
         self.reported: dict[Key, int] = {}
 
-    @staticmethod
-    def keys_of(events: list[dict[str, Any]], first_seq: int | None) -> Iterable[Key]:
-        """The streams a frame sends for (one, for a compact batch)."""
-        if first_seq is not None:
-            return ((events[0]["run"], events[0]["rank"]),)
-        return {(e["run"], e["rank"]) for e in events}
-
     @property
     def ranks(self) -> dict[Key, RankState]:
         """Each known stream's dedupe state (relay/journal/dedupe.py): its floor, its drop claims."""

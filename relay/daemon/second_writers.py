@@ -51,15 +51,14 @@ class SecondWriters:
     def judge(self, peer: bytes, decoded: schema.Frame, now: float) -> Conflict | None:
         """The first stream of the frame that another session writes: a hello of a new session
         judged, or any frame of a connection already refused the stream."""
-        events, first_seq, _ = decoded
         writers = self.writers
-        if first_seq is not None:  # one stream, and no hello among its events
+        if decoded.first_seq is not None:  # one stream, and no hello among its events
             if not writers.refused:
                 return None
-            return writers.refusal((events[0]["run"], events[0]["rank"]), peer)
-        hellos = {(e["run"], e["rank"]): e for e in events if e["type"] == "hello"}
+            return writers.refusal(decoded.streams().pop(), peer)
+        hellos = {(e["run"], e["rank"]): e for e in decoded.events if e["type"] == "hello"}
         if writers.refused:
-            for key in self.runs.keys_of(events, None):
+            for key in decoded.streams():
                 standing = None if key in hellos else writers.refusal(key, peer)
                 if standing is not None:
                     return standing

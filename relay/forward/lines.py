@@ -3,7 +3,7 @@ sent, (envelope, compact prefix, row), grouped by envelope. No sockets, no windo
 relay/forward/sender.py holds what this gives.
 
 Which lines are events is ``relay.wire.lines.ChunkCheck``'s answer (each line decoded and checked
-in C, relay/wire/typed_lines.py), the consuming relays' own. A line that is not an event is reported
+in C by the wire's types), the consuming relays' own. A line that is not an event is reported
 and never sent: one such line in a batch would make the central refuse the whole batch. Non-finite
 metrics ("NaN" strings in the journal) are sent as the floats the rank sent (``from_json_metrics``),
 so the central's own consumers see numbers and its journal writes the node's very line.

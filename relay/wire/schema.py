@@ -5,25 +5,26 @@ model's, sinks/events.py; this module imports it and re-exports nothing.
 
 One module owns the rules so the client, the daemon, replay and every test agree on them.
 See docs/protocol.md for the field table and the limits. The rules are one table, ``KINDS``: what
-a valid value of each kind is. Every check is derived from it (relay/wire/rules.py): the event
-check of the hot path, the column-by-column fast path for compact batches, the row checks and the
-message that names what is wrong, so they agree rule for rule (tests/test_compact_frames.py holds
-them together) and a new field of the model needs no edit here.
+a valid value of each kind is. relay/wire/rules.py makes the one validation engine from it: msgspec
+types that decide whether a frame (or a journal line, relay/wire/lines.py) is valid as they decode
+it, and one plain-Python explainer that says why the types refused one; a new field of the model
+needs no edit here.
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from itertools import chain
+from collections.abc import Sequence
+from itertools import starmap
 from operator import attrgetter, itemgetter
-from typing import Any, NamedTuple
+from typing import Annotated, Any, overload
 
 import msgpack
 import msgspec
+from msgspec import Meta
+from msgspec.structs import asdict
 
-from relay.wire.rules import Field, Rule, Rules, fields_of, remembering
-from relay.wire.typed_rules import rows_of, typed
-from sinks.events import ENVELOPE_KINDS, EVENT_TYPES, ROW_KINDS
+from relay.wire.rules import Repeated, Rule, explain, fields_of, pairs_hook, typed
+from sinks.events import ENVELOPE, ENVELOPE_KINDS, EVENT_TYPES, ROW_FIELDS, ROW_KINDS
 
 SCHEMA_VERSION = 1
 
@@ -64,36 +65,138 @@ def valid_run_id(run: str) -> bool:
     return isinstance(run, str) and RUN_ID_RE.match(run) is not None
 
 
-class Frame(NamedTuple):
-    """A decoded, valid frame.
+#: The rule table: what a valid value of each kind of field (sinks/events.py) is. The types that
+#: decide and the explainer are both made from it (relay/wire/rules.py); docs/protocol.md's field
+#: table says the same.
+KINDS: dict[str, Rule] = {
+    "version": Rule((int,), f"schema version {SCHEMA_VERSION} (this relay's)", SCHEMA_VERSION,
+                    SCHEMA_VERSION, reason="bad_version"),
+    "run_id": Rule((str,), f"a run id matching {RUN_ID_RE.pattern}",
+                   pattern=f"^{RUN_ID_RE.pattern}", reason="bad_run"),
+    "rank": Rule((int,), f"an int in [0, {MAX_RANK})", 0, MAX_RANK - 1),
+    "world_size": Rule((int,), f"an int in [1, {MAX_RANK})", 1, MAX_RANK - 1),
+    "name": Rule((str,), f"a string of at most {MAX_NAME_LEN} chars", max_len=MAX_NAME_LEN),
+    "count": Rule((int,), f"an int in [0, {MAX_SEQ}]", 0, MAX_SEQ, over="bad_value"),
+    "unix_time": Rule((int, float), f"unix seconds (a number) in [0, {MAX_TS:.0f}]", 0, MAX_TS,
+                      under="bad_value", over="bad_value"),
+    "event_type": Rule((str,), f"one of {sorted(EVENT_TYPES)}", among=EVENT_TYPES,
+                       reason="bad_event_type"),
+    "epoch": Rule((int, float), f"a finite number within +-{MAX_EPOCH:g}", -MAX_EPOCH, MAX_EPOCH,
+                  under="bad_value", over="bad_value"),
+    "map": Rule((dict,), "a map", max_len=MAX_NAME_LEN, depth=MAX_DEPTH),
+}
+#: Every field of an event with its rule, in the model's order (the envelope, then the row).
+EVENT_FIELDS = fields_of({**ENVELOPE_KINDS, **ROW_KINDS}, KINDS)
+_ENVELOPE_FIELDS, _ROW_FIELDS = EVENT_FIELDS[:len(ENVELOPE)], EVENT_FIELDS[len(ENVELOPE):]
+
+
+def event_struct(name: str, defaults: dict[str, Any] | None = None, patterns: bool = True) -> Any:
+    """An event as a msgspec type: its fields in order, each of its rule's type; ``defaults``: the
+    fields a reader may leave out (keyword only, then), with their values; ``patterns``: see
+    relay/wire/rules.py ``typed``."""
+    defaults = defaults or {}
+    fields = [(f.name, typed(f, patterns=patterns), *([defaults[f.name]] if f.name in defaults else
+                                                       [])) for f in EVENT_FIELDS]
+    return msgspec.defstruct(name, fields, kw_only=bool(defaults), forbid_unknown_fields=True,
+                             gc=False, module=__name__)
+
+
+def _batch_struct(name: str, finite: bool) -> Any:
+    """A compact batch as a msgspec type: the envelope's fields, then ``events``, its rows (at least
+    one), each a tuple of the row's fields."""
+    row = tuple.__class_getitem__(tuple(typed(f, finite) for f in _ROW_FIELDS))
+    rows: Any = Annotated[list.__class_getitem__(row), Meta(min_length=1)]
+    fields = [(f.name, typed(f, finite)) for f in _ENVELOPE_FIELDS] + [("events", rows)]
+    return msgspec.defstruct(name, fields, forbid_unknown_fields=True, gc=False, module=__name__)
+
+
+#: One event of a frame, decided: what a map frame decodes to, what a compact batch's rows become.
+Event = event_struct("Event")
+#: The deciders of a frame, in the order they are tried: a compact batch of finite floats (its
+#: journal lines then need no look for a NaN, which JSON cannot say), any compact batch, then a map
+#: or an array of maps. What none takes, ``explain_frame`` says why.
+_BATCHES = [(msgspec.msgpack.Decoder(_batch_struct("FiniteBatch", True)).decode, True),
+            (msgspec.msgpack.Decoder(_batch_struct("Batch", False)).decode, False)]
+_MAPS: Any = Event | Annotated[list[Event], Meta(min_length=1)]  # type: ignore[valid-type]
+_decode_maps = msgspec.msgpack.Decoder(_MAPS).decode
+_envelope_of = attrgetter(*ENVELOPE)
+_stream_of = attrgetter("run", "rank")
+_SEQ, _TYPE, _STAGE = map(itemgetter, map(ROW_FIELDS.index, ("seq", "type", "stage")))
+_SPECIAL_TYPES = frozenset({"hello", "stats"})  # events the relay acts on one by one
+_COMPACT_KEYS = frozenset((*ENVELOPE, "events"))  # a compact batch: the envelope once, then rows
+
+
+class Frame:
+    """A decoded, valid frame: its events as the types took them (``records``, msgspec structs),
+    and as dicts in field order (``events``, made on first use: the relay journals a compact batch
+    from its records, and needs dicts only to derive from events or watch a run's health).
 
     ``first_seq`` is set when the frame is a compact batch of one rank whose seqs run on without a
     gap from it and that holds no hello or stats event: the relay can then take it whole, with one
     comparison against the rank's dedupe floor instead of one per event. ``derive`` is set on that
-    same column path when an event has stage ``rank`` (a rank's own figures, from which the relay
-    derives cross-rank events) or is a ``lifecycle`` event (a ``train_end`` ends the run for that
-    derivation), so the relay need not look at each event to know.
+    same path when an event has stage ``rank`` (a rank's own figures, from which the relay derives
+    cross-rank events) or is a ``lifecycle`` event (a ``train_end`` ends the run for that
+    derivation), so the relay need not look at each event to know. ``finite``: every float in the
+    events is known to be finite (their journal lines then need no look for a NaN or an infinity).
     """
 
-    events: list[dict[str, Any]]
-    first_seq: int | None = None
-    derive: bool = False
+    __slots__ = ("records", "first_seq", "derive", "finite", "_events", "_first")
+
+    def __init__(self, records: list[Any], first_seq: int | None = None, derive: bool = False,
+                 finite: bool = False) -> None:
+        self.records, self.first_seq, self.derive, self.finite = records, first_seq, derive, finite
+        self._events: list[dict[str, Any]] | None = None
+        self._first: dict[str, Any] | None = None
 
     @property
-    def finite(self) -> bool:
-        """Whether every float in the events is known to be finite (their journal lines then need no
-        look for a NaN or an infinity, which JSON cannot say)."""
-        return False
-
-
-class TypedFrame(Frame):
-    """A Frame the typed path decoded (``_typed_batch``): its types take finite floats only."""
-
-    __slots__ = ()
+    def events(self) -> list[dict[str, Any]]:
+        if self._events is None:
+            self._events = list(map(asdict, self.records))
+        return self._events
 
     @property
-    def finite(self) -> bool:
-        return True
+    def first(self) -> dict[str, Any]:
+        """The first event, as a dict (without making the others)."""
+        if self._first is None:
+            self._first = self._events[0] if self._events is not None else asdict(self.records[0])
+        return self._first
+
+    @property
+    def read_back(self) -> Sequence[dict[str, Any]]:
+        """The events as a sequence that makes each dict as it is read: for a reader of a few (a
+        run's health reads the last ones)."""
+        return self._events if self._events is not None else _Read(self.records)
+
+    def to_derive(self) -> list[dict[str, Any]]:
+        """The events ``derive`` is about (stage ``rank``, or a lifecycle event), as dicts, in order."""
+        return [asdict(r) for r in self.records if r.stage == "rank" or r.type == "lifecycle"]
+
+    def streams(self) -> set[tuple[str, int]]:
+        """The (run, rank) streams the frame sends for (one, on the ``first_seq`` path)."""
+        if self.first_seq is not None:
+            return {_stream_of(self.records[0])}
+        return set(map(_stream_of, self.records))
+
+
+class _Read(Sequence[dict[str, Any]]):
+    """Frame.read_back of records not made into dicts yet."""
+
+    def __init__(self, records: list[Any]) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return list(map(asdict, self.records[index]))
+        return asdict(self.records[index])
 
 
 def decode_frame(frame: bytes) -> list[dict[str, Any]]:
@@ -106,191 +209,103 @@ def decode_frame(frame: bytes) -> list[dict[str, Any]]:
 
 
 def decode(frame: bytes) -> Frame:
-    """decode_frame, also saying whether the frame is one gapless run of plain events (see Frame)."""
+    """decode_frame, as a Frame: the types decide (in C, as msgspec decodes); a frame they refuse,
+    ``explain_frame`` says why."""
     if len(frame) > MAX_FRAME_BYTES:
         raise FrameError("oversize", f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
-    typed_batch = _typed_batch(frame)
-    if typed_batch is not None:
-        return typed_batch
+    for decode_batch, finite in _BATCHES:
+        try:
+            return _compact(decode_batch(frame), finite)
+        except msgspec.DecodeError:  # (a ValidationError too)
+            continue
     try:
-        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
-    except UnicodeDecodeError as exc:
-        raise FrameError("bad_utf8", str(exc)) from None
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as exc:
-        raise FrameError("undecodable", f"{type(exc).__name__}: {exc}") from None
-    if type(obj) is dict:
-        if "events" in obj:
-            return _expand(obj)  # validated as it is expanded
-        events = [obj]
-    elif type(obj) is list:
-        events = obj
-        if not events:
-            raise FrameError("empty", "frame holds an empty batch")
-    else:
-        raise FrameError("not_event", f"frame decodes to {type(obj).__name__}, not a map or array of maps")
-    for event in events:
-        validate_event(event)
-    return Frame(events)
+        decoded = _decode_maps(frame)
+    except msgspec.DecodeError as exc:
+        raise _refusal(frame, exc) from None
+    return Frame(decoded if type(decoded) is list else [decoded])
 
 
-def _expand(frame: dict[str, Any]) -> Frame:
-    """A compact batch as the events it stands for, checked by validate_event's rules: the envelope
-    once, then the rows column by column (RULES.columns); only a batch that fails that is checked
-    row by row, to find and name what is wrong."""
-    if frame.keys() != _COMPACT_KEYS:
-        missing = _COMPACT_KEYS.difference(frame)
-        if missing:
-            raise FrameError("missing_field", f"compact batch missing {sorted(missing)}")
-        raise FrameError("unknown_field", f"compact batch has unknown {sorted(map(str, set(frame) - _COMPACT_KEYS))}")
-    rows = frame["events"]
-    if type(rows) is not list:
-        raise FrameError("bad_type", f"compact batch events must be an array, got {type(rows).__name__}")
-    if not rows:
-        raise FrameError("empty", "compact batch holds no events")
-    envelope = RULES.get_envelope(frame)
-    checked = _columns_ok(rows)
-    if checked is None:
-        return Frame(_expand_checked(rows, envelope))
-    first_seq, derive = checked
-    events = RULES.events_of_rows(rows, *envelope)
-    validate_event(events[0])  # the envelope, which every row shares
-    return Frame(events, first_seq if first_seq >= 0 else None, derive)
-
-
-def _columns_ok(rows: list[Any]) -> tuple[int, bool] | None:
-    """A compact batch's rows checked by column (RULES.columns): None if any rule fails (the caller
-    then finds out which, row by row), else ``_taken_whole``'s two answers."""
-    columns = RULES.columns(rows)
-    if columns is None:
-        return None
-    return _taken_whole(list(columns[_SEQ]), columns[_TYPE], columns[_STAGE])
-
-
-def _taken_whole(seqs: list[int], types: Any, stages: Any) -> tuple[int, bool]:
-    """Of a valid compact batch's columns: the first seq if the seqs run on without a gap and no row
-    is a hello or stats event (else -1), and whether a row has stage ``rank`` or type ``lifecycle``."""
-    first = seqs[0]
-    if not (_SPECIAL_TYPES.isdisjoint(types) and seqs == list(range(first, first + len(seqs)))):
-        first = -1
-    return first, "rank" in stages or "lifecycle" in types
-
-
-def _typed_batch(frame: bytes) -> TypedFrame | None:
-    """A compact batch of flat data decoded and checked in C (``TypedBatch``: the rules as msgspec
-    types, relay/wire/typed_rules.py), the run id's pattern once per run; None for any other frame,
-    or one the types refuse, which is not necessarily wrong (nested data): the rules then judge it."""
-    try:
-        batch = _decode_typed(frame)
-    except msgspec.DecodeError:  # (a ValidationError too)
-        return None
+def _compact(batch: Any, finite: bool) -> Frame:
+    """A compact batch the types took, as its events, with its first seq and derive (see Frame)."""
     rows = batch.events
+    records = list(starmap(Event, map(_envelope_of(batch).__add__, rows)))
+    seqs, types = list(map(_SEQ, rows)), set(map(_TYPE, rows))
+    first = seqs[0]
+    whole = _SPECIAL_TYPES.isdisjoint(types) and seqs == list(range(first, first + len(seqs)))
+    derive = "lifecycle" in types or "rank" in set(map(_STAGE, rows))
+    return Frame(records, first if whole else None, derive, finite)
+
+
+def validate_event(event: Any) -> None:
+    """Check one decoded event (a dict) against the schema; raise FrameError naming what is
+    wrong."""
+    try:
+        msgspec.convert(event, Event)
+    except msgspec.ValidationError as exc:
+        raise explain_event(event) or FrameError("invalid", str(exc)) from None
+
+
+def explain_event(event: Any) -> FrameError | None:
+    """What is wrong with one decoded event, by relay/wire/rules.py ``explain``, or None."""
+    wrong = explain(EVENT_FIELDS, event)
+    return None if wrong is None else FrameError(*wrong)
+
+
+def _refusal(frame: bytes, refused: msgspec.DecodeError) -> FrameError:
+    """Why the types refused ``frame`` (``explain_frame_bytes``; finding nothing would be a
+    disagreement of the two, the fuzzer's to find)."""
+    return explain_frame_bytes(frame) or FrameError("invalid", f"refused by the types alone: "
+                                                               f"{refused}")
+
+
+def explain_frame_bytes(frame: bytes) -> FrameError | None:
+    """What the rules find wrong with a frame (size aside), decoded as plain objects with every
+    value of a key it repeats (msgspec checks each), or None: then the types take it too."""
+    try:
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True,
+                              object_pairs_hook=pairs_hook)
+    except UnicodeDecodeError as exc:
+        return FrameError("bad_utf8", str(exc))
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
+            TypeError) as exc:
+        return FrameError("undecodable", f"{type(exc).__name__}: {exc}")
+    return explain_frame(obj)
+
+
+def explain_frame(obj: Any) -> FrameError | None:
+    """What is wrong with a decoded frame (a map, an array of maps, a compact batch), or None."""
+    if type(obj) is list:
+        if not obj:
+            return FrameError("empty", "frame holds an empty batch")
+        return next(filter(None, map(explain_event, obj)), None)
+    if not isinstance(obj, dict):
+        return FrameError("not_event", f"frame decodes to {type(obj).__name__}, not a map or "
+                                       "array of maps")
+    if "events" not in obj:
+        return explain_event(obj)
+    if type(obj) is Repeated:  # each value of a repeated key, as msgspec checks each
+        variants = ({**obj, key: value} for key, value in obj.pairs)
+        return next(filter(None, map(explain_frame, variants)), None)
+    if obj.keys() != _COMPACT_KEYS:
+        missing = _COMPACT_KEYS.difference(obj)
+        if missing:
+            return FrameError("missing_field", f"compact batch missing {sorted(missing)}")
+        unknown = sorted(map(str, set(obj) - _COMPACT_KEYS))
+        return FrameError("unknown_field", f"compact batch has unknown {unknown}")
+    rows = obj["events"]
+    if type(rows) is not list:
+        return FrameError("bad_type", f"compact batch events must be an array, got "
+                                      f"{type(rows).__name__}")
     if not rows:
-        return None
-    for value_of, passed, accept in _TYPED_ACCEPT:
-        values = value_of(batch)
-        if not values <= passed and not all(map(accept, values)):
-            return None
-    first, derive = _taken_whole(list(map(_ROW_SEQ, rows)), set(map(_ROW_TYPE, rows)), set(map(_ROW_STAGE, rows)))
-    return TypedFrame(RULES.events_of_rows(rows, *_typed_envelope(batch)), first if first >= 0 else None, derive)
-
-
-def rows_pass(rows: list[list[Any]]) -> bool:
-    """Whether compact rows (lists of ROW_FIELDS' values, none nested in data) pass validate_event's
-    rules, checked a column at a time as a relay checks a compact batch. False says only that one
-    may not: check those one by one (relay/forward/lines.py does)."""
-    return not rows or RULES.columns(rows) is not None
-
-
-_SCALARS = frozenset({float, int, str, bool, type(None)})
-
-
-def _flat_data(datas: list[dict]) -> bool:
-    """_check_map over a column of data maps that holds no nested value (a nested one: False, for
-    the row checks)."""
-    # the keys as a set first: rows of one rank mostly repeat the same few keys
-    return (all(type(key) is str and len(key) <= MAX_NAME_LEN for key in set(chain.from_iterable(datas)))
-            and _SCALARS.issuperset(map(type, chain.from_iterable(map(dict.values, datas)))))
-
-
-def _check_map(obj: dict, depth: int = 1) -> None:
-    """An event's data (a map at ``depth``): string keys of at most MAX_NAME_LEN, scalar values or
-    lists and maps of them, nested at most MAX_DEPTH deep."""
-    if depth > MAX_DEPTH:
-        raise FrameError("too_deep", f"data nested deeper than {MAX_DEPTH} levels")
-    for key, val in obj.items():
-        if type(key) is not str:
-            raise FrameError("bad_type", f"data key {key!r} is not a string")
-        if len(key) > MAX_NAME_LEN:
-            raise FrameError("name_too_long", f"data key of {len(key)} chars exceeds {MAX_NAME_LEN}")
-        if type(val) not in _SCALARS:  # the common flat-metrics case costs one set lookup
-            _check_value(val, depth)
-
-
-def _check_value(val: Any, depth: int) -> None:
-    kind = type(val)
-    if kind in _SCALARS:
-        return
-    if kind is dict:
-        _check_map(val, depth + 1)
-    elif kind is list:
-        if depth + 1 > MAX_DEPTH:
-            raise FrameError("too_deep", f"data nested deeper than {MAX_DEPTH} levels")
-        for item in val:
-            _check_value(item, depth + 1)
-    else:
-        raise FrameError("bad_type", f"data value of type {kind.__name__} is not allowed")
-
-
-#: The rule table: what a valid value of each kind of field (sinks/events.py) is. Every check of an
-#: event is derived from it (relay/wire/rules.py); docs/protocol.md's field table says the same.
-KINDS: dict[str, Rule] = {
-    "version": Rule((int,), f"schema version {SCHEMA_VERSION} (this relay's)", SCHEMA_VERSION, SCHEMA_VERSION,
-                    reason="bad_version"),
-    "run_id": Rule((str,), f"a run id matching {RUN_ID_RE.pattern}", accept=lambda run: RUN_ID_RE.match(run) is not None,
-                   reason="bad_run"),
-    "rank": Rule((int,), f"an int in [0, {MAX_RANK})", 0, MAX_RANK - 1),
-    "world_size": Rule((int,), f"an int in [1, {MAX_RANK})", 1, MAX_RANK - 1),
-    "name": Rule((str,), f"a string of at most {MAX_NAME_LEN} chars", max_len=MAX_NAME_LEN),
-    "count": Rule((int,), f"an int in [0, {MAX_SEQ}]", 0, MAX_SEQ, over="bad_value"),
-    "unix_time": Rule((int, float), f"unix seconds (a number) in [0, {MAX_TS:.0f}]", 0, MAX_TS, under="bad_value",
-                      over="bad_value"),
-    "event_type": Rule((str,), f"one of {sorted(EVENT_TYPES)}", among=EVENT_TYPES, reason="bad_event_type"),
-    "epoch": Rule((int, float), f"a finite number within +-{MAX_EPOCH:g}", -MAX_EPOCH, MAX_EPOCH, under="bad_value",
-                  over="bad_value"),
-    "map": Rule((dict,), "a map", deep=_check_map, column=_flat_data),
-}
-RULES = Rules(ENVELOPE_KINDS, ROW_KINDS, KINDS, FrameError)
-validate_event = RULES.validate_event
-_expand_checked = RULES.row_checks
-_COMPACT_KEYS = frozenset(RULES.envelope + ("events",))  # a compact batch: the envelope once, then rows
-_SEQ, _TYPE, _STAGE = map(RULES.row.index, ("seq", "type", "stage"))
-_SPECIAL_TYPES = frozenset({"hello", "stats"})  # events the relay acts on one by one
-
-_ENVELOPE_FIELDS = fields_of(ENVELOPE_KINDS, KINDS)
-_ROW_RULES = fields_of(ROW_KINDS, KINDS)
-#: A compact batch as msgspec types: the envelope's fields, then its rows as tuples of the row's.
-TypedBatch = msgspec.defstruct(
-    "TypedBatch", [(f.name, typed(f, MAX_NAME_LEN)) for f in _ENVELOPE_FIELDS]
-    + [("events", rows_of(_ROW_RULES, MAX_NAME_LEN))],
-    forbid_unknown_fields=True, gc=False, module=__name__)
-_decode_typed: Callable[[bytes], Any] = msgspec.msgpack.Decoder(TypedBatch).decode
-_typed_envelope = attrgetter(*RULES.envelope)
-_ROW_SEQ, _ROW_TYPE, _ROW_STAGE = itemgetter(_SEQ), itemgetter(_TYPE), itemgetter(_STAGE)
-
-
-def _values_of(field: Field) -> Callable[[Any], set[Any]]:
-    """A typed batch's values of ``field`` (nil left out): the envelope's one, or a row field's column."""
-    nil = {None} if field.nullable else set()
-    if field.name in RULES.envelope:
-        one = attrgetter(field.name)
-        return lambda batch: {one(batch)} - nil
-    column = itemgetter(RULES.row.index(field.name))
-    return lambda batch: set(map(column, batch.events)) - nil
-
-
-#: The rules' ``accept`` tests, which the types leave out: (the field's values, those passed, the test).
-_TYPED_ACCEPT = [(_values_of(f), *remembering(f.rule.accept)) for f in _ENVELOPE_FIELDS + _ROW_RULES
-                 if f.rule.accept is not None]
+        return FrameError("empty", "compact batch holds no events")
+    envelope = {name: obj[name] for name in ENVELOPE}
+    for row in rows:
+        if type(row) is not list or len(row) != len(ROW_FIELDS):
+            return FrameError("bad_type", f"compact event must be [{', '.join(ROW_FIELDS)}]")
+        wrong = explain_event({**envelope, **dict(zip(ROW_FIELDS, row, strict=True))})
+        if wrong is not None:
+            return wrong
+    return None
 
 
 def decode_refused(frame: bytes) -> list[tuple[str, int, str]]:

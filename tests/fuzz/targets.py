@@ -28,7 +28,7 @@ from relay.journal.journal import Journal, JournalError
 from relay.journal.reader import journal_files, read_events
 from relay.sinkhost.replay import replay_files
 from relay.wire import encoding, schema
-from relay.wire.lines import check_lines, encode_lines
+from relay.wire.lines import check_lines, decode_lines, encode_lines, explain_line
 from sinks.events import FIELDS, from_journal
 
 from . import strategies
@@ -66,13 +66,21 @@ def fd_budget(extra: int = FD_BUDGET) -> Iterator[None]:
 
 
 def check_decode(frame: bytes) -> None:
-    """A frame is rejected with FrameError or accepted; every accepted event must pass the slow
-    validator too, journal as one JSON line that reads back as the same valid event and prints
-    with ``relay tail``, and be acknowledgeable (the relay acks seq + 1)."""
+    """A frame is rejected with FrameError or accepted, the same verdict as the explainer's
+    (``explain_frame_bytes``: the types decide, the explainer says why; they must agree); every
+    accepted event must pass ``validate_event`` too, journal as one JSON line that reads back as
+    the same valid event and prints with ``relay tail``, and be acknowledgeable (the relay acks
+    seq + 1)."""
+    explained = schema.explain_frame_bytes(frame) if len(frame) <= schema.MAX_FRAME_BYTES else None
     try:
         decoded = schema.decode(frame)
-    except schema.FrameError:
+    except schema.FrameError as exc:
+        if exc.reason != "oversize" and explained is None:
+            said = f"the types refused a frame the explainer takes: {exc}"
+            raise Violation("verdicts", said) from None
         return
+    if explained is not None:
+        raise Violation("verdicts", f"the types took a frame the explainer refuses: {explained}")
     events = decoded.events
     for event in events:
         try:
@@ -268,6 +276,7 @@ def check_journal(journal_bytes: bytes) -> None:
         source = root / "in" / "run-a.jsonl"
         source.parent.mkdir()
         source.write_bytes(journal_bytes)
+        _check_line_verdicts(journal_bytes)
         events = list(read_events(source, []))
         kept = {(e["run"], e["rank"], e["seq"]) for e in read_events(source, whole_lines=True)}
         with contextlib.redirect_stdout(io.StringIO()):
@@ -298,6 +307,17 @@ def check_journal(journal_bytes: bytes) -> None:
         if source.read_bytes() != journal_bytes[:journal_bytes.rfind(b"\n") + 1]:
             raise Violation("recovery_cut", f"recovery left {source.stat().st_size} of {len(journal_bytes)} bytes, "
                                             f"not those up to the last newline")
+
+
+def _check_line_verdicts(journal_bytes: bytes) -> None:
+    """Each line gets one verdict: the types' (decode_lines, what readers apply) and the
+    explainer's."""
+    lines = journal_bytes.split(b"\n")
+    for line, item in zip(lines, decode_lines(lines), strict=True):
+        why = explain_line(line)
+        if (item is None) != (why is not None):
+            said = f"the types {'refused' if item is None else 'took'} it, the explainer: {why}"
+            raise Violation("line_verdicts", f"{said}: {line!r:.200}")
 
 
 def _replay(source: Path, out: Path, events: list[dict[str, Any]]) -> None:

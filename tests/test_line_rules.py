@@ -1,7 +1,8 @@
-"""The typed decoding of journal lines (relay.wire.typed_lines, msgspec in C), the fast path of every
-line the consuming relays and the forward sink read, never takes a line ``parse_event`` refuses, and
-takes each line it does as the same values of the same types (5 and 5.0 differ: the forward sink
-sends them on); and it takes every plain line the relay writes, or it would be no fast path."""
+"""Journal lines are judged by the wire's one engine (relay/wire/lines.py): msgspec types decide
+(``decode_lines``, what every reader of lines applies), the explainer says why (``explain_line``).
+On lines bent every way they give the same verdict; a line taken is the values it holds, of the same
+types (5 and 5.0 differ: the forward sink sends them on); and every plain line the relay writes is
+taken."""
 from __future__ import annotations
 
 import random
@@ -12,8 +13,7 @@ import orjson
 
 from conftest import ROOT
 from line_helpers import BREAKS, JUNK, event
-from relay.wire import typed_lines
-from relay.wire.lines import encode_line, parse_event
+from relay.wire.lines import decode_lines, encode_line, envelope_of, explain_line, parse_event, parse_line, row_of
 from sinks.events import FIELDS
 from test_event_model import NEW_FIELD
 
@@ -76,22 +76,25 @@ def _same(a: object, b: object) -> bool:
     return a == b or (a != a and b != b)
 
 
-def test_what_the_typed_decoding_takes_parse_event_takes_as_the_same_values() -> None:
+def test_the_types_and_the_explainer_agree_on_every_line() -> None:
     rng = random.Random(2027)
-    taken = refused_both = left = 0
+    outcomes = {"taken": 0, "refused": 0, "not an object": 0}
     for _ in range(300):
         lines = [_line(rng, seq) for seq in range(rng.randrange(1, 40))]
-        for line, item in zip(lines, typed_lines.decode(lines), strict=True):
-            reference = parse_event(line)
+        for line, item in zip(lines, decode_lines(lines), strict=True):
+            why = explain_line(line)
+            assert (item is None) == (why is not None), (line, why)
+            event = parse_event(line)
+            assert (event is None) == (item is None)  # one verdict, line by line or in a chunk
             if item is None:
-                refused_both += reference is None
-                left += reference is not None  # parse_event's to take: nested data, a bent number ...
+                outcomes["refused" if parse_line(line) is not None else "not an object"] += 1
                 continue
-            taken += 1
-            assert reference is not None, line
-            assert all(_same(getattr(item, k), reference[k]) for k in FIELDS), (line, item, reference)
-            assert typed_lines.envelope_of(item) + typed_lines.row_of(item) == tuple(reference[k] for k in FIELDS)
-    assert taken > 1500 and refused_both > 2000 and left > 100  # every path of the comparison walked
+            outcomes["taken"] += 1
+            written = parse_line(line)
+            assert written is not None
+            assert all(_same(getattr(item, k), written[k]) for k in written), (line, item, written)
+            assert envelope_of(item) + row_of(item) == tuple(event[k] for k in FIELDS)
+    assert min(outcomes.values()) > 100 and outcomes["taken"] > 1500, outcomes
 
 
 def test_every_plain_line_the_relay_writes_is_taken() -> None:
@@ -103,19 +106,22 @@ def test_every_plain_line_the_relay_writes_is_taken() -> None:
         e["epoch"] = rng.choice([None, 1, 0.25])
         e["type"] = rng.choice(["metrics", "params", "lifecycle", "stats", "hello"])
         lines.append(orjson.dumps(e))
-    assert None not in typed_lines.decode(lines)
+    assert None not in decode_lines(lines)
 
 
-#: The event model's one-edit new field (tests/test_event_model.py), then what the typed decoding makes of it.
+#: The event model's one-edit new field (tests/test_event_model.py), then what the line types
+#: make of it.
 TYPED_NEW_FIELD = NEW_FIELD.split("print(model.FIELDS)")[0] + """
-from relay.wire import typed_lines
+from relay.wire import lines
 line = b'{"v":1,"run":"r-1","rank":0,"seq":0,"ts":1.5,"type":"metrics","data":{},"tokens":%s}'
-print([item.tokens if item else "refused" for item in typed_lines.decode([line % b"4", line % b"null", line % b"-1", line % b"1.5"])])
+given = [line % value for value in (b"4", b"null", b"-1", b"1.5")]
+print([item.tokens if item else lines.explain_line(one).split(":")[0]
+       for one, item in zip(given, lines.decode_lines(given))])
 """
 
 
-def test_a_new_field_of_the_model_is_typed_with_no_edit_here() -> None:
+def test_a_new_field_of_the_model_is_judged_with_no_edit_here() -> None:
     proc = subprocess.run([sys.executable, "-c", TYPED_NEW_FIELD], capture_output=True, text=True, timeout=120,
                           cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["[4, None, 'refused', 'refused']"]  # parse_event judges those two
+    assert proc.stdout.splitlines() == ["[4, None, 'bad_type', 'bad_type']"]
