@@ -219,7 +219,6 @@ class NodeClaim:
             await asyncio.sleep(0.1)
 
     async def hold(self, js: Any) -> None:
-        from nats.errors import Error as NatsError
         kv = None
         while True:
             try:
@@ -227,7 +226,7 @@ class NodeClaim:
                     kv = await bucket(js, self.stream, self.replicas, create=True)
                     self.ttl = await _ttl(kv) or NODE_TTL
                 await self._renew(kv)
-            except (TimeoutError, NatsError, OSError) as exc:
+            except connection.failures() as exc:
                 log.debug("node %s: claim not renewed now: %s", self.node, connection.describe(exc))
             await asyncio.sleep(self.ttl / 5)
 
