@@ -4,12 +4,15 @@ publishes reaches the journal once, in the parent's stream; what it cannot hand 
 the parent's ``dropped`` and reported; nothing waits in a queue nobody sends."""
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 from pathlib import Path
 
+import pytest
+
 from conftest import read_jsonl
-from relay.client.fork import RECORD_MAX
+from relay.client.fork import RECORD_MAX, ForkPipe
 from relay.client.publisher import Publisher
 
 PARENT = "parent"
@@ -97,3 +100,26 @@ def test_a_dataloaders_workers_can_track_metrics(relays, tmp_path: Path) -> None
     assert sorted(d["item"] for d in data) == list(range(40))
     assert len({d["worker_pid"] for d in data} - {os.getpid()}) == 2, "both workers, neither the parent"
     assert _final(lines)["dropped"] == 0
+
+
+class _Stray:
+    """A tensor-like value whose ``tolist()`` fails (a CUDA tensor whose device is gone)."""
+
+    def tolist(self) -> list[float]:
+        raise RuntimeError("device gone")
+
+
+def test_an_event_a_child_cannot_encode_is_counted_and_said(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A child's event that cannot be encoded never raises into its caller: the parent learns the
+    drop through the pipe, and the child's log says why, with the traceback."""
+    pipe = ForkPipe()
+    try:
+        with caplog.at_level(logging.WARNING, logger="relay.client.fork"):
+            pipe.send((0.0, "metrics", 1, None, None, {"loss": _Stray()}))
+            pipe.send((0.0, "metrics", 2, None, None, {"loss": 1.0}))
+        events, dropped = pipe.receive()
+    finally:
+        pipe.close()
+    assert dropped == 1 and [event[2] for event in events] == [2]
+    assert "cannot encode (1 so far)" in caplog.text and "RuntimeError: device gone" in caplog.text

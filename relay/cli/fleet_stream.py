@@ -20,7 +20,7 @@ import click
 
 from relay.cli.tail import Tail
 from relay.fleet.central import CentralJournal
-from relay.fleet.connection import NatsSettings, connect, describe
+from relay.fleet.connection import NatsSettings, connect, describe, failures
 from relay.fleet.loop_thread import LoopThread
 from relay.fleet.stream import run_token
 from relay.journal.fleet_views import Key, in_order, key_of, unseen
@@ -51,7 +51,7 @@ class StreamRead:
         from nats.js.errors import NotFoundError
         try:
             self.nc = await connect(self.settings, retry_forever=False, timeout=ASK_S)
-        except Exception as exc:  # nats-py's errors and timeouts: said in one line
+        except failures() as exc:  # said in one line
             raise click.ClickException(f"NATS {self.settings.display} did not answer: "
                                        f"{describe(exc)}") from None
         js = self.nc.jetstream(timeout=ASK_S)
@@ -74,7 +74,7 @@ class StreamRead:
                 self.after = seq
                 lines += [line for line in body.splitlines(keepends=True)
                           if (key := key_of(line)) is not None and key[0] == self.run]
-        except Exception as exc:  # nats-py's errors and timeouts: said in one line
+        except failures() as exc:  # said in one line
             raise click.ClickException(f"the central journal {self.central.name} did not answer: "
                                        f"{describe(exc)}") from None
         return lines
@@ -88,8 +88,7 @@ class StreamRead:
         if nc is not None:
             try:
                 self.loop.run(nc.close(), ASK_S)
-            # closing a viewer's connection: nothing to keep
-            except Exception as exc:  # noqa: BLE001
+            except failures() as exc:  # closing a viewer's connection: nothing to keep
                 click.echo(f"relay tail: closing the NATS connection: {describe(exc)}", err=True)
         self.loop.stop()
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -15,6 +15,7 @@ Once the parent's Publisher is closed, the pipe is closed and a child's events a
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import select
 import struct
@@ -26,6 +27,8 @@ import msgpack
 
 from relay.client.send_window import SendWindow
 from relay.wire.encoding import encode_row
+
+log = logging.getLogger(__name__)
 
 #: The largest write a pipe keeps whole among concurrent writers (POSIX: at least 512; Linux: 4096).
 RECORD_MAX = select.PIPE_BUF
@@ -40,6 +43,7 @@ class ForkPipe:
         os.set_blocking(self.r, False)
         os.set_blocking(self.w, False)
         self.unsent = 0  # (in a child) events it could not hand over and has not reported yet
+        self.unencodable = 0  # (in a child) events it could not encode, all told: said in its log
         self._rest = b""  # (in the parent) the start of a record not read whole yet
 
     # -- a child's side -------------------------------------------------------------------------
@@ -54,10 +58,15 @@ class ForkPipe:
         """Hand one event (publish()'s tuple) to the parent; never blocks, never raises."""
         try:
             blob = encode_row(*event)
-        except Exception:  # noqa: BLE001 - an event msgpack cannot take is counted, not raised
-            blob = None
-        if blob is None or not self._write(blob):
+        except Exception:  # noqa: BLE001 - a stray's tolist() may raise anything: counted, said
             self.unsent += 1
+            self.unencodable += 1
+            if self.unencodable == 1 or self.unencodable % 1000 == 0:
+                log.exception("a forked child dropped a %s event it cannot encode (%d so far)",
+                              event[1], self.unencodable)
+        else:
+            if not self._write(blob):
+                self.unsent += 1
         if self.unsent and self._write(msgpack.packb(self.unsent)):  # said at once, if the pipe has room
             self.unsent = 0
 

@@ -173,8 +173,10 @@ class Publisher(ForkHandover, LinkMember):
                 self._dropped_full += 1
             pending.append((time.time(), type, step, epoch, stage, data))
             self._published += 1
-        except Exception:  # noqa: BLE001 - never raise into training; counted below
+        except Exception:  # noqa: BLE001 - never raise into training: counted, said
             self._dropped_error += 1
+            if self._dropped_error == 1 or self._dropped_error % 1000 == 0:
+                log.exception("publish() dropped a %s event (%d so far)", type, self._dropped_error)
 
     def flush(self, timeout: float = 5.0) -> int:
         """Wait until every event is acknowledged or ``timeout`` passes; return how many are not."""

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from relay.daemon.bounds import COMMIT_BYTES
 from relay.daemon.counters import Counters
 from relay.journal.dedupe import RankState
+from relay.journal.journal import JournalError
 from relay.journal.journal_queue import Deliver, JournalQueue, LineJournal, News
 
 log = logging.getLogger("relay")
@@ -101,7 +102,7 @@ class Commit:
                 return
             try:
                 self.queue.write(self.journal, self._journaled)
-            except Exception as exc:  # counted and retried with backoff; no acks until it works
+            except (JournalError, OSError) as exc:  # counted, retried; no acks until it works
                 self._failed(exc, now)
                 return
             self.backoff = 0.0
@@ -118,7 +119,7 @@ class Commit:
         """Forget the backoff (at shutdown: one more try at once)."""
         self.retry_at = 0.0
 
-    def _failed(self, exc: Exception, now: float) -> None:
+    def _failed(self, exc: JournalError | OSError, now: float) -> None:
         self.counters.journal_errors += 1
         self.backoff = min(max(self.backoff * 2, 0.1), MAX_BACKOFF)
         self.retry_at = now + self.backoff

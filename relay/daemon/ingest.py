@@ -102,9 +102,12 @@ class Ingest:
             self.runs.note_world(decoded.first["run"], decoded.first["world_size"])
         except schema.FrameError as exc:  # its journal lines would be too long (check_lines)
             self.reject(exc.reason, exc.detail, frame, peer)
-        except Exception as exc:  # counted and dead-lettered below; one frame never stops ingest
-            log.exception("frame from peer %s raised; dead-lettered", peer.hex())
+        except Exception as exc:  # noqa: BLE001 - one frame never stops ingest: counted, said
             self.reject("internal_error", f"{type(exc).__name__}: {exc}", frame, peer)
+            count = self.counters.rejected["internal_error"]
+            if count <= 3 or count % 1000 == 0:  # its traceback, now and then
+                log.exception("frame from peer %s raised (%d so far); dead-lettered",
+                              peer.hex(), count)
 
     def follow_health(self, health: RunHealth | None) -> None:
         """Keep each run's health in ``health`` (for the Prometheus endpoint, relay/daemon/run_health.py)."""

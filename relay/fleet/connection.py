@@ -209,6 +209,14 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text and type(exc).__name__ not in text else (text or type(exc).__name__)
 
 
+def failures() -> tuple[type[Exception], ...]:
+    """What nats-py raises when the servers are away, slow or refuse us: its own errors and a
+    socket's OSError (its timeouts and asyncio's are both; nats-py's own client catches these).
+    What ``except`` names around its calls, so that a bug of ours is not taken for NATS away."""
+    from nats.errors import Error
+    return (Error, OSError)
+
+
 def refused(exc: BaseException) -> bool:
     """True for the servers refusing who we are (credentials, TLS), which retrying does not mend."""
     import ssl
@@ -246,7 +254,7 @@ async def probe(settings: NatsSettings, timeout: float = 3.0) -> str | None:
         nc = await connect(settings, retry_forever=False, timeout=timeout)
     except SinkError:
         raise
-    except Exception as exc:  # nats-py raises OSError, its own errors and timeouts: each is sorted here
+    except failures() as exc:  # refused, or not reachable now: sorted here
         if refused(exc):
             raise SinkError(f"--nats-url {settings.display}: the server refused the connection: {describe(exc)}; "
                             "check --nats-user/--nats-password, --nats-token, --nats-creds or --nats-nkey") from None

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from relay.fleet.central import CentralJournal, Fenced
-from relay.fleet.connection import describe
+from relay.fleet.connection import describe, failures
 from relay.fleet.partition import Partition
 from relay.journal.journal import JournalError
 
@@ -239,9 +239,8 @@ async def wait(event: asyncio.Event, seconds: float) -> bool:
 
 async def quietly(coro: Any) -> None:
     """An ack or unsubscribe that may fail while NATS is away: the message comes again, deduplicated."""
-    from nats.errors import Error as NatsError
     try:
         await coro
-    except (TimeoutError, NatsError, OSError) as exc:
+    except failures() as exc:
         log.debug("NATS: %s", describe(exc))
 

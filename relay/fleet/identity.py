@@ -173,7 +173,7 @@ async def check_live(settings: connection.NatsSettings, stream: str, node: str, 
     ``node`` live. Nothing to check when NATS or the bucket is not there yet (the sink's claim decides then)."""
     try:
         nc = await connection.connect(settings, retry_forever=False, timeout=timeout)
-    except Exception as exc:  # down or refused: probe() reported which
+    except connection.failures() as exc:  # down or refused: probe() reported which
         log.debug("node check: %s", connection.describe(exc))
         return
     try:
@@ -185,7 +185,7 @@ async def check_live(settings: connection.NatsSettings, stream: str, node: str, 
             raise SinkError(refusal(node, held, age, kept))
     except SinkError:
         raise
-    except Exception as exc:  # JetStream not answering now: the sink's claim decides later
+    except connection.failures() as exc:  # JetStream not answering: the sink's claim decides later
         log.debug("node check: %s", connection.describe(exc))
     finally:
         await nc.close()
@@ -219,7 +219,6 @@ class NodeClaim:
             await asyncio.sleep(0.1)
 
     async def hold(self, js: Any) -> None:
-        from nats.errors import Error as NatsError
         kv = None
         while True:
             try:
@@ -227,7 +226,7 @@ class NodeClaim:
                     kv = await bucket(js, self.stream, self.replicas, create=True)
                     self.ttl = await _ttl(kv) or NODE_TTL
                 await self._renew(kv)
-            except (TimeoutError, NatsError, OSError) as exc:
+            except connection.failures() as exc:
                 log.debug("node %s: claim not renewed now: %s", self.node, connection.describe(exc))
             await asyncio.sleep(self.ttl / 5)
 
@@ -265,7 +264,7 @@ class NodeClaim:
             kv = await bucket(js, self.stream, self.replicas, create=False)
             if kv is not None:
                 await asyncio.wait_for(kv.delete(node_key(self.node), last=self.revision), 2.0)
-        except Exception as exc:  # noqa: BLE001 - it expires anyway
+        except connection.failures() as exc:  # it expires anyway
             log.debug("node %s: claim not deleted: %s", self.node, connection.describe(exc))
 
 

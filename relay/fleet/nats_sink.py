@@ -115,7 +115,7 @@ class NatsSink(Sink):
         from nats.js.errors import NotFoundError
         try:
             nc = await connection.connect(self.settings, retry_forever=False, timeout=CHECK_S / 2)
-        except Exception as exc:  # gone since the probe: the sink waits for it
+        except connection.failures() as exc:  # gone since the probe: the sink waits for it
             log.debug("stream check: %s", connection.describe(exc))
             return
         try:
@@ -124,7 +124,7 @@ class NatsSink(Sink):
         except NotFoundError:  # this relay would create it: can it have its replicas?
             seen = stream.servers_seen(getattr(nc, "_server_info", None) or {})
             problem = stream.replicas_problem(self.spec.name, self.spec.replicas, *seen)
-        except Exception as exc:  # JetStream slow or away: the sink makes sure of the stream later
+        except connection.failures() as exc:  # JetStream slow or away: made sure of later
             log.debug("stream check: %s", connection.describe(exc))
             return
         finally:

@@ -177,7 +177,7 @@ class NatsPublisher:
                                       spec.duplicate_window, spec.max_age)
         try:
             info, created = await stream.ensure_stream(self._js, config)
-        except Exception as exc:  # nats-py's API, timeout and connection errors: logged, retried
+        except connection.failures() as exc:  # API, timeout and connection errors: logged, retried
             info = getattr(self._nc, "_server_info", None)
             return stream.not_ready(spec.name, spec.replicas, exc, info)
         if created:  # a new replicated stream takes a moment to elect its leader: publishing waits for it
@@ -187,7 +187,7 @@ class NatsPublisher:
                 await asyncio.sleep(0.1)
                 try:
                     info = await self._js.stream_info(spec.name)
-                except Exception as exc:  # timeouts while it is being placed: asked again
+                except connection.failures() as exc:  # timeouts while it is placed: asked again
                     log.debug("stream %s: %s", spec.name, connection.describe(exc))
         subjects = info.config.subjects or []
         if f"{spec.prefix}.>" not in subjects:
@@ -299,7 +299,7 @@ class NatsPublisher:
                 return await ask()
             except NotFoundError:
                 return None
-            except Exception as exc:  # timeouts, connection loss: asked again
+            except connection.failures() as exc:  # timeouts, connection loss: asked again
                 self._count_error(f"looking up the stream's messages for {subject}: {connection.describe(exc)}")
                 await asyncio.sleep(1.0)
 
@@ -325,7 +325,7 @@ class NatsPublisher:
                                                  headers=headers)
                 except asyncio.CancelledError:
                     raise
-                except Exception as exc:  # timeouts, no responders, connection loss: published again
+                except connection.failures() as exc:  # timeouts, no responders, lost: again
                     self.counters["retries"] += 1
                     if attempt == 0 or attempt % 20 == 0:
                         log.warning("chunk %s not acknowledged yet (%s); publishing it again",

@@ -40,6 +40,8 @@ SAVE_EVERY = 1.0  # seconds between writes of the state file, when it changed
 WARN_AFTER = 5.0  # seconds without any ack while events wait, before saying so (once per outage)
 CHUNK = 4096  # lines read and held together
 MAX_BYTES = 64 << 20  # of rows held, whatever --forward-window says
+#: What encoding a journal row (JSON's types) can raise: an int over 64 bits, a lone surrogate.
+UNPACKABLE = (OverflowError, ValueError, TypeError, msgspec.EncodeError)
 
 #: The sink's own counters (in the relay's stats under sinks.forward.sink).
 COUNTERS = ("forwarded", "acked", "resent", "held", "unconfirmed", "skipped_relay_rank", "skipped_acked",
@@ -234,7 +236,7 @@ class Forwarder(LinkMember):
                 part = rows[start:start + MAX_BATCH_EVENTS]
                 try:
                     packed = self._pack(part)[len(array_header(len(part))):]
-                except Exception:  # noqa: BLE001 - one by one below, which names the event
+                except UNPACKABLE:  # one by one below, which names the event
                     packed = b""
                 if packed and len(packed) <= MAX_BATCH_BYTES:
                     window.hold_segment(key, stream, first + start, len(part), prefix, packed)
@@ -253,7 +255,7 @@ class Forwarder(LinkMember):
                 continue
             try:
                 packed = self._pack(row)
-            except Exception as exc:  # noqa: BLE001 - counted and logged; the central's ack shows the gap
+            except UNPACKABLE as exc:  # counted and logged; the central's ack shows the gap
                 self._not_sent(key, seq, f"cannot encode it: {type(exc).__name__}: {exc}")
                 continue
             if len(prefix) + len(packed) + 8 > schema.MAX_FRAME_BYTES:

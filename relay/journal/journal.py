@@ -159,7 +159,7 @@ class Journal:
         for run, chunk in per_run.items():
             try:
                 self.ends[run] = self._append(self._fd(run), chunk)
-            except Exception as exc:  # raised on below, saying how far the write went
+            except Exception as exc:  # broad: raised below in PartialWrite, which says how far
                 failed[run] = exc
         if failed:
             first = next(iter(failed.values()))
