@@ -6,14 +6,14 @@ Built on the sink-author API (sinks/tracker_base.py); what is MLflow's own:
   (``additional_metrics.model_load_time``) give them; a rank's own series under ``rank/<n>/``.
 * **Batched, failure-safe.** A batch's points, params and tags go out with ``log_batch`` when the
   base class saves the applied ``(rank, seq)`` spans, which go last, as run tags: a failed batch,
-  retried whole, rewrites identical points, which SQL stores drop (for a directory store, which
-  appends, the points it holds are filtered out).
+  retried whole, rewrites identical points, which SQL stores drop. A directory store appends: a
+  failed batch sends only the points it lacks; its spans are in a file of the run's folder, and a
+  killed relay's points past its last save are cut off on resume (sinks/mlflow_applied.py).
 * **Immutable params**: a changed value keeps the first and tags the newest; what MLflow's limits
   cut is counted and kept whole as an artifact.
 
-MLflow is imported only when the sink opens: the relay works without the ``[mlflow]`` extra. MLflow's
-rules for names, keys and batch sizes are in sinks/mlflow_rules.py.
-"""
+MLflow is imported only when the sink opens (the relay works without the ``[mlflow]`` extra); its
+rules for names, keys and batch sizes are in sinks/mlflow_rules.py."""
 from __future__ import annotations
 
 import json
@@ -28,6 +28,7 @@ import click
 
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, PermanentError, SinkContext, SinkError
 from sinks.events import Event, json_safe
+from sinks.mlflow_applied import applied_tags, read_applied, resume, run_dir, save_state
 from sinks.mlflow_rules import LABEL_MAPS, MAX_PARAM, MAX_TAG, PLAIN_GROUPS, batches, metric_name, mlflow_key, point
 from sinks.mlflow_run import MlRun
 from sinks.mlflow_store import ready_sqlite, sqlite_path
@@ -40,10 +41,6 @@ log = logging.getLogger(__name__)
 
 EXPORT_NAME = "mlflow_tracker.json"  # what fms-hf-tuning writes into the job's output directory
 RUN_TAG = "relay.run_id"  # how a restarted relay (or a replay) finds its MLflow run again
-#: Number of parts; the applied spans' JSON is in mlflow.relay.applied.0, .1, ... Under MLflow's own
-#: ``mlflow.`` prefix, which its UI leaves out of a run's tags: bookkeeping, not for people.
-APPLIED_TAG = "mlflow.relay.applied"
-OLD_APPLIED_TAG = "relay.applied"  # where runs written before kept them: still read on resume
 #: The experiment tag MLflow 3's UI reads to open an experiment on its runs (``custom_model_development``,
 #: "Machine learning") rather than on the GenAI overview.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
@@ -255,10 +252,12 @@ class MlflowSink(TrackerSink):
         self.counters["runs_resumed"] += 1
         log.info("mlflow run %s resumed for run %s", r.run_id, run)
         try:
-            prefix = APPLIED_TAG if APPLIED_TAG in tags else OLD_APPLIED_TAG
-            text = "".join(tags.get(f"{prefix}.{i}", "") for i in range(int(tags.get(prefix) or 0)))
-            return {int(rank): spans for rank, spans in json.loads(text).items()}
-        except ValueError:  # none saved yet, or torn by a full disk: all again, as after a failed save
+            if not self.directory:
+                return read_applied(tags) or {}
+            spans, cut = resume(run_dir(self.uri, r), tags)  # cut: a killed relay's unsaved points
+            self.counters["uncommitted_bytes_cut"] += cut
+            return spans
+        except ValueError:  # torn by a full disk: all again, as after a failed save
             r.save_failed(partial=self.directory)
             return {}
 
@@ -302,17 +301,20 @@ class MlflowSink(TrackerSink):
             metrics = []
         params = [self._Param(k, v) for k, v in r.new_params.items()]
         tags = [self._RunTag(k, v) for k, v in r.tags.items()]
-        text = json.dumps(spans, separators=(",", ":"))
-        applied = [self._RunTag(f"{APPLIED_TAG}.{i // MAX_TAG}", text[i:i + MAX_TAG])
-                   for i in range(0, len(text), MAX_TAG)]
-        applied.append(self._RunTag(APPLIED_TAG, str(len(applied))))
-        # train_end's status is set before the spans say train_end is in
-        for m, p, t in batches(metrics, params, tags, [] if r.end else applied):
+        # train_end's status, and a directory store's points, before the spans that say they are in
+        last = [] if r.end or self.directory else self._applied(spans)
+        for m, p, t in batches(metrics, params, tags, last):
             client.log_batch(r.run_id, metrics=m, params=p, tags=t)
         if r.end:
             end_ms = int(r.end_ts * 1000) if isinstance(r.end_ts, (int, float)) else None
             client.set_terminated(r.run_id, r.end, end_time=end_ms)
-            client.log_batch(r.run_id, tags=applied)
+        if self.directory:
+            save_state(run_dir(self.uri, r), spans)
+        elif not last:
+            client.log_batch(r.run_id, tags=self._applied(spans))
+
+    def _applied(self, spans: Spans) -> list[Any]:
+        return [self._RunTag(key, value) for key, value in applied_tags(spans)]
 
     def _repair(self, r: MlRun) -> None:
         """After a failed save into a directory store, which appends points and which a full disk
@@ -344,9 +346,8 @@ class MlflowSink(TrackerSink):
     def _untorn(self, r: MlRun, key: str) -> bool:
         """Remove a param file a full disk left empty (MLflow created it, then had no room for
         its value): MLflow refuses to change a param, so only then can the value be logged."""
-        folder = self._folder()
-        path = folder / str(r.experiment_id) / str(r.run_id) / "params" / key if folder else None
-        if path is None or not path.is_file() or path.stat().st_size:
+        path = run_dir(self.uri, r) / "params" / key
+        if not self.directory or not path.is_file() or path.stat().st_size:
             return False
         path.unlink()
         self.counters["params_untorn"] += 1

@@ -26,6 +26,7 @@ from sink_helpers import Events, drive, fill, finish_ranks as finish, small_fs, 
 from sink_readback import EXPERIMENT, check_mlflow as check_training_run, comparable, read_run
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.mlflow import MlflowSink
+from sinks.mlflow_applied import STATE_NAME, applied_tags
 from sinks.mlflow_rules import MAX_PARAM, batches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,6 +259,30 @@ def test_directory_store_full_then_recovered(small_fs: Path, tmp_path: Path) -> 
     assert sorted(view.series("loss")) == list(range(1, 31)) and view.series("eval_accuracy") == {30: 0.9}
 
 
+def test_a_directory_stores_run_is_resumed_cut_back_to_its_saved_spans(tmp_path: Path) -> None:
+    """What a relay killed in a run's first save leaves (points, no spans) is cut and written once;
+    a run whose spans an older relay kept in its tags (no metric sizes) is resumed as it is."""
+    from mlflow import MlflowClient, entities
+
+    store = str(tmp_path / "mlruns")
+    events = training_events("job-old")
+    run_sink(store, [events])
+    client, old = MlflowClient(store), read_run(store, "job-old")
+    made = client.create_run(old.info.experiment_id, tags={"relay.run_id": "job-new"})
+    client.log_batch(made.info.run_id, metrics=[entities.Metric("loss", 5.0, 0, 1)])
+    sink = run_sink(store, [training_events("job-new")])
+    check_training_run(read_run(store, "job-new"))
+    assert sink.counters["uncommitted_bytes_cut"] > 0
+
+    state = Path(old.info.artifact_uri).parent / STATE_NAME
+    for key, value in applied_tags(json.loads(state.read_text())["spans"]):
+        client.set_tag(old.info.run_id, key, value)
+    state.unlink()
+    sink = run_sink(store, [events])
+    assert sink.counters["duplicates"] == len(events) and not sink.counters["uncommitted_bytes_cut"]
+    assert read_run(store, "job-old").history == old.history
+
+
 def test_batches_stay_within_mlflows_limits() -> None:
     from mlflow.entities import Metric, Param, RunTag
 
@@ -333,9 +358,7 @@ def test_two_ranks_relay_killed_mid_run_then_replay_twice(relays, db, tmp_path: 
     assert 0 < killed_at < line_count(journal), "the relay was not killed mid-run"
     live = read_run(uri, "job-live")
     check_training_run(live, steps=40)
-    evals = len(range(3, 41, 3))  # epoch is logged again with each eval log and the final train_* figures
-    for key, points in live.history.items():  # each point once
-        assert len(points) == len({s for s, _, _ in points}) + (evals + 1 if key == "epoch" else 0), key
+    each_point_once(live, 40)
     assert live.info.status == "FINISHED"
     assert json.loads((job / "mlflow_tracker.json").read_text())["run_id"] == live.info.run_id
 
@@ -348,6 +371,58 @@ def test_two_ranks_relay_killed_mid_run_then_replay_twice(relays, db, tmp_path: 
         if attempt == 0:
             first_id = rebuilt.info.run_id
     assert rebuilt.info.run_id == first_id
+
+
+def each_point_once(view: Any, steps: int) -> None:
+    """Every series' points once (epoch: again with each eval log and the final train_* figures)."""
+    evals = len(range(3, steps + 1, 3))
+    for key, points in view.history.items():
+        assert len(points) == len({s for s, _, _ in points}) + (evals + 1) * (key == "epoch"), key
+
+
+@pytest.mark.slow  # two relays and two rank processes: the full tier
+def test_a_relay_killed_after_mlflow_appended_points_before_the_sink_recorded_them(
+        relays, tmp_path: Path, monkeypatch) -> None:
+    """The window of a directory store, which appends: MLflow wrote a batch's points, and the relay
+    died before the applied spans (saved after them) said so. Forced for real: the spans' file is
+    made a directory, so their save fails right after MLflow appended the points (the sink
+    retries); the relay is SIGKILLed then, the file put back, and the next relay catches the run
+    up from the journal: each point once."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # read back here too
+    store, logs, gate = tmp_path / "mlruns", tmp_path / "logs", tmp_path / "gate"
+    relay = relays(["--path", f"{logs}/", "--sink", "mlflow", "--mlflow-tracking-uri", str(store),
+                    "--mlflow-experiment", EXPERIMENT, "--stats-interval", "0.3"], env=QUIET)
+    procs = [start_rank(relay.address, "job-window", r, 40, pause=0.05, gate=gate) for r in (0, 1)]
+
+    def lines() -> int:  # the loss points MLflow holds
+        return sum(len(p.read_text().splitlines()) for p in store.glob("*/*/metrics/loss"))
+    wait_for(lambda: lines() == 20 and relay.sink_stats(logs, "mlflow").get("queued") == 0, 300,
+             "the ranks' first halves in MLflow", relay.log_tail)
+    (state,) = store.glob(f"*/*/{STATE_NAME}")
+    aside = state.with_name("aside")
+    while True:  # a save between the two steps writes the state again: take that one aside
+        state.replace(aside)
+        try:
+            state.mkdir()
+            break
+        except FileExistsError:
+            continue
+    gate.touch()
+    wait_for(lambda: lines() > 20 and relay.sink_stats(logs, "mlflow").get("errors", 0) > 0, 300,
+             "MLflow holding points the sink failed to record", relay.log_tail)
+    relay.kill()
+    state.rmdir()
+    aside.replace(state)
+    relay.start()
+    finish(procs)
+    wait_for(lambda: (s := relay.sink_stats(logs, "mlflow")).get("open") and not s["queued"]
+             and s["catch_up_passes"] >= 1, 300, "the restarted relay's sink caught up",
+             relay.log_tail)
+    assert relay.stop() == 0
+    live = read_run(str(store), "job-window")
+    check_training_run(live, steps=40)
+    each_point_once(live, 40)
+    assert "bytes of points no saved span covers" in relay.log.read_text()
 
 
 @pytest.fixture
