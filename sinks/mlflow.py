@@ -282,14 +282,15 @@ class MlflowSink(TrackerSink):
     # -- MLflow calls -----------------------------------------------------------------------------
 
     def _deleted(self, r: MlRun) -> bool:
-        """Whether the run's MLflow run was deleted (asked after a failed save only)."""
+        """Whether the run's MLflow run was deleted (asked after a failed save only). A server's
+        or a SQL store's failures, the network's included, come as MlflowException."""
         from mlflow.exceptions import MlflowException
 
         try:
             return self._client.get_run(r.run_id).info.lifecycle_stage != "active"
         except MlflowException as exc:
             return exc.error_code == "RESOURCE_DOES_NOT_EXIST"
-        except Exception:  # the store cannot answer now: no verdict (the save's own error is raised)
+        except OSError:  # a directory store cannot answer: no verdict (the save's error is raised)
             return False
 
     def _send(self, r: MlRun, spans: Spans) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import importlib.machinery
 import importlib.util
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
@@ -51,11 +52,10 @@ def _missing(name: str) -> str:
 
 def _first_sentence(target: str) -> str:
     module, _, attr = target.partition(":")
-    try:  # found wherever the import system finds it: an editable install's finder is not on sys.path
-        spec = importlib.util.find_spec(module)
-    except Exception as exc:  # a plugin's parent package that fails to import: said, and help goes on
+    try:
+        origin = _source(module)
+    except (ImportError, ValueError, OSError) as exc:
         return f"(cannot be read: {type(exc).__name__})"
-    origin = getattr(spec, "origin", None) or ""
     if not origin.endswith(".py"):
         return "(no description)"
     try:
@@ -68,6 +68,20 @@ def _first_sentence(target: str) -> str:
             first = doc.split(". ")[0].rstrip(".")
             return first + "." if first else "(no description)"
     return "(no description)"
+
+
+def _source(module: str) -> str:
+    """The file that defines ``module``, found as the import system finds it (an editable install's
+    finder is not on sys.path) but without running a package's ``__init__``, as ``find_spec`` of a
+    dotted name would: a plugin's package could raise anything there, or take long."""
+    top, *parts = module.split(".")
+    spec = importlib.util.find_spec(top)  # a top-level name: found, nothing imported
+    for depth in range(1, len(parts) + 1):
+        if spec is None or spec.submodule_search_locations is None:
+            return ""
+        name = ".".join([top, *parts[:depth]])
+        spec = importlib.machinery.PathFinder.find_spec(name, spec.submodule_search_locations)
+    return (spec and spec.origin) or ""
 
 
 def known(name: str) -> bool:

@@ -133,6 +133,23 @@ def test_tail_keygen_and_help_import_no_sink_plugin(tmp_path):
                                         text=True, timeout=60).stdout
 
 
+def test_serve_help_describes_a_plugin_whose_package_raises_at_import(tmp_path):
+    """Help runs no plugin code: a sink in a package whose ``__init__`` raises is still described
+    (``find_spec("pkg.mod")`` would run ``pkg`` and say only "cannot be read: RuntimeError")."""
+    site = tmp_path / "site"
+    info = site / "boom_sinks-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: boom-sinks\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[metrics_relay.sinks]\nboom = boom_sinks.sink:Boom\n")
+    (site / "boom_sinks").mkdir()
+    (site / "boom_sinks" / "__init__.py").write_text("raise RuntimeError('run for help')\n")
+    (site / "boom_sinks" / "sink.py").write_text('class Boom:\n    """Write nowhere. Really."""\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    proc = run_relay("serve", "--help", env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "boom" in proc.stdout and "Write nowhere." in proc.stdout, proc.stdout
+
+
 def test_a_sink_named_by_import_path(tmp_path):
     env = plugin_env(tmp_path)
     journal, out = tmp_path / "j.jsonl", tmp_path / "out.jsonl"

@@ -197,9 +197,11 @@ def test_demo_builds_and_trains_offline(tmp_path: Path) -> None:
     journal = out / "training_logs.jsonl"
     assert tail[0].endswith(f"metrics journal: {journal}"), tail
     near = os.path.relpath(journal, ROOT)  # relative where it lies below the job's directory
-    # This environment's relay: "relay" where PATH finds that one, else its path (relative below the job's directory).
+    # This environment's relay: "relay" where PATH finds that one, else its path (relative below the
+    # job's directory).
     own = Path(sys.executable).parent / "relay"
-    relay = "relay" if shutil.which("relay") == str(own) else os.path.relpath(own, ROOT)
+    far = os.path.relpath(own, ROOT)  # a worktree beside the checkout whose .venv it uses: "../"
+    relay = "relay" if shutil.which("relay") == str(own) else str(own) if far.startswith("..") else far
     assert tail[1].split() == ["watch", "it:", relay, "tail", "-f", "--view", "steps",
                                str(journal) if near.startswith("..") else near], tail
     assert tail[2].split()[:4] == ["plot", "it:", relay, "plot"], tail
