@@ -437,7 +437,7 @@ def _squat(address: str, stop: threading.Event, swallowed: list[int], curve_secr
         if not sock.poll(50):
             continue
         peer, frame = sock.recv_multipart()
-        events, first, _ = schema.decode(frame)
+        events = schema.decode(frame).events
         swallowed.append(len(events))
         top = max(e["seq"] for e in events) + 1
         sock.send_multipart([peer, encoding.encode_ack([(events[0]["run"], events[0]["rank"], top)])])
