@@ -118,6 +118,8 @@ def test_a_check_nats_does_not_answer_in_time_lets_the_relay_start_and_says_why(
         f"NATS {url} is not reachable now (no answer within 1 s to connect): the relay starts, and the nats sink "
         "publishes the journal once it is"]
 
+from nats.errors import TimeoutError as NatsTimeout  # noqa: E402
+
 from conftest import ROOT, finish, start_publisher, wait_for  # noqa: E402
 from fleet_helpers import ConsumerProcess, create_stream, wait_held  # noqa: E402
 from nats_helpers import NatsCluster, read_stream  # noqa: E402
@@ -200,7 +202,13 @@ def test_node_relays_whose_cluster_does_not_answer_at_start_journal_and_publish_
         assert len(lines) >= 2 * 300
 
         def stored() -> list[bytes]:
-            return [x for m in asyncio.run(read_stream(cluster.urls, "RELAY")) for x in m.data.splitlines()]
+            """The stream's lines; none yet while the woken cluster has no leader to answer (a request
+            timed out at 60 s in a fresh-clone run: asked again until wait_for's own deadline)."""
+            try:
+                messages = asyncio.run(read_stream(cluster.urls, "RELAY"))
+            except NatsTimeout:
+                return []
+            return [x for m in messages for x in m.data.splitlines()]
         wait_for(lambda: len(stored()) >= len(lines), 180, "every journal line in the stream")
         assert sorted(stored()) == sorted(lines)
         for node in nodes:
