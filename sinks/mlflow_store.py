@@ -38,7 +38,11 @@ def sqlite_path(uri: str) -> Path | None:
 
 def ready_sqlite(db: Path) -> None:
     """Leave ``db`` with every MLflow table at MLflow's current schema, or as it was (see above)."""
-    from mlflow.store.db.utils import _all_tables_exist, _get_latest_schema_revision, _get_schema_version
+    from mlflow.store.db.utils import (
+        _all_tables_exist,
+        _get_latest_schema_revision,
+        _get_schema_version,
+    )
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 

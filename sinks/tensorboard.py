@@ -164,8 +164,9 @@ class TensorBoardSink(TrackerSink):
         board.last_ts = ts
         tags = [_tag(rank, context, name) for name in values]
         if step is not None:
+            points = zip(tags, values.values(), strict=True)
             self._record(board, tb.Event(wall_time=ts, step=step, summary=tb.Summary(value=[
-                tb.Value(tag=tag, simple_value=value) for tag, value in zip(tags, values.values(), strict=True)])))
+                tb.Value(tag=tag, simple_value=value) for tag, value in points])))
         else:  # TensorBoard needs a step: number each series' points 0, 1, 2 ... (saved with the spans)
             for tag, value in zip(tags, values.values(), strict=True):
                 auto = board.auto.get(tag, 0)

@@ -19,7 +19,14 @@ from relay.daemon.owners import Owners
 from relay.daemon.runs import Key, Runs
 from relay.journal.deadletter import DeadLetters
 from relay.journal.dedupe import RankState
-from relay.journal.writers import REFUSED_REPORT_EVERY, Conflict, Writers, judge, session_of, writer_of
+from relay.journal.writers import (
+    REFUSED_REPORT_EVERY,
+    Conflict,
+    Writers,
+    judge,
+    session_of,
+    writer_of,
+)
 from relay.wire import schema
 from relay.wire.lines import Derived
 

@@ -34,7 +34,16 @@ from typing import Any, NamedTuple
 
 from relay.journal.dedupe import RankState
 from relay.journal.journal import WRITER_EVENTS
-from relay.journal.writers import REFUSED_REPORT_EVERY, Conflict, Key, Writer, Writers, judge, named_session, writer_of
+from relay.journal.writers import (
+    REFUSED_REPORT_EVERY,
+    Conflict,
+    Key,
+    Writer,
+    Writers,
+    judge,
+    named_session,
+    writer_of,
+)
 from relay.wire.lines import Derived, parse_line
 from sinks.events import RELAY_RANK, RESTART_SEQ_BITS, starts_session
 

@@ -168,7 +168,8 @@ class Frame:
         return self._events if self._events is not None else _Read(self.records)
 
     def to_derive(self) -> list[dict[str, Any]]:
-        """The events ``derive`` is about (stage ``rank``, or a lifecycle event), as dicts, in order."""
+        """The events ``derive`` is about (stage ``rank``, or a lifecycle event), as dicts, in
+        order."""
         return [asdict(r) for r in self.records if r.stage == "rank" or r.type == "lifecycle"]
 
     def streams(self) -> set[tuple[str, int]]:
