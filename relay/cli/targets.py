@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from relay.journal.journal import DEFAULT_PATH, NAME, Journal
+from relay.ship.base import Shipper, load
 from sinks.base import Sink, SinkError
 
 #: One line on the journal, where ``--help`` lists what ``--sink`` takes.
@@ -33,8 +34,9 @@ class JournalFlags:
         return Journal(**{o.name: params[o.name] for o in cls.options()})
 
 
-#: What ``--sink`` names: a sink class, or the journal's flags (each has ``options()`` and makes its part)
-Named = type[Sink] | type[JournalFlags]
+#: What ``--sink`` names: a sink or shipper class, or the journal's flags (each has ``options()``
+#: and makes its part)
+Named = type[Sink] | type[Shipper] | type[JournalFlags]
 
 
 def named(args: list[str]) -> list[str]:
@@ -59,7 +61,7 @@ def installed() -> list[str]:
 
 def resolve(given: str) -> tuple[str, Named]:
     """(display name, class) of what ``--sink given`` names; SinkError for an unknown or broken sink."""
-    from sinks.registry import known, load
+    from sinks.registry import known
 
     if given == NAME:
         return NAME, JournalFlags
