@@ -22,7 +22,15 @@ from relay.sinkhost.catch_up import CatchUp
 from relay.sinkhost.driver import SinkDriver
 from relay.sinkhost.replay import replay_files
 from relay.wire.lines import encode_line
-from sink_helpers import Events, drive, fill, finish_ranks as finish, small_fs, start_rank, training_events  # noqa: F401
+from sink_helpers import (  # noqa: F401
+    Events,
+    drive,
+    fill,
+    finish_ranks as finish,
+    small_fs,
+    start_rank,
+    training_events,
+)
 from sink_readback import EXPERIMENT, check_mlflow as check_training_run, comparable, read_run
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.mlflow import MlflowSink

@@ -12,7 +12,8 @@ from relay.journal.journal import DEFAULT_PATH, NAME, Journal
 from sinks.base import Sink, SinkError
 
 #: One line on the journal, where ``--help`` lists what ``--sink`` takes.
-JOURNAL_SUMMARY = "The journal (JSONL): always written by serve; in replay, a journal given what it lacks."
+JOURNAL_SUMMARY = ("The journal (JSONL): always written by serve; in replay, a journal given what "
+                   "it lacks.")
 
 
 class JournalFlags:
@@ -22,10 +23,11 @@ class JournalFlags:
     def options() -> list[click.Option]:
         return [
             click.Option(["--path"], default=DEFAULT_PATH, show_default=True,
-                         help="JSONL journal: a file for every run, or a directory (existing, or ending "
-                              "in '/') holding one <run>.jsonl per run."),
+                         help="JSONL journal: a file for every run, or a directory (existing, or "
+                              "ending in '/') holding one <run>.jsonl per run."),
             click.Option(["--fsync/--no-fsync"], default=False, show_default=True,
-                         help="fsync the journal before acknowledging (survives power loss, costs latency)."),
+                         help="fsync the journal before acknowledging (survives power loss, costs "
+                              "latency)."),
         ]
 
     @classmethod
@@ -33,7 +35,8 @@ class JournalFlags:
         return Journal(**{o.name: params[o.name] for o in cls.options()})
 
 
-#: What ``--sink`` names: a sink class, or the journal's flags (each has ``options()`` and makes its part)
+#: What ``--sink`` names: a sink class, or the journal's flags (each has ``options()`` and makes its
+#: part)
 Named = type[Sink] | type[JournalFlags]
 
 
@@ -51,14 +54,16 @@ def named(args: list[str]) -> list[str]:
 
 
 def installed() -> list[str]:
-    """Every name ``--sink`` takes without a ``module:Class``: the journal's and each installed sink's."""
+    """Every name ``--sink`` takes without a ``module:Class``: the journal's and each installed
+    sink's."""
     from sinks.registry import available
 
     return sorted({NAME, *available()})
 
 
 def resolve(given: str) -> tuple[str, Named]:
-    """(display name, class) of what ``--sink given`` names; SinkError for an unknown or broken sink."""
+    """(display name, class) of what ``--sink given`` names; SinkError for an unknown or broken
+    sink."""
     from sinks.registry import known, load
 
     if given == NAME:
@@ -77,14 +82,15 @@ def load_named(names: list[str]) -> dict[str, tuple[str, Named]]:
     for given in names:
         name, cls = resolve(given)
         if name in classes:
-            raise SinkError(f"--sink {given}: a sink named {name!r} was already given; name each sink once")
+            raise SinkError(f"--sink {given}: a sink named {name!r} was already given; "
+                            "name each sink once")
         classes[name] = (given, cls)
     return classes
 
 
 def owner(option: str, named: dict[str, tuple[str, Named]]) -> str | None:
-    """What ``--sink`` should name to get ``option``, among those not named on the command line (only
-    now are the other installed sinks imported: this is the path of a usage error)."""
+    """What ``--sink`` should name to get ``option``, among those not named on the command line
+    (only now are the other installed sinks imported: this is the path of a usage error)."""
     for name in installed():
         if name in named:
             continue
