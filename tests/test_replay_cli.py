@@ -121,6 +121,7 @@ def test_a_broken_plugin_is_one_line_and_exit_2_as_relay_serve_says_it(tmp_path:
     for name, said in expected.items():
         replay = relay_cmd("replay", str(source), "--sink", f"broken_sinks:{name}", env=env, timeout=60)
         assert (replay.returncode, replay.stderr.splitlines()) == (2, [said]), replay.stderr
-    serve = relay_cmd("--sink", "broken_sinks:NoWrite", "--path", str(tmp_path / "j.jsonl"), "--bind",
-                      "tcp://127.0.0.1:0", env=env, timeout=60)
-    assert (serve.returncode, serve.stderr.splitlines()) == (2, [expected["NoWrite"]]), serve.stderr
+    for name in ("NoWrite", "OldCatchUp"):
+        serve = relay_cmd("--sink", f"broken_sinks:{name}", "--path", str(tmp_path / "j.jsonl"),
+                          "--bind", "tcp://127.0.0.1:0", env=env, timeout=60)
+        assert (serve.returncode, serve.stderr.splitlines()) == (2, [expected[name]]), serve.stderr
