@@ -11,7 +11,7 @@ import importlib.util
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
-from sinks.base import Sink, SinkError
+from sinks.base import CatchesUp, Sink, SinkError
 from sinks.preflight import install_hint, package_found
 
 GROUP = "metrics_relay.sinks"
@@ -25,6 +25,9 @@ BUILTIN = {"aim": "sinks.aim:AimSink", "mlflow": "sinks.mlflow:MlflowSink",
 #: that installs it (pyproject.toml).
 NEEDS = {"aim": "aim", "mlflow": "mlflow", "tensorboard": "tensorboard", "wandb": "wandb", "clearml": "clearml",
          "nats": "nats"}
+#: Catch-up's members before ``CatchesUp`` (``holes`` took no argument): a plugin that has them is
+#: refused in one line that says what to write instead, never run half right.
+RETIRED = ("catches_up", "holes", "caught_up")
 
 
 @functools.lru_cache(maxsize=1)
@@ -127,5 +130,10 @@ def _import(spec: str) -> type[Sink]:
 def _checked(cls: object, what: str) -> type[Sink]:
     if not (isinstance(cls, type) and issubclass(cls, Sink)):
         raise SinkError(f"{what} is not a sinks.base.Sink subclass")
+    retired = [m for m in RETIRED if hasattr(cls, m) and not (m == "holes" and issubclass(cls, CatchesUp))]
+    if retired:
+        raise SinkError(f"{what} is written for the old catch-up contract ({', '.join(retired)}): "
+                        "derive from sinks.base.CatchesUp and write holes(filled) instead "
+                        "(docs/plugins.md)")
     return cls
 

@@ -43,7 +43,7 @@ from relay.sinkhost.driver import SinkDriver
 from relay.sinkhost.lifeline import hold_sink_lock
 from relay.sinkhost.notices import NoticeDecoder
 from relay.sinkhost.spec import SinkSpec
-from sinks.base import Sink, SinkContext, SinkError
+from sinks.base import CatchesUp, Sink, SinkContext, SinkError
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,8 @@ def child_main(spec: SinkSpec) -> int:
         send({"error": str(exc)})
         return 2
     send({"ready": True})
-    catch_up = CatchUp(spec.journal, spec.name) if spec.journal and sink.catches_up and sink.wants_events else None
+    catches_up = isinstance(sink, CatchesUp) and sink.wants_events
+    catch_up = CatchUp(spec.journal, spec.name) if spec.journal and catches_up else None
     writer = SinkWriter(spec.name, sink, spec.max_events,
                         DeadLetters(Path(spec.deadletter)) if spec.deadletter else None, catch_up)
     writer.start()
