@@ -53,7 +53,9 @@ def run(quick: bool = False) -> Section:
     values, steps, rounds = (8, 200, 2) if quick else (8, 2_000, 7)
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
-    from torch.utils.tensorboard import SummaryWriter  # the writer HF's callback uses; not the sink's
+    from torch.utils.tensorboard import (
+        SummaryWriter,  # the writer HF's callback uses; not the sink's
+    )
 
     section = Section("sink_tensorboard", "TensorBoard sink: values/s into event files")
     tmp = Path(tempfile.mkdtemp(prefix="bench-tb-"))

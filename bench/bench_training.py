@@ -94,7 +94,7 @@ def interleaved(steps: int, block: int, workdir: Path) -> dict[str, Sample]:
     from trl import SFTConfig, SFTTrainer
 
     from relay.client.publisher import Publisher
-    from trainer.args import DEMO_DATA, DEMO_RESPONSE_TEMPLATE
+    from trainer.argv_rewrite import DEMO_DATA, DEMO_RESPONSE_TEMPLATE
     from trainer.callback import RelayCallback
     from trainer.dataset import load_sft_dataset
     from trainer.demo import build_demo

@@ -27,7 +27,7 @@ def demo_trainer(workdir: Path, steps: int) -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    from trainer.args import DEMO_DATA, DEMO_RESPONSE_TEMPLATE
+    from trainer.argv_rewrite import DEMO_DATA, DEMO_RESPONSE_TEMPLATE
     from trainer.dataset import load_sft_dataset
     from trainer.demo import build_demo
 

@@ -48,7 +48,7 @@ class SinkContext:
 
     ``journal`` is the JSONL source of truth (file or directory, see docs/jsonl.md); sinks that
     export files put them next to it. (A sink never reads it to catch up: the relay feeds a sink that
-    ``catches_up`` what it missed, ``holes`` below.) ``replay`` is True under ``relay replay``: the
+    is ``CatchesUp`` what it missed.) ``replay`` is True under ``relay replay``: the
     events are a finished job's, whose own files (in its output dir, beside its journal) name the
     live store and must stay as they are.
     """
@@ -62,14 +62,6 @@ class Sink(abc.ABC):
 
     #: Registry name, used as ``relay --sink NAME``.
     name: ClassVar[str]
-
-    #: True for a sink whose ``write()`` skips what it already applied (every TrackerSink: it keeps
-    #: the ``(rank, seq)`` spans it applied). The relay then feeds it, when its process starts, when
-    #: its backend answers again after failing and when it names a run in ``holes()``, what the
-    #: journal holds that it may have missed (relay/sinkhost/catch_up.py, the one place a sink's
-    #: catch-up reads the journal): a run that sends nothing more is still completed. False: it gets
-    #: only the live events (a plugin that appends whatever it is given must not see them twice).
-    catches_up: ClassVar[bool] = False
 
     @classmethod
     def options(cls) -> list[click.Option]:
@@ -97,18 +89,6 @@ class Sink(abc.ABC):
         """Take a batch, in arrival order. Raising means the batch is retried later, whole;
         raising PermanentError, that the events failing on their own are dead-lettered."""
 
-    def holes(self) -> list[str]:
-        """Runs in which this sink (one that ``catches_up``) found events missing that the journal may
-        hold: a rank's seqs skip some (batches the relay dropped for it while it was behind, or
-        state it lost). Before the sink's next flush the relay writes it each such run's journal events
-        it has not read for this sink yet (the first time: all of them), then calls ``caught_up(run)``."""
-        return []
-
-    def caught_up(self, run: str) -> None:
-        """The relay has written ``run``'s journal events since ``holes()`` named it: what is still
-        missing is not in the journal (a client's dropped events, one the sink refused)."""
-        return  # optional: nothing to note by default
-
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         """Make everything written so far durable or visible, within ``timeout`` seconds (as
         OpenTelemetry's ``force_flush``). True when it is; False when the deadline came first: the
@@ -125,3 +105,19 @@ class Sink(abc.ABC):
         the journal holds every event, for ``relay replay``. A close that overruns its deadline
         anyway is left running once the relay's own deadline passes, and counted the same way."""
         return True
+
+
+class CatchesUp(abc.ABC):
+    """A sink the relay writes what it missed from the journal (relay/sinkhost/catch_up.py): the
+    recent runs when its process starts, when its backend is back and after its queue dropped
+    batches, and before a flush the runs it names in ``holes``. Only for a sink whose ``write()``
+    skips what it already applied (every TrackerSink keeps the ``(rank, seq)`` spans it applied):
+    most of what it is handed, it has. A plain Sink gets the live events only."""
+
+    @abc.abstractmethod
+    def holes(self, filled: Sequence[str]) -> list[str]:
+        """Runs with events missing that the journal may hold (a rank's seqs skip some). The relay
+        calls ``holes([])``, writes the sink those runs' journal events it has not read for it yet,
+        then calls ``holes(filled)`` with them: what they still lack is not in the journal, so the
+        sink stops naming them unless a new hole shows. One that raises is counted and logged; the
+        runs it named are read again before the next flush."""

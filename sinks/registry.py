@@ -11,7 +11,7 @@ import importlib.util
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
-from sinks.base import Sink, SinkError
+from sinks.base import CatchesUp, Sink, SinkError
 from sinks.preflight import install_hint, package_found
 
 GROUP = "metrics_relay.sinks"
@@ -25,6 +25,9 @@ BUILTIN = {"aim": "sinks.aim:AimSink", "mlflow": "sinks.mlflow:MlflowSink",
 #: that installs it (pyproject.toml).
 NEEDS = {"aim": "aim", "mlflow": "mlflow", "tensorboard": "tensorboard", "wandb": "wandb", "clearml": "clearml",
          "nats": "nats"}
+#: Catch-up's members before ``CatchesUp`` (``holes`` took no argument): a plugin that has them is
+#: refused in one line that says what to write instead, never run half right.
+RETIRED = ("catches_up", "holes", "caught_up")
 
 
 @functools.lru_cache(maxsize=1)
@@ -130,5 +133,10 @@ def _checked(cls: object, what: str, kinds: tuple[type, ...]) -> type:
         first, *more = (f"{kind.__module__}.{kind.__name__}" for kind in kinds)
         nor = "".join(f" (nor a {name})" for name in more)
         raise SinkError(f"{what} is not a {first} subclass{nor}")
+    retired = [m for m in RETIRED if hasattr(cls, m) and not (m == "holes" and issubclass(cls, CatchesUp))]
+    if retired:
+        raise SinkError(f"{what} is written for the old catch-up contract ({', '.join(retired)}): "
+                        "derive from sinks.base.CatchesUp and write holes(filled) instead "
+                        "(docs/plugins.md)")
     return cls
 

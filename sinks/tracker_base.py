@@ -24,11 +24,11 @@ those calls and does, once for every tracker, what each would otherwise rebuild:
 * **Idempotent replay.** Every applied event is remembered as its ``(rank, seq)`` in compact spans
   per run; ``load_applied``/``save_applied`` keep them where the data lands (a state file by
   default), so a retried batch, a restarted relay or a second ``relay replay`` adds nothing.
-* **Catch-up.** A hole in a rank's seqs means events did not reach this sink (its queue overflowed
-  while the tracker was down, or the tool lost what it held): ``holes()`` names the run until the
-  relay calls ``caught_up(run)``, having written this sink that run's events from the journal before
-  its next flush. A run missed at its end (no later event shows the hole), or while the relay was
-  down, is caught up the same way (``catches_up``): when the sink's process starts and
+* **Catch-up** (``CatchesUp``). A hole in a rank's seqs means events did not reach this sink (its
+  queue overflowed while the tracker was down, or the tool lost what it held): ``holes()`` names the
+  run until the relay names it back as ``filled``, having written this sink that run's events from
+  the journal before its next flush. A run missed at its end (no later event shows the hole), or
+  while the relay was down, is caught up too: when the sink's process starts and
   when the tracker answers again, it feeds the journal's recent runs through ``write``. That is
   relay/sinkhost/catch_up.py, the one reader of the journal for a sink; this class never reads it.
 * **Late params.** A params value older than the one already written (a late catch-up) is skipped.
@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sinks.base import Sink, SinkContext
+from sinks.base import CatchesUp, Sink, SinkContext
 from sinks.events import NONFINITE_JSON, RELAY_RANK, Event
 from sinks.files import write_atomic
 from sinks.naming import CLUSTER_NAMES, RANK_NAMES, SYSTEM, display_names, trainer_groups
@@ -63,15 +63,13 @@ Spans = dict[int, list[list[int]]]
 APPENDED = "#appended"
 
 
-class TrackerSink(Sink):
+class TrackerSink(Sink, CatchesUp):
     """Subclass this, set ``name``, and write the four abstract methods below (a class that lacks one
     cannot be built: Python names the missing ones), plus ``options``, ``open`` and ``close`` as for
     any Sink. What this class keeps is made in ``__init__`` (as Lightning's ``Logger`` does), so an
     ``__init__`` of your own calls ``super().__init__()`` first; ``open`` needs no ``super()``. Where
     the tracker cannot keep the applied spans itself, return a file from ``state_path`` and they
     are kept there."""
-
-    catches_up = True  # the applied spans make a second delivery of an event a no-op
 
     def __init__(self) -> None:
         self.context = SinkContext()
@@ -141,13 +139,11 @@ class TrackerSink(Sink):
             self._rollback(touched.values())
             raise
 
-    def holes(self) -> list[str]:
+    def holes(self, filled: Sequence[str]) -> list[str]:
         """Runs where a rank's seqs skip some this sink has not applied: shown by a batch, or by the
         spans saved by an earlier process (a client's dropped events leave such a hole for good)."""
+        self._holes.difference_update(filled)
         return list(self._holes)
-
-    def caught_up(self, run: str) -> None:
-        self._holes.discard(run)
 
     def catch_up_due(self, run: str) -> bool:
         """Whether ``run`` has a hole the relay has yet to fill from the journal (so not finished yet)."""

@@ -185,7 +185,7 @@ DEMO_MODEL = Path("path", "to", "model")
 def demo(sandbox: Path, opts: dict[str, str]) -> dict[str, str]:
     """The demo model at ``path/to/model`` ($MODEL; built unless a complete one is there already)
     and the first ``records`` (24) records of the demo data at ``data.jsonl``."""
-    from trainer.args import DEMO_DATA
+    from trainer.argv_rewrite import DEMO_DATA
     from trainer.demo import build_demo
 
     model = sandbox / DEMO_MODEL

@@ -84,7 +84,8 @@ def _training(training: Any) -> dict[str, Any]:
 
 def uncovered(fms_flags: list[str]) -> list[str]:
     """fms-hf-tuning's flags that our parser neither takes nor refuses with what to use instead."""
-    from trainer.args import ALIASES, PEFT_METHOD, build_parser
+    from trainer.args import build_parser
+    from trainer.argv_rewrite import ALIASES, PEFT_METHOD
     from trainer.fms_flags import FMS_SWITCHES, unsupported
 
     ours = {o for a in build_parser()._actions for o in a.option_strings}

@@ -22,7 +22,7 @@ from transformers import (
 )
 
 from trainer import RelayCallback, track
-from trainer.args import DEMO_DATA
+from trainer.argv_rewrite import DEMO_DATA
 from trainer.demo import build_demo
 
 

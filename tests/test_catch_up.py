@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,41 +75,36 @@ def test_a_run_the_sink_names_in_holes_is_written_from_the_journal_before_its_ne
     # The relay dropped 3 of them for this sink (its queue was full): the journal holds them.
     stats = fed(sink, catch_up, events[:3], events[6:10])
     assert sorted(sink.steps) == list(range(1, 11)) and stats["caught_up"] == 10 and stats["written"] == 7
-    assert sink.holes() == [] and not sink.catch_up_due("r")
+    assert sink.holes([]) == [] and not sink.catch_up_due("r")
     # Two its client dropped (claimed as such): no journal holds them, the run is caught up all the same,
     # reading only what was journaled since.
     with open(journal / "r.jsonl", "ab") as fh:
         fh.write(b"".join(encode_line(e) for e in events[12:]))
     stats = fed(sink, catch_up, events[12:])
     assert sorted(sink.steps) == list(range(1, 11)) + [13, 14] and stats["caught_up"] == 2
-    assert sink.holes() == []
+    assert sink.holes([]) == []
     # The sink's next process finds that hole in its saved spans: its first event of the run reads it whole.
     again = Steps(tmp_path / "state.json")
     stats = fed(again, CatchUp(f"{journal}/", "steps"), events[13:])
-    assert again.steps == [] and stats["caught_up"] == 12 and again.holes() == []
+    assert again.steps == [] and stats["caught_up"] == 12 and again.holes([]) == []
 
 
 class Buggy(Steps):
-    """Steps whose ``holes()`` raises the first time and whose ``caught_up()`` raises once after that."""
+    """Steps whose ``holes()`` raises the first time, and once more the first time it is told a run
+    was filled."""
 
     def __init__(self, state: Path) -> None:
         super().__init__(state)
         self.raised = list[str]()
 
-    def holes(self) -> list[str]:
-        if not self.raised:
-            self.raised.append("holes")
+    def holes(self, filled: Sequence[str]) -> list[str]:
+        if not self.raised or (self.raised == ["holes"] and filled):
+            self.raised.append("filled" if filled else "holes")
             raise RuntimeError("a plugin's bug in holes()")
-        return super().holes()
-
-    def caught_up(self, run: str) -> None:
-        if self.raised == ["holes"]:
-            self.raised.append("caught_up")
-            raise RuntimeError("a plugin's bug in caught_up()")
-        super().caught_up(run)
+        return super().holes(filled)
 
 
-def test_a_sink_whose_holes_or_caught_up_raises_is_counted_and_its_writer_goes_on(tmp_path: Path) -> None:
+def test_a_sink_whose_holes_raises_is_counted_and_its_writer_goes_on(tmp_path: Path) -> None:
     journal, ev = tmp_path / "logs", Events("r", world_size=1)
     journal.mkdir()
     events = [ev(0, "metrics", {"loss": 1 / s}, step=s, stage="train") for s in range(1, 11)]
@@ -118,13 +114,13 @@ def test_a_sink_whose_holes_or_caught_up_raises_is_counted_and_its_writer_goes_o
     writer.start()
     writer.submit(events[:2])  # its flush asks for holes(): raises
     wait_for(lambda: sink.raised == ["holes"], timeout=30)
-    writer.submit(events[4:6])  # a hole (3, 4): read from the journal, then caught_up() raises
-    wait_for(lambda: sink.raised == ["holes", "caught_up"], timeout=30)
-    writer.submit(events[8:])  # the run is still named: read again at this flush, now taken as caught up
+    writer.submit(events[4:6])  # a hole (3, 4): read from the journal, then holes(["r"]) raises
+    wait_for(lambda: sink.raised == ["holes", "filled"], timeout=30)
+    writer.submit(events[8:])  # the run is named filled again at this flush, now taken as caught up
     writer.close(10.0)
     stats = writer.stats()
     assert stats["errors"] == 2, stats
-    assert sorted(set(sink.steps)) == list(range(1, 11)) and sink.holes() == [], sink.steps
+    assert sorted(set(sink.steps)) == list(range(1, 11)) and sink.holes([]) == [], sink.steps
 
 
 def test_an_event_refused_in_the_middle_of_a_run_is_dead_lettered_once_whoever_reads_the_run_again(
@@ -136,7 +132,7 @@ def test_an_event_refused_in_the_middle_of_a_run_is_dead_lettered_once_whoever_r
     # Step 5 refused live leaves a hole in the sink's spans: its run is read back before the next flush.
     sink = Refuses(tmp_path / "state.json")
     stats = fed(sink, CatchUp(f"{journal}/", "steps"), events[:8], deadletters=dead)
-    assert set(sink.steps) == {1, 2, 3, 4, 6, 7, 8} and sink.holes() == []  # (a set: a failed batch is retried)
+    assert set(sink.steps) == {1, 2, 3, 4, 6, 7, 8} and sink.holes([]) == []  # (a set: a failed batch is retried)
     assert (stats["dead_lettered"], stats["written"], stats["caught_up"]) == (1, 7, 7)
     assert [json.loads(line)["event"]["step"] for line in dead.read_text().splitlines()] == [5]
     # The sink's next process finds the hole in its saved spans and reads the run whole: step 5 is in the
@@ -146,7 +142,7 @@ def test_an_event_refused_in_the_middle_of_a_run_is_dead_lettered_once_whoever_r
         fh.write(b"".join(encode_line(e) for e in events[8:]))
     again = Refuses(tmp_path / "state.json")
     stats = fed(again, CatchUp(f"{journal}/", "steps"), events[9:], deadletters=dead)
-    assert set(again.steps) == {9, 10} and again.holes() == []
+    assert set(again.steps) == {9, 10} and again.holes([]) == []
     assert (stats["dead_lettered"], len(dead.read_text().splitlines())) == (0, 1)
 
 

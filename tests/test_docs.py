@@ -14,7 +14,18 @@ from pathlib import Path
 import pytest
 
 from compat_env import fms_model  # noqa: F401  (setup=demo venv=fms: the model transformers 4.55 built)
-from doc_examples import DEMO_MODEL, DOCS, ROOT, SETUPS, Block, all_blocks, normalize, outputs, problems, run
+from doc_examples import (
+    DEMO_MODEL,
+    DOCS,
+    ROOT,
+    SETUPS,
+    Block,
+    all_blocks,
+    normalize,
+    outputs,
+    problems,
+    run,
+)
 from trainer_fixtures import demo_model  # noqa: F401  (setup=demo's model: the run's, built once)
 
 KINDS = {"python", "bash"}

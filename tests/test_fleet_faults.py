@@ -40,7 +40,7 @@ from fleet_helpers import (
 )
 from nats_helpers import NatsCluster, read_stream
 from test_sink_mlflow import read_run, template_db  # noqa: F401
-from trainer_fixtures import demo_model, run_trainer, seed_flags, torchrun  # noqa: F401
+from trainer_fixtures import demo_model, launch_flags, seed_flags, trainer_env  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -52,6 +52,10 @@ PARTITIONS = 2
 #: 100/s, 127 with these (docs/development.md, "The fleet and NATS tests").
 COUNT = 1500
 RATE = 50.0
+#: The faults that last a few seconds (a stream leader killed for 5 s, a node relay killed and
+#: started again) need no 30 s run: at half the events the run lasts 15 s, and the fault still comes
+#: a sixth of the way in, before the ranks are done (``Fleet.wait_first`` asserts it); 3,008 events.
+SHORT = COUNT // 2
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +75,8 @@ class Fleet:
         self.node_dirs = [tmp / "node-a", tmp / "node-b"]
         self.nodes: list = []
         self.pubs: list = []
+        #: Events the consuming relays journal before a scenario's fault: a sixth of the run's.
+        self.first = 2 * count // 3
         stream = ["--nats-stream", self.stream, "--nats-prefix", self.prefix]
         self.consumers = [ConsumerProcess(tmp, f"c{i}", cluster.urls, self.folders[i],
                                           [*stream, "--sink", "mlflow", "--mlflow-tracking-uri", self.uri,
@@ -101,6 +107,18 @@ class Fleet:
                 consumer.start()
         return self
 
+    def wait_first(self, timeout: float = 120) -> None:
+        """Until the consuming relays journaled the run's first sixth; then the ranks must still be
+        sending (the node relays have not journaled all they will), or the fault to come would not
+        be mid-run."""
+        wait_for(lambda: self.journaled() > self.first, timeout,
+                 "the consuming relays journaled the first events")
+        assert len(node_lines(*self.node_dirs)) < self.events(), "the ranks were done: not mid-run"
+
+    def events(self) -> int:
+        """Each rank's hello, its metrics, its closing stats."""
+        return 4 * (self.count + 2)
+
     def journaled(self) -> int:
         return len(set().union(*(central_lines(folder) for folder in self.folders)))
 
@@ -109,7 +127,7 @@ class Fleet:
         stats = [finish(p, 300) for p in self.pubs]
         assert all(s["left"] == 0 and s["dropped"] == 0 for s in stats), stats
         expected = node_lines(*self.node_dirs)
-        assert len(expected) == 4 * (self.count + 2)  # each rank's hello, its metrics, its closing stats
+        assert len(expected) == self.events()
         wait_complete(self.folders, expected, 180)
         for node, journal in zip(self.nodes, self.node_dirs, strict=True):
             wait_for(lambda node=node, journal=journal: _nats_sink(node, journal).get("held") == 0,
@@ -179,8 +197,8 @@ def fleet(cluster, tmp_path, relays, template_db):
 
 
 def test_stream_leader_killed_mid_run(fleet, cluster):
-    f = fleet("leader").start()
-    wait_for(lambda: f.journaled() > 1000, 120, "the consuming relays journaled the first events")
+    f = fleet("leader", count=SHORT).start()
+    f.wait_first()
     leader = cluster.stream_leader(f.stream)
     cluster.kill(leader)
     time.sleep(5)
@@ -189,8 +207,8 @@ def test_stream_leader_killed_mid_run(fleet, cluster):
 
 
 def test_node_relay_killed_mid_run(fleet):
-    f = fleet("nodekill").start()
-    wait_for(lambda: f.journaled() > 1000, 120, "the consuming relays journaled the first events")
+    f = fleet("nodekill", count=SHORT).start()
+    f.wait_first()
     address = f.nodes[0].address
     f.nodes[0].kill()
     time.sleep(1.0)  # its publishers hold what it had not acknowledged, and resend to the new one
@@ -201,7 +219,7 @@ def test_node_relay_killed_mid_run(fleet):
 def test_consuming_relay_killed_and_the_other_takes_its_partitions(fleet):
     f = fleet("takeover").start()
     wait_held(f.consumers, PARTITIONS, 120)
-    wait_for(lambda: f.journaled() > 1000, 120, "the consuming relays journaled the first events")
+    f.wait_first()
     victim, other = (f.consumers if f.consumers[0].held() else f.consumers[::-1])
     killed = time.monotonic()
     victim.kill()
@@ -217,7 +235,7 @@ def test_nats_down_when_the_nodes_start_and_for_30_s_mid_run(fleet, cluster):
     f.start()
     time.sleep(5)  # the ranks publish, the node relays journal, NATS is nowhere
     cluster.start_all(60)
-    wait_for(lambda: f.journaled() > 2000, 180, "the consuming relays journaled the first events")
+    f.wait_first(180)
     cluster.kill_all()
     time.sleep(30)
     cluster.start_all(60)
@@ -226,7 +244,7 @@ def test_nats_down_when_the_nodes_start_and_for_30_s_mid_run(fleet, cluster):
 
 def test_one_nats_server_stopped_for_20_s(fleet, cluster):
     f = fleet("sigstop").start()
-    wait_for(lambda: f.journaled() > 1000, 120, "the consuming relays journaled the first events")
+    f.wait_first()
     leader = cluster.stream_leader(f.stream)
     cluster.stop(leader)  # SIGSTOP: alive, silent, its connections open
     time.sleep(20)
@@ -235,8 +253,9 @@ def test_one_nats_server_stopped_for_20_s(fleet, cluster):
 
 
 def test_torchrun_job_publishing_to_the_cluster_ends_in_the_central_journal_and_mlflow_once(
-        cluster, tmp_path, demo_model, template_db):
-    """A real two-rank torchrun job whose embedded relay publishes its journal to the cluster (the
+        cluster, tmp_path, demo_model, template_db, warm_launcher):
+    """A real two-rank job under torchrun's agent with warm ranks (tests/warm_ranks.py: torchrun
+    is only its launcher here), whose embedded relay publishes its journal to the cluster (the
     trainer's nats tracker: no node relay), and two consuming relays on the stream it creates."""
     stream, steps = "S_torchrun", 4
     db = tmp_path / "mlflow.db"
@@ -247,9 +266,10 @@ def test_torchrun_job_publishing_to_the_cluster_ends_in_the_central_journal_and_
                                   f"sqlite:///{db}", "--mlflow-experiment", "fleet"]).start() for i in range(2)]
     try:
         out = tmp_path / "out"
-        done = run_trainer(torchrun(free_port()) + seed_flags(demo_model, out, steps=steps, eval_steps=None)
-                           + ["--tracker", "nats", "--nats_url", cluster.urls, "--nats_stream", stream,
-                              "--nats_replicas", "3"], timeout=600)
+        cmd = launch_flags(free_port()) + seed_flags(demo_model, out, steps=steps, eval_steps=None)
+        cmd += ["--tracker", "nats", "--nats_url", cluster.urls, "--nats_stream", stream,
+                "--nats_replicas", "3"]
+        done = warm_launcher.run(cmd, trainer_env(), timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         run = json.loads((out / "tracking_run.json").read_text())["run"]
         node = json.loads((out / "training_logs_nats_node.json").read_text())["node"]  # the job's own id

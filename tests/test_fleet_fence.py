@@ -47,7 +47,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 STREAM, PREFIX, PARTITIONS = "S_fence", "fence.events", 4
 STEPS = ("fence", "write", "flush", "settle", "ack", "acked")
-FAULTS = [(step, sig) for sig in ("STOP", "KILL") for step in STEPS] * 2  # 24 takeovers
+#: Issue 27 asks for 20 takeovers at least: each (step, signal) once, then the first eight again.
+#: Two whole rounds (24) cost four lease waits more (about 28 s and 10 CPU-s) and fault no step and
+#: signal that these 20 do not.
+FAULTS = ([(step, sig) for sig in ("STOP", "KILL") for step in STEPS] * 2)[:20]
 RUNS, RANKS, CHUNK, EVERY = 8, 2, 5, 0.2  # 400 events/s
 #: A relay trusts its lease until a quarter of the ttl before it runs out, counted from when its last
 #: renewal was sent, and renews every third of it: at 2 s a renewal had 0.8 s to come back, which a
@@ -243,7 +246,7 @@ def test_killed_or_stopped_at_every_step_of_a_commit_each_event_is_once(cluster,
         print(f"fence test: {takeovers} takeovers (each {min(rounds):.1f}-{max(rounds):.1f} s, median "
               f"{sorted(rounds)[len(rounds) // 2]:.1f}), {len(published)} events, 0 duplicated, 0 lost, {refused} "
               f"commits refused by the fence, {time.monotonic() - began:.0f} s")
-        assert takeovers >= 20
+        assert takeovers == len(FAULTS) >= 20
     finally:
         for relay in relays:
             if relay.alive():

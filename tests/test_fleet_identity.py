@@ -56,7 +56,13 @@ def test_two_node_relays_sharing_a_host_name_lose_nothing_and_a_live_node_is_ref
     its node: under a shared name that was B's, and A's first bytes were skipped. Each folder has
     its own node now: every event reaches the consuming relay once."""
     pytest.importorskip("nats")
-    from fleet_helpers import ConsumerProcess, assert_exactly_once, node_lines, wait_acknowledged, wait_complete
+    from fleet_helpers import (
+        ConsumerProcess,
+        assert_exactly_once,
+        node_lines,
+        wait_acknowledged,
+        wait_complete,
+    )
     from nats_helpers import NatsCluster
 
     a, b = tmp_path / "node-a", tmp_path / "node-b"

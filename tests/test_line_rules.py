@@ -13,7 +13,15 @@ import orjson
 
 from conftest import ROOT
 from line_helpers import BREAKS, JUNK, event
-from relay.wire.lines import decode_lines, encode_line, envelope_of, explain_line, parse_event, parse_line, row_of
+from relay.wire.lines import (
+    decode_lines,
+    encode_line,
+    envelope_of,
+    explain_line,
+    parse_event,
+    parse_line,
+    row_of,
+)
 from sinks.events import FIELDS
 from test_event_model import NEW_FIELD
 

@@ -14,7 +14,16 @@ import subprocess
 import sys
 import urllib.request
 
-from conftest import PUBLISHER, ROOT, finish, free_port, line_count, raw_socket, read_jsonl, wait_for
+from conftest import (
+    PUBLISHER,
+    ROOT,
+    finish,
+    free_port,
+    line_count,
+    raw_socket,
+    read_jsonl,
+    wait_for,
+)
 from relay.wire import encoding
 from sinks.events import RELAY_RANK, attempt_base, session_base
 

@@ -17,7 +17,16 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import finish, free_port, line_count, plugin_env, raw_socket, read_jsonl, start_publisher, wait_for
+from conftest import (
+    finish,
+    free_port,
+    line_count,
+    plugin_env,
+    raw_socket,
+    read_jsonl,
+    start_publisher,
+    wait_for,
+)
 from relay.client.publisher import Publisher
 from relay.wire import encoding, schema
 from sinks.events import from_json_metrics

@@ -91,22 +91,37 @@ class BadOpen(Sink):  # open() has a bug of its own
         raise RuntimeError("bug in open")
     def write(self, events):
         pass
+
+class OldCatchUp(Sink):  # catch-up as the contract had it before CatchesUp
+    name = "oldcatchup"
+    catches_up = True
+    def write(self, events):
+        pass
+    def holes(self):
+        return []
+    def caught_up(self, run):
+        pass
 '''
 
 
 def test_a_broken_plugin_is_one_line_and_exit_2_as_relay_serve_says_it(tmp_path: Path) -> None:
     """Issue 44: replay printed a 32-line traceback and exited 1 for a sink missing a method; now it
-    says what ``relay serve`` says for the same plugin (docs/plugins.md), also for a bug in ``open()``."""
+    says what ``relay serve`` says for the same plugin (docs/plugins.md), also for a bug in ``open()``
+    and for a plugin written for the catch-up contract before ``CatchesUp``."""
     source = tmp_path / "src.jsonl"
     training_journal(source, "p", 3, t0=1.7e9)
     (tmp_path / "broken_sinks.py").write_text(BROKEN_SINKS)
     env = cli_env(PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     expected = {"NoWrite": "relay: error: sink nowrite failed to start: TypeError: Can't instantiate abstract class "
                            "NoWrite with abstract method write",
-                "BadOpen": "relay: error: sink badopen failed to start: RuntimeError: bug in open"}
+                "BadOpen": "relay: error: sink badopen failed to start: RuntimeError: bug in open",
+                "OldCatchUp": "relay: error: sink 'broken_sinks:OldCatchUp' is written for the old "
+                              "catch-up contract (catches_up, holes, caught_up): derive from "
+                              "sinks.base.CatchesUp and write holes(filled) instead (docs/plugins.md)"}
     for name, said in expected.items():
         replay = relay_cmd("replay", str(source), "--sink", f"broken_sinks:{name}", env=env, timeout=60)
         assert (replay.returncode, replay.stderr.splitlines()) == (2, [said]), replay.stderr
-    serve = relay_cmd("--sink", "broken_sinks:NoWrite", "--path", str(tmp_path / "j.jsonl"), "--bind",
-                      "tcp://127.0.0.1:0", env=env, timeout=60)
-    assert (serve.returncode, serve.stderr.splitlines()) == (2, [expected["NoWrite"]]), serve.stderr
+    for name in ("NoWrite", "OldCatchUp"):
+        serve = relay_cmd("--sink", f"broken_sinks:{name}", "--path", str(tmp_path / "j.jsonl"),
+                          "--bind", "tcp://127.0.0.1:0", env=env, timeout=60)
+        assert (serve.returncode, serve.stderr.splitlines()) == (2, [expected[name]]), serve.stderr

@@ -13,7 +13,7 @@ from typing import Any
 
 from relay.journal.deadletter import DeadLetters
 from relay.sinkhost.driver import BACKOFF_MAX, BACKOFF_START, SinkDriver, sleep_for
-from sinks.base import PermanentError, Sink
+from sinks.base import CatchesUp, PermanentError, Sink
 
 
 class Scripted(Sink):
@@ -76,6 +76,37 @@ def test_a_transient_failure_is_retried_whole_with_doubling_backoff_then_recover
     assert clock.waits[-1] == 0  # told a batch got through again
     assert (driver.errors, driver.retries, driver.written, recovered) == (12, 12, 5, [1])
     assert driver.last_error == "ConnectionError: backend down"
+
+
+class Holed(Scripted, CatchesUp):
+    """A sink that catches up: names run ``r`` until it is told the run was filled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.named = ["r"]
+
+    def holes(self, filled: Sequence[str]) -> list[str]:
+        self.calls.append(f"holes {list(filled)}")
+        self.named = [run for run in self.named if run not in filled]
+        return self.named
+
+
+def test_the_runs_a_sink_names_are_read_back_before_its_flush_then_named_filled() -> None:
+    clock, sink, asked = Clock(), Holed(), []
+
+    def read(run: str) -> list[list[dict[str, Any]]]:
+        asked.append(run)
+        return [events(2), []]
+
+    driver = SinkDriver("s", sink, wait=clock.wait, clock=clock)
+    driver.after_batch(idle=True, read=read)
+    assert sink.calls == ["holes []", "write 2", "holes ['r']", "flush"] and asked == ["r"]
+    assert (driver.caught_up, driver.written, sink.named) == (2, 0, [])
+    driver.after_batch(idle=True, read=read)  # nothing named: nothing read
+    assert sink.calls[4:] == ["holes []", "flush"] and asked == ["r"]
+    plain = Scripted()  # a plain Sink is never asked
+    SinkDriver("p", plain, wait=clock.wait, clock=clock).after_batch(idle=True, read=read)
+    assert plain.calls == ["flush"] and asked == ["r"]
 
 
 def test_giving_up_leaves_the_batch_unwritten_and_uncounted() -> None:

@@ -22,7 +22,15 @@ from relay.sinkhost.catch_up import CatchUp
 from relay.sinkhost.driver import SinkDriver
 from relay.sinkhost.replay import replay_files
 from relay.wire.lines import encode_line
-from sink_helpers import Events, drive, fill, finish_ranks as finish, small_fs, start_rank, training_events  # noqa: F401
+from sink_helpers import (  # noqa: F401
+    Events,
+    drive,
+    fill,
+    finish_ranks as finish,
+    small_fs,
+    start_rank,
+    training_events,
+)
 from sink_readback import EXPERIMENT, check_mlflow as check_training_run, comparable, read_run
 from sinks.base import PermanentError, SinkContext, SinkError
 from sinks.mlflow import MlflowSink
@@ -179,7 +187,7 @@ def test_gaps_are_filled_from_the_journal(db, tmp_path: Path) -> None:
     sink = run_sink(uri, [events[:10] + events[25:]], journal=journal)
     # the run read back once (all of it), and each of the 15 it lacked applied once
     assert (sink.counters["events"], sink.counters["duplicates"]) == (len(events), len(events) - 15)
-    assert not sink.holes()
+    assert not sink.holes([])
     check_training_run(read_run(uri, "job-gap"))
     assert json.loads((journal / "job-gap.mlflow_tracker.json").read_text())["run_name"] == "job-gap"
 
@@ -217,7 +225,7 @@ def test_a_run_deleted_meanwhile_is_made_again_and_a_refusal_is_permanent(db, tm
     assert not isinstance(failed.value, PermanentError)
     sink.write(events[10:20])  # ...which makes a new run; the hole below it is filled from the journal
     sink.write(events[20:])
-    assert sink.holes() == ["job-del"]  # what the sink's process then writes it from the journal:
+    assert sink.holes([]) == ["job-del"]  # what the sink's process then writes it from the journal:
     assert SinkDriver("mlflow", sink).fill_holes(CatchUp(str(journal), "mlflow").run_batches)
     sink.flush()
     view = read_run(uri, "job-del")

@@ -125,7 +125,7 @@ def test_gaps_are_filled_from_the_journal(tmp_path: Path) -> None:
     sink = run_sink(tmp_path / "tb", [events[:10] + events[25:]], journal=journal)
     # the run read back once (all of it), and each of the 15 it lacked applied once
     assert (sink.counters["events"], sink.counters["duplicates"]) == (len(events), len(events) - 15)
-    assert not sink.holes()
+    assert not sink.holes([])
     check_training_run(read_logdir(tmp_path / "tb")["job-gap"])
 
 

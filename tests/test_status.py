@@ -19,7 +19,17 @@ from pathlib import Path
 import pytest
 import zmq
 
-from conftest import ROOT, finish, free_port, line_count, plugin_env, raw_socket, read_jsonl, start_publisher, wait_for
+from conftest import (
+    ROOT,
+    finish,
+    free_port,
+    line_count,
+    plugin_env,
+    raw_socket,
+    read_jsonl,
+    start_publisher,
+    wait_for,
+)
 from relay.daemon.status import ANSWER_RATE, STATUS_REQUEST
 from watch_helpers import cli_env
 

@@ -22,7 +22,15 @@ import pytest
 from conftest import finish, start_publisher, wait_for
 from relay.wire.lines import encode_line
 from sinks.events import attempt_base
-from watch_helpers import RELAY_RANK, LiveCommand, cli_env, event, relay_cmd, training_journal, write_journal
+from watch_helpers import (
+    RELAY_RANK,
+    LiveCommand,
+    cli_env,
+    event,
+    relay_cmd,
+    training_journal,
+    write_journal,
+)
 
 
 def training_events(t0: float) -> list[dict]:

@@ -18,7 +18,15 @@ from conftest import once_per_run, read_jsonl
 from sink_readback import read_repo
 from trainer import set_params, track
 from trainer.embedded import default_run_id
-from trainer_fixtures import DEMO_DATA, ROOT, demo_model, error_lines, run_trainer, start_trainer, trainer_env
+from trainer_fixtures import (
+    DEMO_DATA,
+    ROOT,
+    demo_model,
+    error_lines,
+    run_trainer,
+    start_trainer,
+    trainer_env,
+)
 
 __all__ = ["demo_model"]  # a fixture, used by name
 TRAIN = [sys.executable, "-m", "trainer"]

@@ -105,7 +105,7 @@ def test_help_lists_exactly_the_flags_the_parser_takes() -> None:
     parser = run_trainer([sys.executable, "-c", code], timeout=600)
     assert parser.returncode == 0, parser.stderr[-2000:]
     shown = subprocess.run([*TRAIN, "--help"], capture_output=True, text=True, timeout=60, env=_env())
-    from trainer.args import ALIASES, PEFT_METHOD
+    from trainer.argv_rewrite import ALIASES, PEFT_METHOD
     from trainer.fms_flags import FMS_SWITCHES
 
     mapped = {*ALIASES, PEFT_METHOD, *FMS_SWITCHES}  # the seed's and fms-hf-tuning's names, mapped before parsing

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from relay.journal.writers import MAX_REFUSED, SAID_PER_STREAM, Conflict, Writer, Writers, judge, session_of
+from relay.journal.writers import (
+    MAX_REFUSED,
+    SAID_PER_STREAM,
+    Conflict,
+    Writer,
+    Writers,
+    judge,
+    session_of,
+)
 from relay.wire import encoding
 from sinks.events import RELAY_RANK, attempt_base, session_base, starts_session
 from test_ingest import compact, event, ingest, journaled

@@ -19,9 +19,9 @@ def main(argv: list[str] | None = None, callbacks: list[TrainerCallback] | None 
     rank (docs/development.md, "Where the time goes"). Frozen, they are not walked; exit handlers
     (the publisher's, W&B's) still run.
 
-    SIGTERM is taken (noted, trainer/stopping.py) before the seconds of importing torch, transformers
-    and trl: torchrun stops a rank still importing when its peer stopped at a bad flag, and a rank that
-    died of it there was listed as a failure of its own.
+    SIGTERM is taken (noted, trainer/stopping.py) before the seconds of importing torch,
+    transformers and trl: torchrun stops a rank still importing when its peer stopped at a bad flag,
+    and a rank that died of it there was listed as a failure of its own.
     """
     STOP.install()
     from trainer import sft

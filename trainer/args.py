@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer import fms_flags
+from trainer.argv_rewrite import RENAMED_FLAGS, has_flag, rewrite_argv
 from trainer.errors import UsageError
 from trainer.job_settings import check_tracking
 from trainer.model_load import check_load_flags
 from trainer.model_source import FLAGS, check_source
-from trainer.tracker_flags import TRACKERS, TrackingArguments
+from trainer.tracker_flags import TrackingArguments
 
 if TYPE_CHECKING:
     import datasets
@@ -27,61 +28,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Flags of the seed's command line that transformers 5 renamed: old flag -> (new flag, note).
-RENAMED_FLAGS = {
-    "--evaluation_strategy": "--eval_strategy",
-    "--warmup_ratio": "--warmup_steps",  # transformers 5: warmup_steps < 1 is a ratio
-    "--max_seq_length": "--max_length",  # trl 1.x name
-}
-RENAMED_FLAGS.update({old.replace("_", "-"): new for old, new in RENAMED_FLAGS.items()})
-#: Every flag mapped onto another before parsing: the seed's renamed ones and fms-hf-tuning's names
-#: (their dashed spellings too, as HfArgumentParser gives every flag one).
-ALIASES = {**RENAMED_FLAGS, **fms_flags.FMS_ALIASES}
-ALIASES.update({old.replace("_", "-"): new for old, new in fms_flags.FMS_ALIASES.items()})
-#: fms-hf-tuning's ``--peft_method``: rewritten into ``--use_peft`` (trainer/fms_flags.py).
-PEFT_METHOD = "--peft_method"
-
-DEMO_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "demo_instructions.jsonl")
-DEMO_RESPONSE_TEMPLATE = "\n### Response:"
-
-#: What --demo means; any flag given on the command line overrides these.
-DEMO_DEFAULTS = [
-    "--data_path", DEMO_DATA,
-    "--dataset_text_field", "output",
-    "--response_template", DEMO_RESPONSE_TEMPLATE,
-    "--use_peft", "True",
-    "--target_modules", "all-linear",  # q/v-only adapters barely move a randomly initialised model
-    "--max_length", "96",
-    "--per_device_train_batch_size", "8",
-    "--num_train_epochs", "1",
-    "--max_steps", "30",
-    "--learning_rate", "1e-2",
-    "--logging_steps", "5",
-    "--save_strategy", "no",
-    "--report_to", "none",
-    "--dataloader_num_workers", "0",
-    "--use_cpu", "True",
-    "--bf16", "False",
-    "--activation_checkpointing", "False",  # recomputation only slows a model this small
-]
-
 
 @dataclass
 class ModelArguments:
     """Which model and tokenizer to fine-tune, and how (LoRA or full)."""
 
-    model_name_or_path: str | None = field(default=None, metadata={"help": "Model folder or hub id."})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Model folder or hub id."}
+    )
     tokenizer_name_or_path: str | None = field(
         default=None, metadata={"help": "Tokenizer folder or hub id (default: the model's)."}
     )
-    use_peft: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of all weights."})
+    use_peft: bool = field(
+        default=False, metadata={"help": "Train LoRA adapters instead of all weights."}
+    )
     lora_r: int = field(default=8, metadata={"help": "LoRA rank (fms-hf-tuning's --r)."})
     lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator."})
     lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA path."})
     target_modules: list[str] | None = field(
         default=None,
-        metadata={"help": "Modules that get LoRA adapters, space or comma separated (default: peft's choice "
-                          "for the architecture), e.g. q_proj v_proj."},
+        metadata={"help": "Modules that get LoRA adapters, space or comma separated (default: "
+                          "peft's choice for the architecture), e.g. q_proj v_proj."},
     )
     torch_dtype: str | None = field(
         default=None,
@@ -102,19 +69,23 @@ class ModelArguments:
 class DataArguments:
     """Where the instruction data is and which part of each text the loss is computed on."""
 
-    data_path: str | None = field(default=None, metadata={"help": "Training data: a JSON or JSONL file."})
+    data_path: str | None = field(
+        default=None, metadata={"help": "Training data: a JSON or JSONL file."}
+    )
     validation_data_path: str | None = field(
-        default=None, metadata={"help": "Evaluation data (default: --validation_split of the training data)."}
+        default=None,
+        metadata={"help": "Evaluation data (default: --validation_split of the training data)."},
     )
     validation_split: float = field(
         default=0.1,
-        metadata={"help": "Fraction of the training data held out for evaluation when evaluation is on and "
-                          "no --validation_data_path is given."},
+        metadata={"help": "Fraction of the training data held out for evaluation when evaluation "
+                          "is on and no --validation_data_path is given."},
     )
     response_template: str | None = field(
         default=None,
-        metadata={"help": "Marker after which the response starts; the loss covers only what follows it. "
-                          "Backslash escapes (\\n, \\t, \\\\) are interpreted, as shells pass them literally."},
+        metadata={"help": "Marker after which the response starts; the loss covers only what "
+                          "follows it. Backslash escapes (\\n, \\t, \\\\) are interpreted, as "
+                          "shells pass them literally."},
     )
     data_formatter_template: str | None = field(
         default=None,
@@ -150,8 +121,10 @@ MODEL_REQUIRED = "--model_name_or_path is required (or use --demo)"
 
 
 def output_dir(training: SFTConfig) -> str:
-    """--output_dir: TrainingArguments types it optional, and fills in "trainer_output" when it is not given."""
-    return _given(training.output_dir, "--output_dir is required: the folder for checkpoints and the run's journal")
+    """--output_dir: TrainingArguments types it optional and fills in "trainer_output" if not
+    given."""
+    return _given(training.output_dir,
+                  "--output_dir is required: the folder for checkpoints and the run's journal")
 
 
 def _given(value: str | None, missing: str) -> str:
@@ -160,63 +133,6 @@ def _given(value: str | None, missing: str) -> str:
     return value
 
 
-def rewrite_argv(argv: list[str]) -> list[str]:
-    """Map the seed's renamed flags and fms-hf-tuning's names onto ours, merge every --tracker
-    (fms's list ``--tracker aim mlflow``, our ``aim,mlflow``, repeated) and apply --demo
-    defaults."""
-    out: list[str] = []
-    trackers: list[str] = []
-    i = 0
-    while i < len(argv):
-        name, eq, value = argv[i].partition("=")
-        name = ALIASES.get(name, name)
-        values = [value] if eq else _values(argv, i + 1)
-        i += 1 + (0 if eq else len(values))
-        if name == "--tracker":
-            if not values:
-                raise UsageError(f"argument --tracker: expected a value ({', '.join(TRACKERS)})")
-            trackers += values
-        elif name in fms_flags.FMS_SWITCHES and not eq:
-            out += fms_flags.FMS_SWITCHES[name] + values
-        elif name == PEFT_METHOD:
-            if len(values) != 1:
-                raise UsageError("argument --peft_method: expected one value: lora or none")
-            out += ["--use_peft", fms_flags.peft_method(values[0])]
-        else:
-            out += [name + eq + value, *values]
-    if trackers:
-        out += ["--tracker", ",".join(trackers)]
-    if demo_requested(out):
-        out = DEMO_DEFAULTS + out
-    return out
-
-
-def _values(argv: list[str], start: int) -> list[str]:
-    """The words after a flag up to the next flag: its values."""
-    end = start
-    while end < len(argv) and not argv[end].startswith("--"):
-        end += 1
-    return argv[start:end]
-
-
-def demo_requested(argv: list[str]) -> bool:
-    """``--demo``, ``--demo True`` or ``--demo=yes``; the last occurrence wins, as in argparse."""
-    wanted = False
-    for i, arg in enumerate(argv):
-        name, eq, value = arg.partition("=")
-        if name != "--demo":
-            continue
-        if not eq:
-            following = argv[i + 1] if i + 1 < len(argv) else ""
-            value = "" if following.startswith("--") else following
-        wanted = value.lower() not in ("false", "f", "no", "n", "0")
-    return wanted
-
-
-def _has_flag(argv: list[str], flag: str) -> bool:
-    """Whether ``flag`` (or its dashed spelling) is on the command line, bare or as ``--flag=value``."""
-    names = {flag, "--" + flag[2:].replace("_", "-")}
-    return any(a.partition("=")[0] in names for a in argv)
 
 
 def build_parser() -> HfArgumentParser:
@@ -242,16 +158,18 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Tracking
                                          SFTConfig]:
     """Parse a command line into the four argument dataclasses; raise UsageError on any bad flag."""
     # trl's SFTConfig still sets the old name by default, so transformers warns on every run.
-    warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
-    if _has_flag(argv, "--dataset_text_field") and _has_flag(argv, "--data_formatter_template"):
+    warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated",
+                            category=FutureWarning)
+    if has_flag(argv, "--dataset_text_field") and has_flag(argv, "--data_formatter_template"):
         raise UsageError("--dataset_text_field and --data_formatter_template are both set: give "
                          "one (the template makes each record's text)")
     argv = rewrite_argv(argv)
-    if not _has_flag(argv, "--use_cpu") and _cpu_only():
+    if not has_flag(argv, "--use_cpu") and _cpu_only():
         argv = ["--use_cpu", "True", *argv]
     parser = build_parser()
-    # Flags first, dataclasses after: under torchrun, making SFTConfig starts torch.distributed (gloo), and
-    # a rank that stopped at a bad flag then could leave its peer in gloo's connection set-up, failing too.
+    # Flags first, dataclasses after: under torchrun, making SFTConfig starts torch.distributed
+    # (gloo), and a rank that stopped at a bad flag then could leave its peer in gloo's connection
+    # set-up, failing too.
     rest = parser.parse_known_args(argv)[1]
     if rest:
         refusal = next((line for word in rest if (line := fms_flags.unsupported(word))), None)
@@ -269,8 +187,9 @@ def _document_seed_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("the seed's flag names (still accepted)")
     for old, new in RENAMED_FLAGS.items():
         if "-" not in old[2:]:  # the underscore spelling; the dashed one is accepted as well
+            note = " (a value below 1 is a ratio)" if old == "--warmup_ratio" else ""
             group.add_argument(old, metavar=new[2:].upper(), default=argparse.SUPPRESS,
-                               help=f"same as {new}{' (a value below 1 is a ratio)' if old == '--warmup_ratio' else ''}")
+                               help=f"same as {new}{note}")
 
 
 def _cpu_only() -> bool:
@@ -299,14 +218,15 @@ def unescape(text: str) -> str:
     return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
 
 
-#: What ``--resume_from_checkpoint`` takes for "the last checkpoint in --output_dir" (as Trainer.train(True)).
+#: What ``--resume_from_checkpoint`` takes for "the last checkpoint in --output_dir" (as
+#: Trainer.train(True)).
 LAST_CHECKPOINT = ("true", "last")
 
 
 def _resume_args(training: SFTConfig, tracking: TrackingArguments) -> None:
-    """``--resume_from_checkpoint True`` (or ``last``) becomes the last checkpoint in --output_dir, and a
-    checkpoint that is not a folder, a run to continue that is not a run id, or both run flags at once
-    are usage errors (the run a resumed job continues: trainer/run_identity.py)."""
+    """``--resume_from_checkpoint True`` (or ``last``) becomes the last checkpoint in --output_dir,
+    and a checkpoint that is not a folder, a run to continue that is not a run id, or both run flags
+    at once are usage errors (the run a resumed job continues: trainer/run_identity.py)."""
     spec = training.resume_from_checkpoint
     if spec is not None and spec.lower() in LAST_CHECKPOINT:
         from transformers.trainer_utils import get_last_checkpoint
@@ -314,19 +234,21 @@ def _resume_args(training: SFTConfig, tracking: TrackingArguments) -> None:
         folder = output_dir(training)
         found = get_last_checkpoint(folder) if os.path.isdir(folder) else None
         if found is None:
-            raise UsageError(f"--resume_from_checkpoint {spec}: no checkpoint-N folder in --output_dir "
-                             f"{training.output_dir}; name the checkpoint to resume from")
+            raise UsageError(f"--resume_from_checkpoint {spec}: no checkpoint-N folder in "
+                             f"--output_dir {training.output_dir}; name the checkpoint to "
+                             "resume from")
         training.resume_from_checkpoint = found
     elif spec is not None and not os.path.isdir(spec):
-        raise UsageError(f"--resume_from_checkpoint: {spec} is not a folder (a checkpoint-N folder, or True for "
-                         "the last one in --output_dir)")
+        raise UsageError(f"--resume_from_checkpoint: {spec} is not a folder (a checkpoint-N "
+                         "folder, or True for the last one in --output_dir)")
     if tracking.continue_run is not None:
         if tracking.new_run:
             raise UsageError("--continue_run and --new_run contradict each other: give one")
         from relay.wire.schema import RUN_ID_RE, valid_run_id
 
         if not valid_run_id(tracking.continue_run):
-            raise UsageError(f"--continue_run: {tracking.continue_run!r} must match {RUN_ID_RE.pattern}")
+            raise UsageError(f"--continue_run: {tracking.continue_run!r} must match "
+                             f"{RUN_ID_RE.pattern}")
 
 
 def validate(
@@ -344,8 +266,8 @@ def validate(
     tracking = tracking or TrackingArguments()
     trackers, exp_metadata = check_tracking(tracking)
     if training.fsdp and _cpu_only() and training.process_index == 0:
-        log.warning("--fsdp: no accelerator here, so accelerate runs this job as plain data parallel (DDP on gloo, "
-                    "the whole model on every rank), not sharded")
+        log.warning("--fsdp: no accelerator here, so accelerate runs this job as plain data "
+                    "parallel (DDP on gloo, the whole model on every rank), not sharded")
     _resume_args(training, tracking)
     if training.run_name is not None:
         from relay.wire.schema import RUN_ID_RE, valid_run_id
@@ -391,7 +313,8 @@ def validate(
                                        data.response_template, "--validation_data_path", formatter)
         else:
             if len(train_ds) < 2:
-                raise UsageError("--data_path: evaluation needs at least 2 records to hold some out")
+                raise UsageError(
+                    "--data_path: evaluation needs at least 2 records to hold some out")
             split = train_ds.train_test_split(test_size=data.validation_split, seed=training.seed)
             train_ds, eval_ds = split["train"], split["test"]
     return RunPlan(model, data, tracking, training, trackers, exp_metadata, train_ds, eval_ds)

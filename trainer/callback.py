@@ -34,7 +34,8 @@ from trainer.run_identity import write_run_file
 
 log = logging.getLogger(__name__)
 
-_VERSIONED = ("metrics-relay", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "pyzmq")
+_VERSIONED = ("metrics-relay", "torch", "transformers", "trl", "peft", "accelerate", "datasets",
+              "pyzmq")
 
 
 def library_versions() -> dict[str, str]:
@@ -49,8 +50,9 @@ def library_versions() -> dict[str, str]:
 
 
 def _usage(wall_since: float, cpu_since: float) -> dict[str, float]:
-    """This process's CPU use over the window, in % of one core, and its resident memory now, in % of the
-    machine's: the figures Aim's own resource tracker records per process (``cpu``, ``p_memory_percent``)."""
+    """This process's CPU use over the window, in % of one core, and its resident memory now, in %
+    of the machine's: the figures Aim's own resource tracker records per process (``cpu``,
+    ``p_memory_percent``)."""
     out = {}
     wall = time.perf_counter() - wall_since
     if wall > 0:
@@ -58,7 +60,8 @@ def _usage(wall_since: float, cpu_since: float) -> dict[str, float]:
     try:
         with open("/proc/self/statm", "rb") as fh:
             resident = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        out["memory_percent"] = 100.0 * resident / (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        out["memory_percent"] = 100.0 * resident / physical
     except (OSError, ValueError, IndexError):  # not Linux: the CPU figure alone
         pass
     return out
@@ -81,8 +84,8 @@ class RelayCallback(TrainerCallback):
     def __init__(self, publisher: Publisher | None = None, *, flush_timeout: float = 30.0,
                  run_params: Mapping[str, Mapping[str, Any]] | None = None, trainer: Any = None,
                  time_collectives: bool = True, **settings: Any) -> None:
-        """``trainer``: the Trainer this callback is added to, so that under DDP or FSDP the waits in
-        its collectives are timed on the model it wraps (on_train_begin gets the unwrapped one);
+        """``trainer``: the Trainer this callback is added to, so that under DDP or FSDP the waits
+        in its collectives are timed on the model it wraps (on_train_begin gets the unwrapped one);
         ``time_collectives=False`` times nothing (ranks then send no own work)."""
         if not flush_timeout > 0:
             raise ValueError(f"flush_timeout must be positive, got {flush_timeout!r}")
@@ -153,8 +156,9 @@ class RelayCallback(TrainerCallback):
             "event": "train_begin", "world_size": args.world_size, "max_steps": state.max_steps,
             "num_train_epochs": state.num_train_epochs, "train_batch_size": state.train_batch_size,
             "gradient_accumulation_steps": args.gradient_accumulation_steps,
-            # the run's attempt (a job resumed from a checkpoint is the next one: trainer/run_identity.py), the
-            # step it resumed from, and torchrun's restarts of this job so far
+            # the run's attempt (a job resumed from a checkpoint is the next one:
+            # trainer/run_identity.py), the step it resumed from, and torchrun's restarts of this
+            # job so far
             "attempt": pub.attempt, "resumed_from": state.global_step if pub.attempt else None,
             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
         }, step=state.global_step, epoch=state.epoch)
@@ -167,15 +171,17 @@ class RelayCallback(TrainerCallback):
                 pub.publish("params", to_wire(config.to_dict()), stage="model")
             peft_config = getattr(model, "peft_config", None)
             if peft_config:
-                pub.publish("params", {name: to_wire(cfg.to_dict()) for name, cfg in peft_config.items()},
-                            stage="peft")
-            if hasattr(model, "num_parameters"):  # what W&B's HF callback adds as model/num_parameters
-                pub.publish("params", {"num_parameters": model.num_parameters()}, stage="model_info")
+                adapters = {name: to_wire(cfg.to_dict()) for name, cfg in peft_config.items()}
+                pub.publish("params", adapters, stage="peft")
+            # what W&B's HF callback adds as model/num_parameters
+            if hasattr(model, "num_parameters"):
+                pub.publish("params", {"num_parameters": model.num_parameters()},
+                            stage="model_info")
         for name, params in self._run_params.items():
             pub.publish("params", to_wire(params), stage=name)
         if self._timing is not None:
-            pub.publish("params", {"measured": self._timing.clock is not None, "timed": self._timing.what},
-                        stage="own_work")
+            timing = {"measured": self._timing.clock is not None, "timed": self._timing.what}
+            pub.publish("params", timing, stage="own_work")
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                       **kwargs: Any) -> None:
@@ -204,7 +210,8 @@ class RelayCallback(TrainerCallback):
         data = {
             "step_time": self._busy / steps,
             "step_time_max": self._slowest,
-            "samples_per_second": self._samples_per_step * steps / self._busy if self._busy else 0.0,
+            "samples_per_second":
+                self._samples_per_step * steps / self._busy if self._busy else 0.0,
             "steps": steps,
             "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
             "outside_time": self._outside / steps,
@@ -226,7 +233,8 @@ class RelayCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs or self._pub is None:
             return
         for stage, metrics in split_logs(logs).items():
-            self._pub.publish("metrics", metrics, step=state.global_step, epoch=state.epoch, stage=stage)
+            self._pub.publish("metrics", metrics, step=state.global_step, epoch=state.epoch,
+                              stage=stage)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
@@ -238,10 +246,12 @@ class RelayCallback(TrainerCallback):
                 if os.path.isdir(path):
                     write_run_file(path, {"run": self._pub.run, "attempt": self._pub.attempt,
                                           "step": state.global_step})
-            except OSError as exc:  # never into training: a job resumed from it starts a new run, and says so
+            except OSError as exc:
+                # never into training: a job resumed from it starts a new run, and says so
                 log.warning("cannot record run %s in %s: %s", self._pub.run, path, exc)
             self._pub.publish("lifecycle", {
-                "event": "checkpoint", "path": path, "best_model_checkpoint": state.best_model_checkpoint,
+                "event": "checkpoint", "path": path,
+                "best_model_checkpoint": state.best_model_checkpoint,
             }, step=state.global_step, epoch=state.epoch)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

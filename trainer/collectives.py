@@ -5,10 +5,10 @@ its; the relay can name it only by what each rank did itself (its *own work*), w
 left of its time once the waits are taken out. The waits are timed on the model the Trainer
 prepared, by what wraps it:
 
-- **DDP's gradient all-reduce, inside the step**: DDP's own (built-in) all-reduce, untouched, and two
-  kinds of timestamps around it. The all-reduce overlaps the backward pass: buckets are sent while
-  gradients of earlier layers are still being computed, so the time from a bucket's launch to its
-  completion is not all waiting. The rank stops computing when its last gradient is ready (a
+- **DDP's gradient all-reduce, inside the step**: DDP's own (built-in) all-reduce, untouched, and
+  two kinds of timestamps around it. The all-reduce overlaps the backward pass: buckets are sent
+  while gradients of earlier layers are still being computed, so the time from a bucket's launch to
+  its completion is not all waiting. The rank stops computing when its last gradient is ready (a
   post-accumulate-grad hook on each trainable parameter stamps the time); from then it only
   waits, and DDP returns from the backward pass only once every bucket's all-reduce has completed
   (the accelerator's ``backward`` is wrapped to stamp its return). That interval is the wait. A
@@ -60,7 +60,7 @@ class CollectiveClock:
         self.outside = 0.0  # ... and between them
 
     def take(self) -> tuple[float, float]:
-        """(wait inside steps, wait between steps) since the previous call; both start again at 0."""
+        """(wait inside steps, wait between steps) since the previous call; both restart at 0."""
         with self._lock:
             out = (self.inside, self.outside)
             self.inside = self.outside = 0.0
@@ -105,8 +105,8 @@ class CollectiveClock:
         self.in_step = False
 
     def waited(self, seconds: float) -> None:
-        """A blocking collective took ``seconds`` (trainer/dist_waits.py), or the all-reduce after the
-        last gradient did."""
+        """A blocking collective took ``seconds`` (trainer/dist_waits.py), or the all-reduce after
+        the last gradient did."""
         with self._lock:
             if self.in_step:
                 self.inside += seconds
@@ -131,15 +131,17 @@ def attach(trainer: Any, enabled: bool = True) -> Timing:
     from torch.nn.parallel import DistributedDataParallel
 
     if not enabled:
-        return Timing(None, "collective timing turned off (--time_collectives false): judged by step time")
+        return Timing(None, "collective timing turned off (--time_collectives false): judged by "
+                            "step time")
     model = getattr(trainer, "model_wrapped", None)
     if not dist.is_initialized():
         return Timing(None, "no process group: judged by step time")
     backend = dist.get_backend()  # "gloo", "nccl", or per device: "cpu:gloo,cuda:nccl"
-    device = next((p.device.type for p in model.parameters()), "cpu") if model is not None else "cpu"
+    device = "cpu" if model is None else next((p.device.type for p in model.parameters()), "cpu")
     if device != "cpu" or "gloo" not in backend:
-        return Timing(None, f"{backend} on {device}: a collective returns before the device has done it, so its "
-                            "wait cannot be timed without synchronising the device: judged by step time")
+        return Timing(None, f"{backend} on {device}: a collective returns before the device has "
+                            "done it, so its wait cannot be timed without synchronising the "
+                            "device: judged by step time")
     if isinstance(model, DistributedDataParallel):
         kind = "DDP gradient all-reduce (after the last gradient)"
     elif isinstance(model, FSDPModule):
@@ -147,8 +149,8 @@ def attach(trainer: Any, enabled: bool = True) -> Timing:
     elif isinstance(model, FullyShardedDataParallel):
         kind = "FSDP1 all-gathers and reduce-scatters"
     else:
-        return Timing(None, f"a {type(model).__name__} model: not DDP or FSDP, its waits are not known here: "
-                            "judged by step time")
+        return Timing(None, f"a {type(model).__name__} model: not DDP or FSDP, its waits are not "
+                            "known here: judged by step time")
     clock = CollectiveClock()
     if isinstance(model, DistributedDataParallel):
         clock.watch(model)

@@ -51,7 +51,7 @@ def _number(name: str, value: Any) -> float | int:
 
 
 def to_wire(value: Any, depth: int = 1) -> Any:
-    """Make params travel: JSON-like types, string keys, bounded depth; anything else as its str()."""
+    """Make params travel: JSON-like types, string keys, bounded depth; anything else as str()."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if depth >= MAX_DEPTH:
@@ -86,7 +86,8 @@ def _emit(type_: str, data: dict[str, Any], step: int | None, stage: str) -> Non
         _queued.append((type_, data, step, stage))
 
 
-def track(metrics: Mapping[str, Any], stage: str = "additional_metrics", step: int | None = None) -> None:
+def track(metrics: Mapping[str, Any], stage: str = "additional_metrics",
+          step: int | None = None) -> None:
     """Record custom metrics, e.g. ``track({"model_load_time": 3.2})``.
 
     ``step`` defaults to the Trainer's current global step while training runs. Values must be
@@ -121,12 +122,14 @@ SEND_INTERVAL = 0.1
 
 def start(run: str, *, rank: int = 0, local_rank: int = 0, world_size: int = 1,
           address: str | None = None, send_interval: float = SEND_INTERVAL,
-          spool_dir: str | None = None, spool_journal: str | None = None, attempt: int = 0) -> Publisher:
+          spool_dir: str | None = None, spool_journal: str | None = None,
+          attempt: int = 0) -> Publisher:
     """Connect this process to the relay and hand over everything queued so far.
 
     ``spool_dir``: where :func:`stop` writes what the relay never acknowledged, for ``relay replay``
     (None: it is only counted and logged); ``spool_journal``: the relay's journal, which the logged
-    replay command names; ``attempt``: the run's attempt this job is (a resumed job's, trainer/run_identity.py).
+    replay command names; ``attempt``: the run's attempt this job is (a resumed job's,
+    trainer/run_identity.py).
 
     Raises ValueError for a bad run id or rank, and RuntimeError if a connection already exists.
     """
@@ -135,10 +138,11 @@ def start(run: str, *, rank: int = 0, local_rank: int = 0, world_size: int = 1,
         if _publisher is not None:
             raise RuntimeError(f"tracking already started for run {_publisher.run!r}")
         pub = Publisher(run, rank, local_rank=local_rank, world_size=world_size, address=address,
-                        send_interval=send_interval, spool_dir=spool_dir, spool_journal=spool_journal,
-                        attempt=attempt)
+                        send_interval=send_interval, spool_dir=spool_dir,
+                        spool_journal=spool_journal, attempt=attempt)
         if _queue_dropped:
-            pub.publish("metrics", {"tracking_queue_dropped": _queue_dropped}, stage="additional_metrics")
+            pub.publish("metrics", {"tracking_queue_dropped": _queue_dropped},
+                        stage="additional_metrics")
         while _queued:
             type_, data, step, stage = _queued.popleft()
             pub.publish(type_, data, step=step, stage=stage)
@@ -172,5 +176,6 @@ def stop(timeout: float = 30.0) -> int:
 @atexit.register
 def _report_unsent() -> None:
     if _queued or _queue_dropped:
-        log.warning("%d tracked events were never sent (%d more dropped): no relay connection was started "
-                    "in this process (trainer.custom_metrics.start or trainer.train)", len(_queued), _queue_dropped)
+        log.warning("%d tracked events were never sent (%d more dropped): no relay connection was "
+                    "started in this process (trainer.custom_metrics.start or trainer.train)",
+                    len(_queued), _queue_dropped)

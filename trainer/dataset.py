@@ -48,7 +48,8 @@ def load_sft_dataset(
     import datasets
 
     if not os.path.isfile(path):
-        raise UsageError(f"{flag}: {path} {'is not a file' if os.path.exists(path) else 'does not exist'}")
+        what = "is not a file" if os.path.exists(path) else "does not exist"
+        raise UsageError(f"{flag}: {path} {what}")
     rows: list[dict[str, str]] = []
     missing_template: list[int] = []
     for number, record in _records(path, flag):
@@ -62,7 +63,8 @@ def load_sft_dataset(
         if text is None:
             raise UsageError(f"{where} has no field {text_field!r} (set --dataset_text_field)")
         if not isinstance(text, str):
-            raise UsageError(f"{where}: field {text_field!r} is a {type(text).__name__}, not a string")
+            raise UsageError(
+                f"{where}: field {text_field!r} is a {type(text).__name__}, not a string")
         if response_template is None:
             rows.append({text_field: text})
             continue
@@ -74,8 +76,8 @@ def load_sft_dataset(
         rows.append({"prompt": text[:cut], "completion": text[cut:]})
     if missing_template:
         raise UsageError(
-            f"{flag} {path}: response template {response_template!r} not found in {len(missing_template)} "
-            f"record(s), first in record {missing_template[0]}"
+            f"{flag} {path}: response template {response_template!r} not found in "
+            f"{len(missing_template)} record(s), first in record {missing_template[0]}"
         )
     if not rows:
         raise UsageError(f"{flag} {path}: no records")

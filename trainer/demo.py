@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 
-from trainer.args import DEMO_DATA
+from trainer.argv_rewrite import DEMO_DATA
 
 #: Written last: a folder holding it is a complete build.
 _MARKER = "demo-complete.json"
@@ -23,7 +23,8 @@ def _texts(path: str) -> list[str]:
         return [json.loads(line)["output"] for line in fh if line.strip()]
 
 
-def build_demo(folder: str, data_path: str = DEMO_DATA, vocab_size: int = 512, seed: int = 0) -> str:
+def build_demo(folder: str, data_path: str = DEMO_DATA, vocab_size: int = 512,
+               seed: int = 0) -> str:
     """Build the demo model and tokenizer into ``folder`` (kept if already complete) and return it.
 
     The build goes to a temporary sibling folder that is renamed into place, so concurrent or
@@ -47,7 +48,8 @@ def build_demo(folder: str, data_path: str = DEMO_DATA, vocab_size: int = 512, s
         ),
     )
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>", eos_token="</s>", model_max_length=256
+        tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+        model_max_length=256,
     )
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -66,8 +68,10 @@ def build_demo(folder: str, data_path: str = DEMO_DATA, vocab_size: int = 512, s
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp)
         with open(os.path.join(tmp, _MARKER), "w", encoding="utf-8") as fh:
-            json.dump({"data": os.path.basename(data_path), "vocab_size": len(tokenizer), "seed": seed}, fh)
-        if not os.path.isfile(os.path.join(folder, _MARKER)):  # another process may have won the race
+            json.dump({"data": os.path.basename(data_path), "vocab_size": len(tokenizer),
+                       "seed": seed}, fh)
+        # another process may have won the race
+        if not os.path.isfile(os.path.join(folder, _MARKER)):
             shutil.rmtree(folder, ignore_errors=True)
             os.rename(tmp, folder)
     finally:

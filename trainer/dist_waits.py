@@ -14,10 +14,11 @@ with wrappers that add the call's wall time to a :class:`~trainer.collectives.Co
 
 Only blocking calls are timed: with ``async_op=True`` the call returns at once and the wait is in
 ``Work.wait()`` somewhere else (DDP's gradient all-reduce is issued so, in C++ anyway; its wait is
-timed by the clock around the backward pass). A collective called from inside another (``all_gather_object`` calls
-``all_gather``) counts once. What is not reached here: a function bound before install (``from
-torch.distributed import all_gather`` at import), and DTensor's functional collectives (FSDP2's
-gradient-norm all-reduce when clipping), whose wait is where the result is first read.
+timed by the clock around the backward pass). A collective called from inside another
+(``all_gather_object`` calls ``all_gather``) counts once. What is not reached here: a function bound
+before install (``from torch.distributed import all_gather`` at import), and DTensor's functional
+collectives (FSDP2's gradient-norm all-reduce when clipping), whose wait is where the result is
+first read.
 """
 from __future__ import annotations
 
@@ -29,18 +30,20 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-#: The collectives that can make a rank wait for its peers (those of this torch that exist are used).
+#: The collectives that can make a rank wait for its peers (those of this torch that exist are
+#: used).
 BLOCKING = (
-    "all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-    "all_gather_single", "all_gather_coalesced", "_all_gather_base", "gather", "scatter", "reduce_scatter",
-    "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base", "all_to_all", "all_to_all_single",
-    "all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list", "barrier",
-    "monitored_barrier",
+    "all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather",
+    "all_gather_into_tensor", "all_gather_single", "all_gather_coalesced", "_all_gather_base",
+    "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+    "_reduce_scatter_base", "all_to_all", "all_to_all_single", "all_gather_object", "gather_object",
+    "broadcast_object_list", "scatter_object_list", "barrier", "monitored_barrier",
 )
 
 _local = threading.local()  # .busy: a timed collective is running on this thread
 _lock = threading.Lock()
-_waited: Callable[[float], None] | None = None  # the clock's sink for seconds waited; None: not installed
+#: the clock's sink for seconds waited; None: not installed
+_waited: Callable[[float], None] | None = None
 _saved: list[tuple[ModuleType, str, Callable[..., Any]]] = []
 
 

@@ -47,13 +47,13 @@ class RelayStartError(RuntimeError):
 
 
 def default_run_id(run_name: str | None = None) -> str:
-    """``--run_name``, else a rendezvous id given to torchrun (``--rdzv_id``), else ``sft-<time>``; always followed by a
-    random suffix, so that no two jobs share an id.
+    """``--run_name``, else a rendezvous id given to torchrun (``--rdzv_id``), else ``sft-<time>``;
+    always followed by a random suffix, so that no two jobs share an id.
 
     The relay drops events whose ``(run, rank, seq)`` it has already journaled and every job counts
-    ``seq`` from 0, so a second job (or an elastic restart, which also gets ``-r<N>``) under a reused
-    id would have its events taken for duplicates. Names are for people; ids must be unique, as in
-    every tracker's notion of a run name.
+    ``seq`` from 0, so a second job (or an elastic restart, which also gets ``-r<N>``) under a
+    reused id would have its events taken for duplicates. Names are for people; ids must be unique,
+    as in every tracker's notion of a run name.
     """
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
@@ -126,8 +126,8 @@ class EmbeddedRelay:
             "--sink", "jsonl", "--path", journal,
         ]
         cmd += sink_args or []  # the other trackers' sinks (trainer/tracker_flags.py)
-        cmd += ["--ready-file", ready, "--watch-pid", str(os.getpid()), "--shutdown-timeout", f"{exit_timeout:g}",
-                "--log-level", "info"]
+        cmd += ["--ready-file", ready, "--watch-pid", str(os.getpid()),
+                "--shutdown-timeout", f"{exit_timeout:g}", "--log-level", "info"]
         log_path = os.path.join(output_dir, RELAY_LOG_NAME)
         with open(log_path, "ab") as log_file:
             # Own session: a Ctrl-C in the terminal must not stop the relay before the ranks flush.
@@ -138,8 +138,8 @@ class EmbeddedRelay:
             code = proc.poll()
             if code is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
-                raise RelayStartError(f"embedded relay exited with status {code}: {_last_line(log_path)} "
-                                      f"(log: {log_path})")
+                raise RelayStartError(f"embedded relay exited with status {code}: "
+                                      f"{_last_line(log_path)} (log: {log_path})")
             address = _read_ready(ready)
             if address:
                 log.info("embedded relay pid %d at %s, writing %s", proc.pid, address, journal)
@@ -148,16 +148,18 @@ class EmbeddedRelay:
                 proc.kill()
                 proc.wait()
                 shutil.rmtree(workdir, ignore_errors=True)
-                raise RelayStartError(f"embedded relay not ready after {timeout:g}s (log: {log_path})")
+                raise RelayStartError(
+                    f"embedded relay not ready after {timeout:g}s (log: {log_path})")
             time.sleep(0.05)
 
     def stop(self) -> int:
         """SIGTERM: the relay journals what is left, then waits up to ``exit_timeout`` seconds (its
-        ``--shutdown-timeout``) for its sinks to apply it, and exits. Meanwhile a progress line every
-        PROGRESS_EVERY seconds; at the end, which sinks lack how many events and the ``relay replay``
-        command (for ``run``, once the job set it) that completes them, or that every sink is complete. A relay still
-        running ``STOP_GRACE`` seconds after its own bound is killed (its sinks die with it, and the
-        last progress it wrote says what they lack). Returns the relay's exit status."""
+        ``--shutdown-timeout``) for its sinks to apply it, and exits. Meanwhile a progress line
+        every PROGRESS_EVERY seconds; at the end, which sinks lack how many events and the ``relay
+        replay`` command (for ``run``, once the job set it) that completes them, or that every sink
+        is complete. A relay still running ``STOP_GRACE`` seconds after its own bound is killed (its
+        sinks die with it, and the last progress it wrote says what they lack). Returns the relay's
+        exit status."""
         started = time.monotonic()
         try:
             if self.proc.poll() is None:
@@ -183,7 +185,8 @@ class EmbeddedRelay:
                 pass
             now = time.monotonic()
             if now - started > limit:
-                log.warning("embedded relay pid %d did not stop within %.0f s; killing it", self.proc.pid, limit)
+                log.warning("embedded relay pid %d did not stop within %.0f s; killing it",
+                            self.proc.pid, limit)
                 self.proc.kill()
                 self.proc.wait()
                 return
@@ -194,22 +197,26 @@ class EmbeddedRelay:
                     log.info("%s (--relay_exit_timeout)", progress)
 
     def _say_complete(self, run: str | None, waited: float) -> None:
-        """The last word on the trackers: complete, or which lack how many events and the command that
-        completes them (as the relay wrote them in its stats; its last progress, if it was killed)."""
+        """The last word on the trackers: complete, or which lack how many events and the command
+        that completes them (as the relay wrote them in its stats; its last progress, if it was
+        killed)."""
         stats = _read_stats(self.stats_path)
         sinks = [name for name in stats.get("sinks", {}) if name != JOURNAL_SINK]
         if not sinks:
             return
         lacks = stats.get("behind") or {}
         if not lacks:
-            log.info("trackers complete: %s applied the run (%.1f s after training)", ", ".join(sinks), waited)
+            log.info("trackers complete: %s applied the run (%.1f s after training)",
+                     ", ".join(sinks), waited)
             return
         command = [relay_executable(), *stats["replay"][1:]]
         if run is not None:
             command[3:3] = ["--run", run]
-        which = ", ".join(_shortfall(name, count, stats.get("sinks", {}).get(name, {})) for name, count in lacks.items())
-        log.warning("trackers not complete after %.0f s: %s; the journal has every event: complete them with: %s",
-                    waited, which, shlex.join(command))
+        sink_stats = stats.get("sinks", {})
+        which = ", ".join(_shortfall(name, count, sink_stats.get(name, {}))
+                          for name, count in lacks.items())
+        log.warning("trackers not complete after %.0f s: %s; the journal has every event: "
+                    "complete them with: %s", waited, which, shlex.join(command))
 
 
 def stats_path(journal: str) -> str:
@@ -257,8 +264,8 @@ def _is_journal(path: str) -> bool:
 
 
 def _shortfall(name: str, count: int, stats: dict[str, Any]) -> str:
-    """What a tracker not complete lacks, in the relay's words (relay/sinkhost/behind.py's shortfall:
-    the relay's side, which the training side does not import)."""
+    """What a tracker not complete lacks, in the relay's words (relay/sinkhost/behind.py's
+    shortfall: the relay's side, which the training side does not import)."""
     said = [f"{name} lacks {count:,} events"] if count else []
     if stats.get("incomplete_closes"):
         said.append("its close did not complete" if said else f"{name}'s close did not complete")
@@ -266,7 +273,7 @@ def _shortfall(name: str, count: int, stats: dict[str, Any]) -> str:
 
 
 def relay_executable() -> str:
-    """This environment's ``relay`` (.venv/bin/relay when that is not the one on PATH), as a user types it."""
+    """This environment's ``relay`` (.venv/bin/relay if that is not the one on PATH), as typed."""
     relay = os.path.join(os.path.dirname(sys.executable), "relay")
     if not os.path.exists(relay) or shutil.which("relay") == relay:
         return "relay"
@@ -280,7 +287,7 @@ def near(path: str) -> str:
 
 
 def _read_stats(path: str) -> dict[str, Any]:
-    """The relay's stats file, or nothing: it replaces it whole (atomically), so any file there is complete."""
+    """The relay's stats file, or nothing: replaced whole (atomically), any file is complete."""
     try:
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
@@ -289,7 +296,7 @@ def _read_stats(path: str) -> dict[str, Any]:
 
 
 def _private_dir() -> str:
-    """A new directory only this user can enter (mkdtemp makes it 0700), short enough for a socket."""
+    """A new directory only this user can enter (mkdtemp: 0700), short enough for a socket."""
     workdir = tempfile.mkdtemp(prefix="metrics-relay-")
     if len(os.path.join(workdir, SOCKET_NAME)) > MAX_SOCKET_PATH:
         os.rmdir(workdir)

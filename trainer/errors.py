@@ -1,5 +1,6 @@
 """The training side's one error type, in a module of its own so that argument parsing
-(trainer/args.py) and data loading (trainer/dataset.py) can both raise it without importing each other."""
+(trainer/args.py) and data loading (trainer/dataset.py) can both raise it without importing each
+other."""
 
 
 class UsageError(ValueError):

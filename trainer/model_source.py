@@ -25,30 +25,33 @@ HUB_TIMEOUT_S = 10.0
 
 
 def check_source(flag: str, value: str) -> None:
-    """UsageError unless ``value`` (given as ``--flag``) names a folder, or a hub id the job can load."""
+    """UsageError unless ``value`` (given as ``--flag``) is a folder or a hub id the job can
+    load."""
     path = os.path.expanduser(value)
     if os.path.isdir(path):
         return
     parent = os.path.dirname(path.rstrip(os.sep))
-    if value.startswith(("/", "./", "../", "~")) or os.path.exists(path) or (parent and os.path.isdir(parent)):
+    a_path = value.startswith(("/", "./", "../", "~")) or os.path.exists(path)
+    if a_path or (parent and os.path.isdir(parent)):
         what = "is not a folder" if os.path.exists(path) else "does not exist"
-        raise UsageError(f"--{flag}: {value} {what}; give the folder that holds the model (its config.json)")
+        raise UsageError(f"--{flag}: {value} {what}; give the folder that holds the model "
+                         "(its config.json)")
     from huggingface_hub import try_to_load_from_cache
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
         validate_repo_id(value)
     except HFValidationError:
-        raise UsageError(f"--{flag}: {value} is neither a folder nor a Hugging Face model id (ORG/NAME); "
-                         "give the folder that holds the model") from None
+        raise UsageError(f"--{flag}: {value} is neither a folder nor a Hugging Face model id "
+                         "(ORG/NAME); give the folder that holds the model") from None
     if any(isinstance(try_to_load_from_cache(value, name), str) for name in _CACHED_FILES):
         return
     if not offline():
         _ask_the_hub(flag, value)
         return
-    raise UsageError(f"--{flag}: {value} is no folder here, and the Hugging Face cache holds no model {value!r} "
-                     "(the hub is off: HF_HUB_OFFLINE); give the model's folder, or download it first "
-                     f"(hf download {value})")
+    raise UsageError(f"--{flag}: {value} is no folder here, and the Hugging Face cache holds no "
+                     f"model {value!r} (the hub is off: HF_HUB_OFFLINE); give the model's folder, "
+                     f"or download it first (hf download {value})")
 
 
 def _ask_the_hub(flag: str, value: str) -> None:
@@ -60,21 +63,27 @@ def _ask_the_hub(flag: str, value: str) -> None:
     try:
         HfApi().model_info(value, timeout=HUB_TIMEOUT_S)
     except GatedRepoError:
-        raise UsageError(f"--{flag}: {value} is a gated model on the Hugging Face hub; accept its terms on "
-                         "huggingface.co and log in (hf auth login), or give a folder that holds it") from None
+        raise UsageError(f"--{flag}: {value} is a gated model on the Hugging Face hub; accept its "
+                         "terms on huggingface.co and log in (hf auth login), or give a folder "
+                         "that holds it") from None
     except RepositoryNotFoundError:
-        raise UsageError(f"--{flag}: the Hugging Face hub has no model {value!r} (or it is private: hf auth login); "
-                         "check the id, or give the folder that holds the model") from None
-    except Exception as exc:  # the network's own errors (DNS, connection, timeout): said, and the job stops
-        raise UsageError(f"--{flag}: cannot ask the Hugging Face hub about {value} ({type(exc).__name__}: "
-                         f"{' '.join(str(exc).split())[:200]}); give the model's folder, or set HF_HUB_OFFLINE=1 "
-                         "and download it where the hub is reachable (hf download)") from None
+        raise UsageError(f"--{flag}: the Hugging Face hub has no model {value!r} (or it is "
+                         "private: hf auth login); check the id, or give the folder that holds the "
+                         "model") from None
+    except Exception as exc:
+        # the network's own errors (DNS, connection, timeout): said, and the job stops
+        said = " ".join(str(exc).split())[:200]
+        raise UsageError(f"--{flag}: cannot ask the Hugging Face hub about {value} "
+                         f"({type(exc).__name__}: {said}); give the model's folder, or set "
+                         "HF_HUB_OFFLINE=1 and download it where the hub is reachable "
+                         "(hf download)") from None
 
 
 def check_command_line(argv: list[str]) -> None:
-    """``check_source`` for the model and tokenizer flags of a command line, before it is parsed (parsing
-    imports transformers and trl: seconds), so a wrong model id costs a moment."""
-    wanted = {f"--{flag}": flag for flag in FLAGS} | {f"--{flag.replace('_', '-')}": flag for flag in FLAGS}
+    """``check_source`` for the model and tokenizer flags of a command line, before it is parsed
+    (parsing imports transformers and trl: seconds), so a wrong model id costs a moment."""
+    wanted = {f"--{flag}": flag for flag in FLAGS}
+    wanted |= {f"--{flag.replace('_', '-')}": flag for flag in FLAGS}
     for i, word in enumerate(argv):
         name, eq, value = word.partition("=")
         if name in wanted and (eq or i + 1 < len(argv)):
@@ -82,5 +91,6 @@ def check_command_line(argv: list[str]) -> None:
 
 
 def offline() -> bool:
-    """Whether the Hugging Face hub is switched off for this process, as huggingface_hub reads it."""
-    return any(os.environ.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    """Whether the Hugging Face hub is off for this process, as huggingface_hub reads it."""
+    return any(os.environ.get(name, "").strip().lower() in _TRUE
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))

@@ -22,7 +22,8 @@ from sinks.events import MAX_ATTEMPT
 log = logging.getLogger(__name__)
 
 RUN_FILE_NAME = "tracking_run.json"
-TRAINER_STATE = "trainer_state.json"  # what the Trainer saves in a checkpoint: its global_step among it
+#: What the Trainer saves in a checkpoint: its global_step among it.
+TRAINER_STATE = "trainer_state.json"
 
 
 @dataclass
@@ -35,9 +36,9 @@ class RunIdentity:
     checkpoint: str | None = None
 
 
-def identify(new_id: str, checkpoint: str | None, output_dir: str, *, continue_run: str | None = None,
-             new_run: bool = False) -> RunIdentity:
-    """On rank 0: ``new_id`` (a fresh run id) unless the job continues a run (see the module's docstring)."""
+def identify(new_id: str, checkpoint: str | None, output_dir: str, *,
+             continue_run: str | None = None, new_run: bool = False) -> RunIdentity:
+    """On rank 0: ``new_id`` (a fresh run id) unless the job continues a run (module docstring)."""
     if new_run or (checkpoint is None and continue_run is None):
         if new_run and checkpoint is not None:
             log.info("--new_run: resuming from %s as the new run %s", checkpoint, new_id)
@@ -45,13 +46,15 @@ def identify(new_id: str, checkpoint: str | None, output_dir: str, *, continue_r
     records = [r for r in (read_run_file(checkpoint), read_run_file(output_dir)) if r]
     run = continue_run or next((r["run"] for r in records if isinstance(r.get("run"), str)), None)
     if run is None:
-        log.info("resuming from %s, which names no run (no %s in it or in %s): a new run %s", checkpoint,
-                 RUN_FILE_NAME, output_dir, new_id)
+        log.info("resuming from %s, which names no run (no %s in it or in %s): a new run %s",
+                 checkpoint, RUN_FILE_NAME, output_dir, new_id)
         return RunIdentity(new_id, checkpoint=checkpoint)
-    attempts = [_attempts(r).get(run) for r in records] + [r.get("attempt") for r in records if r.get("run") == run]
+    attempts = [_attempts(r).get(run) for r in records]
+    attempts += [r.get("attempt") for r in records if r.get("run") == run]
     attempt = max((a for a in attempts if type(a) is int), default=0) + 1
     if attempt >= MAX_ATTEMPT:
-        raise ValueError(f"run {run} has had {attempt} attempts, the most a run can have; use --new_run")
+        raise ValueError(
+            f"run {run} has had {attempt} attempts, the most a run can have; use --new_run")
     step = checkpoint_step(checkpoint) if checkpoint is not None else 0
     log.info("continuing run %s: attempt %d, from step %d%s", run, attempt, step,
              f" ({checkpoint})" if checkpoint else "")

@@ -14,17 +14,8 @@ import time
 from typing import TYPE_CHECKING
 
 from trainer import custom_metrics
-from trainer.args import (
-    DEMO_DATA,
-    DEMO_RESPONSE_TEMPLATE,
-    DataArguments,
-    ModelArguments,
-    RunPlan,
-    demo_requested,
-    output_dir,
-    parse_args,
-    validate,
-)
+from trainer.args import DataArguments, ModelArguments, RunPlan, output_dir, parse_args, validate
+from trainer.argv_rewrite import DEMO_DATA, DEMO_RESPONSE_TEMPLATE, demo_requested
 from trainer.embedded import RelayStartError
 from trainer.errors import UsageError
 from trainer.formatter import fill_special_tokens
@@ -82,7 +73,8 @@ def train(
     tracking_args: TrackingArguments | None = None,
     callbacks: list[TrainerCallback] | None = None,
 ) -> TrainOutput:
-    """Fine-tune as the command line does; with no ``tracking_args``, log to ``output_dir/training_logs.jsonl``.
+    """Fine-tune as the command line does; with no ``tracking_args``, log to
+    ``output_dir/training_logs.jsonl``.
 
     ``callbacks`` are added to the Trainer beside ours (another tracker to compare against, say).
 
@@ -124,16 +116,21 @@ def train(
         if model_args.use_peft:
             targets = model_args.target_modules
             peft_config = LoraConfig(
-                r=model_args.lora_r, lora_alpha=model_args.lora_alpha, lora_dropout=model_args.lora_dropout,
-                target_modules="all-linear" if targets == ["all-linear"] else targets, task_type="CAUSAL_LM",
+                r=model_args.lora_r, lora_alpha=model_args.lora_alpha,
+                lora_dropout=model_args.lora_dropout,
+                target_modules="all-linear" if targets == ["all-linear"] else targets,
+                task_type="CAUSAL_LM",
             )
         trainer = SFTTrainer(
-            model=model, args=training_args, train_dataset=plan.train_dataset, eval_dataset=plan.eval_dataset,
-            processing_class=tokenizer, peft_config=peft_config, callbacks=list(callbacks or []),
+            model=model, args=training_args, train_dataset=plan.train_dataset,
+            eval_dataset=plan.eval_dataset, processing_class=tokenizer, peft_config=peft_config,
+            callbacks=list(callbacks or []),
         )
         if plan.tracking_on:
-            # Given the trainer, it times the waits in the collectives of the model the trainer wraps (DDP, FSDP).
-            relay_callback = RelayCallback(flush_timeout=plan.tracking.relay_flush_timeout, trainer=trainer,
+            # Given the trainer, it times the waits in the collectives of the model the trainer
+            # wraps (DDP, FSDP).
+            relay_callback = RelayCallback(flush_timeout=plan.tracking.relay_flush_timeout,
+                                           trainer=trainer,
                                            time_collectives=plan.tracking.time_collectives)
             trainer.add_callback(relay_callback)
         result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
@@ -165,7 +162,7 @@ def _configure_logging() -> None:
 
 
 def _not_printed_by_its_library(record: logging.LogRecord) -> bool:
-    """False for a record a library's own handler prints (huggingface_hub's): it would be said twice."""
+    """False for a record a library's own handler prints (huggingface_hub's): said twice."""
     logger: logging.Logger | None = logging.getLogger(record.name)
     while logger is not None and logger is not logging.getLogger():
         if logger.handlers:
@@ -178,7 +175,8 @@ def _not_printed_by_its_library(record: logging.LogRecord) -> bool:
 
 def main(argv: list[str] | None = None, callbacks: list[TrainerCallback] | None = None) -> int:
     """Command line entry point; returns the exit status (2: bad usage or input, 143: SIGTERM; 0 on
-    a rank that torchrun stopped after rank 0 reported the job's error). ``callbacks``: as for train()."""
+    a rank that torchrun stopped after rank 0 reported the job's error). ``callbacks``: as for
+    train()."""
     argv = sys.argv[1:] if argv is None else list(argv)
     _configure_logging()
     # torchrun stops the surviving ranks with SIGTERM when one fails; unwinding (instead of dying
@@ -186,7 +184,8 @@ def main(argv: list[str] | None = None, callbacks: list[TrainerCallback] | None 
     STOP.install()
     if demo_requested(argv):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("OMP_NUM_THREADS", "1")  # a model this small only loses by spreading out
+        # a model this small only loses by spreading out
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     if any(word in ("-h", "--help") for word in argv):
         print_help()
         return 0
@@ -232,7 +231,8 @@ def _write_error_file(message: str, status: int) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    data = {"message": {"message": message, "errorCode": status, "extraInfo": {"timestamp": str(int(time.time()))}}}
+    extra = {"timestamp": str(int(time.time()))}
+    data = {"message": {"message": message, "errorCode": status, "extraInfo": extra}}
     try:
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(data, fh)
@@ -242,5 +242,6 @@ def _write_error_file(message: str, status: int) -> None:
 
 def _close_process_group() -> None:
     torch = sys.modules.get("torch")
-    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    dist = None if torch is None else torch.distributed
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -11,10 +11,10 @@ begins (``closing``, set first thing there); from then on a SIGTERM is only note
 and the closing finishes within the grace: a flush bounded at a few seconds, then the spool.
 
 Nor does it raise before the rank has read its flags (``arm``): when one rank stops at a bad flag,
-torchrun stops its peers, and a peer still importing or parsing (a second behind, on a loaded machine)
-that died there was listed by torchrun as a failure of its own (exit 143) beside the one real error.
-Noted instead, the peer reaches the same bad flag, sees it was stopped and exits 0 (trainer/sft.py); a
-rank whose flags are fine raises at ``arm``, before any model loads.
+torchrun stops its peers, and a peer still importing or parsing (a second behind, on a loaded
+machine) that died there was listed by torchrun as a failure of its own (exit 143) beside the one
+real error. Noted instead, the peer reaches the same bad flag, sees it was stopped and exits 0
+(trainer/sft.py); a rank whose flags are fine raises at ``arm``, before any model loads.
 """
 from __future__ import annotations
 
@@ -72,6 +72,6 @@ class Stopping:
         return self.received
 
 
-#: The process's one state: trainer/__main__.py and trainer/sft.py's main() install it, main() arms it once
-#: the flags are read, train() says when closing begins.
+#: The process's one state: trainer/__main__.py and trainer/sft.py's main() install it, main() arms
+#: it once the flags are read, train() says when closing begins.
 STOP = Stopping()

@@ -25,7 +25,7 @@ _AIM_URL = re.compile(r"aim://([^:/\s]+):(\d+)/?")
 
 @dataclass
 class TrackingArguments:
-    """Where metrics and run metadata go: an embedded relay by default, or one run beside the job."""
+    """Where metrics and run metadata go: an embedded relay by default, or one beside the job."""
 
     tracker: str = field(
         default="jsonl",
@@ -58,62 +58,76 @@ class TrackingArguments:
     training_logs_filename: str = field(
         default=JSONL_NAME, metadata={"help": "File name of the JSONL journal in --output_dir."})
     mlflow_tracking_uri: str | None = field(
-        default=None, metadata={"help": "MLflow tracking URI: a folder, sqlite:///path.db or http://host:port "
-                                        "(default: sqlite:///<output_dir>/mlflow.db)."})
-    mlflow_experiment: str | None = field(default=None, metadata={"help": "MLflow experiment (default: "
-                                                                          "--experiment, else fms-hf-tuning)."})
+        default=None, metadata={"help": "MLflow tracking URI: a folder, sqlite:///path.db or "
+                                        "http://host:port (default: "
+                                        "sqlite:///<output_dir>/mlflow.db)."})
+    mlflow_experiment: str | None = field(
+        default=None, metadata={"help": "MLflow experiment (default: --experiment, else "
+                                        "fms-hf-tuning)."})
     tensorboard_logdir: str | None = field(
-        default=None, metadata={"help": "TensorBoard log dir (default: $TENSORBOARD_LOGGING_DIR, else "
-                                        "<output_dir>/runs)."})
-    wandb_project: str | None = field(default=None, metadata={"help": "W&B project (default: fms-hf-tuning)."})
-    wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity (team or user)."})
-    wandb_mode: str = field(default="offline", metadata={"help": "W&B mode: offline (default; `wandb sync` "
-                                                                  "uploads later) or online."})
-    clearml_project: str | None = field(default=None, metadata={"help": "ClearML project (default: "
-                                                                        "fms-hf-tuning)."})
-    clearml_task: str | None = field(default=None, metadata={"help": "ClearML task name (default: SFTTrainer)."})
-    nats_url: str = field(default="nats://127.0.0.1:4222",
-                          metadata={"help": "NATS servers the nats tracker publishes the journal to (comma-separated; "
-                                            "docs/sinks/nats.md): the fleet tier, with no node relay."})
-    nats_creds: str | None = field(default=None, metadata={"help": "NATS .creds file (nats tracker)."})
+        default=None, metadata={"help": "TensorBoard log dir (default: "
+                                        "$TENSORBOARD_LOGGING_DIR, else <output_dir>/runs)."})
+    wandb_project: str | None = field(
+        default=None, metadata={"help": "W&B project (default: fms-hf-tuning)."})
+    wandb_entity: str | None = field(
+        default=None, metadata={"help": "W&B entity (team or user)."})
+    wandb_mode: str = field(
+        default="offline", metadata={"help": "W&B mode: offline (default; `wandb sync` uploads "
+                                             "later) or online."})
+    clearml_project: str | None = field(
+        default=None, metadata={"help": "ClearML project (default: fms-hf-tuning)."})
+    clearml_task: str | None = field(
+        default=None, metadata={"help": "ClearML task name (default: SFTTrainer)."})
+    nats_url: str = field(
+        default="nats://127.0.0.1:4222",
+        metadata={"help": "NATS servers the nats tracker publishes the journal to "
+                          "(comma-separated; docs/sinks/nats.md): the fleet tier, with no node "
+                          "relay."})
+    nats_creds: str | None = field(
+        default=None, metadata={"help": "NATS .creds file (nats tracker)."})
     nats_stream: str = field(default="RELAY", metadata={"help": "JetStream stream (nats tracker)."})
-    nats_replicas: int = field(default=1, metadata={"help": "Replicas of the stream if the job creates it (nats "
-                                                               "tracker): 3 on a 3-node cluster."})
+    nats_replicas: int = field(
+        default=1, metadata={"help": "Replicas of the stream if the job creates it (nats "
+                                     "tracker): 3 on a 3-node cluster."})
     relay_address: str | None = field(
         default=None,
-        metadata={"help": "Publish to this running relay (tcp://host:port or ipc://path) instead of starting "
-                          "one beside the job."},
+        metadata={"help": "Publish to this running relay (tcp://host:port or ipc://path) instead "
+                          "of starting one beside the job."},
     )
     exp_metadata: str | None = field(
-        default=None, metadata={"help": "Run metadata: a JSON object, or the path of a JSON file holding one."}
+        default=None,
+        metadata={"help": "Run metadata: a JSON object, or the path of a JSON file holding one."},
     )
     continue_run: str | None = field(
         default=None,
-        metadata={"help": "The run id a resumed job continues (default: the run recorded in the checkpoint of "
-                          "--resume_from_checkpoint, else in --output_dir), as its next attempt."},
+        metadata={"help": "The run id a resumed job continues (default: the run recorded in the "
+                          "checkpoint of --resume_from_checkpoint, else in --output_dir), as its "
+                          "next attempt."},
     )
     new_run: bool = field(
         default=False,
-        metadata={"help": "Track a job resumed from a checkpoint as a new run, not as the next attempt of the run "
-                          "that saved the checkpoint."},
+        metadata={"help": "Track a job resumed from a checkpoint as a new run, not as the next "
+                          "attempt of the run that saved the checkpoint."},
     )
     relay_exit_timeout: float = field(
         default=300.0,
-        metadata={"help": "Seconds the job waits at its end, with a progress line, for the embedded relay's trackers to "
-                          "apply the run; then it says which lack how many events and the relay replay command that "
-                          "completes them."},
+        metadata={"help": "Seconds the job waits at its end, with a progress line, for the "
+                          "embedded relay's trackers to apply the run; then it says which lack how "
+                          "many events and the relay replay command that completes them."},
     )
     relay_flush_timeout: float = field(
         default=30.0,
-        metadata={"help": "Seconds the job waits at the end for the relay to acknowledge every event."},
+        metadata={"help": "Seconds the job waits at the end for the relay to acknowledge every "
+                          "event."},
     )
     relay_start_timeout: float = field(
         default=60.0, metadata={"help": "Seconds to wait for the embedded relay to come up."}
     )
     time_collectives: bool = field(
         default=True,
-        metadata={"help": "Time each rank's waits in the job's collectives (DDP, FSDP; gloo on the CPU) so the relay "
-                          "names a straggler by its own work; false: ranks send step times only (docs/watching.md)."},
+        metadata={"help": "Time each rank's waits in the job's collectives (DDP, FSDP; gloo on "
+                          "the CPU) so the relay names a straggler by its own work; false: ranks "
+                          "send step times only (docs/watching.md)."},
     )
 
 
@@ -175,11 +189,13 @@ def _aim(t: TrackingArguments, out: str) -> list[str]:
 
 def _mlflow(t: TrackingArguments, out: str) -> list[str]:
     uri = t.mlflow_tracking_uri or f"sqlite:///{os.path.abspath(os.path.join(out, 'mlflow.db'))}"
-    return ["--mlflow-tracking-uri", uri, "--mlflow-experiment", t.mlflow_experiment or t.experiment or DEFAULT_PROJECT]
+    experiment = t.mlflow_experiment or t.experiment or DEFAULT_PROJECT
+    return ["--mlflow-tracking-uri", uri, "--mlflow-experiment", experiment]
 
 
 def _tensorboard(t: TrackingArguments, out: str) -> list[str]:
-    return ["--logdir", t.tensorboard_logdir or os.environ.get("TENSORBOARD_LOGGING_DIR") or os.path.join(out, "runs")]
+    logdir = t.tensorboard_logdir or os.environ.get("TENSORBOARD_LOGGING_DIR")
+    return ["--logdir", logdir or os.path.join(out, "runs")]
 
 
 def _wandb(t: TrackingArguments, out: str) -> list[str]:
@@ -189,17 +205,20 @@ def _wandb(t: TrackingArguments, out: str) -> list[str]:
 
 
 def _clearml(t: TrackingArguments, out: str) -> list[str]:
-    return ["--clearml-project", t.clearml_project or DEFAULT_PROJECT, "--clearml-task", t.clearml_task or "SFTTrainer",
+    return ["--clearml-project", t.clearml_project or DEFAULT_PROJECT,
+            "--clearml-task", t.clearml_task or "SFTTrainer",
             "--clearml-dir", os.path.join(out, "clearml-relay")]
 
 
 def _nats(t: TrackingArguments, out: str) -> list[str]:
-    args = ["--nats-url", t.nats_url, "--nats-stream", t.nats_stream, "--nats-replicas", str(t.nats_replicas)]
+    args = ["--nats-url", t.nats_url, "--nats-stream", t.nats_stream,
+            "--nats-replicas", str(t.nats_replicas)]
     return args + (["--nats-creds", t.nats_creds] if t.nats_creds else [])
 
 
 SINK_ARGS: dict[str, Callable[[TrackingArguments, str], list[str]]] = {
-    "aim": _aim, "mlflow": _mlflow, "tensorboard": _tensorboard, "wandb": _wandb, "clearml": _clearml, "nats": _nats,
+    "aim": _aim, "mlflow": _mlflow, "tensorboard": _tensorboard, "wandb": _wandb,
+    "clearml": _clearml, "nats": _nats,
 }
 
 

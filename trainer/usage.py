@@ -14,15 +14,18 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainer.args import PEFT_METHOD, RENAMED_FLAGS, DataArguments, ModelArguments
+from trainer.args import DataArguments, ModelArguments
+from trainer.argv_rewrite import PEFT_METHOD, RENAMED_FLAGS
 from trainer.fms_flags import FMS_ALIASES, FMS_SWITCHES
 from trainer.tracker_flags import TrackingArguments
 
 #: The dataclass whose fields are the training flags (module, class): the parser's.
 TRAINING = ("trl.trainer.sft_config", "SFTConfig")
 _NONE = object()
-_BOOLEAN = {"bool", "bool | None", "Optional[bool]"}  # the types HfArgumentParser gives a --no_ form
-#: Names a package exports lazily from a module of its own (transformers' __init__ maps them at import).
+#: The types HfArgumentParser gives a --no_ form.
+_BOOLEAN = {"bool", "bool | None", "Optional[bool]"}
+#: Names a package exports lazily from a module of its own (transformers' __init__ maps them at
+#: import).
 _LAZY = {("transformers", "TrainingArguments"): "transformers.training_args"}
 
 
@@ -31,25 +34,28 @@ def print_help(out: TextIO = sys.stdout) -> None:
         prog="python -m trainer", add_help=False,
         usage="python -m trainer [--demo | --model_name_or_path PATH --data_path FILE]\n"
               "                         --output_dir DIR [flags]",
-        description="Fine-tune with SFT (trl) and publish every rank's metrics to a relay (docs/trainer.md). "
-                    "torchrun --nproc_per_node=N -m trainer ... runs it on N ranks; --demo trains the bundled "
-                    "tiny model offline.")
+        description="Fine-tune with SFT (trl) and publish every rank's metrics to a relay "
+                    "(docs/trainer.md). torchrun --nproc_per_node=N -m trainer ... runs it on N "
+                    "ranks; --demo trains the bundled tiny model offline.")
     parser.add_argument("-h", "--help", action="store_true", help="Show this message and exit.")
-    for title, cls in (("model", ModelArguments), ("data", DataArguments), ("tracking", TrackingArguments)):
+    groups = (("model", ModelArguments), ("data", DataArguments), ("tracking", TrackingArguments))
+    for title, cls in groups:
         group = parser.add_argument_group(title, (cls.__doc__ or cls.__name__).splitlines()[0])
         for field in dataclasses.fields(cls):
             default = field.default if field.default is not dataclasses.MISSING else _NONE
-            _add(group, field.name, field.metadata.get("help", ""), default, field.type in ("bool", bool))
+            _add(group, field.name, field.metadata.get("help", ""), default,
+                 field.type in ("bool", bool))
     try:
         fields = training_fields()
-    except (OSError, SyntaxError, LookupError, ValueError) as exc:  # not installed ([train]), or unreadable
+    except (OSError, SyntaxError, LookupError, ValueError) as exc:
+        # not installed ([train]), or unreadable
         fields, note = {}, f" They could not be read here ({type(exc).__name__}: {exc})."
     else:
         note = ""
     group = parser.add_argument_group(
         "training (trl's SFTConfig and transformers' TrainingArguments, as installed)",
-        "Every field of SFTConfig is a flag: --output_dir is required, --learning_rate, --num_train_epochs, "
-        "--max_steps, --per_device_train_batch_size ..." + note)
+        "Every field of SFTConfig is a flag: --output_dir is required, --learning_rate, "
+        "--num_train_epochs, --max_steps, --per_device_train_batch_size ..." + note)
     for name, (help_text, default, boolean) in fields.items():
         _add(group, name, help_text, default, boolean)
     seed = parser.add_argument_group("the seed's flag names (still accepted)")
@@ -97,10 +103,12 @@ def _class_fields(module: str, cls: str) -> dict[str, tuple[str, Any, bool]]:
         if isinstance(base, ast.Name) and base.id in imported:
             where, name = imported[base.id]
             fields.update(_class_fields(_LAZY.get((where, name), where), name))
-        elif isinstance(base, ast.Name) and any(isinstance(n, ast.ClassDef) and n.name == base.id for n in tree.body):
+        elif isinstance(base, ast.Name) and any(isinstance(n, ast.ClassDef) and n.name == base.id
+                                                for n in tree.body):
             fields.update(_class_fields(module, base.id))
     for item in node.body:
-        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and not item.target.id.startswith("_"):
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) \
+                and not item.target.id.startswith("_"):
             found = _field(item.value)
             if found is not None:
                 fields[item.target.id] = (*found, ast.unparse(item.annotation) in _BOOLEAN)
@@ -108,7 +116,8 @@ def _class_fields(module: str, cls: str) -> dict[str, tuple[str, Any, bool]]:
 
 
 def _absolute(module: str, item: ast.ImportFrom) -> str:
-    """The module an ``from ... import`` in ``module`` names (``.base_config`` in trl.trainer.sft_config)."""
+    """The module an ``from ... import`` in ``module`` names (``.base_config`` in
+    trl.trainer.sft_config)."""
     if not item.level:
         return item.module or ""
     package = module.split(".")[:-item.level]
@@ -118,7 +127,8 @@ def _absolute(module: str, item: ast.ImportFrom) -> str:
 def _field(value: ast.expr | None) -> tuple[str, Any] | None:
     """(help, default) of ``field(default=..., metadata={"help": ...})`` or of a plain default; None
     for a field that is not an argument (``init=False``)."""
-    if not (isinstance(value, ast.Call) and getattr(value.func, "id", getattr(value.func, "attr", "")) == "field"):
+    if not (isinstance(value, ast.Call)
+            and getattr(value.func, "id", getattr(value.func, "attr", "")) == "field"):
         return "", _literal(value) if value is not None else _NONE
     keywords = {k.arg: k.value for k in value.keywords if k.arg}
     init = keywords.get("init")
@@ -136,12 +146,12 @@ def _field(value: ast.expr | None) -> tuple[str, Any] | None:
 def _literal(node: ast.expr) -> Any:
     try:
         return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # a name, a call: not shown
-        return _NONE
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NONE  # a name, a call: not shown
 
 
 def _source(module: str) -> Path:
-    """The file of ``module``, found without importing it (nor its package, whose import is the slow part)."""
+    """The file of ``module``, found without importing it (nor its package: the slow part)."""
     top, *rest = module.split(".")
     spec = importlib.util.find_spec(top)
     if spec is None or not spec.submodule_search_locations:

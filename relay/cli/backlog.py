@@ -26,8 +26,8 @@ from relay.cli.follow import Ending
 from relay.cli.step_view import Row, StepView
 from relay.wire.lines import parse_line
 
-#: Seconds an event's time may be past its file's last write (the ranks' clocks against the relay's),
-#: for which a file written before the newest line found so far is still opened.
+#: Seconds an event's time may be past its file's last write (the ranks' clocks against the
+#: relay's), for which a file written before the newest line found so far is still opened.
 CLOCK_SLACK_S = 300.0
 #: Events per step shown that the first window reads (a two-rank job writes about 4 per logged step;
 #: a job of more ranks, more: the window doubles until it holds the steps shown).
@@ -55,7 +55,8 @@ def newest_first(files: list[Ending], wanted: Wanted) -> Iterator[Placed]:
     def push(index: int, stream: Iterator[tuple[float, dict[str, Any], bytes, int]]) -> None:
         nonlocal order
         item = next(stream, None)
-        if item is not None:  # ties: the later file first, so that reversed this is a forward merge's order
+        # ties: the later file first, so that reversed this is a forward merge's order
+        if item is not None:
             order += 1
             heapq.heappush(heap, (-item[0], -index, order, item[1], item[2], item[3], stream))
 
@@ -111,7 +112,8 @@ def last_events(files: list[Ending], wanted: Wanted,
 
 
 def last_steps(files: list[Ending], wanted: Wanted, last: int,
-               view: Callable[[bool], StepView], *, now: float, final: bool) -> tuple[StepView, list[Row]]:
+               view: Callable[[bool], StepView], *, now: float,
+               final: bool) -> tuple[StepView, list[Row]]:
     """The last ``last`` lines of the steps view of ``files``, and the view that made them (with
     the steps it still waits for, when following). ``view(from_middle)`` makes a fresh StepView.
 

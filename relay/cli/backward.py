@@ -18,7 +18,8 @@ MAX_BLOCK = 1 << 20
 Identity = tuple[int, int]  # (st_dev, st_ino): which file a name stood for
 
 
-def lines_backwards(path: Path, end: int | None = None, identity: Identity | None = None) -> Iterator[bytes]:
+def lines_backwards(path: Path, end: int | None = None,
+                    identity: Identity | None = None) -> Iterator[bytes]:
     """The lines of ``path`` before byte ``end`` (None: its size), last first. Nothing when the file
     is gone, or is no longer the one ``identity`` names (replaced since it was looked at)."""
     return (line for _, line in placed_lines_backwards(path, end, identity))
@@ -40,7 +41,8 @@ def placed_lines_backwards(path: Path, end: int | None = None,
             pos -= size
             data = os.pread(fd, size, pos) + rest
             lines = data.split(b"\n")
-            rest = lines[0]  # the end of a line that began in an earlier block (or the file's first)
+            # the end of a line that began in an earlier block (or the file's first)
+            rest = lines[0]
             after = pos + len(data)  # where the line being looked at ends
             for line in reversed(lines[1:]):
                 after -= len(line)

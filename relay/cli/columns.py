@@ -1,5 +1,5 @@
-"""Tables fitted to the terminal (``relay tail --view steps``, ``relay runs``): the width to fit, and
-the first of a table's layouts, widest first, whose lines fit it.
+"""Tables fitted to the terminal (``relay tail --view steps``, ``relay runs``): the width to fit,
+and the first of a table's layouts, widest first, whose lines fit it.
 
 The width is the terminal's, or ``$COLUMNS`` when set; a pipe or a file without ``$COLUMNS`` gets
 every column (a script reads the widest layout, always the same). A line still too wide (a long
@@ -20,7 +20,8 @@ def terminal_width(stream: TextIO) -> int | None:
         return int(columns)
     try:
         if stream.isatty():
-            return os.get_terminal_size(stream.fileno()).columns or None  # (0: a terminal that never said)
+            # (0: a terminal that never said)
+            return os.get_terminal_size(stream.fileno()).columns or None
     except (AttributeError, ValueError, OSError):  # not a real file (captured output), or closed
         pass
     return None
@@ -42,7 +43,8 @@ class Column:
 
 @dataclass(frozen=True)
 class Layout:
-    """Columns, the space between them, and the room kept after them for a last free text (a flag)."""
+    """Columns, the space between them, and the room kept after them for a last free text (a
+    flag)."""
 
     columns: tuple[Column, ...]
     sep: str = "  "
@@ -60,10 +62,12 @@ class Layout:
 
 
 def fit(layouts: Iterable[Layout], width: int | None) -> Layout:
-    """The first layout whose columns and room fit ``width`` (the widest for no limit), else the last."""
+    """The first layout whose columns and room fit ``width`` (the widest for no limit), else the
+    last."""
     chosen = None
     for chosen in layouts:
-        if width is None or chosen.width + (len(chosen.sep) + chosen.room if chosen.room else 0) <= width:
+        room = len(chosen.sep) + chosen.room if chosen.room else 0
+        if width is None or chosen.width + room <= width:
             return chosen
     assert chosen is not None, "no layout given"
     return chosen

@@ -30,7 +30,8 @@ class MinMax:
         self.decimated = False
         self._steps: list[int] = []  # the points not folded yet (all of them, while there are few)
         self._values: list[float] = []
-        self._buckets: list[tuple[Point, Point, int | None]] = []  # (lowest, highest, step of a gap)
+        # (lowest, highest, step of a gap)
+        self._buckets: list[tuple[Point, Point, int | None]] = []
         self._fold_at = 2 * buckets + 1  # pending points at which to fold
 
     def add(self, step: int, value: float) -> None:
@@ -66,8 +67,10 @@ class MinMax:
         for start in range(0, whole, width):
             self._buckets.append(_bucket(steps[start:start + width], values[start:start + width]))
         del steps[:whole], values[:whole]
-        while len(self._buckets) > self.limit:  # (the points still waiting join buckets of the new width)
-            self._buckets = [_merge(self._buckets[i:i + 2]) for i in range(0, len(self._buckets), 2)]
+        # (the points still waiting join buckets of the new width)
+        while len(self._buckets) > self.limit:
+            self._buckets = [_merge(self._buckets[i:i + 2])
+                             for i in range(0, len(self._buckets), 2)]
             self.width *= 2
 
 
@@ -88,4 +91,6 @@ def _merge(pair: list[tuple[Point, Point, int | None]]) -> tuple[Point, Point, i
     gap = next((b[2] for b in pair if b[2] is not None), None)
     if not kept:
         return _NONE, _NONE, gap
-    return min((b[0] for b in kept), key=lambda p: p[1]), max((b[1] for b in kept), key=lambda p: p[1]), gap
+    lowest = min((b[0] for b in kept), key=lambda p: p[1])
+    highest = max((b[1] for b in kept), key=lambda p: p[1])
+    return lowest, highest, gap

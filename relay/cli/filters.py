@@ -1,6 +1,6 @@
 """Which events and which series a reader of the journal wants: the filters ``relay tail`` and
-``relay plot`` share (``--run``, ``--rank``, ``--stage``, ``--type``, ``--since``, ``--metric``), their
-command-line options, and reading a journal value as a number or a time of day.
+``relay plot`` share (``--run``, ``--rank``, ``--stage``, ``--type``, ``--since``, ``--metric``),
+their command-line options, and reading a journal value as a number or a time of day.
 
 Both commands read lines as written, also lines no relay would take for an event (a hand edit, an
 older relay's journal), so every test here checks a field's type before it uses it."""
@@ -44,7 +44,8 @@ class SinceType(click.ParamType):
 
     name = "TIME"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
         if isinstance(value, float):
             return value
         try:
@@ -55,8 +56,9 @@ class SinceType(click.ParamType):
 
 @dataclass(frozen=True)
 class MetricName:
-    """A ``--metric``: ``name`` (in any stage) or ``stage/name`` (``eval/loss``, ``rank/step_time``).
-    A data key that itself holds a slash (``track({"a/b": 1})``) is matched whole, in any stage."""
+    """A ``--metric``: ``name`` (in any stage) or ``stage/name`` (``eval/loss``,
+    ``rank/step_time``). A data key that itself holds a slash (``track({"a/b": 1})``) is matched
+    whole, in any stage."""
 
     text: str
     stage: str | None
@@ -68,7 +70,8 @@ class MetricName:
         return cls(text, stage, name) if slash and stage and name else cls(text, None, text)
 
     def matches(self, stage: Any, key: str) -> bool:
-        return key == self.text or (key == self.name and (self.stage is None or stage == self.stage))
+        return key == self.text or (key == self.name
+                                    and (self.stage is None or stage == self.stage))
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,8 @@ class Selection:
     metrics: tuple[MetricName, ...] = ()
 
     def wants(self, ev: dict[str, Any]) -> bool:
-        run, rank, stage, kind, ts = ev.get("run"), ev.get("rank"), ev.get("stage"), ev.get("type"), ev.get("ts")
+        run, rank, stage = ev.get("run"), ev.get("rank"), ev.get("stage")
+        kind, ts = ev.get("type"), ev.get("ts")
         if self.runs and not (type(run) is str and run in self.runs):
             return False
         if self.ranks and not (type(rank) is int and rank in self.ranks):
@@ -120,7 +124,8 @@ def number(value: Any) -> float | None:
 
 
 def clock(ts: Any) -> str:
-    """HH:MM:SS (local) of a journal ts; a journal written by an older relay may hold anything there."""
+    """HH:MM:SS (local) of a journal ts; a journal written by an older relay may hold anything
+    there."""
     try:
         return datetime.fromtimestamp(float(ts)).strftime("%H:%M:%S")
     except (TypeError, ValueError, OverflowError, OSError):
@@ -130,20 +135,25 @@ def clock(ts: Any) -> str:
 def selection_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The filter options of ``relay tail`` and ``relay plot`` (what ``selection`` takes)."""
     for option in reversed([
-        click.option("--run", "runs", multiple=True, metavar="ID", help="Only these run ids (repeatable)."),
-        click.option("--rank", "ranks", multiple=True, type=click.IntRange(0, RELAY_RANK), metavar="N",
-                     help=f"Only these ranks (repeatable; the relay's own events have rank {RELAY_RANK})."),
+        click.option("--run", "runs", multiple=True, metavar="ID",
+                     help="Only these run ids (repeatable)."),
+        click.option("--rank", "ranks", multiple=True, type=click.IntRange(0, RELAY_RANK),
+                     metavar="N",
+                     help="Only these ranks (repeatable; the relay's own events have rank "
+                          f"{RELAY_RANK})."),
         click.option("--stage", "stages", multiple=True, metavar="NAME",
                      help="Only these stages: train, eval, rank, cluster, ... (repeatable)."),
         click.option("--since", type=SinceType(), default=None,
-                     help="Only events from then on: 10m, 2h, 30s, 1d, an ISO time or unix seconds."),
+                     help="Only events from then on: 10m, 2h, 30s, 1d, an ISO time or unix "
+                          "seconds."),
     ]):
         func = option(func)
     return func
 
 
 def selection(runs: tuple[str, ...] = (), ranks: tuple[int, ...] = (), stages: tuple[str, ...] = (),
-              since: float | None = None, types: tuple[str, ...] = (), metrics: tuple[str, ...] = ()) -> Selection:
+              since: float | None = None, types: tuple[str, ...] = (),
+              metrics: tuple[str, ...] = ()) -> Selection:
     """The Selection the options of ``selection_options`` (and ``--type``, ``--metric``) ask for."""
     return Selection(frozenset(runs), frozenset(ranks), frozenset(stages), frozenset(types), since,
                      tuple(MetricName.parse(m) for m in metrics))

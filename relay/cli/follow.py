@@ -6,9 +6,9 @@ again (log rotation) is read to its end and the new one from its start; a file c
 (truncated) is read again from its start; new run files in a directory are picked up. Lines come
 back as written (bytes, newline included), so ``relay tail --json`` prints them byte for byte.
 
-``relay.journal.reader.JournalReader`` reads the same files for sinks; it parses events and keeps offsets
-by name, which is what a sink catching up needs, while a viewer needs the raw bytes and must notice
-a file replaced under the same name, so this keeps its own open files.
+``relay.journal.reader.JournalReader`` reads the same files for sinks; it parses events and keeps
+offsets by name, which is what a sink catching up needs, while a viewer needs the raw bytes and must
+notice a file replaced under the same name, so this keeps its own open files.
 
 A file truncated and written past its old length between two looks is not noticed (``tail -F``
 has the same blind spot); a journal is only appended to, so that takes a hand edit."""
@@ -70,8 +70,8 @@ class Follower:
         caller that shows the end of what is there by reading it backwards (relay/cli/backward.py).
         The end is that of the last complete line, so ``poll`` gives a line still being written once
         it is whole; a file not written for WRITTEN_S is taken to end with its last line, and is not
-        opened (a directory of thousands of finished runs). ``final`` (a one-shot read, no poll after
-        it): each file's very end, from its size alone, no file opened."""
+        opened (a directory of thousands of finished runs). ``final`` (a one-shot read, no poll
+        after it): each file's very end, from its size alone, no file opened."""
         out, now = [], time.time()
         for name in self._names():
             try:
@@ -83,7 +83,8 @@ class Follower:
                 continue
             opened = os.fstat(fh.fileno()) if fh is not None else stat
             if fh is not None and (opened.st_dev, opened.st_ino) != (stat.st_dev, stat.st_ino):
-                fh.close()  # replaced since the stat: the next poll reads the new file from its start
+                # replaced since the stat: the next poll reads the new file from its start
+                fh.close()
                 continue
             end = stat.st_size if fh is None else end_of_last_line(fh.fileno(), stat.st_size)
             out.append(Ending(name, end, (stat.st_dev, stat.st_ino), stat.st_mtime))
@@ -95,7 +96,8 @@ class Follower:
             fh.seek(end)
             state = self._files[name] = _File((stat.st_dev, stat.st_ino), offset=end, fh=fh)
             self._open += 1
-            if self._open > MAX_OPEN // 2:  # kept open, so a file renamed away is still read to its end
+            # kept open, so a file renamed away is still read to its end
+            if self._open > MAX_OPEN // 2:
                 self._close(state)
                 state.quiet = 1  # closed: opened again by name only once it grows
         return out
@@ -103,7 +105,8 @@ class Follower:
     def poll(self, final: bool = False) -> list[tuple[Path, list[bytes]]]:
         names = self._names()
         out = []
-        for gone in set(self._files).difference(names):  # a run file removed: what it still held, then forget it
+        # a run file removed: what it still held, then forget it
+        for gone in set(self._files).difference(names):
             state = self._files.pop(gone)
             self._drain(state)
             self._close(state)
@@ -160,7 +163,8 @@ class Follower:
         return self._take(state, final)
 
     def _drain(self, state: _File) -> None:
-        """Read what the open file holds past our offset (a renamed file too, until it is let go)."""
+        """Read what the open file holds past our offset (a renamed file too, until it is let
+        go)."""
         fh = state.fh
         if fh is None:
             return

@@ -1,12 +1,14 @@
 """The ``relay`` command: serve (the default, so ``relay --sink aim --repo PATH`` works as typed),
-``replay`` a JSONL journal into sinks, ``tail`` a journal for humans, ``plot`` its metrics, and ``status``
-of a relay.
+``replay`` a JSONL journal into sinks, ``tail`` a journal for humans, ``plot`` its metrics, and
+``status`` of a relay.
 
-Exit codes: 0 clean stop, 1 runtime failure, 2 bad usage or configuration, 3 address in use, 130 Ctrl-C.
+Exit codes: 0 clean stop, 1 runtime failure, 2 bad usage or configuration, 3 address in use, 130
+Ctrl-C.
 
-Every command's options are declared here but those of the viewers (relay/cli/viewers.py) and of ``relay
-consume`` (relay/cli/consume.py), which relay/cli/__init__.py adds to the group; what each command does
-lives in its own module, imported when it runs.
+Every command's options are declared here but those of the viewers (relay/cli/viewers.py) and of
+``relay consume`` (relay/cli/consume.py), which relay/cli/__init__.py adds to the group, and those
+several commands share (relay/cli/command.py); what each command does lives in its own module,
+imported when it runs.
 """
 from __future__ import annotations
 
@@ -22,31 +24,34 @@ import click
 
 from relay.cli import sigterm
 from relay.cli.cluster_flags import cluster_config, cluster_options
+from relay.cli.command import (
+    EXIT_ADDRESS_IN_USE,
+    EXIT_INTERRUPTED,
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    LOG_LEVEL,
+    SINK_QUEUE,
+    SINKS,
+    WORLD_READABLE,
+    SinkCommand,
+    build_sinks,
+    fail,
+    setup_logging,
+)
 from relay.cli.metrics_flags import start_metrics
 from relay.cli.suggest import no_such_command
-from relay.cli.targets import JOURNAL_SUMMARY, JournalFlags, Named, load_named, named, owner
+from relay.cli.targets import JournalFlags, Named
 from relay.daemon.bounds import private_files
-from relay.daemon.live_line import LiveLine, LiveLogHandler, wanted
+from relay.daemon.live_line import LiveLine, wanted
 from relay.journal.journal import NAME as JOURNAL, Journal, JournalError
 from relay.sinkhost.child import starting
-from relay.sinkhost.spec import SinkSpec, jsonable
 from relay.wire.address import ADDRESS_ENV, DEFAULT_ADDRESS, AddressInUse, BadAddress
 from sinks.base import Sink, SinkError
 
 log = logging.getLogger("relay")
 
-EXIT_RUNTIME = 1
-EXIT_USAGE = 2
-EXIT_ADDRESS_IN_USE = 3
-EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C), as the shell reports a command it killed
-_ORDER = ("serve", "tail", "runs", "plot", "status", "replay", "consume", "keygen")  # as relay --help lists them
-_SINKS = "relay.sinks"  # ctx.meta: name -> (what to load, class) of the sinks named on the command line
-_SINK_PARAMS = "relay.sink_params"  # ctx.meta: their options, added to the command's own
-WORLD_READABLE = click.option(
-    "--world-readable", is_flag=True,
-    help="Create the journal, stats, dead letters and sink files with your umask's modes. Default: 0600 files "
-         "and 0700 folders, since a journal names every run and seq a local peer would need to forge events "
-         "(docs/security.md).")
+#: The commands as relay --help lists them.
+_ORDER = ("serve", "tail", "runs", "plot", "status", "replay", "consume", "keygen")
 
 
 class _ServeByDefault(click.Group):
@@ -56,14 +61,18 @@ class _ServeByDefault(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and not args[0].startswith("-") and args[0] not in self.commands:
-            _fail(EXIT_USAGE, no_such_command(args[0], self.list_commands(ctx)))
-        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
+            fail(EXIT_USAGE, no_such_command(args[0], self.list_commands(ctx)))
+        if not args or (args[0] not in self.commands
+                        and args[0] not in ("--help", "-h", "--version")):
             args = ["serve", *args]
         sigterm.for_command(args[0] == "serve")  # before serve loads its sinks' plugins
         return super().parse_args(ctx, args)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(self.commands, key=lambda name: (_ORDER.index(name) if name in _ORDER else len(_ORDER), name))
+        def place(name: str) -> tuple[int, str]:
+            return (_ORDER.index(name) if name in _ORDER else len(_ORDER), name)
+
+        return sorted(self.commands, key=place)
 
     def main(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Every command's usage errors in one line (``relay: error: ...; see 'relay CMD --help'``),
@@ -73,92 +82,19 @@ class _ServeByDefault(click.Group):
             status = super().main(*args, **kwargs)
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else "relay"
-            _fail(EXIT_USAGE, f"{' '.join(exc.format_message().split()).rstrip('.')}; see '{where} --help'")
+            message = " ".join(exc.format_message().split()).rstrip(".")
+            fail(EXIT_USAGE, f"{message}; see '{where} --help'")
         except click.ClickException as exc:
-            _fail(exc.exit_code, exc.format_message())
+            fail(exc.exit_code, exc.format_message())
         except click.Abort:  # Ctrl-C where a command does not say more itself
-            _fail(EXIT_INTERRUPTED, "interrupted")
+            fail(EXIT_INTERRUPTED, "interrupted")
         except sigterm.Stopped:  # relay serve, before its body: nothing was made yet
             log.info("stopped (SIGTERM) before listening")
             sys.exit(0)
-        gc.freeze()  # done: the exit need not walk what a sink's library built (relay replay into MLflow: 0.5 CPU-s)
+        # done: the exit need not walk what a sink's library built (relay replay into MLflow:
+        # 0.5 CPU-s)
+        gc.freeze()
         sys.exit(status if isinstance(status, int) else 0)
-
-
-class _SinkCommand(click.Command):
-    """A command that takes the options of the sinks named on its command line (``--sink NAME``)
-    and of no other, so a plugin is imported only when asked for (``relay --sink aim --help``
-    shows Aim's options). ``journal_always``: the journal is named whether or not ``--sink jsonl`` is."""
-
-    def __init__(self, *args: Any, journal_always: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.journal_always = journal_always
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            classes = load_named(list(dict.fromkeys(named(args) + [JOURNAL] * self.journal_always)))
-        except SinkError as exc:
-            _fail(EXIT_USAGE, str(exc))
-        ctx.meta[_SINKS] = classes
-        ctx.meta[_SINK_PARAMS] = self._sink_params(classes)
-        try:
-            return super().parse_args(ctx, args)
-        except click.NoSuchOption as exc:  # another sink's option: say which (else the group's one line)
-            declared_by = owner(exc.option_name, classes)
-            if declared_by is not None:
-                _fail(EXIT_USAGE, f"{exc.option_name} belongs to the {declared_by} sink; add --sink {declared_by}")
-            raise
-
-    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
-        params = [*self.params, *ctx.meta.get(_SINK_PARAMS, ())]
-        help_option = self.get_help_option(ctx)
-        return params + [help_option] if help_option is not None else params
-
-    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """List what ``--sink`` takes: the journal and every installed sink, third-party ones too."""
-        super().format_epilog(ctx, formatter)
-        from sinks.registry import summaries  # reads the sinks' source: imports none of them
-
-        with formatter.section("Installed sinks (--sink NAME; --sink NAME --help adds its options)"):
-            formatter.write_dl([(JOURNAL, JOURNAL_SUMMARY), *summaries()])
-
-    def _sink_params(self, classes: dict[str, tuple[str, Named]]) -> list[click.Parameter]:
-        """The named sinks' options (the first declaration of a name wins)."""
-        owners: dict[str, str] = {p.name: "relay" for p in self.params if p.name}
-        params: list[click.Parameter] = []
-        for name, (_, cls) in classes.items():
-            for option in cls.options():
-                if option.name in owners:
-                    log.warning("sink %s option %s clashes with %s; ignored", name, option.opts[0], owners[option.name])
-                    continue
-                owners[option.name] = name
-                option.help = f"[{name} sink] {option.help or ''}"
-                params.append(option)
-        return params
-
-
-def _fail(code: int, message: str) -> NoReturn:
-    click.echo(f"relay: error: {message}", err=True)
-    sys.exit(code)
-
-
-def _setup_logging(level: str, live: LiveLine | None = None) -> None:
-    """Log to stderr; with a live status line, above it."""
-    handler = logging.StreamHandler(sys.stderr) if live is None else LiveLogHandler(live)
-    logging.basicConfig(level=level.upper(), handlers=[handler],
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def build_sinks(ctx: click.Context, params: dict[str, Any], log_level: str = "info") -> tuple[Journal, list[SinkSpec]]:
-    """The journal (always present: ``--sink jsonl`` is implied) and what each sink's process needs
-    to build it: its name, what to load, and only its own options."""
-    sinks = dict(ctx.meta[_SINKS])
-    del sinks[JOURNAL]
-    specs = [SinkSpec(name, {o.name: jsonable(params[o.name])
-                             for o in cls.options() if o.name in params},
-                      source=source, log_level=log_level)
-             for name, (source, cls) in sinks.items()]
-    return JournalFlags.journal(params), specs
 
 
 @click.group(cls=_ServeByDefault, context_settings={"help_option_names": ["-h", "--help"]})
@@ -171,63 +107,73 @@ def main() -> None:
     """
 
 
-@main.command(cls=_SinkCommand, journal_always=True,
+@main.command(cls=SinkCommand, journal_always=True,
               short_help="Run the relay (the default command): --bind ADDR, --sink NAME ...")
-@click.option("--bind", "--address", "address", envvar=ADDRESS_ENV, default=DEFAULT_ADDRESS, show_default=True,
-              help=f"Where to listen: tcp://HOST:PORT (port '*' picks a free one) or ipc:///path.sock. "
-                   f"Also ${ADDRESS_ENV}.")
+@click.option("--bind", "--address", "address", envvar=ADDRESS_ENV, default=DEFAULT_ADDRESS,
+              show_default=True,
+              help="Where to listen: tcp://HOST:PORT (port '*' picks a free one) or "
+                   f"ipc:///path.sock. Also ${ADDRESS_ENV}.")
 @click.option("--sink", "sink_names", multiple=True, metavar="NAME",
-              help="A sink to write to (repeatable): an installed sink's name, or package.module:Class. "
-                   "The jsonl journal is always on. Its options show with it: relay --sink NAME --help.")
-@click.option("--flush-interval", type=click.FloatRange(0.001, 10.0), default=0.05, show_default=True,
-              help="Seconds between journal flushes (and acknowledgements).")
+              help="A sink to write to (repeatable): an installed sink's name, or "
+                   "package.module:Class. The jsonl journal is always on. Its options show with "
+                   "it: relay --sink NAME --help.")
+@click.option("--flush-interval", type=click.FloatRange(0.001, 10.0), default=0.05,
+              show_default=True, help="Seconds between journal flushes (and acknowledgements).")
 @click.option("--stats-interval", type=click.FloatRange(0.1), default=30.0, show_default=True,
               help="Seconds between counter logs and stats-file updates.")
-@click.option("--sink-queue", type=click.IntRange(1), default=200_000, show_default=True,
-              help="Events each non-journal sink may fall behind before its batches are dropped (counted).")
+@SINK_QUEUE
 @click.option("--forget-after", type=click.FloatRange(1.0), default=3600.0, show_default=True,
-              help="Seconds after which a silent run's dedupe state is dropped (rebuilt from the journal "
-                   "if it returns), so memory stays bounded on a long-lived relay.")
+              help="Seconds after which a silent run's dedupe state is dropped (rebuilt from the "
+                   "journal if it returns), so memory stays bounded on a long-lived relay.")
 @click.option("--run-rate", type=click.FloatRange(1.0), default=60.0, show_default=True,
-              help="New run ids one connection may start per minute (and at once); frames starting more are "
-                   "refused (counted, not acknowledged: a real client sends them again later).")
+              help="New run ids one connection may start per minute (and at once); frames starting "
+                   "more are refused (counted, not acknowledged: a real client sends them again "
+                   "later).")
 @click.option("--max-runs", type=click.IntRange(1), default=10_000, show_default=True,
-              help="Runs whose dedupe state is kept in memory; past it the least recently active one is "
-                   "forgotten (rebuilt from the journal if it returns).")
-@click.option("--max-memory", type=click.IntRange(0), default=1024, show_default=True, metavar="MIB",
-              help="Resident memory at which every connection is dropped to free what ZeroMQ holds (clients "
-                   "reconnect and resend); 0: never.")
+              help="Runs whose dedupe state is kept in memory; past it the least recently active "
+                   "one is forgotten (rebuilt from the journal if it returns).")
+@click.option("--max-memory", type=click.IntRange(0), default=1024, show_default=True,
+              metavar="MIB",
+              help="Resident memory at which every connection is dropped to free what ZeroMQ holds "
+                   "(clients reconnect and resend); 0: never.")
 @cluster_options
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write {\"address\", \"pid\"} here once listening (for scripts binding port '*').")
+              help="Write {\"address\", \"pid\"} here once listening "
+                   "(for scripts binding port '*').")
 @click.option("--watch-pid", type=int, help="Shut down cleanly when this process is gone.")
-@click.option("--shutdown-timeout", type=click.FloatRange(0.5), default=120.0, show_default=True, metavar="SECONDS",
-              help="At shutdown, wait this long at most for the sinks to apply what the journal took (a progress "
-                   "line every 5 s); then say which lack how many events and the relay replay command that "
-                   "completes them.")
-@click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), envvar="RELAY_SECRET_FILE",
-              help="The relay secret a TCP peer must hold (created 0600 if missing). Default: $RELAY_SECRET, "
-                   "else ~/.config/metrics-relay/secret; ranks find the same (docs/security.md).")
+@click.option("--shutdown-timeout", type=click.FloatRange(0.5), default=120.0, show_default=True,
+              metavar="SECONDS",
+              help="At shutdown, wait this long at most for the sinks to apply what the journal "
+                   "took (a progress line every 5 s); then say which lack how many events and the "
+                   "relay replay command that completes them.")
+@click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path),
+              envvar="RELAY_SECRET_FILE",
+              help="The relay secret a TCP peer must hold (created 0600 if missing). Default: "
+                   "$RELAY_SECRET, else ~/.config/metrics-relay/secret; ranks find the same "
+                   "(docs/security.md).")
 @click.option("--open", "run_open", is_flag=True, envvar="RELAY_OPEN",
-              help="On TCP, take events from any peer that can connect: no secret, no encryption (clients need "
-                   "RELAY_OPEN=1 too).")
+              help="On TCP, take events from any peer that can connect: no secret, no encryption "
+                   "(clients need RELAY_OPEN=1 too).")
 @click.option("--curve-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="The relay's CURVE secret certificate (relay keygen), instead of keys from the secret.")
+              help="The relay's CURVE secret certificate (relay keygen), instead of keys from the "
+                   "secret.")
 @click.option("--curve-clients", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Directory of client public certificates (*.key): only these may publish.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
-              default="info", show_default=True)
+@LOG_LEVEL
 @WORLD_READABLE
-@click.option("--live", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
-              help="A status line redrawn every second on stderr (auto: on a terminal), else logged.")
+@click.option("--live", type=click.Choice(["auto", "on", "off"]), default="auto",
+              show_default=True,
+              help="A status line redrawn every second on stderr (auto: on a terminal), else "
+                   "logged.")
 @click.pass_context
 def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_interval: float,
-          stats_interval: float, sink_queue: int, forget_after: float, run_rate: float, max_runs: int,
-          max_memory: int, cluster: bool, straggler_cost: float, straggler_min: float,
-          straggler_window: int, rank_silence: float,
-          ready_file: Path | None, watch_pid: int | None, shutdown_timeout: float, secret_file: Path | None,
-          run_open: bool,
-          curve_cert: Path | None, curve_clients: Path | None, log_level: str, world_readable: bool, live: str,
+          stats_interval: float, sink_queue: int, forget_after: float, run_rate: float,
+          max_runs: int, max_memory: int, cluster: bool, straggler_cost: float,
+          straggler_min: float, straggler_window: int, rank_silence: float,
+          ready_file: Path | None, watch_pid: int | None, shutdown_timeout: float,
+          secret_file: Path | None, run_open: bool,
+          curve_cert: Path | None, curve_clients: Path | None, log_level: str,
+          world_readable: bool, live: str,
           **sink_params: Any) -> None:
     """Run the relay until SIGINT/SIGTERM."""
     from relay.daemon.config import RelayConfig
@@ -241,7 +187,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
     try:
         private_files(world_readable)
         line = LiveLine(sys.stderr) if wanted(live, sys.stderr) else None
-        _setup_logging(log_level, line)
+        setup_logging(log_level, line)
         config = RelayConfig(address=address, flush_interval=flush_interval,
                              stats_interval=stats_interval,
                              sink_queue=sink_queue, forget_after=forget_after, run_rate=run_rate,
@@ -256,7 +202,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
         try:
             journal, sinks = build_sinks(ctx, sink_params, log_level)
         except SinkError as exc:
-            _fail(EXIT_USAGE, str(exc))
+            fail(EXIT_USAGE, str(exc))
         relay = Relay(config, journal, sinks, live=line)
         # a relay that stops here leaves nothing behind: no journal lock, no empty journal folder
         try:
@@ -269,8 +215,8 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
         except (SinkError, JournalError, AddressInUse, BadAddress, AuthError) as exc:
             journal.abandon()
             if isinstance(exc, AddressInUse):
-                _fail(EXIT_ADDRESS_IN_USE, f"{exc}; stop the other relay or choose another address")
-            _fail(EXIT_USAGE, str(exc))
+                fail(EXIT_ADDRESS_IN_USE, f"{exc}; stop the other relay or choose another address")
+            fail(EXIT_USAGE, str(exc))
         # listening: the loop stops, sinks starting or not
         signal.signal(signal.SIGTERM, relay.request_stop)
     except sigterm.Stopped:
@@ -283,19 +229,22 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
     os._exit(0)
 
 
-@main.command(cls=_SinkCommand, short_help="Rebuild a sink (or a journal) from journal files.")
+@main.command(cls=SinkCommand, short_help="Rebuild a sink (or a journal) from journal files.")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--sink", "sink_names", multiple=True, required=True, metavar="NAME",
-              help="A sink to rebuild (repeatable); jsonl: a journal (--path), given only what it lacks.")
+              help="A sink to rebuild (repeatable); jsonl: a journal (--path), given only what it "
+                   "lacks.")
 @click.option("--run", "runs", multiple=True, help="Only these run ids (repeatable).")
-@click.option("--progress-every", type=click.FloatRange(0.0), default=10.0, show_default=True, metavar="SECONDS",
-              help="Off a terminal, log how far the replay got this often (on a terminal a bar says it).")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
-              default="info", show_default=True)
+@click.option("--progress-every", type=click.FloatRange(0.0), default=10.0, show_default=True,
+              metavar="SECONDS",
+              help="Off a terminal, log how far the replay got this often "
+                   "(on a terminal a bar says it).")
+@LOG_LEVEL
 @WORLD_READABLE
 @click.pass_context
-def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, ...], runs: tuple[str, ...],
-           progress_every: float, log_level: str, world_readable: bool, **sink_params: Any) -> None:
+def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, ...],
+           runs: tuple[str, ...], progress_every: float, log_level: str, world_readable: bool,
+           **sink_params: Any) -> None:
     """Feed JSONL journal FILES (or directories of them) through sinks, in order. A consuming
     relay's folder (or several): each run read whole from every view given, each rank in order.
 
@@ -319,15 +268,15 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
 
     private_files(world_readable)
     line = LiveLine(sys.stderr) if wanted("auto", sys.stderr) else None
-    _setup_logging(log_level, line)
+    setup_logging(log_level, line)
     progress = Progress(size_of(files), line=line, every=progress_every)
-    classes: dict[str, tuple[str, Named]] = dict(ctx.meta[_SINKS])
+    classes: dict[str, tuple[str, Named]] = dict(ctx.meta[SINKS])
     journal = JournalFlags.journal(sink_params) if classes.pop(JOURNAL, None) else None
     for name, (_, cls) in classes.items():
         if is_shipper(cls):
-            _fail(EXIT_USAGE, f"--sink {name} ships a relay's journal as it grows and takes no "
-                              f"replay: run `relay serve --path JOURNAL --sink {name} ...` on the "
-                              "journal (it sends what the far side lacks)")
+            fail(EXIT_USAGE, f"--sink {name} ships a relay's journal as it grows and takes no "
+                             f"replay: run `relay serve --path JOURNAL --sink {name} ...` on the "
+                             "journal (it sends what the far side lacks)")
     try:
         with closing:  # (the fleet's views put in order are removed)
             # (no journal)
@@ -340,19 +289,23 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
                                   derive=derive, deadletters=deadletters)
     except (SinkError, JournalError) as exc:
         progress.close()
-        _fail(EXIT_USAGE, str(exc))
+        fail(EXIT_USAGE, str(exc))
     except KeyboardInterrupt:
         progress.close()
-        _fail(EXIT_INTERRUPTED, f"replay stopped by Ctrl-C after {progress.said()}; what the sinks took is kept: "
-                                "run the same command again to finish (what each sink already holds is skipped)")
+        fail(EXIT_INTERRUPTED, f"replay stopped by Ctrl-C after {progress.said()}; "
+                               "what the sinks took is kept: run the same command again to finish "
+                               "(what each sink already holds is skipped)")
     progress.close()
     done = []
     if journal is not None:
-        done.append(f"{result.new} new in the journal {journal.path}, {result.events - result.new} it held already"
-                    + (f", {result.derived} of the relay's own derived from them" if result.derived else ""))
+        derived = (f", {result.derived} of the relay's own derived from them" if result.derived
+                   else "")
+        done.append(f"{result.new} new in the journal {journal.path}, "
+                    f"{result.events - result.new} it held already{derived}")
     if sinks:
         done.append("replayed into " + ", ".join(classes))
-    refused = f"; {result.dead_lettered} refused for good (see _deadletter files)" if result.dead_lettered else ""
+    refused = (f"; {result.dead_lettered} refused for good (see _deadletter files)"
+               if result.dead_lettered else "")
     click.echo(f"read {result.events} events from {result.files} files: {'; '.join(done)}; "
                f"{result.bad_lines} unreadable lines skipped{refused}", err=True)
     if result.bad_lines or result.dead_lettered:
@@ -361,7 +314,8 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
 
 @main.command(short_help="A relay's status line, once (a live relay, or its stats file).")
 @click.argument("target", required=False, metavar="[ADDRESS|JOURNAL|STATS_FILE]")
-@click.option("--json", "as_json", is_flag=True, help="The whole snapshot as JSON instead of the line.")
+@click.option("--json", "as_json", is_flag=True,
+              help="The whole snapshot as JSON instead of the line.")
 @click.option("--timeout", type=click.FloatRange(0.01), default=2.0, show_default=True,
               help="Seconds to wait for a live relay's answer.")
 def status(target: str | None, as_json: bool, timeout: float) -> None:
@@ -377,16 +331,18 @@ def status(target: str | None, as_json: bool, timeout: float) -> None:
     try:
         click.echo(status_text(target, timeout, as_json, terminal_width(sys.stdout)))
     except NoAnswer as exc:
-        _fail(EXIT_RUNTIME, str(exc))
+        fail(EXIT_RUNTIME, str(exc))
     except BadTarget as exc:
-        _fail(EXIT_USAGE, str(exc))
+        fail(EXIT_USAGE, str(exc))
 
 
 @main.command(short_help="Create CURVE certificates for remote ranks.")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--name", default="relay", show_default=True, help="Certificate name (relay, or one per client machine).")
+@click.option("--name", default="relay", show_default=True,
+              help="Certificate name (relay, or one per client machine).")
 @click.option("--role", type=click.Choice(["relay", "client"]),
-              help="Whose certificate it is, for the hint printed [default: relay for --name relay, else client].")
+              help="Whose certificate it is, for the hint printed "
+                   "[default: relay for --name relay, else client].")
 def keygen(directory: Path, name: str, role: str | None) -> None:
     """Create a CURVE certificate pair NAME.key / NAME.key_secret in DIRECTORY."""
     from relay.wire.curve import generate, how_to_use
@@ -394,5 +350,5 @@ def keygen(directory: Path, name: str, role: str | None) -> None:
     try:
         public, secret = generate(directory, name)
     except OSError as exc:
-        _fail(EXIT_USAGE, f"cannot write certificates to {directory}: {exc.strerror}")
+        fail(EXIT_USAGE, f"cannot write certificates to {directory}: {exc.strerror}")
     click.echo(how_to_use(public, secret, role or ("relay" if name == "relay" else "client")))

@@ -1,6 +1,6 @@
-"""How far a long ``relay replay`` has got: a bar redrawn in place on a terminal (events, the share of
-the journal's bytes read, the rate, the time left), a log line every ``every`` seconds elsewhere, and
-what to say when it is stopped part way (Ctrl-C).
+"""How far a long ``relay replay`` has got: a bar redrawn in place on a terminal (events, the share
+of the journal's bytes read, the rate, the time left), a log line every ``every`` seconds elsewhere,
+and what to say when it is stopped part way (Ctrl-C).
 
 The share and the time left are in bytes of the files given (their sizes at the start), the one
 total known before reading: events are counted as they are read."""
@@ -69,8 +69,9 @@ class Progress:
         filled = round(self.share * BAR)
         rate = self.events / max(now - self.started, 1e-9)
         left = self._left(now)
-        return (f"replay [{'#' * filled}{'.' * (BAR - filled)}] {self.share:4.0%} {self.events:,} events "
-                f"{rate:,.0f} ev/s ETA {_duration(left) if left is not None else '?'}")
+        return (f"replay [{'#' * filled}{'.' * (BAR - filled)}] {self.share:4.0%} "
+                f"{self.events:,} events {rate:,.0f} ev/s "
+                f"ETA {_duration(left) if left is not None else '?'}")
 
     def said(self) -> str:
         """How far it got, for the line that ends an interrupted replay."""

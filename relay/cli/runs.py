@@ -41,7 +41,8 @@ _LOSS = b'"loss":'
 _EVENT = b'"event":"'
 _FINDINGS = (_BEGIN, _END, _STRAGGLER, _LOST, _CONFLICT)
 _CHUNK = 8 << 20
-_WINDOW = 1 << 20  # bytes read on each side of a finding for its line (a line is at most schema.MAX_LINE_BYTES)
+#: Bytes read on each side of a finding for its line (a line is at most schema.MAX_LINE_BYTES).
+_WINDOW = 1 << 20
 
 
 @dataclass
@@ -83,7 +84,8 @@ def _file(file: Path, now: float) -> list[RunSummary]:
         if first is None:
             return _shared(file, fh, now)
         scan = _Scan(fh, _HEAD + orjson.dumps(first["run"]) + b",")
-        if scan.heads != scan.lines:  # (a blank line, a hand edit or another run: read it line by line)
+        # (a blank line, a hand edit or another run: read it line by line)
+        if scan.heads != scan.lines:
             return _shared(file, fh, now)
         counts = scan.counts
         found = _Found(first, counts[_BEGIN], counts[_STRAGGLER], counts[_LOST], counts[_CONFLICT])
@@ -91,7 +93,8 @@ def _file(file: Path, now: float) -> list[RunSummary]:
             found.end_line = _line_at(fh, scan.last[_END])
         if scan.last[_STRAGGLER] >= 0:
             found.straggler_line = _line_at(fh, scan.last[_STRAGGLER])
-        tail = (ev for raw in islice(lines_backwards(file), LAST_LINES) if (ev := _event(raw)) is not None)
+        tail = (ev for raw in islice(lines_backwards(file), LAST_LINES)
+                if (ev := _event(raw)) is not None)
         return [found.summary(file, now, tail)]
 
 
@@ -125,7 +128,8 @@ class _Scan:
         pos, carry, ends_in_newline = 0, b"", True
         while chunk := fh.read(_CHUNK):
             data = carry + chunk  # (a needle cut by the previous chunk's end is whole here)
-            base, seen = pos - len(carry), len(carry)  # what starts and ends before ``seen`` was counted already
+            # what starts and ends before ``seen`` was counted already
+            base, seen = pos - len(carry), len(carry)
             self.lines += chunk.count(b"\n")
             self.heads += data.count(head, max(0, seen - len(head) + 1))
             at = data.find(_EVENT, max(0, seen - longest + 1))
@@ -152,10 +156,12 @@ class _Found:
         self.conflicts = conflicts
         self.end_line: dict[str, Any] | None = None
         self.straggler_line: dict[str, Any] | None = None  # the last straggler finding
-        self.last_at = self.step_at = self.loss_at = -1  # where its last line, step and train loss are (shared file)
+        # where its last line, step and train loss are (shared file)
+        self.last_at = self.step_at = self.loss_at = -1
 
     def summary(self, file: Path, now: float, tail: Iterator[dict[str, Any]]) -> RunSummary:
-        """The line about the run, its last step, train loss and size from ``tail`` (its events, newest first)."""
+        """The line about the run, its last step, train loss and size from ``tail`` (its events,
+        newest first)."""
         last: dict[str, Any] | None = None
         step = ranks = loss = None
         for ev in tail:
@@ -180,8 +186,10 @@ class _Found:
         world = self.first.get("world_size")
         named = (self.straggler_line or {}).get("data") or {}
         rank = named.get("rank") if type(named.get("rank")) is int else None
-        return RunSummary(self.first["run"], str(file), number(self.first.get("ts")), end_ts, status, self.attempts,
-                          ranks if ranks is not None else world if type(world) is int else None, step, loss,
+        if ranks is None and type(world) is int:
+            ranks = world
+        return RunSummary(self.first["run"], str(file), number(self.first.get("ts")), end_ts,
+                          status, self.attempts, ranks, step, loss,
                           self.stragglers, self.lost, conflicts=self.conflicts, straggler_rank=rank,
                           straggler_cost=number(named.get("cost")),
                           straggler_cost_s=number(named.get("cost_s")))
@@ -217,33 +225,40 @@ def _shared(file: Path, fh: BinaryIO, now: float) -> list[RunSummary]:
             found.step_at = at
             if _LOSS in line and b'"stage":"train"' in line:
                 found.loss_at = at
-    return [found.summary(file, now, (ev for at in sorted({found.last_at, found.step_at, found.loss_at}, reverse=True)
-                                      if at >= 0 and (ev := _line_at(fh, at)) is not None))
-            for found in runs.values()]
+    def telling(found: _Found) -> Iterator[dict[str, Any]]:
+        """Its last line, last step and last train loss, newest first."""
+        places = sorted({found.last_at, found.step_at, found.loss_at}, reverse=True)
+        return (ev for at in places if at >= 0 and (ev := _line_at(fh, at)) is not None)
+
+    return [found.summary(file, now, telling(found)) for found in runs.values()]
 
 
 def as_json(summaries: list[RunSummary]) -> bytes:
-    return orjson.dumps([asdict(s) for s in summaries], option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+    return orjson.dumps([asdict(s) for s in summaries],
+                        option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
 
 
 def table(summaries: list[RunSummary], width: int | None) -> list[str]:
     """The listing, one line per run, fitted to ``width``."""
     rows = [{"run": s.run, "start": _when(s.start), "status": s.status + " (stale)" * s.stale,
              "attempts": str(s.attempts),
-             "ranks": "-" if s.ranks is None else str(s.ranks), "step": "-" if s.last_step is None else str(s.last_step),
-             "loss": "-" if s.last_loss is None else f"{s.last_loss:.4g}", "stragglers": str(s.stragglers),
-             "lost": str(s.lost_ranks), "costliest": _costliest(s)} for s in summaries]
+             "ranks": "-" if s.ranks is None else str(s.ranks),
+             "step": "-" if s.last_step is None else str(s.last_step),
+             "loss": "-" if s.last_loss is None else f"{s.last_loss:.4g}",
+             "stragglers": str(s.stragglers), "lost": str(s.lost_ranks),
+             "costliest": _costliest(s)} for s in summaries]
     runs = max([len(r["run"]) for r in rows] + [3])
     status = Column("status", "status", max([len(r["status"]) for r in rows] + [9]), left=True)
-    counts = (Column("step", "step", 8), Column("loss", "loss", 9), Column("stragglers", "stragglers", 10),
-              Column("lost", "lost", 4))
+    counts = (Column("step", "step", 8), Column("loss", "loss", 9),
+              Column("stragglers", "stragglers", 10), Column("lost", "lost", 4))
     every = (Column("start", "start", 16, left=True), status, Column("attempts", "attempts", 8),
              Column("ranks", "ranks", 5), *counts,
              Column("costliest", "last straggler", 21, left=True))
     few = (status, *counts[:2], Column("stragglers", "strag", 5), counts[3])  # a narrow terminal's
     layout = fit([Layout((Column("run", "run", runs, left=True), *every)),
                   Layout((Column("run", "run", runs, left=True), *every), " "),
-                  *(Layout((Column("run", "run", min(runs, shown), left=True), *few), " ") for shown in (runs, 32, 20))],
+                  *(Layout((Column("run", "run", min(runs, shown), left=True), *few), " ")
+                    for shown in (runs, 32, 20))],
                  width)
     run_width = layout.columns[0].width
     return [cut(layout.header(), width).rstrip()] + [

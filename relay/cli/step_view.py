@@ -1,4 +1,5 @@
-"""``relay tail --view steps``: one line per logged step of a run, assembled from that step's events.
+"""``relay tail --view steps``: one line per logged step of a run, assembled from that step's
+events.
 
 A step's line shows the Trainer's loss and learning rate (stage ``train``), the job's tokens per
 second, the slowest rank by its own work (its time with the waits for its peers taken out,
@@ -45,14 +46,16 @@ from relay.cli.columns import Column, Layout, fit
 from relay.cli.filters import MetricName, clock, number
 from relay.daemon.status import cut
 
-#: Seconds a step waits after a later step began, for a rank's late report (one look of ``tail -f``).
+#: Seconds a step waits after a later step began, for a rank's late report
+#: (one look of ``tail -f``).
 GRACE_S = 0.25
 #: Seconds without news after which a step is shown even though no later step began.
 SETTLE_S = 1.5
 
 _NOTES = {"rank_lost": "red", "rank_back": "green", "train_end": "yellow"}
 _FLAG_COLOURS = {"STRAGGLER": "red", "cleared": "green"}
-#: Room kept for the flag: "STRAGGLER r12 x2.01 (3 steps)"; on a narrow terminal, "STRAGGLER r12 x2.01".
+#: Room kept for the flag: "STRAGGLER r12 x2.01 (3 steps)";
+#: on a narrow terminal, "STRAGGLER r12 x2.01".
 FLAG_ROOM = 29
 SHORT_FLAG_ROOM = 19
 _BRACKETS = re.compile(r" \(.*?\)")
@@ -85,9 +88,11 @@ class _Step:
     cluster: dict[str, Any] | None = None
     tokens_per_s: float | None = None
     certain: bool = True  # see Row
-    ended: float = math.inf  # when its run's train_end was read, which completes it like a later step
+    # when its run's train_end was read, which completes it like a later step
+    ended: float = math.inf
     flags: list[str] = field(default_factory=list)  # the relay's straggler events of this step
-    notes: list[str] = field(default_factory=list)  # lines to show after this step's (a rank lost meanwhile)
+    # lines to show after this step's (a rank lost meanwhile)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -105,7 +110,8 @@ class StepView:
     the first events fed are not a run's first (relay/cli/backlog.py reads a journal's end)."""
 
     def __init__(self, metrics: tuple[MetricName, ...] = (), *, color: bool = False,
-                 straggler_ratio: float = 1.3, from_middle: bool = False, width: int | None = None) -> None:
+                 straggler_ratio: float = 1.3, from_middle: bool = False,
+                 width: int | None = None) -> None:
         self.metrics = metrics
         self.from_middle = from_middle
         self.color = color
@@ -114,7 +120,8 @@ class StepView:
         self._runs: dict[str, _Run] = {}
         self._world: dict[str, int] = {}
         self._begin: dict[str, float] = {}
-        self.layout = fit(_layouts([m.text for m in metrics] if metrics else ["loss", "lr", "tok/s"]), width)
+        heads = [m.text for m in metrics] if metrics else ["loss", "lr", "tok/s"]
+        self.layout = fit(_layouts(heads), width)
         self.header = self._style(cut(self.layout.header("flag"), width), bold=True)
 
     def run_line(self, run: str) -> str:
@@ -123,10 +130,12 @@ class StepView:
         return self._style(cut(f"run {run}{ranks}", self.width), fg="cyan", bold=True)
 
     def feed(self, ev: dict[str, Any], now: float) -> list[Row]:
-        """Take one event; what must be shown at once: a rank lost or back, the end of training, when
-        no step is waiting to be shown before it."""
-        run, step, data, stage, kind = ev.get("run"), ev.get("step"), ev.get("data"), ev.get("stage"), ev.get("type")
-        if type(run) is not str or type(data) is not dict or not (stage is None or type(stage) is str):
+        """Take one event; what must be shown at once: a rank lost or back, the end of training,
+        when no step is waiting to be shown before it."""
+        run, step, data = ev.get("run"), ev.get("step"), ev.get("data")
+        stage, kind = ev.get("stage"), ev.get("type")
+        if (type(run) is not str or type(data) is not dict
+                or not (stage is None or type(stage) is str)):
             return []  # (a line no relay wrote: a viewer skips it)
         if type(ev.get("world_size")) is int and ev.get("world_size", 0) > 0:
             self._world[run] = ev["world_size"]
@@ -134,13 +143,15 @@ class StepView:
         if kind == "lifecycle":
             return self._lifecycle(run, state, ev, data, now)
         if kind == "params" and stage == "own_work" and data.get("measured") is False:
-            return self._note(run, state, ev, f"own work not measured: {data.get('timed')}", "yellow")
-        if kind != "metrics" or type(step) is not int or (state.shown is not None and step <= state.shown):
+            return self._note(run, state, ev, f"own work not measured: {data.get('timed')}",
+                              "yellow")
+        if (kind != "metrics" or type(step) is not int
+                or (state.shown is not None and step <= state.shown)):
             return []
         rec = state.steps.get(step)
         if rec is None:
-            rec = state.steps[step] = _Step(step, now, now, ev.get("ts"),
-                                            certain=not self.from_middle or state.begun >= _UNSURE_STEPS)
+            certain = not self.from_middle or state.begun >= _UNSURE_STEPS
+            rec = state.steps[step] = _Step(step, now, now, ev.get("ts"), certain=certain)
             state.begun += 1
         rec.last = now
         for key, value in data.items():
@@ -154,16 +165,18 @@ class StepView:
             rec.cluster = data
         elif stage == "train" and (tokens := number(data.get("num_tokens"))) is not None:
             if self.from_middle and state.tokens is None and run not in self._begin:
-                rec.certain = False  # the train log its tokens grew from is before where reading began
+                # the train log its tokens grew from is before where reading began
+                rec.certain = False
             rec.tokens_per_s = self._tokens_per_s(run, state, tokens, ev.get("ts"))
         return []
 
     def ready(self, now: float, *, final: bool = False, backlog: bool = False) -> list[Row]:
-        """Lines of the steps now complete, in step order per run and runs merged by the steps' times
-        (``final``: every step left; ``backlog``: a step with a later step after it, or with its run's
-        end after it, needs no grace, all was read at once)."""
+        """Lines of the steps now complete, in step order per run and runs merged by the steps'
+        times (``final``: every step left; ``backlog``: a step with a later step after it, or with
+        its run's end after it, needs no grace, all was read at once)."""
         runs = []
-        for run, state in sorted(self._runs.items()):  # (steps of two runs at the same time: by run id)
+        # (steps of two runs at the same time: by run id)
+        for run, state in sorted(self._runs.items()):
             done: list[tuple[float, list[Row]]] = []
             pending = sorted(state.steps)
             later_seen = [math.inf] * len(pending)  # when the first step after each was first read
@@ -176,7 +189,8 @@ class StepView:
                         or (later < math.inf and (backlog or now - later >= GRACE_S))):
                     break
                 ts = number(rec.ts)
-                key = ts if ts is not None and math.isfinite(ts) else done[-1][0] if done else -math.inf
+                key = (ts if ts is not None and math.isfinite(ts)
+                       else done[-1][0] if done else -math.inf)
                 done.append((key, self._show(run, state, step)))
             runs.append(done)
         return [row for _, rows in heapq.merge(*runs, key=itemgetter(0)) for row in rows]
@@ -184,24 +198,28 @@ class StepView:
     # -- internals --------------------------------------------------------------------------------
 
     def _show(self, run: str, state: _Run, step: int) -> list[Row]:
-        """The rows of a step that is complete: its line, then the notes that came after it began."""
+        """The rows of a step that is complete: its line, then the notes that came after it
+        began."""
         rec = state.steps.pop(step)
         state.shown = step
         line = self._line(state, rec)
-        return ([Row(run, line, rec.certain)] if line is not None else []) + [Row(run, note) for note in rec.notes]
+        shown = [Row(run, line, rec.certain)] if line is not None else []
+        return shown + [Row(run, note) for note in rec.notes]
 
-    def _attempt(self, run: str, state: _Run, ev: dict[str, Any], attempt: int, resumed: Any) -> list[Row]:
-        """A resumed job's ``train_begin`` (attempt 1, 2 ...): the earlier attempt's steps still waiting
-        are shown now (it will send nothing more), then a line of its own, and the steps after the
-        checkpoint are shown again, as this attempt logs them."""
+    def _attempt(self, run: str, state: _Run, ev: dict[str, Any], attempt: int,
+                 resumed: Any) -> list[Row]:
+        """A resumed job's ``train_begin`` (attempt 1, 2 ...): the earlier attempt's steps still
+        waiting are shown now (it will send nothing more), then a line of its own, and the steps
+        after the checkpoint are shown again, as this attempt logs them."""
         rows = [row for step in sorted(state.steps) for row in self._show(run, state, step)]
-        rows += self._note(run, state, ev, f"attempt {attempt}" + (f": resumed from step {resumed}"
-                                                                  if type(resumed) is int else ""), "yellow")
+        since = f": resumed from step {resumed}" if type(resumed) is int else ""
+        rows += self._note(run, state, ev, f"attempt {attempt}{since}", "yellow")
         state.shown = resumed if type(resumed) is int else None
         state.tokens = None
         return rows
 
-    def _lifecycle(self, run: str, state: _Run, ev: dict[str, Any], data: dict[str, Any], now: float) -> list[Row]:
+    def _lifecycle(self, run: str, state: _Run, ev: dict[str, Any], data: dict[str, Any],
+                   now: float) -> list[Row]:
         event = data.get("event")
         if event == "train_begin" and (began := number(ev.get("ts"))) is not None:
             self._begin[run] = began
@@ -212,14 +230,16 @@ class StepView:
             if event == "straggler":
                 flag = f"STRAGGLER r{data['rank']}" + straggler_cost(data)
             else:
-                flag = (f"cleared r{data['rank']}" + (f" (named at {named}" if type(named) is int else " (")
-                        + (", lost)" if data.get("why") == "lost" else ")")).replace(" ()", "")
+                named_at = f" (named at {named}" if type(named) is int else " ("
+                lost = ", lost)" if data.get("why") == "lost" else ")"
+                flag = (f"cleared r{data['rank']}" + named_at + lost).replace(" ()", "")
             rec = state.steps.get(step) if type(step) is int else None
             (rec.flags if rec is not None else state.late).append(flag)
         elif type(event) is str and event in _NOTES:
             detail = " ".join(f"{k}={_fmt(v, '.4g')}" for k, v in data.items() if k != "event")
             out = self._note(run, state, ev, f"{event} {detail}", _NOTES[event])
-            if event == "train_end":  # the run has said all it will: its steps need not wait for a later one
+            # the run has said all it will: its steps need not wait for a later one
+            if event == "train_end":
                 for rec in state.steps.values():
                     rec.ended = min(rec.ended, now)
             return out
@@ -249,7 +269,8 @@ class StepView:
             cells = [self._metric(rec, m) for m in self.metrics]
             texts = [_fmt(v, ".4g") for v in cells]
         else:
-            cells = [rec.values.get(("train", "loss")), rec.values.get(("train", "learning_rate")), rec.tokens_per_s]
+            cells = [rec.values.get(("train", "loss")), rec.values.get(("train", "learning_rate")),
+                     rec.tokens_per_s]
             texts = [_fmt(cells[0], ".4g"), _fmt(cells[1], ".3e"), _fmt(cells[2], ",.0f")]
         slowest, own_s, own_x, step_s, step_x = self._slowest(rec)
         spread = own_x if own_x is not None else step_x
@@ -259,10 +280,12 @@ class StepView:
             flags.append(f"slow r{slowest} x{spread:.2f}")
         if all(c is None for c in cells) and slowest is None and not flags:
             return None  # a step with only other figures (an eval): nothing for these columns
-        row = self.layout.line({"time": clock(rec.ts), "step": str(rec.step), **{f"metric{i}": text for i, text in enumerate(texts)},
+        row = self.layout.line({"time": clock(rec.ts), "step": str(rec.step),
+                                **{f"metric{i}": text for i, text in enumerate(texts)},
                                 "slowest": f"r{slowest}" if slowest is not None else "-",
-                                "own_s": _fmt(own_s, ".4g"), "own_x": _fmt(own_x, ".2f"), "step_s": _fmt(step_s, ".4g"),
-                                "step_x": _fmt(step_x, ".2f"), "spread": _fmt(spread, ".2f")})
+                                "own_s": _fmt(own_s, ".4g"), "own_x": _fmt(own_x, ".2f"),
+                                "step_s": _fmt(step_s, ".4g"), "step_x": _fmt(step_x, ".2f"),
+                                "spread": _fmt(spread, ".2f")})
         if self.layout.room < FLAG_ROOM:  # a narrow terminal: the flag without what the columns say
             flags = [_BRACKETS.sub("", flag) for flag in flags]
         if not flags:
@@ -271,17 +294,20 @@ class StepView:
         if room is not None and len(" ".join(flags)) > room:
             flags = [cut(" ".join(flags), max(room, 1))]
         return row + self.layout.sep + " ".join(
-            self._style(flag, fg=_FLAG_COLOURS.get(flag.split()[0], "yellow"), bold=True) for flag in flags)
+            self._style(flag, fg=_FLAG_COLOURS.get(flag.split()[0], "yellow"), bold=True)
+            for flag in flags)
 
     @staticmethod
     def _metric(rec: _Step, metric: MetricName) -> Any:
         """The first value of ``metric`` the step's events carried, preferring stage ``train``."""
         found = [v for (stage, key), v in rec.values.items() if metric.matches(stage, key)]
-        train = [v for (stage, key), v in rec.values.items() if stage == "train" and metric.matches(stage, key)]
+        train = [v for (stage, key), v in rec.values.items()
+                 if stage == "train" and metric.matches(stage, key)]
         return (train or found or [None])[0]
 
     @staticmethod
-    def _slowest(rec: _Step) -> tuple[int | None, float | None, float | None, float | None, float | None]:
+    def _slowest(rec: _Step) -> tuple[int | None, float | None, float | None, float | None,
+                                      float | None]:
         """(slowest rank, its own work, own-work spread, slowest step time, step-time spread); the
         rank by own work where the ranks sent it, else by step time."""
         cluster = rec.cluster or {}
@@ -306,13 +332,15 @@ def _layouts(heads: list[str]) -> list[Layout]:
     """The steps view's columns, widest first: every figure; without the slowest own work and step
     time in seconds; then, one space apart, one spread (own_x, else step_x) and ever fewer of the
     metric columns, with a short flag."""
-    time, step, slowest = Column("time", "time", 8, left=True), Column("step", "step", 7), Column("slowest", "slowest", 7)
+    time, step = Column("time", "time", 8, left=True), Column("step", "step", 7)
+    slowest = Column("slowest", "slowest", 7)
     metrics = [Column(f"metric{i}", head, max(9, len(head))) for i, head in enumerate(heads)]
     own_x, step_x = Column("own_x", "own_x", 6), Column("step_x", "step_x", 6)
-    return [Layout((time, step, *metrics, slowest, Column("own_s", "own_s", 8), own_x, Column("step_s", "step_s", 8),
-                    step_x), room=FLAG_ROOM),
+    own_s, step_s = Column("own_s", "own_s", 8), Column("step_s", "step_s", 8)
+    short_step, spread = Column("step", "step", 6), Column("spread", "spread", 6)
+    return [Layout((time, step, *metrics, slowest, own_s, own_x, step_s, step_x), room=FLAG_ROOM),
             Layout((time, step, *metrics, slowest, own_x, step_x), room=FLAG_ROOM),
-            *(Layout((time, Column("step", "step", 6), *metrics[:shown], slowest, Column("spread", "spread", 6)), " ",
+            *(Layout((time, short_step, *metrics[:shown], slowest, spread), " ",
                      room=SHORT_FLAG_ROOM)
               for shown in range(len(metrics), 0, -1))]
 

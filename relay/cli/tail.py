@@ -5,8 +5,8 @@ steps``) or for ``jq`` (``--json``: the lines as written), optionally following 
 A viewer, so it shows every JSON object line as far as it can, also those the other readers skip
 as not events (a hand edit, an older relay's "NaN" ts): nothing in a line stops it. The first look
 shows the last ``last`` lines of what is there, read from the files' ends (relay/cli/backlog.py),
-or, with no ``last`` (``--since``), all of it read forwards: each file in its own order, files merged
-by time."""
+or, with no ``last`` (``--since``), all of it read forwards: each file in its own order, files
+merged by time."""
 from __future__ import annotations
 
 import heapq
@@ -30,7 +30,8 @@ from sinks.events import RELAY_RANK
 
 #: Seconds between two looks at the journal when following.
 POLL_S = 0.2
-_TYPE_COLOURS = {"lifecycle": "yellow", "params": "blue", "hello": "bright_black", "stats": "bright_black"}
+_TYPE_COLOURS = {"lifecycle": "yellow", "params": "blue", "hello": "bright_black",
+                 "stats": "bright_black"}
 _ALARMS = ("straggler", "rank_lost")
 
 
@@ -50,7 +51,8 @@ def format_event(ev: dict[str, Any], keys: Iterable[str] | None = None, color: b
     step = f" step={_short(ev['step'])}" if ev.get("step") is not None else ""
     if not color:
         return f"{clock(ev.get('ts'))} {_short(ev.get('run'))} {who} {kind}{step}  {body}"
-    colour = "red" if alarm else "cyan" if who == "relay" else _TYPE_COLOURS.get(ev.get("type"))  # type: ignore[arg-type]
+    colour = ("red" if alarm else "cyan" if who == "relay"
+              else _TYPE_COLOURS.get(ev.get("type")))  # type: ignore[arg-type]
     return (f"{click.style(clock(ev.get('ts')), dim=True)} {_short(ev.get('run'))} {who} "
             f"{click.style(kind, fg=colour, bold=alarm)}{step}  {body}")
 
@@ -69,8 +71,8 @@ def _short(value: Any) -> str:
 
 def reader_gone(stream: TextIO, wait: float) -> bool:
     """Wait up to ``wait`` seconds; True as soon as the reader of ``stream`` has gone (``| head``
-    exited, the terminal hung up). A closed pipe is otherwise noticed only by the next write, which a
-    quiet journal may never make; GNU ``tail -f`` watches its output the same way."""
+    exited, the terminal hung up). A closed pipe is otherwise noticed only by the next write, which
+    a quiet journal may never make; GNU ``tail -f`` watches its output the same way."""
     try:
         fd = stream.fileno()
     except (AttributeError, ValueError, OSError):  # not a real file (captured output): just wait
@@ -82,22 +84,25 @@ def reader_gone(stream: TextIO, wait: float) -> bool:
 
 
 class Tail:
-    """One ``relay tail``: what to show (``selection``), how (``view``: events or steps; ``as_json``:
-    the lines as written), and where (stdout, styled when ``color``)."""
+    """One ``relay tail``: what to show (``selection``), how (``view``: events or steps;
+    ``as_json``: the lines as written), and where (stdout, styled when ``color``)."""
 
-    def __init__(self, path: Path, selection: Selection, *, view: str = "events", as_json: bool = False,
-                 color: bool = False, straggler_ratio: float = 1.3) -> None:
+    def __init__(self, path: Path, selection: Selection, *, view: str = "events",
+                 as_json: bool = False, color: bool = False, straggler_ratio: float = 1.3) -> None:
         self.path = path
         self.view = view
-        # in the steps view --metric picks the columns; the slowest rank still needs every rank's events
-        self.selection = replace(selection, metrics=()) if view == "steps" and not as_json else selection
+        # in the steps view --metric picks the columns;
+        # the slowest rank still needs every rank's events
+        per_step = view == "steps" and not as_json
+        self.selection = replace(selection, metrics=()) if per_step else selection
         self.as_json = as_json
         self.color = color
         self.metrics = selection.metrics
         self.straggler_ratio = straggler_ratio
         self.steps = self._view(False)
         self._run_shown: str | None = None
-        self._follower = Follower(path, notice=lambda text: click.echo(f"relay tail: {text}", err=True))
+        self._follower = Follower(path,
+                                  notice=lambda text: click.echo(f"relay tail: {text}", err=True))
 
     def run(self, *, follow: bool, last: int | None) -> None:
         """Show the last ``last`` (None: all) of what is there, then, when following, what comes."""
@@ -113,7 +118,8 @@ class Tail:
             self.close()
 
     def first_look(self, last: int | None, *, follow: bool) -> None:
-        """Show the last ``last`` (None: all) of what is there; when following, the follower goes on from there."""
+        """Show the last ``last`` (None: all) of what is there; when following, the follower goes on
+        from there."""
         if last is None:
             self._show_all(final=not follow)
         else:
@@ -123,22 +129,24 @@ class Tail:
         self._follower.close()
 
     def _view(self, from_middle: bool) -> StepView:
-        return StepView(self.metrics, color=self.color, straggler_ratio=self.straggler_ratio, from_middle=from_middle,
-                        width=terminal_width(sys.stdout))
+        return StepView(self.metrics, color=self.color, straggler_ratio=self.straggler_ratio,
+                        from_middle=from_middle, width=terminal_width(sys.stdout))
 
     def _show_last(self, last: int, final: bool) -> None:
-        """The last ``last`` events or steps, read from the files' ends; the follower goes on from there."""
+        """The last ``last`` events or steps, read from the files' ends; the follower goes on from
+        there."""
         files = self._follower.skip_to_end(final=final)
         if self.view == "steps" and not self.as_json:
-            self.steps, rows = last_steps(files, self.selection.wants, last, self._view, now=time.monotonic(),
-                                          final=final)
+            self.steps, rows = last_steps(files, self.selection.wants, last, self._view,
+                                          now=time.monotonic(), final=final)
             self._show_rows(rows)
         else:
             self._show_events(last_events(files, self.selection.wants, last))
 
     def _show_all(self, final: bool) -> None:
-        """Everything there is (that the selection wants), read forwards: each file in its own order,
-        files merged by time; parsed as it is consumed, so only what the view keeps stays in memory."""
+        """Everything there is (that the selection wants), read forwards: each file in its own
+        order, files merged by time; parsed as it is consumed, so only what the view keeps stays in
+        memory."""
         files = [parsed(lines, self.selection.wants)
                  for _, lines in self._follower.poll(final=final)]
         backlog = files[0] if len(files) == 1 else (
@@ -184,7 +192,8 @@ class Tail:
             out.flush()
             return
         narrow = self.selection.keys if self.selection.metrics else lambda _: None
-        sys.stdout.write("".join(format_event(ev, narrow(ev), self.color) + "\n" for ev, _ in events))
+        sys.stdout.write("".join(format_event(ev, narrow(ev), self.color) + "\n"
+                                 for ev, _ in events))
         sys.stdout.flush()
 
     def _show_rows(self, rows: list[Row]) -> None:
@@ -192,7 +201,8 @@ class Tail:
             return
         text = []
         for row in rows:
-            if row.run != self._run_shown:  # each run's rows under its own name and the column names
+            # each run's rows under its own name and the column names
+            if row.run != self._run_shown:
                 text += [self.steps.run_line(row.run), self.steps.header]
                 self._run_shown = row.run
             text.append(row.text)

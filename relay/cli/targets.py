@@ -13,7 +13,8 @@ from relay.ship.base import Shipper, load
 from sinks.base import Sink, SinkError
 
 #: One line on the journal, where ``--help`` lists what ``--sink`` takes.
-JOURNAL_SUMMARY = "The journal (JSONL): always written by serve; in replay, a journal given what it lacks."
+JOURNAL_SUMMARY = ("The journal (JSONL): always written by serve; in replay, a journal given what "
+                   "it lacks.")
 
 
 class JournalFlags:
@@ -23,10 +24,11 @@ class JournalFlags:
     def options() -> list[click.Option]:
         return [
             click.Option(["--path"], default=DEFAULT_PATH, show_default=True,
-                         help="JSONL journal: a file for every run, or a directory (existing, or ending "
-                              "in '/') holding one <run>.jsonl per run."),
+                         help="JSONL journal: a file for every run, or a directory (existing, or "
+                              "ending in '/') holding one <run>.jsonl per run."),
             click.Option(["--fsync/--no-fsync"], default=False, show_default=True,
-                         help="fsync the journal before acknowledging (survives power loss, costs latency)."),
+                         help="fsync the journal before acknowledging (survives power loss, costs "
+                              "latency)."),
         ]
 
     @classmethod
@@ -53,14 +55,16 @@ def named(args: list[str]) -> list[str]:
 
 
 def installed() -> list[str]:
-    """Every name ``--sink`` takes without a ``module:Class``: the journal's and each installed sink's."""
+    """Every name ``--sink`` takes without a ``module:Class``: the journal's and each installed
+    sink's."""
     from sinks.registry import available
 
     return sorted({NAME, *available()})
 
 
 def resolve(given: str) -> tuple[str, Named]:
-    """(display name, class) of what ``--sink given`` names; SinkError for an unknown or broken sink."""
+    """(display name, class) of what ``--sink given`` names; SinkError for an unknown or broken
+    sink."""
     from sinks.registry import known
 
     if given == NAME:
@@ -79,14 +83,15 @@ def load_named(names: list[str]) -> dict[str, tuple[str, Named]]:
     for given in names:
         name, cls = resolve(given)
         if name in classes:
-            raise SinkError(f"--sink {given}: a sink named {name!r} was already given; name each sink once")
+            raise SinkError(f"--sink {given}: a sink named {name!r} was already given; "
+                            "name each sink once")
         classes[name] = (given, cls)
     return classes
 
 
 def owner(option: str, named: dict[str, tuple[str, Named]]) -> str | None:
-    """What ``--sink`` should name to get ``option``, among those not named on the command line (only
-    now are the other installed sinks imported: this is the path of a usage error)."""
+    """What ``--sink`` should name to get ``option``, among those not named on the command line
+    (only now are the other installed sinks imported: this is the path of a usage error)."""
     for name in installed():
         if name in named:
             continue

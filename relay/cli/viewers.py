@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
+from relay.cli.command import EXIT_USAGE, fail
 from relay.cli.filters import selection, selection_options
-from relay.cli.main import EXIT_USAGE, _fail
 from relay.journal.journal import DEFAULT_PATH
 
 
@@ -36,15 +36,20 @@ def _stream_options(command: Any) -> Any:
 @click.command(short_help="Show a journal readably from its end; -f follows it.")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="PATH")
 @click.option("-f", "--follow", is_flag=True,
-              help="Keep printing as lines are written, like tail -F: PATH may appear later, be rotated or truncated.")
+              help="Keep printing as lines are written, like tail -F: PATH may appear later, be "
+                   "rotated or truncated.")
 @click.option("--view", type=click.Choice(["events", "steps"]), default="events", show_default=True,
-              help="One line per event, or per logged step (loss, lr, tokens/s, slowest rank, straggler flag).")
-@click.option("--json", "as_json", is_flag=True, help="Print the journal lines as written (for jq); filters apply.")
+              help="One line per event, or per logged step (loss, lr, tokens/s, slowest rank, "
+                   "straggler flag).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the journal lines as written (for jq); filters apply.")
 @selection_options
-@click.option("--type", "types", multiple=True, metavar="TYPE", help="Only these event types (metrics, params, ...).")
+@click.option("--type", "types", multiple=True, metavar="TYPE",
+              help="Only these event types (metrics, params, ...).")
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
-              help="Only events with these data keys, and only those keys shown (repeatable; stage/name "
-                   "picks one stage, as in eval/loss); in --view steps, the columns instead of loss, lr, tok/s.")
+              help="Only events with these data keys, and only those keys shown (repeatable; "
+                   "stage/name picks one stage, as in eval/loss); in --view steps, the columns "
+                   "instead of loss, lr, tok/s.")
 @click.option("-n", "--lines", type=click.IntRange(0), default=None,
               help="Start with the last N lines (events or steps) [default: 20, all with --since].")
 @click.option("--straggler-ratio", type=click.FloatRange(1.0), default=1.3, show_default=True,
@@ -55,7 +60,8 @@ def tail(paths: tuple[Path, ...], follow: bool, view: str, as_json: bool, types:
     """Print a journal (a JSONL file or directory) readably, or its lines for jq; follow it with -f.
     A consuming relay's folder, or several (docs/deployment.md): each run whole, each rank in order.
 
-    Colour only on a terminal (and not with NO_COLOR set); Ctrl-C and a closed pipe end it with status 0."""
+    Colour only on a terminal (and not with NO_COLOR set); Ctrl-C and a closed pipe end it with
+    status 0."""
     from relay.cli.tail import Tail
 
     nats = {k: filters.pop(k) for k in list(filters) if k.startswith("nats_")}
@@ -76,18 +82,20 @@ def tail(paths: tuple[Path, ...], follow: bool, view: str, as_json: bool, types:
         else:
             Tail(paths[0], chosen, **options).run(follow=follow, last=lines)
     except FileNotFoundError:
-        _fail(EXIT_USAGE, f"{paths[0]} does not exist; give the relay's --path (file or "
-                          "directory), or -f to wait for it")
+        fail(EXIT_USAGE, f"{paths[0]} does not exist; give the relay's --path (file or "
+                         "directory), or -f to wait for it")
     except KeyboardInterrupt:
         pass
-    except BrokenPipeError:  # the reader went away (| head): nothing more to say, and nothing to flush at exit
+    # the reader went away (| head): nothing more to say, and nothing to flush at exit
+    except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 @click.command(short_help="Draw a journal's metrics against the step into an image.")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="PATH")
 @click.option("--metric", "metrics", multiple=True, required=True, metavar="NAME",
-              help="A metric to draw, one panel each (repeatable): name, or stage/name (eval/loss, rank/step_time).")
+              help="A metric to draw, one panel each (repeatable): name, or stage/name "
+                   "(eval/loss, rank/step_time).")
 @click.option("--by", type=click.Choice(["run", "rank"]), default="run", show_default=True,
               help="One line per run, or per run and rank.")
 @selection_options
@@ -110,7 +118,7 @@ def plot(paths: tuple[Path, ...], metrics: tuple[str, ...], by: str, output: Pat
         else:
             drawn = plot_journal(paths[0], chosen, output, by_rank=by == "rank")
     except PlotError as exc:
-        _fail(EXIT_USAGE, str(exc))
+        fail(EXIT_USAGE, str(exc))
     if drawn.note():
         click.echo(f"relay plot: {drawn.note()}", err=True)
 
@@ -158,12 +166,12 @@ def _tail_stream(runs: tuple[Path, ...], nats: dict[str, Any], chosen: Any, opti
 
     stream, prefix = nats.pop("nats_stream"), nats.pop("nats_prefix")
     if len(runs) != 1:
-        _fail(EXIT_USAGE, "--nats-url reads one run: give its id, as relay tail --nats-url URL RUN")
+        fail(EXIT_USAGE, "--nats-url reads one run: give its id, as relay tail --nats-url URL RUN")
     try:
         check_package()
         settings = settings_from_options(**nats)
     except SinkError as exc:
-        _fail(EXIT_USAGE, str(exc))
+        fail(EXIT_USAGE, str(exc))
     with StreamRead(settings, stream, prefix, str(runs[0])) as read:
         StreamTail(read, chosen, **options).run(follow=follow, last=lines)
 
@@ -172,7 +180,7 @@ def _need(paths: tuple[Path, ...]) -> None:
     """Exit 2 with one line for a path that is not there."""
     for path in paths:
         if not path.exists():
-            _fail(EXIT_USAGE, f"{path} does not exist; give the relay's --path (file or directory)")
+            fail(EXIT_USAGE, f"{path} does not exist; give the relay's --path (file or directory)")
 
 
 def _fleet(paths: tuple[Path, ...]) -> bool:

@@ -49,7 +49,8 @@ class ForkPipe:
     # -- a child's side -------------------------------------------------------------------------
 
     def in_child(self) -> None:
-        """Now in the child (or a child's child, which writes to the same parent): it only writes."""
+        """Now in the child (or a child's child, which writes to the same parent): it only
+        writes."""
         if self.r >= 0:
             os.close(self.r)
             self.r = -1
@@ -67,7 +68,8 @@ class ForkPipe:
         else:
             if not self._write(blob):
                 self.unsent += 1
-        if self.unsent and self._write(msgpack.packb(self.unsent)):  # said at once, if the pipe has room
+        # said at once, if the pipe has room
+        if self.unsent and self._write(msgpack.packb(self.unsent)):
             self.unsent = 0
 
     def _write(self, blob: bytes) -> bool:
@@ -145,14 +147,16 @@ class ForkHandover:
             self._fork.in_child()
 
     def _to_parent(self, event: tuple[Any, ...]) -> None:
-        """publish() in a forked child; counted where it cannot go (no pipe: the parent had closed)."""
+        """publish() in a forked child; counted where it cannot go (no pipe: the parent had
+        closed)."""
         if self._fork is None or self._closed:
             self._dropped_closed += 1
         else:
             self._fork.send(event)
 
     def _take_forked(self) -> list[tuple[Any, ...]]:
-        """The events the forked children handed over since the last call; counts what they could not."""
+        """The events the forked children handed over since the last call; counts what they could
+        not."""
         if self._fork is None or self._child:
             return []
         events, dropped = self._fork.receive()
@@ -161,7 +165,8 @@ class ForkHandover:
         return events
 
 
-#: Every Publisher not closed yet: each hears of a fork (os.register_at_fork, as OpenTelemetry's SDK does).
+#: Every Publisher not closed yet: each hears of a fork (os.register_at_fork, as OpenTelemetry's SDK
+#: does).
 live: weakref.WeakSet[ForkHandover] = weakref.WeakSet()
 
 

@@ -1,11 +1,12 @@
 """The publisher client every rank uses: non-blocking publish, bounded buffer, acks and resend.
 
 publish() only appends a tuple to a deque, so the training loop pays about a microsecond and never
-blocks or raises. The process's one I/O thread (relay/wire/io_thread.py) encodes and numbers the events; each
-Publisher's SendWindow (relay/client/send_window.py) keeps them until the relay acknowledges them, resends and
-drops the oldest, counted, past the bounds. Drop counts travel to the relay as ``stats`` events, so
-the loss shows in every sink. Given a spool directory, close() writes what the relay never
-acknowledged there, for ``relay replay`` to deliver later (relay/client/spool.py).
+blocks or raises. The process's one I/O thread (relay/wire/io_thread.py) encodes and numbers the
+events; each Publisher's SendWindow (relay/client/send_window.py) keeps them until the relay
+acknowledges them, resends and drops the oldest, counted, past the bounds. Drop counts travel to the
+relay as ``stats`` events, so the loss shows in every sink. Given a spool directory, close() writes
+what the relay never acknowledged there, for ``relay replay`` to deliver later
+(relay/client/spool.py).
 """
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import atexit
 import collections
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -22,15 +22,14 @@ from typing import Any
 
 import zmq
 
-from relay.client import spool
+from relay.client import identity, spool
 from relay.client.fork import ForkHandover, ForkPipe, live
 from relay.client.link_member import LinkMember
 from relay.client.send_window import SendWindow
 from relay.wire import curve, encoding, schema
 from relay.wire.address import resolve_address
 from relay.wire.io_thread import read_monitor, shared_hub
-from relay.wire.lines import SPOOL_SUFFIX
-from sinks.events import MAX_ATTEMPT, RELAY_RANK, session_base
+from sinks.events import session_base
 
 __all__ = ["Publisher", "UNKNOWN_JOURNAL"]
 UNKNOWN_JOURNAL = spool.UNKNOWN_JOURNAL  # the journal the close warning names, when none is known
@@ -71,40 +70,25 @@ class Publisher(ForkHandover, LinkMember):
         attempt: int = 0,
         restart: int | None = None,
     ) -> None:
-        """``spool_dir``: where close() writes what the relay never acknowledged (None: nowhere, it is
-        only counted); ``spool_journal``: the relay's journal, named in the replay command it logs;
-        ``attempt``: which attempt of ``run`` this process belongs to (a job resumed from a checkpoint
-        continues its run as attempt 1, 2 ...): its seqs start at ``attempt_base(attempt)``, above every
-        earlier attempt's, so the relay takes none of its events for a duplicate; ``restart``: how
-        often torchrun restarted this rank (None: ``TORCHELASTIC_RESTART_COUNT``): it numbers from
-        ``session_base(attempt, restart)``, above the attempt's earlier starts, so a restarted rank
-        continues its stream once the one before has gone (docs/protocol.md)."""
-        if not schema.valid_run_id(run):
-            raise ValueError(f"run id {run!r} must match {schema.RUN_ID_RE.pattern}")
-        for name, val in (("rank", rank), ("world_size", world_size), ("max_events", max_events)):
-            if not isinstance(val, int) or val < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {val!r}")
-        if rank >= RELAY_RANK:
-            raise ValueError(f"rank must be below {RELAY_RANK} (the relay's own rank), got {rank}")
-        if not isinstance(attempt, int) or not 0 <= attempt < MAX_ATTEMPT:
-            raise ValueError(f"attempt must be an int in [0, {MAX_ATTEMPT}), got {attempt!r}")
-        env = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
-        restart = (int(env) if env.isdigit() else 0) if restart is None else restart
+        """``spool_dir``: where close() writes what the relay never acknowledged (None: nowhere, it
+        is only counted); ``spool_journal``: the relay's journal, named in the replay command it
+        logs; ``attempt``: which attempt of ``run`` this process belongs to (a job resumed from a
+        checkpoint continues its run as attempt 1, 2 ...): its seqs start at
+        ``attempt_base(attempt)``, above every earlier attempt's, so the relay takes none of its
+        events for a duplicate; ``restart``: how often torchrun restarted this rank (None:
+        ``TORCHELASTIC_RESTART_COUNT``): it numbers from ``session_base(attempt, restart)``, above
+        the attempt's earlier starts, so a restarted rank continues its stream once the one before
+        has gone (docs/protocol.md)."""
+        identity.check(run, rank, world_size, max_events, attempt)
+        restart = identity.restart_count(restart)
         self.attempt = attempt
         self.restart = restart
         self.run = run
         self.rank = rank
         self.address = resolve_address(address)
-        # Frames are compact batches: this envelope once, then one row per event (docs/protocol.md).
-        # The spool adds it to every row again, as the relay does.
-        self.envelope: dict[str, Any] = {
-            "v": schema.SCHEMA_VERSION, "run": run, "rank": rank,
-            "local_rank": rank if local_rank is None else local_rank,
-            "world_size": max(world_size, 1), "host": (host or socket.gethostname())[: schema.MAX_NAME_LEN],
-        }
+        self.envelope = identity.envelope(run, rank, local_rank, world_size, host)
         self._prefix = encoding.compact_prefix(self.envelope)
-        self.spool_path = (None if spool_dir is None
-                           else os.path.join(os.fspath(spool_dir), f"{run}.rank{rank}{SPOOL_SUFFIX}"))
+        self.spool_path = identity.spool_path(spool_dir, run, rank)
         self._spool_journal = None if spool_journal is None else os.fspath(spool_journal)
         self._spooled = 0  # written to the spool at close: not acknowledged, not lost either
         self._dropped_spool = 0  # meant for the spool, which could not be written
@@ -122,8 +106,9 @@ class Publisher(ForkHandover, LinkMember):
         self._dropped_closed = 0  # by publish(): after close()
         self._dropped_error = 0  # by publish(): could not even build the event
         # Owned by the background thread:
-        self._window = SendWindow(max_events=max_events, max_bytes=max_bytes, resend_after=resend_after,
-                                  now=time.monotonic(), first_seq=session_base(attempt, restart))
+        self._window = SendWindow(max_events=max_events, max_bytes=max_bytes,
+                                  resend_after=resend_after, now=time.monotonic(),
+                                  first_seq=session_base(attempt, restart))
         self._pack_row = encoding.row_packer().pack
         self._dropped_bad = 0  # unencodable or oversized events
         self._reported_drops = 0
@@ -199,7 +184,8 @@ class Publisher(ForkHandover, LinkMember):
         if self._child:  # what it published went to the parent, whose Publisher sends it
             self._closed = True
             return 0
-        # the final word on losses (never dropped for a full queue; its counters taken as it is numbered)
+        # the final word on losses (never dropped for a full queue; its counters taken as it is
+        # numbered)
         self._pending.append((time.time(), "stats", None, None, "client", _CLOSING_REPORT))
         try:
             self.flush(timeout)
@@ -224,8 +210,9 @@ class Publisher(ForkHandover, LinkMember):
             log.warning("relay %s: %d events of run %s rank %d were never acknowledged%s",
                         self.address, left, self.run, self.rank, why)
         elif not self._done.is_set():
-            log.error("relay %s: %d events of run %s rank %d were never acknowledged and are not spooled: the "
-                      "publisher thread did not stop", self.address, left, self.run, self.rank)
+            log.error("relay %s: %d events of run %s rank %d were never acknowledged and are not "
+                      "spooled: the publisher thread did not stop",
+                      self.address, left, self.run, self.rank)
         else:
             self._spool()
         return left
@@ -233,12 +220,14 @@ class Publisher(ForkHandover, LinkMember):
     def _spool(self) -> None:
         """close(), once the I/O thread has let go of this Publisher: append what the relay never
         acknowledged to the spool (relay/client/spool.py), and log the command that delivers it."""
-        self._take_pending(bounded=False)  # numbered on from where the I/O thread stopped, none dropped
+        # numbered on from where the I/O thread stopped, none dropped
+        self._take_pending(bounded=False)
         events = []
         for blob in self._window.take_all():
             try:
                 events.append(spool.row_event(self.envelope, blob))
-            except ValueError as exc:  # FrameError, a non-string map key: what the relay rejects too
+            # FrameError, a non-string map key: what the relay rejects too
+            except ValueError as exc:
                 self._drop_bad(f"event not spooled, the relay would reject it: {exc}")
         path = self.spool_path
         assert path is not None, "close() spools only with a spool_dir"
@@ -248,8 +237,9 @@ class Publisher(ForkHandover, LinkMember):
             spool.append(path, events)
         except OSError as exc:
             self._dropped_spool += len(events)
-            log.error("relay %s: %d events of run %s rank %d were never acknowledged and are lost: cannot write "
-                      "the spool %s: %s", self.address, len(events), self.run, self.rank, path, exc)
+            log.error("relay %s: %d events of run %s rank %d were never acknowledged and are lost: "
+                      "cannot write the spool %s: %s",
+                      self.address, len(events), self.run, self.rank, path, exc)
             return
         self._spooled += len(events)
         refused = self.refused_streams.get((self.run, self.rank))
@@ -263,14 +253,16 @@ class Publisher(ForkHandover, LinkMember):
 
     @property
     def published(self) -> int:
-        """Events this client made: its publish() calls, its own stats events and its forked children's."""
+        """Events this client made: its publish() calls, its own stats events and its forked
+        children's."""
         return self._published + self._reports + self._forwarded + self._dropped_forked
 
     @property
     def dropped(self) -> int:
         """Events this client gave up on, for any reason."""
         return (self._dropped_full + self._dropped_closed + self._dropped_error
-                + self._window.dropped_unacked + self._dropped_bad + self._dropped_spool + self._dropped_forked)
+                + self._window.dropped_unacked + self._dropped_bad + self._dropped_spool
+                + self._dropped_forked)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -282,7 +274,8 @@ class Publisher(ForkHandover, LinkMember):
             "resent": w.resent, "dropped": self.dropped, "dropped_full": self._dropped_full,
             "dropped_unacked": w.dropped_unacked, "dropped_bad": self._dropped_bad,
             "dropped_closed": self._dropped_closed, "dropped_error": self._dropped_error,
-            "dropped_spool": self._dropped_spool, "spooled": self._spooled, "dropped_sent": w.dropped_sent,
+            "dropped_spool": self._dropped_spool, "spooled": self._spooled,
+            "dropped_sent": w.dropped_sent,
             "protocol_errors": self._malformed_acks + w.protocol_errors,
         }
 
@@ -301,7 +294,8 @@ class Publisher(ForkHandover, LinkMember):
         self._ready.set()
 
     def _link_failed(self, exc: zmq.ZMQError | ValueError) -> None:
-        log.error("cannot connect to relay %s: %s; events will be counted as dropped", self.address, exc)
+        log.error("cannot connect to relay %s: %s; events will be counted as dropped",
+                  self.address, exc)
         self._closed = True
         self._ready.set()
         self._done.set()
@@ -327,7 +321,8 @@ class Publisher(ForkHandover, LinkMember):
         if not (self._pending or self._window.unacked or self._flush_requested
                 or self.dropped != self._reported_drops or self._fork is not None):
             return  # an idle rank costs the shared thread next to nothing
-        self._pending.extendleft(reversed(self._take_forked()))  # before a closing report close() queued
+        # before a closing report close() queued
+        self._pending.extendleft(reversed(self._take_forked()))
         self._take_pending()
         self._report_drops()
         if self._flush_requested:
@@ -354,8 +349,10 @@ class Publisher(ForkHandover, LinkMember):
             except Exception as exc:  # noqa: BLE001 - an unencodable event is counted, not raised
                 self._drop_bad(f"cannot encode {kind} event: {exc}")
                 continue
-            if len(blob) > limit or (len(blob) > spool.LINE_SAFE_BYTES and spool.line_too_long(self.envelope, blob)):
-                self._drop_bad(f"{kind} event of {len(blob)} bytes exceeds {limit}, or its journal line the bound")
+            if len(blob) > limit or (len(blob) > spool.LINE_SAFE_BYTES
+                                     and spool.line_too_long(self.envelope, blob)):
+                self._drop_bad(f"{kind} event of {len(blob)} bytes exceeds {limit}, "
+                               "or its journal line the bound")
                 continue
             window.push(blob, droppable=bounded and kind != "stats")
 
@@ -388,7 +385,8 @@ class Publisher(ForkHandover, LinkMember):
             "dropped_unacked": w.dropped_unacked, "dropped_bad": self._dropped_bad,
             "dropped_closed": self._dropped_closed, "dropped_error": self._dropped_error,
             "dropped_upto": w.dropped_upto, "published": self.published,
-            "resent": w.resent, "dropped_sent": w.dropped_sent, "dropped_forked": self._dropped_forked,
+            "resent": w.resent, "dropped_sent": w.dropped_sent,
+            "dropped_forked": self._dropped_forked,
         }
 
     def _send_batch(self, blobs: list[bytes]) -> bool:

@@ -20,12 +20,14 @@ MAX_BACKOFF = 30.0
 
 
 class SendWindow:
-    """Encoded events from ``first_seq`` (0) on: those not yet acknowledged are kept, in order, with their bytes
-    counted; ``next_send`` is the first of them not handed to the connection since the last rewind."""
+    """Encoded events from ``first_seq`` (0) on: those not yet acknowledged are kept, in order, with
+    their bytes counted; ``next_send`` is the first of them not handed to the connection since the
+    last rewind."""
 
     def __init__(self, *, max_events: int, max_bytes: int, resend_after: float, now: float,
                  first_seq: int = 0) -> None:
-        """``first_seq``: where numbering starts (a resumed run's attempt starts above its earlier ones')."""
+        """``first_seq``: where numbering starts (a resumed run's attempt starts above its earlier
+        ones')."""
         self.unacked: collections.deque[tuple[int, bytes]] = collections.deque()
         self.unacked_bytes = 0
         self.next_seq = first_seq
@@ -49,9 +51,9 @@ class SendWindow:
         return bool(self.unacked) and self.next_send > self.unacked[0][0]
 
     def push(self, blob: bytes, *, droppable: bool = True) -> None:
-        """Keep the event encoded as ``blob`` with seq ``next_seq`` (which the blob must carry), then
-        drop the oldest unacknowledged events past the bounds, unless this one is not ``droppable``
-        (a loss report never causes a loss it does not report)."""
+        """Keep the event encoded as ``blob`` with seq ``next_seq`` (which the blob must carry),
+        then drop the oldest unacknowledged events past the bounds, unless this one is not
+        ``droppable`` (a loss report never causes a loss it does not report)."""
         unacked = self.unacked
         unacked.append((self.next_seq, blob))
         self.unacked_bytes += len(blob)
@@ -90,8 +92,9 @@ class SendWindow:
     def rewind(self, why: str) -> None:
         """Send again from the oldest unacknowledged event: what was in flight may be lost."""
         if self.in_flight:
-            self.resent += self.next_send - self.unacked[0][0]
-            log.debug("resending %d unacknowledged events (%s)", self.next_send - self.unacked[0][0], why)
+            rewound = self.next_send - self.unacked[0][0]
+            self.resent += rewound
+            log.debug("resending %d unacknowledged events (%s)", rewound, why)
         if self.unacked:
             self.sent_before = max(self.sent_before, self.next_send)
             self.next_send = self.unacked[0][0]
@@ -105,8 +108,9 @@ class SendWindow:
         self.backoff = min(self.backoff, self.resend_after)
 
     def pump(self, now: float, send: Callable[[list[bytes]], bool]) -> None:
-        """Rewind if acks stalled for ``backoff`` (then double it), then hand everything not yet sent
-        to ``send`` in batches, oldest first, until it refuses one (False: not connected, or full)."""
+        """Rewind if acks stalled for ``backoff`` (then double it), then hand everything not yet
+        sent to ``send`` in batches, oldest first, until it refuses one (False: not connected, or
+        full)."""
         in_flight = self.in_flight
         if in_flight and now - self.last_progress > self.backoff:
             self.rewind(f"no acknowledgement for {self.backoff:.1f} s")

@@ -1,5 +1,5 @@
-"""The spool's format: what a closing Publisher (relay/client/publisher.py) writes when the relay never
-acknowledged some events, line for line what the relay would have journaled, so that ``relay
+"""The spool's format: what a closing Publisher (relay/client/publisher.py) writes when the relay
+never acknowledged some events, line for line what the relay would have journaled, so that ``relay
 replay`` (which skips what the journal already holds) delivers exactly the missing ones."""
 from __future__ import annotations
 
@@ -60,10 +60,12 @@ def line_too_long(envelope: Mapping[str, Any], blob: bytes) -> bool:
 def append(path: str, events: list[dict[str, Any]]) -> None:
     """Append the events' journal lines to ``path`` and fsync, all or nothing: no half line for
     replay to trip over. Raises OSError."""
-    from relay.wire.lines import encode_line  # only a Publisher that has to spool pays for this import
+    # only a Publisher that has to spool pays for this import
+    from relay.wire.lines import encode_line
 
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # the job's events: its user's alone
+    # the job's events: its user's alone
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         start = os.lseek(fd, 0, os.SEEK_END)
         view = memoryview(b"".join([encode_line(event) for event in events]))

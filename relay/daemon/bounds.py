@@ -26,10 +26,11 @@ class RunBudget:
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
-        self._budget: dict[bytes, tuple[float, float]] = {}  # peer -> (new runs it may start, as of when)
+        #: peer -> (new runs it may start, as of when)
+        self._budget: dict[bytes, tuple[float, float]] = {}
 
     def admit(self, peer: bytes, runs: int, now: float) -> bool:
-        """Take ``runs`` new runs from ``peer``'s budget; False (nothing taken) if it has not that many."""
+        """Take ``runs`` new runs from ``peer``'s budget; False (none taken) if it has too few."""
         rate = self.rate
         tokens, since = self._budget.pop(peer, (rate, now))
         tokens = min(rate, tokens + (now - since) * rate / 60.0)
@@ -43,7 +44,7 @@ class RunBudget:
 
 
 class MemoryProbe:
-    """This process's resident set size, read from /proc (about a microsecond); 0 where there is none."""
+    """This process's resident set size, read from /proc (about a microsecond); 0 without /proc."""
 
     def __init__(self) -> None:
         try:
@@ -59,8 +60,9 @@ class MemoryProbe:
 
 
 def trim_heap() -> None:
-    """Hand the freed heap back to the system (glibc keeps it otherwise), so RSS shows the relief."""
-    import ctypes.util  # here, not at the top: every relay and CLI process imports this module, few trim
+    """Hand the freed heap back to the system (glibc keeps it otherwise): RSS shows the relief."""
+    # here, not at the top: every relay and CLI process imports this module, few trim
+    import ctypes.util
 
     name = ctypes.util.find_library("c")
     trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None

@@ -32,17 +32,20 @@ Send = Callable[[bytes, Acks], None]
 
 
 class Commit:
-    """The lines waiting for the journal, the streams waiting for an ack, and the journal's backoff."""
+    """The lines waiting for the journal, the streams waiting for an ack, the journal's backoff."""
 
-    def __init__(self, journal: LineJournal, counters: Counters, ranks: Mapping[tuple[str, int], RankState],
+    def __init__(self, journal: LineJournal, counters: Counters,
+                 ranks: Mapping[tuple[str, int], RankState],
                  owners: Mapping[tuple[str, int], bytes], now: float, *, send: Send,
                  fan_out: Deliver | None = None) -> None:
         self.journal = journal
         self.counters = counters
         self.ranks = ranks  # each stream's dedupe state: its floor is the ack
-        self.owners = owners  # each stream's connection (relay/daemon/owners.py), whom the ack goes to
+        #: each stream's connection (relay/daemon/owners.py), whom the ack goes to
+        self.owners = owners
         self.send = send  # each connection's acks
-        self.fan_out = fan_out  # the other sinks' share of each written batch (lines, events, news); None: none
+        #: the other sinks' share of each written batch (lines, events, news); None: none
+        self.fan_out = fan_out
         # Accepted events as (run, journal lines) chunks, encoded on arrival while they are still in
         # the CPU's cache; the other sinks get the same lines.
         self.queue = JournalQueue()
@@ -57,8 +60,8 @@ class Commit:
         self.queue.add(run, chunk, count)
 
     def add_derived(self, run: str, line: bytes) -> None:
-        """One of the relay's own events (no one is acknowledged for it): ``run``'s state stays until
-        it is journaled (``holds``)."""
+        """One of the relay's own events (no one is acknowledged for it): ``run``'s state stays
+        until it is journaled (``holds``)."""
         self.queue.add(run, line, 1)
         self.derived_runs.add(run)
 
@@ -67,7 +70,7 @@ class Commit:
         self.acks_due.add(key)
 
     def drop_acks(self) -> None:
-        """Every connection is gone: no ack is due to anyone (each client resends, and is acknowledged then)."""
+        """Every connection is gone: no ack is due (each client resends, acknowledged then)."""
         self.acks_due.clear()
 
     @property
@@ -124,7 +127,8 @@ class Commit:
         self.backoff = min(max(self.backoff * 2, 0.1), MAX_BACKOFF)
         self.retry_at = now + self.backoff
         log.error("journal write failed (%d errors, %d events waiting), retrying in %.1f s: %s: %s",
-                  self.counters.journal_errors, self.pending, self.backoff, type(exc.__cause__ or exc).__name__, exc)
+                  self.counters.journal_errors, self.pending, self.backoff,
+                  type(exc.__cause__ or exc).__name__, exc)
 
     def _acknowledge(self) -> None:
         """Each stream's owner gets its cumulative ack, one message per connection."""
@@ -141,6 +145,7 @@ class Commit:
             self.send(peer, acks)
 
     def journal_stats(self, now: float) -> dict[str, float]:
-        """The journal's figures as the status shows each sink's (lag: since the last write that worked)."""
-        return {"written": self.counters.written, "errors": self.counters.journal_errors, "dropped": 0,
-                "queued": self.pending, "lag_s": round(now - self.ok_at, 1) if self.queue.due else 0.0}
+        """The journal's figures, as the status shows a sink's (lag: since its last good write)."""
+        lag = round(now - self.ok_at, 1) if self.queue.due else 0.0
+        return {"written": self.counters.written, "errors": self.counters.journal_errors,
+                "dropped": 0, "queued": self.pending, "lag_s": lag}

@@ -19,7 +19,8 @@ class RelayConfig:
     curve_clients: Path | None = None
     #: on TCP, take events from any peer (no secret, no CURVE): relay/daemon/gate.py
     open: bool = False
-    #: the relay secret's file (None: $RELAY_SECRET, $RELAY_SECRET_FILE, else the user's config folder)
+    #: the relay secret's file (None: $RELAY_SECRET, $RELAY_SECRET_FILE, else the user's config
+    #: folder)
     secret_file: Path | None = None
     shutdown_timeout: float = 10.0
     forget_after: float = 3600.0
@@ -27,7 +28,8 @@ class RelayConfig:
     run_rate: float = 60.0
     #: runs whose dedupe state is kept in memory; past it the least recently active is forgotten
     max_runs: int = 10_000
-    #: MiB of resident memory at which every connection is dropped (relay/daemon/loop.py: _guard_memory); 0: never
+    #: MiB of resident memory at which every connection is dropped
+    #: (relay/daemon/memory_guard.py); 0: never
     max_memory: int = 1024
     #: seconds after its last frame a rank still counts as connected in the status
     active_window: float = 60.0

@@ -26,14 +26,15 @@ MAX_FORGOTTEN = 4096  # forgotten ranks whose client-reported drops are kept by 
 
 
 class Counters:
-    """Plain attributes and counters, touched only by the ingest thread (sink workers own theirs)."""
+    """Plain attributes and counters only the ingest thread touches (sink workers own theirs)."""
 
     def __init__(self) -> None:
         self.started = time.time()
         self.frames = 0
         self.events = 0
         self.written = 0
-        self.derived = 0  # events the relay made itself (relay/daemon/cross_rank.py), journaled with the others
+        #: events the relay made itself (relay/daemon/cross_rank.py), journaled with the others
+        self.derived = 0
         self.duplicates = 0
         self.acks_sent = 0
         self.rejected: collections.Counter[str] = collections.Counter()
@@ -43,8 +44,10 @@ class Counters:
         self.runs_evicted = 0  # forgotten to stay within --max-runs
         self.memory_resets = 0  # every connection dropped to stay within --max-memory
         self.bad_drop_reports = 0  # client loss reports naming seqs they cannot have dropped
-        self.owners_released = 0  # streams whose owning connection went away (relay/daemon/owners.py)
-        self.status_answered = 0  # status requests answered (relay/daemon/status.py); never counted as frames or rejects
+        #: streams whose owning connection went away (relay/daemon/owners.py)
+        self.owners_released = 0
+        #: status requests answered (relay/daemon/status.py); never counted as frames or rejects
+        self.status_answered = 0
         self.status_unanswered = 0  # beyond the answer budget, or undeliverable
         self.client_dropped: dict[tuple[str, int], int] = {}
         #: of ranks whose run was forgotten, the last MAX_FORGOTTEN by rank (a run met again takes
@@ -95,8 +98,9 @@ class Counters:
         }
 
 
-def run_view(runs: Iterable[str], run_ranks: Mapping[str, list[int]], active: Mapping[tuple[str, int], float],
-             world: Mapping[str, int], ended: Mapping[str, str], now: float,
+def run_view(runs: Iterable[str], run_ranks: Mapping[str, list[int]],
+             active: Mapping[tuple[str, int], float], world: Mapping[str, int],
+             ended: Mapping[str, str], now: float,
              window: float) -> dict[str, dict[str, Any]]:
     """Per run (in the order given: most recently active first), up to RUNS_LISTED: its ranks that
     sent something within ``window`` seconds, those it has state for, its world size (None until

@@ -45,9 +45,9 @@ class Policy:
     allowed: frozenset[bytes] | None = None
 
     def describe(self) -> str:
+        clients = ", listed clients only" if self.allowed is not None else ", any client key"
         return {"secret": f"peers must hold the relay secret in {self.source}",
-                "curve": f"CURVE certificate {self.source}"
-                         + (", listed clients only" if self.allowed is not None else ", any client key"),
+                "curve": f"CURVE certificate {self.source}{clients}",
                 "open": "no authentication (--open): any process that can connect may publish",
                 "ipc": "an ipc socket: its folder's permissions decide who connects"}[self.mode]
 
@@ -88,8 +88,8 @@ def _listed(folder: Path) -> frozenset[bytes]:
 def warning(policy: Policy, address: str) -> str | None:
     """What to say at start when the socket is reachable from other machines unencrypted."""
     if policy.mode == "open" and not is_loopback(address):
-        return (f"listening on {address} without encryption or authentication (--open): anyone who can reach it "
-                "can publish; drop --open (see docs/security.md)")
+        return (f"listening on {address} without encryption or authentication (--open): anyone "
+                "who can reach it can publish; drop --open (see docs/security.md)")
     return None
 
 
@@ -146,8 +146,10 @@ class Gate:
             envelope, request = parts[:split], parts[split:]
             if len(request) < 6:
                 continue  # not a ZAP request: nobody waits for an answer
-            version, request_id, mechanism, credentials = request[0], request[1], request[5], request[6:]
-            ok = mechanism == b"CURVE" and bool(credentials) and (allowed is None or credentials[0] in allowed)
+            version, request_id, mechanism = request[0], request[1], request[5]
+            credentials = request[6:]
+            ok = mechanism == b"CURVE" and bool(credentials) \
+                and (allowed is None or credentials[0] in allowed)
             self.zap.send_multipart([*envelope, version, request_id, b"200" if ok else b"400",
                                      b"OK" if ok else b"key not allowed", b"", b""])
 
@@ -161,8 +163,10 @@ def _why(event: int, value: int, policy: Policy) -> str:
         return f"a peer's CURVE key is not among the allowed ones (ZAP status {value})"
     if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
         if policy.public is None:
-            return "a peer that authenticates connected to this relay, which runs without authentication (--open)"
-        return "a peer connected without authenticating: it does not use the relay secret (an old client, or RELAY_OPEN)"
+            return ("a peer that authenticates connected to this relay, which runs without "
+                    "authentication (--open)")
+        return ("a peer connected without authenticating: it does not use the relay secret (an old "
+                "client, or RELAY_OPEN)")
     if value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
         return ("a peer failed the CURVE handshake: it does not hold this relay's "
                 + ("secret" if policy.mode == "secret" else "public key"))

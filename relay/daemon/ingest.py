@@ -31,24 +31,27 @@ from relay.daemon.refusals import Refusals
 from relay.daemon.run_health import RunHealth
 from relay.daemon.runs import Key, Runs
 from relay.daemon.second_writers import SecondWriters, Tell
+from relay.daemon.stream_events import client_drops, reused_run, session_begins
 from relay.journal.deadletter import DeadLetters
-from relay.journal.dedupe import RankState, claimed_drop
+from relay.journal.dedupe import RankState
 from relay.journal.journal import Journal
 from relay.journal.journal_queue import Deliver
 from relay.journal.writers import Writers, session_of, writer_of
 from relay.wire import encoding, schema
 from relay.wire.lines import Derived, check_lines, encode_line, encode_lines, relay_event
-from sinks.events import RELAY_RANK, attempt_of, starts_session
+from sinks.events import RELAY_RANK
 
 log = logging.getLogger("relay")
 
 
 class Ingest:
-    """The relay without its socket: frames in, journal lines and acks out through ``commit_step``."""
+    """The relay without its socket: frames in, journal lines and acks out through
+    ``commit_step``."""
 
     def __init__(self, journal: Journal, deadletters: DeadLetters, now: float, *, send_acks: Send,
                  fan_out: Deliver | None = None, connected: Callable[[bytes], bool] | None = None,
-                 run_rate: float = 60.0, max_runs: int = 10_000, cluster: ClusterConfig | None = None,
+                 run_rate: float = 60.0, max_runs: int = 10_000,
+                 cluster: ClusterConfig | None = None,
                  health: RunHealth | None = None, wall_clock: Callable[[], float] = time.time,
                  tell: Tell | None = None) -> None:
         self.journal = journal
@@ -58,8 +61,8 @@ class Ingest:
         self.writers = Writers()  # which session writes each stream (relay/journal/writers.py)
         self.runs = Runs(journal, run_rate, max_runs, self.owners, self.writers)
         #: the lines waiting for the journal and the acks waiting for them (relay/daemon/commit.py)
-        self.commit_step = Commit(journal, self.counters, self.runs.ranks, self.owners.owner, now, send=send_acks,
-                                  fan_out=fan_out)
+        self.commit_step = Commit(journal, self.counters, self.runs.ranks, self.owners.owner, now,
+                                  send=send_acks, fan_out=fan_out)
         self.cluster = Cluster(cluster) if cluster is not None else None
         self.follow_health(health)
         self.run_rate = run_rate
@@ -85,8 +88,8 @@ class Ingest:
             self.reject(exc.reason, exc.detail, frame, peer)
             return
         if max(rank for _, rank in decoded.streams()) == RELAY_RANK:
-            self.reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it derives); "
-                                         "no client may publish as it", frame, peer)
+            self.reject("reserved_rank", f"rank {RELAY_RANK} is the relay's own (the events it "
+                                         "derives); no client may publish as it", frame, peer)
             return
         conflict = self.second_writers.judge(peer, decoded, now)
         if conflict is not None:
@@ -94,8 +97,9 @@ class Ingest:
             return
         taken = self._owned_elsewhere(peer, decoded.streams(), now)
         if taken is not None:
-            self.reject("not_owner", f"run {taken[0]} rank {taken[1]} is being sent by another live connection; "
-                                     "refused until that one disconnects", frame, peer)
+            self.reject("not_owner", f"run {taken[0]} rank {taken[1]} is being sent by another "
+                                     "live connection; refused until that one disconnects",
+                        frame, peer)
             return
         try:
             self._take_events(peer, decoded, now)
@@ -110,7 +114,8 @@ class Ingest:
                               peer.hex(), count)
 
     def follow_health(self, health: RunHealth | None) -> None:
-        """Keep each run's health in ``health`` (for the Prometheus endpoint, relay/daemon/run_health.py)."""
+        """Keep each run's health in ``health`` (for the Prometheus endpoint,
+        relay/daemon/run_health.py)."""
         self.health = health
         #: each new frame's events for runs' health: steps, and with --metrics-loss rank 0's loss
         self._health_frame = health.take_frame if health is not None else None
@@ -213,12 +218,12 @@ class Ingest:
             if held.take(event["seq"], peer):
                 commit_step.add(key[0], line, 1)
                 if event["type"] == "stats":
-                    self._client_drops(key, held, event, peer)
+                    client_drops(counters, key, held, event, peer)
                 elif event["type"] == "hello":
                     self.runs.hello(key, event["ts"])
                     self.writers.wrote(key, writer_of(event["data"], event["host"],
                                                            session_of(event["data"], peer)))
-                    self._session_begins(key, held, event["seq"], peer)
+                    session_begins(key, held, event["seq"], peer)
                 elif event["stage"] == "rank" or event["type"] == "lifecycle":
                     self._derive((event,), now)
                 elif self._health_frame is not None:
@@ -226,15 +231,18 @@ class Ingest:
             else:
                 counters.duplicates += 1
                 if event["type"] == "hello" and self.runs.reused(key, event["ts"]):
-                    self._reused_run(key)
+                    reused_run(counters, key)
 
     @overload
-    def _state(self, peer: bytes, run: str, rank: int, now: float, admitted: Literal[True]) -> RankState: ...
+    def _state(self, peer: bytes, run: str, rank: int, now: float,
+               admitted: Literal[True]) -> RankState: ...
 
     @overload
-    def _state(self, peer: bytes, run: str, rank: int, now: float, admitted: bool = False) -> RankState | None: ...
+    def _state(self, peer: bytes, run: str, rank: int, now: float,
+               admitted: bool = False) -> RankState | None: ...
 
-    def _state(self, peer: bytes, run: str, rank: int, now: float, admitted: bool = False) -> RankState | None:
+    def _state(self, peer: bytes, run: str, rank: int, now: float,
+               admitted: bool = False) -> RankState | None:
         """(run, rank)'s dedupe state, with its ack route and activity noted; None if ``run`` is new
         and ``peer`` has used up its budget of new runs (unless already ``admitted``)."""
         state = self.lookup(peer, run, rank, now, admitted)
@@ -258,8 +266,10 @@ class Ingest:
                 self._make_room(now)
             state = runs.lookup(run, rank)
             if new and self.cluster is not None and runs.met_again(run, state):
-                self.cluster.restore(self.journal.recent(run), now)  # met again: a restart, or forgotten
-            if runs.reported:  # the losses its clients reported before (a restart): counted from now on
+                # met again: a restart, or forgotten
+                self.cluster.restore(self.journal.recent(run), now)
+            # the losses its clients reported before (a restart): counted from now on
+            if runs.reported:
                 for known, dropped in runs.reported.items():
                     self.counters.client_reported(known, dropped)
                 runs.reported.clear()
@@ -314,25 +324,6 @@ class Ingest:
                 return
             self.counters.runs_evicted += 1
 
-    def _session_begins(self, key: Key, state: RankState, seq: int, peer: bytes) -> None:
-        """A hello at the first seq of a later session of its stream (a resumed job's attempt, an
-        elastic restart; sinks/events.py): its client numbers nothing below it, so the rank's floor
-        moves up to it, as for a drop report of that connection (the earlier session's seqs it never
-        delivered were lost with its process)."""
-        if seq > state.floor and starts_session(seq):
-            log.info("run %s rank %d: a new session begins at seq %d (attempt %d)", key[0], key[1],
-                     seq, attempt_of(seq))
-            state.skip_to(seq, peer)
-
-    def _reused_run(self, key: Key) -> None:
-        """Another process started publishing under a (run, rank) that already has events: its
-        events look like duplicates, so say so loudly instead of dropping them quietly."""
-        self.counters.reused_run_ids += 1
-        log.error("run %s rank %d was started again by another process (a new hello at a seq already journaled): "
-                  "its events repeat seqs already journaled and are dropped as duplicates; give every job its own "
-                  "run id (a job resumed from a checkpoint continues its run as a new attempt, whose seqs start "
-                  "above the last one's: docs/trainer.md)", key[0], key[1])
-
     def forget_idle(self, before: float, now: float) -> None:
         """Drop per-run state of runs silent since ``before``; the journal can rebuild it."""
         for run in self.runs.idle_runs(before):
@@ -344,7 +335,8 @@ class Ingest:
         if self.cluster is not None:
             self.queue_derived(self.cluster.close(run, now))  # an ended run's ranks left behind
         if self.commit_step.holds(run, self.runs.ranks_of(run)):
-            self.commit(now)  # journal its last events before the state that deduplicated (or numbered) them goes
+            # journal its last events before the state that deduplicated (or numbered) them goes
+            self.commit(now)
             if self.commit_step.lines:
                 return False
         for rank in self.runs.forget(run):
@@ -356,37 +348,24 @@ class Ingest:
         return True
 
     def close_runs(self, now: float) -> None:
-        """At shutdown: what the cross-rank derivation can still say of every run (ranks left behind)."""
+        """At shutdown: what the cross-rank derivation still says of each run (ranks left
+        behind)."""
         if self.cluster is not None:
             for run in list(self.cluster.runs):
                 self.queue_derived(self.cluster.close(run, now))
 
     def peer_gone(self, peer: bytes) -> None:
-        """``peer``'s connection is gone: the streams it owned pass to whichever connection sends next."""
+        """``peer``'s connection is gone: its streams pass to whichever connection sends next."""
         released = self.runs.release(peer)
         if released:
             self.counters.owners_released += released
             log.debug("peer %s disconnected: %d streams it sent are free", peer.hex(), released)
 
     def all_peers_gone(self) -> None:
-        """Every connection was dropped (the loop's memory guard): every stream is free and no ack is
-        due to anyone; each client resends, and is acknowledged then."""
+        """Every connection was dropped (the loop's memory guard): every stream is free and no ack
+        is due to anyone; each client resends, and is acknowledged then."""
         self.runs.release_all()
         self.commit_step.drop_acks()
-
-    def _client_drops(self, key: Key, state: RankState, event: dict[str, Any], peer: bytes) -> None:
-        """A client's own loss report. Its ``dropped_upto`` moves the rank's floor past the gap, but
-        only for seqs below this very event (a client drops only what it numbered before) and as a
-        claim of this connection alone (see relay/journal/dedupe.py)."""
-        data = event["data"]
-        dropped = data.get("dropped")
-        if type(dropped) is int and self.counters.client_reported(key, dropped):
-            log.warning("run %s rank %d reports %d events dropped in the client", key[0], key[1], dropped)
-        skip, upto = claimed_drop(event), data.get("dropped_upto")
-        if skip is not None:
-            state.skip_to(skip, peer)
-        elif upto is not None and upto != -1:
-            self.counters.bad_drop_reports += 1
 
     def refuse_connection(self, why: str, now: float) -> None:
         """A connection failed the handshake (relay/daemon/refusals.py)."""

@@ -32,5 +32,6 @@ def listen(ctx: zmq.Context, address: str, gate: Gate) -> zmq.Socket:
         if exc.errno == errno.EADDRINUSE:
             raise AddressInUse(f"{address} is already in use (another relay?)") from None
         raise BadAddress(f"cannot bind {address}: {exc}; give an address of this machine "
-                         "(tcp://127.0.0.1:PORT, tcp://0.0.0.0:PORT for every interface) or ipc:///PATH") from None
+                         "(tcp://127.0.0.1:PORT, tcp://0.0.0.0:PORT for every interface) or "
+                         "ipc:///PATH") from None
     return sock

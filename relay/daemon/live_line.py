@@ -40,7 +40,7 @@ class LiveLine:
         self.closed = False
 
     def show(self, text: str) -> None:
-        """Draw ``text`` in place, cut to ``width()``: a caller that can say less says it in that."""
+        """Draw ``text`` in place, cut to ``width()``: a caller able to say less says it in that."""
         with self.lock:
             if self.closed:
                 return
@@ -64,14 +64,14 @@ class LiveLine:
         self.above(lambda: self._write(text if text.endswith("\n") else text + "\n"))
 
     def close(self) -> None:
-        """Leave the last line as it stands, ended with a newline; from now on nothing is redrawn."""
+        """Leave the last line as it stands, ended by a newline; nothing is redrawn from now on."""
         with self.lock:
             if self.text and not self.closed:
                 self._write("\n")
             self.closed = True
 
     def width(self) -> int:
-        """The columns a line may take: the terminal's but the last, which would wrap on some terminals."""
+        """The columns a line may take: the terminal's but the last (some terminals wrap it)."""
         try:
             columns = os.get_terminal_size(self.stream.fileno()).columns
         except (OSError, ValueError):

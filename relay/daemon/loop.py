@@ -8,11 +8,12 @@ run table, relay/daemon/runs.py, and queue journal lines); every ``flush_interva
 (run, rank) on this socket, then hands the same lines to each other sink's process
 (relay/sinkhost/process.py). Acks therefore mean "in the journal", and no other sink can slow
 ingest down. What is here is what needs the socket or the clock: who may connect (the ZAP handler
-and refused handshakes, relay/daemon/gate.py), status requests (answered from relay/daemon/status.py's
-budget), multipart rejection, whether a stream's owner is still connected (relay/daemon/peers.py),
-the memory guard, the timers (counters, cross-rank checks, forgetting idle
-runs, the live status line) and shutdown. What it holds between receiving and journaling is
-bounded in bytes (bounds.COMMIT_BYTES, bounds.TURN_BYTES), not only in messages.
+and refused handshakes, relay/daemon/gate.py), status requests (answered from
+relay/daemon/status.py's budget), multipart rejection, whether a stream's owner is still connected
+(relay/daemon/peers.py), the memory guard (relay/daemon/memory_guard.py), the timers (counters,
+cross-rank checks, forgetting idle runs, the live status line) and shutdown. What it holds between
+receiving and journaling is bounded in bytes (bounds.COMMIT_BYTES, bounds.TURN_BYTES), not only in
+messages.
 """
 from __future__ import annotations
 
@@ -31,13 +32,14 @@ from typing import Any, cast
 import zmq
 
 from relay.daemon import gate, listener, peers
-from relay.daemon.bounds import TURN_BYTES, MemoryProbe, alive, raise_file_limit, trim_heap
+from relay.daemon.bounds import TURN_BYTES, alive, raise_file_limit, trim_heap
 from relay.daemon.commit import Acks
 from relay.daemon.config import RelayConfig
 from relay.daemon.counters import log_stats, write_stats
 from relay.daemon.cross_rank import Cluster
 from relay.daemon.ingest import Ingest
 from relay.daemon.live_line import LiveLine
+from relay.daemon.memory_guard import MemoryGuard, rebind
 from relay.daemon.run_health import RunHealth
 from relay.daemon.shutdown import Shutdown
 from relay.daemon.status import STATUS_REQUEST, Answers, format_line
@@ -47,7 +49,7 @@ from relay.sinkhost.fan_out import FanOut
 from relay.sinkhost.rate import Rate
 from relay.sinkhost.spec import SinkSpec
 from relay.wire import encoding
-from relay.wire.address import AddressInUse, check_bind_address, ensure_ipc_free
+from relay.wire.address import check_bind_address, ensure_ipc_free
 from sinks.base import SinkError
 from sinks.files import write_atomic
 
@@ -55,11 +57,11 @@ log = logging.getLogger("relay")
 
 RECV_BURST = 2000  # messages read per poll before the loop checks its timers
 GC_THRESHOLD = 50_000  # allocations between young collections (Python's default: 700)
-REBIND_TIMEOUT = 5.0  # seconds to get the address back after dropping every connection
 
 
 class Relay:
-    """The socket and the loop around ``ingest`` (frames in) and its commit step (journal, acks, fan-out)."""
+    """The socket and the loop around ``ingest`` (frames in) and its commit step (journal, acks,
+    fan-out)."""
 
     def __init__(self, config: RelayConfig, journal: Journal, sinks: list[SinkSpec],
                  live: LiveLine | None = None) -> None:
@@ -70,9 +72,10 @@ class Relay:
         self.fan_out = FanOut()  # the other sinks' processes (none until open_sinks starts them)
         self.deadletters = DeadLetters(journal.sidecar("_deadletter.jsonl"))
         self.ingest = Ingest(journal, self.deadletters, now,
-                             send_acks=self._send_acks, fan_out=self.fan_out.submit, connected=self._connected,
-                             tell=self._tell,
-                             run_rate=config.run_rate, max_runs=config.max_runs, cluster=config.cluster)
+                             send_acks=self._send_acks, fan_out=self.fan_out.submit,
+                             connected=self._connected, tell=self._tell,
+                             run_rate=config.run_rate, max_runs=config.max_runs,
+                             cluster=config.cluster)
         self.counters = self.ingest.counters
         self.stats_path: Path = journal.sidecar("_stats.json")
         self.address = config.address
@@ -81,14 +84,15 @@ class Relay:
         self._gate: gate.Gate | None = None  # who may connect (relay/daemon/gate.py)
         self._policy: gate.Policy | None = None
         self._stop = False
-        self._memory = MemoryProbe()
+        self._memory = MemoryGuard(config.max_memory, self.counters)
         self.live = live  # the status line on a terminal
         self._rate = Rate()
         self._answers = Answers(self.snapshot)
         self._journal_open = False
         # in the stats: relay status judges a relay of this host only
         self._host = socket.gethostname()
-        self.each_second: list[Callable[[], None]] = []  # called on this thread (the Prometheus endpoint's snapshot)
+        #: called on this thread (the Prometheus endpoint's snapshot)
+        self.each_second: list[Callable[[], None]] = []
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -100,9 +104,11 @@ class Relay:
             ensure_ipc_free(self.config.address)
         policy = self.check_gate()
         self._ctx = zmq.Context()
-        self._gate = gate.Gate(self._ctx, policy)  # before the socket: no connection is ever admitted unasked
+        # before the socket: no connection is ever admitted unasked
+        self._gate = gate.Gate(self._ctx, policy)
         self._sock = self._listen(self.config.address)
-        if (warning := gate.warning(policy, self.config.address)) is not None:  # only once it is true
+        # only once it is true
+        if (warning := gate.warning(policy, self.config.address)) is not None:
             log.warning("%s", warning)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.address
@@ -119,7 +125,7 @@ class Relay:
         return listener.listen(self._ctx, address, self._gate)
 
     def open_journal(self) -> None:
-        """Create the journal's folder and take its lock (once); JournalError if either cannot be."""
+        """Create the journal's folder and take its lock (once); JournalError if either fails."""
         if not self._journal_open:
             self.journal.open()
             self._journal_open = True
@@ -132,7 +138,8 @@ class Relay:
         if self.fan_out.workers:
             return
         try:
-            self.fan_out.start(self.sinks, self.journal, self.config.sink_queue, self.config.shutdown_timeout,
+            self.fan_out.start(self.sinks, self.journal, self.config.sink_queue,
+                               self.config.shutdown_timeout,
                                None if self.live is None else self.live.write_above)
         except SinkError:  # a usage error: leave no lock (and no empty journal folder) behind
             self.journal.abandon()
@@ -156,16 +163,19 @@ class Relay:
         signal.signal(signal.SIGINT, self.request_stop)
         raise_file_limit()
         self.open_journal()
-        self.write_ready_file()  # ready before the sinks open: they take seconds (Aim, MLflow), ingest none
+        # ready before the sinks open: they take seconds (Aim, MLflow), ingest none
+        self.write_ready_file()
         if not self._stop:  # (a SIGTERM while it started: no sink is started only to be stopped)
             self.open_sinks()
         assert self._gate is not None
-        log.info("relay listening on %s (%s), journal %s, sinks: %s", self.address, self._gate.policy.describe(),
-                 self.journal.path, ", ".join([JOURNAL] + [s.name for s in self.sinks]))
+        log.info("relay listening on %s (%s), journal %s, sinks: %s", self.address,
+                 self._gate.policy.describe(), self.journal.path,
+                 ", ".join([JOURNAL] + [s.name for s in self.sinks]))
         poller = self._poller()
         # Events live from their frame to the next journal flush and never form cycles; at Python's
         # default thresholds the cyclic GC re-traverses them (and every module's objects) many times
-        # over before they are freed. Freeze what start-up made, and collect young objects less often.
+        # over before they are freed. Freeze what start-up made, and collect young objects less
+        # often.
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, 20, 20)
         interval = self.config.flush_interval
@@ -257,7 +267,8 @@ class Relay:
                 take_frame(peer, frame, now)
 
     def _refusals(self, now: float) -> None:
-        """Handshakes refused since the last look: counted, logged and dead-lettered (relay/daemon/gate.py)."""
+        """Handshakes refused since the last look: counted, logged and dead-lettered
+        (relay/daemon/gate.py)."""
         assert self._gate is not None
         for why in self._gate.refused():
             self.ingest.refuse_connection(why, now)
@@ -282,7 +293,7 @@ class Relay:
             self._sock.send_multipart([peer, encoding.encode_refused(refused)], zmq.NOBLOCK)
 
     def _answer_status(self, sock: zmq.Socket, peer: bytes, now: float) -> None:
-        """A status request: not a frame, never a reject; answered within relay/daemon/status.py's budget."""
+        """A status request: not a frame, never a reject; answered within status.py's budget."""
         reply = self._answers.reply(now)
         try:
             if reply is not None:
@@ -302,41 +313,23 @@ class Relay:
             size += len(part)
             if sum(map(len, kept)) < KEEP_BYTES:
                 kept.append(part.bytes[:KEEP_BYTES])
-        self.ingest.reject("multipart", f"{parts} message parts ({size} bytes), expected 1", b"".join(kept), peer)
+        self.ingest.reject("multipart", f"{parts} message parts ({size} bytes), expected 1",
+                           b"".join(kept), peer)
 
     def _guard_memory(self) -> bool:
-        """ZeroMQ assembles a whole message before the relay sees any of it, and bounds each part
-        (MAXMSGSIZE) but not how many parts there are: a peer sending one message of endless parts
-        makes it allocate without limit. Past ``max_memory`` MiB, every connection is dropped (the
-        socket is closed and bound again), which frees what ZeroMQ held; clients reconnect and resend
-        what was not acknowledged, so nothing is lost. True if that happened."""
-        limit = self.config.max_memory
-        if not limit:
+        """Past ``max_memory`` MiB (relay/daemon/memory_guard.py), every connection is dropped: the
+        socket is closed and bound again, which frees what ZeroMQ held. True if that happened."""
+        if not self._memory.exceeded():
             return False
-        rss = self._memory.rss_mib()
-        if rss <= limit:
-            return False
-        self.counters.memory_resets += 1
-        log.error("relay memory at %d MiB exceeds --max-memory %d MiB (a peer sending an endless multipart "
-                  "message?): dropping every connection; clients reconnect and resend (%d times so far)",
-                  rss, limit, self.counters.memory_resets)
         assert self._sock is not None and self._gate is not None
         self._gate.release(self._sock)
         self._sock.close(linger=0)
         self.ingest.all_peers_gone()
-        deadline = time.monotonic() + REBIND_TIMEOUT
-        while True:  # ZeroMQ lets go of the address in its own thread, a moment after the close
-            try:
-                self._sock = self._listen(self.address)
-                break
-            except AddressInUse:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
+        self._sock = rebind(self._listen, self.address)
         trim_heap()
         return True
 
-    # -- shutdown -----------------------------------------------------------------------------------
+    # -- shutdown ----------------------------------------------------------------------------------
 
     def follow_health(self, health: RunHealth) -> Cluster | None:
         """Keep each run's health in ``health`` (the Prometheus endpoint, relay/metrics/); returns
@@ -354,7 +347,7 @@ class Relay:
             self.live.show(format_line(self.snapshot(), width=self.live.width()))
 
     def snapshot(self, window: float = 1.0, final: bool = False) -> dict[str, Any]:
-        """Every counter, plus events/s over about the last ``window`` seconds and the runs' ranks."""
+        """Every counter, events/s over about the last ``window`` seconds, and the runs' ranks."""
         now = time.monotonic()
         runs = self.ingest.runs
         sinks: dict[str, Any] = {JOURNAL: self.ingest.journal_stats(now)}
@@ -362,7 +355,8 @@ class Relay:
         snap = self.counters.snapshot(sinks, runs.client_ranks())
         snap.update(ts=round(time.time(), 3), address=self.address, pid=os.getpid(),
                     host=self._host, final=final,
-                    events_per_s=round(self._rate.per_s(now, self.counters.events, window), 1), rate_window_s=window,
+                    events_per_s=round(self._rate.per_s(now, self.counters.events, window), 1),
+                    rate_window_s=window,
                     runs=runs.count(), active_window_s=self.config.active_window,
                     per_run=runs.view(now, self.config.active_window))
         return snap

@@ -19,8 +19,8 @@ Key = tuple[str, int]
 
 #: Seconds after its last frame that an owner the socket still counts as connected (a half-open
 #: connection: its host died without closing it) keeps its streams from another connection. A client
-#: with events unacknowledged resends within MAX_BACKOFF (30 s, relay/client/send_window.py), so a live
-#: one is not silent this long while it has something to send.
+#: with events unacknowledged resends within MAX_BACKOFF (30 s, relay/client/send_window.py), so a
+#: live one is not silent this long while it has something to send.
 OWNER_SILENCE = 60.0
 
 
@@ -30,7 +30,8 @@ class Owners:
     def __init__(self) -> None:
         self.owner: dict[Key, bytes] = {}  # each owned stream's connection
         self._seen: dict[Key, float] = {}  # when its owner last sent it (the caller's clock)
-        self._waiting: dict[Key, bytes] = {}  # the first connection refused it since the owner took it
+        #: the first connection refused it since the owner took it
+        self._waiting: dict[Key, bytes] = {}
         self.owned: dict[bytes, set[Key]] = {}  # each live owner's streams
 
     def of(self, key: Key) -> bytes | None:
@@ -44,8 +45,8 @@ class Owners:
         return owner is not None and owner != peer and now - self._seen[key] <= OWNER_SILENCE
 
     def claim(self, key: Key, peer: bytes, now: float) -> bool:
-        """Connection ``peer`` sends stream ``key`` at ``now``: it owns it, or no live connection does
-        and it takes it (True: new)."""
+        """Connection ``peer`` sends stream ``key`` at ``now``: it owns it, or no live connection
+        does and it takes it (True: new)."""
         self._seen[key] = now
         owner = self.owner.get(key)
         if owner == peer:
@@ -71,7 +72,8 @@ class Owners:
         self._waiting.pop(key, None)
 
     def release(self, peer: bytes) -> int:
-        """Connection ``peer`` is gone: its streams pass to whoever sends for them next. Returns how many."""
+        """Connection ``peer`` is gone: its streams pass to whoever sends for them next; returns how
+        many."""
         keys = self.owned.pop(peer, ())
         for key in keys:
             del self.owner[key]

@@ -28,8 +28,9 @@ def route_strictly(sock: zmq.Socket) -> None:
 
 
 def connected(sock: zmq.Socket, peer: bytes) -> bool:
-    """Whether ``peer`` has a connection on ``sock`` now (one whose queue is full counts: it is there)."""
-    sock.getsockopt(zmq.EVENTS)  # first take in what ZeroMQ's I/O thread told the socket (connections ended)
+    """Whether ``peer`` has a connection on ``sock`` now (one whose queue is full is there too)."""
+    # first take in what ZeroMQ's I/O thread told the socket (connections ended)
+    sock.getsockopt(zmq.EVENTS)
     try:
         sock.send_multipart([peer, PROBE], zmq.NOBLOCK)
     except zmq.ZMQError as exc:

@@ -42,6 +42,8 @@ class SpoolDerivation:
     def finish(self) -> list[Derived]:
         cluster = self.cluster
         out: list[Derived] = []
-        for run in list(cluster.runs):  # an ended run: the ranks it left behind are lost, its steps settled
+        # an ended run: the ranks it left behind are lost, its steps settled
+        for run in list(cluster.runs):
             out += cluster.close(run, self.last)
-        return out + cluster.check(self.last + cluster.config.silence + 1)  # any other run's waiting steps
+        # any other run's waiting steps
+        return out + cluster.check(self.last + cluster.config.silence + 1)

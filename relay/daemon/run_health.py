@@ -8,9 +8,10 @@ derivation (``stage="rank"`` metrics and ``lifecycle`` events) and ``take_frame`
 events (read from its end: the last step, and with ``loss`` on rank 0's latest loss, are all it
 keeps); each costs a few dict writes, and nothing here builds a metric. The
 endpoint's thread reads ``runs`` at scrape time (``view``): every structure it reads is replaced or
-copied whole in one C call (a dict copy, ``tuple`` of a deque), so the ingest thread never waits for a
-scrape and a scrape never sees half an update. No socket, no clock: the caller gives the time
-(monotonic); ``expire`` drops runs that ended ``keep_ended`` seconds ago, ``forget`` one the relay forgot.
+copied whole in one C call (a dict copy, ``tuple`` of a deque), so the ingest thread never waits for
+a scrape and a scrape never sees half an update. No socket, no clock: the caller gives the time
+(monotonic); ``expire`` drops runs that ended ``keep_ended`` seconds ago, ``forget`` one the relay
+forgot.
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ PACE_STEPS = 64
 
 
 class _Run:
-    __slots__ = ("world_size", "last_step", "last_step_at", "pace", "step_time", "own_time", "rank_step",
-                 "attempt", "loss", "ended_at", "status", "ranked")
+    __slots__ = ("world_size", "last_step", "last_step_at", "pace", "step_time", "own_time",
+                 "rank_step", "attempt", "loss", "ended_at", "status", "ranked")
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
@@ -88,8 +89,8 @@ class RunHealth:
         return run
 
     def observe(self, event: dict[str, Any], now: float) -> None:
-        """A new event of the kinds named above, arrived at ``now``. A rank's report is inlined: it is
-        the one kind every rank sends at every logged step."""
+        """A new event of the kinds named above, arrived at ``now``. A rank's report is inlined: it
+        is the one kind every rank sends at every logged step."""
         kind = event["type"]
         if kind == "lifecycle":
             self._lifecycle(event, event["data"], now)
@@ -166,7 +167,7 @@ class RunHealth:
         self.runs.pop(run, None)
 
     def view(self, limit: int) -> dict[str, RunView]:
-        """Up to ``limit`` runs, the most recent steps first; safe from another thread (see above)."""
+        """Up to ``limit`` runs, the most recent steps first; safe from another thread (above)."""
         runs = list(self.runs.items())  # one C call: the ingest thread may add a run meanwhile
         runs.sort(key=lambda item: -(item[1].last_step_at or 0.0))
         return {name: _view(run) for name, run in runs[:limit]}
@@ -187,6 +188,6 @@ def _view(run: _Run) -> RunView:
         steps_per_s = (s1 - s0) / (t1 - t0) if t1 > t0 else None
         interval = statistics.median(b[0] - a[0] for a, b in pairwise(pace))
     last = run.last_step
-    return RunView(run.world_size, last if last >= 0 else None, run.last_step_at, steps_per_s, interval,
-                   run.step_time.copy(), run.own_time.copy(), run.rank_step.copy(), run.attempt, run.loss,
-                   run.ended_at, run.status)
+    return RunView(run.world_size, last if last >= 0 else None, run.last_step_at, steps_per_s,
+                   interval, run.step_time.copy(), run.own_time.copy(), run.rank_step.copy(),
+                   run.attempt, run.loss, run.ended_at, run.status)

@@ -40,12 +40,13 @@ class Runs:
         self.world: dict[str, int] = {}  # each run's world size
         # each ended run's train_end status (completed, failed, ...)
         self.ended: dict[str, str] = {}
-        #: what the clients of ranks met again had reported dropped, per the journal (ingest counts it)
+        #: what the clients of ranks met again had reported dropped, per the journal (ingest counts
+        #: it)
         self.reported: dict[Key, int] = {}
 
     @property
     def ranks(self) -> dict[Key, RankState]:
-        """Each known stream's dedupe state (relay/journal/dedupe.py): its floor, its drop claims."""
+        """Each known stream's dedupe state (journal/dedupe.py): its floor, its drop claims."""
         return self.dedupe.ranks
 
     def count(self) -> int:
@@ -64,8 +65,7 @@ class Runs:
         return len(self.dedupe.run_ranks) >= self.max_runs
 
     def admit(self, peer: bytes, runs: int, now: float) -> bool:
-        """Take ``runs`` new runs from ``peer``'s budget; False (nothing taken) if it has not that
-        many."""
+        """Take ``runs`` new runs from ``peer``'s budget; False (none taken) if it has too few."""
         return self.budget.admit(peer, runs, now)
 
     def lookup(self, run: str, rank: int) -> RankState:
@@ -89,7 +89,7 @@ class Runs:
         return bool(state.floor or state.above or len(self.dedupe.run_ranks[run]) > 1)
 
     def claim(self, key: Key, peer: bytes, now: float) -> None:
-        """``peer`` sends ``key`` at ``now``: it owns it (ingest refused it if another connection does)."""
+        """``peer`` sends ``key`` at ``now``: it owns it (ingest refused it if another one does)."""
         self.owners.claim(key, peer, now)
         self.active[key] = now
         self.dedupe.touch(key[0], now)

@@ -33,7 +33,8 @@ class Shutdown:
         self.ingest, self.journal, self.fan_out, self.specs = ingest, journal, fan_out, specs
         self.deadletters, self.counters = deadletters, counters
         self.timeout, self.snapshot, self.stats_path = timeout, snapshot, stats_path
-        self._line_due = behind.PROGRESS_EVERY  # seconds into the wait for the sinks when a progress line is due
+        #: seconds into the wait for the sinks when a progress line is due
+        self._line_due = behind.PROGRESS_EVERY
 
     def run(self, stats_window: float) -> None:
         """Journal, drain, close the journal; the final stats written and logged."""
@@ -46,8 +47,8 @@ class Shutdown:
             time.sleep(0.1)  # each retry when the journal's backoff says
             ingest.commit(time.monotonic())
         if ingest.pending:
-            log.error("shutting down with %d events the journal could not take; their clients still hold "
-                      "them and will resend to the next relay", ingest.pending)
+            log.error("shutting down with %d events the journal could not take; their clients "
+                      "still hold them and will resend to the next relay", ingest.pending)
         self.fan_out.close(deadline, lambda waited: self._progress(stats_window, waited))
         try:
             self.journal.close()
@@ -63,7 +64,8 @@ class Shutdown:
         write_stats(self.stats_path, snap)
 
     def _progress(self, stats_window: float, waited: float) -> None:
-        """About every second while the sinks drain: the stats file; every PROGRESS_EVERY s, a log line."""
+        """Every second or so while the sinks drain: the stats file; each PROGRESS_EVERY s, a log
+        line."""
         snap = self.snapshot(stats_window)
         line = behind.progress_line(_others(snap["sinks"]), waited, self.timeout)
         snap.update(stopping=True, progress=line, **self._lacking(snap["sinks"]))
@@ -73,10 +75,11 @@ class Shutdown:
             log.info("%s", line)
 
     def _lacking(self, sinks: dict[str, Any]) -> dict[str, Any]:
-        """``behind``: the sinks not complete and the events each lacks; ``replay``: the command that
-        completes them from the journal."""
+        """``behind``: the sinks not complete and the events each lacks; ``replay``: the command
+        that completes them from the journal."""
         lacks = behind.behind(_others(sinks))
-        return {"behind": lacks, "replay": behind.replay_command(self.journal.path, self.specs, list(lacks))}
+        replay = behind.replay_command(self.journal.path, self.specs, list(lacks))
+        return {"behind": lacks, "replay": replay}
 
 
 def _others(sinks: dict[str, Any]) -> dict[str, Any]:

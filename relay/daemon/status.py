@@ -1,9 +1,9 @@
 """The relay's one-line status: how it reads, how a live relay answers for it on its own socket,
 and how ``relay status`` gets it (from a live relay, or from the stats file a relay left behind).
 
-The same line is the live terminal line (relay/daemon/live_line.py), the periodic ``stats:`` log line and what
-``relay status`` prints, so one format here serves all three. A status request is one fixed
-frame, ``{"status": 1}`` in msgpack, told apart from events by a byte comparison before any
+The same line is the live terminal line (relay/daemon/live_line.py), the periodic ``stats:`` log
+line and what ``relay status`` prints, so one format here serves all three. A status request is one
+fixed frame, ``{"status": 1}`` in msgpack, told apart from events by a byte comparison before any
 decoding; the relay answers it from a snapshot at most ``SNAPSHOT_TTL`` old and at most
 ``ANSWER_RATE`` times a second (``Answers``), so a flood of requests costs ingest next to nothing
 and is never counted as a rejected frame (docs/protocol.md).
@@ -43,10 +43,10 @@ class NoAnswer(Exception):
 
 
 class BadTarget(ValueError):
-    """An address ZeroMQ refuses, or a stats file that is missing or not one a relay wrote (exit 2)."""
+    """An address ZeroMQ refuses, or a stats file missing or not one a relay wrote (exit 2)."""
 
 
-# -- the relay's side ---------------------------------------------------------------------------------
+# -- the relay's side ------------------------------------------------------------------------------
 
 
 class Answers:
@@ -75,7 +75,7 @@ class Answers:
         return self._reply
 
 
-# -- the line ---------------------------------------------------------------------------------------
+# -- the line --------------------------------------------------------------------------------------
 
 
 def format_line(snap: dict[str, Any], *, detail: bool = False, width: int | None = None,
@@ -83,12 +83,12 @@ def format_line(snap: dict[str, Any], *, detail: bool = False, width: int | None
     """``1520 ev/s | 1 run: run-a 2/2 running | 30120 events, 0 duplicates, 0 rejected, 0 client
     drops |
     sinks: jsonl 0 queued, aim 812 queued (1.0 s behind)``. ``detail`` adds frames, derived,
-    written, rejection reasons and each sink's written count (the log line and ``relay status``). Fields
-    a stats file of an older relay lacks are left out. ``width`` (the live line on a terminal): the
-    line shortened to fit, run names, zero counters and words going first, the sinks' queues kept
-    (``1520 ev/s | sinks: jsonl 0q, aim 812q 1.0s behind | 1 run | 30120 ev``). A snapshot ``age``
-    seconds old (a stats file) judges its runs' states as of now; one of a relay no longer ``alive``
-    has no rate, and its runs that had not ended are stale."""
+    written, rejection reasons and each sink's written count (the log line and ``relay status``).
+    Fields a stats file of an older relay lacks are left out. ``width`` (the live line on a
+    terminal): the line shortened to fit, run names, zero counters and words going first, the sinks'
+    queues kept (``1520 ev/s | sinks: jsonl 0q, aim 812q 1.0s behind | 1 run | 30120 ev``). A
+    snapshot ``age`` seconds old (a stats file) judges its runs' states as of now; one of a relay no
+    longer ``alive`` has no rate, and its runs that had not ended are stale."""
     rate = f"{snap['events_per_s']:.0f} ev/s" if "events_per_s" in snap and alive else ""
     counts = f"{snap.get('events', 0)} events"
     if detail:
@@ -107,10 +107,11 @@ def format_line(snap: dict[str, Any], *, detail: bool = False, width: int | None
     if width is None or len(line) <= width:
         return line
     runs = _runs(snap, named=False, alive=alive, age=age)
-    few = ", ".join([f"{snap.get('events', 0)} ev", *(f"{snap[key]} {word}" for key, word in _TROUBLE if snap.get(key))])
+    trouble = [f"{snap[key]} {word}" for key, word in _TROUBLE if snap.get(key)]
+    few = ", ".join([f"{snap.get('events', 0)} ev", *trouble])
     short = "sinks: " + (", ".join(_short_sink(name, s) for name, s in sinks.items()) or "none")
-    for line in (_joined(rate, runs, counts, queues), _joined(rate, runs, few, queues), _joined(rate, queues, runs, few),
-                 _joined(rate, short, runs, few)):
+    for line in (_joined(rate, runs, counts, queues), _joined(rate, runs, few, queues),
+                 _joined(rate, queues, runs, few), _joined(rate, short, runs, few)):
         if len(line) <= width:
             return line
     return cut(line, width)
@@ -124,7 +125,8 @@ def cut(text: str, width: int | None) -> str:
 
 
 #: The counters the shortest line names only when they are not zero, and how.
-_TROUBLE = (("duplicates", "dup"), ("rejected_total", "rejected"), ("client_dropped", "client drops"))
+_TROUBLE = (("duplicates", "dup"), ("rejected_total", "rejected"),
+            ("client_dropped", "client drops"))
 
 
 def _joined(*parts: str) -> str:
@@ -212,15 +214,15 @@ def _when(ts: float | None) -> str:
     return time.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
-# -- relay status: asking ---------------------------------------------------------------------------
+# -- relay status: asking --------------------------------------------------------------------------
 
 
 def status_text(target: str | None, timeout: float, as_json: bool, width: int | None = None) -> str:
-    """What ``relay status [TARGET] [--json]`` prints: the line (or the snapshot as JSON) of the relay
-    at the address ``target`` (default $RELAY_ADDRESS or the default address), or of the stats file
-    ``target`` names (itself, or beside a journal): then whether its relay still runs comes first,
-    and a killed relay's figures are its last, with no rate. The line fits ``width`` (cut with
-    ELLIPSIS). NoAnswer or BadTarget say what went wrong."""
+    """What ``relay status [TARGET] [--json]`` prints: the line (or the snapshot as JSON) of the
+    relay at the address ``target`` (default $RELAY_ADDRESS or the default address), or of the stats
+    file ``target`` names (itself, or beside a journal): then whether its relay still runs comes
+    first, and a killed relay's figures are its last, with no rate. The line fits ``width`` (cut
+    with ELLIPSIS). NoAnswer or BadTarget say what went wrong."""
     if target is None or target.startswith(("tcp://", "ipc://")):
         address = resolve_address(target)
         try:
@@ -228,9 +230,9 @@ def status_text(target: str | None, timeout: float, as_json: bool, width: int | 
         except NoAnswer as exc:
             if exc.args and exc.args[0] != address:  # the relay refused us: that says it all
                 raise
-            raise NoAnswer(f"no relay answered at {address} within {timeout:g} s; is it running? start one "
-                           f"(relay --bind {address}), or give the stats file beside its journal "
-                           f"(relay status relay-logs/)") from None
+            raise NoAnswer(f"no relay answered at {address} within {timeout:g} s; is it running? "
+                           f"start one (relay --bind {address}), or give the stats file beside its "
+                           "journal (relay status relay-logs/)") from None
         return (json.dumps(snap, indent=1, sort_keys=True) if as_json
                 else format_line(snap, detail=True, width=width))
     try:
@@ -274,8 +276,9 @@ def query(address: str, timeout: float) -> dict[str, Any]:
         except SecretError as exc:  # says what is wrong with it and the fix
             raise BadTarget(str(exc)) from None
         except (zmq.ZMQError, ValueError) as exc:  # a malformed address or CURVE key
-            raise BadTarget(f"cannot connect to {address}: {exc}; give tcp://HOST:PORT or ipc:///path.sock "
-                            "(and, for a CURVE relay, its public key in $RELAY_CURVE_SERVER_KEY)") from None
+            raise BadTarget(f"cannot connect to {address}: {exc}; give tcp://HOST:PORT or "
+                            "ipc:///path.sock (and, for a CURVE relay, its public key in "
+                            "$RELAY_CURVE_SERVER_KEY)") from None
         sock.send(STATUS_REQUEST)
         deadline = time.monotonic() + timeout
         poller = zmq.Poller()
@@ -310,7 +313,7 @@ def _decode_reply(frame: bytes) -> dict[str, Any] | None:
     return None
 
 
-# -- relay status: reading what a relay left --------------------------------------------------------
+# -- relay status: reading what a relay left -------------------------------------------------------
 
 
 def stats_file_for(path: Path) -> Path:
@@ -335,10 +338,11 @@ def read_stats(path: Path) -> dict[str, Any]:
         raise BadTarget(f"no stats file at {file}") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise BadTarget(f"cannot read {file} as a relay stats file: {exc}") from None
-    if not isinstance(snap, dict) or not isinstance(snap.get("sinks"), dict) or "events" not in snap:
+    if not (isinstance(snap, dict) and isinstance(snap.get("sinks"), dict) and "events" in snap):
         raise BadTarget(f"{file} is not a relay stats file (no events and sinks counters)")
     try:
         format_line(snap, detail=True)
-    except (TypeError, ValueError, AttributeError) as exc:  # a counter of the wrong type: edited by hand?
+    except (TypeError, ValueError, AttributeError) as exc:
+        # a counter of the wrong type: edited by hand?
         raise BadTarget(f"{file} holds counters a relay does not write: {exc}") from None
     return snap

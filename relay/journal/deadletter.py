@@ -48,8 +48,9 @@ class DeadLetters:
         return self._keep(head[:-1] + b',"event":' + line.rstrip(b"\n") + b"}\n")
 
     def refused_events(self) -> set[EventKey]:
-        """The (run, rank, seq) of every event this file holds (``add_event``). A line it cannot read
-        (cut by a kill) names nothing: that event is refused and kept again, never skipped unkept."""
+        """The (run, rank, seq) of every event this file holds (``add_event``). A line it cannot
+        read (cut by a kill) names nothing: that event is refused and kept again, never skipped
+        unkept."""
         keys: set[EventKey] = set()
         try:
             with open(self.path, "rb") as fh:

@@ -37,7 +37,8 @@ class History(Protocol):
     """What the journal (relay.journal.journal.Journal) tells of a run a relay meets again."""
 
     def seen(self, run: str) -> dict[int, Any]:
-        """Per rank: ``spans`` of seqs already written, and how far its client said it ``dropped``."""
+        """Per rank: ``spans`` of seqs already written, and how far its client said it
+        ``dropped``."""
 
 
 def claimed_drop(event: dict[str, Any]) -> int | None:
@@ -138,8 +139,9 @@ class RankState:
             self.floor += 1
 
     def ack_for(self, peer: bytes) -> int:
-        """The cumulative ack for ``peer``: the floor, except that a range another connection claimed
-        to have dropped, and ``peer`` sent into, is durable for it only as far as the relay took it."""
+        """The cumulative ack for ``peer``: the floor, except that a range another connection
+        claimed to have dropped, and ``peer`` sent into, is durable for it only as far as the relay
+        took it."""
         ack = self.floor
         if self.claims is None:
             return ack
@@ -149,21 +151,23 @@ class RankState:
         return ack
 
     def _rescue(self, seq: int, peer: bytes) -> bool:
-        """``seq`` lies below the floor: new only if a drop claim of another connection skipped it."""
+        """``seq`` lies below the floor: new only if a drop claim of another connection skipped
+        it."""
         for claim in self.claims or ():
             if claim.low <= seq < claim.high:
                 if claim.peer == peer:
                     return False  # it said it dropped this one
                 if len(claim.seen) >= MAX_WINDOW:
-                    log.warning("seq %d falls in a drop claim holding %d scattered seqs; taken as a duplicate",
-                                seq, MAX_WINDOW)
+                    log.warning("seq %d falls in a drop claim holding %d scattered seqs; "
+                                "taken as a duplicate", seq, MAX_WINDOW)
                     return False
                 return claim.take(seq, peer)
         return False
 
     def _skip_gap(self) -> None:
         lowest = min(self.above)
-        log.warning("gap below seq %d held open for %d events; treating it as lost", lowest, MAX_WINDOW)
+        log.warning("gap below seq %d held open for %d events; treating it as lost",
+                    lowest, MAX_WINDOW)
         self.skip_to(lowest)
 
 
@@ -214,7 +218,8 @@ class Dedupe:
                 if seen.dropped:
                     known.skip_to(seen.dropped, JOURNAL)
             if recovered:
-                log.info("run %s: %d events already in the journal will not be written again", run, recovered)
+                log.info("run %s: %d events already in the journal will not be written again",
+                         run, recovered)
         return self.ranks.get((run, rank)) or self.add_state(run, rank)
 
     def idle_runs(self, before: float) -> list[str]:

@@ -55,7 +55,8 @@ class PartialWrite(JournalError):
     pairs that are in the journal, in their order; ``left``, those that are not. Like
     ``BlockingIOError.characters_written``, it says how far the write went."""
 
-    def __init__(self, cause: Exception, written: list[tuple[str, bytes]], left: list[tuple[str, bytes]]) -> None:
+    def __init__(self, cause: Exception, written: list[tuple[str, bytes]],
+                 left: list[tuple[str, bytes]]) -> None:
         super().__init__(str(cause))
         self.written = written
         self.left = left
@@ -67,7 +68,8 @@ class BadRunId(schema.FrameError):
 
 
 class Journal:
-    """The journal the daemon writes: a single file for all runs, or a directory of ``<run>.jsonl``."""
+    """The journal the daemon writes: a single file for all runs, or a directory of
+    ``<run>.jsonl``."""
 
     def __init__(self, path: str | os.PathLike[str] = DEFAULT_PATH, fsync: bool = False) -> None:
         self.directory = is_directory_layout(path)
@@ -78,7 +80,8 @@ class Journal:
         self._dirty: set[int] = set()
         self._lock_fd: int | None = None
         self._lock_path = Path()
-        self._made_folder: Path | None = None  # created by open(), removed by abandon() if still empty
+        # created by open(), removed by abandon() if still empty
+        self._made_folder: Path | None = None
         self._index: dict[str, dict[int, Seen]] | None = None
         self._released: set[str] = set()
         self.ends: dict[str, int] = {}  # run -> where its file ended after the last write of it
@@ -86,7 +89,8 @@ class Journal:
     # -- paths beside the journal ---------------------------------------------------------------
 
     def sidecar(self, suffix: str) -> Path:
-        """A file next to the journal (dead letters, stats), named so it never clashes with a run."""
+        """A file next to the journal (dead letters, stats), named so it never clashes with a
+        run."""
         if self.directory:
             return self.path / f"_relay{suffix}"
         return self.path.with_name(self.path.name.removesuffix(".jsonl") + suffix)
@@ -117,13 +121,14 @@ class Journal:
                 folder.mkdir(parents=True, exist_ok=True)
                 fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
-                raise JournalError(f"cannot write the JSONL journal at {self.path}: {exc.strerror}; "
-                                "choose a writable --path") from None
+                raise JournalError(f"cannot write the JSONL journal at {self.path}: "
+                                   f"{exc.strerror}; choose a writable --path") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise JournalError(f"another relay is already writing {self.path}; stop it or choose another --path") from None
+                raise JournalError(f"another relay is already writing {self.path}; "
+                                   "stop it or choose another --path") from None
             if _same_file(fd, lock_path):
                 self._lock_fd, self._lock_path = fd, lock_path
             else:  # the relay that held it removed it as we opened it (close): take the new one
@@ -132,7 +137,8 @@ class Journal:
             self._fd(None)
 
     def write(self, events: Sequence[dict[str, Any]]) -> None:
-        """Append events (``relay replay``); the relay itself appends lines it encoded on arrival."""
+        """Append events (``relay replay``); the relay itself appends lines it encoded on
+        arrival."""
         self.write_lines([(e["run"], encode_line(e)) for e in events])
 
     def write_lines(self, lines: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
@@ -189,7 +195,8 @@ class Journal:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-        if self._lock_fd is not None:  # removed while still held, so no relay that opens it now takes it
+        # removed while still held, so no relay that opens it now takes it
+        if self._lock_fd is not None:
             with contextlib.suppress(FileNotFoundError):  # the folder removed by hand meanwhile
                 os.unlink(self._lock_path)
             os.close(self._lock_fd)
@@ -224,7 +231,8 @@ class Journal:
 
     def recent(self, run: str, limit: int = RECENT_BYTES) -> list[dict[str, Any]]:
         """``run``'s events among the last ``limit`` bytes of its file, in order, as a sink gets
-        them: what a restarted relay needs to go on deriving a run's cluster events (relay/daemon/cross_rank.py)."""
+        them: what a restarted relay needs to go on deriving a run's cluster events
+        (relay/daemon/cross_rank.py)."""
         path = self.file_for(run) if self.directory else self.path
         try:
             with open(path, "rb") as fh:
@@ -234,7 +242,8 @@ class Journal:
         except FileNotFoundError:
             return []
         events = (parse_event(line) for line in lines[1 if start else 0:])  # the first may be cut
-        return [from_journal(event) for event in events if event is not None and event["run"] == run]
+        return [from_journal(event) for event in events
+                if event is not None and event["run"] == run]
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -249,7 +258,8 @@ class Journal:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             except OSError as exc:
-                raise JournalError(f"cannot write {path}: {exc.strerror}; choose a writable --path") from None
+                raise JournalError(f"cannot write {path}: {exc.strerror}; "
+                                   "choose a writable --path") from None
             if key not in self._cut:
                 cut_torn_tail(fd, path)
                 self._cut.add(key)
@@ -345,7 +355,8 @@ class Seen:
             self.said.append(event["data"])
 
     def seqs(self) -> Iterator[int]:
-        """Every seq the spans hold, in order (tests and the fuzzer compare them with whole lines)."""
+        """Every seq the spans hold, in order (tests and the fuzzer compare them with whole
+        lines)."""
         for start, end in self.spans:
             yield from range(start, end)
 
@@ -358,7 +369,8 @@ def _scan(paths: Iterable[Path]) -> dict[str, dict[int, Seen]]:
     for path in paths:
         if not path.exists():
             continue
-        for event in read_events(path, whole_lines=True):  # events only: run, rank and seq are valid
+        # events only: run, rank and seq are valid
+        for event in read_events(path, whole_lines=True):
             run, rank, seq = event["run"], event["rank"], event["seq"]
             ranks = index.setdefault(run, {})
             seen = ranks.get(rank)

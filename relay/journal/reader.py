@@ -32,10 +32,13 @@ READ_SIZE = 1 << 20
 
 
 def journal_files(path: Path) -> list[Path]:
-    """The JSONL files a journal path stands for: the file itself, or every run file in a directory."""
-    if path.is_dir():  # (names listed and sorted as strings: Path globbing and comparing cost thousands of runs 0.3 s)
+    """The JSONL files a journal path stands for: the file itself, or every run file in a
+    directory."""
+    # (names listed and sorted as strings: Path globbing and comparing cost thousands of runs 0.3 s)
+    if path.is_dir():
         with os.scandir(path) as entries:
-            names = sorted(e.name for e in entries if e.name.endswith(".jsonl") and not e.name.startswith("_"))
+            names = sorted(e.name for e in entries
+                           if e.name.endswith(".jsonl") and not e.name.startswith("_"))
         return [path / name for name in names]
     return [path]
 
@@ -79,7 +82,8 @@ def read_events(path: Path, bad_lines: list[int] | None = None, whole_lines: boo
 
 class LineDecoder:
     """Journal lines arriving in pieces (a pipe) -> events of the complete ones, restored as a sink
-    gets them; a partial last line waits for the rest. ``bad_lines`` counts what was not an event."""
+    gets them; a partial last line waits for the rest. ``bad_lines`` counts what was not an
+    event."""
 
     def __init__(self) -> None:
         self.bad_lines = 0
@@ -105,10 +109,11 @@ class JournalReader:
 
     Calling the reader is ``read(run)``. ``restore``
     turns non-finite metric strings back into floats (what a sink gets). ``bad_lines`` counts the
-    lines skipped. (``relay tail`` follows files with ``relay.cli.follow.Follower`` instead: it shows
-    the lines as written, also those that are not events, and notices a file replaced.)"""
+    lines skipped. (``relay tail`` follows files with ``relay.cli.follow.Follower`` instead: it
+    shows the lines as written, also those that are not events, and notices a file replaced.)"""
 
-    def __init__(self, path: str | Path, *, directory: bool | None = None, restore: bool = True) -> None:
+    def __init__(self, path: str | Path, *, directory: bool | None = None,
+                 restore: bool = True) -> None:
         self.path = Path(path)
         self.directory = is_directory_layout(path) if directory is None else directory
         self.restore = restore
@@ -137,14 +142,15 @@ class JournalReader:
     def lines(self, run: str | None = None) -> Iterator[bytes]:
         """The complete, non-blank lines written since the previous call (of ``read`` or ``lines``)
         for ``run``, as written and unchecked: for a reader that applies the rules itself
-        (relay/forward/sender.py). In the directory layout a run's file may hold a line of another run."""
+        (relay/forward/sender.py). In the directory layout a run's file may hold a line of another
+        run."""
         for path in self.files(run):
             yield from self._lines(path, run)
 
     def next_lines(self, run: str | None, limit: int) -> list[bytes]:
-        """Up to ``limit`` of the lines ``lines(run)`` would yield next, read a block at a time: for a
-        reader that takes thousands at once (relay/forward/sender.py). The reader's place moves past
-        exactly the lines returned (and any blank line among them)."""
+        """Up to ``limit`` of the lines ``lines(run)`` would yield next, read a block at a time: for
+        a reader that takes thousands at once (relay/forward/sender.py). The reader's place moves
+        past exactly the lines returned (and any blank line among them)."""
         out: list[bytes] = []
         for path in self.files(run):
             if len(out) >= limit:
@@ -155,8 +161,8 @@ class JournalReader:
             if fh is None:
                 continue
             with fh:
-                if os.fstat(fh.fileno()).st_size < offset:  # replaced by a shorter file: read it afresh
-                    offset = 0
+                if os.fstat(fh.fileno()).st_size < offset:
+                    offset = 0  # replaced by a shorter file: read it afresh
                 fh.seek(offset)
                 while len(out) < limit:
                     block = _complete_lines(fh)
@@ -176,12 +182,14 @@ class JournalReader:
         return out
 
     def position(self, path: Path, run: str | None = None) -> int:
-        """Where the next ``lines(run)`` starts reading ``path``: the byte offset after the last line
-        yielded (a reader that cuts the lines into byte ranges, as relay/fleet does, reads it per line)."""
+        """Where the next ``lines(run)`` starts reading ``path``: the byte offset after the last
+        line yielded (a reader that cuts the lines into byte ranges, as relay/fleet does, reads it
+        per line)."""
         return self._offsets.get((str(path), run), 0)
 
     def seek(self, path: Path, run: str | None, offset: int) -> None:
-        """Resume ``path``'s reading for ``run`` at ``offset``, the end of a line (a saved position)."""
+        """Resume ``path``'s reading for ``run`` at ``offset``, the end of a line (a saved
+        position)."""
         self._offsets[(str(path), run)] = offset
 
     def _lines(self, path: Path, run: str | None) -> Iterator[bytes]:
@@ -210,7 +218,8 @@ class JournalReader:
                 for line in lines:
                     offset += len(line) + 1
                     if line.strip():
-                        offsets[key] = offset  # before yielding: a reader that stops keeps its place
+                        # before yielding: a reader that stops keeps its place
+                        offsets[key] = offset
                         yield line
                 offsets[key] = offset
 
@@ -221,7 +230,8 @@ def _complete_lines(fh: Any) -> bytes:
     start = fh.tell()
     block = fh.read(READ_SIZE)
     end = block.rfind(b"\n") + 1
-    while not end and len(block) >= READ_SIZE:  # a first line longer than READ_SIZE: read on to its end
+    # a first line longer than READ_SIZE: read on to its end
+    while not end and len(block) >= READ_SIZE:
         more = fh.read(READ_SIZE)
         if not more:
             break

@@ -3,8 +3,8 @@
 The relay appends each batch with one write and acknowledges it only after the write returned, so
 bytes after the file's last newline belong to a batch no client was told of. They are cut exactly
 there, however long the torn line (a journal line may be schema.MAX_LINE_BYTES long), before
-anything reads the file to learn what it already holds (relay/journal/journal.py ``Journal.seen``), so
-the dedupe state never counts an event the cut then removes.
+anything reads the file to learn what it already holds (relay/journal/journal.py ``Journal.seen``),
+so the dedupe state never counts an event the cut then removes.
 """
 from __future__ import annotations
 

@@ -48,7 +48,9 @@ class FleetCollector:
                     out.add(name, part[key], k)
                 out.add("relay_fleet_partition_refused_total", part["conflict"], k, "conflict")
                 for sink, figures in part["sinks"].items():
-                    out.add("relay_fleet_partition_sink_queued_events", figures.get("queued"), k, sink)
+                    out.add("relay_fleet_partition_sink_queued_events", figures.get("queued"),
+                            k, sink)
                     out.add("relay_fleet_partition_sink_lag_seconds", figures.get("lag_s"), k, sink)
-                    out.add("relay_fleet_partition_sink_errors_total", figures.get("errors"), k, sink)
+                    out.add("relay_fleet_partition_sink_errors_total", figures.get("errors"),
+                            k, sink)
         return out.all()

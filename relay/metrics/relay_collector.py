@@ -6,8 +6,8 @@ The runs' figures are read live (relay/daemon/run_health.py, relay/daemon/cross_
 the ingest thread's own (the sinks' lag is computed from samples only it touches), so that thread
 hands over a snapshot once a second (``take``, hooked on ``Relay.each_second``) and a scrape reads
 the latest: a counter is at most a second old. A scrape's work is bounded by ``max_runs`` runs and
-RANK_SERIES ranks in all: per-rank series only for runs of up to ``max_ranks`` ranks, the most recent
-first while RANK_SERIES lasts; the min/median/max over the ranks for every run.
+RANK_SERIES ranks in all: per-rank series only for runs of up to ``max_ranks`` ranks, the most
+recent first while RANK_SERIES lasts; the min/median/max over the ranks for every run.
 """
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ RANK_SERIES = 2048
 class RelayCollector:
     """A prometheus_client collector over one relay's state."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], health: RunHealth | None, cluster: Cluster | None,
-                 *, max_memory_mib: int, max_runs: int, max_ranks: int,
-                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], health: RunHealth | None,
+                 cluster: Cluster | None, *, max_memory_mib: int, max_runs: int, max_ranks: int,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self._snapshot = snapshot
         self._taken: dict[str, Any] | None = None
         self.health = health
@@ -60,7 +61,8 @@ class RelayCollector:
                 self._run(out, run, view, now, wall, per_rank)
         return out.all()
 
-    def _run(self, out: Families, run: str, view: RunView, now: float, wall: float, per_rank: bool) -> None:
+    def _run(self, out: Families, run: str, view: RunView, now: float, wall: float,
+             per_rank: bool) -> None:
         out.add("relay_run_world_size", view.world_size, run)
         out.add("relay_run_last_step", view.last_step, run)
         if view.last_step_at is not None:
@@ -87,7 +89,9 @@ class RelayCollector:
         for name, figures in (("step", view.step_time), ("own", view.own_time)):
             if figures:
                 values = list(figures.values())
-                for stat, value in (("min", min(values)), ("median", statistics.median(values)), ("max", max(values))):
+                stats = (("min", min(values)), ("median", statistics.median(values)),
+                         ("max", max(values)))
+                for stat, value in stats:
                     out.add(f"relay_run_rank_{name}_duration_seconds", value, run, stat)
                 if per_rank:
                     for rank, value in sorted(figures.items()):
@@ -98,22 +102,28 @@ class RelayCollector:
 
 
 #: The stats' sink keys and the counter each becomes (``relay_sink_<name>``).
-SINK_COUNTERS = {"written": "written_events_total", "errors": "errors_total", "dropped": "dropped_events_total",
+SINK_COUNTERS = {"written": "written_events_total", "errors": "errors_total",
+                 "dropped": "dropped_events_total",
                  "dead_lettered": "dead_lettered_events_total",
                  "deadletter_overflow": "deadletter_overflow_total", "restarts": "restarts_total",
                  "caught_up": "caught_up_events_total", "catch_up_passes": "catch_up_passes_total",
-                 "incomplete_flushes": "incomplete_flushes_total", "incomplete_closes": "incomplete_closes_total"}
+                 "incomplete_flushes": "incomplete_flushes_total",
+                 "incomplete_closes": "incomplete_closes_total"}
 
 
 def relay_figures(out: Families, snap: dict[str, Any], max_memory: int) -> None:
-    """The relay's own counters and each sink's figures, from a status snapshot (relay/daemon/status.py)."""
-    for name, key in (("relay_frames_received_total", "frames"), ("relay_events_received_total", "events"),
-                      ("relay_events_journaled_total", "written"), ("relay_events_derived_total", "derived"),
+    """The relay's own counters and each sink's figures, from a status snapshot
+    (relay/daemon/status.py)."""
+    for name, key in (("relay_frames_received_total", "frames"),
+                      ("relay_events_received_total", "events"),
+                      ("relay_events_journaled_total", "written"),
+                      ("relay_events_derived_total", "derived"),
                       ("relay_events_duplicate_total", "duplicates"),
                       ("relay_client_dropped_events_total", "client_dropped"),
                       ("relay_journal_write_failures_total", "journal_errors"),
                       ("relay_deadletter_overflow_total", "deadletter_overflow"),
-                      ("relay_memory_resets_total", "memory_resets"), ("relay_runs", "runs"), ("relay_ranks", "ranks")):
+                      ("relay_memory_resets_total", "memory_resets"),
+                      ("relay_runs", "runs"), ("relay_ranks", "ranks")):
         out.add(name, snap.get(key))
     for reason, count in sorted(snap.get("rejected", {}).items()):
         out.add("relay_frames_refused_total", count, reason)

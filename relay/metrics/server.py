@@ -25,7 +25,8 @@ log = logging.getLogger("relay.metrics")
 
 TIMEOUT = 5.0  # seconds a client may take to send its request and read the answer
 RENDER_TTL = 0.5  # seconds one rendering answers every scrape
-#: The classic text format, which every Prometheus 2.x and 3.x reads (the metric names need no escaping).
+#: The classic text format, which every Prometheus 2.x and 3.x reads (the metric names need no
+#: escaping).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -35,8 +36,10 @@ def parse_bind(text: str) -> tuple[str, int]:
     if not sep:
         host = "127.0.0.1"
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not port.isdigit() or not 0 <= int(port) <= 65535 or not host or ("[" in host or "]" in host):
-        raise BadAddress(f"--metrics-bind {text!r} is not [HOST:]PORT; give 9464, 127.0.0.1:9464 or [::1]:9464")
+    if (not port.isdigit() or not 0 <= int(port) <= 65535 or not host
+            or ("[" in host or "]" in host)):
+        raise BadAddress(f"--metrics-bind {text!r} is not [HOST:]PORT; "
+                         "give 9464, 127.0.0.1:9464 or [::1]:9464")
     return host, int(port)
 
 
@@ -57,7 +60,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/":
             self._answer(200, b"metrics-relay: see /metrics\n", "text/plain; charset=utf-8")
         else:
-            self._answer(404, b"not found: the metrics are at /metrics\n", "text/plain; charset=utf-8")
+            self._answer(404, b"not found: the metrics are at /metrics\n",
+                         "text/plain; charset=utf-8")
 
     def _answer(self, code: int, body: bytes, content_type: str) -> None:
         self.send_response(code)
@@ -87,7 +91,8 @@ class _Render:
 
 
 class MetricsServer:
-    """``start()`` binds (AddressInUse, BadAddress) and serves on a daemon thread; ``stop()`` ends it."""
+    """``start()`` binds (AddressInUse, BadAddress) and serves on a daemon thread; ``stop()`` ends
+    it."""
 
     def __init__(self, bind: str, registry: CollectorRegistry) -> None:
         self.host, self.port = parse_bind(bind)
@@ -101,17 +106,21 @@ class MetricsServer:
             self._server = _Server((self.host, self.port), _Render(self.registry))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise AddressInUse(f"--metrics-bind {self.host}:{self.port} is already in use") from None
-            raise BadAddress(f"cannot listen on --metrics-bind {self.host}:{self.port}: {exc.strerror or exc}; "
-                             "give an address of this machine, e.g. 127.0.0.1:9464") from None
+                raise AddressInUse(
+                    f"--metrics-bind {self.host}:{self.port} is already in use") from None
+            raise BadAddress(f"cannot listen on --metrics-bind {self.host}:{self.port}: "
+                             f"{exc.strerror or exc}; give an address of this machine, "
+                             "e.g. 127.0.0.1:9464") from None
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="relay-metrics", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="relay-metrics",
+                                        daemon=True)
         self._thread.start()
         host = f"[{self.host}]" if ":" in self.host else self.host
         url = f"http://{host}:{self.port}/metrics"
         if not is_loopback(f"tcp://{host}:{self.port}"):
-            log.warning("metrics endpoint %s is reachable from other machines: it names every run, rank and sink "
-                        "(and losses, with --metrics-loss) to anyone who can reach it; see docs/security.md", url)
+            log.warning("metrics endpoint %s is reachable from other machines: it names every run, "
+                        "rank and sink (and losses, with --metrics-loss) to anyone who can reach "
+                        "it; see docs/security.md", url)
         log.info("Prometheus metrics at %s", url)
         return url
 

@@ -2,7 +2,7 @@
 
 A sink misses events when its tracker was down and a queue overflowed (the relay's, or its
 process's), the relay was killed before the sink wrote them, or the sink's process was not open yet.
-So the sink's process (relay/sinkhost/child.py), for a sink whose ``catches_up`` is True, reads the
+So the sink's process (relay/sinkhost/child.py), for a sink that is ``CatchesUp``, reads the
 journal back through ``write()`` itself, in two ways. A *pass* reads the recent journal from where
 the previous pass stopped: when the process starts (a finished run sends nothing more that would
 show a hole), whenever its tracker answers after failing, and when its own queue dropped events.

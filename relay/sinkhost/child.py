@@ -47,7 +47,7 @@ from relay.sinkhost.driver import SinkDriver
 from relay.sinkhost.lifeline import hold_sink_lock
 from relay.sinkhost.notices import NoticeDecoder
 from relay.sinkhost.spec import SinkSpec
-from sinks.base import Sink, SinkContext, SinkError
+from sinks.base import CatchesUp, Sink, SinkContext, SinkError
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,8 @@ def child_main(spec: SinkSpec) -> int:
         shipper.close(spec.drain_timeout)
         send(shipper.stats())
         return 0
-    catch_up = CatchUp(spec.journal, spec.name) if spec.journal and worker.catches_up else None
+    catch_up = CatchUp(spec.journal, spec.name) if spec.journal and isinstance(worker, CatchesUp) \
+        else None
     writer = SinkWriter(spec.name, worker, spec.max_events,
                         DeadLetters(Path(spec.deadletter)) if spec.deadletter else None, catch_up)
     writer.start()

@@ -23,7 +23,7 @@ from typing import Any
 
 from relay.journal.deadletter import DeadLetters, EventKey, event_key
 from relay.wire.lines import encode_line
-from sinks.base import CLOSE_TIMEOUT, PermanentError, Sink
+from sinks.base import CLOSE_TIMEOUT, CatchesUp, PermanentError, Sink
 from sinks.events import as_events
 
 log = logging.getLogger(__name__)
@@ -111,30 +111,33 @@ class SinkDriver:
         return not batch or self._deliver(batch, caught_up)
 
     def fill_holes(self, read: Callable[[str], Iterable[Batch]]) -> bool:
-        """For each run the sink names in ``holes()``, write it (as a catch-up) every batch ``read(run)``
-        gives, the journal's events of that run the sink may lack, then tell it ``caught_up(run)``;
-        False when ``wait`` gave up first (shutting down: the run stays named, and the sink's next
-        process finds the hole in its saved spans). A plugin's ``holes()`` or ``caught_up()`` that
-        raises is counted and logged, and the flush goes on: its runs are tried again at the next one."""
-        try:
-            runs = list(self.sink.holes())
-        except Exception as exc:  # a plugin's bug: counted; the writer thread must live on
-            self._failed("failed to name its holes", exc, 0.0)
-            return True
-        for run in runs:
+        """For each run a sink that ``CatchesUp`` names in ``holes([])``, write it (as a catch-up)
+        every batch ``read(run)`` gives, the journal's events of that run the sink may lack, then tell
+        it ``holes(filled)``; False when ``wait`` gave up first (shutting down: the sink's next process
+        finds the hole in its saved spans). A plugin's ``holes()`` that raises is counted and logged,
+        and the flush goes on: the runs it named stay named and are read again at the next one."""
+        filled: list[str] = []
+        for run in self._holes(filled):
             events = 0
             for batch in read(run):
                 if batch and not self.write(batch, caught_up=True):
                     return False
                 events += len(batch)
-            try:
-                self.sink.caught_up(run)
-            except Exception as exc:  # counted; the run stays named and is read again
-                self._failed(f"failed to take run {run} as caught up", exc, 0.0)
-                continue
-            log.info("sink %s: run %s caught up from the journal (%d events read, what it had already applied "
-                     "skipped)", self.name, run, events)
+            filled.append(run)
+            log.info("sink %s: run %s caught up from the journal (%d events read, what it had already "
+                     "applied skipped)", self.name, run, events)
+        if filled:
+            self._holes(filled)  # what it names now waits for the next flush
         return True
+
+    def _holes(self, filled: list[str]) -> list[str]:
+        if not isinstance(self.sink, CatchesUp):
+            return []
+        try:
+            return list(self.sink.holes(filled))
+        except Exception as exc:  # a plugin's bug: counted; the writer thread must live on
+            self._failed("failed to name its holes", exc, 0.0)
+            return []
 
     def after_batch(self, idle: bool, read: Callable[[str], Iterable[Batch]] | None = None) -> None:
         """Flush when nothing is waiting (``idle``) or ``flush_every`` has passed; with ``read``, first

@@ -8,7 +8,7 @@ relay/daemon/rederive.py), numbered on from what the journal holds.
 Each sink is driven as its process drives it live (relay/sinkhost/driver.py): retried with backoff
 (for up to ``RETRY_FOR`` seconds), events it refuses for good dead-lettered beside the journal
 (``_relay_deadletter_NAME.jsonl``, as the relay's own), flushed every second and at the end. A sink
-that ``catches_up`` is read no run back from the journal here (relay/sinkhost/catch_up.py): it is fed
+that is ``CatchesUp`` is read no run back from the journal here (relay/sinkhost/catch_up.py): it is fed
 all of it, so a hole it names is filled further on, or is one for good."""
 from __future__ import annotations
 

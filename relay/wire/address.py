@@ -39,25 +39,29 @@ def check_connect_address(address: str) -> str:
 def _check(address: str, wildcard: bool) -> str:
     scheme, _, rest = address.partition("://")
     if scheme not in ("tcp", "ipc") or not rest or any(c.isspace() for c in address):
-        raise BadAddress(f"address {address!r} must look like tcp://HOST:PORT or ipc:///path/relay.sock")
+        raise BadAddress(f"address {address!r} must look like tcp://HOST:PORT "
+                         "or ipc:///path/relay.sock")
     if scheme == "tcp":
         host, _, port = rest.rpartition(":")
         if not host or not ((wildcard and port == "*") or port.isdigit()):
             raise BadAddress(f"address {address!r} needs a host and a port number"
                              + (" (or '*' for any free port)" if wildcard else ""))
         if port != "*" and int(port) > MAX_PORT:  # ZeroMQ would take it modulo 65536
-            raise BadAddress(f"address {address!r}: port {port} is past {MAX_PORT}; give a port from 1 to {MAX_PORT}")
+            raise BadAddress(f"address {address!r}: port {port} is past {MAX_PORT}; "
+                             f"give a port from 1 to {MAX_PORT}")
     return scheme
 
 
 def is_ipv6(address: str) -> bool:
     """A tcp:// address whose host is an IPv6 literal (``tcp://[::1]:5557``): ZeroMQ binds and
-    connects those only on a socket with its IPV6 option set, and says "No such device" otherwise."""
+    connects those only on a socket with its IPV6 option set, and says "No such device"
+    otherwise."""
     return address.startswith("tcp://[")
 
 
 def is_loopback(address: str) -> bool:
-    """ipc:// sockets and loopback TCP stay on this machine; anything else is reachable from outside."""
+    """ipc:// sockets and loopback TCP stay on this machine; anything else is reachable from
+    outside."""
     if address.startswith("ipc://"):
         return True
     host = urlsplit(address.replace("*", "0")).hostname or ""

@@ -44,7 +44,8 @@ class ClientAuth:
 
 
 def mode(address: str, server_key: str | None = None) -> str:
-    """How a client proves itself to the relay at ``address``: curve (certificates), ipc, open or secret."""
+    """How a client proves itself to the relay at ``address``: curve (certificates), ipc, open or
+    secret."""
     if server_key:
         return "curve"
     if address.startswith("ipc://"):
@@ -53,8 +54,8 @@ def mode(address: str, server_key: str | None = None) -> str:
 
 
 def check(address: str) -> None:
-    """Raise secret.SecretError now if this process could not prove itself to the relay at ``address``
-    (a job checks this before it trains; the secret is created here on first use)."""
+    """Raise secret.SecretError now if this process could not prove itself to the relay at
+    ``address`` (a job checks this before it trains; the secret is created here on first use)."""
     if mode(address, os.environ.get(curve.SERVER_KEY_ENV)) == "secret":
         secret.find()
 
@@ -67,7 +68,8 @@ def secure_client(sock: zmq.Socket, address: str, server_key: str | None = None,
     if how == "curve":
         assert server_key is not None
         curve.secure_client(sock, server_key, client_cert)
-        return ClientAuth("curve", f"${curve.SERVER_KEY_ENV}" + (f" and {client_cert}" if client_cert else ""))
+        cert = f" and {client_cert}" if client_cert else ""
+        return ClientAuth("curve", f"${curve.SERVER_KEY_ENV}{cert}")
     if how != "secret":
         return ClientAuth(how, f"${OPEN_ENV}" if how == "open" else "")
     found = secret.find()
@@ -81,14 +83,16 @@ def refusal(auth: ClientAuth, address: str, failed: list[tuple[int, int]]) -> st
     values): what most likely disagrees, and what to do."""
     if (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, MECHANISM_MISMATCH) in failed:
         if auth.mode == "open":
-            return (f"the relay at {address} authenticates its peers and this process does not (${OPEN_ENV} is "
-                    f"set): unset {OPEN_ENV}")
-        return (f"the relay at {address} runs without authentication (relay --open): set {OPEN_ENV}=1 for this "
-                "process too, or restart the relay without --open")
+            return (f"the relay at {address} authenticates its peers and this process does not "
+                    f"(${OPEN_ENV} is set): unset {OPEN_ENV}")
+        return (f"the relay at {address} runs without authentication (relay --open): "
+                f"set {OPEN_ENV}=1 for this process too, or restart the relay without --open")
     if auth.mode == "secret":
-        return (f"the relay at {address} refused the handshake: the relay secret this process uses ({auth.source}) "
-                f"is not the relay's; {secret.SHARE}")
+        return (f"the relay at {address} refused the handshake: the relay secret this process uses "
+                f"({auth.source}) is not the relay's; {secret.SHARE}")
     if auth.mode == "curve":
-        return (f"the relay at {address} refused the handshake: ${curve.SERVER_KEY_ENV} must be its public key, "
-                f"and with --curve-clients this process's certificate ({auth.source}) must be listed there")
-    return f"the relay at {address} refused the handshake (this process does not authenticate: {auth.mode})"
+        return (f"the relay at {address} refused the handshake: "
+                f"${curve.SERVER_KEY_ENV} must be its public key, and with --curve-clients "
+                f"this process's certificate ({auth.source}) must be listed there")
+    return (f"the relay at {address} refused the handshake "
+            f"(this process does not authenticate: {auth.mode})")

@@ -17,7 +17,8 @@ CLIENT_CERT_ENV = "RELAY_CURVE_CLIENT_CERT"
 
 
 def generate(directory: Path, name: str) -> tuple[Path, Path]:
-    """Write ``name.key`` (public, share it) and ``name.key_secret`` (keep it) into ``directory``."""
+    """Write ``name.key`` (public, share it) and ``name.key_secret`` (keep it) into
+    ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     public, secret = zmq.auth.create_certificates(directory, name)
     Path(secret).chmod(0o600)
@@ -33,7 +34,10 @@ def how_to_use(public: Path, secret: Path, role: str) -> str:
     else:
         use = (f"  relay: copy {public} into its --curve-clients directory\n"
                f"  ranks on this client: export {CLIENT_CERT_ENV}={secret}")
-    return f"secret certificate: {secret} (keep it private)\npublic certificate: {public}\npublic key: {key}\n{use}"
+    return (f"secret certificate: {secret} (keep it private)\n"
+            f"public certificate: {public}\n"
+            f"public key: {key}\n"
+            f"{use}")
 
 
 def load_secret(cert: Path) -> tuple[bytes, bytes]:

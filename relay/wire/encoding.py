@@ -50,7 +50,8 @@ def encode_batch(encoded_events: list[bytes]) -> bytes:
 def compact_prefix(envelope: dict[str, Any]) -> bytes:
     """The constant head of every compact batch of one (run, rank): its envelope fields, then the
     ``events`` key; a frame is this, an array header, and the rows (see compact_frame)."""
-    body = b"".join(msgpack.packb(k) + msgpack.packb(envelope[k], use_bin_type=True) for k in ENVELOPE)
+    body = b"".join(msgpack.packb(k) + msgpack.packb(envelope[k], use_bin_type=True)
+                    for k in ENVELOPE)
     return bytes((0x80 | (len(ENVELOPE) + 1),)) + body + msgpack.packb("events")
 
 
@@ -66,7 +67,8 @@ def row_packer() -> msgpack.Packer:
 
 
 def compact_frame(prefix: bytes, rows: list[bytes]) -> bytes:
-    """A compact batch frame: the envelope once, then the rows (half the bytes of a batch of maps)."""
+    """A compact batch frame: the envelope once, then the rows (half the bytes of a batch of
+    maps)."""
     return prefix + encode_batch(rows)
 
 

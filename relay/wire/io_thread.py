@@ -3,8 +3,9 @@ DEALER socket with its monitor (``Link``).
 
 A rank has one Publisher, but a process simulating hundreds of ranks (or publishing several runs)
 shares the one thread and context, so it pays for one thread waking every ``send_interval``, not
-hundreds. What to send and when lives in relay/client/send_window.py; the Publisher (relay/client/publisher.py) wires
-the two together, as a ``LinkMember`` (relay/client/link_member.py).
+hundreds. What to send and when lives in relay/client/send_window.py; the Publisher
+(relay/client/publisher.py) wires the two together, as a ``LinkMember``
+(relay/client/link_member.py).
 
 Each link is one session to the relay: its routing id is chosen here, at random, and ZeroMQ keeps
 it across reconnections, so the relay knows a reconnected link for the one that owned its streams
@@ -31,6 +32,8 @@ from relay.wire.monitor import recv_event
 log = logging.getLogger(__name__)
 
 REDIAL_AFTER = 2.0  # seconds before a link that ZeroMQ gave up on dials again (RECONNECT_IVL_MAX)
+#: The failed handshakes after which ZeroMQ stops reconnecting.
+_GIVES_UP = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 
 
 class Member(Protocol):
@@ -78,7 +81,8 @@ class Hub:
                 self._wake_r, self._wake_w = self._pipe()
             self._adds.append(member)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="relay-publisher", daemon=True)
+                self._thread = threading.Thread(target=self._serve, name="relay-publisher",
+                                                daemon=True)
                 self._thread.start()
         self.wake()
 
@@ -119,7 +123,8 @@ class Hub:
                     woken = True
                 for s, _ in poller.poll(0):
                     owner[s]._readable(s)
-                stopping = [m for m in members if m._stop.is_set()] if woken else []  # close() wakes us
+                # close() wakes us
+                stopping = [m for m in members if m._stop.is_set()] if woken else []
                 woken = False
                 for member in stopping:
                     for s in members.pop(member):
@@ -202,11 +207,13 @@ class Link:
             raise
         self.sock, self.monitor, self.address = sock, monitor, address
         self.refused: list[tuple[int, int]] = []  # the first failed handshakes (event, value)
-        self.gave_up: list[int] = []  # protocol errors since the last dial: ZeroMQ stopped reconnecting
+        # protocol errors since the last dial: ZeroMQ stopped reconnecting
+        self.gave_up: list[int] = []
         self.redial_at: float | None = None
 
     def send(self, frame: bytes) -> bool:
-        """Hand one frame to ZeroMQ without blocking; False if not connected or the HWM is reached."""
+        """Hand one frame to ZeroMQ without blocking; False if not connected or the HWM is
+        reached."""
         if self.redial_at is not None and time.monotonic() >= self.redial_at:
             self._redial()
         try:
@@ -223,10 +230,11 @@ class Link:
             return None
 
     def lost(self) -> bool:
-        """True if the connection went down since the last look (failed handshakes go to ``refused``).
-        A handshake that failed on a protocol error (the other side does not authenticate as we do)
-        makes ZeroMQ give up the address for good: it is dialled again REDIAL_AFTER seconds later,
-        at the next send (a squatter without the secret must not cut a client off its relay)."""
+        """True if the connection went down since the last look (failed handshakes go to
+        ``refused``). A handshake that failed on a protocol error (the other side does not
+        authenticate as we do) makes ZeroMQ give up the address for good: it is dialled again
+        REDIAL_AFTER seconds later, at the next send (a squatter without the secret must not cut a
+        client off its relay)."""
         lost = read_monitor(self.monitor, self.refused, self.gave_up)
         if self.gave_up and self.redial_at is None:
             self.redial_at = time.monotonic() + REDIAL_AFTER
@@ -261,7 +269,8 @@ def read_monitor(monitor: zmq.Socket, refused: list[tuple[int, int]] | None = No
             return lost
         kind = event.event
         lost = lost or kind == zmq.EVENT_DISCONNECTED
-        if refused is not None and kind & auth.HANDSHAKE_FAILED and len(refused) < auth.REFUSALS_TOLD:
+        if (refused is not None and kind & auth.HANDSHAKE_FAILED
+                and len(refused) < auth.REFUSALS_TOLD):
             refused.append((kind, event.value))
-        if gave_up is not None and kind & (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH):
+        if gave_up is not None and kind & _GIVES_UP:
             gave_up.append(kind)

@@ -22,7 +22,8 @@ from relay.wire.rules import Repeated, matching, pairs_hook
 from sinks.events import ENVELOPE, FIELDS, RELAY_RANK, ROW_FIELDS, json_safe
 
 #: How a Publisher names a spool file (relay/client/publisher.py): one rank's journal lines, none of
-#: them the relay's own, which ``relay replay`` derives as it journals them (relay/daemon/rederive.py).
+#: them the relay's own, which ``relay replay`` derives as it journals them
+#: (relay/daemon/rederive.py).
 SPOOL_SUFFIX = ".spool.jsonl"
 
 
@@ -41,8 +42,8 @@ class Derived(NamedTuple):
 def relay_event(item: Derived, seq: int, host: str, ts: float) -> dict[str, Any]:
     """One of the relay's own events as it is journaled (rank RELAY_RANK, stage ``cluster``)."""
     return {"v": schema.SCHEMA_VERSION, "run": item.run, "rank": RELAY_RANK, "local_rank": 0,
-            "world_size": item.world_size, "host": host, "seq": seq, "ts": ts, "type": item.type, "step": item.step,
-            "epoch": item.epoch, "stage": "cluster", "data": item.data}
+            "world_size": item.world_size, "host": host, "seq": seq, "ts": ts, "type": item.type,
+            "step": item.step, "epoch": item.epoch, "stage": "cluster", "data": item.data}
 
 
 def encode_line(event: dict[str, Any]) -> bytes:
@@ -77,14 +78,17 @@ def check_lines(lines: bytes | list[bytes]) -> None:
             return
         total, longest = len(lines), max(map(len, lines.split(b"\n"))) + 1
     else:
-        listed = cast("list[bytes]", lines)  # (type() is, not isinstance: mypy keeps bytes possible here)
+        # (type() is, not isinstance: mypy keeps bytes possible here)
+        listed = cast("list[bytes]", lines)
         total, longest = sum(map(len, listed)), max(map(len, listed), default=0)
     if longest > schema.MAX_LINE_BYTES:
-        raise schema.FrameError("bad_value", f"an event's journal line would be {longest} bytes, over "
-                                             f"{schema.MAX_LINE_BYTES} (JSON escapes a control character in 6)")
+        raise schema.FrameError("bad_value",
+                                f"an event's journal line would be {longest} bytes, over "
+                                f"{schema.MAX_LINE_BYTES} (JSON escapes a control character in 6)")
     if total > schema.MAX_FRAME_LINES_BYTES:
-        raise schema.FrameError("bad_value", f"the frame's journal lines would be {total} bytes, over "
-                                             f"{schema.MAX_FRAME_LINES_BYTES}")
+        raise schema.FrameError("bad_value",
+                                f"the frame's journal lines would be {total} bytes, over "
+                                f"{schema.MAX_FRAME_LINES_BYTES}")
 
 
 #: Fields a line may leave out and still be an event (a journal written by hand or by another tool),
@@ -142,8 +146,8 @@ _FIELD_SET = frozenset(FIELDS)
 
 def event_error(event: dict[str, Any]) -> str | None:
     """Why a parsed journal line is not an event, or None if it is: every field the relay would
-    have accepted (``relay.wire.schema.validate_event``: the run id names a file, rank and seq are ints
-    in range, ts is unix seconds, ...), no unknown field, and only OPTIONAL_FIELDS missing.
+    have accepted (``relay.wire.schema.validate_event``: the run id names a file, rank and seq are
+    ints in range, ts is unix seconds, ...), no unknown field, and only OPTIONAL_FIELDS missing.
 
     What every reader relies on; a journal written by an older relay may hold a ts or epoch of
     "NaN" (or seqs beyond 2**63), which no longer is an event."""
@@ -201,8 +205,8 @@ class ChunkCheck:
         self.bad = bad
 
     def events(self, lines: list[bytes], run: str | None = None) -> list[Checked]:
-        """The events of ``lines`` (those of ``run`` only, if given), in order: each line as written,
-        its envelope and its row (``sinks.events.ENVELOPE``, ``ROW_FIELDS``)."""
+        """The events of ``lines`` (those of ``run`` only, if given), in order: each line as
+        written, its envelope and its row (``sinks.events.ENVELOPE``, ``ROW_FIELDS``)."""
         lines, items = self._taken(lines, run)
         return list(zip(lines, map(envelope_of, items), map(row_of, items), strict=True))
 
@@ -222,7 +226,8 @@ class ChunkCheck:
         return groups
 
     def keys(self, lines: list[bytes]) -> list[tuple[bytes, tuple[str, int, int]]]:
-        """The events of ``lines``, in order, as what dedupe needs: each line and its (run, rank, seq)."""
+        """The events of ``lines``, in order, as what dedupe needs: each line and its (run, rank,
+        seq)."""
         lines, items = self._taken(lines, None)
         return list(zip(lines, map(_key_of, items), strict=True))
 

@@ -1,6 +1,7 @@
 """A ZeroMQ socket monitor's events, read without pyzmq's ``zmq.utils.monitor``: that module imports
 ``zmq.asyncio`` and so asyncio, a third of what a publisher imports (about 0.04 CPU-s in every rank,
-publisher and relay process), for one ``struct.unpack`` (docs/development.md, "Where the time goes")."""
+publisher and relay process), for one ``struct.unpack`` (docs/development.md, "Where the time
+goes")."""
 from __future__ import annotations
 
 import struct
@@ -8,7 +9,8 @@ from typing import NamedTuple
 
 import zmq
 
-_HEAD = struct.Struct("=HI")  # zmq_socket_monitor(3): a 16-bit event id, then a 32-bit value, native order
+# zmq_socket_monitor(3): a 16-bit event id, then a 32-bit value, native order
+_HEAD = struct.Struct("=HI")
 
 
 class MonitorEvent(NamedTuple):

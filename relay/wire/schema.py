@@ -45,14 +45,16 @@ MAX_DEPTH = 8  # nesting of data maps/lists
 MAX_RANK = 1 << 24
 #: seq and step stay below this, so the relay's ack (seq + 1) and every sink's int64 step fit.
 MAX_SEQ = (1 << 63) - 1
-#: ts is unix seconds in [0, MAX_TS] (the end of year 9999), so every reader can turn it into a date.
+#: ts is unix seconds in [0, MAX_TS] (the end of year 9999), so every reader can turn it into a
+#: date.
 MAX_TS = 253402300799.0
 MAX_EPOCH = 1e15  # finite, and exact as a float
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 
 
 class FrameError(ValueError):
-    """A frame or event that breaks the protocol; ``reason`` is a short stable label for counters."""
+    """A frame or event that breaks the protocol; ``reason`` is a short stable label for
+    counters."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")

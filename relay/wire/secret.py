@@ -27,8 +27,9 @@ ENV = "RELAY_SECRET"
 FILE_ENV = "RELAY_SECRET_FILE"
 MIN_LENGTH = 16  # characters: a secret shorter than this is refused
 #: How to give a process the relay's secret, as every message about a missing or wrong one says.
-SHARE = (f"give it the relay's: {ENV}=\"$(cat ~/.config/metrics-relay/secret)\" as read on the relay's machine, "
-         f"or {FILE_ENV}=PATH of a file both see (docs/security.md)")
+SHARE = (f"give it the relay's: {ENV}=\"$(cat ~/.config/metrics-relay/secret)\" "
+         f"as read on the relay's machine, or {FILE_ENV}=PATH of a file both see "
+         "(docs/security.md)")
 
 
 class SecretError(ValueError):
@@ -55,8 +56,8 @@ def find(path: Path | None = None) -> Secret:
         if value is not None:
             value = value.strip()
             if len(value) < MIN_LENGTH:
-                raise SecretError(f"${ENV} holds {len(value)} characters, fewer than {MIN_LENGTH}: {SHARE}, "
-                                  f"or unset it to use {default_path()}")
+                raise SecretError(f"${ENV} holds {len(value)} characters, fewer than {MIN_LENGTH}: "
+                                  f"{SHARE}, or unset it to use {default_path()}")
             return Secret(value.encode(), f"${ENV}")
         named = os.environ.get(FILE_ENV)
         path = Path(named).expanduser() if named else default_path()
@@ -76,10 +77,11 @@ def _read_or_create(path: Path) -> Secret:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise SecretError(f"the relay secret {path} is not a regular file; remove it to have one made")
+            raise SecretError(f"the relay secret {path} is not a regular file; "
+                              "remove it to have one made")
         if info.st_uid != os.geteuid():
-            raise SecretError(f"the relay secret {path} belongs to another user; remove it to have one made, "
-                              "or copy your relay's")
+            raise SecretError(f"the relay secret {path} belongs to another user; "
+                              "remove it to have one made, or copy your relay's")
         if info.st_mode & 0o077:
             raise SecretError(f"the relay secret {path} can be read by other users (mode "
                               f"{stat.S_IMODE(info.st_mode):o}); chmod 600 {path}")
@@ -87,8 +89,9 @@ def _read_or_create(path: Path) -> Secret:
     finally:
         os.close(fd)
     if len(value) < MIN_LENGTH:
-        raise SecretError(f"the relay secret {path} holds {len(value)} characters, fewer than {MIN_LENGTH}; "
-                          "remove it to have a new one made, or copy your relay's")
+        raise SecretError(f"the relay secret {path} holds {len(value)} characters, "
+                          f"fewer than {MIN_LENGTH}; remove it to have a new one made, "
+                          "or copy your relay's")
     return Secret(value, str(path))
 
 
@@ -125,8 +128,8 @@ def _create(path: Path) -> Secret:
         finally:
             tmp.unlink()
     except OSError as exc:
-        raise SecretError(f"cannot create the relay secret {path}: {exc.strerror}; set {FILE_ENV} to a file you "
-                          f"can write, or {ENV}") from None
+        raise SecretError(f"cannot create the relay secret {path}: {exc.strerror}; "
+                          f"set {FILE_ENV} to a file you can write, or {ENV}") from None
     return _read_or_create(path)
 
 
