@@ -1,7 +1,7 @@
 """What ``--sink NAME`` names on the command line: the journal (``jsonl``, which the relay writes
-itself and is not a sink) or a sink, found through sinks.registry; each with its options, and which
-of them declares an option. The command line alone treats the two alike: for it both are a name
-with options."""
+itself and is not a sink), a sink or a shipper (relay/ship/base.py), found through sinks.registry;
+each with its options, and which of them declares an option. The command line alone treats them
+alike: for it each is a name with options."""
 from __future__ import annotations
 
 from typing import Any
