@@ -63,14 +63,6 @@ class Sink(abc.ABC):
     #: Registry name, used as ``relay --sink NAME``.
     name: ClassVar[str]
 
-    #: False for a sink that needs to know only which runs have new events (it reads the journal
-    #: itself, as the forward and nats sinks do): its process is then sent only the news of each
-    #: journal write, not the lines, and ``write()`` gets one read-only stand-in
-    #: ``{"run": RUN, "offset": END}`` per event instead of the decoded event, END being where the
-    #: run's journal file ended after the write that held it (the same object for all of one write).
-    #: (``relay replay`` hands it whole events, which hold the run too.)
-    wants_events: ClassVar[bool] = True
-
     @classmethod
     def options(cls) -> list[click.Option]:
         """CLI options this sink adds to ``relay`` and ``relay replay``.
@@ -95,8 +87,7 @@ class Sink(abc.ABC):
     @abc.abstractmethod
     def write(self, events: Sequence[Event]) -> None:
         """Take a batch, in arrival order. Raising means the batch is retried later, whole;
-        raising PermanentError, that the events failing on their own are dead-lettered. (A sink
-        with ``wants_events = False`` gets stand-ins that hold only ``run`` and ``offset``.)"""
+        raising PermanentError, that the events failing on their own are dead-lettered."""
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         """Make everything written so far durable or visible, within ``timeout`` seconds (as

@@ -92,13 +92,14 @@ def known(name: str) -> bool:
     return name in BUILTIN or name in available()
 
 
-def load(name: str) -> type[Sink]:
-    """The sink class registered as ``name``, or the class a ``package.module:Class`` name points to;
-    SinkError with a one-line message otherwise (naming the known sinks for an unknown name)."""
+def load(name: str, kinds: tuple[type, ...] = (Sink,)) -> type:
+    """The class registered as ``name``, or the class a ``package.module:Class`` name points to, a
+    subclass of one of ``kinds`` (the relay also takes its shippers: relay/ship/base.py); SinkError
+    with a one-line message otherwise (naming the known sinks for an unknown name)."""
     if ":" in name:
-        return _import(name)
+        return _import(name, kinds)
     if name in BUILTIN:
-        return _import(BUILTIN[name])
+        return _import(BUILTIN[name], kinds)
     eps = available()
     if name not in eps:
         raise SinkError(f"unknown sink {name!r}; installed sinks: {', '.join(sorted(eps)) or 'none'}")
@@ -106,10 +107,10 @@ def load(name: str) -> type[Sink]:
         cls = eps[name].load()
     except Exception as exc:  # a broken plugin is reported, never fatal for the other sinks
         raise SinkError(f"sink {name!r} ({eps[name].value}) failed to import: {type(exc).__name__}: {exc}") from None
-    return _checked(cls, f"sink {name!r} ({eps[name].value})")
+    return _checked(cls, f"sink {name!r} ({eps[name].value})", kinds)
 
 
-def _import(spec: str) -> type[Sink]:
+def _import(spec: str, kinds: tuple[type, ...]) -> type:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise SinkError(f"sink {spec!r}: give package.module:Class")
@@ -124,12 +125,14 @@ def _import(spec: str) -> type[Sink]:
         cls = getattr(cls, part, None)
         if cls is None:
             raise SinkError(f"sink {spec!r}: module {module_name} has no {attr!r}")
-    return _checked(cls, f"sink {spec!r}")
+    return _checked(cls, f"sink {spec!r}", kinds)
 
 
-def _checked(cls: object, what: str) -> type[Sink]:
-    if not (isinstance(cls, type) and issubclass(cls, Sink)):
-        raise SinkError(f"{what} is not a sinks.base.Sink subclass")
+def _checked(cls: object, what: str, kinds: tuple[type, ...]) -> type:
+    if not (isinstance(cls, type) and issubclass(cls, kinds)):
+        first, *more = (f"{kind.__module__}.{kind.__name__}" for kind in kinds)
+        nor = "".join(f" (nor a {name})" for name in more)
+        raise SinkError(f"{what} is not a {first} subclass{nor}")
     retired = [m for m in RETIRED if hasattr(cls, m) and not (m == "holes" and issubclass(cls, CatchesUp))]
     if retired:
         raise SinkError(f"{what} is written for the old catch-up contract ({', '.join(retired)}): "

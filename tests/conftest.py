@@ -307,8 +307,9 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
     ``refuse`` (raises PermanentError for a batch holding an event whose data has "bad", else
     appends to --refuse-file), ``flaky`` (raises a transient error at its first --flaky-failures
     writes, then appends to --flaky-file) and ``slowflush`` (takes 0.1 s per write, and appends a
-    record of every write and flush, with the time, to --slow-file) and ``runsonly`` (``wants_events``
-    False: appends each stand-in it gets to --runs-file) and ``failopen`` (its ``open()`` raises SinkError
+    record of every write and flush, with the time, to --slow-file) and ``newsonly`` (a shipper,
+    relay/ship/base.py: appends the news of each journal write it gets to --news-file) and
+    ``failopen`` (its ``open()`` raises SinkError
     while --failopen-file does not exist, then appends to it) and ``hangopen`` (its ``open()`` waits until
 --hangopen-file exists, as a tracker's first set-up can take minutes) and ``unclosed`` (appends to
 --unclosed-file, and its ``close()`` says it did not complete)."""
@@ -319,10 +320,12 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
     (site / "throwaway_sinks-0.1.dist-info" / "entry_points.txt").write_text(
         "[metrics_relay.sinks]\nexplode = throwaway_sinks:Explode\ncollect = throwaway_sinks:Collect\n"
         "crashonce = throwaway_sinks:CrashOnce\nrefuse = throwaway_sinks:Refuse\nflaky = throwaway_sinks:Flaky\n"
-        "slowflush = throwaway_sinks:SlowFlush\nrunsonly = throwaway_sinks:RunsOnly\nfailopen = throwaway_sinks:FailOpen\n"
+        "slowflush = throwaway_sinks:SlowFlush\nnewsonly = throwaway_sinks:NewsOnly\n"
+        "failopen = throwaway_sinks:FailOpen\n"
         "hangopen = throwaway_sinks:HangOpen\nunclosed = throwaway_sinks:Unclosed\n")
     (site / "throwaway_sinks.py").write_text('''
 import click, json, os, time
+from relay.ship.base import Shipper
 from sinks.base import PermanentError, Sink, SinkError
 
 class Explode(Sink):
@@ -403,14 +406,24 @@ class SlowFlush(Collect):
         self.fh.flush()
         return True
 
-class RunsOnly(Collect):
-    name = "runsonly"
-    wants_events = False
+class NewsOnly(Shipper):
+    name = "newsonly"
     @classmethod
     def options(cls):
-        return [click.Option(["--runs-file"], default="runs.jsonl")]
-    def __init__(self, runs_file):
-        super().__init__(runs_file)
+        return [click.Option(["--news-file"], default="news.jsonl")]
+    def __init__(self, news_file):
+        self.counters = {"notices": 0}
+        self.fh = open(news_file, "a")
+    def open(self, context):
+        pass
+    def notify(self, news):
+        self.counters["notices"] += 1
+        for run, (events, end) in news.items():
+            self.fh.write(json.dumps({"run": run, "events": events, "offset": end}) + "\\n")
+        self.fh.flush()
+    def close(self, timeout=30.0):
+        self.fh.close()
+        return True
 
 class FailOpen(Collect):
     name = "failopen"

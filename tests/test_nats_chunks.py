@@ -8,7 +8,7 @@ from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
 
-from relay.fleet.chunks import ChunkReader, Positions
+from relay.fleet.chunks import ChunkReader, position_file, positions
 from relay.fleet.resume import Stored, plan, stored_of
 
 
@@ -48,12 +48,12 @@ def test_one_file_chunks_end_where_the_run_changes_and_odd_lines_are_skipped(tmp
     chunks = drain(reader, None)
     assert [(c.run, c.lines) for c in chunks] == [("a", 2), ("b", 1), ("a", 1)]
     assert chunks[1].body == line("b", 0) and reader.skipped == 1
-    state = Positions(journal, {"node": "n"})
-    state.save({"": ("all.jsonl", chunks[0].end, 7)})
-    assert Positions(journal, {"node": "n"}).load() == {"": ("all.jsonl", chunks[0].end, 7)}
+    state = position_file(journal, {"node": "n"})
+    state.save({"sources": {"": ("all.jsonl", chunks[0].end, 7)}})
+    assert state.load(positions) == {"": ("all.jsonl", chunks[0].end, 7)}
     state.path.write_text('{"target": {"node": "n"}, "sources": {"": ["all.jsonl", 5]}}')
-    assert Positions(journal, {"node": "n"}).load() == {"": ("all.jsonl", 5, None)}  # kept before floors were
-    assert Positions(journal, {"node": "other"}).load() == {}
+    assert state.load(positions) == {"": ("all.jsonl", 5, None)}  # kept before floors were
+    assert position_file(journal, {"node": "other"}).load(positions) is None
 
 
 def test_a_runs_file_never_sends_another_runs_line(tmp_path: Path) -> None:

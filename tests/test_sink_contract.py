@@ -2,7 +2,10 @@
 SIGKILLed mid-run delivers exactly once; an event the tool refuses for good is dead-lettered and the
 rest written; a backend outage is caught up. Real relay processes, real publishers, real tracker
 libraries read back through their own API (tests/sink_readback.py); each sink driven as its
-process drives it (relay/sinkhost/driver.py). What is particular to one sink stays in its own file."""
+process drives it (relay/sinkhost/driver.py). What is particular to one sink stays in its own file.
+The shippers (``forward``, ``nats``: relay/ship/base.py) are no sinks: tests/test_forward.py and
+tests/test_nats_sink.py hold them to theirs (exactly once through kills, ordering, back-pressure).
+"""
 from __future__ import annotations
 
 import csv
@@ -168,8 +171,6 @@ TARGETS = {
     "clearml": Target("clearml", lambda ws: {"--clearml-project": "relay-tests", "--clearml-dir": str(ws / "clearml")},
                       lambda ws, run: rb.read_sessions(ws / "clearml")[run], rb.check_clearml, same_clearml,
                       module="clearml"),
-    "forward": Target("forward", lambda ws: {"--to": (ws / "central.address").read_text()},
-                      lambda ws, run: journal_view(ws / "central" / f"{run}.jsonl"), check_journal, same_journal),
     "csv": Target("csv", lambda ws: {"--csv-file": str(ws / "m.csv")}, lambda ws, run: csv_rows(ws / "m.csv", run),
                   check_csv, same_csv, env=csv_env, source="my_sinks.csv_sink:CsvSink"),
 }
@@ -192,16 +193,13 @@ def quiet_trackers(monkeypatch, tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def workspace(relays, tmp_path: Path, request):
-    """``workspace(name)`` -> (target, ws, env): the forward sink gets a central relay to send to."""
+def workspace(tmp_path: Path, request):
+    """``workspace(name)`` -> (target, ws, env)."""
 
     def make(name: str) -> tuple[Target, Path, dict[str, str] | None]:
         t = target(name)
         ws = tmp_path / "ws"
         ws.mkdir(exist_ok=True)
-        if name == "forward":
-            central = relays(["--path", f"{ws / 'central'}/"])
-            (ws / "central.address").write_text(central.address)
         return t, ws, t.env(tmp_path) if t.env else None
     return make
 
@@ -227,13 +225,7 @@ def replay_here(journal: Path, t: Target, ws: Path, env: dict[str, str] | None) 
 
 
 def settled(t: Target, ws: Path, run: str, sent: list[dict]) -> Any:
-    """The run read back; for the forward sink once the central journal holds every event of ``sent``
-    (the ranks' events the sink was given: the forward sink sends on after its writes return)."""
-    if t.name == "forward":
-        path = ws / "central" / f"{run}.jsonl"
-        wanted = {(e["rank"], e["seq"]) for e in sent if e["rank"] != RELAY_RANK}
-        wait_for(lambda: path.exists() and wanted <= {(e["rank"], e["seq"]) for e in read_jsonl(path, live=True)},
-                 60, f"the central journal holding the {len(wanted)} events sent")
+    """The run read back."""
     return t.read(ws, run)
 
 
@@ -306,12 +298,12 @@ def test_relay_sigkill_mid_run_is_exactly_once(relays, workspace, tmp_path: Path
     time.sleep(0.5)
     restarted = relays(args, address=relay.address, env=env)
     finish_ranks(procs)
-    # The new relay's sink has read the journal back (its first catch-up pass; the forward sink reads
-    # it as it forwards) before the relay stops: a sink still opening when its relay stops leaves
+    # The new relay's sink has read the journal back (its first catch-up pass) before the relay
+    # stops: a sink still opening when its relay stops leaves
     # that to the next relay, which here never comes.
     if name != "jsonl":
         wait_for(lambda: (s := restarted.sink_stats(journal, name)).get("open") and not s["queued"]
-                 and (s["catch_up_passes"] >= 1 or name == "forward"), 300, "the restarted relay's sink caught up",
+                 and s["catch_up_passes"] >= 1, 300, "the restarted relay's sink caught up",
                  lambda: f"{restarted.sink_stats(journal, name)}\n{relay.log_tail()}")
     assert restarted.stop() == 0
     assert 0 < killed_at < len((journal / "job-kill.jsonl").read_bytes().splitlines())  # killed mid-run
@@ -324,9 +316,6 @@ def test_relay_sigkill_mid_run_is_exactly_once(relays, workspace, tmp_path: Path
         return
     fresh = tmp_path / "rebuilt"
     fresh.mkdir()
-    if name == "forward":  # a second central, to rebuild into
-        central = relays(["--path", f"{fresh / 'central'}/"])
-        (fresh / "central.address").write_text(central.address)
     for attempt in range(2):  # in this process: `relay replay` as a command is tested in each tool's own file
         replay_here(journal / "job-kill.jsonl", t, fresh, env)
         t.same(live, settled(t, fresh, "job-kill", sent))
@@ -379,7 +368,7 @@ def test_a_permanent_error_is_dead_lettered_and_the_rest_written(workspace, tmp_
     "mlflow",
     "csv",
 ])  # Aim's (its read-back after the outage is not yet steady here), W&B's full disk (its sink process exits)
-#      and the forward sink's central down: in their own files
+#      in their own files
 def test_a_full_disk_is_caught_up_once_there_is_room(small_fs: Path, workspace, tmp_path: Path, name: str) -> None:
     """The tool's files fill their filesystem mid-run: writes fail, the driver retries with backoff,
     and once there is room again everything is there, each point once, as written without the outage."""

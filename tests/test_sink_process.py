@@ -1,9 +1,9 @@
 """Sinks other than the journal run in their own processes (relay/sinkhost/process.py, the child's side
 relay/sinkhost/child.py): a real plugin that kills its own process is started again, counted, and costs
 the journal nothing; one that refuses an event for good gets it dead-lettered and the rest written;
-one that fails for a while catches up; every sink is flushed on a timer under steady load; and one
-that wants only runs (``wants_events = False``) is sent only the news of each journal write, and gets
-one stand-in per event holding its run and where the journal ended after the write."""
+one that fails for a while catches up; every sink is flushed on a timer under steady load; and a
+shipper (relay/ship/base.py) is sent only the news of each journal write: per run, how many events
+it held and where the run's journal file ended after it."""
 from __future__ import annotations
 
 import json
@@ -117,34 +117,41 @@ def test_a_busy_sink_is_flushed_on_a_timer_under_steady_load(relays, tmp_path):
     assert max(gaps) < 2.0, gaps  # FLUSH_EVERY (1 s) plus a write in progress, on a busy machine
 
 
-def test_a_sink_that_wants_only_runs_gets_a_stand_in_per_event(relays, tmp_path):
-    journal, got = tmp_path / "runs.jsonl", tmp_path / "runs-sink.jsonl"
-    relay = relays(["--sink", "runsonly", "--path", str(journal), "--runs-file", str(got), "--stats-interval", "0.2"],
-                   env=plugin_env(tmp_path))
+def _news_events(path: Path) -> int:
+    return sum(item["events"] for item in read_jsonl(path)) if path.exists() else 0
+
+
+def test_a_shipper_is_sent_the_news_of_each_journal_write(relays, tmp_path):
+    journal, got = tmp_path / "runs.jsonl", tmp_path / "news.jsonl"
+    relay = relays(["--sink", "newsonly", "--path", str(journal), "--news-file", str(got),
+                    "--stats-interval", "0.2"], env=plugin_env(tmp_path))
     assert finish(start_publisher(relay.address, "first", 0, 300))["left"] == 0
     assert finish(start_publisher(relay.address, "second", 1, 200))["left"] == 0
     events = read_jsonl(journal)
-    assert _wait_for_lines(got, len(events)) == len(events)
+    deadline = time.monotonic() + 30
+    while _news_events(got) < len(events) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert relay.stop() == 0
-    stand_ins = read_jsonl(got)
-    assert all(item.keys() == {"run", "offset"} for item in stand_ins), stand_ins[:3]
-    assert Counter(item["run"] for item in stand_ins) == Counter(e["run"] for e in events) == {"first": 302, "second": 202}
-    offsets = [item["offset"] for item in stand_ins]
-    assert offsets == sorted(offsets) and offsets[-1] == journal.stat().st_size  # where the journal's file ended
+    news = read_jsonl(got)
+    assert all(item.keys() == {"run", "events", "offset"} for item in news), news[:3]
+    per_run: Counter[str] = Counter()
+    for item in news:
+        per_run[item["run"]] += item["events"]
+    assert per_run == Counter(e["run"] for e in events) == {"first": 302, "second": 202}
+    offsets = [item["offset"] for item in news]
+    assert offsets == sorted(offsets) and offsets[-1] == journal.stat().st_size  # the file's end
     assert set(offsets) <= set(accumulate(map(len, journal.read_bytes().splitlines(keepends=True)))), \
         "each offset is the end of a line"
-    sink = relay.stats(journal)["sinks"]["runsonly"]
-    assert sink["written"] == len(events) and sink["dropped"] == 0, sink
+    sink = relay.stats(journal)["sinks"]["newsonly"]
+    assert sink["written"] == len(events) and sink["dropped"] == 0, sink  # counted in events
+    assert sink["sink"]["notices"] >= 1 and sink["queued"] == 0, sink
 
 
 def test_notices_arrive_in_pieces_and_bad_ones_are_counted():
     decoder = NoticeDecoder()
     notice = notices.encode({"r1": (2, 400), "r2": (1, 90)})
     assert notice == b"r1 400 2\nr2 90 1\n"
-    got = decoder.feed(notice + b"no/slash 5 1\nnot a notice\nr3 -1 x\n" + notice[:4])
-    assert got == [{"run": "r1", "offset": 400}] * 2 + [{"run": "r2", "offset": 90}]
-    assert got[0] is got[1]  # one stand-in a notice, however many events it holds
+    got = decoder.feed(notice + b"no/slash 5 1\nnot a notice\nr3 -1 x\nr1 480 3\n" + notice[:4])
+    assert got == {"r1": (5, 480), "r2": (1, 90)}  # a run's events added up, its furthest end
     assert decoder.bad_lines == 3
-    assert decoder.feed(notice[4:9]) == [{"run": "r1", "offset": 400}] * 2
-
-
+    assert decoder.feed(notice[4:9]) == {"r1": (2, 400)}

@@ -255,6 +255,7 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
     from relay.cli.fleet_read import FleetRead, wanted as fleet
     from relay.cli.progress import Progress, size_of
     from relay.daemon.rederive import SpoolDerivation
+    from relay.ship.base import is_shipper
     from relay.sinkhost.replay import replay_files
 
     closing = ExitStack()
@@ -271,6 +272,11 @@ def replay(ctx: click.Context, files: tuple[Path, ...], sink_names: tuple[str, .
     progress = Progress(size_of(files), line=line, every=progress_every)
     classes: dict[str, tuple[str, Named]] = dict(ctx.meta[SINKS])
     journal = JournalFlags.journal(sink_params) if classes.pop(JOURNAL, None) else None
+    for name, (_, cls) in classes.items():
+        if is_shipper(cls):
+            fail(EXIT_USAGE, f"--sink {name} ships a relay's journal as it grows and takes no "
+                             f"replay: run `relay serve --path JOURNAL --sink {name} ...` on the "
+                             "journal (it sends what the far side lacks)")
     try:
         with closing:  # (the fleet's views put in order are removed)
             # (no journal)

@@ -1,7 +1,7 @@
 """What ``--sink NAME`` names on the command line: the journal (``jsonl``, which the relay writes
-itself and is not a sink) or a sink, found through sinks.registry; each with its options, and which
-of them declares an option. The command line alone treats the two alike: for it both are a name
-with options."""
+itself and is not a sink), a sink or a shipper (relay/ship/base.py), found through sinks.registry;
+each with its options, and which of them declares an option. The command line alone treats them
+alike: for it each is a name with options."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from relay.journal.journal import DEFAULT_PATH, NAME, Journal
+from relay.ship.base import Shipper, load
 from sinks.base import Sink, SinkError
 
 #: One line on the journal, where ``--help`` lists what ``--sink`` takes.
@@ -35,9 +36,9 @@ class JournalFlags:
         return Journal(**{o.name: params[o.name] for o in cls.options()})
 
 
-#: What ``--sink`` names: a sink class, or the journal's flags (each has ``options()`` and makes its
-#: part)
-Named = type[Sink] | type[JournalFlags]
+#: What ``--sink`` names: a sink or shipper class, or the journal's flags (each has ``options()``
+#: and makes its part)
+Named = type[Sink] | type[Shipper] | type[JournalFlags]
 
 
 def named(args: list[str]) -> list[str]:
@@ -64,7 +65,7 @@ def installed() -> list[str]:
 def resolve(given: str) -> tuple[str, Named]:
     """(display name, class) of what ``--sink given`` names; SinkError for an unknown or broken
     sink."""
-    from sinks.registry import known, load
+    from sinks.registry import known
 
     if given == NAME:
         return NAME, JournalFlags

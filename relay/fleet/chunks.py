@@ -2,26 +2,22 @@
 bytes, with the byte range they came from, which names the chunk (its ``Nats-Msg-Id``) and says
 where to resume (``Relay-End``). No network here: relay/fleet/publisher.py publishes what this cuts.
 
-A *source* is what one ``JournalReader`` position belongs to: a run (the directory layout, its
-``<run>.jsonl``) or None (one file for every run; there a chunk ends where the next line is of
-another run, so a chunk is still one run's contiguous bytes). The positions of the sources, saved
-in a state file beside the journal once NATS acknowledged them, are where a restarted relay resumes.
+A *source* (relay/ship/sources.py) is a run (the directory layout, its ``<run>.jsonl``) or None
+(one file for every run; there a chunk ends where the next line is of another run, so a chunk is
+still one run's contiguous bytes). The positions of the sources, saved in a state file beside the
+journal (relay/ship/positions.py) once NATS acknowledged them, are where a restarted relay resumes.
 """
 from __future__ import annotations
 
-import json
-import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
-from relay.journal.journal import Journal
-from relay.journal.reader import READ_SIZE, JournalReader, open_listed
-from sinks.files import write_atomic
-
-log = logging.getLogger(__name__)
+from relay.journal.reader import READ_SIZE, open_listed
+from relay.ship.positions import PositionFile
+from relay.ship.sources import JournalSources
 
 STATE_SUFFIX = "_nats.json"
 _HEAD = b'{"v":1,"run":"'  # how every line the relay writes starts (sinks.events.FIELDS order)
@@ -61,42 +57,12 @@ def run_of(line: bytes) -> str | None:
     return run if isinstance(run, str) else None
 
 
-class ChunkReader:
+class ChunkReader(JournalSources):
     """Cuts a journal's new lines into chunks, source by source, keeping each source's position."""
 
     def __init__(self, journal: Path) -> None:
-        self.reader = JournalReader(journal, restore=False)
-        self.directory = self.reader.directory
+        super().__init__(journal)
         self.skipped = 0  # lines that are not events, or of another run in a run's file
-
-    def sources(self) -> Iterator[tuple[str | None, Path]]:
-        """Every source with its file."""
-        if not self.directory:
-            yield None, self.reader.path
-            return
-        for path in self.reader.files():
-            yield path.stem, path
-
-    def file(self, source: str | None) -> Path | None:
-        files = self.reader.files(source)
-        return files[0] if files else None
-
-    def position(self, source: str | None) -> int:
-        path = self.file(source)
-        return self.reader.position(path, source) if path else 0
-
-    def seek(self, source: str | None, offset: int) -> None:
-        path = self.file(source)
-        if path is not None:
-            self.reader.seek(path, source, offset)
-
-    def behind(self, source: str | None) -> bool:
-        """True when the source's file holds more than what was read of it."""
-        path = self.file(source)
-        try:
-            return path is not None and path.stat().st_size > self.reader.position(path, source)
-        except FileNotFoundError:
-            return False
 
     def take(self, source: str | None, max_lines: int, max_bytes: int, more: Chunk | None = None,
              stop: int | None = None) -> Chunk | None:
@@ -186,41 +152,18 @@ def _read_lines(path: Path, start: int, limit: int, whole_line: bool) -> bytes:
 Position = tuple[str, int, "int | None"]  # (file name, offset acknowledged, floor: relay/fleet/resume.py)
 
 
-class Positions:
+def position_file(journal: Path, target: dict[str, str]) -> PositionFile:
     """The state file: each source's acknowledged position, with the stream sequence a restart
     looks for chunks stored after (relay/fleet/resume.py; None in files older than that), for the
-    stream, prefix and node it is kept for (another stream or node: everything is published again)."""
+    stream, prefix and node ``target`` names (another stream or node: everything is published
+    again)."""
+    return PositionFile(journal, STATE_SUFFIX, {"target": target})
 
-    def __init__(self, journal: Path, target: dict[str, str]) -> None:
-        self.path = Journal(journal).sidecar(STATE_SUFFIX)
-        self.target = target
-        self._saved = ""
 
-    def load(self) -> dict[str, Position]:
-        """source key ("" for the one file) -> (file name, offset, floor)."""
-        try:
-            state = json.loads(self.path.read_text())
-            if state.get("target") != self.target:
-                log.info("%s was kept for %s: publishing from the journal's start", self.path, state.get("target"))
-                return {}
-            return {str(k): (str(v[0]), int(v[1]), None if len(v) < 3 or v[2] is None else int(v[2]))
-                    for k, v in state["sources"].items()}
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("cannot read the NATS state %s (%s): resuming from the stream's last messages", self.path, exc)
-            return {}
-
-    def save(self, sources: dict[str, Position]) -> None:
-        text = json.dumps({"target": self.target, "sources": sources}, sort_keys=True)
-        if text == self._saved:
-            return
-        try:
-            write_atomic(self.path, text)
-        except OSError as exc:  # only costs publishing more again after a restart (JetStream and the consumer dedupe)
-            log.warning("cannot write the NATS state %s: %s", self.path, exc.strerror)
-            return
-        self._saved = text
+def positions(state: dict[str, Any]) -> dict[str, Position]:
+    """source key ("" for the one file) -> (file name, offset, floor), of the state file."""
+    return {str(k): (str(v[0]), int(v[1]), None if len(v) < 3 or v[2] is None else int(v[2]))
+            for k, v in state["sources"].items()}
 
 
 def source_key(source: str | None) -> str:

@@ -1,20 +1,18 @@
-"""The ``nats`` sink: a relay publishes its journal to a NATS JetStream stream, exactly as journaled,
-for the fleet tier's consuming relays (docs/sinks/nats.md).
+"""The ``nats`` shipper (relay/ship/base.py): a relay publishes its journal to a NATS JetStream
+stream, exactly as journaled, for the fleet tier's consuming relays (docs/sinks/nats.md).
 
     relay --sink nats --nats-url nats://n1:4222,nats://n2:4222 [--nats-creds FILE] [--nats-replicas 3]
 
-The relay journals every event first, as always; the sink publishes the journal's lines in chunks of
-one run to ``<prefix>.<node>.<run>`` (relay/fleet/stream.py), each held until JetStream acknowledges
-it, and resumes after a restart from what was acknowledged (relay/fleet/publisher.py). This module is
-the sink's face: options, their checks, open/write/close.
+The relay journals every event first, as always; the shipper publishes the journal's lines in
+chunks of one run to ``<prefix>.<node>.<run>`` (relay/fleet/stream.py), each held until JetStream
+acknowledges it, and resumes after a restart from what was acknowledged (relay/fleet/publisher.py).
+This module is the shipper's face: options, their checks, open/notify/close.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import logging
-import operator
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +21,20 @@ import click
 from relay.fleet import connection, identity, stream
 from relay.fleet.loop_thread import LoopThread
 from relay.fleet.publisher import NatsPublisher, StreamSpec
-from sinks.base import CLOSE_TIMEOUT, Sink, SinkContext, SinkError
-from sinks.events import Event
+from relay.journal.journal_queue import News
+from relay.ship.base import Shipper
+from sinks.base import CLOSE_TIMEOUT, SinkContext, SinkError
 
 log = logging.getLogger(__name__)
-_run = operator.itemgetter("run")  # of an event, or of a stand-in (relay/sinkhost/notices.py)
 
 CLOSE_WAIT = 5.0  # seconds close() waits for the last acks
 CHECK_S = 10.0  # seconds each start-up ask waits for NATS; past it the relay starts, the sink waits
 
 
-class NatsSink(Sink):
+class NatsSink(Shipper):
     """Publish this relay's journal to JetStream. (The module's docstring says how.)"""
 
     name = "nats"
-    wants_events = False  # it publishes the journal's lines; write() only needs to know which runs have news
 
     @classmethod
     def options(cls) -> list[click.Option]:
@@ -156,11 +153,10 @@ class NatsSink(Sink):
         """Where the node is kept (None: it is --nats-node's)."""
         return None if self.given_node else identity.id_file(journal)
 
-    def write(self, events: Sequence[Event]) -> None:
-        """The events are already in the journal, which is what is published: only note which runs
-        have news. Never raises, never waits."""
+    def notify(self, news: News) -> None:
+        """The journal is what is published: only note which runs have news."""
         assert self._publisher is not None
-        self._publisher.notify(set(map(_run, events)))
+        self._publisher.notify(set(news))
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
         """Wait up to CLOSE_WAIT (or ``timeout``, if sooner) for the last acks, then stop; False when some

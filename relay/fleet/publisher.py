@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from relay.fleet import connection, resume, stream
-from relay.fleet.chunks import Chunk, ChunkReader, Position, Positions, key_source, source_key
+from relay.fleet.chunks import Chunk, ChunkReader, key_source, position_file, positions, source_key
 from relay.fleet.connection import NatsSettings
 from relay.fleet.identity import Claimant, NodeClaim
 from relay.fleet.loop_thread import LoopThread
@@ -62,9 +62,10 @@ class NatsPublisher:
         self.host = claimant.host
         self.max_lines, self.max_bytes, self.linger = max_lines, max_bytes, linger
         self.chunks = ChunkReader(journal)
-        self.state = Positions(journal, {"stream": spec.name, "prefix": spec.prefix, "node": node})
+        self.state = position_file(journal, {"stream": spec.name, "prefix": spec.prefix,
+                                             "node": node})
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self.acked: dict[str, Position] = self.state.load()  # source key -> (file, offset, floor) acknowledged
+        self.acked = self.state.load(positions) or {}  # source key -> (file, offset, floor) acked
         self.idle = False
         self.loop = LoopThread("nats-sink")
         self.inflight = inflight
@@ -115,7 +116,7 @@ class NatsPublisher:
     # -- the loop -------------------------------------------------------------------------------------
 
     def _notified(self, runs: set[str]) -> None:
-        self._dirty |= runs if self.chunks.directory else {None}
+        self._dirty |= self.chunks.of(runs)
         if self._wake is not None:
             self._wake.set()
 
@@ -136,7 +137,7 @@ class NatsPublisher:
                     self._busy.add(source)
                     asyncio.ensure_future(self._drain(source))
                 if now >= next_save:
-                    self.state.save(self.acked)
+                    self.state.save({"sources": self.acked})
                     next_save = now + SAVE_EVERY
                 self.idle = self._stream_ok and not self._dirty and not self._busy
                 self._wake.clear()
@@ -378,7 +379,7 @@ class NatsPublisher:
             log.error("nats sink: %s (%d errors so far); retrying", what, self.counters["errors"])
 
     async def _close(self) -> None:
-        self.state.save(self.acked)
+        self.state.save({"sources": self.acked})
         if self._holding is not None:
             self._holding.cancel()
         if self._nc is not None and not self._nc.is_closed:

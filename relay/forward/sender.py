@@ -6,16 +6,16 @@ the central acknowledged in a state file beside the journal.
 
 The journal, not the batches the sink is handed, is what is forwarded: those only say which runs
 have news (``notify``). So nothing can be dropped on the way: when the window is full, reading
-stops, and the reader (``relay.journal.journal.JournalReader``) keeps its place. In the directory layout
+stops, and the journal's reader (relay/ship/sources.py) keeps its place. In the directory layout
 each run's file is read on its own, and a run whose file has not grown since it was read to its
 end (``done`` in the state file) is not read again after a restart.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import zmq
@@ -24,12 +24,11 @@ from relay.client.link_member import LinkMember
 from relay.client.send_window import MAX_BATCH_BYTES, MAX_BATCH_EVENTS
 from relay.forward.lines import LineReader
 from relay.forward.window import ForwardWindow, Key, Stream
-from relay.journal.journal import Journal
-from relay.journal.reader import JournalReader
+from relay.ship.positions import PositionFile
+from relay.ship.sources import JournalSources, Source
 from relay.wire import schema
 from relay.wire.encoding import array_header
 from sinks.events import RELAY_RANK
-from sinks.files import write_atomic
 
 log = logging.getLogger("relay.forward.sink")
 
@@ -42,6 +41,8 @@ CHUNK = 4096  # lines read and held together
 MAX_BYTES = 64 << 20  # of rows held, whatever --forward-window says
 #: What encoding a journal row (JSON's types) can raise: an int over 64 bits, a lone surrogate.
 UNPACKABLE = (OverflowError, ValueError, TypeError, msgspec.EncodeError)
+
+Positions = tuple[dict[Key, int], dict[str, int]]  # (floors, done): relay/ship/positions.py
 
 #: The sink's own counters (in the relay's stats under sinks.forward.sink).
 COUNTERS = ("forwarded", "acked", "resent", "held", "unconfirmed", "skipped_relay_rank", "skipped_acked",
@@ -57,13 +58,15 @@ class Forwarder(LinkMember):
         super().__init__(to, server_key, client_cert, 0.01)
         self.to = to
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)  # read by the sink's process, any thread
-        self.reader = JournalReader(journal)
-        self.directory = self.reader.directory
-        self.state_path = Journal(journal).sidecar(STATE_SUFFIX)
+        self.journal = JournalSources(journal)
+        self.directory = self.journal.directory
+        self.state = PositionFile(journal, STATE_SUFFIX, {"to": to})
+        self.state_path = self.state.path
         self.window = ForwardWindow(max_events=max_events, max_bytes=MAX_BYTES)
-        self.floors, done = _load_state(self.state_path, to)
-        self.read_size: dict[str, int] = done  # run -> its file's size when it was last read to the end
-        self.dirty: set[str] = set()  # runs (directory layout) or {""} (one file) with lines left to read
+        nothing: Positions = ({}, {})
+        self.floors, done = self.state.load(_positions) or nothing
+        self.read_size = done  # run -> its file's size when it was last read to the end
+        self.dirty: set[Source] = set()  # sources (relay/ship/sources.py) with lines left to read
         self.ready, self.finished = threading.Event(), threading.Event()
         self.error: str | None = None
         self.idle = False
@@ -72,7 +75,6 @@ class Forwarder(LinkMember):
         self._pack = msgspec.msgpack.Encoder().encode  # rows as encoding.encode_row makes them, in C
         self.lines = LineReader(self._bad_line)
         self._next_rescan = self._next_save = 0.0
-        self._saved = ""
         self._waiting_since: float | None = None
         self._warned_at: float | None = None
 
@@ -164,48 +166,39 @@ class Forwarder(LinkMember):
     def _read(self, now: float) -> None:
         with self._lock:
             fresh, self._notified = self._notified, set()
-        self.dirty |= fresh if self.directory else ({""} if fresh else set())
+        if fresh:
+            self.dirty |= self.journal.of(fresh)
         if now >= self._next_rescan:
             self._rescan()
             self._next_rescan = now + RESCAN_S
         budget = [READ_BUDGET]
-        for run in list(self.dirty):
-            if not self.directory:
-                if self._take(None, budget):
-                    self.dirty.discard(run)
-                return
-            try:
-                size = self.reader.files(run)[0].stat().st_size
-            except (IndexError, FileNotFoundError):
-                self.dirty.discard(run)
+        for source in list(self.dirty):
+            size = self.journal.size(source)
+            if size is None:
+                self.dirty.discard(source)
                 continue
-            if not self._take(run, budget):
+            if not self._take(source, budget):
                 return
-            self.dirty.discard(run)
-            self.read_size[run] = size  # (what it held before this read: all of it is read now)
+            self.dirty.discard(source)
+            if source is not None:  # (what it held before this read: all of it is read now)
+                self.read_size[source] = size
 
     def _rescan(self) -> None:
         """Runs whose file changed since it was last read to its end (at start: every run not known
         to be done); in the file layout, the file."""
-        if not self.directory:
-            self.dirty.add("")
-            return
-        for path in self.reader.files():
-            try:
-                size = path.stat().st_size
-            except FileNotFoundError:
-                continue
-            if size != self.read_size.get(path.stem):
-                self.dirty.add(path.stem)
+        for source, _ in self.journal.sources():
+            size = self.journal.size(source)
+            if source is None or size not in (None, self.read_size.get(source)):
+                self.dirty.add(source)
 
-    def _take(self, run: str | None, budget: list[int]) -> bool:
+    def _take(self, run: Source, budget: list[int]) -> bool:
         """Hold ``run``'s new lines (None: the file's) until the window is full or the budget spent
         (False: stopped early, the reader keeps its place), True once they are all read. Lines are
         read a block at a time and held in chunks (see _hold)."""
         window = self.window
         while window.room() and budget[0] > 0:
             limit = min(budget[0], window.max_events - window.events, CHUNK)
-            chunk = self.reader.next_lines(run, limit)
+            chunk = self.journal.next_lines(run, limit)
             if chunk:
                 self._hold(chunk, run)
                 budget[0] -= len(chunk)
@@ -269,7 +262,7 @@ class Forwarder(LinkMember):
         self.counters["bad_lines"] += 1
         if self.counters["bad_lines"] <= 10 or self.counters["bad_lines"] % 1000 == 0:
             log.error("a line of %s is not an event and is not forwarded (%d so far; it stays in this journal): "
-                      "%s: %.200r", self.reader.path, self.counters["bad_lines"], why, line)
+                      "%s: %.200r", self.journal.path, self.counters["bad_lines"], why, line)
 
     def _not_sent(self, key: Key, seq: int, why: str) -> None:
         self.counters["not_sent"] += 1
@@ -318,30 +311,12 @@ class Forwarder(LinkMember):
         for (run, rank), upto in floors.items():
             if upto:
                 acked.setdefault(run, {})[str(rank)] = upto
-        text = json.dumps({"to": self.to, "acked": acked, "done": done}, sort_keys=True)
-        if text == self._saved:
-            return
-        try:
-            write_atomic(self.state_path, text)
-        except OSError as exc:  # only costs resending more after a restart
-            log.warning("cannot write the forward state %s: %s", self.state_path, exc.strerror)
-            return
-        self._saved = text
+        self.state.save({"acked": acked, "done": done})
 
 
-def _load_state(path: Path, to: str) -> tuple[dict[Key, int], dict[str, int]]:
-    """(floors, done) from the state file; empty (everything is sent again, harmlessly) when there is
-    none, it is unreadable, or it was kept for another central."""
-    try:
-        state = json.loads(path.read_text())
-        if state.get("to") != to:
-            if state.get("to"):
-                log.info("%s was kept for %s: forwarding the whole journal to %s", path, state["to"], to)
-            return {}, {}
-        floors = {(run, int(rank)): int(upto) for run, ranks in state["acked"].items() for rank, upto in ranks.items()}
-        return floors, {str(run): int(size) for run, size in state["done"].items()}
-    except FileNotFoundError:
-        return {}, {}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        log.warning("cannot read the forward state %s (%s): forwarding the whole journal again", path, exc)
-        return {}, {}
+def _positions(state: dict[str, Any]) -> Positions:
+    """(floors, done) of the state file: what the central acknowledged per (run, rank), and each
+    run's file size when it was read to its end with everything acknowledged."""
+    floors = {(run, int(rank)): int(upto) for run, ranks in state["acked"].items()
+              for rank, upto in ranks.items()}
+    return floors, {str(run): int(size) for run, size in state["done"].items()}

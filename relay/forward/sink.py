@@ -1,5 +1,5 @@
-"""The ``forward`` sink: a node's relay sends every event of its journal to a central relay, with
-the same guarantee end to end as a rank has with its relay.
+"""The ``forward`` shipper (relay/ship/base.py): a node's relay sends every event of its journal
+to a central relay, with the same guarantee end to end as a rank has with its relay.
 
     relay --sink forward --to tcp://central:5557 [--curve-server-key KEY --curve-client-cert CERT]
 
@@ -7,24 +7,22 @@ On TCP the link proves it holds the user's relay secret, as a rank's does (relay
 the central must share it, or use the certificates named by the options.
 
 It lives in ``relay/`` because it speaks the relay's wire (sinks/ must not know ZeroMQ). The node
-relay journals every event first, as always; the sink then sends each event of the journal with its
-original envelope, run, rank and seq, as compact batches per (run, rank), over one connection. It
-keeps each event until the central acknowledges it (cumulative acks per (run, rank), as a rank
+relay journals every event first, as always; the shipper then sends each event of the journal with
+its original envelope, run, rank and seq, as compact batches per (run, rank), over one connection.
+It keeps each event until the central acknowledges it (cumulative acks per (run, rank), as a rank
 does), resends after a lost connection or an ack timeout, and the central's dedupe drops what
 arrives twice: a central killed mid-run loses and duplicates nothing. What the central acknowledged
 is kept in a state file beside the journal, so a restarted node relay sends only from there. Memory
 is bounded: when the central is away, reading the journal pauses. Events of the relay's own rank
 (``RELAY_RANK``) are not forwarded: the central derives its own from every rank.
 
-This module is the sink's face (options, their checks, open/write/close); the work is done by
+This module is the shipper's face (options, their checks, open/notify/close); the work is done by
 relay/forward/sender.py on its own thread, with the send window of relay/forward/window.py.
 """
 from __future__ import annotations
 
 import logging
-import operator
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -32,23 +30,22 @@ import zmq.auth
 from zmq.utils import z85
 
 from relay.forward.sender import Forwarder
+from relay.journal.journal_queue import News
+from relay.ship.base import Shipper
 from relay.wire import auth, curve
 from relay.wire.address import BadAddress, check_bind_address, is_loopback
 from relay.wire.io_thread import Hub
-from sinks.base import CLOSE_TIMEOUT, Sink, SinkContext, SinkError
-from sinks.events import Event
+from sinks.base import CLOSE_TIMEOUT, SinkContext, SinkError
 
 log = logging.getLogger(__name__)
-_run = operator.itemgetter("run")  # of an event, or of a stand-in (relay/sinkhost/notices.py)
 
 CLOSE_WAIT = 5.0  # seconds close() waits for the central's last acks
 
 
-class ForwardSink(Sink):
+class ForwardSink(Shipper):
     """Forward every event of this relay's journal to a central relay. (The module's docstring says how.)"""
 
     name = "forward"
-    wants_events = False  # it forwards the journal's lines; write() only needs to know which runs have news
 
     @classmethod
     def options(cls) -> list[click.Option]:
@@ -103,11 +100,10 @@ class ForwardSink(Sink):
             log.warning("forwarding to %s unencrypted: anyone on the way can read the events; unset RELAY_OPEN "
                         "(see docs/security.md)", self.to)
 
-    def write(self, events: Sequence[Event]) -> None:
-        """The events are already in the journal, which is what is forwarded: only note which runs
-        have news. Never raises, never waits."""
+    def notify(self, news: News) -> None:
+        """The journal is what is forwarded: only note which runs have news."""
         assert self._forwarder is not None
-        self._forwarder.notify(set(map(_run, events)))
+        self._forwarder.notify(set(news))
         self._hub.wake()
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from relay.ship.base import Shipper, is_shipper, load
 from relay.sinkhost.spec import SinkSpec
 from sinks.base import Sink
 
@@ -47,7 +48,7 @@ def behind(sinks: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
     return {name: lacking(stats) for name, stats in sinks.items() if not stats.get("complete")}
 
 
-def option_args(cls: type[Sink], options: Mapping[str, Any]) -> list[str]:
+def option_args(cls: type[Sink] | type[Shipper], options: Mapping[str, Any]) -> list[str]:
     """A sink's options (as its ``SinkSpec`` holds them) as its command line spells them; defaults left out."""
     args: list[str] = []
     for option in cls.options():
@@ -64,14 +65,13 @@ def option_args(cls: type[Sink], options: Mapping[str, Any]) -> list[str]:
 
 
 def replay_command(journal: Path | str, specs: Sequence[SinkSpec], names: Sequence[str]) -> list[str]:
-    """``relay replay JOURNAL --sink NAME OPTIONS ...`` for the sinks ``names`` of ``specs``."""
-    from sinks.registry import load
-
+    """``relay replay JOURNAL --sink NAME OPTIONS ...`` for the sinks ``names`` of ``specs``; not
+    for a shipper (relay/ship/base.py): the next relay on the journal ships what it lacks."""
     command = ["relay", "replay", str(journal)]
     for spec in specs:
-        if spec.name in names:
-            command += ["--sink", spec.source or spec.name, *option_args(load(spec.source or spec.name),
-                                                                         spec.options)]
+        cls = load(spec.source or spec.name) if spec.name in names else None
+        if cls is not None and not is_shipper(cls):
+            command += ["--sink", spec.source or spec.name, *option_args(cls, spec.options)]
     return command
 
 
@@ -88,5 +88,8 @@ def report(lacks: Mapping[str, int], command: Sequence[str], sinks: Mapping[str,
     """One line: which sinks lack how many events (``sinks``: their stats), and the command that
     completes them."""
     which = ", ".join(shortfall(name, count, sinks.get(name, {})) for name, count in lacks.items())
+    if "--sink" not in command:  # shippers only
+        return f"sinks not complete at shutdown: {which}; the journal has every event: the next " \
+               "relay on it ships them"
     return f"sinks not complete at shutdown: {which}; the journal has every event: complete them with: " \
            f"{shlex.join(command)}"

@@ -1,12 +1,15 @@
-"""Inside a sink's process: read journal lines from the relay, write them to the sink.
+"""Inside a sink's process: read journal lines from the relay, write them to the sink; or, for a
+shipper (relay/ship/base.py), read the news of each journal write and hand it to ``notify``.
 
-    python -m relay.sinkhost.child SPEC_JSON     (started by relay/sinkhost/process.py, under relay/sinkhost/lifeline.py)
+    python -m relay.sinkhost.child SPEC_JSON     (started by relay/sinkhost/process.py,
+                                                  under relay/sinkhost/lifeline.py)
 
-Relay -> child, on stdin: journal lines (``relay.journal.reader.LineDecoder`` turns them into events, as
-``relay replay`` would: non-finite metrics restored); for a sink whose ``wants_events`` is False,
-which reads the journal itself, only the news of each write (relay/sinkhost/notices.py). Child -> relay, one JSON object per line on
-the child's own stdout: ``{"ready": true}`` or ``{"error": MESSAGE}`` once, then its counters every
-``STATS_PERIOD`` and at exit. The sink's own stdout goes to stderr, which is the relay's log.
+Relay -> child, on stdin: journal lines (``relay.journal.reader.LineDecoder`` turns them into
+events, as ``relay replay`` would: non-finite metrics restored); for a shipper, which reads the
+journal itself, only the news of each write (relay/sinkhost/notices.py). Child -> relay, one JSON
+object per line on the child's own stdout: ``{"ready": true}`` or ``{"error": MESSAGE}`` once,
+then its counters every ``STATS_PERIOD`` and at exit. The sink's own stdout goes to stderr, which
+is the relay's log.
 
 One thread reads the pipe; one ``BatchWorker`` thread writes to the sink through the
 ``SinkDriver`` (relay/sinkhost/driver.py: retry with backoff, ``PermanentError`` bisection to the
@@ -30,13 +33,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 
 from relay.journal.deadletter import DeadLetters
 from relay.journal.journal import Journal
 from relay.journal.reader import LineDecoder
+from relay.ship.base import Shipper, load
 from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.catch_up import CatchUp
 from relay.sinkhost.driver import SinkDriver
@@ -169,19 +173,18 @@ class SinkWriter:
         return True
 
 
-def _options(cls: type[Sink], given: dict[str, Any]) -> dict[str, Any]:
+def _options(cls: type[Sink] | type[Shipper], given: dict[str, Any]) -> dict[str, Any]:
     """The sink's options as its click types make them (the relay sent them as JSON)."""
     ctx = click.Context(click.Command("relay"))
     return {o.name: o.type_cast_value(ctx, given[o.name]) for o in cls.options() if o.name in given}
 
 
-def build_sink(spec: SinkSpec) -> Sink:
-    """The sink ``spec`` names, built with its options: what the relay checks before it listens
-    (``relay.sinkhost.process.check_sinks``) and what the sink's process then opens. SinkError if not."""
-    from sinks.registry import load
-
+def build_sink(spec: SinkSpec) -> Sink | Shipper:
+    """The sink or shipper ``spec`` names, built with its options: what the relay checks before it
+    listens (``relay.sinkhost.process.check_sinks``) and what its process then opens. SinkError if
+    not."""
     cls = load(spec.source or spec.name)
-    return starting(spec.name, cls, **_options(cls, spec.options))
+    return cast("Sink | Shipper", starting(spec.name, cls, **_options(cls, spec.options)))
 
 
 def starting(name: str, step: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -217,38 +220,98 @@ def child_main(spec: SinkSpec) -> int:
     if spec.journal:  # held until the process ends: one process per sink and journal
         hold_sink_lock(Journal(spec.journal).sidecar(f"_sink_{spec.name}.lock"), spec.name)
     try:
-        sink = build_sink(spec)
-        starting(spec.name, sink.open,
+        worker = build_sink(spec)
+        starting(spec.name, worker.open,
                  SinkContext(journal=Path(spec.journal) if spec.journal else None))
     except SinkError as exc:
         send({"error": str(exc)})
         return 2
     send({"ready": True})
-    catches_up = isinstance(sink, CatchesUp) and sink.wants_events
-    catch_up = CatchUp(spec.journal, spec.name) if spec.journal and catches_up else None
-    writer = SinkWriter(spec.name, sink, spec.max_events,
+    if isinstance(worker, Shipper):
+        shipper = ShipperFeed(spec.name, worker)
+        _pump(shipper.feed, lambda: send(shipper.stats()))
+        shipper.close(spec.drain_timeout)
+        send(shipper.stats())
+        return 0
+    catch_up = CatchUp(spec.journal, spec.name) if spec.journal and isinstance(worker, CatchesUp) \
+        else None
+    writer = SinkWriter(spec.name, worker, spec.max_events,
                         DeadLetters(Path(spec.deadletter)) if spec.deadletter else None, catch_up)
     writer.start()
     writer.request_catch_up()  # what this sink missed while its process was not running
-    decoder = LineDecoder() if sink.wants_events else NoticeDecoder()
-    next_stats = time.monotonic() + STATS_PERIOD
+    decoder = LineDecoder()
     dropped = 0
-    while True:
-        if select.select([0], [], [], max(0.0, next_stats - time.monotonic()))[0]:
-            data = os.read(0, READ_SIZE)
-            if not data:
-                break
+
+    def feed(data: bytes) -> None:
+        nonlocal dropped
+        if data:
             writer.submit(decoder.feed(data))
             writer.not_events(decoder.bad_lines)
         if writer.overflowed > dropped:  # batches that did not fit: read from the journal later
             dropped = writer.overflowed
             writer.request_catch_up()
-        if time.monotonic() >= next_stats:
-            send(writer.stats())
-            next_stats = time.monotonic() + STATS_PERIOD
+
+    def tick() -> None:
+        feed(b"")
+        send(writer.stats())
+
+    _pump(feed, tick)
     writer.close(spec.drain_timeout)
     send(writer.stats())
     return 0
+
+
+def _pump(feed: Callable[[bytes], None], tick: Callable[[], None]) -> None:
+    """Hand what the relay writes to ``feed`` until it closes the pipe; ``tick()`` every
+    STATS_PERIOD meanwhile."""
+    next_stats = time.monotonic() + STATS_PERIOD
+    while True:
+        if select.select([0], [], [], max(0.0, next_stats - time.monotonic()))[0]:
+            data = os.read(0, READ_SIZE)
+            if not data:
+                return
+            feed(data)
+        if time.monotonic() >= next_stats:
+            tick()
+            next_stats = time.monotonic() + STATS_PERIOD
+
+
+class ShipperFeed:
+    """A shipper in its process: the relay's notices decoded into news (relay/sinkhost/notices.py)
+    and handed to ``notify``; counted in events, as a sink's writes are."""
+
+    def __init__(self, name: str, shipper: Shipper) -> None:
+        self.name, self.shipper = name, shipper
+        self.decoder = NoticeDecoder()
+        self.written = self.errors = self.lost = self.incomplete_closes = 0
+
+    def feed(self, data: bytes) -> None:
+        news = self.decoder.feed(data)
+        events = sum(count for count, _ in news.values())
+        try:
+            if news:
+                self.shipper.notify(news)
+        except Exception as exc:  # counted; the lines stay in the journal, which it rescans
+            self.errors += 1
+            self.lost += events
+            log.error("shipper %s: notify failed: %s: %s", self.name, type(exc).__name__, exc)
+            return
+        self.written += events
+
+    def stats(self) -> dict[str, Any]:
+        return {"written": self.written, "errors": self.errors, "queued": 0,
+                "dropped": self.lost + self.decoder.bad_lines,
+                "incomplete_closes": self.incomplete_closes, "sink": dict(self.shipper.counters)}
+
+    def close(self, timeout: float) -> None:
+        """Let the shipper wait for its last acknowledgements; an incomplete close is counted."""
+        try:
+            complete = self.shipper.close(timeout)
+        except Exception as exc:  # counted: the journal holds what it had not shipped
+            self.errors += 1
+            complete = False
+            log.error("shipper %s failed to close: %s: %s", self.name, type(exc).__name__, exc)
+        self.incomplete_closes += not complete
 
 
 if __name__ == "__main__":

@@ -36,11 +36,11 @@ class FanOut:
             self.workers.append(worker)
 
     def submit(self, lines: bytes, events: int, news: News) -> None:
-        """A batch the journal took, for every other sink: its lines, or to a follower of the
-        journal, only its news (relay/sinkhost/notices.py)."""
+        """A batch the journal took, for every other sink: its lines; to a shipper, only its news
+        (relay/sinkhost/notices.py)."""
         for worker in self.workers:
-            if worker.follows:
-                worker.follow(news)
+            if worker.ships:
+                worker.ship(news)
             else:
                 worker.submit(lines, events)
 

@@ -1,6 +1,6 @@
 """Every sink but the journal runs in a child process of the relay (relay/sinkhost/child.py), fed the
-journal's own lines (a sink that reads the journal itself, only the news of each write:
-relay/sinkhost/notices.py); this is the relay's side of it.
+journal's own lines, and so does every shipper (relay/ship/base.py), fed only the news of each
+journal write (relay/sinkhost/notices.py); this is the relay's side of it.
 
 A process, not a thread, because a sink busy in Python (Aim is) held the interpreter lock for up
 to half of the ingest thread's time, so the journal's rate fell whenever a sink worked. In its own
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from relay.journal.journal_queue import News
+from relay.ship.base import is_shipper, load
 from relay.sinkhost import notices
 from relay.sinkhost.batch_queue import BatchWorker
 from relay.sinkhost.child import build_sink
@@ -39,7 +40,6 @@ from relay.sinkhost.lifeline import kill, spawn
 from relay.sinkhost.rate import Rate
 from relay.sinkhost.spec import SinkSpec
 from sinks.base import SinkContext, SinkError
-from sinks.registry import load
 
 __all__ = ["SinkProcess", "check_sinks"]
 
@@ -66,13 +66,12 @@ class SinkProcess:
     def __init__(self, spec: SinkSpec, ingest_idle: threading.Event | None = None,
                  stderr: Callable[[bytes], None] | None = None) -> None:
         """``ingest_idle``, when given, is set while the relay's ingest thread waits for frames: lines
-        go to the child only then (and at shutdown, when the relay sets it for good); a follower's
-        notices, a few bytes each, go at once, so it reads the journal while a burst goes on (in its
-        own process, at nice 19: on CPU ingest leaves). ``stderr``,
-        when given, gets the child's stderr line by line (else it shares the relay's)."""
-        #: a sink that reads the journal itself (``wants_events`` False) is sent only the news of each
-        #: write (relay/sinkhost/notices.py), not its lines
-        self.follows = not load(spec.source or spec.name).wants_events
+        go to the child only then (and at shutdown, when the relay sets it for good); the notices
+        for a shipper, a few bytes each, go at once, so it reads the journal while a burst goes
+        on (in its own process, at nice 19: on CPU ingest leaves). ``stderr``, when given, gets the
+        child's stderr line by line (else it shares the relay's)."""
+        #: a shipper is sent only the news of each write (relay/sinkhost/notices.py), not its lines
+        self.ships = is_shipper(load(spec.source or spec.name))
         self.spec = spec
         self.ingest_idle = ingest_idle
         self.stderr = stderr
@@ -145,8 +144,8 @@ class SinkProcess:
         self._submitted += count
         self._worker.submit((lines, count), count, len(lines))
 
-    def follow(self, news: News) -> None:
-        """A follower's share of a journal write: its news, as ``submit`` hands over lines."""
+    def ship(self, news: News) -> None:
+        """A shipper's share of a journal write: its news, as ``submit`` hands over lines."""
         notice = notices.encode(news)
         count = sum(events for events, _ in news.values())
         self._submitted += count
@@ -240,7 +239,7 @@ class SinkProcess:
                 if not self._restart():
                     return False
                 continue
-            idle = None if self.follows else self.ingest_idle  # a notice is a few bytes: it need not wait
+            idle = None if self.ships else self.ingest_idle  # a notice, a few bytes, need not wait
             while idle is not None and not idle.is_set():  # re-checked: a wait can end on a set already undone
                 idle.wait()
             try:
