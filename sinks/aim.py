@@ -1,7 +1,7 @@
 """The Aim sink: one Aim run per training run, whatever the number of ranks (docs/aim.md).
 
-Built on the sink-author API (sinks/tracker_base.py), which does the Trainer naming, the rank policy,
-idempotent replay and catch-up from the journal; this module is what is Aim's own:
+Built on the sink-author API (sinks/tracker_base.py), which does the Trainer naming, the rank
+policy, idempotent replay and catch-up from the journal; this module is what is Aim's own:
 
 * **Where the applied spans live.** Inside the Aim run (its own metadata, not a param), so a
   retried batch, a restarted relay or a second ``relay replay`` skips what is already there.
@@ -13,7 +13,8 @@ idempotent replay and catch-up from the journal; this module is what is Aim's ow
   server the client and its handles are replaced, since a restarted server forgets them.
 * **Handles.** Opened on demand, closed once the run has said all it will (rank 0's train_end
   and every client's closing counters, ``run_settled``), after ``IDLE_CLOSE_S`` quiet, or at
-  shutdown, so a run is opened and closed once per relay lifetime; closed runs are indexed at once so Aim's own readers see them.
+  shutdown, so a run is opened and closed once per relay lifetime; closed runs are indexed at once
+  so Aim's own readers see them.
 * **The job's times.** A new run is created at its first event's ``ts`` and closed at its last
   one's (sinks/aim_run.py), so a replayed or late-written run has the job's start and duration.
 
@@ -49,10 +50,11 @@ EXPORT_NAME = "aim_tracker.json"
 #: Aim's prefix for system metrics (``aim.ext.resource.configs.AIM_RESOURCE_METRIC_PREFIX``): its UI
 #: shows such series in the run page's System tab and the explorers' System group.
 SYSTEM_PREFIX = "__system__"
-#: Per-rank figures that are what Aim's own resource tracker records per process, under its names: the run
-#: page's System tab shows only those names (its UI's list), one chart per rank (context ``rank``). The
-#: other figures keep the prefix, so the explorers list them in their System group.
-AIM_RESOURCES = {"rank_cpu_percent": SYSTEM_PREFIX + "cpu", "rank_memory_percent": SYSTEM_PREFIX + "p_memory_percent"}
+#: Per-rank figures that are what Aim's own resource tracker records per process, under its names:
+#: the run page's System tab shows only those names (its UI's list), one chart per rank (context
+#: ``rank``). The other figures keep the prefix, so the explorers list them in their System group.
+AIM_RESOURCES = {"rank_cpu_percent": SYSTEM_PREFIX + "cpu",
+                 "rank_memory_percent": SYSTEM_PREFIX + "p_memory_percent"}
 #: Key in the run's own metadata (not a param) for the applied (rank, seq) spans.
 STATE_KEY = "metrics_relay_applied"
 #: Key beside it for the newest event ``ts`` applied: the run's end time when it is closed.
@@ -75,9 +77,12 @@ class _RunState:
     output_from_run: bool = False  # the `run` group's folder beats hparams' own output_dir
     export_due: bool = False
     ended: bool = False  # rank 0 said train_end: close after every batch that touches the run
-    last_event: float = field(default_factory=time.monotonic)  # of its last write: what "idle" counts from
-    first_ts: float | None = None  # the earliest event ts seen: the creation time, if the run is new
-    last_ts: float | None = None  # the newest event ts written to it (or stored in it): its end time
+    # of its last write: what "idle" counts from
+    last_event: float = field(default_factory=time.monotonic)
+    # the earliest event ts seen: the creation time, if the run is new
+    first_ts: float | None = None
+    # the newest event ts written to it (or stored in it): its end time
+    last_ts: float | None = None
 
 
 def _import_aim() -> Any:
@@ -117,8 +122,8 @@ class AimSink(TrackerSink):
     def __init__(self, repo: str | None = None, experiment: str | None = None) -> None:
         super().__init__()
         if not repo:
-            raise SinkError("--sink aim needs --repo PATH (a local Aim repository, created if missing) "
-                            "or --repo aim://HOST:PORT (an `aim server`)")
+            raise SinkError("--sink aim needs --repo PATH (a local Aim repository, created if "
+                            "missing) or --repo aim://HOST:PORT (an `aim server`)")
         self.repo_spec = repo
         self.default_experiment = experiment
         self.remote = repo.startswith("aim://")
@@ -130,12 +135,15 @@ class AimSink(TrackerSink):
     # -- lifecycle ------------------------------------------------------------------------------
 
     def check(self, context: SinkContext) -> None:
-        """Aim installed; a local repository's directory writable, a remote one's address well formed."""
-        need_package("aim", self.name, "aim", tested=("aim>=3.29,<3.30", "Run._tracker._track, aim.sdk internals"))
+        """Aim installed; a local repository's directory writable, a remote one's address well
+        formed."""
+        need_package("aim", self.name, "aim",
+                     tested=("aim>=3.29,<3.30", "Run._tracker._track, aim.sdk internals"))
         if self.remote:
             _server_address(self.repo_spec)
         else:
-            need_writable_dir(Path(self.repo_spec), "Aim repository", "pass a writable --repo directory")
+            need_writable_dir(Path(self.repo_spec), "Aim repository",
+                              "pass a writable --repo directory")
 
     def open(self, context: SinkContext) -> None:
         """Open (or create) the repository; SinkError when it cannot be used at all."""
@@ -157,25 +165,28 @@ class AimSink(TrackerSink):
             raise SinkError(f"Aim repository {root} is not usable: {exc.strerror or exc}; "
                             "pass a writable --repo directory") from None
         except Exception as exc:  # Aim reports a broken repo in many ways; all are a config error
-            raise SinkError(f"Aim repository {root} cannot be opened ({type(exc).__name__}: {exc}): "
-                            "check it with `aim up --repo`, or pass another --repo") from None
+            raise SinkError(f"Aim repository {root} cannot be opened ({type(exc).__name__}: "
+                            f"{exc}): check it with `aim up --repo`, or pass another --repo"
+                            ) from None
         log.info("aim sink writing to %s", self._repo.path)
 
     def _open_remote(self, repo_cls: Any) -> None:
         _server_address(self.repo_spec)
         try:
             self._repo = repo_cls.from_path(self.repo_spec)
-        except Exception as exc:  # server down: training must not wait, the journal catches up later
+        except Exception as exc:  # server down: training must not wait, the journal catches up
             self.counters["open_errors"] += 1
             log.warning("aim server %s not reachable yet (%s: %s); retrying with every batch, "
-                        "the journal keeps everything meanwhile", self.repo_spec, type(exc).__name__, exc)
+                        "the journal keeps everything meanwhile", self.repo_spec,
+                        type(exc).__name__, exc)
         else:
             log.info("aim sink writing to %s", self.repo_spec)
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
         """Persist progress and close every open Aim run (errors are counted, never fatal). Aim's
         remote client waits without limit for an unreachable server before a run closes: the relay
-        leaves such a close running once ``timeout`` has passed and says so (relay/sinkhost/driver.py)."""
+        leaves such a close running once ``timeout`` has passed and says so
+        (relay/sinkhost/driver.py)."""
         for state in list(self._aim.values()):
             if state.handle is not None and not state.unclosable:
                 self._close_handle(state)
@@ -200,7 +211,8 @@ class AimSink(TrackerSink):
     def _note_times(self, events: Sequence[Event]) -> None:
         """The span of event times each run was seen with: its creation and end time in Aim."""
         for event in events:
-            state = self._aim.get(event["run"]) or self._aim.setdefault(event["run"], _RunState(event["run"]))
+            run = event["run"]
+            state = self._aim.get(run) or self._aim.setdefault(run, _RunState(run))
             ts = event["ts"]
             if state.first_ts is None or ts < state.first_ts:
                 state.first_ts = ts
@@ -231,7 +243,8 @@ class AimSink(TrackerSink):
         now = time.monotonic()
         for state in self._aim.values():
             if state.handle is not None and now - state.last_event >= self.idle_close_s:
-                log.info("aim run of run %s idle for %.0f s: closing it", state.run_id, now - state.last_event)
+                log.info("aim run of run %s idle for %.0f s: closing it", state.run_id,
+                         now - state.last_event)
                 self._close_handle(state)
 
     def _reset_remote(self) -> None:
@@ -251,19 +264,24 @@ class AimSink(TrackerSink):
     def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
                     context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
         handle = self._handle(run)
-        if context.get(SYSTEM):  # the relay's figures: named as Aim's own system metrics (see AIM_RESOURCES)
+        # the relay's figures: named as Aim's own system metrics (see AIM_RESOURCES)
+        if context.get(SYSTEM):
             context = {k: v for k, v in context.items() if k != SYSTEM}
-            values = {AIM_RESOURCES.get(name) or SYSTEM_PREFIX + name: value for name, value in values.items()}
-        handle._tracker._track(values, ts, None, step, epoch, context=context)  # the event's own time
+            values = {AIM_RESOURCES.get(name) or SYSTEM_PREFIX + name: value
+                      for name, value in values.items()}
+        # the event's own time
+        handle._tracker._track(values, ts, None, step, epoch, context=context)
 
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
         handle, state = self._handle(run), self._aim[run]
         path = tuple(name.split("."))
         for key, value in params.items():
-            handle.set((*path, key), json_safe(exact_ints(value)), strict=False)  # what Aim can store
+            # what Aim can store
+            handle.set((*path, key), json_safe(exact_ints(value)), strict=False)
         run_name = params.get("run_name") if name == "run" else None
         if isinstance(run_name, str) and run_name and handle.name != run_name:
-            handle.name = run_name  # the job's --run_name, as the run's name (AimCallback leaves Aim's own)
+            # the job's --run_name, as the run's name (AimCallback leaves Aim's own)
+            handle.name = run_name
         if name in ("run", "hparams"):
             experiment = params.get("experiment")
             if isinstance(experiment, str) and experiment and experiment != state.experiment:
@@ -302,7 +320,8 @@ class AimSink(TrackerSink):
     def _open_run(self, state: _RunState) -> None:
         """Resume the Aim run of this run id, or create it; load what it already holds."""
         run_class = relay_run_class()
-        quiet = {"system_tracking_interval": None, "log_system_params": False, "capture_terminal_logs": False}
+        quiet = {"system_tracking_interval": None, "log_system_params": False,
+                 "capture_terminal_logs": False}
         run_hash = self._lookup.find(self._repo, state.run_id)
         if run_hash is None:
             run = run_class(repo=self._repo, experiment=state.experiment or self.default_experiment,
@@ -318,8 +337,10 @@ class AimSink(TrackerSink):
             run = run_class(run_hash, repo=self._repo, force_resume=state.take_over, **quiet)
             state.take_over = False
             stored = run.meta_run_tree.get(LAST_TS_KEY, None)
-            if isinstance(stored, (int, float)) and (state.last_ts is None or stored > state.last_ts):
-                state.last_ts = stored  # events seen now may be older than those it holds (a catch-up)
+            if isinstance(stored, (int, float)) and (
+                    state.last_ts is None or stored > state.last_ts):
+                # events seen now may be older than those it holds (a catch-up)
+                state.last_ts = stored
             if state.experiment:
                 run.experiment = state.experiment
             self.counters["runs_opened"] += 1
@@ -338,8 +359,8 @@ class AimSink(TrackerSink):
             state.unclosable = True
             self.counters["close_errors"] += 1
             log.warning("aim run %s of run %s could not be closed (%s: %s); it stays marked active "
-                        "until `aim runs close --force %s`", run.hash, state.run_id, type(exc).__name__, exc,
-                        run.hash)
+                        "until `aim runs close --force %s`", run.hash, state.run_id,
+                        type(exc).__name__, exc, run.hash)
             return
         state.handle = None
         self.counters["runs_closed"] += 1

@@ -31,8 +31,10 @@ def open_local(repo_cls: Any, root: Path) -> Any:
         if not aim_dir.exists():
             build_into_place(aim_dir, lambda tmp: _set_up(repo_cls, tmp) / get_aim_repo_name())
         elif not _versioned(aim_dir):
-            log.warning("Aim repository %s was left half made by an interrupted set-up; setting it up again", root)
-            (aim_dir / "VERSION").unlink(missing_ok=True)  # a torn one fails Aim before its set-up starts
+            log.warning("Aim repository %s was left half made by an interrupted set-up; setting "
+                        "it up again", root)
+            # a torn one fails Aim before its set-up starts
+            (aim_dir / "VERSION").unlink(missing_ok=True)
             return repo_cls.from_path(str(root), init=True)
     return repo_cls.from_path(str(root))
 

@@ -44,5 +44,6 @@ def close_at(run: Any, end_ts: float | None) -> None:
     """Close ``run`` with ``end_ts`` (unix seconds) as its end time instead of now."""
     resources = run._resources
     if end_ts is not None and resources is not None:
-        resources.set_run_end_time = functools.partial(resources.meta_run_tree.__setitem__, "end_time", end_ts)
+        resources.set_run_end_time = functools.partial(resources.meta_run_tree.__setitem__,
+                                                       "end_time", end_ts)
     run.close()

@@ -17,7 +17,8 @@ import click
 
 from sinks.events import Event
 
-#: Seconds ``flush``/``close`` may take when the caller names no deadline (OpenTelemetry's exporters' 30 s).
+#: Seconds ``flush``/``close`` may take when the caller names no deadline (OpenTelemetry's
+#: exporters' 30 s).
 FLUSH_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 30.0
 
@@ -47,8 +48,8 @@ class SinkContext:
     """What the relay tells every sink when it opens.
 
     ``journal`` is the JSONL source of truth (file or directory, see docs/jsonl.md); sinks that
-    export files put them next to it. (A sink never reads it to catch up: the relay feeds a sink that
-    is ``CatchesUp`` what it missed.) ``replay`` is True under ``relay replay``: the
+    export files put them next to it. (A sink never reads it to catch up: the relay feeds a sink
+    that is ``CatchesUp`` what it missed.) ``replay`` is True under ``relay replay``: the
     events are a finished job's, whose own files (in its output dir, beside its journal) name the
     live store and must stay as they are.
     """
@@ -99,11 +100,12 @@ class Sink(abc.ABC):
         return True
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
-        """Flush and release resources within ``timeout`` seconds; called once at shutdown, also after
-        failures. True when everything written is durable and released; False when the deadline came
-        first (a tool that cannot be reached). The relay counts and logs it (``incomplete_closes``);
-        the journal holds every event, for ``relay replay``. A close that overruns its deadline
-        anyway is left running once the relay's own deadline passes, and counted the same way."""
+        """Flush and release resources within ``timeout`` seconds; called once at shutdown, also
+        after failures. True when everything written is durable and released; False when the
+        deadline came first (a tool that cannot be reached). The relay counts and logs it
+        (``incomplete_closes``); the journal holds every event, for ``relay replay``. A close that
+        overruns its deadline anyway is left running once the relay's own deadline passes, and
+        counted the same way."""
         return True
 
 

@@ -1,4 +1,5 @@
-"""The ClearML sink: one ClearML task per training run, as an offline session (docs/sinks/clearml.md).
+"""The ClearML sink: one ClearML task per training run, as an offline session
+(docs/sinks/clearml.md).
 
 ClearML's offline mode writes a task as files (``task.json``, ``metrics.jsonl``, and a zip of the
 folder on close) that ``clearml-task --import-offline-session`` uploads to a server later; this
@@ -32,13 +33,13 @@ import logging
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, SinkContext, SinkError
+from sinks.clearml_task import Session, whole_task_json
 from sinks.events import Event, json_safe
 from sinks.files import write_atomic
 from sinks.naming import SYSTEM
@@ -48,8 +49,8 @@ from sinks.tracker_base import Spans, TrackerSink
 log = logging.getLogger(__name__)
 
 #: What ClearMLCallback (transformers) reports with ``report_single_value`` rather than per step.
-SINGLE_VALUE_SCALARS = frozenset({"train_runtime", "train_samples_per_second", "train_steps_per_second",
-                                  "train_loss", "total_flos", "epoch"})
+SINGLE_VALUE_SCALARS = frozenset({"train_runtime", "train_samples_per_second",
+                                  "train_steps_per_second", "train_loss", "total_flos", "epoch"})
 #: ClearMLCallback's hyperparameter section for the TrainingArguments, and its model config object.
 HPARAMS_SECTION = "Transformers"
 MODEL_CONFIG = "Model Configuration"
@@ -60,18 +61,6 @@ PLAIN_STAGE = "additional_metrics"
 #: The title prefix of ClearML's own machine monitoring (``:monitor:machine``, ``:monitor:gpu``).
 MONITOR = ":monitor:"
 STATE_NAME, LOCK_NAME = "relay-clearml.json", "relay-clearml.lock"
-
-
-@dataclass
-class _Session:
-    """One run's ClearML task; survives its handle being closed (the zip is written on close)."""
-
-    task_id: str
-    handle: Any = None  # clearml.Task while open
-    metrics_bytes: int = 0  # size of metrics.jsonl that the saved spans account for
-    pending: list = field(default_factory=list)  # ScalarEvents not written yet
-    ended: bool = False  # rank 0 said train_end: close (write the zip) once the run is settled
-    single_ts: dict[str, float] = field(default_factory=dict)  # newest ts per single value
 
 
 class ClearmlSink(TrackerSink):
@@ -89,20 +78,22 @@ class ClearmlSink(TrackerSink):
                          help="Task name (default: the relay run id); the run id is always in the "
                               "task's `relay/run_id` parameter."),
             click.Option(["--clearml-dir"], metavar="DIR", default=None,
-                         help="ClearML cache directory for the offline sessions (<DIR>/offline/<task id>); "
-                              "default: ClearML's own (CLEARML_CACHE_DIR or ~/.clearml/cache)."),
+                         help="ClearML cache directory for the offline sessions "
+                              "(<DIR>/offline/<task id>); default: ClearML's own "
+                              "(CLEARML_CACHE_DIR or ~/.clearml/cache)."),
         ]
 
     def __init__(self, clearml_project: str | None = None, clearml_task: str | None = None,
                  clearml_dir: str | None = None) -> None:
         super().__init__()
         if not clearml_project:
-            raise SinkError("--sink clearml needs --clearml-project NAME (the ClearML project of the tasks)")
+            raise SinkError("--sink clearml needs --clearml-project NAME (the ClearML project of "
+                            "the tasks)")
         self.project = clearml_project
         self.task_name = clearml_task
         self.cache_dir = clearml_dir
         self.root = Path()
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, Session] = {}
         self._state: dict[str, dict[str, Any]] = {}
         self._lock_fh: Any = None
 
@@ -110,7 +101,9 @@ class ClearmlSink(TrackerSink):
 
     def check(self, context: SinkContext) -> None:
         """ClearML installed, the cache directory (where the offline sessions go) writable."""
-        need_package("clearml", self.name, "clearml", tested=("clearml>=2.1,<2.2", "Task._Task__create_protection, Task._save_data_to_offline_dir"))
+        need_package("clearml", self.name, "clearml",
+                     tested=("clearml>=2.1,<2.2",
+                             "Task._Task__create_protection, Task._save_data_to_offline_dir"))
         cache = self.cache_dir or os.environ.get("CLEARML_CACHE_DIR") or "~/.clearml/cache"
         need_writable_dir(Path(cache), "ClearML session directory", "pass a writable --clearml-dir")
 
@@ -127,12 +120,13 @@ class ClearmlSink(TrackerSink):
         if self.cache_dir:  # read by ClearML at every call: where each task's offline folder goes
             os.environ["CLEARML_CACHE_DIR"] = str(Path(self.cache_dir).expanduser().resolve())
         Task.set_offline(True)
-        self._task_cls, self._event_cls = _whole_task_json(Task), ScalarEvent
+        self._task_cls, self._event_cls = whole_task_json(Task), ScalarEvent
         self.root = get_offline_dir()
-        need_writable_dir(self.root, "ClearML session directory", "pass a writable --clearml-dir", create=True)
+        need_writable_dir(self.root, "ClearML session directory", "pass a writable --clearml-dir",
+                          create=True)
         try:
             self._take_lock()
-        except RuntimeError as exc:  # not fatal: the first write tries again, with the relay's backoff
+        except RuntimeError as exc:  # not fatal: the first write tries again, with relay's backoff
             log.warning("clearml sink: %s", exc)
         log.info("clearml sink writing offline sessions to %s", self.root)
 
@@ -179,15 +173,15 @@ class ClearmlSink(TrackerSink):
             holder = fh.read().strip() or "?"
             fh.close()
             self.counters["lock_busy"] += 1
-            raise RuntimeError(f"{self.root} is in use by another process (pid {holder}), e.g. a relay's "
-                               "previous sink process still draining") from None
+            raise RuntimeError(f"{self.root} is in use by another process (pid {holder}), e.g. a "
+                               "relay's previous sink process still draining") from None
         path = self.state_path()
         try:
             self._state = json.loads(path.read_text()) if path.exists() else {}
         except (OSError, ValueError) as exc:
             fh.close()
-            raise SinkError(f"ClearML sink state {path} unreadable ({exc}): move it away to start over "
-                            "(a replay then writes new tasks)") from None
+            raise SinkError(f"ClearML sink state {path} unreadable ({exc}): move it away to start "
+                            "over (a replay then writes new tasks)") from None
         fh.truncate(0)
         fh.write(str(os.getpid()))
         fh.flush()
@@ -200,7 +194,8 @@ class ClearmlSink(TrackerSink):
     def _close_ended(self, runs: Any) -> None:
         for run in runs:
             session = self._sessions.get(run)
-            if session is not None and session.ended and session.handle is not None and self.run_settled(run):
+            if (session is not None and session.ended and session.handle is not None
+                    and self.run_settled(run)):
                 self._close_task(run, session)
 
     # -- the sink-author API ----------------------------------------------------------------------
@@ -210,7 +205,7 @@ class ClearmlSink(TrackerSink):
             return
         saved = self._state.get(run)
         if saved is not None and (self.root / saved["task_id"] / "task.json").is_file():
-            session = _Session(saved["task_id"], metrics_bytes=saved["metrics_bytes"])
+            session = Session(saved["task_id"], metrics_bytes=saved["metrics_bytes"])
             self._sessions[run] = session
             self._open_task(run, session)
             self._cut_tail(run, session)
@@ -218,11 +213,13 @@ class ClearmlSink(TrackerSink):
             log.info("clearml task %s resumed for run %s", session.task_id, run)
             return
         if saved is not None:
-            log.warning("clearml session %s of run %s is gone; starting a new task", saved["task_id"], run)
-        task = self._task_cls(private=self._task_cls._Task__create_protection, project_name=self.project,
-                              task_name=self.task_name or run, task_type=self._task_cls.TaskTypes.training)
+            log.warning("clearml session %s of run %s is gone; starting a new task",
+                        saved["task_id"], run)
+        task = self._task_cls(private=self._task_cls._Task__create_protection,
+                              project_name=self.project, task_name=self.task_name or run,
+                              task_type=self._task_cls.TaskTypes.training)
         task.update_parameters({"relay/run_id": run})
-        session = self._sessions[run] = _Session(task.id, handle=task)
+        session = self._sessions[run] = Session(task.id, handle=task)
         self._state[run] = {"task_id": task.id, "metrics_bytes": 0, "applied": {}}
         self._write_state()  # before any point: a restart finds this task, never makes a second one
         self.counters["runs_created"] += 1
@@ -234,9 +231,12 @@ class ClearmlSink(TrackerSink):
         subset = context.get("subset")
         system = context.get(SYSTEM)
         for name, value in values.items():
-            if system:  # titled as ClearML's own monitoring (":monitor:gpu"): one chart per figure, a series per rank
-                self._scalar(session, f"{MONITOR}{name}", "cluster" if rank is None else f"rank {rank}", step, value, ts)
-            elif rank is None:  # the Trainer's own series, named exactly as ClearMLCallback.on_log does
+            if system:
+                # titled as ClearML's own monitoring (":monitor:gpu"): one chart per figure, a
+                # series per rank
+                series = "cluster" if rank is None else f"rank {rank}"
+                self._scalar(session, f"{MONITOR}{name}", series, step, value, ts)
+            elif rank is None:  # the Trainer's own series, named exactly as ClearMLCallback.on_log
                 key = name if subset is None else f"{subset}_{name}"
                 if "sub_dataset" in context:
                     key = f"{subset}_{context['sub_dataset']}_{name}"
@@ -253,16 +253,18 @@ class ClearmlSink(TrackerSink):
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
         from clearml.utilities.proxy_object import flatten_dictionary
 
-        task, params = self._task(run), json_safe(params)  # "Infinity" as the journal keeps it: live == replay
+        # "Infinity" as the journal keeps it: live == replay
+        task, params = self._task(run), json_safe(params)
         if name == "model":  # ClearMLCallback's configuration object; JSON text takes any key
             stored = task.get_configuration_object(MODEL_CONFIG)
             merged = {**(json.loads(stored) if stored else {}), **params}
-            task.set_configuration_object(MODEL_CONFIG, config_text=json.dumps(merged, indent=2, sort_keys=True),
-                                          config_type="json")
+            config_text = json.dumps(merged, indent=2, sort_keys=True)
+            task.set_configuration_object(MODEL_CONFIG, config_text=config_text, config_type="json")
             return
         section, _, sub = (HPARAMS_SECTION, "", "") if name == "hparams" else name.partition(".")
         prefix = f"{section}/" + "".join(f"{part}/" for part in sub.split(".") if part)
-        task.update_parameters({prefix + key: value for key, value in flatten_dictionary(params).items()})
+        task.update_parameters({prefix + key: value
+                                for key, value in flatten_dictionary(params).items()})
 
     def finish_run(self, run: str, status: str) -> None:
         """Offline tasks have no status (the import marks them completed): kept as a tag."""
@@ -288,23 +290,24 @@ class ClearmlSink(TrackerSink):
         try:
             self._write_state()
         except Exception:
-            self._state[run] = previous  # the points just written are past the saved size: cut, then redone
+            # the points just written are past the saved size: cut, then redone
+            self._state[run] = previous
             raise
         session.metrics_bytes = size
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _scalar(self, session: _Session, title: str, series: str, step: int | None, value: float,
+    def _scalar(self, session: Session, title: str, series: str, step: int | None, value: float,
                 ts: float) -> None:
         if step is None:  # ClearML plots need an iteration: without one, it is the latest value
             self._single(session, f"{title}/{series}", value, ts)
             return
         if not math.isfinite(value):
             self.counters["nonfinite_values"] += 1  # ClearML stores them as 0.0 (its default)
-        session.pending.append(self._event_cls(metric=title, variant=series, value=float(value), iter=step,
-                                               timestamp=int(ts * 1000)))
+        session.pending.append(self._event_cls(metric=title, variant=series, value=float(value),
+                                               iter=step, timestamp=int(ts * 1000)))
 
-    def _single(self, session: _Session, name: str, value: float, ts: float) -> None:
+    def _single(self, session: Session, name: str, value: float, ts: float) -> None:
         """``report_single_value``: the newest by publish time wins, also after a late catch-up."""
         if session.single_ts.get(name, -math.inf) > ts:
             self.counters["older_single_values"] += 1
@@ -318,15 +321,16 @@ class ClearmlSink(TrackerSink):
             self._open_task(run, session)
         return session.handle
 
-    def _open_task(self, run: str, session: _Session) -> None:
+    def _open_task(self, run: str, session: Session) -> None:
         """Resume the offline task by its id: ClearML reads its task.json back."""
-        session.handle = self._task_cls(private=self._task_cls._Task__create_protection, task_id=session.task_id)
+        session.handle = self._task_cls(private=self._task_cls._Task__create_protection,
+                                        task_id=session.task_id)
 
     def _metrics_manager(self, run: str) -> Any:
         task = self._task(run)
         return task._get_metrics_manager(task.get_output_destination())
 
-    def _cut_tail(self, run: str, session: _Session) -> None:
+    def _cut_tail(self, run: str, session: Session) -> None:
         """Cut metrics.jsonl back to what the saved spans cover: lines past it belong to events
         that are not in the spans (a failed batch, a crash before the save) and come again."""
         path = Path(self._metrics_manager(run)._offline_log_filename)
@@ -335,48 +339,27 @@ class ClearmlSink(TrackerSink):
             with path.open("r+b") as fh:
                 fh.truncate(session.metrics_bytes)
             self.counters["truncated_bytes"] += size - session.metrics_bytes
-            log.info("clearml task %s: cut %d bytes of metrics.jsonl written after the last saved state",
-                     session.task_id, size - session.metrics_bytes)
+            log.info("clearml task %s: cut %d bytes of metrics.jsonl written after the last saved "
+                     "state", session.task_id, size - session.metrics_bytes)
         elif size < session.metrics_bytes:
             self.counters["metrics_shorter_than_state"] += 1
-            log.error("clearml task %s: metrics.jsonl is shorter than the state says (%d < %d bytes): "
-                      "changed by someone else; points may be missing", session.task_id, size, session.metrics_bytes)
+            log.error("clearml task %s: metrics.jsonl is shorter than the state says (%d < %d "
+                      "bytes): changed by someone else; points may be missing", session.task_id,
+                      size, session.metrics_bytes)
             session.metrics_bytes = size
 
     def _write_state(self) -> None:
         write_atomic(self.state_path(), json.dumps(self._state))
 
-    def _close_task(self, run: str, session: _Session) -> None:
+    def _close_task(self, run: str, session: Session) -> None:
         """ClearML writes the session's zip (what the import takes) when a task closes."""
         task, session.handle = session.handle, None
         try:
             task.close()
         except Exception as exc:  # counted: the folder itself is complete and importable
             self.counters["close_errors"] += 1
-            log.warning("clearml task %s of run %s: zip not written (%s: %s); the folder %s is importable",
-                        session.task_id, run, type(exc).__name__, exc, self.root / session.task_id)
+            log.warning("clearml task %s of run %s: zip not written (%s: %s); the folder %s is "
+                        "importable", session.task_id, run, type(exc).__name__, exc,
+                        self.root / session.task_id)
             return
         self.counters["tasks_closed"] += 1
-
-
-def _whole_task_json(task_cls: Any) -> Any:
-    """ClearML's Task, its offline ``task.json`` written whole (beside it, then renamed over it).
-    ClearML truncates the file and writes it in place, and reads one it cannot parse back as an empty
-    task: a sink killed mid-write (a relay SIGKILL) resumed a task without its parameters, and the
-    spans it had saved kept them from being written again."""
-
-    class WholeTaskJson(task_cls):
-        def _save_data_to_offline_dir(self, **kwargs: Any) -> None:
-            for key, value in kwargs.items():
-                setattr(self.data, key, value)
-            folder = self.get_offline_mode_folder()
-            if not folder:
-                return
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            export = self.data.to_dict()
-            export.update(project_name=self.get_project_name(), offline_folder=folder.as_posix(),
-                          offline_output_models=self._offline_output_models)
-            write_atomic(Path(folder) / self._offline_filename, json.dumps(export, ensure_ascii=True, sort_keys=True))
-
-    return WholeTaskJson
-

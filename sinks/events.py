@@ -3,7 +3,8 @@ its types, the relay's own rank and the JSON form of non-finite numbers. Every m
 fields takes them from here (the wire's framing, the journal's lines, the forward sink, the spool),
 so a new field is one edit here: its name and its kind of value, from whose rule the wire derives
 every check (relay/wire/schema.py refuses to load for a kind it has no rule for). It lives in sinks,
-the lowest layer, so the imports run one way (relay -> sinks) and a sink never needs the relay's code.
+the lowest layer, so the imports run one way (relay -> sinks) and a sink never needs the relay's
+code.
 """
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ EVENT_TYPES = frozenset({"hello", "params", "metrics", "lifecycle", "stats"})
 #: Who sent an event, the same for every event of one (run, rank): a compact batch sends it once.
 #: Each field with its kind of value; what a valid value of a kind is (its type, range, length) is
 #: the wire's rule table, relay/wire/schema.py KINDS; ``| None``: nil is valid too.
-ENVELOPE_KINDS: dict[str, str] = {"v": "version", "run": "run_id", "rank": "rank", "local_rank": "rank",
-                                  "world_size": "world_size", "host": "name"}
+ENVELOPE_KINDS: dict[str, str] = {"v": "version", "run": "run_id", "rank": "rank",
+                                  "local_rank": "rank", "world_size": "world_size", "host": "name"}
 #: What each event says: one row of a compact batch (fields and kinds as above).
-ROW_KINDS: dict[str, str] = {"seq": "count", "ts": "unix_time", "type": "event_type", "step": "count | None",
-                             "epoch": "epoch | None", "stage": "name | None", "data": "map"}
+ROW_KINDS: dict[str, str] = {"seq": "count", "ts": "unix_time", "type": "event_type",
+                             "step": "count | None", "epoch": "epoch | None",
+                             "stage": "name | None", "data": "map"}
 ENVELOPE: tuple[str, ...] = tuple(ENVELOPE_KINDS)
 ROW_FIELDS: tuple[str, ...] = tuple(ROW_KINDS)
 #: Every field, in the order the client writes them and the journal keeps them.
@@ -47,8 +49,9 @@ class Event(TypedDict):
 
 
 if tuple(Event.__annotations__) != FIELDS:
-    raise ImportError(f"sinks/events.py: Event lists {tuple(Event.__annotations__)}, the kinds {FIELDS}: "
-                      "give a new field its kind and its type in Event, in the same place")
+    raise ImportError(f"sinks/events.py: Event lists {tuple(Event.__annotations__)}, the kinds "
+                      f"{FIELDS}: give a new field its kind and its type in Event, in the same "
+                      "place")
 
 
 def as_event(event: dict[str, Any]) -> Event:
@@ -61,14 +64,15 @@ def as_events(events: Sequence[dict[str, Any]]) -> Sequence[Event]:
     """``as_event`` for a batch."""
     return cast("Sequence[Event]", events)
 
-#: The rank of the events the relay derives itself (``stage="cluster"``: cross-rank step-time figures,
-#: stragglers, lost ranks; docs/protocol.md): the largest rank the wire allows, which no client may use.
+#: The rank of the events the relay derives itself (``stage="cluster"``: cross-rank step-time
+#: figures, stragglers, lost ranks; docs/protocol.md): the largest rank the wire allows, which no
+#: client may use.
 RELAY_RANK = (1 << 24) - 1
 
-#: Each attempt of a run (a job resumed from a checkpoint, docs/trainer.md) numbers every rank's seqs from
-#: ``attempt_base(attempt)``, so no event of it repeats a seq of an earlier attempt of the same run
-#: (docs/protocol.md). 2**32 events per rank per attempt; attempts below MAX_ATTEMPT keep every seq below
-#: 2**53, which JSON readers that hold numbers as doubles (jq) still read exactly.
+#: Each attempt of a run (a job resumed from a checkpoint, docs/trainer.md) numbers every rank's
+#: seqs from ``attempt_base(attempt)``, so no event of it repeats a seq of an earlier attempt of the
+#: same run (docs/protocol.md). 2**32 events per rank per attempt; attempts below MAX_ATTEMPT keep
+#: every seq below 2**53, which JSON readers that hold numbers as doubles (jq) still read exactly.
 ATTEMPT_SEQ_BITS = 32
 MAX_ATTEMPT = 1 << 21
 

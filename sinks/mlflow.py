@@ -1,4 +1,5 @@
-"""The MLflow sink: one MLflow run per training run, whatever the number of ranks (docs/sinks/mlflow.md).
+"""The MLflow sink: one MLflow run per training run, whatever the number of ranks
+(docs/sinks/mlflow.md).
 
 Built on the sink-author API (sinks/tracker_base.py); what is MLflow's own:
 
@@ -18,10 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import click
@@ -29,9 +28,25 @@ import click
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, PermanentError, SinkContext, SinkError
 from sinks.events import Event, json_safe
 from sinks.mlflow_applied import applied_tags, read_applied, resume, run_dir, save_state
-from sinks.mlflow_rules import LABEL_MAPS, MAX_PARAM, MAX_TAG, PLAIN_GROUPS, batches, metric_name, mlflow_key, point
+from sinks.mlflow_rules import (
+    LABEL_MAPS,
+    MAX_PARAM,
+    MAX_TAG,
+    PLAIN_GROUPS,
+    batches,
+    metric_name,
+    mlflow_key,
+    point,
+)
 from sinks.mlflow_run import MlRun
-from sinks.mlflow_store import ready_sqlite, sqlite_path
+from sinks.mlflow_tracking import (
+    experiment_id,
+    is_directory,
+    reach,
+    set_defaults,
+    store_folder,
+    tracker_record,
+)
 from sinks.naming import SYSTEM, system_key
 from sinks.preflight import need_package, need_writable_dir
 from sinks.tracker_base import Spans, TrackerSink
@@ -41,17 +56,11 @@ log = logging.getLogger(__name__)
 
 EXPORT_NAME = "mlflow_tracker.json"  # what fms-hf-tuning writes into the job's output directory
 RUN_TAG = "relay.run_id"  # how a restarted relay (or a replay) finds its MLflow run again
-#: The experiment tag MLflow 3's UI reads to open an experiment on its runs (``custom_model_development``,
-#: "Machine learning") rather than on the GenAI overview.
-EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 CHANGED_PREFIX = "relay.changed."
 FULL_VALUES = "relay_params"  # artifact folder: the whole of what was cut to MLflow's limits
 STATUS = {"completed": "FINISHED", "finished": "FINISHED", "success": "FINISHED",
-          "killed": "KILLED", "interrupted": "KILLED", "cancelled": "KILLED"}  # anything else: FAILED
-#: This process's defaults (the user's environment wins): no telemetry, and one HTTP attempt per
-#: call, since the relay retries a failed batch itself, with backoff.
-ENV_DEFAULTS = {"MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
-                "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+          "killed": "KILLED", "interrupted": "KILLED",
+          "cancelled": "KILLED"}  # anything else: FAILED
 
 
 class MlflowSink(TrackerSink):
@@ -63,46 +72,51 @@ class MlflowSink(TrackerSink):
     def options(cls) -> list[click.Option]:
         """fms-hf-tuning's names for the two settings, defaulting to MLflow's own variables."""
         return [
-            click.Option(["--mlflow-tracking-uri"], metavar="URI", envvar="MLFLOW_TRACKING_URI", default=None,
-                         help="sqlite:///PATH.db, a directory, or http://HOST:PORT of an `mlflow server` "
-                              "(default: $MLFLOW_TRACKING_URI)."),
-            click.Option(["--mlflow-experiment"], metavar="NAME", envvar="MLFLOW_EXPERIMENT_NAME", default=None,
+            click.Option(["--mlflow-tracking-uri"], metavar="URI", envvar="MLFLOW_TRACKING_URI",
+                         default=None,
+                         help="sqlite:///PATH.db, a directory, or http://HOST:PORT of an `mlflow "
+                              "server` (default: $MLFLOW_TRACKING_URI)."),
+            click.Option(["--mlflow-experiment"], metavar="NAME", envvar="MLFLOW_EXPERIMENT_NAME",
+                         default=None,
                          help="MLflow experiment of the runs, created if missing "
                               "(default: $MLFLOW_EXPERIMENT_NAME, else Default)."),
         ]
 
-    def __init__(self, mlflow_tracking_uri: str | None = None, mlflow_experiment: str | None = None) -> None:
+    def __init__(self, mlflow_tracking_uri: str | None = None,
+                 mlflow_experiment: str | None = None) -> None:
         super().__init__()
         if not mlflow_tracking_uri:
-            raise SinkError("--sink mlflow needs --mlflow-tracking-uri URI (sqlite:///PATH.db, a directory, "
-                            "or http://HOST:PORT of an `mlflow server`), or $MLFLOW_TRACKING_URI")
+            raise SinkError("--sink mlflow needs --mlflow-tracking-uri URI (sqlite:///PATH.db, a "
+                            "directory, or http://HOST:PORT of an `mlflow server`), or "
+                            "$MLFLOW_TRACKING_URI")
         self.uri = mlflow_tracking_uri
         self.experiment = mlflow_experiment or "Default"
         self.remote = self.uri.startswith(("http://", "https://"))
-        self.directory = self.uri.startswith("file:") or ("://" not in self.uri and self.uri != "databricks")
+        self.directory = is_directory(self.uri)
         self._client: Any = None
         self._experiment_id: str | None = None
         self._ml: dict[str, MlRun] = {}
-        self._keys: dict[tuple, str] = {}  # (rank, subset, sub_dataset, system, name) -> MLflow metric key
+        # (rank, subset, sub_dataset, system, name) -> MLflow metric key
+        self._keys: dict[tuple, str] = {}
         self._exports: set[str] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def check(self, context: SinkContext) -> None:
-        """MLflow installed, and a local store's folder writable (a server is not asked: it may come up later)."""
-        need_package("mlflow", self.name, "mlflow", tested=("mlflow>=3.17,<3.18", "mlflow.store.db.utils internals"))
-        folder = self._folder()
+        """MLflow installed, and a local store's folder writable (a server is not asked: it may come
+        up later)."""
+        need_package("mlflow", self.name, "mlflow",
+                     tested=("mlflow>=3.17,<3.18", "mlflow.store.db.utils internals"))
+        folder = store_folder(self.uri)
         if folder is not None:
-            need_writable_dir(folder, f"--mlflow-tracking-uri {self.uri}: folder", "pass a writable sqlite:///PATH.db "
-                              "or directory, or a server's http:// URL")
+            need_writable_dir(folder, f"--mlflow-tracking-uri {self.uri}: folder",
+                              "pass a writable sqlite:///PATH.db or directory, or a server's "
+                              "http:// URL")
 
     def open(self, context: SinkContext) -> None:
         """Reach the store (not a server: it may come up later); SinkError if it cannot be used."""
         super().open(context)
-        for key, value in ENV_DEFAULTS.items():
-            os.environ.setdefault(key, value)
-        if self.directory:  # MLflow 3 keeps directory stores in maintenance mode, behind this opt-in
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        set_defaults(self.uri)
         try:
             from mlflow import MlflowClient, entities
         except ImportError as exc:
@@ -110,19 +124,15 @@ class MlflowSink(TrackerSink):
                             "pip install './[mlflow]' in the metrics-relay checkout") from None
         self._Metric, self._Param, self._RunTag = entities.Metric, entities.Param, entities.RunTag
         try:
-            folder = self._folder()
-            if folder is not None:
-                folder.mkdir(parents=True, exist_ok=True)
-            if (db := sqlite_path(self.uri)) is not None:  # its one-time set-up, safe against a kill at any moment
-                ready_sqlite(db)
-            self._client = MlflowClient(tracking_uri=self.uri)
+            self._client = reach(self.uri, MlflowClient)
             if not self.remote:
                 self._experiment()
         except SinkError:
             raise
-        except Exception as exc:  # a bad URI or store fails in many ways; all are a config error here
-            raise SinkError(f"--mlflow-tracking-uri {self.uri} cannot be used ({type(exc).__name__}: {exc}): "
-                            "pass a writable sqlite:///PATH.db or directory, or a server's http:// URL") from None
+        except Exception as exc:  # a bad URI or store fails in many ways: a config error here
+            raise SinkError(f"--mlflow-tracking-uri {self.uri} cannot be used "
+                            f"({type(exc).__name__}: {exc}): pass a writable sqlite:///PATH.db "
+                            "or directory, or a server's http:// URL") from None
         log.info("mlflow sink writing to %s, experiment %r", self.uri, self.experiment)
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
@@ -130,26 +140,10 @@ class MlflowSink(TrackerSink):
         log.info("mlflow sink closed: %s", dict(sorted(self.counters.items())))
         return True
 
-    def _folder(self) -> Path | None:
-        """The directory of a local store (a SQLite file's, or the store itself); None for a server."""
-        if self.uri.startswith("sqlite:///"):
-            return Path(self.uri[len("sqlite:///"):]).expanduser().parent
-        return Path(self.uri.removeprefix("file://")).expanduser() if self.directory else None
-
     def _experiment(self) -> str:
-        """The experiment's id, created if missing (with a SQLite file, its artifacts beside it)."""
+        """The experiment's id, found (or created) once."""
         if self._experiment_id is None:
-            client, name = self._client, self.experiment
-            found = client.get_experiment_by_name(name)
-            if found is None:  # if another process makes it meanwhile, this fails: the retry finds it
-                folder = self._folder() if self.uri.startswith("sqlite:") else None
-                client.create_experiment(name, artifact_location=folder and (folder.resolve() / "mlartifacts").as_uri(),
-                                         tags=EXPERIMENT_KIND)
-                found = client.get_experiment_by_name(name)
-            if found.lifecycle_stage != "active":
-                raise SinkError(f"MLflow experiment {name!r} is deleted: restore it (mlflow experiments restore) "
-                                "or pass another --mlflow-experiment")
-            self._experiment_id = found.experiment_id
+            self._experiment_id = experiment_id(self._client, self.experiment, self.uri)
         return self._experiment_id
 
     # -- writing --------------------------------------------------------------------------------
@@ -181,14 +175,16 @@ class MlflowSink(TrackerSink):
     # -- the sink-author API ----------------------------------------------------------------------
 
     def start_run(self, run: str, params: dict[str, Any]) -> None:
-        """Nothing yet: ``load_applied`` next finds the MLflow run (tagged with ``run``) or makes it."""
+        """Nothing yet: ``load_applied`` next finds the MLflow run (tagged with ``run``) or makes
+        it."""
 
     def log_metrics(self, run: str, rank: int | None, step: int | None, epoch: float | None,
                     context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
         keys, metric = self._keys, self._Metric
         system = context.get(SYSTEM)
         where = (rank, context.get("subset"), context.get("sub_dataset"), system)
-        ts_ms, step = int(ts * 1000), 0 if step is None else step  # no step: 0, as fms-hf-tuning's track()
+        # no step: 0, as fms-hf-tuning's track()
+        ts_ms, step = int(ts * 1000), 0 if step is None else step
         out = self._ml[run].metrics
         for name, value in values.items():
             key = keys.get((*where, name))
@@ -201,7 +197,8 @@ class MlflowSink(TrackerSink):
         r = self._ml[run]
         for key, value in params.items():
             if name == "model" and key in LABEL_MAPS and isinstance(value, dict):
-                value = {int(k) if k.isdigit() else k: v for k, v in value.items()}  # as PretrainedConfig keeps it
+                # as PretrainedConfig keeps it
+                value = {int(k) if k.isdigit() else k: v for k, v in value.items()}
             full = key if name in PLAIN_GROUPS else f"{name}.{key}"
             mkey, whole = self._key(full), {"group": name, "key": key, "value": value}
             text = self._fit(r, mkey, str(json_safe(value)), MAX_PARAM, whole, renamed=mkey != full)
@@ -222,7 +219,8 @@ class MlflowSink(TrackerSink):
     def _standard_tags(self, r: MlRun, params: dict[str, Any]) -> None:
         """What MLflow's run page reads ("Created by", "Source", the run's name), as MLflow's own
         logging in the training process would set them: from the job's ``run`` params."""
-        for tag, key in (("mlflow.runName", "run_name"), ("mlflow.user", "user"), ("mlflow.source.name", "source")):
+        for tag, key in (("mlflow.runName", "run_name"), ("mlflow.user", "user"),
+                         ("mlflow.source.name", "source")):
             value = params.get(key)
             if isinstance(value, str) and value:
                 r.tags[tag] = value[:MAX_TAG]
@@ -237,12 +235,13 @@ class MlflowSink(TrackerSink):
     def load_applied(self, run: str) -> Spans:
         """Resume the MLflow run tagged with this run id, or create it; its spans from its tags."""
         r, client = self._ml[run], self._client
-        found = client.search_runs([self._experiment()], filter_string=f"tags.`{RUN_TAG}` = '{run}'",
+        found = client.search_runs([self._experiment()],
+                                   filter_string=f"tags.`{RUN_TAG}` = '{run}'",
                                    max_results=1, order_by=["attributes.start_time ASC"])
         self._exports.add(run)
         if not found:
-            made = client.create_run(self._experiment(), start_time=int(r.first_ts * 1000), tags={RUN_TAG: run},
-                                     run_name=run)
+            made = client.create_run(self._experiment(), start_time=int(r.first_ts * 1000),
+                                     tags={RUN_TAG: run}, run_name=run)
             r.attach(made.info.run_id, made.info.experiment_id, run, {}, made=True)
             self.counters["runs_created"] += 1
             log.info("mlflow run %s created for run %s", r.run_id, run)
@@ -270,10 +269,12 @@ class MlflowSink(TrackerSink):
             r.save_failed(partial=self.directory)
             from mlflow.exceptions import MlflowException
 
-            if self._deleted(r):  # by someone, meanwhile: the retry makes a new run (and catches up)
+            # by someone, meanwhile: the retry makes a new run (and catches up)
+            if self._deleted(r):
                 self.forget_run(run)
                 self.counters["runs_deleted"] += 1
-                log.warning("mlflow run %s of run %s was deleted; a new one takes the run's events", r.run_id, run)
+                log.warning("mlflow run %s of run %s was deleted; a new one takes the run's events",
+                            r.run_id, run)
             elif isinstance(exc, MlflowException) and exc.error_code == "INVALID_PARAMETER_VALUE":
                 raise PermanentError(f"MLflow refused it: {exc.message}") from exc
             raise
@@ -359,23 +360,29 @@ class MlflowSink(TrackerSink):
         tag = self._key(CHANGED_PREFIX + key)
         r.tags[tag] = self._fit(r, tag, text, MAX_TAG, whole)
         self.counters["params_changed"] += 1
-        log.warning("mlflow sink: param %r changed; MLflow keeps its first value, the newest is in tag %r", key, tag)
+        log.warning("mlflow sink: param %r changed; MLflow keeps its first value, the newest is "
+                    "in tag %r", key, tag)
 
     def _key(self, name: str) -> str:
-        """A key MLflow takes (sinks/mlflow_rules.py); one renamed past HF's character rule is counted."""
+        """A key MLflow takes (sinks/mlflow_rules.py); one renamed past HF's character rule is
+        counted."""
         key, renamed = mlflow_key(name)
         if renamed:
             self.counters["renamed_keys"] += 1
-            log.warning("mlflow sink: %r is %r in MLflow (too long, or a path that resolves elsewhere)", name, key)
+            log.warning("mlflow sink: %r is %r in MLflow (too long, or a path that resolves "
+                        "elsewhere)", name, key)
         return key
 
-    def _fit(self, r: MlRun, key: str, text: str, limit: int, whole: dict[str, Any], renamed: bool = False) -> str:
-        """``text`` within ``limit``; what is cut or renamed is counted and kept whole as an artifact."""
+    def _fit(self, r: MlRun, key: str, text: str, limit: int, whole: dict[str, Any],
+             renamed: bool = False) -> str:
+        """``text`` within ``limit``; what is cut or renamed is counted and kept whole as an
+        artifact."""
         if not renamed and len(text) <= limit:
             return text
         r.artifacts[f"{FULL_VALUES}/{key}.json"] = json.dumps(json_safe(whole), default=str)
         self.counters["params_cut"] += 1
-        log.warning("mlflow sink: %r cut to MLflow's limits; whole in artifact %s/%s.json", key, FULL_VALUES, key)
+        log.warning("mlflow sink: %r cut to MLflow's limits; whole in artifact %s/%s.json", key,
+                    FULL_VALUES, key)
         return text[:limit]
 
     def _export(self, run: str, r: MlRun) -> None:
@@ -386,12 +393,5 @@ class MlflowSink(TrackerSink):
         target = tracker_file(EXPORT_NAME, run, r.output_dir, self.context.journal)
         if self.context.replay or target is None:
             return
-        host = self.uri.rstrip("/") if self.remote else "<host_url>"  # fms-hf-tuning's placeholder
-        where = self.uri  # a local store's absolute path, for readers elsewhere than the relay's cwd
-        if self.uri.startswith("sqlite:///"):
-            where = f"sqlite:///{Path(self.uri[len('sqlite:///'):]).expanduser().resolve()}"
-        elif self.directory and (folder := self._folder()) is not None:
-            where = str(folder.resolve())
-        record = {"run_name": r.name or run, "run_uri": f"{host}/#/experiments/{r.experiment_id}/runs/{r.run_id}",
-                  "run_id": r.run_id, "experiment_id": r.experiment_id, "tracking_uri": where}
+        record = tracker_record(self.uri, r.name or run, r.experiment_id, r.run_id)
         write_tracker_file(target, record, self.counters, self.name, run)

@@ -14,8 +14,8 @@ _BAD_CHARS = re.compile(r"[^0-9A-Za-z_\-\.\ :/]")  # what HF's MLflowCallback re
 #: Param groups logged under their bare keys, as HF's callback logs TrainingArguments and the model
 #: config and fms-hf-tuning its --exp_metadata; any other group is ``<group>.<key>``.
 PLAIN_GROUPS = frozenset({"hparams", "model", "experiment_metadata"})
-#: Model-config params whose integer keys JSON turned into strings; PretrainedConfig turns them back,
-#: so HF's MLflowCallback logs ``{0: 'LABEL_0'}``, and so does this sink.
+#: Model-config params whose integer keys JSON turned into strings; PretrainedConfig turns them
+#: back, so HF's MLflowCallback logs ``{0: 'LABEL_0'}``, and so does this sink.
 LABEL_MAPS = frozenset({"id2label"})
 
 
@@ -50,7 +50,9 @@ def batches(metrics: list[Any], params: list[Any], tags: list[Any],
     for slot, items in ((1, params), (0, metrics), (2, tags)):
         for item in items:
             cost = METRIC_BYTES if slot == 0 else len(item.key) + len(item.value) + 20
-            if count == MAX_ITEMS or (slot and len(call[slot]) == MAX_PARAMS_TAGS) or size + cost > MAX_BYTES:
+            full = (count == MAX_ITEMS or (slot and len(call[slot]) == MAX_PARAMS_TAGS)
+                    or size + cost > MAX_BYTES)
+            if full:
                 calls.append(call)
                 call, count, size = ([], [], []), 0, 0
             call[slot].append(item)

@@ -7,14 +7,17 @@ from typing import Any
 
 @dataclass
 class MlRun:
-    """One training run's MLflow side: its run, the params it holds, and what awaits the next save."""
+    """One training run's MLflow side: its run, the params it holds, and what awaits the next
+    save."""
 
     first_ts: float
     run_id: str | None = None
-    name: str = ""  # the run's name in MLflow: the job's --run_name once known, else the relay run id
+    # the run's name in MLflow: the job's --run_name once known, else the relay run id
+    name: str = ""
     experiment_id: str = ""
     params: dict[str, str] = field(default_factory=dict)  # as the MLflow run holds them
-    metrics: list[Any] = field(default_factory=list)  # pending until the next save, as are the next four
+    # pending until the next save, as are the next four
+    metrics: list[Any] = field(default_factory=list)
     new_params: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     artifacts: dict[str, str] = field(default_factory=dict)

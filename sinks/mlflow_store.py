@@ -48,7 +48,8 @@ def ready_sqlite(db: Path) -> None:
 
     with setup_lock(db, "MLflow database"):
         if db.exists() and db.stat().st_size:
-            engine = create_engine(f"{PREFIX}{db}", poolclass=NullPool)  # no connection kept: the file may be replaced
+            # no connection kept: the file may be replaced
+            engine = create_engine(f"{PREFIX}{db}", poolclass=NullPool)
             try:
                 complete = _all_tables_exist(engine)
                 if complete and _get_schema_version(engine) == _get_latest_schema_revision():
@@ -62,19 +63,21 @@ def ready_sqlite(db: Path) -> None:
                 build_into_place(db, lambda tmp: _set_up(tmp, copy_of=db))
                 return
             aside = db.with_name(f"{db.name}.half-made-{int(time.time())}")
-            log.warning("MLflow database %s was left half made by an interrupted set-up and holds no run: moved "
-                        "aside to %s, and made afresh", db, aside)
+            log.warning("MLflow database %s was left half made by an interrupted set-up and holds "
+                        "no run: moved aside to %s, and made afresh", db, aside)
             os.replace(db, aside)
         build_into_place(db, _set_up)
 
 
 def _holds_anything(engine: Any) -> bool:
-    """Whether the database holds a run, or an experiment other than Default (what a user would lose)."""
+    """Whether the database holds a run, or an experiment other than Default (what a user would
+    lose)."""
     from sqlalchemy import inspect, text
 
     tables = set(inspect(engine).get_table_names())
     with engine.connect() as connection:
-        runs = "runs" in tables and connection.execute(text("SELECT 1 FROM runs LIMIT 1")).first() is not None
+        runs = ("runs" in tables
+                and connection.execute(text("SELECT 1 FROM runs LIMIT 1")).first() is not None)
         return runs or ("experiments" in tables and connection.execute(
             text("SELECT 1 FROM experiments WHERE experiment_id != 0 LIMIT 1")).first() is not None)
 
@@ -86,10 +89,12 @@ def _set_up(tmp: Path, copy_of: Path | None = None) -> Path:
     from mlflow.tracking._tracking_service.utils import _get_sqlalchemy_store
 
     if copy_of is not None:
-        with contextlib.closing(sqlite3.connect(copy_of)) as source, contextlib.closing(sqlite3.connect(tmp)) as copy:
+        with (contextlib.closing(sqlite3.connect(copy_of)) as source,
+              contextlib.closing(sqlite3.connect(tmp)) as copy):
             source.backup(copy)
     uri = f"{PREFIX}{tmp}"
-    store = _get_sqlalchemy_store(uri, None)  # as MlflowClient builds its store: the same artifact root
+    # as MlflowClient builds its store: the same artifact root
+    store = _get_sqlalchemy_store(uri, None)
     store.engine.dispose()
     SqlAlchemyStore._engine_map.pop(uri, None)
     return tmp

@@ -10,12 +10,14 @@ _SUBSET_PREFIXES = ("train_", "eval_", "test_")
 #: none shares a name (and so a chart) with a Trainer series; other names get ``rank_`` only.
 RANK_NAMES = {
     "step_time": "rank_step_time_s", "step_time_max": "rank_step_time_max_s",
-    "samples_per_second": "rank_samples_per_s", "steps": "rank_steps_per_log", "rss_peak_mb": "rank_rss_peak_mb",
+    "samples_per_second": "rank_samples_per_s", "steps": "rank_steps_per_log",
+    "rss_peak_mb": "rank_rss_peak_mb",
     "own_time": "rank_own_time_s", "outside_time": "rank_outside_time_s",
     "collective_wait": "rank_collective_wait_s", "outside_wait": "rank_outside_wait_s",
     "cpu_percent": "rank_cpu_percent", "memory_percent": "rank_memory_percent",
 }
-#: Display names of the relay's cross-rank figures (stage ``cluster``); other names get ``cluster_``.
+#: Display names of the relay's cross-rank figures (stage ``cluster``); other names get
+#: ``cluster_``.
 CLUSTER_NAMES = {
     "step_time_min": "cluster_step_time_min_s", "step_time_median": "cluster_step_time_median_s",
     "step_time_max": "cluster_step_time_max_s", "step_time_spread": "cluster_step_time_spread",
@@ -48,8 +50,8 @@ def system_key(context: dict[str, Any], name: str) -> str:
 
 
 def system_name(name: str) -> str:
-    """A system figure's display name without its ``rank_``/``cluster_`` prefix, for a tracker whose key
-    already says it (W&B's ``rank.<n>.step_time_s``, as its own ``gpu.<i>.<metric>``)."""
+    """A system figure's display name without its ``rank_``/``cluster_`` prefix, for a tracker whose
+    key already says it (W&B's ``rank.<n>.step_time_s``, as its own ``gpu.<i>.<metric>``)."""
     return name.removeprefix("rank_").removeprefix("cluster_")
 
 

@@ -18,11 +18,13 @@ log = logging.getLogger(__name__)
 
 
 def need_package(module: str, sink: str, extra: str, tested: tuple[str, str] | None = None) -> None:
-    """SinkError unless ``module`` can be found on the import path (found, not imported). A sink that
-    uses the tool's private API passes ``tested`` (the releases it was tested with, what it uses:
-    see ``untested``), and the one line is logged as a warning when another release is installed."""
+    """SinkError unless ``module`` can be found on the import path (found, not imported). A sink
+    that uses the tool's private API passes ``tested`` (the releases it was tested with, what it
+    uses: see ``untested``), and the one line is logged as a warning when another release is
+    installed."""
     if not package_found(module):
-        raise SinkError(f"the {sink} sink needs {module}, which is not installed; {install_hint(extra)}")
+        raise SinkError(f"the {sink} sink needs {module}, which is not installed; "
+                        f"{install_hint(extra)}")
     line = untested(*tested) if tested is not None else None
     if line is not None:
         log.warning("%s sink: %s", sink, line)
@@ -50,9 +52,9 @@ def untested(requirement: str, uses: str) -> str | None:
         return None
     if wanted.specifier.contains(installed, prereleases=True):
         return None
-    return (f"{wanted.name} {installed} is installed, but this sink was tested with {requirement} and uses its "
-            f"private API ({uses}), which may have changed: if the sink fails or writes wrong, pip install "
-            f"'{requirement}'")
+    return (f"{wanted.name} {installed} is installed, but this sink was tested with {requirement} "
+            f"and uses its private API ({uses}), which may have changed: if the sink fails or "
+            f"writes wrong, pip install '{requirement}'")
 
 
 def install_hint(extra: str) -> str:

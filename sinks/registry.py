@@ -23,8 +23,8 @@ BUILTIN = {"aim": "sinks.aim:AimSink", "mlflow": "sinks.mlflow:MlflowSink",
            "clearml": "sinks.clearml:ClearmlSink"}
 #: The package each built-in sink needs beyond the relay's own; each is also the name of the extra
 #: that installs it (pyproject.toml).
-NEEDS = {"aim": "aim", "mlflow": "mlflow", "tensorboard": "tensorboard", "wandb": "wandb", "clearml": "clearml",
-         "nats": "nats"}
+NEEDS = {"aim": "aim", "mlflow": "mlflow", "tensorboard": "tensorboard", "wandb": "wandb",
+         "clearml": "clearml", "nats": "nats"}
 #: Catch-up's members before ``CatchesUp`` (``holes`` took no argument): a plugin that has them is
 #: refused in one line that says what to write instead, never run half right.
 RETIRED = ("catches_up", "holes", "caught_up")
@@ -43,7 +43,8 @@ def summaries() -> list[tuple[str, str]]:
     ``relay serve --help``; a built-in sink whose package is missing says so, with the command that
     installs it. Read from the source with ``ast``, never imported: help stays fast and a broken
     plugin cannot break it."""
-    return [(name, _first_sentence(ep.value) + _missing(name)) for name, ep in sorted(available().items())]
+    return [(name, _first_sentence(ep.value) + _missing(name))
+            for name, ep in sorted(available().items())]
 
 
 def _missing(name: str) -> str:
@@ -88,7 +89,8 @@ def _source(module: str) -> str:
 
 
 def known(name: str) -> bool:
-    """Whether ``name`` is an installed sink's name (a built-in one without reading every entry point)."""
+    """Whether ``name`` is an installed sink's name (a built-in one without reading every entry
+    point)."""
     return name in BUILTIN or name in available()
 
 
@@ -102,11 +104,13 @@ def load(name: str, kinds: tuple[type, ...] = (Sink,)) -> type:
         return _import(BUILTIN[name], kinds)
     eps = available()
     if name not in eps:
-        raise SinkError(f"unknown sink {name!r}; installed sinks: {', '.join(sorted(eps)) or 'none'}")
+        raise SinkError(f"unknown sink {name!r}; installed sinks: "
+                        f"{', '.join(sorted(eps)) or 'none'}")
     try:
         cls = eps[name].load()
     except Exception as exc:  # a broken plugin is reported, never fatal for the other sinks
-        raise SinkError(f"sink {name!r} ({eps[name].value}) failed to import: {type(exc).__name__}: {exc}") from None
+        raise SinkError(f"sink {name!r} ({eps[name].value}) failed to import: "
+                        f"{type(exc).__name__}: {exc}") from None
     return _checked(cls, f"sink {name!r} ({eps[name].value})", kinds)
 
 
@@ -117,7 +121,8 @@ def _import(spec: str, kinds: tuple[type, ...]) -> type:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise SinkError(f"sink {spec!r}: no module named {exc.name!r}; check the name and PYTHONPATH") from None
+        raise SinkError(f"sink {spec!r}: no module named {exc.name!r}; check the name and "
+                        "PYTHONPATH") from None
     except Exception as exc:  # the module itself raised while importing
         raise SinkError(f"sink {spec!r} failed to import: {type(exc).__name__}: {exc}") from None
     cls: object = module
@@ -133,7 +138,8 @@ def _checked(cls: object, what: str, kinds: tuple[type, ...]) -> type:
         first, *more = (f"{kind.__module__}.{kind.__name__}" for kind in kinds)
         nor = "".join(f" (nor a {name})" for name in more)
         raise SinkError(f"{what} is not a {first} subclass{nor}")
-    retired = [m for m in RETIRED if hasattr(cls, m) and not (m == "holes" and issubclass(cls, CatchesUp))]
+    retired = [m for m in RETIRED
+               if hasattr(cls, m) and not (m == "holes" and issubclass(cls, CatchesUp))]
     if retired:
         raise SinkError(f"{what} is written for the old catch-up contract ({', '.join(retired)}): "
                         "derive from sinks.base.CatchesUp and write holes(filled) instead "

@@ -51,6 +51,6 @@ class SeqSpans:
 
     @property
     def holes(self) -> bool:
-        """Whether some seq below the highest applied one is missing (but for the gaps before the first
-        seqs of its sessions: attempts, restarts)."""
+        """Whether some seq below the highest applied one is missing (but for the gaps before the
+        first seqs of its sessions: attempts, restarts)."""
         return any(not starts_session(start) for start, _ in self.spans)

@@ -1,5 +1,5 @@
-"""A tracker store's one-time set-up (MLflow's tables in a SQLite file, an Aim repository) made so that
-a kill at any moment leaves the store either as it was or set up, never half made.
+"""A tracker store's one-time set-up (MLflow's tables in a SQLite file, an Aim repository) made so
+that a kill at any moment leaves the store either as it was or set up, never half made.
 
 The tools' own set-up is not: MLflow's schema migrations on SQLite commit part of their DDL as
 they go, so a process killed in the middle leaves tables that the next attempt fails to create again
@@ -41,18 +41,20 @@ def setup_lock(target: Path, what: str) -> Iterator[None]:
             log.info("%s %s is being set up by another process; waiting for it", what, target)
             started = time.monotonic()
             fcntl.flock(fd, fcntl.LOCK_EX)
-            log.info("%s %s: waited %.1f s for the other process's set-up", what, target, time.monotonic() - started)
+            log.info("%s %s: waited %.1f s for the other process's set-up", what, target,
+                     time.monotonic() - started)
         yield
     finally:
         os.close(fd)
 
 
 def build_into_place(target: Path, build: Callable[[Path], Path]) -> None:
-    """Under ``setup_lock``: ``build(tmp)`` makes the store at (or inside) ``tmp``, a fresh temporary
-    sibling of ``target``, and returns the path it made, which is then renamed to ``target``
-    (replacing a file, or taking the name of a directory that does not exist). Temporaries that
-    killed set-ups left are removed first; on any error this one is removed too."""
-    for stale in target.parent.glob(_beside(target, ".relay-setup-*.tmp*").name):  # SQLite's -journal too
+    """Under ``setup_lock``: ``build(tmp)`` makes the store at (or inside) ``tmp``, a fresh
+    temporary sibling of ``target``, and returns the path it made, which is then renamed to
+    ``target`` (replacing a file, or taking the name of a directory that does not exist).
+    Temporaries that killed set-ups left are removed first; on any error this one is removed too."""
+    # SQLite's -journal too
+    for stale in target.parent.glob(_beside(target, ".relay-setup-*.tmp*").name):
         log.info("removing %s, left by a set-up that did not finish", stale)
         _remove(stale)
     tmp = _beside(target, f".relay-setup-{os.getpid()}.tmp")
@@ -75,7 +77,7 @@ def _remove(path: Path) -> None:
 
 
 def _gone_meanwhile(function: Callable[..., object], path: str, exc_info: tuple) -> None:
-    """A file that vanished while the folder was being removed is fine (a killed set-up's own helper,
-    SQLite rolling a journal back); anything else is raised."""
+    """A file that vanished while the folder was being removed is fine (a killed set-up's own
+    helper, SQLite rolling a journal back); anything else is raised."""
     if not isinstance(exc_info[1], FileNotFoundError):
         raise exc_info[1]

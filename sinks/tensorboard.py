@@ -1,11 +1,12 @@
 """The TensorBoard sink: one TensorBoard run (``--logdir DIR/<run id>``) per training run, however
-many ranks publish (docs/sinks/tensorboard.md). Built on sinks/tracker_base.py; what is TensorBoard's own:
+many ranks publish (docs/sinks/tensorboard.md). Built on sinks/tracker_base.py; what is
+TensorBoard's own:
 
 * **Names** as transformers' ``TensorBoardCallback`` writes them (``train/loss``, ``eval/loss``; the
   Trainer's arguments as the text ``args``), the relay's figures in a ``workers`` group after them,
   params as text and, flattened, as an hparams-plugin session; a resumed job's later attempt purges
-  what the earlier logged past its checkpoint (``supersede``). Written with the tensorboard package alone (its
-  protos, summary builders and ``RecordWriter``): no torch, no TensorFlow.
+  what the earlier logged past its checkpoint (``supersede``). Written with the tensorboard package
+  alone (its protos, summary builders and ``RecordWriter``): no torch, no TensorFlow.
 * **Exactly once in append-only files.** A batch's records are framed in memory, appended when the
   batch is done, then the run's state file (applied spans, bytes committed per event file) is
   replaced atomically. Bytes beyond what it names (a batch that failed halfway, a process killed
@@ -49,7 +50,8 @@ IDLE_CLOSE_S = 600.0
 TEXT_NAMES = {"hparams": "args", "model": "model_config"}
 #: ``train_end`` status -> hparams plugin session status (anything else: STATUS_UNKNOWN).
 STATUS = {"completed": "STATUS_SUCCESS", "failed": "STATUS_FAILURE"}
-_SAFE_INT = range(-(1 << 53), (1 << 53) + 1)  # ints a double (the hparams plugin's number) keeps exactly
+# ints a double (the hparams plugin's number) keeps exactly
+_SAFE_INT = range(-(1 << 53), (1 << 53) + 1)
 
 
 def _import_tensorboard() -> types.SimpleNamespace:
@@ -65,7 +67,8 @@ def _import_tensorboard() -> types.SimpleNamespace:
     return types.SimpleNamespace(Event=event_pb2.Event, SessionLog=event_pb2.SessionLog,
                                  Summary=summary_pb2.Summary, Value=summary_pb2.Summary.Value,
                                  api=api_pb2, hp_meta=metadata, plugin_data=plugin_data_pb2,
-                                 hparams_pb=summary_v2.hparams_pb, text_pb=text_pb, RecordWriter=RecordWriter)
+                                 hparams_pb=summary_v2.hparams_pb, text_pb=text_pb,
+                                 RecordWriter=RecordWriter)
 
 
 class RunLocked(Exception):
@@ -74,7 +77,8 @@ class RunLocked(Exception):
 
 
 def _encodable(method: Callable[..., None]) -> Callable[..., None]:
-    """A name or text protobuf cannot encode (a lone surrogate) is refused for good: dead-lettered."""
+    """A name or text protobuf cannot encode (a lone surrogate) is refused for good:
+    dead-lettered."""
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any) -> None:
         try:
@@ -91,7 +95,8 @@ class TensorBoardSink(TrackerSink):
 
     @classmethod
     def options(cls) -> list[click.Option]:
-        """``--logdir``: the name ``tensorboard --logdir`` and transformers' ``logging_dir`` users know."""
+        """``--logdir``: the name ``tensorboard --logdir`` and transformers' ``logging_dir`` users
+        know."""
         return [click.Option(["--logdir"], metavar="DIR", default=None,
                              help="TensorBoard log directory: each training run gets DIR/<run id> "
                                   "(created if missing); view it with `tensorboard --logdir DIR`.")]
@@ -99,7 +104,8 @@ class TensorBoardSink(TrackerSink):
     def __init__(self, logdir: str | None = None) -> None:
         super().__init__()
         if not logdir:
-            raise SinkError("--sink tensorboard needs --logdir DIR (a directory, created if missing)")
+            raise SinkError("--sink tensorboard needs --logdir DIR (a directory, created if "
+                            "missing)")
         self.logdir = Path(logdir).expanduser()
         self._boards: dict[str, Board] = {}
         self.idle_close_s = IDLE_CLOSE_S
@@ -108,14 +114,17 @@ class TensorBoardSink(TrackerSink):
 
     def check(self, context: SinkContext) -> None:
         """TensorBoard installed, the log directory writable."""
-        need_package("tensorboard", self.name, "tensorboard", tested=("tensorboard>=2.21,<2.22", "RecordWriter"))
-        need_writable_dir(self.logdir, "TensorBoard log directory", "pass a writable --logdir directory")
+        need_package("tensorboard", self.name, "tensorboard",
+                     tested=("tensorboard>=2.21,<2.22", "RecordWriter"))
+        need_writable_dir(self.logdir, "TensorBoard log directory",
+                          "pass a writable --logdir directory")
 
     def open(self, context: SinkContext) -> None:
         """Check that the log directory is writable and that tensorboard imports."""
         super().open(context)
         self._tb = _import_tensorboard()
-        need_writable_dir(self.logdir, "TensorBoard log directory", "pass a writable --logdir directory", create=True)
+        need_writable_dir(self.logdir, "TensorBoard log directory",
+                          "pass a writable --logdir directory", create=True)
         self._host = socket.gethostname()
         log.info("tensorboard sink writing to %s", self.logdir)
 
@@ -167,29 +176,35 @@ class TensorBoardSink(TrackerSink):
             points = zip(tags, values.values(), strict=True)
             self._record(board, tb.Event(wall_time=ts, step=step, summary=tb.Summary(value=[
                 tb.Value(tag=tag, simple_value=value) for tag, value in points])))
-        else:  # TensorBoard needs a step: number each series' points 0, 1, 2 ... (saved with the spans)
+        else:  # TensorBoard needs a step: number each series' points 0, 1, 2 ... (saved with spans)
             for tag, value in zip(tags, values.values(), strict=True):
                 auto = board.auto.get(tag, 0)
                 board.auto[tag] = auto + 1
                 self._record(board, tb.Event(wall_time=ts, step=auto, summary=tb.Summary(
                     value=[tb.Value(tag=tag, simple_value=value)])))
         if rank is None and board.hparams and not context.get(SYSTEM):
-            self._session_start(board, ts)  # the Trainer logs after on_train_begin published its params
+            # the Trainer logs after on_train_begin published its params
+            self._session_start(board, ts)
 
     @_encodable
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
         board, tb = self._boards[run], self._tb
-        # in the params' own order, as TrainingArguments.to_json_string writes the callback's ``args``
+        # in the params' own order, as TrainingArguments.to_json_string writes the callback's
+        # ``args``
         text = json.dumps(params, indent=2, ensure_ascii=False, default=str)
-        tag = TEXT_NAMES.get(name, name) + "/text_summary"  # as torch's SummaryWriter.add_text names it
-        self._record(board, tb.Event(wall_time=board.last_ts or time.time(), step=0, summary=tb.text_pb(tag, text)))
+        # as torch's SummaryWriter.add_text names it
+        tag = TEXT_NAMES.get(name, name) + "/text_summary"
+        event = tb.Event(wall_time=board.last_ts or time.time(), step=0,
+                         summary=tb.text_pb(tag, text))
+        self._record(board, event)
         if name == "relay" or name.startswith("relay."):
             return  # the relay's own bookkeeping: text only
         if board.hparams is None:
             if not self.counters["late_hparams"]:
-                log.info("tensorboard sink: params %r of run %s came after its hparams session was written: they "
-                         "are in the TEXT tab only, as TensorBoard keeps a run's first session (counted as "
-                         "late_hparams; not logged again)", name, run)
+                log.info("tensorboard sink: params %r of run %s came after its hparams session "
+                         "was written: they are in the TEXT tab only, as TensorBoard keeps a "
+                         "run's first session (counted as late_hparams; not logged again)",
+                         name, run)
             self.counters["late_hparams"] += len(params)
             return
         _flatten("" if name == "hparams" else name, params, board.hparams)
@@ -199,8 +214,8 @@ class TensorBoardSink(TrackerSink):
         when = board.last_ts or time.time()
         if board.hparams:
             self._session_start(board, when)
-        info = tb.plugin_data.SessionEndInfo(status=tb.api.Status.Value(STATUS.get(status, "STATUS_UNKNOWN")),
-                                             end_time_secs=when)
+        end_status = tb.api.Status.Value(STATUS.get(status, "STATUS_UNKNOWN"))
+        info = tb.plugin_data.SessionEndInfo(status=end_status, end_time_secs=when)
         summary = tb.Summary()  # as the hparams plugin's own summary_v2._summary_pb builds it
         summary.value.add(tag=tb.hp_meta.SESSION_END_INFO_TAG, tensor=tb.hp_meta.NULL_TENSOR,
                           metadata=tb.hp_meta.create_summary_metadata(
@@ -209,9 +224,10 @@ class TensorBoardSink(TrackerSink):
         board.ended = True
 
     def supersede(self, run: str, step: int) -> None:
-        """What ``torch.utils.tensorboard.SummaryWriter(purge_step=step + 1)`` writes: a session START at
-        the step after the checkpoint, on which TensorBoard's readers drop every point of the run read
-        before it at that step or later (its "orphaned data" purge), so each step shows the last attempt's."""
+        """What ``torch.utils.tensorboard.SummaryWriter(purge_step=step + 1)`` writes: a session
+        START at the step after the checkpoint, on which TensorBoard's readers drop every point of
+        the run read before it at that step or later (its "orphaned data" purge), so each step shows
+        the last attempt's."""
         board, tb = self._boards[run], self._tb
         self._record(board, tb.Event(wall_time=board.last_ts or time.time(), step=step + 1,
                                      session_log=tb.SessionLog(status=tb.SessionLog.START)))
@@ -238,8 +254,8 @@ class TensorBoardSink(TrackerSink):
         """The first record of every event file, as TensorBoard's own EventFileWriter writes it
         (it also tells TensorBoard's readers not to drop points whose steps go back)."""
         first = Pending()
-        self._tb.RecordWriter(first).write(self._tb.Event(wall_time=time.time(), file_version="brain.Event:2")
-                                           .SerializeToString())
+        version = self._tb.Event(wall_time=time.time(), file_version="brain.Event:2")
+        self._tb.RecordWriter(first).write(version.SerializeToString())
         return first[0]
 
     def _session_start(self, board: Board, ts: float) -> None:
@@ -257,11 +273,13 @@ class TensorBoardSink(TrackerSink):
             if actual > size:
                 os.truncate(path, size)
                 self.counters["uncommitted_bytes_cut"] += actual - size
-                log.info("tensorboard sink: run %s: cut %d uncommitted bytes off %s", run, actual - size, name)
+                log.info("tensorboard sink: run %s: cut %d uncommitted bytes off %s", run,
+                         actual - size, name)
             elif actual < size:
                 self.counters["missing_bytes"] += size - actual
-                log.warning("tensorboard sink: run %s: %s holds %d bytes, %d were written: removed or cut by "
-                            "someone else (`relay replay` into a fresh --logdir rebuilds it)", run, name, actual, size)
+                log.warning("tensorboard sink: run %s: %s holds %d bytes, %d were written: "
+                            "removed or cut by someone else (`relay replay` into a fresh --logdir "
+                            "rebuilds it)", run, name, actual, size)
 
     def _discard(self) -> None:
         """After a failure: back to what the state files say; the retry writes the rest."""
@@ -286,8 +304,9 @@ def _lock(run: str, folder: Path) -> int:
     except BlockingIOError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise RunLocked(f"run {run} in {folder} is being written by another process (pid {holder}); "
-                        "it is retried once that one is done (replay into another --logdir meanwhile)") from None
+        raise RunLocked(f"run {run} in {folder} is being written by another process "
+                        f"(pid {holder}); it is retried once that one is done (replay into "
+                        "another --logdir meanwhile)") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
@@ -297,9 +316,10 @@ def _lock(run: str, folder: Path) -> int:
 #: ``/``) by name and opens the first two: after ``train``, so the Trainer's ``eval`` and ``train``
 #: come first and open, as with transformers' own TensorBoardCallback.
 def _tag(rank: int | None, context: dict[str, Any], name: str) -> str:
-    """The TensorBoard tag of a series, as transformers' ``rewrite_logs`` would name it: the Trainer's
-    ``train/...``, ``eval/...``; a custom metric of rank 0 as the Trainer would log it (``train/<name>``,
-    ``train/<stage>/<name>``); the relay's figures and other ranks' custom metrics in ``workers/...``."""
+    """The TensorBoard tag of a series, as transformers' ``rewrite_logs`` would name it: the
+    Trainer's ``train/...``, ``eval/...``; a custom metric of rank 0 as the Trainer would log it
+    (``train/<name>``, ``train/<stage>/<name>``); the relay's figures and other ranks' custom
+    metrics in ``workers/...``."""
     if context.get(SYSTEM):
         return system_key(context, name)
     subset = context.get("subset")

@@ -5,7 +5,8 @@ those calls and does, once for every tracker, what each would otherwise rebuild:
 
 * **Trainer naming.** ``train_``/``eval_``/``test_`` prefixes become a ``subset`` context, as the
   trackers' own Hugging Face callbacks name them; several eval sets (``eval_<set>_loss``) add a
-  ``sub_dataset``; every Trainer log also logs ``epoch`` (run-level), as HF's Trainer adds it to each.
+  ``sub_dataset``; every Trainer log also logs ``epoch`` (run-level), as HF's Trainer adds it to
+  each.
 * **The rank policy.** The Trainer already reduced its metrics across ranks: they are taken from
   rank 0 once per step (``rank=None``); per-rank figures (stage ``rank``) and custom metrics keep
   their rank, in the context. Per-rank figures are renamed for display (``step_time`` ->
@@ -14,9 +15,9 @@ those calls and does, once for every tracker, what each would otherwise rebuild:
   ``"rank"``), decided by the event's stage and never by a metric's name, so each tracker puts
   every figure of those stages, new ones included, where its UI keeps system figures.
 * **The relay's own events** (rank ``RELAY_RANK``): its cross-rank figures (stage ``cluster``) are
-  run-level series (``cluster_step_time_max_s``, ``CLUSTER_NAMES``, context ``system: "cluster"``); its findings (``straggler``,
-  ``straggler_cleared``, ``rank_lost``, ``rank_back``) are params ``relay.cluster.<event>.rank<r>_step<s>``, one per rank
-  and step, so none hides another.
+  run-level series (``cluster_step_time_max_s``, ``CLUSTER_NAMES``, context ``system: "cluster"``);
+  its findings (``straggler``, ``straggler_cleared``, ``rank_lost``, ``rank_back``) are params
+  ``relay.cluster.<event>.rank<r>_step<s>``, one per rank and step, so none hides another.
 * **Client counters** (``stats``) are bookkeeping, not curves: params ``relay.client.rank<n>``,
   plus one series ``relay_dropped`` per rank only once that rank dropped something.
 * **Numbers.** NaN and infinities arrive as floats; ints beyond int64 as floats; non-numbers are
@@ -33,8 +34,8 @@ those calls and does, once for every tracker, what each would otherwise rebuild:
   relay/sinkhost/catch_up.py, the one reader of the journal for a sink; this class never reads it.
 * **Late params.** A params value older than the one already written (a late catch-up) is skipped.
 * **Attempts.** Each attempt's ``train_begin`` goes to params ``relay.attempts.<N>``; a later
-  attempt's (a job resumed from a checkpoint) calls ``supersede(run, step)`` once what came before it
-  is saved, for a tool that can drop or replace what earlier attempts logged after ``step``.
+  attempt's (a job resumed from a checkpoint) calls ``supersede(run, step)`` once what came before
+  it is saved, for a tool that can drop or replace what earlier attempts logged after ``step``.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ from sinks.events import NONFINITE_JSON, RELAY_RANK, Event
 from sinks.files import write_atomic
 from sinks.naming import CLUSTER_NAMES, RANK_NAMES, SYSTEM, display_names, trainer_groups
 from sinks.spans import SeqSpans
+from sinks.tracker_run import RunState
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +66,16 @@ APPENDED = "#appended"
 
 
 class TrackerSink(Sink, CatchesUp):
-    """Subclass this, set ``name``, and write the four abstract methods below (a class that lacks one
-    cannot be built: Python names the missing ones), plus ``options``, ``open`` and ``close`` as for
-    any Sink. What this class keeps is made in ``__init__`` (as Lightning's ``Logger`` does), so an
-    ``__init__`` of your own calls ``super().__init__()`` first; ``open`` needs no ``super()``. Where
-    the tracker cannot keep the applied spans itself, return a file from ``state_path`` and they
-    are kept there."""
+    """Subclass this, set ``name``, and write the four abstract methods below (a class that lacks
+    one cannot be built: Python names the missing ones), plus ``options``, ``open`` and ``close`` as
+    for any Sink. What this class keeps is made in ``__init__`` (as Lightning's ``Logger`` does), so
+    an ``__init__`` of your own calls ``super().__init__()`` first; ``open`` needs no ``super()``.
+    Where the tracker cannot keep the applied spans itself, return a file from ``state_path`` and
+    they are kept there."""
 
     def __init__(self) -> None:
         self.context = SinkContext()
-        self._runs: dict[str, _Run] = {}
+        self._runs: dict[str, RunState] = {}
         self._warned: set[str] = set()
         self.counters: Counter[str] = Counter()
         self._state_file: dict[str, Spans] | None = None
@@ -104,9 +106,10 @@ class TrackerSink(Sink, CatchesUp):
         """Rank 0 ended training: ``completed``, ``failed`` or what the trainer said."""
 
     def supersede(self, run: str, step: int) -> None:
-        """A later attempt of ``run`` (a job resumed from a checkpoint) starts again after ``step``: what
-        earlier attempts logged at later steps is superseded by what this one logs. A tracker that can
-        drop or replace those points does so here; one that cannot says in its docs what users see."""
+        """A later attempt of ``run`` (a job resumed from a checkpoint) starts again after ``step``:
+        what earlier attempts logged at later steps is superseded by what this one logs. A tracker
+        that can drop or replace those points does so here; one that cannot says in its docs what
+        users see."""
 
     def state_path(self) -> Path | None:
         """A file beside the sink's output for the applied spans (default: kept in memory only)."""
@@ -128,7 +131,7 @@ class TrackerSink(Sink, CatchesUp):
     def write(self, events: Sequence[Event]) -> None:
         """Apply a batch; on any error fall back to the spans last saved and re-raise (the relay
         retries the batch, and what was applied already is skipped or rewritten identically)."""
-        touched: dict[str, _Run] = {}
+        touched: dict[str, RunState] = {}
         try:
             for event in events:
                 state = touched.get(event["run"]) or self._run(event)
@@ -146,7 +149,8 @@ class TrackerSink(Sink, CatchesUp):
         return list(self._holes)
 
     def catch_up_due(self, run: str) -> bool:
-        """Whether ``run`` has a hole the relay has yet to fill from the journal (so not finished yet)."""
+        """Whether ``run`` has a hole the relay has yet to fill from the journal (so not finished
+        yet)."""
         return run in self._holes
 
     def run_settled(self, run: str) -> bool:
@@ -160,13 +164,15 @@ class TrackerSink(Sink, CatchesUp):
             range(state.world_size))
 
     def forget_run(self, run: str) -> None:
-        """Drop what this class keeps of ``run`` (a sink that hands the run over to another process);
-        its next event starts it again, spans loaded afresh (and a hole they hold named again)."""
+        """Drop what this class keeps of ``run`` (a sink that hands the run over to another
+        process); its next event starts it again, spans loaded afresh (and a hole they hold named
+        again)."""
         self._runs.pop(run, None)
         self._holes.discard(run)
 
     def load_applied(self, run: str) -> Spans:
-        """The spans saved for ``run`` (override with ``save_applied`` to keep them in the tracker)."""
+        """The spans saved for ``run`` (override with ``save_applied`` to keep them in the
+        tracker)."""
         return self._states().get(run, {})
 
     def save_applied(self, run: str, spans: Spans) -> None:
@@ -181,7 +187,8 @@ class TrackerSink(Sink, CatchesUp):
             path = self.state_path()
             raw = json.loads(path.read_text()) if path is not None and path.exists() else {}
             sizes = raw.pop(APPENDED, {})
-            self._state_file = {run: {int(r): s for r, s in spans.items()} for run, spans in raw.items()}
+            self._state_file = {run: {int(r): s for r, s in spans.items()}
+                                for run, spans in raw.items()}
             # What an earlier process wrote past its last save is cut; a file it never saved a size
             # for is kept as it is (it may be another tool's).
             self._sizes = {str(f): sizes.get(str(f), _size(f)) for f in self.appends_to()}
@@ -206,18 +213,18 @@ class TrackerSink(Sink, CatchesUp):
                 with path.open("r+b") as fh:
                     fh.truncate(size)
 
-    def _run(self, event: Event) -> _Run:
+    def _run(self, event: Event) -> RunState:
         run = event["run"]
         state = self._runs.get(run)
         if state is None:
             self.start_run(run, {"world_size": event["world_size"]})
             saved = self.load_applied(run)
-            state = self._runs[run] = _Run(run, saved, event["world_size"])
+            state = self._runs[run] = RunState(run, saved, event["world_size"])
             if any(spans.holes for spans in state.applied.values()):  # left by an earlier process
                 self._holes.add(run)
         return state
 
-    def _apply(self, state: _Run, event: Event) -> None:
+    def _apply(self, state: RunState, event: Event) -> None:
         rank, seq = event["rank"], event["seq"]
         spans = state.applied.get(rank)
         if spans is None:
@@ -244,7 +251,8 @@ class TrackerSink(Sink, CatchesUp):
         state.dirty = True
         self.counters["events"] += 1
         if kind == "metrics" and event["step"] is None:
-            self._save([state])  # the tracker numbers these itself: applying one twice would add a point
+            # the tracker numbers these itself: applying one twice would add a point
+            self._save([state])
 
     def _metrics(self, run: str, event: Event) -> None:
         stage, rank, data = event["stage"], event["rank"], event["data"]
@@ -253,20 +261,25 @@ class TrackerSink(Sink, CatchesUp):
                 self.counters["nonzero_rank_trainer_metrics"] += 1
                 return
             groups = trainer_groups(stage, data)
-            if event["epoch"] is not None:  # HF's Trainer adds it to every log, eval's too; its callbacks log it
+            # HF's Trainer adds it to every log, eval's too; its callbacks log it
+            if event["epoch"] is not None:
                 groups.setdefault((), ({}, {}))[1]["epoch"] = event["epoch"]
             series_rank = None
         elif stage == "rank":
-            groups = {(): ({SYSTEM: "rank", "rank": rank}, display_names(data, RANK_NAMES, "rank_"))}
+            groups = {(): ({SYSTEM: "rank", "rank": rank},
+                           display_names(data, RANK_NAMES, "rank_"))}
             series_rank = rank
-        elif stage == "cluster" and rank == RELAY_RANK:  # across ranks already: one run-level series each
-            groups, series_rank = {(): ({SYSTEM: "cluster"}, display_names(data, CLUSTER_NAMES, "cluster_"))}, None
+        elif stage == "cluster" and rank == RELAY_RANK:
+            # across ranks already: one run-level series each
+            figures = display_names(data, CLUSTER_NAMES, "cluster_")
+            groups, series_rank = {(): ({SYSTEM: "cluster"}, figures)}, None
         else:
             groups, series_rank = {(): ({"subset": stage or "custom", "rank": rank}, data)}, rank
         for context, values in groups.values():
             numbers = self._numbers(values)
             if numbers:
-                self.log_metrics(run, series_rank, event["step"], event["epoch"], context, numbers, event["ts"])
+                self.log_metrics(run, series_rank, event["step"], event["epoch"], context, numbers,
+                                 event["ts"])
                 self.counters["values"] += len(numbers)
 
     def _numbers(self, values: dict[str, Any]) -> dict[str, float | int]:
@@ -284,11 +297,11 @@ class TrackerSink(Sink, CatchesUp):
                 self.counters["skipped_values"] += 1
                 if name not in self._warned:
                     self._warned.add(name)
-                    log.warning("%s sink: metric %r has a %s value, not a number; not tracked", self.name, name,
-                                kind.__name__)
+                    log.warning("%s sink: metric %r has a %s value, not a number; not tracked",
+                                self.name, name, kind.__name__)
         return out
 
-    def _params(self, state: _Run, name: str, data: dict[str, Any], ts: float) -> None:
+    def _params(self, state: RunState, name: str, data: dict[str, Any], ts: float) -> None:
         fresh = {}
         for key, value in data.items():
             if state.param_ts.get((name, key), -math.inf) > ts:
@@ -298,45 +311,52 @@ class TrackerSink(Sink, CatchesUp):
         if fresh:
             self.log_params(state.run, name, fresh)
 
-    def _client_stats(self, state: _Run, event: Event) -> None:
+    def _client_stats(self, state: RunState, event: Event) -> None:
         """A client's cumulative counters: a param per rank (the newest report wins), and the one
-        curve worth drawing, ``relay_dropped``, once it is not zero (stepped by the report's seq)."""
+        curve worth drawing, ``relay_dropped``, once it is not zero (stepped by the report's
+        seq)."""
         rank, data = event["rank"], event["data"]
         if rank != 0 or (state.end_seq is not None and event["seq"] > state.end_seq):
             state.stats_ranks.add(rank)
         self._params(state, "relay.client", {f"rank{rank}": data}, event["ts"])
         dropped = self._numbers({"relay_dropped": data["dropped"]}) if "dropped" in data else {}
         if dropped and dropped["relay_dropped"] != 0:
-            self.log_metrics(state.run, rank, event["seq"], None, {SYSTEM: "rank", "rank": rank}, dropped, event["ts"])
+            self.log_metrics(state.run, rank, event["seq"], None, {SYSTEM: "rank", "rank": rank},
+                             dropped, event["ts"])
 
-    def _lifecycle(self, state: _Run, event: Event) -> None:
+    def _lifecycle(self, state: RunState, event: Event) -> None:
         data = event["data"]
         what = data.get("event")
         record = {**data, "step": event["step"], "ts": event["ts"]}
         if what == "checkpoint":  # keyed by step, so a late catch-up cannot reorder them
             self._params(state, "relay.checkpoints", {str(event["step"]): record}, event["ts"])
-        elif event["rank"] == RELAY_RANK and isinstance(what, str) and what:  # many per run: one key each
+        elif event["rank"] == RELAY_RANK and isinstance(what, str) and what:
+            # many per run: one key each
             step = event["step"] if event["step"] is not None else data.get("last_step")
-            key = f"rank{data.get('rank')}_" + (f"step{step}" if step is not None else f"seq{event['seq']}")
+            at = f"step{step}" if step is not None else f"seq{event['seq']}"
+            key = f"rank{data.get('rank')}_" + at
             self._params(state, f"relay.cluster.{what}", {key: record}, event["ts"])
         elif isinstance(what, str) and what:
             self._params(state, "relay.lifecycle", {what: record}, event["ts"])
         if what == "train_begin" and event["rank"] == 0 and type(data.get("attempt")) is int:
             self._params(state, "relay.attempts", {str(data["attempt"]): record}, event["ts"])
             if data["attempt"] > 0 and type(data.get("resumed_from")) is int:
-                self._save([state])  # what came before is the tool's, as saved, before it starts over
+                # what came before is the tool's, as saved, before it starts over
+                self._save([state])
                 self.supersede(state.run, data["resumed_from"])
                 self.counters["attempts_resumed"] += 1
         if what == "train_end" and event["rank"] == 0:
             state.end_seq = event["seq"]
             status = data.get("status")
-            self.finish_run(state.run, status if isinstance(status, str) and status else "completed")
+            self.finish_run(state.run,
+                            status if isinstance(status, str) and status else "completed")
 
     def _save(self, states: Any) -> None:
         before = {}
         for state in states:
             if state.dirty:
-                spans = {rank: [list(span) for span in s.spans] for rank, s in state.applied.items()}
+                spans = {rank: [list(span) for span in s.spans]
+                         for rank, s in state.applied.items()}
                 self.save_applied(state.run, spans)
                 before[state.run] = state.saved
                 state.saved, state.dirty = spans, False
@@ -358,22 +378,6 @@ class TrackerSink(Sink, CatchesUp):
 
 def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
-
-
-class _Run:
-    """What the shared code keeps per run: applied spans (as saved, and now) and param times."""
-
-    __slots__ = ("run", "applied", "saved", "dirty", "param_ts", "world_size", "end_seq", "stats_ranks")
-
-    def __init__(self, run: str, saved: Spans, world_size: int) -> None:
-        self.run = run
-        self.world_size = world_size
-        self.end_seq: int | None = None  # of rank 0's train_end, once applied
-        self.stats_ranks: set[int] = set()  # ranks whose closing counters are in (rank 0's: after train_end)
-        self.saved = saved
-        self.applied = {rank: SeqSpans(s) for rank, s in saved.items()}
-        self.dirty = False
-        self.param_ts: dict[tuple[str, str], float] = {}
 
 
 def exact_ints(obj: Any) -> Any:

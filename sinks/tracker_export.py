@@ -42,7 +42,8 @@ def tracker_file(name: str, run: str, output_dir: str | None, journal: Path | No
     return journal / f"{run}.{name}" if journal.is_dir() else journal.parent / name
 
 
-def write_tracker_file(target: Path, record: dict[str, Any], counters: Counter[str], sink: str, run: str) -> None:
+def write_tracker_file(target: Path, record: dict[str, Any], counters: Counter[str], sink: str,
+                       run: str) -> None:
     """Write ``record`` to ``target`` whole (to ``relay_<name>`` beside it where ``target`` is
     another tool's); a failure is counted (``export_errors``) and logged, never worth retrying the
     sink's batch for: the tracker holds the run either way."""

@@ -1,4 +1,5 @@
-"""The W&B sink: one Weights & Biases run per training run, offline by default (docs/sinks/wandb.md).
+"""The W&B sink: one Weights & Biases run per training run, offline by default
+(docs/sinks/wandb.md).
 
 On the sink-author API (sinks/tracker_base.py); what is W&B's own:
 
@@ -49,7 +50,8 @@ log = logging.getLogger(__name__)
 DISCARD_DIR = "relay-discarded"
 ENDED_CLOSE_S = 30.0  # quiet seconds after rank 0's train_end before the W&B run is finished
 IDLE_CLOSE_S = 600.0  # quiet seconds before a run that never ended is finished (as failed)
-EXIT_DATA_LOST = 75  # the process exits with it when W&B may have lost points (the relay restarts it)
+# the process exits with it when W&B may have lost points (the relay restarts it)
+EXIT_DATA_LOST = 75
 CORE_WRITE_ERROR = b"failed to save record"  # what wandb-core logs when the .wandb file fails
 
 
@@ -60,16 +62,19 @@ class WandbSink(TrackerSink):
 
     @classmethod
     def options(cls) -> list[click.Option]:
-        """W&B's own settings, prefixed; project and entity also from W&B's environment variables."""
+        """W&B's own settings, prefixed; project and entity also from W&B's environment
+        variables."""
         return [
-            click.Option(["--wandb-project"], metavar="NAME", envvar="WANDB_PROJECT", show_envvar=True,
-                         help="W&B project."),
-            click.Option(["--wandb-entity"], metavar="NAME", envvar="WANDB_ENTITY", show_envvar=True,
-                         help="W&B user or team (default: W&B's own)."),
-            click.Option(["--wandb-mode"], type=click.Choice(["offline", "online"]), default="offline",
-                         show_default=True, help="offline: local files for `wandb sync`; online: also stream."),
+            click.Option(["--wandb-project"], metavar="NAME", envvar="WANDB_PROJECT",
+                         show_envvar=True, help="W&B project."),
+            click.Option(["--wandb-entity"], metavar="NAME", envvar="WANDB_ENTITY",
+                         show_envvar=True, help="W&B user or team (default: W&B's own)."),
+            click.Option(["--wandb-mode"], type=click.Choice(["offline", "online"]),
+                         default="offline", show_default=True,
+                         help="offline: local files for `wandb sync`; online: also stream."),
             click.Option(["--wandb-dir"], metavar="PATH", default=None,
-                         help="Where W&B's wandb/ folder goes (default: beside the journal, else the cwd)."),
+                         help="Where W&B's wandb/ folder goes (default: beside the journal, else "
+                              "the cwd)."),
         ]
 
     def __init__(self, wandb_project: str | None = None, wandb_entity: str | None = None,
@@ -77,10 +82,12 @@ class WandbSink(TrackerSink):
         super().__init__()
         if not wandb_project:
             raise SinkError("--sink wandb needs --wandb-project NAME (or $WANDB_PROJECT)")
-        self.project, self.entity, self.mode, self.dir_option = wandb_project, wandb_entity, wandb_mode, wandb_dir
+        self.project, self.entity = wandb_project, wandb_entity
+        self.mode, self.dir_option = wandb_mode, wandb_dir
         self.idle_close_s, self.ended_close_s = IDLE_CLOSE_S, ENDED_CLOSE_S
         self._wb: dict[str, WbRun] = {}
-        self._system_held: list[tuple[Any, Any]] = []  # published once the write that made them succeeds
+        # published once the write that made them succeeds
+        self._system_held: list[tuple[Any, Any]] = []
         self._lock = threading.RLock()  # the relay's writer thread and this sink's closer thread
         self._stop = threading.Event()
 
@@ -88,16 +95,20 @@ class WandbSink(TrackerSink):
 
     def check(self, context: SinkContext) -> None:
         """wandb installed, its directory writable; online, an API key where wandb looks for one."""
-        need_package("wandb", self.name, "wandb", tested=("wandb>=0.31,<0.32", "the run's _interface"))
-        need_writable_dir(self._root(context.journal) / "wandb", "W&B directory", "pass a writable --wandb-dir")
+        need_package("wandb", self.name, "wandb",
+                     tested=("wandb>=0.31,<0.32", "the run's _interface"))
+        need_writable_dir(self._root(context.journal) / "wandb", "W&B directory",
+                          "pass a writable --wandb-dir")
         if self.mode == "online" and not api_key_present():
-            raise SinkError("--wandb-mode online needs W&B credentials (no WANDB_API_KEY, no netrc entry): run "
-                            "`wandb login` or set WANDB_API_KEY, or use --wandb-mode offline and `wandb sync` later")
+            raise SinkError("--wandb-mode online needs W&B credentials (no WANDB_API_KEY, no "
+                            "netrc entry): run `wandb login` or set WANDB_API_KEY, or use "
+                            "--wandb-mode offline and `wandb sync` later")
 
     def _root(self, journal: Path | None) -> Path:
         """Where the wandb/ folder goes: --wandb-dir, else beside the journal, else the cwd."""
         base = Path(self.dir_option) if self.dir_option else (
-            (journal if journal.is_dir() else journal.parent) if journal is not None else Path.cwd())
+            (journal if journal.is_dir() else journal.parent) if journal is not None
+            else Path.cwd())
         return base.expanduser().resolve()
 
     def open(self, context: SinkContext) -> None:
@@ -112,18 +123,23 @@ class WandbSink(TrackerSink):
         self._pb: Any = wandb_internal_pb2  # (generated protobuf: its classes are made at import)
         self.root = self._root(context.journal)
         self.state_dir = self.root / "wandb" / STATE_DIR
-        need_writable_dir(self.state_dir, "W&B directory", "pass a writable --wandb-dir", create=True)
+        need_writable_dir(self.state_dir, "W&B directory", "pass a writable --wandb-dir",
+                          create=True)
         if self.mode == "online":
             try:
                 self._wandb.login(verify=False)
             except Exception as exc:  # wandb words it; every case means "no credentials here"
-                raise SinkError(f"--wandb-mode online needs W&B credentials ({exc}): run `wandb login` "
-                                "or set WANDB_API_KEY, or use --wandb-mode offline and `wandb sync` later") from None
-        threading.Thread(target=self._close_quiet_loop, name="wandb-sink-closer", daemon=True).start()
-        log.info("wandb sink writing %s runs of project %s under %s/wandb", self.mode, self.project, self.root)
+                raise SinkError(f"--wandb-mode online needs W&B credentials ({exc}): run "
+                                "`wandb login` or set WANDB_API_KEY, or use --wandb-mode offline "
+                                "and `wandb sync` later") from None
+        threading.Thread(target=self._close_quiet_loop, name="wandb-sink-closer",
+                         daemon=True).start()
+        log.info("wandb sink writing %s runs of project %s under %s/wandb", self.mode, self.project,
+                 self.root)
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
-        """Finish every open W&B run (exit code 1 for runs that did not end) and log the counters."""
+        """Finish every open W&B run (exit code 1 for runs that did not end) and log the
+        counters."""
         self._stop.set()
         with self._lock:
             for wb in list(self._wb.values()):
@@ -182,8 +198,10 @@ class WandbSink(TrackerSink):
         if row:
             wb.add_to_row(row, step, ts)
 
-    def _system(self, wb: WbRun, context: dict[str, Any], values: dict[str, float | int], ts: float) -> None:
-        """A system stats record at the event's own time (sinks/wandb_layout.py: ``stats_items``)."""
+    def _system(self, wb: WbRun, context: dict[str, Any], values: dict[str, float | int],
+                ts: float) -> None:
+        """A system stats record at the event's own time (sinks/wandb_layout.py:
+        ``stats_items``)."""
         record = self._pb.StatsRecord(stats_type=self._pb.StatsRecord.StatsType.SYSTEM)
         record.timestamp.FromMicroseconds(int(ts * 1_000_000))
         for key, value in stats_items(context, values).items():
@@ -192,15 +210,17 @@ class WandbSink(TrackerSink):
         self._system_held.append((wb.handle._interface, record))
 
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
-        """Config as W&B's HF callback sets it: the Trainer's arguments and the model's config at the
-        top (the arguments win a shared key), PEFT's as ``peft_config``, ``model/num_parameters``; other
-        groups one flat key per value, so a resumed instance never replaces a sibling it did not see.
-        The ``run`` params' ``run_name`` names the W&B run (``--run_name``, as the HF callback does)."""
+        """Config as W&B's HF callback sets it: the Trainer's arguments and the model's config at
+        the top (the arguments win a shared key), PEFT's as ``peft_config``,
+        ``model/num_parameters``; other groups one flat key per value, so a resumed instance never
+        replaces a sibling it did not see. The ``run`` params' ``run_name`` names the W&B run
+        (``--run_name``, as the HF callback does)."""
         wb = self._handle(run)
         if name == "hparams":
             wb.hparams.update(params)
         update = config_update(name, params, wb.hparams)
-        wb.handle.config.update({k: exact_ints(v) for k, v in update.items()}, allow_val_change=True)
+        wb.handle.config.update({k: exact_ints(v) for k, v in update.items()},
+                                allow_val_change=True)
         run_name = params.get("run_name") if name == "run" else None
         if isinstance(run_name, str) and run_name and run_name != wb.name:
             wb.name = wb.handle.name = run_name
@@ -209,10 +229,10 @@ class WandbSink(TrackerSink):
         self._wb[run].ends(completed=status == "completed")
 
     def supersede(self, run: str, step: int) -> None:
-        """W&B keeps every history row, so the earlier attempt's rows after ``step`` are dropped the way
-        W&B drops them: the run is rewound (``resume_from="<id>?_step=N"``, W&B's own rewind) to the
-        last ``_step`` before the first row it logged past ``step``; the next rows go on from there, in a
-        new instance, which ``wandb sync`` uploads as the rewind."""
+        """W&B keeps every history row, so the earlier attempt's rows after ``step`` are dropped the
+        way W&B drops them: the run is rewound (``resume_from="<id>?_step=N"``, W&B's own rewind) to
+        the last ``_step`` before the first row it logged past ``step``; the next rows go on from
+        there, in a new instance, which ``wandb sync`` uploads as the rewind."""
         wb = self._wb[run]
         if wb.handle is not None:
             wb.commit_row()
@@ -223,8 +243,8 @@ class WandbSink(TrackerSink):
             self._finish(wb)
         wb.rewind_before(first, self.state_dir)
         self.counters["rewinds"] += 1
-        log.info("W&B run %s: attempt after step %d; rewound to _step %d (its rows past the step are superseded)",
-                 run, step, wb.rewind)
+        log.info("W&B run %s: attempt after step %d; rewound to _step %d (its rows past the step "
+                 "are superseded)", run, step, wb.rewind)
 
     def load_applied(self, run: str) -> Spans:
         """Take the run's lock (waiting for a process still finishing it), then its saved state; a
@@ -240,8 +260,8 @@ class WandbSink(TrackerSink):
                     target.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(run_dir, target)
                     self.counters["discarded_dirs"] += 1
-                    log.warning("W&B directory %s left incomplete: moved to %s, its points are applied again",
-                                run_dir, target)
+                    log.warning("W&B directory %s left incomplete: moved to %s, its points are "
+                                "applied again", run_dir, target)
             state = left_open
         spans = wb.restore(state, exit_code)
         if left_open:
@@ -285,16 +305,20 @@ class WandbSink(TrackerSink):
             wb.opening([d.name for d in self._run_dirs(run)], self.state_dir)
         except OSError as exc:
             self._data_lost(f"W&B run {run}: cannot save the sink's state ({exc})")
-        # a rewound run (a later attempt: ``supersede``) continues from its rewind point, else after its last row
-        resume = {"resume_from": f"{run}?_step={wb.rewind}"} if wb.rewind is not None else {"resume": "allow"}
+        # a rewound run (a later attempt: ``supersede``) continues from its rewind point, else after
+        # its last row
+        resume = ({"resume_from": f"{run}?_step={wb.rewind}"} if wb.rewind is not None
+                  else {"resume": "allow"})
         try:
-            handle = self._wandb.init(project=self.project, entity=self.entity, id=run, name=wb.name or run,
-                                      dir=str(self.root), settings=settings, **resume)
+            handle = self._wandb.init(project=self.project, entity=self.entity, id=run,
+                                      name=wb.name or run, dir=str(self.root), settings=settings,
+                                      **resume)
         except self._core_gone as exc:
             self._data_lost(f"wandb-core is gone ({type(exc).__name__}: {exc})")
         except Exception as exc:  # transient for the relay: the batch is retried with backoff
             self.counters["init_errors"] += 1
-            raise RuntimeError(f"wandb.init for run {run} failed: {type(exc).__name__}: {exc}") from exc
+            raise RuntimeError(f"wandb.init for run {run} failed: {type(exc).__name__}: "
+                               f"{exc}") from exc
         handle.define_metric(STEP_KEY)  # as the HF callback defines them
         handle.define_metric("*", step_metric=STEP_KEY, step_sync=True)
         directory = str(Path(handle.dir).parent)
@@ -314,12 +338,13 @@ class WandbSink(TrackerSink):
             handle.finish(exit_code=1 if wb.exit_code is None else wb.exit_code)
         except Exception as exc:  # wandb-core is gone: the directory stays marked open, to rebuild
             self.counters["finish_errors"] += 1
-            log.error("W&B run %s not finished (%s: %s); the next process rebuilds it from the journal",
-                      wb.run_id, type(exc).__name__, exc)
+            log.error("W&B run %s not finished (%s: %s); the next process rebuilds it from the "
+                      "journal", wb.run_id, type(exc).__name__, exc)
             return
         self.counters["wandb_runs_finished"] += 1
         if wb.logged_step > wb.saved_step:  # a failed batch was never retried: rebuild instead
-            log.warning("W&B run %s finished with points not confirmed; the next process rebuilds it", wb.run_id)
+            log.warning("W&B run %s finished with points not confirmed; the next process rebuilds "
+                        "it", wb.run_id)
             return
         self._check_core(wb, handle)
         try:
@@ -358,12 +383,14 @@ class WandbSink(TrackerSink):
             return
         wb.core_log_read(len(seen))
         if CORE_WRITE_ERROR in seen:
-            self._data_lost(f"W&B run {wb.run_id}: wandb-core failed to write {handle.settings.sync_file}")
+            self._data_lost(f"W&B run {wb.run_id}: wandb-core failed to write "
+                            f"{handle.settings.sync_file}")
 
     def _data_lost(self, why: str) -> None:
         """W&B may lack points this sink counts as applied: start again, from a clean slate."""
         self.counters["data_lost_exits"] += 1
-        log.critical("wandb sink: %s; exiting, so that the relay starts this sink again, which moves the "
-                     "open directory to wandb/%s/ and applies its points again", why, DISCARD_DIR)
+        log.critical("wandb sink: %s; exiting, so that the relay starts this sink again, which "
+                     "moves the open directory to wandb/%s/ and applies its points again", why,
+                     DISCARD_DIR)
         logging.shutdown()
         os._exit(EXIT_DATA_LOST)

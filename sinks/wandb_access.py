@@ -11,7 +11,8 @@ from sinks.base import SinkError
 
 
 def import_wandb() -> tuple[Any, tuple[type[Exception], ...]]:
-    """wandb and the errors that mean its wandb-core is gone; or how to get it (the ``[wandb]`` extra)."""
+    """wandb and the errors that mean its wandb-core is gone; or how to get it (the ``[wandb]``
+    extra)."""
     try:
         import wandb
         from wandb.sdk.mailbox import MailboxClosedError
@@ -25,7 +26,8 @@ def api_key_present() -> bool:
     """Whether wandb would find an API key: $WANDB_API_KEY, or a netrc entry for its host."""
     if os.environ.get("WANDB_API_KEY"):
         return True
-    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or ""
+    base_url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    host = urllib.parse.urlparse(base_url).hostname or ""
     try:
         return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):

@@ -1,10 +1,10 @@
 """Where each relay event lands in a W&B run, as W&B's own Hugging Face callback
-(``transformers.integrations.WandbCallback``) lays a run out: the history rows' keys (``rewrite_logs``:
-``train/loss``, ``eval/loss``) with ``train/global_step``, the end-of-training scalars in the summary,
-the config (the Trainer's arguments and the model's config at the top, ``peft_config``,
-``model/num_parameters``); and, out of the history, the relay's per-rank and cross-rank figures as
-system stats records, which W&B's UI shows in a run's System section (its own monitor writes
-``gpu.<i>.<metric>`` the same way). No W&B call here: sinks/wandb.py makes them."""
+(``transformers.integrations.WandbCallback``) lays a run out: the history rows' keys
+(``rewrite_logs``: ``train/loss``, ``eval/loss``) with ``train/global_step``, the end-of-training
+scalars in the summary, the config (the Trainer's arguments and the model's config at the top,
+``peft_config``, ``model/num_parameters``); and, out of the history, the relay's per-rank and
+cross-rank figures as system stats records, which W&B's UI shows in a run's System section (its own
+monitor writes ``gpu.<i>.<metric>`` the same way). No W&B call here: sinks/wandb.py makes them."""
 from __future__ import annotations
 
 import json
@@ -15,8 +15,10 @@ from sinks.base import PermanentError
 from sinks.naming import system_name
 
 STEP_KEY = "train/global_step"  # the x-axis of W&B's own Hugging Face callback
-SUMMARY_ONLY = frozenset({"total_flos"})  # with ``train_*``: what W&B's HF callback keeps as summary
-RESERVED = frozenset({"", "_step", "_runtime", "_timestamp", "_wandb"})  # W&B drops or overwrites these
+# with ``train_*``: what W&B's HF callback keeps as summary
+SUMMARY_ONLY = frozenset({"total_flos"})
+# W&B drops or overwrites these
+RESERVED = frozenset({"", "_step", "_runtime", "_timestamp", "_wandb"})
 
 
 def row_and_summary(rank: int | None, context: dict[str, Any],
@@ -42,10 +44,11 @@ def row_and_summary(rank: int | None, context: dict[str, Any],
 
 
 def config_update(name: str, params: dict[str, Any], hparams: dict[str, Any]) -> dict[str, Any]:
-    """A params group as config keys: ``hparams`` (the Trainer's arguments) and ``model`` at the top, the
-    arguments winning a key they share (the HF callback's ``{**model_config, **args}``), ``peft`` as
-    ``peft_config``, ``model_info``'s ``num_parameters`` as ``model/num_parameters``; any other group one
-    flat key per value (``experiment_metadata.dataset``), so an instance never replaces a sibling."""
+    """A params group as config keys: ``hparams`` (the Trainer's arguments) and ``model`` at the
+    top, the arguments winning a key they share (the HF callback's ``{**model_config, **args}``),
+    ``peft`` as ``peft_config``, ``model_info``'s ``num_parameters`` as ``model/num_parameters``;
+    any other group one flat key per value (``experiment_metadata.dataset``), so an instance never
+    replaces a sibling."""
     if name == "hparams":
         return params
     if name == "model":

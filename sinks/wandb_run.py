@@ -15,7 +15,8 @@ from sinks.wandb_layout import STEP_KEY
 
 STATE_DIR = "relay-applied"  # under <wandb-dir>/wandb/: a state file and a lock per run
 LOCK_WAIT_S = 30.0  # a restarted relay's sink waits this long for the old one to finish the run
-MAX_ROWS = 10_000  # steps whose first row a run's state keeps (a resumed job rewinds to a recent checkpoint)
+# steps whose first row a run's state keeps (a resumed job rewinds to a recent checkpoint)
+MAX_ROWS = 10_000
 
 
 class WbRun:
@@ -27,21 +28,26 @@ class WbRun:
         self.lock: Any = None  # the locked file while this process owns the run
         self.step = self.saved_step = self.logged_step = 0  # next _step: now, as saved, as sent
         self.saved_spans: Spans = {}
-        self.open: dict[str, Any] | None = None  # {"dir", "spans", "step"} of the directory being written
+        # {"dir", "spans", "step"} of the directory being written
+        self.open: dict[str, Any] | None = None
         self.exit_code: int | None = None  # from rank 0's train_end
         self.last_event = 0.0
         self.core_log_at = 0  # bytes of wandb-core's log already checked
         self.name: str | None = None  # the W&B run's name: the job's --run_name once known
-        self.hparams: dict[str, Any] = {}  # the Trainer's arguments: they win a key the model config shares
-        self.row: dict[str, Any] | None = None  # the history row in hand (sinks/wandb.py: _add_to_row)
+        # the Trainer's arguments: they win a key the model config shares
+        self.hparams: dict[str, Any] = {}
+        # the history row in hand (sinks/wandb.py: _add_to_row)
+        self.row: dict[str, Any] | None = None
         self.row_key: tuple[Any, float] | None = None
         self.last_x = 0  # the highest train/global_step logged
-        #: [train/global_step, the first _step logged at it], the newest MAX_ROWS: where to rewind to
+        #: [train/global_step, the first _step logged at it], the newest MAX_ROWS:
+        #: where to rewind to
         self.rows: list[list[int]] = []
         self.rewind: int | None = None  # the _step the next instance resumes from (a later attempt)
 
     def acquire(self, state_dir: Path) -> None:
-        """Own the run across processes: a restarted relay's sink waits for the old one to finish."""
+        """Own the run across processes: a restarted relay's sink waits for the old one to
+        finish."""
         if self.lock is not None:  # already ours (a load that failed after taking it is retried)
             return
         fh = open(state_dir / f"{self.run_id}.lock", "a+")  # noqa: SIM115 (held while open)
@@ -68,19 +74,21 @@ class WbRun:
 
     def write_state(self, state_dir: Path) -> None:
         write_atomic(state_dir / f"{self.run_id}.json", json.dumps(
-            {"spans": self.saved_spans, "step": self.saved_step, "open": self.open, "exit_code": self.exit_code,
+            {"spans": self.saved_spans, "step": self.saved_step, "open": self.open,
+             "exit_code": self.exit_code,
              "name": self.name, "rows": self.rows, "rewind": self.rewind}))
 
     def add_to_row(self, values: dict[str, Any], step: int | None, ts: float) -> None:
-        """One history row per Trainer log, as the HF callback's one ``wandb.log`` per ``on_log``: the
-        groups of one event (an eval log's ``eval/*`` and its ``train/epoch``) share a row. A metric
-        without a step (``model_load_time``, before training) goes to the summary instead
+        """One history row per Trainer log, as the HF callback's one ``wandb.log`` per ``on_log``:
+        the groups of one event (an eval log's ``eval/*`` and its ``train/epoch``) share a row. A
+        metric without a step (``model_load_time``, before training) goes to the summary instead
         (WandbSink.log_metrics); one that comes here anyway is at step 0."""
         x = 0 if step is None else step
         if self.row is not None and self.row_key != (x, ts):
             self.commit_row()
         if self.row is None:
-            self.row, self.row_key = {STEP_KEY: x, "_timestamp": ts}, (x, ts)  # the event's own time, even late
+            # the event's own time, even late
+            self.row, self.row_key = {STEP_KEY: x, "_timestamp": ts}, (x, ts)
         self.row.update(values)
 
     def commit_row(self) -> None:

@@ -1,13 +1,13 @@
 """A bounded queue drained by one thread: the one place where a sink's backlog is bounded, and
 what does not fit is counted, never waited for.
 
-Both sides of a sink's process use it (see relay/sinkhost/process.py and relay/sinkhost/child.py): in the
-relay, chunks of journal lines waiting for the pipe to the child; in the child, batches of events
-waiting for the sink's ``write()``. The queue is bounded in events, and in bytes where the caller
-says how big each batch is (the relay's side: chunks of lines of any size); a batch that does not fit is
-dropped whole and counted (it stays in the journal, from which ``relay replay`` rebuilds the sink).
-A batch leaves the queue only once ``handle`` is done with it, so the bound also covers the one in
-hand.
+Both sides of a sink's process use it (see relay/sinkhost/process.py and relay/sinkhost/child.py):
+in the relay, chunks of journal lines waiting for the pipe to the child; in the child, batches of
+events waiting for the sink's ``write()``. The queue is bounded in events, and in bytes where the
+caller says how big each batch is (the relay's side: chunks of lines of any size); a batch that does
+not fit is dropped whole and counted (it stays in the journal, from which ``relay replay`` rebuilds
+the sink). A batch leaves the queue only once ``handle`` is done with it, so the bound also covers
+the one in hand.
 """
 from __future__ import annotations
 
@@ -26,11 +26,12 @@ T = TypeVar("T")
 class BatchWorker(Generic[T]):
     """``handle(batch)`` runs on the worker's thread, one batch at a time, in order; it returns True
     once done with the batch, False to stop the worker at once (shutting down), leaving it queued.
-    ``after(idle)``, if given, runs after each batch, ``idle`` when nothing else is queued (the sink's
-    driver flushes then, or when its interval has passed)."""
+    ``after(idle)``, if given, runs after each batch, ``idle`` when nothing else is queued (the
+    sink's driver flushes then, or when its interval has passed)."""
 
     def __init__(self, name: str, handle: Callable[[T], bool], max_events: int, *,
-                 after: Callable[[bool], None] | None = None, finish: Callable[[], None] | None = None,
+                 after: Callable[[bool], None] | None = None,
+                 finish: Callable[[], None] | None = None,
                  max_bytes: int | None = None) -> None:
         """``finish``, if given, runs on the worker's thread when it stops; ``max_bytes`` bounds the
         sizes given to ``submit`` (one batch is always taken into an empty queue)."""
@@ -63,14 +64,17 @@ class BatchWorker(Generic[T]):
 
     def submit(self, batch: T, count: int, size: int = 0) -> bool:
         """Queue ``batch`` of ``count`` events (``size`` bytes) without waiting; False (dropped,
-        counted, logged now and then) when it would take the queue past ``max_events`` or ``max_bytes``."""
+        counted, logged now and then) when it would take the queue past ``max_events`` or
+        ``max_bytes``."""
         with self._cond:
-            if self._queued + count > self.max_events or (
-                    self.max_bytes is not None and self._queue and self._bytes + size > self.max_bytes):
+            over_bytes = (self.max_bytes is not None and self._queue
+                          and self._bytes + size > self.max_bytes)
+            if self._queued + count > self.max_events or over_bytes:
                 self.dropped += count
                 if self.dropped == count or self.dropped % 100_000 < count:
-                    log.warning("sink %s is %d events behind; dropped %d so far (they are in the journal: "
-                                "relay replay rebuilds it)", self.name, self._queued, self.dropped)
+                    log.warning("sink %s is %d events behind; dropped %d so far (they are in the "
+                                "journal: relay replay rebuilds it)", self.name, self._queued,
+                                self.dropped)
                 return False
             self._queue.append((batch, count, size))
             self._queued += count
@@ -134,7 +138,8 @@ class BatchWorker(Generic[T]):
                 if not self._handle(batch):
                     return
                 with self._cond:
-                    if self._queue and self._queue[0][0] is batch:  # (abandon() may have emptied it)
+                    # (abandon() may have emptied it)
+                    if self._queue and self._queue[0][0] is batch:
                         self._queue.popleft()
                         self._queued -= count
                         self._bytes -= size

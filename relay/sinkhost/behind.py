@@ -1,8 +1,8 @@
-"""What a stopping relay's sinks still lack, said the way a user can act on it: a progress line while
-the relay waits for them (bounded by its shutdown timeout), and, for those it had to stop before they
-had applied everything, how many events each lacks and the one ``relay replay`` command that gives
-them those events from the journal (every sink skips what it already holds, so the command is safe
-to run whatever it finds).
+"""What a stopping relay's sinks still lack, said the way a user can act on it: a progress line
+while the relay waits for them (bounded by its shutdown timeout), and, for those it had to stop
+before they had applied everything, how many events each lacks and the one ``relay replay`` command
+that gives them those events from the journal (every sink skips what it already holds, so the
+command is safe to run whatever it finds).
 
 A sink's process never outlives its relay (relay/sinkhost/lifeline.py), so the relay's exit is the
 last moment a sink can be complete; what it lacks then is only in the journal.
@@ -23,14 +23,14 @@ PROGRESS_EVERY = 5.0
 
 
 def lacking(stats: Mapping[str, Any]) -> int:
-    """Events a sink has not applied (its process's ``stats()``): still queued or in flight, and those
-    it dropped or lost on the way (which only the journal holds now)."""
+    """Events a sink has not applied (its process's ``stats()``): still queued or in flight, and
+    those it dropped or lost on the way (which only the journal holds now)."""
     return int(stats.get("queued", 0)) + int(stats.get("dropped", 0))
 
 
 def progress_line(sinks: Mapping[str, Mapping[str, Any]], waited: float, bound: float) -> str:
-    """``waiting for sinks to apply what the journal took: mlflow 1,234 events to go (opening), aim done
-    (12 s of at most 60 s)``."""
+    """``waiting for sinks to apply what the journal took: mlflow 1,234 events to go (opening), aim
+    done (12 s of at most 60 s)``."""
     parts = []
     for name, stats in sinks.items():
         if stats.get("complete"):
@@ -49,7 +49,8 @@ def behind(sinks: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
 
 
 def option_args(cls: type[Sink] | type[Shipper], options: Mapping[str, Any]) -> list[str]:
-    """A sink's options (as its ``SinkSpec`` holds them) as its command line spells them; defaults left out."""
+    """A sink's options (as its ``SinkSpec`` holds them) as its command line spells them; defaults
+    left out."""
     args: list[str] = []
     for option in cls.options():
         value = options.get(option.name)
@@ -64,7 +65,8 @@ def option_args(cls: type[Sink] | type[Shipper], options: Mapping[str, Any]) -> 
     return args
 
 
-def replay_command(journal: Path | str, specs: Sequence[SinkSpec], names: Sequence[str]) -> list[str]:
+def replay_command(journal: Path | str, specs: Sequence[SinkSpec],
+                   names: Sequence[str]) -> list[str]:
     """``relay replay JOURNAL --sink NAME OPTIONS ...`` for the sinks ``names`` of ``specs``; not
     for a shipper (relay/ship/base.py): the next relay on the journal ships what it lacks."""
     command = ["relay", "replay", str(journal)]
@@ -76,20 +78,22 @@ def replay_command(journal: Path | str, specs: Sequence[SinkSpec], names: Sequen
 
 
 def shortfall(name: str, count: int, stats: Mapping[str, Any]) -> str:
-    """What a sink not complete lacks: ``mlflow lacks 1,234 events``, ``aim's close did not complete``
-    (what it wrote may not be durable: ``incomplete_closes``), both, or ``wandb did not finish``."""
+    """What a sink not complete lacks: ``mlflow lacks 1,234 events``, ``aim's close did not
+    complete`` (what it wrote may not be durable: ``incomplete_closes``), both, or ``wandb did not
+    finish``."""
     said = [f"{name} lacks {count:,} events"] if count else []
     if stats.get("incomplete_closes"):
         said.append("its close did not complete" if said else f"{name}'s close did not complete")
     return " and ".join(said) or f"{name} did not finish"
 
 
-def report(lacks: Mapping[str, int], command: Sequence[str], sinks: Mapping[str, Mapping[str, Any]]) -> str:
+def report(lacks: Mapping[str, int], command: Sequence[str],
+           sinks: Mapping[str, Mapping[str, Any]]) -> str:
     """One line: which sinks lack how many events (``sinks``: their stats), and the command that
     completes them."""
     which = ", ".join(shortfall(name, count, sinks.get(name, {})) for name, count in lacks.items())
     if "--sink" not in command:  # shippers only
-        return f"sinks not complete at shutdown: {which}; the journal has every event: the next " \
-               "relay on it ships them"
-    return f"sinks not complete at shutdown: {which}; the journal has every event: complete them with: " \
-           f"{shlex.join(command)}"
+        return (f"sinks not complete at shutdown: {which}; the journal has every event: the next "
+                "relay on it ships them")
+    return (f"sinks not complete at shutdown: {which}; the journal has every event: "
+            f"complete them with: {shlex.join(command)}")

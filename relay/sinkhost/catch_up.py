@@ -45,7 +45,8 @@ READ_SIZE = 1 << 20
 class CatchUp:
     """The journal files a pass reads, their events in batches, and how far each was delivered."""
 
-    def __init__(self, journal: str, sink: str, max_age: float = MAX_AGE, max_files: int = MAX_FILES) -> None:
+    def __init__(self, journal: str, sink: str, max_age: float = MAX_AGE,
+                 max_files: int = MAX_FILES) -> None:
         self.journal = Journal(journal)
         self.state_path = self.journal.sidecar(f"_catchup_{sink}.json")
         self.max_age = max_age
@@ -54,7 +55,8 @@ class CatchUp:
         self.reader = self.journal.reader()
 
     def run_batches(self, run: str) -> Iterator[list[dict[str, Any]]]:
-        """Batches of ``run``'s events written since the previous call for it (the first: all of them)."""
+        """Batches of ``run``'s events written since the previous call for it (the first: all of
+        them)."""
         batch: list[dict[str, Any]] = []
         for event in self.reader.read(run):
             batch.append(event)
@@ -64,7 +66,8 @@ class CatchUp:
         yield batch
 
     def due(self) -> list[tuple[Path, int, int]]:
-        """(file, offset, size) of every recent file with bytes beyond what an earlier pass delivered."""
+        """(file, offset, size) of every recent file with bytes beyond what an earlier pass
+        delivered."""
         now = time.time()
         recent = []
         for path in journal_files(self.journal.path):
@@ -103,7 +106,8 @@ class CatchUp:
                 for line in pending[:end].split(b"\n")[:-1]:
                     offset += len(line) + 1
                     event = parse_event(line) if line.strip() else None
-                    if event is not None:  # a line that is no event was counted by every other reader
+                    # a line that is no event was counted by every other reader
+                    if event is not None:
                         batch.append(from_journal(event))
                     if len(batch) >= BATCH:
                         yield batch, offset
@@ -112,7 +116,8 @@ class CatchUp:
         yield batch, offset
 
     def delivered(self, path: Path, offset: int) -> None:
-        """Every event of ``path`` before ``offset`` reached the sink: the next pass starts there."""
+        """Every event of ``path`` before ``offset`` reached the sink: the next pass starts
+        there."""
         self.done[path.name] = offset
         try:
             write_atomic(self.state_path, json.dumps(self.done))
@@ -126,6 +131,9 @@ def _load(path: Path) -> dict[str, int]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:  # unreadable: every recent file is read whole once more
-        log.warning("catch-up state %s unreadable (%s); reading the recent journal whole", path, exc)
+        log.warning("catch-up state %s unreadable (%s); reading the recent journal whole",
+                    path, exc)
         return {}
-    return {str(k): v for k, v in raw.items() if type(v) is int and v >= 0} if isinstance(raw, dict) else {}
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): v for k, v in raw.items() if type(v) is int and v >= 0}

@@ -23,7 +23,8 @@ class ChildCounts:
 
     @classmethod
     def of(cls, message: dict[str, Any]) -> ChildCounts:
-        """The counters of a child's stats message (relay/sinkhost/child.py); a field it lacks is 0."""
+        """The counters of a child's stats message (relay/sinkhost/child.py); a field it lacks is
+        0."""
         return cls(**{f.name: int(message.get(f.name, 0)) for f in dataclasses.fields(cls)})
 
     def __add__(self, other: ChildCounts) -> ChildCounts:
@@ -32,7 +33,8 @@ class ChildCounts:
 
     @property
     def resolved(self) -> int:
-        """Events the child is done with, one way or another (the rest it was given are in flight)."""
+        """Events the child is done with, one way or another (the rest it was given are in
+        flight)."""
         return self.written + self.dropped + self.dead_lettered
 
     def as_dict(self) -> dict[str, int]:

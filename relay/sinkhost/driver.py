@@ -58,19 +58,21 @@ class SinkDriver:
     """Writes batches to ``sink``: retries, backoff, bisection to dead letters, flushes, counters.
 
     ``wait(seconds)`` backs off between attempts and returns False to give up (shutting down; the
-    batch stays unwritten, in the journal); it is also called with 0 after a batch that needed retries
-    got through. ``fault(batch)``, if given, runs before each ``sink.write`` and may raise as the sink
-    would: how a test causes a failure the backend cannot be made to produce."""
+    batch stays unwritten, in the journal); it is also called with 0 after a batch that needed
+    retries got through. ``fault(batch)``, if given, runs before each ``sink.write`` and may raise
+    as the sink would: how a test causes a failure the backend cannot be made to produce."""
 
     def __init__(self, name: str, sink: Sink, deadletters: DeadLetters | None = None, *,
-                 wait: Callable[[float], bool] | None = None, clock: Callable[[], float] = time.monotonic,
+                 wait: Callable[[float], bool] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
                  flush_every: float = FLUSH_EVERY, on_recovered: Callable[[], None] | None = None,
                  fault: Callable[[Batch], None] | None = None) -> None:
         self.name = name
         self.sink = sink
         self.deadletters = deadletters
         self.written = 0
-        self.caught_up = 0  # events a catch-up pass handed to write() (most of them already applied)
+        # events a catch-up pass handed to write() (most of them already applied)
+        self.caught_up = 0
         self.errors = 0
         self.retries = 0
         self.flushes = 0
@@ -86,8 +88,10 @@ class SinkDriver:
         self._next_flush = clock() + flush_every
         self._on_recovered = on_recovered
         self._fault = fault
-        #: events dead-lettered already (by an earlier process too): a catch-up does not refuse them again
-        self._refused: set[EventKey] = set() if deadletters is None else deadletters.refused_events()
+        #: events dead-lettered already (by an earlier process too): a catch-up does not refuse them
+        #: again
+        self._refused: set[EventKey] = (set() if deadletters is None
+                                        else deadletters.refused_events())
 
     def stats(self) -> dict[str, Any]:
         """Counters, plus the sink's own ``counters`` mapping if it keeps one."""
@@ -95,7 +99,8 @@ class SinkDriver:
         extra = {"sink": dict(own)} if isinstance(own, dict) else {}
         return {"written": self.written, "errors": self.errors, "dead_lettered": self.dead_lettered,
                 "deadletter_overflow": self.deadletter_overflow, "caught_up": self.caught_up,
-                "incomplete_flushes": self.incomplete_flushes, "incomplete_closes": self.incomplete_closes, **extra}
+                "incomplete_flushes": self.incomplete_flushes,
+                "incomplete_closes": self.incomplete_closes, **extra}
 
     def count_error(self) -> None:
         """An error outside ``write`` (the sink's catch-up could not read the journal)."""
@@ -112,10 +117,11 @@ class SinkDriver:
 
     def fill_holes(self, read: Callable[[str], Iterable[Batch]]) -> bool:
         """For each run a sink that ``CatchesUp`` names in ``holes([])``, write it (as a catch-up)
-        every batch ``read(run)`` gives, the journal's events of that run the sink may lack, then tell
-        it ``holes(filled)``; False when ``wait`` gave up first (shutting down: the sink's next process
-        finds the hole in its saved spans). A plugin's ``holes()`` that raises is counted and logged,
-        and the flush goes on: the runs it named stay named and are read again at the next one."""
+        every batch ``read(run)`` gives, the journal's events of that run the sink may lack, then
+        tell it ``holes(filled)``; False when ``wait`` gave up first (shutting down: the sink's next
+        process finds the hole in its saved spans). A plugin's ``holes()`` that raises is counted
+        and logged, and the flush goes on: the runs it named stay named and are read again at the
+        next one."""
         filled: list[str] = []
         for run in self._holes(filled):
             events = 0
@@ -124,8 +130,8 @@ class SinkDriver:
                     return False
                 events += len(batch)
             filled.append(run)
-            log.info("sink %s: run %s caught up from the journal (%d events read, what it had already "
-                     "applied skipped)", self.name, run, events)
+            log.info("sink %s: run %s caught up from the journal (%d events read, what it had "
+                     "already applied skipped)", self.name, run, events)
         if filled:
             self._holes(filled)  # what it names now waits for the next flush
         return True
@@ -140,8 +146,8 @@ class SinkDriver:
             return []
 
     def after_batch(self, idle: bool, read: Callable[[str], Iterable[Batch]] | None = None) -> None:
-        """Flush when nothing is waiting (``idle``) or ``flush_every`` has passed; with ``read``, first
-        fill the sink's holes from it (``fill_holes``)."""
+        """Flush when nothing is waiting (``idle``) or ``flush_every`` has passed; with ``read``,
+        first fill the sink's holes from it (``fill_holes``)."""
         if (idle or self._clock() >= self._next_flush) and (read is None or self.fill_holes(read)):
             self.flush()
 
@@ -157,8 +163,8 @@ class SinkDriver:
         if not complete:
             self.incomplete_flushes += 1
             if self.incomplete_flushes <= 3 or self.incomplete_flushes % 100 == 0:
-                log.warning("sink %s: flush not complete within %.1f s (%d so far); the next flush goes on",
-                            self.name, timeout, self.incomplete_flushes)
+                log.warning("sink %s: flush not complete within %.1f s (%d so far); the next "
+                            "flush goes on", self.name, timeout, self.incomplete_flushes)
             return False
         self.flushes += 1
         return True
@@ -172,12 +178,13 @@ class SinkDriver:
         return self.close(max(0.0, deadline - time.monotonic())) and flushed
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
-        """``sink.close(timeout)`` on a thread of its own, waited for ``timeout`` seconds: a tool that
-        cannot be reached (Aim's remote client waits without limit) is left closing, and the caller
-        goes on. False, counted and logged, when the sink said it did not complete or overran."""
+        """``sink.close(timeout)`` on a thread of its own, waited for ``timeout`` seconds: a tool
+        that cannot be reached (Aim's remote client waits without limit) is left closing, and the
+        caller goes on. False, counted and logged, when the sink said it did not complete or
+        overran."""
         outcome: list[bool | None] = []  # None: it raised
-        closer = threading.Thread(target=self._close_sink, args=(timeout, outcome), name=f"sink-{self.name}-close",
-                                  daemon=True)
+        closer = threading.Thread(target=self._close_sink, args=(timeout, outcome),
+                                  name=f"sink-{self.name}-close", daemon=True)
         closer.start()
         closer.join(timeout)
         if self.deadletters is not None:
@@ -186,8 +193,9 @@ class SinkDriver:
             return True
         if outcome != [None]:  # an exception was counted and logged already
             self.incomplete_closes += 1
-            log.warning("sink %s: close %s within %.1f s; what it had not made durable is in the journal (a "
-                        "catching-up sink reads it at its next start, `relay replay` rebuilds any sink)", self.name,
+            log.warning("sink %s: close %s within %.1f s; what it had not made durable is in the "
+                        "journal (a catching-up sink reads it at its next start, `relay replay` "
+                        "rebuilds any sink)", self.name,
                         "still running, left behind," if not outcome else "not complete", timeout)
         return False
 
@@ -212,7 +220,8 @@ class SinkDriver:
                     self._dead_letter(batch[0], exc)
                     return True
                 half = len(batch) // 2  # the events that fail on their own, found in log2(n) rounds
-                return self._deliver(batch[:half], caught_up) and self._deliver(batch[half:], caught_up)
+                return (self._deliver(batch[:half], caught_up)
+                        and self._deliver(batch[half:], caught_up))
             except Exception as exc:  # isolated and counted; the batch is retried
                 self._failed("failed", exc, backoff)
                 failed = True
@@ -239,14 +248,17 @@ class SinkDriver:
         self.dead_lettered += 1
         self.resolved += 1
         detail = str(exc) or type(exc).__name__
-        kept = self.deadletters is not None and self.deadletters.add_event("permanent", detail, encode_line(event))
+        kept = (self.deadletters is not None
+                and self.deadletters.add_event("permanent", detail, encode_line(event)))
         if not kept:
             self.deadletter_overflow += 1
         if self.dead_lettered <= 10 or self.dead_lettered % 1000 == 0:
             where = "" if self.deadletters is None else (
-                f", kept in {self.deadletters.path}" if kept else ", not kept (dead-letter file full)")
+                f", kept in {self.deadletters.path}" if kept
+                else ", not kept (dead-letter file full)")
             log.error("sink %s refused run %s rank %s seq %s for good (%d so far)%s: %s", self.name,
-                      event.get("run"), event.get("rank"), event.get("seq"), self.dead_lettered, where, detail)
+                      event.get("run"), event.get("rank"), event.get("seq"), self.dead_lettered,
+                      where, detail)
 
     def _failed(self, what: str, exc: Exception, backoff: float) -> None:
         self.errors += 1

@@ -17,7 +17,8 @@ from relay.sinkhost.spec import SinkSpec
 
 
 class FanOut:
-    """One SinkProcess per sink spec, started once; ``idle`` is set while ingest does not need the CPU."""
+    """One SinkProcess per sink spec, started once; ``idle`` is set while ingest does not need the
+    CPU."""
 
     def __init__(self) -> None:
         self.workers: list[SinkProcess] = []
@@ -25,13 +26,14 @@ class FanOut:
 
     def start(self, specs: list[SinkSpec], journal: Journal, sink_queue: int, drain_timeout: float,
               write_above: Callable[[bytes], None] | None) -> None:
-        """Start each sink's process without waiting for it: it opens its sink in its own time, takes
-        the lines that arrive meanwhile, and catches up from the journal."""
+        """Start each sink's process without waiting for it: it opens its sink in its own time,
+        takes the lines that arrive meanwhile, and catches up from the journal."""
         where = str(journal.path) + (os.sep if journal.directory else "")
         for spec in specs:
             deadletter = journal.sidecar(f"_deadletter_{spec.name}.jsonl")
-            worker = SinkProcess(replace(spec, journal=where, deadletter=str(deadletter), max_events=sink_queue,
-                                         drain_timeout=drain_timeout), self.idle, write_above)
+            worker = SinkProcess(replace(spec, journal=where, deadletter=str(deadletter),
+                                         max_events=sink_queue, drain_timeout=drain_timeout),
+                                 self.idle, write_above)
             worker.start()
             self.workers.append(worker)
 
@@ -52,13 +54,14 @@ class FanOut:
         return {worker.name: worker.stats() for worker in self.workers}
 
     def close(self, deadline: float, progress: Callable[[float], None] | None = None) -> None:
-        """Let the sinks have the CPU for good: each drains what it has until ``deadline`` (monotonic),
-        given half a second at least, all at once; ``progress(waited)`` is called about every second
-        meanwhile (the relay says what it waits for)."""
+        """Let the sinks have the CPU for good: each drains what it has until ``deadline``
+        (monotonic), given half a second at least, all at once; ``progress(waited)`` is called about
+        every second meanwhile (the relay says what it waits for)."""
         self.idle.set()
         started = time.monotonic()
         closers = [threading.Thread(target=worker.close, args=(max(0.5, deadline - started),),
-                                    name=f"sink-{worker.name}-close", daemon=True) for worker in self.workers]
+                                    name=f"sink-{worker.name}-close", daemon=True)
+                   for worker in self.workers]
         for closer in closers:
             closer.start()
         for closer in closers:

@@ -1,10 +1,11 @@
 """A sink's process lives only as long as the relay that started it, and alone on its journal.
 
-Each sink runs under a small supervisor, ``python -m relay.sinkhost.lifeline RELAY_PID FD NAME MODULE
-ARGS...``, which starts ``python -m MODULE ARGS...`` in its own process group and waits for it. When
-the relay dies, however it died, the supervisor kills the whole group at once (SIGKILL): the sink
-and any process the sink's tool started (Aim runs its schema migrations in a subprocess of its own,
-which outlived a killed sink and migrated on beside the next one). It learns of the death two ways:
+Each sink runs under a small supervisor, ``python -m relay.sinkhost.lifeline RELAY_PID FD NAME
+MODULE ARGS...``, which starts ``python -m MODULE ARGS...`` in its own process group and waits for
+it. When the relay dies, however it died, the supervisor kills the whole group at once (SIGKILL):
+the sink and any process the sink's tool started (Aim runs its schema migrations in a subprocess of
+its own, which outlived a killed sink and migrated on beside the next one). It learns of the death
+two ways:
 
 * on Linux, from the kernel (``prctl(PR_SET_PDEATHSIG)``), asked between fork and exec so that it
   holds from the supervisor's first moment; the signal is SIGTERM, and the supervisor acts on it
@@ -48,23 +49,25 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 POLL_S = 0.2  # how often the supervisor looks whether its sink exited (the pipe wakes it at once)
 
 
-# -- the relay's side ---------------------------------------------------------------------------------
+# -- the relay's side ------------------------------------------------------------------------------
 
 _pipe: tuple[int, int, int] | None = None  # (this process's pid, read end, write end)
 _pipe_lock = threading.Lock()
 
 
 def spawn(name: str, module: str, args: list[str], **popen: Any) -> subprocess.Popen:
-    """``python -m MODULE ARGS...`` under its supervisor, started as ``subprocess.Popen(..., **popen)``
-    would start it; the Popen is the supervisor's, whose exit status is the sink's. ``name`` says
-    what it is in the one line it writes if the relay dies."""
+    """``python -m MODULE ARGS...`` under its supervisor, started as ``subprocess.Popen(...,
+    **popen)`` would start it; the Popen is the supervisor's, whose exit status is the sink's.
+    ``name`` says what it is in the one line it writes if the relay dies."""
     global _pipe
     with _pipe_lock:
         if _pipe is None or _pipe[0] != os.getpid():  # a forked copy of the relay makes its own
-            _pipe = (os.getpid(), *os.pipe())  # both ends close-on-exec; a supervisor gets the read end only
+            # both ends close-on-exec; a supervisor gets the read end only
+            _pipe = (os.getpid(), *os.pipe())
     fd = _pipe[1]
-    return subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid()), str(fd), name, module, *args],
-                            pass_fds=(fd,), start_new_session=True, preexec_fn=ask_kernel(signal.SIGTERM), **popen)
+    command = [sys.executable, "-m", __name__, str(os.getpid()), str(fd), name, module, *args]
+    return subprocess.Popen(command, pass_fds=(fd,), start_new_session=True,
+                            preexec_fn=ask_kernel(signal.SIGTERM), **popen)
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -74,9 +77,9 @@ def kill(proc: subprocess.Popen) -> None:
 
 
 def ask_kernel(sig: int) -> Callable[[], None] | None:
-    """Linux: what a child runs between fork and exec to be sent ``sig`` when the thread that started
-    it ends (the signal outlives the exec). One system call through a function found beforehand:
-    nothing there may take a lock another thread of the parent could hold."""
+    """Linux: what a child runs between fork and exec to be sent ``sig`` when the thread that
+    started it ends (the signal outlives the exec). One system call through a function found
+    beforehand: nothing there may take a lock another thread of the parent could hold."""
     if not sys.platform.startswith("linux"):
         return None
     prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -86,24 +89,30 @@ def ask_kernel(sig: int) -> Callable[[], None] | None:
     return ask
 
 
-# -- the supervisor ----------------------------------------------------------------------------------
+# -- the supervisor --------------------------------------------------------------------------------
 
 def supervise(relay_pid: int, fd: int, name: str, command: list[str]) -> None:
-    """Run ``command`` (the sink) in this process group until it exits, then exit as it did; kill the
-    group the moment the relay ``relay_pid`` is gone (the kernel's SIGTERM, or end-of-file on ``fd``)."""
-    def relay_gone(*_: Any) -> None:  # the kernel's SIGTERM; a stray one (the relay lives) is the relay's to act on
+    """Run ``command`` (the sink) in this process group until it exits, then exit as it did; kill
+    the group the moment the relay ``relay_pid`` is gone (the kernel's SIGTERM, or end-of-file on
+    ``fd``)."""
+    # the kernel's SIGTERM; a stray one (the relay lives) is the relay's to act on
+    def relay_gone(*_: Any) -> None:
         if os.getppid() != relay_pid:
             _end_group(name)
 
-    if os.getpgrp() != os.getpid():  # started by hand, not by spawn(): the group to kill is ours alone
+    # started by hand, not by spawn(): the group to kill is ours alone
+    if os.getpgrp() != os.getpid():
         os.setpgid(0, 0)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the relay's group: the relay decides
+    # Ctrl-C reaches the relay's group: the relay decides
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, relay_gone)
     if os.getppid() != relay_pid:  # it died before the kernel was asked: nobody would tell us
         _end_group(name)
-    sink = subprocess.Popen(command, preexec_fn=ask_kernel(signal.SIGKILL))  # fds 0-2: the relay's pipes
+    # fds 0-2: the relay's pipes
+    sink = subprocess.Popen(command, preexec_fn=ask_kernel(signal.SIGKILL))
     devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)  # the relay's pipes are the sink's alone: it sees their ends close with the sink
+    # the relay's pipes are the sink's alone: it sees their ends close with the sink
+    os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     while True:
         if select.select([fd], [], [], POLL_S)[0] and not os.read(fd, 1):
@@ -119,13 +128,13 @@ def supervise(relay_pid: int, fd: int, name: str, command: list[str]) -> None:
 
 def _end_group(name: str) -> None:
     with contextlib.suppress(OSError):  # the log went with the relay
-        os.write(2, f"{name} (supervisor pid {os.getpid()}): the relay that started it is gone; stopping its "
-                    "processes now (what it had not written is in the journal: the next relay's sink catches it "
-                    "up)\n".encode())
+        os.write(2, f"{name} (supervisor pid {os.getpid()}): the relay that started it is gone; "
+                    "stopping its processes now (what it had not written is in the journal: the "
+                    "next relay's sink catches it up)\n".encode())
     os.killpg(0, signal.SIGKILL)
 
 
-# -- one sink process per journal ---------------------------------------------------------------------
+# -- one sink process per journal ------------------------------------------------------------------
 
 def hold_sink_lock(path: Path, name: str) -> int:
     """Take ``path`` (flock) for this process's lifetime, waiting for the sink process of an earlier
@@ -135,11 +144,12 @@ def hold_sink_lock(path: Path, name: str) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        log.warning("sink %s: waiting for the sink process of an earlier relay (pid %s) to stop before opening "
-                    "(it holds %s)", name, holder, path)
+        log.warning("sink %s: waiting for the sink process of an earlier relay (pid %s) to stop "
+                    "before opening (it holds %s)", name, holder, path)
         started = time.monotonic()
         fcntl.flock(fd, fcntl.LOCK_EX)
-        log.info("sink %s: the earlier sink process stopped after %.1f s; opening", name, time.monotonic() - started)
+        log.info("sink %s: the earlier sink process stopped after %.1f s; opening", name,
+                 time.monotonic() - started)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd

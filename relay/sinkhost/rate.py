@@ -1,4 +1,5 @@
-"""A growing count's rate over the last N seconds, for the relay's counters and each sink's queue."""
+"""A growing count's rate over the last N seconds, for the relay's counters and each sink's
+queue."""
 from __future__ import annotations
 
 import collections

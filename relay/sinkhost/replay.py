@@ -8,8 +8,8 @@ relay/daemon/rederive.py), numbered on from what the journal holds.
 Each sink is driven as its process drives it live (relay/sinkhost/driver.py): retried with backoff
 (for up to ``RETRY_FOR`` seconds), events it refuses for good dead-lettered beside the journal
 (``_relay_deadletter_NAME.jsonl``, as the relay's own), flushed every second and at the end. A sink
-that is ``CatchesUp`` is read no run back from the journal here (relay/sinkhost/catch_up.py): it is fed
-all of it, so a hole it names is filled further on, or is one for good."""
+that is ``CatchesUp`` is read no run back from the journal here (relay/sinkhost/catch_up.py): it is
+fed all of it, so a hole it names is filled further on, or is one for good."""
 from __future__ import annotations
 
 import logging
@@ -51,7 +51,8 @@ class Derivation(Protocol):
     """What derives the relay's own events from events replayed into a journal."""
 
     def meet(self, run: str, recent: list[dict[str, Any]]) -> None:
-        """``run`` is met for the first time: what the journal holds of it last, before any replayed event."""
+        """``run`` is met for the first time: what the journal holds of it last, before any replayed
+        event."""
 
     def take(self, events: list[dict[str, Any]]) -> list[Derived]:
         """New events of the journal, in order: what they settle."""
@@ -69,11 +70,12 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
 
     Non-finite metric values, stored as "NaN"/"Infinity" strings, become floats again. Sinks are
     expected to be idempotent, so replaying twice adds nothing. Lines that are not events (see
-    ``relay.wire.lines.event_error``: unparsable, hand-edited, an older relay's "NaN" ts) are skipped
-    and counted in ``bad_lines``, as are events ``journal`` refuses (a run id it cannot name a file
-    after, which the reader already keeps out). SinkError when a sink still fails after ``retry_for`` s.
-    ``progress(events, bytes)`` is told after each batch how many events and bytes were read so far.
-    ``deadletters``: the folder of the sinks' dead-letter files (default: the first file's).
+    ``relay.wire.lines.event_error``: unparsable, hand-edited, an older relay's "NaN" ts) are
+    skipped and counted in ``bad_lines``, as are events ``journal`` refuses (a run id it cannot name
+    a file after, which the reader already keeps out). SinkError when a sink still fails after
+    ``retry_for`` s. ``progress(events, bytes)`` is told after each batch how many events and bytes
+    were read so far. ``deadletters``: the folder of the sinks' dead-letter files (default: the
+    first file's).
     """
     result = ReplayResult()
     files = [f for p in paths for f in journal_files(Path(p))]
@@ -135,8 +137,8 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
 
 
 class _JournalTarget:
-    """A journal being replayed into: fed only what it lacks (``Journal.seen``, as a restarted relay),
-    and, while ``deriving`` (a spool file), what ``derive`` derives from that."""
+    """A journal being replayed into: fed only what it lacks (``Journal.seen``, as a restarted
+    relay), and, while ``deriving`` (a spool file), what ``derive`` derives from that."""
 
     def __init__(self, journal: Journal, derive: Derivation | None) -> None:
         self.journal = journal
@@ -153,7 +155,8 @@ class _JournalTarget:
         self.deriving = path.name.endswith(SPOOL_SUFFIX)
 
     def write(self, batch: list[dict]) -> tuple[int, list[dict]]:
-        """Journal what ``batch`` holds that the journal lacks; (how many, the events derived from them)."""
+        """Journal what ``batch`` holds that the journal lacks; (how many, the events derived from
+        them)."""
         derive = self.derive if self.deriving else None
         fresh = []
         for event in batch:
@@ -172,7 +175,8 @@ class _JournalTarget:
         return self._own(self.derive.finish()) if self.derive is not None and self._met else []
 
     def _own(self, derived: list[Derived]) -> list[dict]:
-        """Derived events, numbered on from what the journal holds of (run, RELAY_RANK), and journaled."""
+        """Derived events, numbered on from what the journal holds of (run, RELAY_RANK), and
+        journaled."""
         events = []
         for item in derived:
             state = self.dedupe.lookup(item.run, RELAY_RANK, self.journal)
