@@ -237,9 +237,10 @@ def run(quick: bool = False) -> Section:
     for sample, name in zip(cpu, ("the node relay, no sink (over its ingest)", "the node relay, nats sink attached",
                                   "the nats sink's process", "the three servers"), strict=True):
         sample.name = name
-    floor_cpu = samples[FLOOR][FLOOR_CPU]
-    floor_cpu.name = "the fair floor's process"
-    cpu_rows = [cpu[0].row(), cpu[1].row(cpu[0]), cpu[2].row(), cpu[3].row(), floor_cpu.row()]
+    floor_cpu, floor_servers = samples[FLOOR][FLOOR_CPU], samples[FLOOR][SERVERS_CPU]
+    floor_cpu.name, floor_servers.name = "the fair floor's process", "the three servers, fair floor rounds"
+    cpu_rows = [cpu[0].row(), cpu[1].row(cpu[0]), cpu[2].row(), cpu[3].row(floor_servers), floor_cpu.row(),
+                floor_servers.row()]
     if baseline:
         base_cpu = [samples[f"{BARE}, the code of {baseline}"][RELAY_CPU],
                     *(samples[f"{WITH}, the code of {baseline}"][unit] for unit in (RELAY_CPU, SINK_CPU))]
