@@ -35,6 +35,8 @@ journal, reduced to ``[step, steps, (step_time, outside_time, own_time) of rank 
   (``/proc/loadavg`` 1-minute 11-20 through it, 7.3 per core when it ended): FSDP2 balanced (600
   steps), rank 1 slow by 0.05 CPU-s in a layer's forward, backward, after its optimizer step, and
   FSDP1 in a layer's forward (20 steps each).
+- ``fsdp2-overloaded-none``: that launch, warm, 11:19-11:27 UTC (``/proc/loadavg`` 1-minute 10-14,
+  6.3 per core when it ended): FSDP2 balanced, 600 steps (the half-window rule named rank 0 twice).
 """
 from __future__ import annotations
 
@@ -79,7 +81,8 @@ def recorded(name: str) -> list[list[float]]:
 
 
 @pytest.mark.parametrize("name", ["ddp-balanced", "fsdp2-none", "fsdp1-none", "ddp-loaded-balanced",
-                                  "ddp-crowded-balanced", "ddp-overloaded-balanced"])
+                                  "ddp-crowded-balanced", "ddp-overloaded-balanced",
+                                  "fsdp2-overloaded-none"])
 def test_balanced_recorded_runs_name_nobody(name: str) -> None:
     rows = recorded(name)
     assert findings(rows) == []
@@ -88,7 +91,7 @@ def test_balanced_recorded_runs_name_nobody(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["ddp-loaded-balanced", "ddp-crowded-balanced",
-                                  "ddp-overloaded-balanced"])
+                                  "ddp-overloaded-balanced", "fsdp2-overloaded-none"])
 def test_a_crowded_machine_makes_a_balanced_rank_look_slow_for_a_few_steps(name: str) -> None:
     """On two cores at load 2-12 one rank of a balanced job costs it over 10% of a step at most of
     the steps of a window now and then (descheduled, or rank 0's logging stretched by the load):

@@ -15,10 +15,10 @@ costs a balanced job 50% of that step, and with two ranks the other rank's is th
   spans the steps its report sums up), and never fewer than 3; steps not yet logged count as
   neither slow nor calm.
 - A rank is named a straggler when more than half the window is logged and at least ``share``
-  (3/4) of its logged steps are slow: a slow rank is slow in nearly every step, while a balanced
+  (85%) of its logged steps are slow: a slow rank is slow at nearly every step, while a balanced
   job's ranks on a crowded machine take turns getting less of the cores, each for a few steps (in
-  recorded balanced runs at load 1-6 per core a rank cost the job over 10% in up to 60% of a
-  window's steps, 80% in one stretch of 600 steps; a rank slow by 0.05 s in 87-100%:
+  recorded balanced DDP runs of 600 steps at 3.5-7.5 per core a rank cost the job over 10% at up
+  to 80% of a window's steps, rank 0, which also logs; a rank slow by 0.05 s at 87-100%:
   tests/straggler_series/). Its episode ends when more than half the window is calm: a rank
   hovering between the two bars stays named, so one slowness is one episode.
 
