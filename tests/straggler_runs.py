@@ -9,9 +9,10 @@ mid-run.
 The launch is warm (tests/warm_ranks.py): torchrun is only its launcher, so its agent and ranks are
 forks of a process that imported torch, transformers and trl once per pytest process, not three
 fresh interpreters importing them (a 6-step launch: 16.5 CPU-s cold, 3.7 warm, at load 11-13); its
-steps cost about 0.1 CPU-s each on an idle machine (docs/development.md, "A torchrun launch"). Each run still starts its own process group,
-model, Trainer and embedded relay and writes its own journal.
-The run whose rank 1 is SIGKILLed goes last: the launch ends with it (torchrun stops rank 0 and fails).
+steps cost about 0.1 CPU-s each on an idle machine (docs/development.md, "A torchrun launch").
+Each run still starts its own process group, model, Trainer and embedded relay and writes its own
+journal. The run whose rank 1 is SIGKILLed goes last: the launch ends with it (torchrun stops rank 0
+and fails).
 """
 from __future__ import annotations
 
