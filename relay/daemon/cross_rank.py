@@ -47,12 +47,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from relay.daemon.stragglers import Mark, Seen, StragglerRule, excess, period, seconds, spread
+from relay.daemon.cluster_state import ClusterRank, ClusterRun, ClusterStep
+from relay.daemon.stragglers import Mark, StragglerRule, excess, period, seconds, spread
 from relay.wire.lines import Derived
 from sinks.events import RELAY_RANK, attempt_of
 
-#: Reports one run may hold for steps still waiting for their other ranks; past it the oldest step is
-#: settled as it stands. Memory per run stays bounded whatever its ranks send.
+#: Reports one run may hold for steps still waiting for their other ranks; past it the oldest step
+#: is settled as it stands. Memory per run stays bounded whatever its ranks send.
 MAX_WAITING = 16_384
 
 
@@ -62,7 +63,8 @@ class ClusterConfig:
     stragglers: StragglerRule = StragglerRule()
     #: seconds without a report after which a rank whose peers went on is lost
     silence: float = 60.0
-    #: seconds after a run's end within which a rank behind its peers may still report its last steps
+    #: seconds after a run's end within which a rank behind its peers may still report its last
+    #: steps
     end_grace: float = 5.0
 
 
@@ -76,57 +78,13 @@ class Standing(NamedTuple):
     costs: tuple[tuple[int, float], ...] = ()
 
 
-class _Rank:
-    __slots__ = ("last_step", "last_seen", "seen", "named", "lost", "ended")
-
-    def __init__(self, now: float, rule: StragglerRule) -> None:
-        self.last_step = -1  # the highest step it reported
-        self.last_seen = now  # when it last reported anything
-        self.seen = Seen(rule)  # its last logged steps' cost to the job
-        self.named: int | None = None  # the step it was named a straggler at; None: not straggling now
-        self.lost = False
-        self.ended = False  # it sent its own train_end
-
-
-class _Step:
-    __slots__ = ("times", "own", "outside", "span", "epoch", "since")
-
-    def __init__(self, epoch: float | None, now: float) -> None:
-        self.times: dict[int, float | None] = {}  # rank -> its step time (None: reported, no usable figure)
-        self.own: dict[int, float] = {}  # rank -> its own work, from the ranks that sent a usable one
-        self.outside: dict[int, float] = {}  # rank -> its time between steps, where it sent one
-        self.span = 1  # the training steps the logged step sums up (the ranks' ``steps``)
-        self.epoch = epoch
-        self.since = now
-
-
-class _Run:
-    __slots__ = ("world_size", "ranks", "pending", "order", "waiting", "done", "lost", "epoch", "began", "active",
-                 "ended", "failed", "attempt")
-
-    def __init__(self, world_size: int, now: float) -> None:
-        self.world_size = world_size
-        self.ranks: dict[int, _Rank] = {}
-        self.pending: dict[int, _Step] = {}
-        self.order: list[int] = []  # the steps of ``pending``, a heap: settled oldest first
-        self.waiting = 0  # reports held in ``pending``
-        self.done = -1  # steps up to here are settled: later reports of them are late, and ignored
-        self.lost = 0  # ranks now lost
-        self.epoch: float | None = None
-        self.began = now  # when the first rank reported
-        self.active = now  # when any rank last reported
-        self.ended: float | None = None  # when the first train_end came
-        self.attempt = 0  # of the run's ranks' reports (sinks/events.py attempt_of): a later one starts afresh
-        self.failed = False  # a train_end said status "failed": each rank that lived through it sends one
-
-
 class Cluster:
     """Per-run derivation state; memory per run is bounded by its reporting ranks and MAX_WAITING
     reports, and a run is dropped with ``forget`` when the relay forgets it."""
 
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
-        self.runs: dict[str, _Run] = {}
+        self.runs: dict[str, ClusterRun] = {}
 
     def observe(self, event: dict[str, Any], now: float) -> list[Derived]:
         """A new ``stage="rank"`` metrics event that arrived at ``now``; what it settles."""
@@ -138,15 +96,16 @@ class Cluster:
         if run is not None and attempt != run.attempt:
             if attempt < run.attempt:
                 return []  # a late report of an attempt a resumed job replaced
-            run = None  # a resumed job's first report: its steps go back to its checkpoint's, start afresh
+            # a resumed job's first report: its steps go back to its checkpoint's, start afresh
+            run = None
         if run is None:
-            run = self.runs[event["run"]] = _Run(world_size, now)
+            run = self.runs[event["run"]] = ClusterRun(world_size, now)
             run.attempt = attempt
         run.world_size = world_size
         run.active = now
         info = run.ranks.get(rank)
         if info is None:
-            info = run.ranks[rank] = _Rank(now, self.config.stragglers)
+            info = run.ranks[rank] = ClusterRank(now, self.config.stragglers)
         out: list[Derived] = []
         step = event["step"]
         if info.lost:
@@ -164,7 +123,7 @@ class Cluster:
             return out
         entry = run.pending.get(step)
         if entry is None:
-            entry = run.pending[step] = _Step(event["epoch"], now)
+            entry = run.pending[step] = ClusterStep(event["epoch"], now)
             heapq.heappush(run.order, step)
         if rank in entry.times:
             return out
@@ -194,13 +153,14 @@ class Cluster:
             return  # (a run of no per-rank figures has no rank to judge)
         info = run.ranks.get(rank)
         if info is None:
-            info = run.ranks[rank] = _Rank(now, self.config.stragglers)
+            info = run.ranks[rank] = ClusterRank(now, self.config.stragglers)
         info.ended = True
         if run.ended is None:
             run.ended = now
-            for other in range(run.world_size):  # a rank killed before any report of it got out: judged with the rest
+            # a rank killed before any report of it got out: judged with the rest
+            for other in range(run.world_size):
                 if other not in run.ranks:
-                    run.ranks[other] = _Rank(run.began, self.config.stragglers)
+                    run.ranks[other] = ClusterRank(run.began, self.config.stragglers)
         if event["data"].get("status") == "failed":
             run.failed = True
 
@@ -211,13 +171,15 @@ class Cluster:
         silence = self.config.silence
         out: list[Derived] = []
         for name, run in self.runs.items():
-            if now - run.active <= silence:  # else nobody went on: the run ended, or paused as a whole
+            # else nobody went on: the run ended, or paused as a whole
+            if now - run.active <= silence:
                 out += self._find_lost(name, run, now)
             if run.ended is not None and now - run.ended > self.config.end_grace:
                 out += self._left_behind(name, run, now, self.config.end_grace)
             if run.pending:
+                reporting = run.world_size - run.lost
                 ready = [step for step, entry in run.pending.items()
-                         if len(entry.times) >= run.world_size - run.lost or now - entry.since > silence]
+                         if len(entry.times) >= reporting or now - entry.since > silence]
                 if ready:
                     out += self._settle(name, run, max(ready))
         return out
@@ -254,24 +216,27 @@ class Cluster:
         state = self.runs.get(run)
         if state is None:
             return None
-        ranks = sorted(dict(state.ranks).items())  # a copy first: the ingest thread may add a rank meanwhile
-        return Standing(tuple(rank for rank, info in ranks if info.named is not None and not info.lost),
+        # a copy first: the ingest thread may add a rank meanwhile
+        ranks = sorted(dict(state.ranks).items())
+        return Standing(tuple(rank for rank, info in ranks
+                              if info.named is not None and not info.lost),
                         tuple(rank for rank, info in ranks if info.lost),
                         tuple((rank, info.seen.cost) for rank, info in ranks
                               if info.seen.cost is not None and not info.lost))
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _find_lost(self, name: str, run: _Run, now: float) -> list[Derived]:
+    def _find_lost(self, name: str, run: ClusterRun, now: float) -> list[Derived]:
         silence = self.config.silence
-        ahead = max((r.last_step for r in run.ranks.values() if now - r.last_seen <= silence), default=-1)
+        ahead = max((r.last_step for r in run.ranks.values() if now - r.last_seen <= silence),
+                    default=-1)
         out = []
         for rank, info in run.ranks.items():
             if not info.lost and now - info.last_seen > silence and info.last_step < ahead:
                 out += self._lost(name, run, rank, info, ahead, now, "silent")
         return out
 
-    def _left_behind(self, name: str, run: _Run, now: float, grace: float) -> list[Derived]:
+    def _left_behind(self, name: str, run: ClusterRun, now: float, grace: float) -> list[Derived]:
         """The ranks of ended ``run`` that did not end themselves, are behind the furthest step (or
         the run failed) and have been silent ``grace`` seconds since the end: lost."""
         assert run.ended is not None
@@ -281,22 +246,23 @@ class Cluster:
                 and now - max(info.last_seen, run.ended) > grace
                 for derived in self._lost(name, run, rank, info, ahead, now, "ended")]
 
-    def _lost(self, name: str, run: _Run, rank: int, info: _Rank, ahead: int, now: float,
-              why: str) -> list[Derived]:
+    def _lost(self, name: str, run: ClusterRun, rank: int, info: ClusterRank, ahead: int,
+              now: float, why: str) -> list[Derived]:
         """``rank`` is lost (``why``: silent while its peers went on, or the run ended without it);
         a straggler episode of it ends with it."""
         info.lost = True
         run.lost += 1
         out = [self._lifecycle(name, run, ahead, event="rank_lost", rank=rank, why=why,
-                               silent_s=round(now - info.last_seen, 3), last_step=info.last_step, peers_step=ahead)]
+                               silent_s=round(now - info.last_seen, 3),
+                               last_step=info.last_step, peers_step=ahead)]
         if info.named is not None:
-            out.append(self._lifecycle(name, run, ahead, event="straggler_cleared", rank=rank, why="lost",
-                                       named_step=info.named))
+            out.append(self._lifecycle(name, run, ahead, event="straggler_cleared", rank=rank,
+                                       why="lost", named_step=info.named))
             info.named = None
         info.seen.clear()
         return out
 
-    def _settle(self, name: str, run: _Run, upto: int) -> list[Derived]:
+    def _settle(self, name: str, run: ClusterRun, upto: int) -> list[Derived]:
         """Sum up every waiting step up to ``upto``, in order."""
         out = []
         for step, entry in self._drop(run, upto):
@@ -304,7 +270,7 @@ class Cluster:
         return out
 
     @staticmethod
-    def _drop(run: _Run, upto: int) -> list[tuple[int, _Step]]:
+    def _drop(run: ClusterRun, upto: int) -> list[tuple[int, ClusterStep]]:
         """Take the waiting steps up to ``upto`` out of ``run``, oldest first; they are settled."""
         taken = []
         order = run.order
@@ -316,14 +282,15 @@ class Cluster:
         run.done = max(run.done, upto)
         return taken
 
-    def _figures(self, name: str, run: _Run, step: int, entry: _Step) -> list[Derived]:
+    def _figures(self, name: str, run: ClusterRun, step: int, entry: ClusterStep) -> list[Derived]:
         times = {rank: t for rank, t in sorted(entry.times.items()) if t is not None}
         if not times:
             return []
         figures = spread(times, "step_time")
         figures["slowest_rank"] = figures.pop("step_time_slowest")
         # Judged by own work only when every rank with a step time sent its own work too.
-        own = {rank: entry.own[rank] for rank in times} if entry.own.keys() >= times.keys() else None
+        all_sent = entry.own.keys() >= times.keys()
+        own = {rank: entry.own[rank] for rank in times} if all_sent else None
         if own:
             figures.update(spread(own, "own_time"))
             figures["own_slowest_rank"] = figures.pop("own_time_slowest")
@@ -365,7 +332,7 @@ class Cluster:
         """One of the relay's own events read back from the journal: what it settled or said."""
         run = self.runs.get(event["run"])
         if run is None:
-            run = self.runs[event["run"]] = _Run(event["world_size"], now)
+            run = self.runs[event["run"]] = ClusterRun(event["world_size"], now)
         data, step = event["data"], event["step"]
         if event["type"] == "metrics" and type(step) is int:
             self._drop(run, step)
@@ -375,7 +342,7 @@ class Cluster:
             return
         info = run.ranks.get(rank)
         if info is None:
-            info = run.ranks[rank] = _Rank(now, self.config.stragglers)
+            info = run.ranks[rank] = ClusterRank(now, self.config.stragglers)
         what = data.get("event")
         if what == "straggler":  # said once: not again in this episode
             info.named = step if type(step) is int else run.done
@@ -390,7 +357,8 @@ class Cluster:
             info.lost = False
             run.lost -= 1
 
-    def _lifecycle(self, name: str, run: _Run, step: int | None, epoch: float | None = None,
+    def _lifecycle(self, name: str, run: ClusterRun, step: int | None, epoch: float | None = None,
                    **data: Any) -> Derived:
-        return Derived(name, run.world_size, "lifecycle", step, run.epoch if epoch is None else epoch, data)
+        epoch = run.epoch if epoch is None else epoch
+        return Derived(name, run.world_size, "lifecycle", step, epoch, data)
 
