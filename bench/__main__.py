@@ -46,10 +46,6 @@ def core(quick: bool) -> Section:
 
 def training(quick: bool) -> Section:
     """The trainer's own benchmark (bench/bench_training.py), read back from its JSON file."""
-    from bench import bench_training
-
-    section = Section("training", "Training overhead: demo fine-tune on 2 CPU ranks, tracking off vs relay vs "
-                                  "AimCallback")
     with tempfile.TemporaryDirectory(prefix="bench-training-json-") as tmp:
         out = Path(tmp) / "training.json"
         # Its own process: the interleaved job trains in-process, and must not share it with the threads
@@ -58,6 +54,16 @@ def training(quick: bool) -> Section:
                         *(["--quick"] if quick else ["--steps", "60", "--rounds", "3"]), "--json", str(out)],
                        cwd=ROOT, check=True, timeout=900)
         result = json.loads(out.read_text())
+    return training_section(result, quick)
+
+
+def training_section(result: dict, quick: bool) -> Section:
+    """The section made of bench/bench_training.py's JSON ``result`` (also the smoke test's, whose
+    torchrun jobs run on warm ranks)."""
+    from bench import bench_training
+
+    section = Section("training", "Training overhead: demo fine-tune on 2 CPU ranks, "
+                                  "tracking off vs relay vs AimCallback")
     steps = result["steps"]
     section.add_table(f"whole demo jobs (torchrun, {result['ranks']} CPU rank(s)), {steps} steps, --logging_steps 1: "
                       "train_runtime, then process wall", result["rows"])

@@ -22,7 +22,10 @@ compared in the same run.
 10-step whole jobs on one rank each (still ``torchrun`` and the contenders' real commands: a launch
 costs its processes' imports, some 6 CPU-s a rank, whatever the steps), 100-step interleaved and
 50-step collective-timing jobs (two ranks: DDP's all-reduce needs them; fewer steps saved nothing
-measurable, their cost too is their processes' start).
+measurable, their cost too is their processes' start). ``main``'s ``launch`` runs each
+torchrun command line: real ``torchrun`` by default; the smoke test passes its warm ranks'
+(tests/warm_ranks.py: torch's own launcher, from a process that imported torch and the
+trainer's libraries once).
 
     python -m bench.bench_training [--steps 200] [--rounds 7] [--quick] [--collectives-only] [--json FILE]
 """
@@ -56,32 +59,52 @@ JOBS: dict[str, Callable[[Path], list[str]]] = {
 }
 
 
-def _run(steps: int, contender: str, workdir: Path, wall: Sample, ranks: int) -> float:
+#: Runs ``torchrun ARGV`` with an environment and a timeout, its output captured as text.
+Launch = Callable[[list[str], dict[str, str], float], "subprocess.CompletedProcess[str]"]
+
+
+def torchrun(argv: list[str], env: dict[str, str],
+             timeout: float) -> subprocess.CompletedProcess[str]:
+    """The real ``torchrun ARGV``, in the checkout."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _launched(launch: Launch, cmd: list[str], env: dict[str, str],
+              timeout: float) -> subprocess.CompletedProcess[str]:
+    """``launch``'s run of ``torchrun cmd``; raises with its stderr's end if it failed."""
+    done = launch(cmd, env, timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchrun {' '.join(cmd)} exited {done.returncode}:\n"
+                           f"{done.stderr[-2000:]}")
+    return done
+
+
+def _run(steps: int, contender: str, workdir: Path, wall: Sample, ranks: int,
+         launch: Launch) -> float:
     """One demo job on ``ranks`` CPU ranks; returns its train_runtime and appends the process wall time to ``wall``."""
     out = workdir / f"{contender.split()[0]}-{time.monotonic_ns()}"
-    runtime, seconds = demo_job(JOBS[contender](out), steps, out, ranks)
+    runtime, seconds = demo_job(JOBS[contender](out), steps, out, ranks, launch)
     wall.values.append(seconds)
     return runtime
 
 
-def demo_job(job: list[str], steps: int, out: Path, ranks: int = 2) -> tuple[float, float]:
+def demo_job(job: list[str], steps: int, out: Path, ranks: int = 2,
+             launch: Launch = torchrun) -> tuple[float, float]:
     """The demo fine-tune on ``ranks`` CPU ranks (torchrun, then ``job``: ``-m trainer ...``) writing into
     ``out``: its train_runtime and the whole process's wall time."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={ranks}",
-           f"--master_port={free_port()}", *job,
+    cmd = ["--nnodes=1", f"--nproc_per_node={ranks}", f"--master_port={free_port()}", *job,
            "--demo", "--output_dir", str(out), "--max_steps", str(steps), "--logging_steps", "1",
            "--disable_tqdm", "True"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env.pop(ADDRESS_ENV, None)
     started = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = _launched(launch, cmd, env, 600)
     seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-2000:]}")
     for line in done.stdout.splitlines():
         if "'train_runtime'" in line:
             return float(ast.literal_eval(line.strip())["train_runtime"]), seconds
-    raise RuntimeError(f"no train_runtime in the output of {' '.join(cmd)}")
+    raise RuntimeError(f"no train_runtime in the output of torchrun {' '.join(cmd)}")
 
 
 def interleaved(steps: int, block: int, workdir: Path) -> dict[str, Sample]:
@@ -164,18 +187,16 @@ def interleaved(steps: int, block: int, workdir: Path) -> dict[str, Sample]:
     return samples
 
 
-def collective_timing(steps: int, block: int, workdir: Path) -> dict[str, Sample]:
+def collective_timing(steps: int, block: int, workdir: Path,
+                      launch: Launch = torchrun) -> dict[str, Sample]:
     """Step cycle times of a two-rank DDP job by mode (bench/ddp_timing_job.py): nothing timed, timed,
     nothing timed again."""
     folder, result = workdir / "collectives", workdir / "collectives.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           f"--master_port={free_port()}",
+    cmd = ["--nnodes=1", "--nproc_per_node=2", f"--master_port={free_port()}",
            str(ROOT / "bench" / "ddp_timing_job.py"), str(folder), str(steps), str(block), str(result)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    _launched(launch, cmd, env, 1800)
     return {mode: Sample(f"{mode} (interleaved, 2 ranks)", "s", values)
             for mode, values in json.loads(result.read_text()).items()}
 
@@ -220,8 +241,9 @@ def hook_cost(steps: int, workdir: Path) -> Sample:
     return sample
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Alternate the three contenders' demo jobs; print medians, spread and the ratios."""
+def main(argv: list[str] | None = None, launch: Launch = torchrun) -> int:
+    """Alternate the three contenders' demo jobs; print medians, spread and the ratios. ``launch``
+    runs each torchrun command line (the whole jobs' and the collective timing job's)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200,
                         help=f"training steps per job (x{INTERLEAVED} for the interleaved job)")
@@ -237,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     block = 2 if args.quick else 10
     if args.collectives_only:
         with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
-            rows = _print_timing(collective_timing(timing_steps, block, Path(tmp)), timing_steps)
+            timing = collective_timing(timing_steps, block, Path(tmp), launch)
+            rows = _print_timing(timing, timing_steps)
         if args.json:
             args.json.write_text(json.dumps({"machine": machine(), "collective_timing": rows}, indent=2))
         return 0
@@ -245,10 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         work = Path(tmp)
         contenders: dict[str, Callable[[], float]] = {
-            name: (lambda name=name: _run(steps, name, work, walls[name], ranks)) for name in JOBS}
+            name: (lambda name=name: _run(steps, name, work, walls[name], ranks, launch))
+            for name in JOBS}
         samples = alternate(contenders, rounds, "s")
         blocks = interleaved(interleaved_steps, block, work)
-        timing = collective_timing(timing_steps, block, work)
+        timing = collective_timing(timing_steps, block, work, launch)
         hooks = hook_cost(steps * 10, work)
     off = samples[OFF]
     paired = {name: Sample(f"{name} / tracking off, same round", "x",

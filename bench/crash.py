@@ -4,7 +4,10 @@ events of 100 B up to the frame limit, restart it each time, and check the journ
     python -m bench.crash --kills 200 [--per-round 100] [--runs 2] [--ranks 2] [--rate 10]
                           [--layout dir|file] [--seed 1] [--out DIR] [--json FILE]
 
-The relay is ``python -m relay`` on one fixed loopback port; each rank is a ``bench.crash_rank``
+The relay is what ``python -m relay`` runs (``relay.cli.main``), on one fixed loopback port, each
+in a process of its own forked by one that imported the relay once (bench/relay_forker.py): a
+relay's start costs its set-up, not 0.15 CPU-s of imports, and a kill lands in the relay's
+binding, recovery or writing, not in its imports. Each rank is a ``bench.crash_rank``
 process (a real Publisher) of one of ``--runs`` runs. Each relay lifetime is killed with SIGKILL
 at a seeded random point: one in five 0-0.3 s after it was started (while it binds and recovers),
 two in five the moment its journal grows after a 0-0.2 s pause (in the middle of a write, often),
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, free_port, kill_group
+from bench.relay_forker import ForkedRelay, RelayForker
 from relay.journal.reader import journal_files, read_events
 
 log = logging.getLogger("bench.crash")
@@ -42,25 +46,23 @@ TORN = "cut a torn last line"  # what a restarted relay logs when a kill left ha
 class CrashRun:
     """The relay under test, killed and restarted on one address and journal."""
 
-    def __init__(self, out: Path, layout: str, rng: random.Random) -> None:
-        self.out = out
+    def __init__(self, out: Path, layout: str, rng: random.Random, forker: RelayForker) -> None:
+        self.out, self.forker = out, forker
         self.address = f"tcp://127.0.0.1:{free_port()}"
         self.path = out / ("journal" if layout == "dir" else "journal.jsonl")
         self.ready = out / "relay.ready.json"
         self.log = out / "relay.log"
         self.rng = rng
-        self.proc: subprocess.Popen | None = None
+        self.proc: ForkedRelay | None = None
         self.kills = 0
         self.kills_before_ready = 0
 
-    def start(self) -> subprocess.Popen:
+    def start(self) -> ForkedRelay:
         self.ready.unlink(missing_ok=True)
-        with open(self.log, "ab") as fh:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "relay", "--bind", self.address, "--sink", "jsonl",
-                 "--path", f"{self.path}/" if self.path.suffix != ".jsonl" else str(self.path),
-                 "--ready-file", str(self.ready), "--log-level", "warning"],
-                cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = self.forker.start(
+            ["--bind", self.address, "--sink", "jsonl",
+             "--path", f"{self.path}/" if self.path.suffix != ".jsonl" else str(self.path),
+             "--ready-file", str(self.ready), "--log-level", "warning"], self.log)
         return self.proc
 
     def wait_ready(self, timeout: float = 60.0) -> None:
@@ -182,7 +184,8 @@ def run_round(kills: int, out: Path, *, runs: int = 2, ranks: int = 2, rate: flo
     """Kill a relay ``kills`` times under ``runs`` x ``ranks`` publishers; the verdict and figures."""
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    crash = CrashRun(out, layout, rng)
+    forker = RelayForker()
+    crash = CrashRun(out, layout, rng, forker)
     t0 = time.monotonic()
     publishers = []
     for i in range(runs * ranks):
@@ -214,6 +217,7 @@ def run_round(kills: int, out: Path, *, runs: int = 2, ranks: int = 2, rate: flo
             kill_group(proc)
         if crash.proc is not None:
             kill_group(crash.proc)
+        forker.close()
     text = crash.log.read_text(errors="replace")
     figures = verify(crash.path, results)
     figures.update(kills=crash.kills, kills_before_ready=crash.kills_before_ready, torn_tails_cut=text.count(TORN),
