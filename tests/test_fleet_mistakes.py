@@ -75,7 +75,7 @@ class SilentCheck(Sink):
 
 
 def test_an_exception_without_a_message_is_never_an_empty_reason(tmp_path):
-    from relay.sinkhost.process import check_sinks
+    from relay.sinkhost.check import check_sinks
     from relay.sinkhost.spec import SinkSpec
     with pytest.raises(SinkError) as said:
         check_sinks([SinkSpec("silentcheck", source="test_fleet_mistakes:SilentCheck")], tmp_path)

@@ -82,7 +82,7 @@ def consume(ctx: click.Context, sink_names: tuple[str, ...], name: str, lease_tt
     from relay.fleet.consumer import ConsumeConfig, Consumer
     from relay.fleet.reconcile import Mismatch
     from relay.fleet.stream import check_prefix
-    from relay.sinkhost.process import check_sinks
+    from relay.sinkhost.check import check_sinks
     from sinks.preflight import need_writable_dir
 
     private_files(world_readable)

@@ -179,7 +179,7 @@ def serve(ctx: click.Context, address: str, sink_names: tuple[str, ...], flush_i
     from relay.daemon.config import RelayConfig
     from relay.daemon.gate import AuthError
     from relay.daemon.loop import Relay
-    from relay.sinkhost.process import check_sinks
+    from relay.sinkhost.check import check_sinks
 
     # from here a SIGTERM stops it cleanly (exit 0)
     signal.signal(signal.SIGTERM, sigterm.stop_starting)

@@ -36,7 +36,8 @@ class Chunk:
     lines: int
 
     def msg_id(self, node: str) -> str:
-        """Deterministic from the chunk's place in the journal: published again, JetStream drops it."""
+        """Deterministic from the chunk's place in the journal: published again, JetStream drops
+        it."""
         return f"{node}:{self.run}:{self.file}:{self.start}-{self.end}"
 
     def headers(self, node: str) -> dict[str, str]:
@@ -45,7 +46,8 @@ class Chunk:
 
 
 def run_of(line: bytes) -> str | None:
-    """The run of a journal line: read off its head as the relay writes it, else parsed (None: not an event)."""
+    """The run of a journal line: read off its head as the relay writes it, else parsed (None: not
+    an event)."""
     if line.startswith(_HEAD):
         end = line.find(b'"', len(_HEAD))
         if end > 0:
@@ -71,9 +73,9 @@ class ChunkReader(JournalSources):
         chunk the stream holds starts); or ``more`` grown by what came since (None: nothing new).
 
         The journal's bytes are read as a block and checked at C speed: when every line of it starts
-        with the run's head (as the relay writes lines), the block is the chunk; else it is split and
-        each line's run read (a line of another run, or not an event, is skipped in a run's file and
-        ends the chunk in the one file)."""
+        with the run's head (as the relay writes lines), the block is the chunk; else it is split
+        and each line's run read (a line of another run, or not an event, is skipped in a run's file
+        and ends the chunk in the one file)."""
         path = self.file(source)
         if path is None:
             return more
@@ -81,7 +83,8 @@ class ChunkReader(JournalSources):
         bytes_left = max_bytes - (len(more.body) if more else 0)
         start = self.reader.position(path, source)
         try:
-            if path.stat().st_size < start:  # replaced by a shorter file: read it afresh (as JournalReader does)
+            # replaced by a shorter file: read it afresh (as JournalReader does)
+            if path.stat().st_size < start:
                 start = 0
         except FileNotFoundError:
             return more
@@ -89,7 +92,8 @@ class ChunkReader(JournalSources):
             bytes_left = min(bytes_left, stop - start)
             if bytes_left <= 0:
                 return more
-        block = _read_lines(path, start, bytes_left if more else max(bytes_left, 1), whole_line=more is None)
+        block = _read_lines(path, start, bytes_left if more else max(bytes_left, 1),
+                            whole_line=more is None)
         if lines_left <= 0 or not block:
             return more
         if block.count(b"\n") > lines_left:
@@ -99,19 +103,24 @@ class ChunkReader(JournalSources):
             block = block[:cut + 1]
         run = more.run if more else source or run_of(block[:block.index(b"\n")])
         head = _HEAD + run.encode() + b'"' if run is not None else None
-        if head is not None and block.startswith(head) and block.count(b"\n" + head) == block.count(b"\n") - 1:
+        if head is not None and block.startswith(head) \
+                and block.count(b"\n" + head) == block.count(b"\n") - 1:
             body, used, lines = block, len(block), block.count(b"\n")
         else:
             body, used, lines, run = self._sort(block, source, run)
         self.reader.seek(path, source, start + used)
         if not lines or run is None:
-            return more if more else (self.take(source, max_lines, max_bytes, stop=stop) if used else None)
+            return more if more else (
+                self.take(source, max_lines, max_bytes, stop=stop) if used else None)
         if more:
-            return Chunk(run, path.name, more.start, start + used, more.body + body, more.lines + lines)
+            return Chunk(run, path.name, more.start, start + used, more.body + body,
+                         more.lines + lines)
         return Chunk(run, path.name, start, start + used, body, lines)
 
-    def _sort(self, block: bytes, source: str | None, run: str | None) -> tuple[bytes, int, int, str | None]:
-        """(body, bytes used, lines, run) of a block whose lines are not all of one run, line by line."""
+    def _sort(self, block: bytes, source: str | None,
+              run: str | None) -> tuple[bytes, int, int, str | None]:
+        """(body, bytes used, lines, run) of a block whose lines are not all of one run, line by
+        line."""
         kept: list[bytes] = []
         used = 0
         for line in block.split(b"\n")[:-1]:
@@ -120,7 +129,8 @@ class ChunkReader(JournalSources):
                 break  # the one file: the next run's lines start the next chunk
             used += len(line) + 1
             if line_run is None or (source is not None and line_run != source):
-                self.skipped += bool(line.strip())  # not an event, or another run's line: never sent
+                # not an event, or another run's line: never sent
+                self.skipped += bool(line.strip())
                 continue
             run = line_run
             kept.append(line + b"\n")
@@ -128,8 +138,8 @@ class ChunkReader(JournalSources):
 
 
 def _read_lines(path: Path, start: int, limit: int, whole_line: bool) -> bytes:
-    """The complete lines of ``path`` from ``start``, at most ``limit`` bytes; with ``whole_line``, a
-    first line longer than ``limit`` whole. Empty when no complete line is there (yet)."""
+    """The complete lines of ``path`` from ``start``, at most ``limit`` bytes; with ``whole_line``,
+    a first line longer than ``limit`` whole. Empty when no complete line is there (yet)."""
     fh = open_listed(path)
     if fh is None:
         return b""
@@ -149,7 +159,8 @@ def _read_lines(path: Path, start: int, limit: int, whole_line: bool) -> bytes:
             block += more
 
 
-Position = tuple[str, int, "int | None"]  # (file name, offset acknowledged, floor: relay/fleet/resume.py)
+# (file name, offset acknowledged, floor: relay/fleet/resume.py)
+Position = tuple[str, int, "int | None"]
 
 
 def position_file(journal: Path, target: dict[str, str]) -> PositionFile:

@@ -1,15 +1,15 @@
-"""How a relay reaches NATS: the options NATS users expect, their checks and the connection (the asyncio
-loop a synchronous caller runs it on is relay/fleet/loop_thread.py).
+"""How a relay reaches NATS: the options NATS users expect, their checks and the connection (the
+asyncio loop a synchronous caller runs it on is relay/fleet/loop_thread.py).
 
-    --nats-url nats://[user:password@]host:4222[,nats://...]   (tls:// for TLS; several for a cluster)
-    --nats-user/--nats-password | --nats-token | --nats-creds FILE | --nats-nkey FILE
+    --nats-url nats://[user:password@]host:4222[,nats://...]   (tls:// for TLS; several for a
+    cluster) --nats-user/--nats-password | --nats-token | --nats-creds FILE | --nats-nkey FILE
     --nats-tls-ca FILE [--nats-tls-cert FILE --nats-tls-key FILE]
 
 Everything wrong that can be seen without a server (a URL that is not one, a file that is not there,
 two kinds of credentials at once, the package missing) is a one-line SinkError from
-``settings_from_options`` or ``check_package``, so the relay exits 2 before it listens. Credentials the
-servers refuse are found by ``probe()``: a single connection attempt that tells "refused" (SinkError)
-from "not reachable now" (None: a NATS down at start is waited for, not fatal).
+``settings_from_options`` or ``check_package``, so the relay exits 2 before it listens. Credentials
+the servers refuse are found by ``probe()``: a single connection attempt that tells "refused"
+(SinkError) from "not reachable now" (None: a NATS down at start is waited for, not fatal).
 """
 from __future__ import annotations
 
@@ -40,9 +40,10 @@ PASSWORD_ENV, TOKEN_ENV = "NATS_PASSWORD", "NATS_TOKEN"  # the options' environm
 def nats_options() -> list[click.Option]:
     """The connection options, shared by the ``nats`` sink and the relay that consumes a stream."""
     return [
-        click.Option(["--nats-url"], metavar="nats://HOST:4222[,nats://...]", default=DEFAULT_URL, show_default=True,
-                     help="The NATS servers (several, comma-separated, for a cluster); user:password@ may be in the "
-                          "URL; tls:// asks for TLS."),
+        click.Option(["--nats-url"], metavar="nats://HOST:4222[,nats://...]", default=DEFAULT_URL,
+                     show_default=True,
+                     help="The NATS servers (several, comma-separated, for a cluster); "
+                          "user:password@ may be in the URL; tls:// asks for TLS."),
         click.Option(["--nats-user"], default=None, help="User name (or give it in the URL)."),
         click.Option(["--nats-password"], default=None, envvar=PASSWORD_ENV,
                      help="Password for --nats-user (or $NATS_PASSWORD, or in the URL)."),
@@ -50,12 +51,15 @@ def nats_options() -> list[click.Option]:
                      help="Auth token (or $NATS_TOKEN)."),
         click.Option(["--nats-creds"], metavar="FILE", default=None,
                      help="A .creds file (user JWT and nkey seed), as `nsc` writes it."),
-        click.Option(["--nats-nkey"], metavar="FILE", default=None, help="A file holding a user nkey seed (SU...)."),
+        click.Option(["--nats-nkey"], metavar="FILE", default=None,
+                     help="A file holding a user nkey seed (SU...)."),
         click.Option(["--nats-tls-ca"], metavar="FILE", default=None,
                      help="CA certificate to verify the servers with (TLS)."),
         click.Option(["--nats-tls-cert"], metavar="FILE", default=None,
-                     help="Client certificate, for servers that verify clients (with --nats-tls-key)."),
-        click.Option(["--nats-tls-key"], metavar="FILE", default=None, help="Client certificate's private key."),
+                     help="Client certificate, for servers that verify clients (with "
+                          "--nats-tls-key)."),
+        click.Option(["--nats-tls-key"], metavar="FILE", default=None,
+                     help="Client certificate's private key."),
     ]
 
 
@@ -81,7 +85,8 @@ class NatsSettings:
 
     @property
     def wants_tls(self) -> bool:
-        return bool(self.tls_ca or self.tls_cert) or any(s.startswith("tls://") for s in self.servers)
+        return bool(self.tls_ca or self.tls_cert) \
+            or any(s.startswith("tls://") for s in self.servers)
 
 
 def settings_from_options(nats_url: str | None = DEFAULT_URL, nats_user: str | None = None,
@@ -110,12 +115,14 @@ def settings_from_options(nats_url: str | None = DEFAULT_URL, nats_user: str | N
                         f"authenticate), or unset {PASSWORD_ENV}"
                         if password_env else "--nats-password needs --nats-user")
     token = f"--nats-token (${TOKEN_ENV})" if token_env else "--nats-token"
-    kinds = [name for name, given in (("--nats-user", nats_user), (token, nats_token),
-                                      ("--nats-creds", nats_creds), ("--nats-nkey", nats_nkey)) if given]
+    ways = (("--nats-user", nats_user), (token, nats_token), ("--nats-creds", nats_creds),
+            ("--nats-nkey", nats_nkey))
+    kinds = [name for name, given in ways if given]
     if len(kinds) > 1:
         raise SinkError(f"{' and '.join(kinds)} are two ways to authenticate; give one")
-    for option, path in (("--nats-creds", nats_creds), ("--nats-nkey", nats_nkey), ("--nats-tls-ca", nats_tls_ca),
-                         ("--nats-tls-cert", nats_tls_cert), ("--nats-tls-key", nats_tls_key)):
+    for option, path in (("--nats-creds", nats_creds), ("--nats-nkey", nats_nkey),
+                         ("--nats-tls-ca", nats_tls_ca), ("--nats-tls-cert", nats_tls_cert),
+                         ("--nats-tls-key", nats_tls_key)):
         if path and not Path(path).expanduser().is_file():
             raise SinkError(f"{option} {path}: no such file; give the path of the file")
     if bool(nats_tls_cert) != bool(nats_tls_key):
@@ -127,8 +134,9 @@ def settings_from_options(nats_url: str | None = DEFAULT_URL, nats_user: str | N
         return str(Path(p).expanduser()) if p else None
 
     return NatsSettings(servers=servers, user=nats_user, password=nats_password, token=nats_token,
-                        creds=expand(nats_creds), nkey=expand(nats_nkey), tls_ca=expand(nats_tls_ca),
-                        tls_cert=expand(nats_tls_cert), tls_key=expand(nats_tls_key))
+                        creds=expand(nats_creds), nkey=expand(nats_nkey),
+                        tls_ca=expand(nats_tls_ca), tls_cert=expand(nats_tls_cert),
+                        tls_key=expand(nats_tls_key))
 
 
 def _from_env(value: str | None, variable: str) -> str | None:
@@ -142,11 +150,13 @@ def _check_url(server: str) -> None:
         port = parts.port
     except ValueError:
         parts, port = None, None
-    if parts is None or parts.scheme not in SCHEMES or not parts.hostname or parts.path not in ("", "/"):
+    if parts is None or parts.scheme not in SCHEMES or not parts.hostname \
+            or parts.path not in ("", "/"):
         raise SinkError(f"--nats-url {_without_secret(server)!r} is not a NATS server URL; "
                         f"give nats://HOST:PORT (or tls://), several comma-separated")
     if port == 0:
-        raise SinkError(f"--nats-url {_without_secret(server)!r} has port 0; give the server's port (4222 by default)")
+        raise SinkError(f"--nats-url {_without_secret(server)!r} has port 0; give the server's "
+                        "port (4222 by default)")
 
 
 def _without_secret(server: str) -> str:
@@ -157,7 +167,8 @@ def _without_secret(server: str) -> str:
 
 
 def check_package() -> None:
-    """SinkError unless nats-py can be imported (found, not imported: that is for the sink's process)."""
+    """SinkError unless nats-py can be imported (found, not imported: that is for the sink's
+    process)."""
     try:
         found = importlib.util.find_spec("nats") is not None
     except (ImportError, ValueError):
@@ -167,7 +178,8 @@ def check_package() -> None:
 
 
 def tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
-    """The TLS context the settings ask for (None: plain TCP). SinkError for files that are not certificates."""
+    """The TLS context the settings ask for (None: plain TCP). SinkError for files that are not
+    certificates."""
     if not settings.wants_tls:
         return None
     import ssl
@@ -176,7 +188,8 @@ def tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
         if settings.tls_cert:
             ctx.load_cert_chain(settings.tls_cert, settings.tls_key)
     except (ssl.SSLError, OSError) as exc:
-        raise SinkError(f"--nats-tls-*: cannot load the certificates: {exc}; give PEM files") from None
+        raise SinkError(f"--nats-tls-*: cannot load the certificates: {exc}; give PEM "
+                        "files") from None
     return ctx
 
 
@@ -206,7 +219,8 @@ def backoff(first: float, longest: float) -> Iterator[float]:
 def describe(exc: BaseException) -> str:
     """An exception from nats-py in a few words (several of its errors have an empty str())."""
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text and type(exc).__name__ not in text else (text or type(exc).__name__)
+    name = type(exc).__name__
+    return f"{name}: {text}" if text and name not in text else (text or name)
 
 
 def failures() -> tuple[type[Exception], ...]:
@@ -222,8 +236,9 @@ def refused(exc: BaseException) -> bool:
     import ssl
 
     from nats import errors
-    if isinstance(exc, (errors.AuthorizationError, errors.InvalidUserCredentialsError, errors.SecureConnRequiredError,
-                        errors.SecureConnWantedError, ssl.SSLError)):
+    if isinstance(exc, (errors.AuthorizationError, errors.InvalidUserCredentialsError,
+                        errors.SecureConnRequiredError, errors.SecureConnWantedError,
+                        ssl.SSLError)):
         return True
     text = str(exc).lower()
     return "authorization" in text or "authentication" in text or "user credentials" in text
@@ -232,8 +247,9 @@ def refused(exc: BaseException) -> bool:
 async def connect(settings: NatsSettings, *, retry_forever: bool = True, timeout: float = 2.0,
                   on_error: Callable[[Exception], Awaitable[None]] | None = None,
                   **callbacks: Any) -> Any:
-    """A nats-py client. ``retry_forever``: wait for the servers however long they are away (at start
-    too) and reconnect after any loss; else one attempt at each server, raising what failed."""
+    """A nats-py client. ``retry_forever``: wait for the servers however long they are away (at
+    start too) and reconnect after any loss; else one attempt at each server, raising what
+    failed."""
     import nats
 
     async def errors(exc: Exception) -> None:
@@ -243,21 +259,23 @@ async def connect(settings: NatsSettings, *, retry_forever: bool = True, timeout
             log.debug("NATS %s: %s", settings.display, describe(exc))
 
     return await nats.connect(**connect_kwargs(settings), connect_timeout=timeout, error_cb=errors,
-                              allow_reconnect=retry_forever, max_reconnect_attempts=-1 if retry_forever else 1,
+                              allow_reconnect=retry_forever,
+                              max_reconnect_attempts=-1 if retry_forever else 1,
                               reconnect_time_wait=0.5, **callbacks)
 
 
 async def probe(settings: NatsSettings, timeout: float = 3.0) -> str | None:
-    """One attempt to connect: SinkError when the servers refuse these credentials (or TLS); the reason
-    as a string when none is reachable now; None when connected (and closed again)."""
+    """One attempt to connect: SinkError when the servers refuse these credentials (or TLS); the
+    reason as a string when none is reachable now; None when connected (and closed again)."""
     try:
         nc = await connect(settings, retry_forever=False, timeout=timeout)
     except SinkError:
         raise
     except failures() as exc:  # refused, or not reachable now: sorted here
         if refused(exc):
-            raise SinkError(f"--nats-url {settings.display}: the server refused the connection: {describe(exc)}; "
-                            "check --nats-user/--nats-password, --nats-token, --nats-creds or --nats-nkey") from None
+            raise SinkError(f"--nats-url {settings.display}: the server refused the connection: "
+                            f"{describe(exc)}; check --nats-user/--nats-password, --nats-token, "
+                            "--nats-creds or --nats-nkey") from None
         return describe(exc)
     await nc.close()
     return None

@@ -41,7 +41,8 @@ from sinks.files import write_atomic
 log = logging.getLogger(__name__)
 
 ID_SUFFIX = "_nats_node.json"
-NODE_TTL = 15.0  # seconds a node's key outlives its last renewal (the bucket's max age, when a relay creates it)
+# seconds a node's key outlives its last renewal (the bucket's max age, when a relay creates it)
+NODE_TTL = 15.0
 HOST_CHARS = 40  # of the host name, in the id
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
@@ -110,11 +111,12 @@ class Claimant:
 
 
 def read_claimant(value: bytes | None) -> tuple[Claimant | None, float | None]:
-    """The claimant a key holds (None: not one of ours, or empty) and when it wrote it (unix time)."""
+    """The claimant a key holds (None: not one of ours, or empty) and when it wrote it (unix
+    time)."""
     try:
         data = json.loads(value or b"")
-        return (Claimant(str(data["host"]), int(data["pid"]), str(data["path"]), tuple(data["folder"]),
-                         str(data["boot"])), float(data["ts"]))
+        return (Claimant(str(data["host"]), int(data["pid"]), str(data["path"]),
+                         tuple(data["folder"]), str(data["boot"])), float(data["ts"]))
     except (ValueError, KeyError, TypeError):
         return None, None
 
@@ -124,7 +126,8 @@ def verdict(held: Claimant | None, ours: Claimant) -> bool:
     ``ours``: only when it is this very journal folder's claim, on this machine since its boot. The
     relay asking holds that folder's lock, so the relay that wrote the claim has stopped (or is
     this relay, whose sink process takes its parent's claim over)."""
-    return held is not None and (held.host, held.boot, tuple(held.folder)) == (ours.host, ours.boot, tuple(ours.folder))
+    return held is not None \
+        and (held.host, held.boot, tuple(held.folder)) == (ours.host, ours.boot, tuple(ours.folder))
 
 
 def refusal(node: str, held: Claimant | None, age: float | None, id_file: Path | None) -> str:
@@ -132,10 +135,11 @@ def refusal(node: str, held: Claimant | None, age: float | None, id_file: Path |
     (None: the node is --nats-node's)."""
     who = held.describe() if held else "another relay"
     ago = f", renewed {age:.0f} s ago" if age is not None else ""
-    mend = (f"this journal folder was copied from that one: delete {id_file} to give it its own node id"
-            if id_file else "give this relay another --nats-node (or none: each journal folder has its own id)")
-    return (f"node {node} is live in the fleet: {who} holds it{ago}, and two relays under one node would mix "
-            f"their positions in the stream; {mend}, or stop that relay first")
+    mend = (f"this journal folder was copied from that one: delete {id_file} to give it its own "
+            "node id" if id_file else
+            "give this relay another --nats-node (or none: each journal folder has its own id)")
+    return (f"node {node} is live in the fleet: {who} holds it{ago}, and two relays under one node "
+            f"would mix their positions in the stream; {mend}, or stop that relay first")
 
 
 async def bucket(js: Any, stream: str, replicas: int, create: bool) -> Any | None:
@@ -157,7 +161,8 @@ async def bucket(js: Any, stream: str, replicas: int, create: bool) -> Any | Non
 
 
 async def read_claim(kv: Any, node: str) -> tuple[Claimant | None, int, float | None]:
-    """(who holds ``node``, the key's revision, seconds since its last write); revision 0: nobody."""
+    """(who holds ``node``, the key's revision, seconds since its last write); revision 0:
+    nobody."""
     from nats.js.errors import KeyDeletedError, KeyNotFoundError
     try:
         entry = await kv.get(node_key(node))
@@ -169,15 +174,17 @@ async def read_claim(kv: Any, node: str) -> tuple[Claimant | None, int, float | 
 
 async def check_live(settings: connection.NatsSettings, stream: str, node: str, ours: Claimant,
                      kept: Path | None, timeout: float = 5.0) -> None:
-    """Before the relay listens: SinkError (one line, exit 2) if another journal folder's relay holds
-    ``node`` live. Nothing to check when NATS or the bucket is not there yet (the sink's claim decides then)."""
+    """Before the relay listens: SinkError (one line, exit 2) if another journal folder's relay
+    holds ``node`` live. Nothing to check when NATS or the bucket is not there yet (the sink's claim
+    decides then)."""
     try:
         nc = await connection.connect(settings, retry_forever=False, timeout=timeout)
     except connection.failures() as exc:  # down or refused: probe() reported which
         log.debug("node check: %s", connection.describe(exc))
         return
     try:
-        kv = await asyncio.wait_for(bucket(nc.jetstream(timeout=timeout), stream, 1, create=False), timeout)
+        js = nc.jetstream(timeout=timeout)
+        kv = await asyncio.wait_for(bucket(js, stream, 1, create=False), timeout)
         if kv is None:
             return
         held, revision, age = await asyncio.wait_for(read_claim(kv, node), timeout)
@@ -198,7 +205,8 @@ class NodeClaim:
 
     def __init__(self, node: str, stream: str, replicas: int, ours: Claimant, kept: Path | None,
                  on_error: Any) -> None:
-        self.node, self.stream, self.replicas, self.ours, self.kept = node, stream, replicas, ours, kept
+        self.node, self.stream, self.replicas = node, stream, replicas
+        self.ours, self.kept = ours, kept
         self.on_error = on_error  # called with a message when the node is held elsewhere
         self.ttl = NODE_TTL
         self.revision = 0
@@ -235,7 +243,8 @@ class NodeClaim:
         sent = time.monotonic()
         if self.revision:
             try:
-                self.revision = await kv.update(node_key(self.node), self.ours.value(), last=self.revision)
+                self.revision = await kv.update(node_key(self.node), self.ours.value(),
+                                                last=self.revision)
                 self.sent = sent
                 return
             except KeyWrongLastSequenceError:  # expired while NATS was away, or taken: look again
@@ -244,11 +253,13 @@ class NodeClaim:
         if revision and not verdict(held, self.ours):
             if not self.refused:
                 self.refused = True
-                self.on_error(refusal(self.node, held, age, self.kept) + "; publishing nothing until it is free")
+                self.on_error(refusal(self.node, held, age, self.kept)
+                              + "; publishing nothing until it is free")
             return
         try:
-            self.revision = await (kv.update(node_key(self.node), self.ours.value(), last=revision) if revision
-                                   else kv.create(node_key(self.node), self.ours.value()))
+            key, value = node_key(self.node), self.ours.value()
+            self.revision = await (kv.update(key, value, last=revision) if revision
+                                   else kv.create(key, value))
         except KeyWrongLastSequenceError:  # another relay wrote it between the read and the write
             return
         self.sent = sent
@@ -257,7 +268,8 @@ class NodeClaim:
             self.refused = False
 
     async def release(self, js: Any) -> None:
-        """Delete the key (a relay that stops), so a relay on another journal may take the name at once."""
+        """Delete the key (a relay that stops), so a relay on another journal may take the name at
+        once."""
         if not self.revision:
             return
         try:

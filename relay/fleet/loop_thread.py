@@ -1,6 +1,6 @@
-"""An asyncio event loop on a thread, for callers that are synchronous (a NATS sink's process is). Apart
-from relay/fleet/connection.py, whose options every relay builds as it starts: asyncio is imported only
-where NATS is used (docs/development.md, "Where the time goes")."""
+"""An asyncio event loop on a thread, for callers that are synchronous (a NATS sink's process is).
+Apart from relay/fleet/connection.py, whose options every relay builds as it starts: asyncio is
+imported only where NATS is used (docs/development.md, "Where the time goes")."""
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +16,8 @@ T = TypeVar("T")
 
 
 class LoopThread:
-    """An asyncio event loop on its own daemon thread, for synchronous callers: ``run(coro)`` waits for
-    the result, ``submit(coro)`` returns a concurrent future."""
+    """An asyncio event loop on its own daemon thread, for synchronous callers: ``run(coro)`` waits
+    for the result, ``submit(coro)`` returns a concurrent future."""
 
     def __init__(self, name: str = "nats-loop") -> None:
         self.loop = asyncio.new_event_loop()

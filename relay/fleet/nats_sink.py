@@ -1,7 +1,8 @@
 """The ``nats`` shipper (relay/ship/base.py): a relay publishes its journal to a NATS JetStream
 stream, exactly as journaled, for the fleet tier's consuming relays (docs/sinks/nats.md).
 
-    relay --sink nats --nats-url nats://n1:4222,nats://n2:4222 [--nats-creds FILE] [--nats-replicas 3]
+    relay --sink nats --nats-url nats://n1:4222,nats://n2:4222 [--nats-creds FILE] [--nats-replicas
+    3]
 
 The relay journals every event first, as always; the shipper publishes the journal's lines in
 chunks of one run to ``<prefix>.<node>.<run>`` (relay/fleet/stream.py), each held until JetStream
@@ -42,41 +43,51 @@ class NatsSink(Shipper):
             *connection.nats_options(),
             *stream.stream_options(),
             click.Option(["--nats-node"], default=None, metavar="NAME",
-                         help="This relay's name in the subjects and headers (default: HOST-<16 hex digits>, made once "
-                              "and kept beside the journal); two live relays can never hold one name."),
-            click.Option(["--nats-chunk-events"], type=click.IntRange(1), default=1000, show_default=True,
-                         help="Journal lines per message at most."),
-            click.Option(["--nats-chunk-bytes"], type=click.IntRange(1024), default=256 << 10, show_default=True,
+                         help="This relay's name in the subjects and headers (default: HOST-<16 "
+                              "hex digits>, made once and kept beside the journal); two live "
+                              "relays can never hold one name."),
+            click.Option(["--nats-chunk-events"], type=click.IntRange(1), default=1000,
+                         show_default=True, help="Journal lines per message at most."),
+            click.Option(["--nats-chunk-bytes"], type=click.IntRange(1024), default=256 << 10,
+                         show_default=True,
                          help="Bytes per message at most (and within the server's max_payload)."),
-            click.Option(["--nats-linger"], type=click.FloatRange(0), default=0.02, show_default=True,
-                         help="Seconds a chunk short of its bounds waits for more lines before it is published."),
+            click.Option(["--nats-linger"], type=click.FloatRange(0), default=0.02,
+                         show_default=True,
+                         help="Seconds a chunk short of its bounds waits for more lines before it "
+                              "is published."),
             click.Option(["--nats-inflight"], type=click.IntRange(1), default=16, show_default=True,
-                         help="Chunks in flight (all runs together) until JetStream acknowledges them: what the sink "
-                              "holds in memory; beyond, reading the journal waits."),
+                         help="Chunks in flight (all runs together) until JetStream acknowledges "
+                              "them: what the sink holds in memory; beyond, reading the journal "
+                              "waits."),
         ]
 
     def __init__(self, nats_url: str = connection.DEFAULT_URL, nats_user: str | None = None,
-                 nats_password: str | None = None, nats_token: str | None = None, nats_creds: str | None = None,
-                 nats_nkey: str | None = None, nats_tls_ca: str | None = None, nats_tls_cert: str | None = None,
+                 nats_password: str | None = None, nats_token: str | None = None,
+                 nats_creds: str | None = None, nats_nkey: str | None = None,
+                 nats_tls_ca: str | None = None, nats_tls_cert: str | None = None,
                  nats_tls_key: str | None = None, nats_stream: str = stream.DEFAULT_STREAM,
-                 nats_prefix: str = stream.DEFAULT_PREFIX, nats_partitions: int = 8, nats_replicas: int = 1,
-                 nats_duplicate_window: str = "10m", nats_max_age: str = "7d", nats_node: str | None = None,
-                 nats_chunk_events: int = 1000, nats_chunk_bytes: int = 256 << 10, nats_linger: float = 0.02,
-                 nats_inflight: int = 16) -> None:
+                 nats_prefix: str = stream.DEFAULT_PREFIX, nats_partitions: int = 8,
+                 nats_replicas: int = 1, nats_duplicate_window: str = "10m",
+                 nats_max_age: str = "7d", nats_node: str | None = None,
+                 nats_chunk_events: int = 1000, nats_chunk_bytes: int = 256 << 10,
+                 nats_linger: float = 0.02, nats_inflight: int = 16) -> None:
         self.settings = connection.settings_from_options(
-            nats_url, nats_user, nats_password, nats_token, nats_creds, nats_nkey, nats_tls_ca, nats_tls_cert,
-            nats_tls_key)
+            nats_url, nats_user, nats_password, nats_token, nats_creds, nats_nkey, nats_tls_ca,
+            nats_tls_cert, nats_tls_key)
         if not nats_stream or any(c in nats_stream for c in " .*>\t/\\"):
-            raise SinkError(f"--nats-stream {nats_stream!r} is not a stream name; give letters, digits, _ or -")
-        self.spec = StreamSpec(name=nats_stream, prefix=stream.check_prefix(nats_prefix), partitions=nats_partitions,
-                               replicas=nats_replicas,
-                               duplicate_window=stream.seconds(nats_duplicate_window, "--nats-duplicate-window"),
+            raise SinkError(f"--nats-stream {nats_stream!r} is not a stream name; give letters, "
+                            "digits, _ or -")
+        self.spec = StreamSpec(name=nats_stream, prefix=stream.check_prefix(nats_prefix),
+                               partitions=nats_partitions, replicas=nats_replicas,
+                               duplicate_window=stream.seconds(nats_duplicate_window,
+                                                               "--nats-duplicate-window"),
                                max_age=stream.seconds(nats_max_age, "--nats-max-age"))
         self.given_node = stream.run_token(nats_node) if nats_node else None
         self.limits: dict[str, Any] = {
             "max_lines": nats_chunk_events, "max_bytes": nats_chunk_bytes, "linger": nats_linger,
             "inflight": nats_inflight}
-        self.counters: dict[str, int] = {}  # the publisher's, once open (the relay's stats show them)
+        #: the publisher's, once open (the relay's stats show them)
+        self.counters: dict[str, int] = {}
         self._publisher: NatsPublisher | None = None
 
     def check(self, context: SinkContext) -> None:
@@ -100,8 +111,8 @@ class NatsSink(Shipper):
         finally:
             loop.stop()
         if down:
-            log.warning("NATS %s is not reachable now (%s): the relay starts, and the nats sink publishes the "
-                        "journal once it is", self.settings.display, down)
+            log.warning("NATS %s is not reachable now (%s): the relay starts, and the nats sink "
+                        "publishes the journal once it is", self.settings.display, down)
 
     async def _check_fleet(self, journal: Path, node: str) -> None:
         """SinkError (exit 2) for a node another journal folder's relay holds live, or for replicas
@@ -134,7 +145,8 @@ class NatsSink(Shipper):
     def open(self, context: SinkContext) -> None:
         journal = _need_journal(context)
         connection.check_package()
-        connection.tls_context(self.settings)  # certificates that do not load: SinkError now, not retries later
+        # certificates that do not load: SinkError now, not retries later
+        connection.tls_context(self.settings)
         node = self.node(journal)
         publisher = self._publisher = NatsPublisher(journal, self.settings, self.spec, node,
                                                     identity.Claimant.here(journal, os.getppid()),
@@ -159,8 +171,9 @@ class NatsSink(Shipper):
         self._publisher.notify(set(news))
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
-        """Wait up to CLOSE_WAIT (or ``timeout``, if sooner) for the last acks, then stop; False when some
-        are missing: what NATS has not acknowledged stays in the journal and is published by the next relay on it."""
+        """Wait up to CLOSE_WAIT (or ``timeout``, if sooner) for the last acks, then stop; False
+        when some are missing: what NATS has not acknowledged stays in the journal and is published
+        by the next relay on it."""
         publisher, self._publisher = self._publisher, None
         if publisher is None:
             return True

@@ -1,7 +1,7 @@
-"""The nats sink's work (relay/fleet/nats_sink.py is its face), on an asyncio loop of its own thread:
-keep a connection to NATS (waiting for it however long it is away, at start too), make sure the
-stream is there, and publish each source's journal chunks (relay/fleet/chunks.py), holding each until
-JetStream acknowledges it.
+"""The nats sink's work (relay/fleet/nats_sink.py is its face), on an asyncio loop of its own
+thread: keep a connection to NATS (waiting for it however long it is away, at start too), make sure
+the stream is there, and publish each source's journal chunks (relay/fleet/chunks.py), holding each
+until JetStream acknowledges it.
 
 Up to ``--nats-inflight`` chunks are in flight (all sources together): memory is that many chunks
 at most, and the journal is the buffer. A chunk whose ack was lost is published again with the same
@@ -37,8 +37,8 @@ RESCAN_S = 2.0  # look at the journal for news even without a batch saying so
 SAVE_EVERY = 0.5  # seconds between writes of the state file, when it changed
 HEADER_ROOM = 1024  # bytes of a message's max_payload left for its headers
 RETRY_S = (0.1, 0.25, 0.5, 1.0, 2.0)  # waits between attempts at a chunk, the last repeated
-COUNTERS = ("connected", "chunks", "published", "bytes", "duplicates", "retries", "held", "skipped", "too_big",
-            "errors")
+COUNTERS = ("connected", "chunks", "published", "bytes", "duplicates", "retries", "held", "skipped",
+            "too_big", "errors")
 
 
 @dataclass
@@ -55,8 +55,9 @@ class NatsPublisher:
     """Publishes a journal's chunks to a JetStream stream. ``start()``/``notify()``/``stop()`` from
     any thread; the rest runs on the loop's thread."""
 
-    def __init__(self, journal: Path, settings: NatsSettings, spec: StreamSpec, node: str, claimant: Claimant,
-                 id_file: Path | None, *, max_lines: int, max_bytes: int, linger: float, inflight: int) -> None:
+    def __init__(self, journal: Path, settings: NatsSettings, spec: StreamSpec, node: str,
+                 claimant: Claimant, id_file: Path | None, *, max_lines: int, max_bytes: int,
+                 linger: float, inflight: int) -> None:
         self.settings, self.spec, self.node = settings, spec, node
         self.claim = NodeClaim(node, spec.name, spec.replicas, claimant, id_file, self._count_error)
         self.host = claimant.host
@@ -73,8 +74,10 @@ class NatsPublisher:
         self._dirty: set[str | None] = set()
         self._busy: set[str | None] = set()
         self._resumed: set[str | None] = set()
-        self._ahead: dict[str | None, list[resume.Stored]] = {}  # chunks the stream holds past a gap, per source
-        self._high_seq = 0  # the highest stream sequence seen: a chunk published after it is stored above it
+        #: chunks the stream holds past a gap, per source
+        self._ahead: dict[str | None, list[resume.Stored]] = {}
+        #: the highest stream sequence seen: a chunk published after it is stored above it
+        self._high_seq = 0
         self._wake: asyncio.Event | None = None
         self._connected: asyncio.Event | None = None
         self._nc: Any = None
@@ -84,7 +87,7 @@ class NatsPublisher:
         self._holding: Any = None  # the node claim's task
         self._down_since: float | None = None
 
-    # -- any thread -----------------------------------------------------------------------------------
+    # -- any thread --------------------------------------------------------------------------------
 
     @property
     def state_path(self) -> Path:
@@ -102,7 +105,7 @@ class NatsPublisher:
         self.loop.call_soon(self._notified, runs)
 
     def stop(self, wait: float) -> None:
-        """Wait up to ``wait`` seconds for everything read to be acknowledged, then stop and save."""
+        """Wait up to ``wait`` seconds for all that was read to be acknowledged, then stop, save."""
         deadline = time.monotonic() + wait
         while not self.idle and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -113,7 +116,7 @@ class NatsPublisher:
         finally:
             self.loop.stop()
 
-    # -- the loop -------------------------------------------------------------------------------------
+    # -- the loop ----------------------------------------------------------------------------------
 
     def _notified(self, runs: set[str]) -> None:
         self._dirty |= self.chunks.of(runs)
@@ -129,7 +132,8 @@ class NatsPublisher:
             while True:
                 now = time.monotonic()
                 if now >= next_rescan:
-                    self._dirty |= {source for source, _ in self.chunks.sources() if self.chunks.behind(source)}
+                    self._dirty |= {source for source, _ in self.chunks.sources()
+                                    if self.chunks.behind(source)}
                     next_rescan = now + RESCAN_S
                 while self._stream_ok and self._dirty - self._busy:
                     source = next(iter(self._dirty - self._busy))
@@ -147,13 +151,16 @@ class NatsPublisher:
             connecting.cancel()
 
     async def _connect(self) -> None:
-        """Connect (retrying for ever), then make sure of the stream (retrying while JetStream cannot say)."""
+        """Connect (retrying for ever), then make sure of the stream (retrying while JetStream
+        cannot say)."""
         self._nc = await connection.connect(self.settings, on_error=self._error,
-                                            disconnected_cb=self._disconnected, reconnected_cb=self._reconnected)
+                                            disconnected_cb=self._disconnected,
+                                            reconnected_cb=self._reconnected)
         self._js = self._nc.jetstream(timeout=ACK_TIMEOUT)
         room = self._nc.max_payload - HEADER_ROOM
         if self.max_bytes > room:
-            log.info("chunks of at most %d bytes: the server's max_payload is %d", room, self._nc.max_payload)
+            log.info("chunks of at most %d bytes: the server's max_payload is %d", room,
+                     self._nc.max_payload)
             self.max_bytes = room
         assert self._connected is not None  # (made by _run, which every caller runs under)
         self._connected.set()
@@ -181,7 +188,8 @@ class NatsPublisher:
         except connection.failures() as exc:  # API, timeout and connection errors: logged, retried
             info = getattr(self._nc, "_server_info", None)
             return stream.not_ready(spec.name, spec.replicas, exc, info)
-        if created:  # a new replicated stream takes a moment to elect its leader: publishing waits for it
+        # a new replicated stream takes a moment to elect its leader: publishing waits for it
+        if created:
             for _ in range(100):
                 if info.cluster is None or info.cluster.leader:
                     break
@@ -192,8 +200,8 @@ class NatsPublisher:
                     log.debug("stream %s: %s", spec.name, connection.describe(exc))
         subjects = info.config.subjects or []
         if f"{spec.prefix}.>" not in subjects:
-            log.warning("stream %s takes %s, not %s.>: messages to %s.NODE.RUN may not be stored there",
-                        spec.name, subjects, spec.prefix, spec.prefix)
+            log.warning("stream %s takes %s, not %s.>: messages to %s.NODE.RUN may not be "
+                        "stored there", spec.name, subjects, spec.prefix, spec.prefix)
         log.info("%s stream %s on %s (replicas %s)", "created" if created else "using", spec.name,
                  self.settings.display, info.config.num_replicas)
         self.claim.use_replicas(info.config.num_replicas or 1)
@@ -203,9 +211,11 @@ class NatsPublisher:
     async def _drain(self, source: str | None) -> None:
         """Publish ``source``'s chunks until it has no new line: several in flight (as slots allow),
         its position moving past each in order as they are acknowledged."""
-        pending: deque[tuple[str, int, asyncio.Future, int]] = deque()  # (file, end, publishing, floor)
+        # (file, end, publishing, floor)
+        pending: deque[tuple[str, int, asyncio.Future, int]] = deque()
         try:
-            await self.claim.wait()  # this node is ours: the stream's messages of it are this journal's
+            # this node is ours: the stream's messages of it are this journal's
+            await self.claim.wait()
             if source not in self._resumed:
                 await self._resume(source)
                 self._resumed.add(source)
@@ -213,23 +223,27 @@ class NatsPublisher:
             while True:
                 if not pending or not self._slots.locked():
                     await self._slots.acquire()
-                    if ahead and self.chunks.position(source) >= ahead[0].start:  # the stream holds it: step over
+                    # the stream holds it: step over
+                    if ahead and self.chunks.position(source) >= ahead[0].start:
                         stored = ahead.pop(0)
                         self.chunks.seek(source, max(stored.end, self.chunks.position(source)))
                         done = asyncio.get_running_loop().create_future()
                         done.set_result(None)
-                        pending.append((self.acked[source_key(source)][0], stored.end, done, stored.seq - 1))
+                        file = self.acked[source_key(source)][0]
+                        pending.append((file, stored.end, done, stored.seq - 1))
                         continue
                     stop = ahead[0].start if ahead else None
                     chunk = self.chunks.take(source, self.max_lines, self.max_bytes, stop=stop)
                     if chunk is not None:
                         if not pending and self.linger and chunk.lines < self.max_lines \
                                 and len(chunk.body) < self.max_bytes // 2:
-                            await asyncio.sleep(self.linger)  # let a chunk fill a little when lines trickle in
-                            chunk = self.chunks.take(source, self.max_lines, self.max_bytes, more=chunk,
-                                                     stop=stop) or chunk
+                            # let a chunk fill a little when lines trickle in
+                            await asyncio.sleep(self.linger)
+                            chunk = self.chunks.take(source, self.max_lines, self.max_bytes,
+                                                     more=chunk, stop=stop) or chunk
                         floor = self._high_seq  # published after it was seen: stored above it
-                        pending.append((chunk.file, chunk.end, asyncio.ensure_future(self._publish(chunk)), floor))
+                        publishing = asyncio.ensure_future(self._publish(chunk))
+                        pending.append((chunk.file, chunk.end, publishing, floor))
                         continue
                     self._slots.release()
                 if not pending:
@@ -237,7 +251,8 @@ class NatsPublisher:
                 await self._settle(source, pending)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a journal unreadable for now: counted, logged, read again
+        # a journal unreadable for now: counted, logged, read again
+        except Exception as exc:  # noqa: BLE001
             self._count_error(f"reading {source or 'the journal'}: {type(exc).__name__}: {exc}")
             self._dirty.add(source)
             while pending:
@@ -248,15 +263,19 @@ class NatsPublisher:
             assert self._wake is not None  # (made by _run, which every caller runs under)
             self._wake.set()
 
-    async def _settle(self, source: str | None, pending: deque[tuple[str, int, asyncio.Future, int]]) -> None:
-        """Wait for the oldest chunk in flight to be acknowledged; the source's position moves past it,
-        its floor to below every chunk of it that may be stored past that position (relay/fleet/resume.py)."""
+    async def _settle(self, source: str | None,
+                      pending: deque[tuple[str, int, asyncio.Future, int]]) -> None:
+        """Wait for the oldest chunk in flight to be acknowledged; the source's position moves past
+        it, its floor to below every chunk of it that may be stored past that position
+        (relay/fleet/resume.py)."""
         file, end, publishing, _ = pending[0]
         await publishing
         pending.popleft()
         self._slots.release()
-        floors = [floor for *_, floor in pending] + [stored.seq - 1 for stored in self._ahead.get(source, ())]
-        self.acked[source_key(source)] = (file, end, min([self._high_seq, *floors]))  # (none in flight: the high seq)
+        floors = [floor for *_, floor in pending] \
+            + [stored.seq - 1 for stored in self._ahead.get(source, ())]
+        # (none in flight: the high seq)
+        self.acked[source_key(source)] = (file, end, min([self._high_seq, *floors]))
 
     async def _resume(self, source: str | None) -> None:
         """Where ``source`` resumes: past its saved position and whatever the stream stored after it
@@ -269,50 +288,24 @@ class NatsPublisher:
             return  # (a state file from before floors were kept: its position, as it was)
         token = stream.run_token(source) if source is not None else "*"
         subject = f"{self.spec.prefix}.*.{stream.run_token(self.node)}.{token}"
-        if known is None:
-            last = await self._asking(subject, lambda: self._js.get_last_msg(self.spec.name, subject))
-            piece = resume.stored_of(last, path.name, source) if last is not None else None
-            if piece is None:
-                return  # nothing of this node and run in the stream yet
-            stored: list[resume.Stored] = []
-            offset, floor = piece.end, piece.seq
-            log.info("%s: resuming after the stream's last message, at byte %s", path.name, offset)
-        else:
-            _, offset, known_floor = known
-            assert known_floor is not None  # (returned above where it is None)
-            floor = known_floor
-            stored = await self._asking(subject, lambda: resume.stored_after(
-                self._js, self.spec.name, subject, floor, path.name, source)) or []
-        saved = offset
-        offset, self._ahead[source] = resume.plan(offset, stored)
-        if offset != saved or self._ahead[source]:
-            log.info("%s: the stream holds chunks past the saved position (byte %d): resuming at byte %d%s",
-                     path.name, saved, offset, f", {len(self._ahead[source])} stored further on stepped over"
-                     if self._ahead[source] else "")
+        found = await resume.resume_at(self._js, self.spec.name, subject, path.name, source,
+                                       known, self._count_error)
+        if found is None:
+            return  # nothing of this node and run in the stream yet
+        offset, floor, self._ahead[source] = found
         self.chunks.seek(source, offset)
         self.acked[key] = (path.name, offset, floor)
-
-    async def _asking(self, subject: str, ask: Any) -> Any:
-        """``ask()`` until JetStream answers (None: it has no such message)."""
-        from nats.js.errors import NotFoundError
-        while True:
-            try:
-                return await ask()
-            except NotFoundError:
-                return None
-            except connection.failures() as exc:  # timeouts, connection loss: asked again
-                self._count_error(f"looking up the stream's messages for {subject}: {connection.describe(exc)}")
-                await asyncio.sleep(1.0)
 
     async def _publish(self, chunk: Chunk) -> None:
         """Publish ``chunk`` until JetStream acknowledges it (a duplicate ack too)."""
         subject = stream.publish_subject(self.spec.prefix, self.node, chunk.run)
         headers = {**chunk.headers(self.node), "Relay-Host": self.host}
-        if len(chunk.body) > self._nc.max_payload - HEADER_ROOM:  # one line over the server's max_payload
+        # one line over the server's max_payload
+        if len(chunk.body) > self._nc.max_payload - HEADER_ROOM:
             self.counters["too_big"] += 1
-            log.error("%s: a line of %d bytes exceeds the NATS server's max_payload (%d): not published (it stays in "
-                      "the journal); raise max_payload on the servers", headers["Nats-Msg-Id"], len(chunk.body),
-                      self._nc.max_payload)
+            log.error("%s: a line of %d bytes exceeds the NATS server's max_payload (%d): not "
+                      "published (it stays in the journal); raise max_payload on the servers",
+                      headers["Nats-Msg-Id"], len(chunk.body), self._nc.max_payload)
             return
         self.counters["held"] += chunk.lines
         attempt = 0
@@ -322,8 +315,8 @@ class NatsPublisher:
                 await self._connected.wait()
                 await self.claim.wait()
                 try:
-                    ack = await self._js.publish(subject, chunk.body, timeout=ACK_TIMEOUT, stream=self.spec.name,
-                                                 headers=headers)
+                    ack = await self._js.publish(subject, chunk.body, timeout=ACK_TIMEOUT,
+                                                 stream=self.spec.name, headers=headers)
                 except asyncio.CancelledError:
                     raise
                 except connection.failures() as exc:  # timeouts, no responders, lost: again
@@ -345,15 +338,16 @@ class NatsPublisher:
         counters["duplicates"] += bool(ack.duplicate)
         counters["skipped"] = self.chunks.skipped
 
-    # -- connection events ------------------------------------------------------------------------------
+    # -- connection events -------------------------------------------------------------------------
 
     async def _error(self, exc: Exception) -> None:
         if self._down_since is None:
             self._down_since = time.monotonic()
-            log.warning("NATS %s not reachable (%s): the journal keeps everything; publishing when it is back",
-                        self.settings.display, connection.describe(exc))
+            log.warning("NATS %s not reachable (%s): the journal keeps everything; publishing "
+                        "when it is back", self.settings.display, connection.describe(exc))
         if connection.refused(exc):
-            self._count_error(f"NATS {self.settings.display} refused the connection: {connection.describe(exc)}")
+            self._count_error(f"NATS {self.settings.display} refused the connection: "
+                              f"{connection.describe(exc)}")
 
     async def _disconnected(self) -> None:
         self.counters["connected"] = 0
@@ -370,7 +364,8 @@ class NatsPublisher:
 
     def _up(self) -> None:
         if self._down_since is not None:
-            log.info("NATS %s reachable again after %.1f s", self.settings.display, time.monotonic() - self._down_since)
+            log.info("NATS %s reachable again after %.1f s", self.settings.display,
+                     time.monotonic() - self._down_since)
             self._down_since = None
 
     def _count_error(self, what: str) -> None:
@@ -387,5 +382,5 @@ class NatsPublisher:
                 await self.claim.release(self._js)
             await self._nc.close()
         if not self.idle:
-            log.warning("nats sink stopped with journal lines not acknowledged by NATS: they stay in the journal "
-                        "and are published when a relay runs on it again")
+            log.warning("nats sink stopped with journal lines not acknowledged by NATS: they stay "
+                        "in the journal and are published when a relay runs on it again")

@@ -1,4 +1,5 @@
-"""Where a restarted nats sink resumes a source, so that nothing the stream already holds goes twice.
+"""Where a restarted nats sink resumes a source, so that nothing the stream already holds goes
+twice.
 
 A chunk's ``Nats-Msg-Id`` names its byte range, and JetStream drops a message id it has seen; but a
 chunk cut again after a restart rarely has the old bounds (the old ones were cut as lines trickled
@@ -8,12 +9,21 @@ relay is killed), so a restart asks the stream: every message of this node and r
 the state's *floor* (a stream sequence below that of any chunk not yet behind the saved position)
 is read back, a stored range that starts at the position moves it past, and a stored range further
 on (a chunk stored while one before it was still being retried) is a range the new chunks must end
-at and step over (``plan``). ``stored_after`` is the walk; ``plan`` is clock- and socket-free.
+at and step over (``plan``). ``stored_after`` is the walk; ``plan`` is clock- and socket-free;
+``resume_at`` is the publisher's question (relay/fleet/publisher.py), asked until the stream
+answers.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from relay.fleet import connection
+
+log = logging.getLogger("relay.fleet.nats_sink")
 
 
 @dataclass(frozen=True)
@@ -46,7 +56,8 @@ def plan(offset: int, stored: list[Stored]) -> tuple[int, list[Stored]]:
             continue  # behind the position, or inside a range already kept
         if piece.start <= offset:
             offset = piece.end
-        elif ahead and piece.start < ahead[-1].end:  # overlapping ranges (stored twice before): one range
+        # overlapping ranges (stored twice before): one range
+        elif ahead and piece.start < ahead[-1].end:
             ahead[-1] = Stored(ahead[-1].start, piece.end, min(ahead[-1].seq, piece.seq))
         else:
             ahead.append(piece)
@@ -69,3 +80,47 @@ async def stored_after(js: Any, stream_name: str, subject: str, floor: int, file
         if piece is not None:
             found.append(piece)
         seq = int(msg.seq) + 1
+
+
+async def resume_at(js: Any, stream_name: str, subject: str, file: str, run: str | None,
+                    known: tuple[str, int, int | None] | None,
+                    count_error: Callable[[str], None]) -> tuple[int, int, list[Stored]] | None:
+    """(offset, floor, the stored ranges to step over) of a source of ``file`` whose saved position
+    is ``known`` (None: the state file does not know it: after the stream's last message on
+    ``subject``, None when there is none); the stream asked until it answers, each failure counted
+    with ``count_error``."""
+    if known is None:
+        last = await _asking(subject, lambda: js.get_last_msg(stream_name, subject), count_error)
+        piece = stored_of(last, file, run) if last is not None else None
+        if piece is None:
+            return None
+        stored: list[Stored] = []
+        offset, floor = piece.end, piece.seq
+        log.info("%s: resuming after the stream's last message, at byte %s", file, offset)
+    else:
+        _, offset, known_floor = known
+        assert known_floor is not None  # (the caller returns where it is None)
+        floor = known_floor
+        stored = await _asking(subject, lambda: stored_after(
+            js, stream_name, subject, floor, file, run), count_error) or []
+    saved = offset
+    offset, ahead = plan(offset, stored)
+    if offset != saved or ahead:
+        log.info("%s: the stream holds chunks past the saved position (byte %d): resuming at byte "
+                 "%d%s", file, saved, offset,
+                 f", {len(ahead)} stored further on stepped over" if ahead else "")
+    return offset, floor, ahead
+
+
+async def _asking(subject: str, ask: Any, count_error: Callable[[str], None]) -> Any:
+    """``ask()`` until JetStream answers (None: it has no such message)."""
+    from nats.js.errors import NotFoundError
+    while True:
+        try:
+            return await ask()
+        except NotFoundError:
+            return None
+        except connection.failures() as exc:  # timeouts, connection loss: asked again
+            count_error(f"looking up the stream's messages for {subject}: "
+                        f"{connection.describe(exc)}")
+            await asyncio.sleep(1.0)

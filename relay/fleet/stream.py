@@ -39,19 +39,25 @@ def partition_filter(prefix: str, k: int) -> str:
 
 
 def stream_options() -> list[click.Option]:
-    """The stream's options, shared by both ends (the first to come creates it; an existing one is used as it is)."""
+    """The stream's options, shared by both ends (the first to come creates it; an existing one is
+    used as it is)."""
     return [
-        click.Option(["--nats-stream"], default=DEFAULT_STREAM, show_default=True, help="The JetStream stream."),
+        click.Option(["--nats-stream"], default=DEFAULT_STREAM, show_default=True,
+                     help="The JetStream stream."),
         click.Option(["--nats-prefix"], default=DEFAULT_PREFIX, show_default=True,
                      help="Subject prefix: a relay publishes to PREFIX.NODE.RUN."),
-        click.Option(["--nats-partitions"], type=click.IntRange(1, 1024), default=8, show_default=True,
+        click.Option(["--nats-partitions"], type=click.IntRange(1, 1024), default=8,
+                     show_default=True,
                      help="Partitions the stream maps runs to (when it creates the stream)."),
         click.Option(["--nats-replicas"], type=click.IntRange(1, 5), default=1, show_default=True,
                      help="Replicas of a stream this relay creates: 3 on a 3-node cluster."),
-        click.Option(["--nats-duplicate-window"], default="10m", show_default=True, metavar="DURATION",
-                     help="How long the stream drops a message id it has seen (when it creates the stream)."),
+        click.Option(["--nats-duplicate-window"], default="10m", show_default=True,
+                     metavar="DURATION",
+                     help="How long the stream drops a message id it has seen (when it creates "
+                          "the stream)."),
         click.Option(["--nats-max-age"], default="7d", show_default=True, metavar="DURATION",
-                     help="How long the stream keeps messages, 0 for ever (when it creates the stream)."),
+                     help="How long the stream keeps messages, 0 for ever (when it creates the "
+                          "stream)."),
     ]
 
 
@@ -66,26 +72,27 @@ def seconds(value: str, option: str) -> float:
 def check_prefix(prefix: str) -> str:
     tokens = prefix.split(".")
     if not prefix or any(not t or _UNSAFE.search(t) for t in tokens):
-        raise SinkError(f"--nats-prefix {prefix!r} is not a subject prefix; give dot-separated tokens of "
-                        "letters, digits, _ and -, as relay.events")
+        raise SinkError(f"--nats-prefix {prefix!r} is not a subject prefix; give dot-separated "
+                        "tokens of letters, digits, _ and -, as relay.events")
     return prefix
 
 
 def stream_config(name: str, prefix: str, partitions: int, replicas: int, duplicate_window: float,
                   max_age: float) -> Any:
-    """The StreamConfig a relay creates when the stream is missing: file storage, the partition transform."""
+    """The StreamConfig a relay creates when the stream is missing: file storage, the partition
+    transform."""
     from nats.js.api import StorageType, StreamConfig, SubjectTransform
+    # PREFIX.NODE.RUN -> PREFIX.PARTITION.NODE.RUN, the partition a hash of the run
+    dest = f"{prefix}.{{{{partition({partitions},2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}"
     return StreamConfig(
         name=name, subjects=[f"{prefix}.>"], storage=StorageType.FILE, num_replicas=replicas,
         duplicate_window=duplicate_window, max_age=max_age,
-        subject_transform=SubjectTransform(
-            src=f"{prefix}.*.*",
-            dest=f"{prefix}.{{{{partition({partitions},2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}"))
+        subject_transform=SubjectTransform(src=f"{prefix}.*.*", dest=dest))
 
 
 async def ensure_stream(js: Any, config: Any) -> tuple[Any, bool]:
-    """The stream's info, creating it from ``config`` if it is missing (an existing one is used as it
-    is); True when this call created it."""
+    """The stream's info, creating it from ``config`` if it is missing (an existing one is used as
+    it is); True when this call created it."""
     from nats.js.errors import BadRequestError, NotFoundError
     try:
         return await js.stream_info(config.name), False

@@ -18,11 +18,12 @@ from sinks.events import ENVELOPE, from_json_metrics
 
 MAX_PREFIXES = 4096
 
-Group = tuple[tuple, bytes, list[tuple]]  # (envelope, its compact prefix, its events' rows in order)
+# (envelope, its compact prefix, its events' rows in order)
+Group = tuple[tuple, bytes, list[tuple]]
 
 
 class LineReader:
-    """Journal lines -> forwardable events; ``bad(line, why)`` hears of each line that is not one."""
+    """Journal lines -> forwardable events; ``bad(line, why)`` hears of each line that isn't."""
 
     def __init__(self, bad: Callable[[bytes, str], None]) -> None:
         self.check = ChunkCheck(bad)
@@ -41,7 +42,8 @@ class LineReader:
         else:
             groups = self.check.rows(lines, run)
         prefixes = self._prefixes
-        return [(envelope, prefixes.get(envelope) or self._prefix(envelope), rows) for envelope, rows in groups.items()]
+        return [(envelope, prefixes.get(envelope) or self._prefix(envelope), rows)
+                for envelope, rows in groups.items()]
 
     def _prefix(self, envelope: tuple) -> bytes:
         if len(self._prefixes) >= MAX_PREFIXES:

@@ -1,8 +1,8 @@
-"""The forward sink's I/O side (relay/forward/sink.py is the sink): one thread, a member of the sink's
-own ``relay.wire.io_thread.Hub``, that reads the node's journal (its raw lines, checked by
-relay/forward/lines.py, a chunk at a time) into the send window (relay/forward/window.py),
-sends it to the central relay over one ``relay.wire.io_thread.Link``, takes the central's acks, and keeps what
-the central acknowledged in a state file beside the journal.
+"""The forward sink's I/O side (relay/forward/sink.py is the sink): one thread, a member of the
+sink's own ``relay.wire.io_thread.Hub``, that reads the node's journal (its raw lines, checked by
+relay/forward/lines.py, a chunk at a time) into the send window (relay/forward/window.py), sends it
+to the central relay over one ``relay.wire.io_thread.Link``, takes the central's acks, and keeps
+what the central acknowledged in a state file beside the journal.
 
 The journal, not the batches the sink is handed, is what is forwarded: those only say which runs
 have news (``notify``). So nothing can be dropped on the way: when the window is full, reading
@@ -34,7 +34,8 @@ log = logging.getLogger("relay.forward.sink")
 
 STATE_SUFFIX = "_forward.json"
 READ_BUDGET = 20_000  # events read from the journal per tick, so acks are read between
-RESCAN_S = 2.0  # look at the journal for news even without a batch saying so (one may have been dropped)
+# look at the journal for news even without a batch saying so (one may have been dropped)
+RESCAN_S = 2.0
 SAVE_EVERY = 1.0  # seconds between writes of the state file, when it changed
 WARN_AFTER = 5.0  # seconds without any ack while events wait, before saying so (once per outage)
 CHUNK = 4096  # lines read and held together
@@ -45,19 +46,21 @@ UNPACKABLE = (OverflowError, ValueError, TypeError, msgspec.EncodeError)
 Positions = tuple[dict[Key, int], dict[str, int]]  # (floors, done): relay/ship/positions.py
 
 #: The sink's own counters (in the relay's stats under sinks.forward.sink).
-COUNTERS = ("forwarded", "acked", "resent", "held", "unconfirmed", "skipped_relay_rank", "skipped_acked",
-            "not_sent", "bad_lines", "bad_acks", "errors", "refused")
+COUNTERS = ("forwarded", "acked", "resent", "held", "unconfirmed", "skipped_relay_rank",
+            "skipped_acked", "not_sent", "bad_lines", "bad_acks", "errors", "refused")
 
 
 class Forwarder(LinkMember):
-    """The I/O side, a member of the sink's own ``relay.wire.io_thread.Hub``: every method but notify() and the
-    flags runs on the hub's thread, which alone touches the window, the reader and the socket."""
+    """The I/O side, a member of the sink's own ``relay.wire.io_thread.Hub``: every method but
+    notify() and the flags runs on the hub's thread, which alone touches the window, the reader and
+    the socket."""
 
     def __init__(self, journal: Path, to: str, *, server_key: str | None, client_cert: str | None,
                  max_events: int) -> None:
         super().__init__(to, server_key, client_cert, 0.01)
         self.to = to
-        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)  # read by the sink's process, any thread
+        #: read by the sink's process, any thread
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.journal = JournalSources(journal)
         self.directory = self.journal.directory
         self.state = PositionFile(journal, STATE_SUFFIX, {"to": to})
@@ -72,7 +75,8 @@ class Forwarder(LinkMember):
         self.idle = False
         self._lock = threading.Lock()
         self._notified: set[str] = set()
-        self._pack = msgspec.msgpack.Encoder().encode  # rows as encoding.encode_row makes them, in C
+        #: rows as encoding.encode_row makes them, in C
+        self._pack = msgspec.msgpack.Encoder().encode
         self.lines = LineReader(self._bad_line)
         self._next_rescan = self._next_save = 0.0
         self._waiting_since: float | None = None
@@ -129,15 +133,15 @@ class Forwarder(LinkMember):
             self.counters["refused"] += self.window.drop(key)
 
     def _tick(self, now: float) -> None:
-        """Every tick: read, send, release, watch, save. An error (the journal unreadable for now, say)
-        is counted and logged, and the next tick tries again: the hub's thread must not end."""
+        """Every tick: read, send, release, watch, save. An error (the journal unreadable for now,
+        say) is counted and logged, and the next tick tries again: the hub's thread must not end."""
         try:
             self._work(now)
         except Exception as exc:  # noqa: BLE001 - counted and logged; retried at the next tick
             self.counters["errors"] += 1
             if self.counters["errors"] <= 3 or self.counters["errors"] % 1000 == 0:
-                log.exception("forwarding to %s failed (%d errors so far); trying again: %s: %s", self.to,
-                              self.counters["errors"], type(exc).__name__, exc)
+                log.exception("forwarding to %s failed (%d errors so far); trying again: %s: %s",
+                              self.to, self.counters["errors"], type(exc).__name__, exc)
 
     def _work(self, now: float) -> None:
         window = self.window
@@ -145,9 +149,10 @@ class Forwarder(LinkMember):
             self._read(now)
         window.pump(now, self._send)
         for (run, rank), gap, n in window.release_stalled(now):
-            log.warning("run %s rank %d: the central relay acknowledges only up to seq %d (a gap this node's journal "
-                        "has too: the rank dropped events, or one could not be sent); %d events after it were sent "
-                        "but cannot be confirmed: counted as unconfirmed (they stay in this journal)", run, rank, gap, n)
+            log.warning("run %s rank %d: the central relay acknowledges only up to seq %d (a gap "
+                        "this node's journal has too: the rank dropped events, or one could not be "
+                        "sent); %d events after it were sent but cannot be confirmed: counted as "
+                        "unconfirmed (they stay in this journal)", run, rank, gap, n)
         self._watch(now)
         if now >= self._next_save:
             self._save()
@@ -161,7 +166,7 @@ class Forwarder(LinkMember):
         self._count()
         self.finished.set()
 
-    # -- reading the journal ------------------------------------------------------------------------
+    # -- reading the journal -----------------------------------------------------------------------
 
     def _read(self, now: float) -> None:
         with self._lock:
@@ -222,7 +227,8 @@ class Forwarder(LinkMember):
                 continue
             stream = streams.get(key) or window.stream(key, floors.pop(key, 0))
             first = rows[0][0]
-            if first < stream.acked or [row[0] for row in rows] != list(range(first, first + len(rows))):
+            in_order = [row[0] for row in rows] == list(range(first, first + len(rows)))
+            if first < stream.acked or not in_order:
                 forwarded += self._hold_each(key, stream, prefix, rows)
                 continue
             for start in range(0, len(rows), MAX_BATCH_EVENTS):
@@ -261,24 +267,26 @@ class Forwarder(LinkMember):
     def _bad_line(self, line: bytes, why: str) -> None:
         self.counters["bad_lines"] += 1
         if self.counters["bad_lines"] <= 10 or self.counters["bad_lines"] % 1000 == 0:
-            log.error("a line of %s is not an event and is not forwarded (%d so far; it stays in this journal): "
-                      "%s: %.200r", self.journal.path, self.counters["bad_lines"], why, line)
+            log.error("a line of %s is not an event and is not forwarded (%d so far; it stays in "
+                      "this journal): %s: %.200r", self.journal.path, self.counters["bad_lines"],
+                      why, line)
 
     def _not_sent(self, key: Key, seq: int, why: str) -> None:
         self.counters["not_sent"] += 1
         if self.counters["not_sent"] <= 10 or self.counters["not_sent"] % 1000 == 0:
-            log.error("run %s rank %d seq %d is not forwarded (%d so far; it stays in this journal): %s",
-                      key[0], key[1], seq, self.counters["not_sent"], why)
+            log.error("run %s rank %d seq %d is not forwarded (%d so far; it stays in this "
+                      "journal): %s", key[0], key[1], seq, self.counters["not_sent"], why)
 
-    # -- the connection -----------------------------------------------------------------------------
+    # -- the connection ----------------------------------------------------------------------------
 
     def _send(self, prefix: bytes, rows: list[bytes], count: int) -> bool:
-        """A compact batch frame of ``count`` events: their rows, packed back to back in ``rows``."""
+        """A compact batch frame of ``count`` events: their rows, back to back in ``rows``."""
         assert self._link is not None
         return self._link.send(b"".join([prefix, array_header(count), *rows]))
 
     def _watch(self, now: float) -> None:
-        """Say once per outage that the central answers nothing while events wait, and when it does again."""
+        """Say once per outage that the central answers nothing while events wait, and when it does
+        again."""
         window = self.window
         if not window.events:
             self._waiting_since = None
@@ -289,14 +297,16 @@ class Forwarder(LinkMember):
                 log.info("the central relay %s acknowledges again, after %.0f s", self.to,
                          window.last_ack - self._warned_at + WARN_AFTER)
                 self._warned_at = None
-        elif self._waiting_since is not None and now - max(window.last_ack, self._waiting_since) > WARN_AFTER:
+        elif (self._waiting_since is not None
+              and now - max(window.last_ack, self._waiting_since) > WARN_AFTER):
             self._warned_at = now
-            log.warning("the central relay %s has acknowledged nothing for %.0f s (%d events waiting): it is not "
-                        "running or not reachable, or it refuses this node (CURVE: --curve-server-key must be its "
-                        "public key, and this node's --curve-client-cert must be in its --curve-clients); the "
-                        "journal keeps everything, retrying", self.to, WARN_AFTER, window.events)
+            log.warning("the central relay %s has acknowledged nothing for %.0f s (%d events "
+                        "waiting): it is not running or not reachable, or it refuses this node "
+                        "(CURVE: --curve-server-key must be its public key, and this node's "
+                        "--curve-client-cert must be in its --curve-clients); the journal keeps "
+                        "everything, retrying", self.to, WARN_AFTER, window.events)
 
-    # -- state --------------------------------------------------------------------------------------
+    # -- state -------------------------------------------------------------------------------------
 
     def _count(self) -> None:
         window, counters = self.window, self.counters
@@ -306,7 +316,8 @@ class Forwarder(LinkMember):
     def _save(self) -> None:
         floors = {**self.floors, **self.window.floors()}
         busy = {key[0] for key in self.window.active} | self.dirty
-        done = {run: size for run, size in self.read_size.items() if run not in busy} if self.directory else {}
+        done = ({run: size for run, size in self.read_size.items() if run not in busy}
+                if self.directory else {})
         acked: dict[str, dict[str, int]] = {}
         for (run, rank), upto in floors.items():
             if upto:

@@ -43,7 +43,8 @@ CLOSE_WAIT = 5.0  # seconds close() waits for the central's last acks
 
 
 class ForwardSink(Shipper):
-    """Forward every event of this relay's journal to a central relay. (The module's docstring says how.)"""
+    """Forward every event of this relay's journal to a central relay. (The module's docstring says
+    how.)"""
 
     name = "forward"
 
@@ -53,15 +54,18 @@ class ForwardSink(Shipper):
             click.Option(["--to"], metavar="tcp://HOST:PORT", default=None,
                          help="The central relay to forward every event to."),
             click.Option(["--curve-server-key"], metavar="KEY|FILE", default=None,
-                         help="The central relay's CURVE public key (as `relay keygen` prints it) or its .key "
-                              "file, for a central with a certificate (--curve-cert); by default the link proves "
-                              "and checks the relay secret, as a rank's does."),
+                         help="The central relay's CURVE public key (as `relay keygen` prints it) "
+                              "or its .key file, for a central with a certificate (--curve-cert); "
+                              "by default the link proves and checks the relay secret, as a "
+                              "rank's does."),
             click.Option(["--curve-client-cert"], metavar="FILE", default=None,
-                         help="This node's CURVE secret certificate (`relay keygen DIR --name NODE`), for a "
-                              "central that admits only listed clients (--curve-clients)."),
-            click.Option(["--forward-window"], type=click.IntRange(1), default=100_000, show_default=True,
-                         help="Events held until the central acknowledges them; beyond, reading the journal "
-                              "pauses (nothing is dropped)."),
+                         help="This node's CURVE secret certificate (`relay keygen DIR --name "
+                              "NODE`), for a central that admits only listed clients "
+                              "(--curve-clients)."),
+            click.Option(["--forward-window"], type=click.IntRange(1), default=100_000,
+                         show_default=True,
+                         help="Events held until the central acknowledges them; beyond, reading "
+                              "the journal pauses (nothing is dropped)."),
         ]
 
     def __init__(self, to: str | None = None, curve_server_key: str | None = None,
@@ -70,14 +74,16 @@ class ForwardSink(Shipper):
         self.server_key = _server_key(curve_server_key) if curve_server_key else None
         if curve_client_cert:
             if not self.server_key:
-                raise SinkError("--curve-client-cert needs --curve-server-key, the central relay's public key")
+                raise SinkError("--curve-client-cert needs --curve-server-key, the central relay's "
+                                "public key")
             try:
                 curve.load_secret(Path(curve_client_cert))
             except ValueError as exc:
                 raise SinkError(f"--curve-client-cert: {exc}") from None
         self.client_cert = curve_client_cert or None
         self.max_events = forward_window
-        self.counters: dict[str, int] = {}  # the forwarder's, once open (the relay's stats show them)
+        #: the forwarder's, once open (the relay's stats show them)
+        self.counters: dict[str, int] = {}
         self._hub = Hub()
         self._forwarder: Forwarder | None = None
 
@@ -94,11 +100,12 @@ class ForwardSink(Shipper):
             raise SinkError(f"--to {self.to}: cannot connect: {fw.error}")
         how = auth.mode(self.to, self.server_key)
         secure = {"curve": "CURVE, with this node's certificate" if self.client_cert else "CURVE",
-                  "secret": "CURVE, with the relay secret", "ipc": "ipc", "open": "unencrypted ($RELAY_OPEN)"}[how]
+                  "secret": "CURVE, with the relay secret", "ipc": "ipc",
+                  "open": "unencrypted ($RELAY_OPEN)"}[how]
         log.info("forwarding to %s (%s); state in %s", self.to, secure, fw.state_path)
         if how == "open" and not is_loopback(self.to):
-            log.warning("forwarding to %s unencrypted: anyone on the way can read the events; unset RELAY_OPEN "
-                        "(see docs/security.md)", self.to)
+            log.warning("forwarding to %s unencrypted: anyone on the way can read the events; "
+                        "unset RELAY_OPEN (see docs/security.md)", self.to)
 
     def notify(self, news: News) -> None:
         """The journal is what is forwarded: only note which runs have news."""
@@ -108,7 +115,8 @@ class ForwardSink(Shipper):
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
         """Wait up to CLOSE_WAIT (or ``timeout``, if sooner) for the central's last acks, then stop;
-        False when some are missing: those events stay in the journal and are sent by the next relay on it."""
+        False when some are missing: those events stay in the journal and are sent by the next relay
+        on it."""
         fw = self._forwarder
         if fw is None:
             return True
@@ -121,9 +129,9 @@ class ForwardSink(Shipper):
         self._hub.wake()
         fw.finished.wait(wait)
         if not fw.idle:
-            log.warning("the central relay %s has not acknowledged %d events (and %d runs are left to read) at "
-                        "shutdown: they stay in the journal and are sent when a relay runs on it again",
-                        self.to, fw.unacked, len(fw.dirty))
+            log.warning("the central relay %s has not acknowledged %d events (and %d runs are left "
+                        "to read) at shutdown: they stay in the journal and are sent when a relay "
+                        "runs on it again", self.to, fw.unacked, len(fw.dirty))
         log.info("forward sink closed: %s", self.counters)
         return fw.idle
 
@@ -148,13 +156,14 @@ def _server_key(value: str) -> str:
         try:
             public, _ = zmq.auth.load_certificate(path)
         except (OSError, ValueError) as exc:
-            raise SinkError(f"--curve-server-key {value}: cannot read the certificate: {exc}") from None
+            raise SinkError(f"--curve-server-key {value}: cannot read the certificate: "
+                            f"{exc}") from None
         value = public.decode()
     try:
         valid = len(z85.decode(value)) == 32
     except (ValueError, KeyError, IndexError):
         valid = False
     if not valid:
-        raise SinkError(f"--curve-server-key {value!r} is not a CURVE public key: give the 40 characters "
-                        "`relay keygen` printed, or the central's .key file")
+        raise SinkError(f"--curve-server-key {value!r} is not a CURVE public key: give the 40 "
+                        "characters `relay keygen` printed, or the central's .key file")
     return value

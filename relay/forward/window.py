@@ -2,12 +2,12 @@
 acknowledged yet, with the delivery rules of docs/protocol.md applied to events that keep their
 own seqs.
 
-Why not ``relay.client.send_window.SendWindow``: that one numbers its own events without gaps and gives up the
-oldest past its bounds. Forwarded events keep the seqs their rank gave them (a rank that dropped
-events leaves a gap), one window holds many streams behind one connection, and nothing is ever given
-up for room: the journal holds every event, so a full window only means "read no further for now".
-No sockets and no clock (``now`` is an argument), so tests/test_forward_window.py runs in
-milliseconds. Only the forwarder's I/O thread touches it.
+Why not ``relay.client.send_window.SendWindow``: that one numbers its own events without gaps and
+gives up the oldest past its bounds. Forwarded events keep the seqs their rank gave them (a rank
+that dropped events leaves a gap), one window holds many streams behind one connection, and nothing
+is ever given up for room: the journal holds every event, so a full window only means "read no
+further for now". No sockets and no clock (``now`` is an argument), so tests/test_forward_window.py
+runs in milliseconds. Only the forwarder's I/O thread touches it.
 """
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ STALL_S = 5.0
 MAX_GAPS = 16  # gaps remembered per stream, the newest kept
 
 
-#: A rank's consecutive events as the window holds them: (first seq, how many, the envelope's compact
-#: prefix, their rows packed back to back), sent in one frame with any neighbours of the same prefix.
+#: A rank's consecutive events as the window holds them: (first seq, how many, the envelope's
+#: compact prefix, their rows packed back to back), sent in one frame with any neighbours of the
+#: same prefix.
 Segment = tuple[int, int, bytes, bytes]
 
 
@@ -42,11 +43,12 @@ class Stream:
     """One (run, rank): ``held`` are the segments not yet acknowledged, oldest first; the first
     ``sent`` of them were handed to the connection since the last rewind."""
 
-    __slots__ = ("acked", "held", "sent", "expect", "gaps", "upto", "backoff", "last_progress", "last_send",
-                 "last_ack")
+    __slots__ = ("acked", "held", "sent", "expect", "gaps", "upto", "backoff", "last_progress",
+                 "last_send", "last_ack")
 
     def __init__(self, acked: int, resend_after: float) -> None:
-        self.acked = acked  # the central holds every seq below (or this node gave up on them, counted)
+        #: the central holds every seq below (or this node gave up on them, counted)
+        self.acked = acked
         self.held: collections.deque[Segment] = collections.deque()
         self.sent = 0
         self.expect = acked  # the seq the next event read should have, if the journal has no gap
@@ -87,10 +89,12 @@ class ForwardWindow:
         return stream
 
     def hold(self, key: Key, stream: Stream, seq: int, prefix: bytes, row: bytes) -> None:
-        """Keep one event (seq not below ``stream.acked``, ``row`` packed) until the central acknowledges it."""
+        """Keep one event (seq not below ``stream.acked``, ``row`` packed) until the central
+        acknowledges it."""
         self.hold_segment(key, stream, seq, 1, prefix, row)
 
-    def hold_segment(self, key: Key, stream: Stream, first: int, count: int, prefix: bytes, rows: bytes) -> None:
+    def hold_segment(self, key: Key, stream: Stream, first: int, count: int, prefix: bytes,
+                     rows: bytes) -> None:
         """Keep events ``first`` .. ``first + count - 1`` (not below ``stream.acked``), their rows
         packed back to back in ``rows``, until the central acknowledges them."""
         if first > stream.expect:  # the journal lacks stream.expect .. first - 1
@@ -115,9 +119,11 @@ class ForwardWindow:
         popped = segments = 0
         while held and held[0][0] < upto:
             first, count, prefix, rows = held.popleft()
-            if first + count > upto:  # acknowledged in part (after a loss): the rest stays, packed again
+            # acknowledged in part (after a loss): the rest stays, packed again
+            if first + count > upto:
                 left = _decode(array_header(count) + rows)[upto - first:]
-                held.appendleft((upto, len(left), prefix, _encode(left)[len(array_header(len(left))):]))
+                packed = _encode(left)[len(array_header(len(left))):]
+                held.appendleft((upto, len(left), prefix, packed))
                 self.bytes -= len(rows) - len(held[0][3])
                 popped += count - len(left)
                 break
@@ -161,11 +167,13 @@ class ForwardWindow:
             if stream.sent >= len(held):
                 continue
             if not stream.sent:
-                stream.last_progress = now  # the ack timeout runs from the send, not from an idle spell
+                # the ack timeout runs from the send, not from an idle spell
+                stream.last_progress = now
             pieces: list[bytes] = []
             prefix, count, size = b"", 0, 0
             for _, n, pre, rows in itertools.islice(held, stream.sent, None):
-                if pieces and (pre is not prefix or count + n > MAX_BATCH_EVENTS or size + len(rows) > MAX_BATCH_BYTES):
+                if pieces and (pre is not prefix or count + n > MAX_BATCH_EVENTS
+                               or size + len(rows) > MAX_BATCH_BYTES):
                     if not send(prefix, pieces, count):
                         return
                     stream.sent += len(pieces)
@@ -221,5 +229,5 @@ class ForwardWindow:
         return n
 
     def floors(self) -> dict[Key, int]:
-        """Per stream, the seq below which nothing needs sending again (what the state file keeps)."""
+        """Per stream, the seq below which nothing needs sending again (the state file's)."""
         return {key: stream.acked for key, stream in self.streams.items()}

@@ -58,8 +58,8 @@ READ_SIZE = 1 << 20
 T = TypeVar("T")
 
 
-#: What the queue holds to ask for a catch-up pass (relay/sinkhost/catch_up.py) in turn with the batches:
-#: a list of its own, told apart by identity (a batch of events is never empty).
+#: What the queue holds to ask for a catch-up pass (relay/sinkhost/catch_up.py) in turn with the
+#: batches: a list of its own, told apart by identity (a batch of events is never empty).
 CATCH_UP_PASS: Sequence[dict[str, Any]] = []
 CLOSE_AT_LEAST = 0.5  # seconds a sink gets to close after a drain that took all of the shutdown's
 
@@ -81,7 +81,8 @@ class SinkWriter:
         self.bad_lines = 0  # lines from the relay that were not events (counted as dropped)
         self.worker: BatchWorker[Sequence[dict[str, Any]]] = BatchWorker(
             name, self._handle, max_events, after=self._after)
-        self.driver = SinkDriver(name, sink, deadletters, wait=self.worker.wait, on_recovered=self._recovered)
+        self.driver = SinkDriver(name, sink, deadletters, wait=self.worker.wait,
+                                 on_recovered=self._recovered)
 
     def start(self) -> None:
         self.worker.start()
@@ -113,15 +114,15 @@ class SinkWriter:
                 "queued": self.worker.queued, "catch_up_passes": self.catch_up_passes}
 
     def close(self, timeout: float) -> None:
-        """Drain what is queued (retrying until ``timeout``), then close the sink in what is left of it
-        (at least ``CLOSE_AT_LEAST`` seconds)."""
+        """Drain what is queued (retrying until ``timeout``), then close the sink in what is left of
+        it (at least ``CLOSE_AT_LEAST`` seconds)."""
         deadline = time.monotonic() + timeout
         left = self.worker.close(timeout)
         if left:
             resolved = min(left, self.driver.resolved)
             self.worker.got_through(resolved)  # half a narrowed batch
-            log.error("sink %s: %d events not written at shutdown (they are in the journal: use relay replay)",
-                      self.name, left - resolved)
+            log.error("sink %s: %d events not written at shutdown (they are in the journal: use "
+                      "relay replay)", self.name, left - resolved)
         self.driver.close(max(CLOSE_AT_LEAST, deadline - time.monotonic()))
 
     def _handle(self, batch: Sequence[dict[str, Any]]) -> bool:
@@ -131,7 +132,8 @@ class SinkWriter:
 
     def _after(self, idle: bool) -> None:
         try:
-            self.driver.after_batch(idle, None if self.catch_up is None else self.catch_up.run_batches)
+            self.driver.after_batch(idle, None if self.catch_up is None
+                                    else self.catch_up.run_batches)
         except OSError as exc:  # the run's hole stays named: the next flush tries again
             self._unreadable(exc)
 
@@ -140,7 +142,8 @@ class SinkWriter:
         log.error("sink %s: catch-up from the journal failed: %s", self.name, exc)
 
     def _recovered(self) -> None:
-        """Once the sink takes a batch after failing, a catch-up pass follows (its backend is back)."""
+        """Once the sink takes a batch after failing, a catch-up pass follows (its backend is
+        back)."""
         if not self._in_pass:
             log.info("sink %s works again; a catch-up from the journal follows", self.name)
             self.request_catch_up()
@@ -168,8 +171,9 @@ class SinkWriter:
             self._in_pass = False
         self.catch_up_passes += 1
         if events:
-            log.info("sink %s caught up from the journal: %d events of %d files read in %.1f s (what it had "
-                     "already applied is skipped)", self.name, events, files, time.monotonic() - started)
+            log.info("sink %s caught up from the journal: %d events of %d files read in %.1f s "
+                     "(what it had already applied is skipped)", self.name, events, files,
+                     time.monotonic() - started)
         return True
 
 
@@ -181,8 +185,7 @@ def _options(cls: type[Sink] | type[Shipper], given: dict[str, Any]) -> dict[str
 
 def build_sink(spec: SinkSpec) -> Sink | Shipper:
     """The sink or shipper ``spec`` names, built with its options: what the relay checks before it
-    listens (``relay.sinkhost.process.check_sinks``) and what its process then opens. SinkError if
-    not."""
+    listens (relay/sinkhost/check.py) and what its process then opens. SinkError if not."""
     cls = load(spec.source or spec.name)
     return cast("Sink | Shipper", starting(spec.name, cls, **_options(cls, spec.options)))
 
@@ -199,7 +202,8 @@ def starting(name: str, step: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 def child_main(spec: SinkSpec) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the relay decides
+    # Ctrl-C reaches the whole group; the relay decides
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(NICE)
     channel = os.dup(1)
@@ -209,14 +213,16 @@ def child_main(spec: SinkSpec) -> int:
     def send(message: dict[str, Any]) -> None:
         try:
             os.write(channel, json.dumps(message).encode() + b"\n")
-        except BrokenPipeError:  # the relay is gone (killed): its successor counts anew; say it once
+        # the relay is gone (killed): its successor counts anew; say it once
+        except BrokenPipeError:
             if not parent_gone.is_set():
                 parent_gone.set()
-                logging.getLogger(__name__).warning("sink %s: the relay that started it is gone; finishing "
-                                                    "without reporting counters", spec.name)
+                logging.getLogger(__name__).warning("sink %s: the relay that started it is gone; "
+                                                    "finishing without reporting counters",
+                                                    spec.name)
 
-    logging.basicConfig(level=spec.log_level.upper(), stream=sys.stderr,
-                        format=f"%(asctime)s %(levelname)s %(name)s [sink {spec.name} {os.getpid()}]: %(message)s")
+    line = f"%(asctime)s %(levelname)s %(name)s [sink {spec.name} {os.getpid()}]: %(message)s"
+    logging.basicConfig(level=spec.log_level.upper(), stream=sys.stderr, format=line)
     if spec.journal:  # held until the process ends: one process per sink and journal
         hold_sink_lock(Journal(spec.journal).sidecar(f"_sink_{spec.name}.lock"), spec.name)
     try:

@@ -1,13 +1,14 @@
-"""Every sink but the journal runs in a child process of the relay (relay/sinkhost/child.py), fed the
-journal's own lines, and so does every shipper (relay/ship/base.py), fed only the news of each
+"""Every sink but the journal runs in a child process of the relay (relay/sinkhost/child.py), fed
+the journal's own lines, and so does every shipper (relay/ship/base.py), fed only the news of each
 journal write (relay/sinkhost/notices.py); this is the relay's side of it.
 
-A process, not a thread, because a sink busy in Python (Aim is) held the interpreter lock for up
-to half of the ingest thread's time, so the journal's rate fell whenever a sink worked. In its own
-process, at a lower CPU priority (``relay.sinkhost.child.NICE``), a sink takes only what ingest leaves:
-under a burst the journal keeps its rate and the sink catches up afterwards. A plugin that crashes
-or leaks takes down only its own process, which is started again. And a sink gets exactly what
-``relay replay`` would give it (events read back from their JSON lines, non-finite metrics restored).
+A process, not a thread, because a sink busy in Python (Aim is) held the interpreter lock for up to
+half of the ingest thread's time, so the journal's rate fell whenever a sink worked. In its own
+process, at a lower CPU priority (``relay.sinkhost.child.NICE``), a sink takes only what ingest
+leaves: under a burst the journal keeps its rate and the sink catches up afterwards. A plugin that
+crashes or leaks takes down only its own process, which is started again. And a sink gets exactly
+what ``relay replay`` would give it (events read back from their JSON lines, non-finite metrics
+restored).
 
 ``submit`` queues chunks of lines in a bounded ``BatchWorker`` and never blocks ingest; the worker's
 thread writes them to the child's pipe only while ``ingest_idle`` is set (the ingest thread waits
@@ -27,21 +28,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 from typing import IO, Any
 
 from relay.journal.journal_queue import News
 from relay.ship.base import is_shipper, load
 from relay.sinkhost import notices
 from relay.sinkhost.batch_queue import BatchWorker
-from relay.sinkhost.child import build_sink
 from relay.sinkhost.counts import ChildCounts
 from relay.sinkhost.lifeline import kill, spawn
 from relay.sinkhost.rate import Rate
 from relay.sinkhost.spec import SinkSpec
-from sinks.base import SinkContext, SinkError
+from sinks.base import SinkError
 
-__all__ = ["SinkProcess", "check_sinks"]
+__all__ = ["SinkProcess"]
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +64,11 @@ class SinkProcess:
 
     def __init__(self, spec: SinkSpec, ingest_idle: threading.Event | None = None,
                  stderr: Callable[[bytes], None] | None = None) -> None:
-        """``ingest_idle``, when given, is set while the relay's ingest thread waits for frames: lines
-        go to the child only then (and at shutdown, when the relay sets it for good); the notices
-        for a shipper, a few bytes each, go at once, so it reads the journal while a burst goes
-        on (in its own process, at nice 19: on CPU ingest leaves). ``stderr``, when given, gets the
-        child's stderr line by line (else it shares the relay's)."""
+        """``ingest_idle``, when given, is set while the relay's ingest thread waits for frames:
+        lines go to the child only then (and at shutdown, when the relay sets it for good); the
+        notices for a shipper, a few bytes each, go at once, so it reads the journal while a burst
+        goes on (in its own process, at nice 19: on CPU ingest leaves). ``stderr``, when given, gets
+        the child's stderr line by line (else it shares the relay's)."""
         #: a shipper is sent only the news of each write (relay/sinkhost/notices.py), not its lines
         self.ships = is_shipper(load(spec.source or spec.name))
         self.spec = spec
@@ -84,10 +83,12 @@ class SinkProcess:
         self._sink_counters: dict[str, Any] | None = None  # the sink's own, as its child last said
         self._sent = 0  # events the running child was given
         self._answer: dict[str, Any] = {}  # the running child's first message: ready, or why not
-        self._answered = threading.Event()  # set on that message, or when the child closed its output
+        #: set on that message, or when the child closed its output
+        self._answered = threading.Event()
         self._reader: threading.Thread | None = None
         self._backoff = RESTART_START
-        self._opened = threading.Event()  # set once the first child opened its sink (or when stopping)
+        #: set once the first child opened its sink (or when stopping)
+        self._opened = threading.Event()
         self._opener: threading.Thread | None = None
         # set at shutdown: a child still opening with nothing to apply stops
         self._give_up = threading.Event()
@@ -97,21 +98,25 @@ class SinkProcess:
         #: once closed: whether the sink applied every event it was handed (None while it runs)
         self.complete: bool | None = None
         self._submitted = 0  # events handed to submit(), by the ingest thread
-        self._handed = Rate()  # ... sampled every second, to date the oldest event not yet confirmed
-        self._worker: BatchWorker[tuple[bytes, int]] = BatchWorker(spec.name, self._hand_over, spec.max_events,
-                                                                   finish=self._end_input, max_bytes=SINK_QUEUE_BYTES)
+        #: that count sampled every second, to date the oldest event not yet confirmed
+        self._handed = Rate()
+        self._worker: BatchWorker[tuple[bytes, int]] = BatchWorker(
+            spec.name, self._hand_over, spec.max_events, finish=self._end_input,
+            max_bytes=SINK_QUEUE_BYTES)
 
     # -- the relay's calls -----------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the child beside the relay, without waiting: lines queue (bounded) until its sink
-        is open, and it catches up from the journal what did not fit (relay/sinkhost/catch_up.py). A sink
-        that cannot open (SinkError from ``open()``: a server down, a repository locked) is logged
-        with its reason, counted (``open_failures``, ``errors``; ``open_error`` in the stats) and
-        tried again with backoff from RESTART_START to RESTART_MAX seconds, for as long as the relay
-        runs; the relay's ``check_sinks`` already refused, before it listened, what can never work."""
+        is open, and it catches up from the journal what did not fit (relay/sinkhost/catch_up.py). A
+        sink that cannot open (SinkError from ``open()``: a server down, a repository locked) is
+        logged with its reason, counted (``open_failures``, ``errors``; ``open_error`` in the stats)
+        and tried again with backoff from RESTART_START to RESTART_MAX seconds, for as long as the
+        relay runs; the relay's ``check_sinks`` (relay/sinkhost/check.py) already refused, before it
+        listened, what can never work."""
         self._worker.start()
-        self._opener = threading.Thread(target=self._open_first, name=f"sink-{self.name}-open", daemon=True)
+        self._opener = threading.Thread(target=self._open_first, name=f"sink-{self.name}-open",
+                                        daemon=True)
         self._opener.start()
 
     def _open_first(self) -> None:
@@ -127,8 +132,9 @@ class SinkProcess:
                     self.open_failures += 1
                     self._done += ChildCounts(errors=1)
                     self.open_error = str(exc)
-                    log.error("sink %s could not open (%d attempts; trying again in %.0f s, its events wait in "
-                              "the journal): %s", self.name, self.open_failures, backoff, exc)
+                    log.error("sink %s could not open (%d attempts; trying again in %.0f s, its "
+                              "events wait in the journal): %s", self.name, self.open_failures,
+                              backoff, exc)
                     if not self._worker.wait(backoff, drain=False):
                         return
                     backoff = min(backoff * 2, RESTART_MAX)
@@ -140,7 +146,8 @@ class SinkProcess:
             self._opened.set()
 
     def submit(self, lines: bytes, count: int) -> None:
-        """Hand over ``count`` journal lines without waiting; dropped (counted) past the queue bound."""
+        """Hand over ``count`` journal lines without waiting; dropped (counted) past the queue
+        bound."""
         self._submitted += count
         self._worker.submit((lines, count), count, len(lines))
 
@@ -173,12 +180,13 @@ class SinkProcess:
         return out
 
     def close(self, timeout: float) -> None:
-        """Hand the child what is queued and let it drain, all within ``timeout`` seconds. A child still
-        opening its sink then, or still draining, is stopped: it would die with the relay anyway
-        (relay/sinkhost/lifeline.py). What it had not applied counts as dropped (``stats()``), and
-        ``complete`` says whether it applied everything and its close completed (a close that did
-        not, ``incomplete_closes``, may leave what it wrote not durable); the journal holds the rest
-        (relay/sinkhost/behind.py says what is missing and the command that completes it)."""
+        """Hand the child what is queued and let it drain, all within ``timeout`` seconds. A child
+        still opening its sink then, or still draining, is stopped: it would die with the relay
+        anyway (relay/sinkhost/lifeline.py). What it had not applied counts as dropped
+        (``stats()``), and ``complete`` says whether it applied everything and its close completed
+        (a close that did not, ``incomplete_closes``, may leave what it wrote not durable); the
+        journal holds the rest (relay/sinkhost/behind.py says what is missing and the command that
+        completes it)."""
         deadline = time.monotonic() + timeout
         self._worker.stop(timeout)
         # it was handed nothing: no reason to wait for its open
@@ -191,9 +199,10 @@ class SinkProcess:
             if self._opener.is_alive():
                 left = self._worker.abandon()
                 self.complete = False
-                log.warning("sink %s is still opening at shutdown; its process stops with the relay. %d events "
-                            "were not handed to it: they are in the journal (a sink that catches up reads them "
-                            "there; relay replay rebuilds any sink)", self.name, left)
+                log.warning("sink %s is still opening at shutdown; its process stops with the "
+                            "relay. %d events were not handed to it: they are in the journal (a "
+                            "sink that catches up reads them there; relay replay rebuilds any "
+                            "sink)", self.name, left)
                 return
         self._worker.join(max(0.1, deadline - time.monotonic()))
         proc = self._proc
@@ -203,8 +212,8 @@ class SinkProcess:
                 proc.wait(max(0.1, deadline - time.monotonic()))
                 exited = proc.returncode == 0
             except subprocess.TimeoutExpired:
-                log.error("sink %s did not finish within the shutdown timeout (%.0f s); stopping it", self.name,
-                          timeout)
+                log.error("sink %s did not finish within the shutdown timeout (%.0f s); stopping "
+                          "it", self.name, timeout)
                 kill(proc)
                 proc.wait()
             if self._reader is not None:
@@ -212,8 +221,8 @@ class SinkProcess:
             self._settle(proc.returncode, "at shutdown")
         left = self._worker.abandon()
         if left:
-            log.error("sink %s: %d events not handed over at shutdown (they are in the journal: use relay "
-                      "replay)", self.name, left)
+            log.error("sink %s: %d events not handed over at shutdown (they are in the journal: "
+                      "use relay replay)", self.name, left)
         stats = self.stats()
         gave_up = self._give_up.is_set() and not self.opened  # handed nothing, so it lacks nothing
         self.complete = ((exited or gave_up) and stats["dropped"] == 0
@@ -240,10 +249,12 @@ class SinkProcess:
                     return False
                 continue
             idle = None if self.ships else self.ingest_idle  # a notice, a few bytes, need not wait
-            while idle is not None and not idle.is_set():  # re-checked: a wait can end on a set already undone
+            # re-checked: a wait can end on a set already undone
+            while idle is not None and not idle.is_set():
                 idle.wait()
             try:
-                self._stdin().write(lines)  # a pipe: blocks (without the GIL) while the child is busy
+                # a pipe: blocks (without the GIL) while the child is busy
+                self._stdin().write(lines)
                 self._stdin().flush()
             except OSError:  # it died: reap it, and the next round starts another
                 self._proc.wait()
@@ -272,7 +283,8 @@ class SinkProcess:
             self._spawn()
         except SinkError as exc:
             self._done += ChildCounts(errors=1)
-            log.error("sink %s could not be started again (retrying in %.0f s): %s", self.name, backoff * 2, exc)
+            log.error("sink %s could not be started again (retrying in %.0f s): %s", self.name,
+                      backoff * 2, exc)
             return True
         self.restarts += 1
         log.info("sink %s started again (pid %d)", self.name, self._pid())
@@ -293,16 +305,17 @@ class SinkProcess:
     def _spawn(self) -> None:
         spec = json.dumps(asdict(self.spec))
         proc = spawn(f"sink {self.name}", "relay.sinkhost.child", [spec], stdin=subprocess.PIPE,
-                     stdout=subprocess.PIPE, stderr=None if self.stderr is None else subprocess.PIPE)
+                     stdout=subprocess.PIPE,
+                     stderr=None if self.stderr is None else subprocess.PIPE)
         if self.stderr is not None:
-            threading.Thread(target=self._pass_stderr, args=(proc.stderr,), name=f"sink-{self.name}-stderr",
-                             daemon=True).start()
+            threading.Thread(target=self._pass_stderr, args=(proc.stderr,),
+                             name=f"sink-{self.name}-stderr", daemon=True).start()
         _widen(self._stdin(proc))
         self._proc, self._child, self._sent = proc, ChildCounts(), 0
         self._answer = {}
         self._answered.clear()
-        self._reader = threading.Thread(target=self._read, args=(proc.stdout,), name=f"sink-{self.name}-stats",
-                                        daemon=True)
+        self._reader = threading.Thread(target=self._read, args=(proc.stdout,),
+                                        name=f"sink-{self.name}-stats", daemon=True)
         self._reader.start()
         deadline = time.monotonic() + START_TIMEOUT
         while (not self._answered.wait(0.1) and not self._give_up.is_set()
@@ -326,7 +339,8 @@ class SinkProcess:
                 try:
                     message = json.loads(line)
                 except ValueError:
-                    log.warning("sink %s: unreadable message from its process: %r", self.name, line[:200])
+                    log.warning("sink %s: unreadable message from its process: %r", self.name,
+                                line[:200])
                     continue
                 if not self._answered.is_set():
                     self._answer = message
@@ -338,7 +352,8 @@ class SinkProcess:
             self._answered.set()  # the child is gone: start() stops waiting
 
     def _pass_stderr(self, stream: IO[bytes]) -> None:
-        """The child's stderr (its log), line by line, to ``self.stderr`` until the child closes it."""
+        """The child's stderr (its log), line by line, to ``self.stderr`` until the child closes
+        it."""
         assert self.stderr is not None
         with stream:
             for line in stream:
@@ -356,30 +371,15 @@ class SinkProcess:
         if code != 0 or unconfirmed:
             self._done += ChildCounts(errors=1 if code != 0 else 0)
             self._lost += unconfirmed
-            log.error("sink %s's process exited %s (code %s); up to %d events it had not confirmed are dropped "
-                      "for it (they are in the journal: relay replay rebuilds it)", self.name, how, code, unconfirmed)
-
-
-def check_sinks(specs: list[SinkSpec], journal: Path) -> None:
-    """Build every sink in the relay's own process and run its cheap ``check()`` (package installed,
-    paths writable: see sinks/preflight.py), before the relay listens; the first SinkError stops it.
-    The sinks' processes then open them beside a relay that already listens."""
-    context = SinkContext(journal=journal)
-    for spec in specs:
-        sink = build_sink(spec)
-        try:
-            sink.check(context)
-        except SinkError:
-            raise
-        except Exception as exc:  # a plugin's own bug: reported as the reason it cannot start
-            said = str(exc).strip() or "it gave no reason"
-            raise SinkError(f"sink {spec.name} failed its check: "
-                            f"{type(exc).__name__}: {said}") from None
+            log.error("sink %s's process exited %s (code %s); up to %d events it had not "
+                      "confirmed are dropped for it (they are in the journal: relay replay "
+                      "rebuilds it)", self.name, how, code, unconfirmed)
 
 
 def _widen(pipe: IO[bytes]) -> None:
-    """Make the pipe to the child hold up to PIPE_SIZE: each write then moves thousands of lines, and
-    the feeding thread takes the interpreter lock from ingest a few times a second, not hundreds."""
+    """Make the pipe to the child hold up to PIPE_SIZE: each write then moves thousands of lines,
+    and the feeding thread takes the interpreter lock from ingest a few times a second, not
+    hundreds."""
     try:
         fcntl.fcntl(pipe.fileno(), F_SETPIPE_SZ, PIPE_SIZE)
     except OSError as exc:  # a lower system limit (fs.pipe-max-size): the default size still works
