@@ -254,14 +254,15 @@ class NatsCluster:
         self.close()
 
 
-async def read_stream(urls: str, stream: str, subjects: str = ">") -> list[Any]:
+async def read_stream(urls: str, stream: str, subjects: str = ">",
+                      timeout: float = JS_TIMEOUT) -> list[Any]:
     """Every message stored in ``stream`` (subject filter ``subjects``), in stream order, read back
     through an ordered ephemeral consumer: what the tests count (none while there is no stream)."""
     import nats
     nc = await nats.connect(urls.split(","), connect_timeout=5)
     try:
         from nats.js.errors import NotFoundError
-        js = nc.jetstream(timeout=JS_TIMEOUT)
+        js = nc.jetstream(timeout=timeout)
         try:
             info = await js.stream_info(stream)
         except NotFoundError:
@@ -285,3 +286,16 @@ async def read_stream(urls: str, stream: str, subjects: str = ">") -> list[Any]:
         return out
     finally:
         await nc.close()
+
+
+def stream_lines_or_none(urls: str, stream: str = "RELAY", timeout: float = 10.0) -> list[bytes] | None:
+    """The lines stored in ``stream``, for a test that waits for them: None while the cluster does
+    not answer within ``timeout`` (a cluster just woken, or electing a leader after a kill; a
+    request once went unanswered for 60 s in a whole-suite run), so its wait asks again until its
+    own deadline instead of failing on the first unanswered ask."""
+    from nats.errors import TimeoutError as NatsTimeout
+    try:
+        messages = asyncio.run(read_stream(urls, stream, timeout=timeout))
+    except NatsTimeout:
+        return None
+    return [line for m in messages for line in m.data.splitlines(keepends=True)]

@@ -6,7 +6,6 @@ config yields to --nats-creds or --nats-token, and its own error names the varia
 ``relay consume --name c1`` while c1 is live is refused."""
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import subprocess
@@ -118,11 +117,9 @@ def test_a_check_nats_does_not_answer_in_time_lets_the_relay_start_and_says_why(
         f"NATS {url} is not reachable now (no answer within 1 s to connect): the relay starts, and the nats sink "
         "publishes the journal once it is"]
 
-from nats.errors import TimeoutError as NatsTimeout  # noqa: E402
-
 from conftest import ROOT, finish, start_publisher, wait_for  # noqa: E402
 from fleet_helpers import ConsumerProcess, create_stream, wait_held  # noqa: E402
-from nats_helpers import NatsCluster, read_stream  # noqa: E402
+from nats_helpers import NatsCluster, stream_lines_or_none  # noqa: E402
 
 
 def relay_exits(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -202,13 +199,8 @@ def test_node_relays_whose_cluster_does_not_answer_at_start_journal_and_publish_
         assert len(lines) >= 2 * 300
 
         def stored() -> list[bytes]:
-            """The stream's lines; none yet while the woken cluster has no leader to answer (a request
-            timed out at 60 s in a fresh-clone run: asked again until wait_for's own deadline)."""
-            try:
-                messages = asyncio.run(read_stream(cluster.urls, "RELAY"))
-            except NatsTimeout:
-                return []
-            return [x for m in messages for x in m.data.splitlines()]
+            """The stream's lines; none yet while the woken cluster has no leader to answer."""
+            return [line.rstrip(b"\n") for line in stream_lines_or_none(cluster.urls) or []]
         wait_for(lambda: len(stored()) >= len(lines), 180, "every journal line in the stream")
         assert sorted(stored()) == sorted(lines)
         for node in nodes:
