@@ -14,16 +14,16 @@ refused and redone on top of it. Each relay's ``p<k>/`` folder is a view of the 
 from it (``read``).
 
 A commit longer than a message may be (the servers' ``max_payload``) is cut into several at line
-boundaries and published as one JetStream atomic batch (ADR-50, nats-server 2.12 or later, the stream
-made with ``allow_atomic``): the first message carries the fence, the last one commits, and the
-stream stores all of them or none, at the cost of one round trip instead of one per message (the
-fence's round trips were most of a consuming relay's time per batch). On a server or stream without
-atomic batches each message is fenced on the one before, as a one-message commit always is. A
-one-message commit carries a ``Nats-Msg-Id`` of its writer, partition and expected sequence:
+boundaries and published as one JetStream atomic batch (ADR-50, nats-server 2.12 or later, the
+stream made with ``allow_atomic``): the first message carries the fence, the last one commits, and
+the stream stores all of them or none, at the cost of one round trip instead of one per message
+(the fence's round trips were most of a consuming relay's time per batch). On a server or stream
+without atomic batches each message is fenced on the one before, as a one-message commit always
+is. A one-message commit carries a ``Nats-Msg-Id`` of its writer, partition and expected sequence:
 published again after a lost acknowledgement, a clustered stream answers "duplicate" with its
-sequence; a single server answers ``Fenced``, and the writer rereads. A batch whose answer is lost is
-not sent again: the writer rereads the central journal (whether it landed or not, its lines come
-again and dedupe decides).
+sequence; a single server answers ``Fenced``, and the writer rereads. A batch whose answer is lost
+is not sent again: the writer rereads the central journal (whether it landed or not, its lines
+come again and dedupe decides).
 """
 from __future__ import annotations
 
@@ -62,23 +62,27 @@ class CentralJournal:
     """The central journal of one fleet stream, for one consuming relay (``writer`` names it in
     message ids)."""
 
-    def __init__(self, nc: Any, js: Any, stream: str, prefix: str, max_payload: int, writer: str) -> None:
+    def __init__(self, nc: Any, js: Any, stream: str, prefix: str, max_payload: int,
+                 writer: str) -> None:
         self.nc, self.js, self.name, self.prefix = nc, js, journal_stream(stream), prefix
         self.limit = max(1 << 10, max_payload - HEADER_ROOM)
         self.writer = f"{writer}-{secrets.token_hex(4)}"
-        self.identity = self.name  # the stream and its creation time, once ensured: what a view is a view of
-        self.atomic = False  # whether the stream takes atomic batches (a commit of several messages in one)
+        # the stream and its creation time, once ensured: what a view is a view of
+        self.identity = self.name
+        # whether the stream takes atomic batches (a commit of several messages in one)
+        self.atomic = False
         self._batches = 0
 
     async def ensure(self, replicas: int) -> Any:
-        """The stream's info, creating it when missing (an existing one is used as it is, but for atomic
-        batches, which are switched on where the servers have them)."""
+        """The stream's info, creating it when missing (an existing one is used as it is, but for
+        atomic batches, which are switched on where the servers have them)."""
         from nats.js.api import StorageType, StreamConfig
         from nats.js.errors import APIError
 
         from relay.fleet.stream import ensure_stream
-        config = StreamConfig(name=self.name, subjects=[f"{self.prefix}-journal.>"], storage=StorageType.FILE,
-                              num_replicas=replicas, max_age=0, allow_atomic=True)
+        config = StreamConfig(name=self.name, subjects=[f"{self.prefix}-journal.>"],
+                              storage=StorageType.FILE, num_replicas=replicas, max_age=0,
+                              allow_atomic=True)
         info, created = await ensure_stream(self.js, config)
         self.identity = f"{self.name}@{info.created}"
         if created:
@@ -88,9 +92,10 @@ class CentralJournal:
             try:
                 info = await self.js.update_stream(info.config)
             except APIError as exc:  # a server before 2.12, or no right to change the stream
-                log.info("central journal %s: no atomic batches (%s): a commit of several messages fences each "
-                         "on the one before", self.name, describe(exc))
-        self.atomic = bool(info.config.allow_atomic)  # (a server that does not know the option leaves it out)
+                log.info("central journal %s: no atomic batches (%s): a commit of several messages "
+                         "fences each on the one before", self.name, describe(exc))
+        # (a server that does not know the option leaves it out)
+        self.atomic = bool(info.config.allow_atomic)
         return info
 
     async def last(self, k: int) -> int:
@@ -112,8 +117,8 @@ class CentralJournal:
             try:
                 msg = await self.js.get_msg(self.name, seq + 1, subject=subject, next=True)
             except NotFoundError:  # removed by the stream's own limits: nothing more to read
-                log.warning("central journal %s: partition %d has no commit after %d (the stream's limits removed "
-                            "it?); the view goes on from its end", self.name, k, seq)
+                log.warning("central journal %s: partition %d has no commit after %d (the stream's "
+                            "limits removed it?); the view goes on from its end", self.name, k, seq)
                 return
             seq = int(msg.seq)
             yield seq, msg.data or b""
@@ -139,8 +144,8 @@ class CentralJournal:
             if n == 1:
                 headers[EXPECTED] = str(expected)
             await self.nc.publish(subject, piece, headers=headers)
-        reply = await self.nc.request(subject, cut[-1], timeout=BATCH_TIMEOUT,
-                                      headers={BATCH_ID: batch, BATCH_SEQUENCE: str(len(cut)), BATCH_COMMIT: "1"})
+        commit = {BATCH_ID: batch, BATCH_SEQUENCE: str(len(cut)), BATCH_COMMIT: "1"}
+        reply = await self.nc.request(subject, cut[-1], timeout=BATCH_TIMEOUT, headers=commit)
         answer = json.loads(reply.data)
         error = answer.get("error")
         if error:
@@ -154,15 +159,17 @@ class CentralJournal:
         headers = {EXPECTED: str(expected), "Nats-Msg-Id": f"{self.writer}:{k}:{expected}"}
         for attempt in range(ATTEMPTS):
             try:
-                ack = await self.js.publish(journal_subject(self.prefix, k), piece, stream=self.name, headers=headers)
+                ack = await self.js.publish(journal_subject(self.prefix, k), piece,
+                                            stream=self.name, headers=headers)
                 return int(ack.seq)
             except APIError as exc:
                 if exc.err_code in WRONG_LAST:
-                    raise Fenced(f"partition {k}: another relay committed since sequence {expected}") from None
+                    raise Fenced(f"partition {k}: another relay committed since sequence "
+                                 f"{expected}") from None
                 raise
             except TimeoutError as exc:
-                log.debug("central journal: partition %d: no acknowledgement (%s), publishing again", k,
-                          describe(exc))
+                log.debug("central journal: partition %d: no acknowledgement (%s), "
+                          "publishing again", k, describe(exc))
                 if attempt == ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")

@@ -1,16 +1,17 @@
-"""A relay that consumes the fleet's stream: ``relay consume``. One asyncio loop, one NATS connection.
+"""A relay that consumes the fleet's stream: ``relay consume``. One asyncio loop, one NATS
+connection.
 
 At start it checks its options against the stream, the lease bucket and the partitions' durable
 consumers as they exist (relay/fleet/reconcile.py: what must agree is one line and exit 2, what may
 change is applied) and makes sure of the central journal (relay/fleet/central.py). Then every
-``tick`` it reads the leases and the live members from the KV bucket, lets the ownership rules
-(relay/fleet/ownership.py) say what to do, and does it: claims, renews, and starts or stops a task
-per partition it holds (relay/fleet/holder.py: the partition's view caught up from the central
-journal, its durable pull consumer bound, and each fetched batch committed: fenced into the central
-journal, written into the view, acknowledged). The consumer's ``max_ack_pending`` and the fetch size
-bound what is held in memory; a message unacknowledged when its relay died is delivered again after
-``ack_wait`` to the relay that took the partition over, whose dedupe drops what the central journal
-already has.
+``tick`` it reads the leases and the live members from the KV bucket (relay/fleet/leases.py), lets
+the ownership rules (relay/fleet/ownership.py) say what to do, and does it: claims, renews, and
+starts or stops a task per partition it holds (relay/fleet/holder.py: the partition's view caught
+up from the central journal, its durable pull consumer bound, and each fetched batch committed:
+fenced into the central journal, written into the view, acknowledged). The consumer's
+``max_ack_pending`` and the fetch size bound what is held in memory; a message unacknowledged when
+its relay died is delivered again after ``ack_wait`` to the relay that took the partition over,
+whose dedupe drops what the central journal already has.
 
 A stats file (``_relay_consume_<name>.json`` under ``--path``) says every second which partitions
 this relay holds, who held each partition when it last read the leases (``holders``: a viewer
@@ -32,9 +33,10 @@ from typing import Any
 from relay.fleet.central import CentralJournal
 from relay.fleet.connection import NatsSettings, connect, describe
 from relay.fleet.holder import Holder, quietly, wait
-from relay.fleet.identity import Claimant, read_claimant, verdict
+from relay.fleet.identity import Claimant
+from relay.fleet.leases import claim_name, read_leases
 from relay.fleet.ownership import Claim, Ownership, Renew, Start, Stop
-from relay.fleet.reconcile import Mismatch, check_stream, lease_bucket, update_consumers
+from relay.fleet.reconcile import check_stream, lease_bucket, update_consumers
 from relay.sinkhost.spec import SinkSpec
 from sinks.files import write_atomic
 
@@ -70,19 +72,9 @@ class ConsumeConfig:
         self.bucket = self.bucket or f"{self.stream}-leases"
 
 
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` of this machine is alive."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's: alive
-        return True
-    return True
-
-
 def partitions_of(stream_config: Any) -> int | None:
-    """P, from the stream's partition transform (None: the stream has none, so it is one partition)."""
+    """P, from the stream's partition transform (None: the stream has none, so it is one
+    partition)."""
     transform = getattr(stream_config, "subject_transform", None)
     found = _PARTITIONS.search(getattr(transform, "dest", "") or "")
     return int(found.group(1)) if found else None
@@ -101,7 +93,8 @@ class Consumer:
         self.own: Ownership | None = None
         self.errors = 0
         self._closing = False
-        self.latest: dict[str, Any] | None = None  # the last stats written (the Prometheus endpoint reads it)
+        # the last stats written (the Prometheus endpoint reads it)
+        self.latest: dict[str, Any] | None = None
         self._claimant: Claimant | None = None  # who this relay is: its member key's value
 
     def stop(self) -> None:
@@ -114,7 +107,8 @@ class Consumer:
         stopping = asyncio.ensure_future(self._stop.wait())
         await asyncio.wait([connecting, stopping], return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
-        if not connecting.done():  # stopped while NATS was away: nothing was taken, nothing to give back
+        # stopped while NATS was away: nothing was taken, nothing to give back
+        if not connecting.done():
             connecting.cancel()
             await asyncio.gather(connecting, return_exceptions=True)
             return
@@ -133,8 +127,8 @@ class Consumer:
             return
         partitions = partitions_of(info.config) or 1
         self.own = Ownership(cfg.name, partitions, ttl=cfg.ttl, renew=cfg.renew, margin=cfg.ttl / 4)
-        log.info("consuming stream %s (%d partitions) as %s; journals under %s", cfg.stream, partitions,
-                 cfg.name, cfg.path)
+        log.info("consuming stream %s (%d partitions) as %s; journals under %s", cfg.stream,
+                 partitions, cfg.name, cfg.path)
         next_stats = 0.0
         while not self.own.done():
             if self._stop.is_set():
@@ -155,7 +149,8 @@ class Consumer:
         await quietly(self.nc.close())
 
     async def _wait_for_stream(self) -> Any:
-        """The stream's info, once the stream exists (a node relay creates it); None if stopped first."""
+        """The stream's info, once the stream exists (a node relay creates it); None if stopped
+        first."""
         from nats.errors import Error as NatsError
         from nats.js.errors import NotFoundError
         warned = False
@@ -164,8 +159,8 @@ class Consumer:
                 return await self.js.stream_info(self.config.stream)
             except NotFoundError:
                 if not warned:
-                    log.warning("stream %s does not exist yet; waiting for a node relay to create it",
-                                self.config.stream)
+                    log.warning("stream %s does not exist yet; waiting for a node relay to "
+                                "create it", self.config.stream)
                     warned = True
             except (TimeoutError, NatsError) as exc:
                 log.debug("stream %s: %s", self.config.stream, describe(exc))
@@ -173,105 +168,37 @@ class Consumer:
         return None
 
     async def _set_up(self, info: Any) -> bool:
-        """The options against what exists (reconcile.Mismatch: one line, exit 2), the central journal,
-        the lease bucket (retried while JetStream does not answer); False if stopped first."""
+        """The options against what exists (reconcile.Mismatch: one line, exit 2), the central
+        journal, the lease bucket (retried while JetStream does not answer); False if stopped
+        first."""
         from nats.errors import Error as NatsError
         cfg = self.config
         check_stream(info, cfg)
         replicas = info.config.num_replicas or 1
-        self.central = CentralJournal(self.nc, self.js, cfg.stream, cfg.prefix, self.nc.max_payload, cfg.name)
+        self.central = CentralJournal(self.nc, self.js, cfg.stream, cfg.prefix, self.nc.max_payload,
+                                      cfg.name)
         while not self._stop.is_set():
             try:
                 await self.central.ensure(replicas)
                 self.kv = await lease_bucket(self.js, cfg, replicas)
-                await self._claim_name()
+                self._claimant = Claimant.here(cfg.path, os.getpid())
+                await claim_name(self.kv, cfg, self._claimant)
                 await update_consumers(self.js, cfg, partitions_of(info.config) or 1)
                 return True
             except (TimeoutError, NatsError) as exc:
-                log.warning("cannot set up the stream's central journal and leases now (%s); trying again",
-                            describe(exc))
+                log.warning("cannot set up the stream's central journal and leases now (%s); "
+                            "trying again", describe(exc))
             await wait(self._stop, 1.0)
         return False
 
-    async def _claim_name(self) -> None:
-        """Make this relay's member key ``m.<name>``, refusing (Mismatch: one line, exit 2) a name
-        a live relay of another folder, or another live process here, holds: two relays under one
-        name would share its member key and leases, one holding every partition and the other none.
-        A relay killed on this folder is taken over at once; a stopped one deleted its key."""
-        from nats.js.errors import KeyWrongLastSequenceError
-        cfg = self.config
-        ours = self._claimant = Claimant.here(cfg.path, os.getpid())
-        try:
-            await self.kv.create(f"m.{cfg.name}", ours.value())
-            return
-        except KeyWrongLastSequenceError:
-            pass
-        entry = await self.kv.get(f"m.{cfg.name}")
-        held, written = read_claimant(entry.value)
-        age = None if written is None else max(0.0, time.time() - written)
-        if held is not None and held.pid != ours.pid and age is not None and age < cfg.ttl \
-                and (not verdict(held, ours) or _running(held.pid)):
-            raise Mismatch(f"consuming relay name {cfg.name} is live on stream {cfg.stream}: "
-                           f"{held.describe()} holds it, renewed {age:.0f} s ago, and two relays "
-                           f"under one name would share its partitions' leases (one holding every "
-                           f"partition, the other none); give this relay another --name (or none: "
-                           f"HOST-PID), or stop that relay first")
-        await self.kv.update(f"m.{cfg.name}", ours.value(), last=entry.revision)
-
-    # -- leases ---------------------------------------------------------------------------------------
+    # -- leases -----------------------------------------------------------------------------------
 
     async def _tick(self) -> None:
         own = self.own
         assert own is not None
-        members, leases = await self._read_leases()
+        members, leases = await read_leases(self.kv, self.js, self.config, own, self._claimant)
         actions = own.plan(time.monotonic(), leases, members)
         await asyncio.gather(*(self._act(action) for action in actions))
-
-    async def _read_leases(self) -> tuple[set[str], dict[int, str | None]]:
-        """The live members (writing ours first) and each partition's holder. What cannot be read now
-        counts as held by someone: nothing is claimed on a guess."""
-        from nats.errors import Error as NatsError
-        from nats.js.errors import KeyNotFoundError
-        cfg, own = self.config, self.own
-        assert own is not None
-        members = {cfg.name}
-        leases: dict[int, str | None] = {}
-        try:
-            if own.leaving:  # gone from the share at once, rather than after its key expires
-                await asyncio.wait_for(self.kv.delete(f"m.{cfg.name}"), cfg.renew)
-                members.clear()
-            else:
-                who = self._claimant.value() if self._claimant else b"1"
-                await asyncio.wait_for(self.kv.put(f"m.{cfg.name}", who), cfg.renew)
-            info = await asyncio.wait_for(
-                self.js.stream_info(f"KV_{cfg.bucket}", subjects_filter=f"$KV.{cfg.bucket}.m.>"), cfg.renew)
-            for subject in info.state.subjects or {}:
-                member = subject.split(".", 3)[3]
-                if member not in members and await self._alive(member):
-                    members.add(member)
-        except (TimeoutError, NatsError) as exc:
-            log.debug("leases: cannot read the members: %s", describe(exc))
-            return members, dict.fromkeys(range(own.partitions), "?")
-        for k in range(own.partitions):
-            if k in own.held:
-                continue
-            try:
-                entry = await asyncio.wait_for(self.kv.get(f"p{k}"), cfg.renew)
-                leases[k] = (entry.value or b"?").decode(errors="replace")
-            except KeyNotFoundError:
-                leases[k] = None
-            except (TimeoutError, NatsError):
-                leases[k] = "?"
-        return members, leases
-
-    async def _alive(self, member: str) -> bool:
-        """Whether ``member``'s key holds a value (a relay that stopped deleted it: a marker stays)."""
-        from nats.js.errors import KeyNotFoundError
-        try:
-            await asyncio.wait_for(self.kv.get(f"m.{member}"), self.config.renew)
-        except KeyNotFoundError:
-            return False
-        return True
 
     async def _act(self, action: Any) -> None:
         from nats.errors import Error as NatsError
@@ -291,7 +218,8 @@ class Consumer:
                         self.kv.update(key, cfg.name.encode(), last=action.revision), cfg.renew)
                     own.renewed(action.partition, revision, sent)
                 except KeyWrongLastSequenceError:
-                    log.warning("partition %d: our lease was taken over; stopping", action.partition)
+                    log.warning("partition %d: our lease was taken over; stopping",
+                                action.partition)
                     for stop in own.lost(action.partition):
                         self._halt(stop)
             elif isinstance(action, Start):
@@ -303,14 +231,16 @@ class Consumer:
         except (TimeoutError, NatsError) as exc:
             if isinstance(action, Renew):
                 own.unanswered(action.partition)
-            log.debug("lease %s for partition %d: %s", type(action).__name__, action.partition, describe(exc))
+            log.debug("lease %s for partition %d: %s", type(action).__name__, action.partition,
+                      describe(exc))
 
-    # -- partitions ---------------------------------------------------------------------------------
+    # -- partitions -------------------------------------------------------------------------------
 
     def _start(self, k: int) -> None:
         previous = self._tasks.get(k)
         quit_ = self._quit[k] = asyncio.Event()
-        task = self._tasks[k] = asyncio.create_task(self._consume(k, quit_, previous), name=f"partition-{k}")
+        task = self._tasks[k] = asyncio.create_task(self._consume(k, quit_, previous),
+                                                    name=f"partition-{k}")
         task.add_done_callback(lambda done: self._ended(k, quit_, done))
 
     def _ended(self, k: int, quit_: asyncio.Event, task: asyncio.Task) -> None:
@@ -319,7 +249,8 @@ class Consumer:
         failure = None if task.cancelled() else task.exception()
         if failure is not None:
             self.errors += 1
-            log.error("partition %d failed, starting it again: %s", k, describe(failure), exc_info=failure)
+            log.error("partition %d failed, starting it again: %s", k, describe(failure),
+                      exc_info=failure)
         if not quit_.is_set() and self.own is not None:
             self.own.ended(k)
 
@@ -356,14 +287,16 @@ class Consumer:
             if self._holders.get(k) is holder:
                 del self._holders[k]
 
-    # -- the rest -----------------------------------------------------------------------------------
+    # -- the rest ---------------------------------------------------------------------------------
 
     async def _disconnected(self) -> None:
         if not self._closing:
-            log.warning("lost the connection to NATS; reconnecting (partitions stop once their leases run out)")
+            log.warning("lost the connection to NATS; reconnecting (partitions stop once their "
+                        "leases run out)")
 
     async def _reconnected(self) -> None:
-        log.info("reconnected to NATS at %s", self.nc.connected_url.netloc if self.nc.connected_url else "?")
+        url = self.nc.connected_url
+        log.info("reconnected to NATS at %s", url.netloc if url else "?")
 
     def _write_stats(self, final: bool = False) -> None:
         """``final``: the relay is stopping (viewers of its folder say it is not running)."""
@@ -372,8 +305,8 @@ class Consumer:
         parts = {k: holder.part for k, holder in self._holders.items() if holder.part is not None}
         for part in parts.values():
             part.sample(now)  # the sinks' lag
-        snap = self.latest = {"name": self.config.name, "pid": os.getpid(), "ts": round(time.time(), 3),
-                              "errors": self.errors,
+        snap = self.latest = {"name": self.config.name, "pid": os.getpid(),
+                              "ts": round(time.time(), 3), "errors": self.errors,
                 "held": sorted(own.consuming()) if own else [],
                 "partitions_total": own.partitions if own else None,
                 "holders": own.holders() if own else {},

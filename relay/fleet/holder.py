@@ -35,20 +35,22 @@ from relay.journal.journal import JournalError
 
 log = logging.getLogger("relay.fleet")
 
-FORGET_AFTER = 3600.0  # seconds a run stays silent before its dedupe state is dropped (the view keeps it)
+#: seconds a run stays silent before its dedupe state is dropped (the view keeps it)
+FORGET_AFTER = 3600.0
 APPLY_BYTES = 16 << 20  # central journal commits applied to the view in one write, at most
 REFUSALS = 3  # fences refused in a row before a batch is left for a later delivery
-#: bytes a relay's fetches may have on their way at once, each message counted as large as the server
-#: allows: half the servers' default ``max_pending`` (64 MiB). A client the server must hold more for is
-#: cut off as a slow consumer, and what was on its way comes again only after ``--ack-wait``: a round
-#: of a 400,000-event backlog took one ack_wait instead of about a second (bench/bench_consume.py)
+#: bytes a relay's fetches may have on their way at once, each message counted as large as the
+#: server allows: half the servers' default ``max_pending`` (64 MiB). A client the server must hold
+#: more for is cut off as a slow consumer, and what was on its way comes again only after
+#: ``--ack-wait``: a round of a 400,000-event backlog took one ack_wait instead of about a second
+#: (bench/bench_consume.py)
 FETCH_BYTES = 32 << 20
 FOLLOW_UP = 0.2  # seconds a fetch after the first of a batch waits: messages ready come at once
 
 
 def fetch_size(wanted: int, partitions: int, max_payload: int) -> int:
-    """Messages a partition fetches at once: ``wanted`` (``--fetch``), or fewer, so that one fetch on
-    each of the ``partitions`` held stays within FETCH_BYTES."""
+    """Messages a partition fetches at once: ``wanted`` (``--fetch``), or fewer, so that one fetch
+    on each of the ``partitions`` held stays within FETCH_BYTES."""
     return max(1, min(wanted, FETCH_BYTES // (max(1, partitions) * max(1, max_payload))))
 
 
@@ -97,9 +99,10 @@ class Holder:
         while not quit_.is_set():
             try:
                 last = await self.central.last(self.k)
-                if last < part.position:  # the subject was purged, or the view is of an older stream
-                    log.warning("partition %d: the central journal ends at %d, before this view's position %d: "
-                                "going on from its end", self.k, last, part.position)
+                # the subject was purged, or the view is of an older stream
+                if last < part.position:
+                    log.warning("partition %d: the central journal ends at %d, before this view's "
+                                "position %d: going on from its end", self.k, last, part.position)
                     await loop.run_in_executor(None, part.settle, last)
                 commits: list[tuple[int, bytes]] = []
                 size = 0
@@ -112,11 +115,12 @@ class Holder:
                 await loop.run_in_executor(None, part.apply, commits, time.monotonic())
                 return True
             except (TimeoutError, NatsError) as exc:
-                log.warning("partition %d: cannot read the central journal now (%s); trying again", self.k,
-                            describe(exc))
+                log.warning("partition %d: cannot read the central journal now (%s); trying again",
+                            self.k, describe(exc))
             except (OSError, JournalError) as exc:
                 self.consumer.errors += 1
-                log.error("partition %d: the view cannot be written (%s); trying again", self.k, exc)
+                log.error("partition %d: the view cannot be written (%s); trying again",
+                          self.k, exc)
             part.reset()
             if await wait(quit_, 1.0):
                 break
@@ -164,7 +168,8 @@ class Holder:
         partition has no more ready (what comes later waits in the subscription for the next)."""
         from nats.errors import Error as NatsError
         cfg, own = self.config, self.consumer.own
-        size = fetch_size(cfg.fetch, len(own.consuming()) if own is not None else 1, self.consumer.nc.max_payload)
+        held = len(own.consuming()) if own is not None else 1
+        size = fetch_size(cfg.fetch, held, self.consumer.nc.max_payload)
         msgs: list[Any] = []
         while len(msgs) < cfg.fetch:
             want = min(size, cfg.fetch - len(msgs))
@@ -191,7 +196,8 @@ class Holder:
             await loop.run_in_executor(None, part.take_messages, msgs, time.monotonic())
             body = part.uncommitted()
             if body:
-                if not self.valid():  # the lease may be gone: the central journal would refuse us anyway
+                # the lease may be gone: the central journal would refuse us anyway
+                if not self.valid():
                     part.reset()
                     return False
                 try:
@@ -203,17 +209,19 @@ class Holder:
                         return False
                     continue
                 except (TimeoutError, NatsError) as exc:  # stored or not: the central journal says
-                    log.warning("partition %d: the central journal did not answer (%s): the batch comes again",
-                                self.k, describe(exc))
+                    log.warning("partition %d: the central journal did not answer (%s): the batch "
+                                "comes again", self.k, describe(exc))
                     part.reset()
                     await self.catch_up(part, quit_)
                     return False
                 try:
                     await loop.run_in_executor(None, part.write)
                     await loop.run_in_executor(None, part.settle, position)
-                except (OSError, JournalError) as exc:  # committed: the view is rebuilt from the central journal
+                except (OSError, JournalError) as exc:
+                    # committed: the view is rebuilt from the central journal
                     self.consumer.errors += 1
-                    log.error("partition %d: the view cannot be written (%s); rebuilding it", self.k, exc)
+                    log.error("partition %d: the view cannot be written (%s); rebuilding it",
+                              self.k, exc)
                     part.reset()
                     if not await self.catch_up(part, quit_):
                         return False
@@ -238,7 +246,8 @@ async def wait(event: asyncio.Event, seconds: float) -> bool:
 
 
 async def quietly(coro: Any) -> None:
-    """An ack or unsubscribe that may fail while NATS is away: the message comes again, deduplicated."""
+    """An ack or unsubscribe that may fail while NATS is away: the message comes again,
+    deduplicated."""
     try:
         await coro
     except failures() as exc:

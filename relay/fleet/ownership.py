@@ -1,19 +1,21 @@
-"""Which partitions of the stream this consuming relay may consume: leases, without clocks or sockets.
+"""Which partitions of the stream this consuming relay may consume: leases, without clocks or
+sockets.
 
 Every consuming relay keeps two kinds of key in one JetStream KV bucket whose entries expire
-``ttl`` seconds after their last write (the bucket's max age): ``m.<relay>`` says the relay is alive,
-``p<k>`` says who holds partition k. A relay writes its member key and renews each lease it holds
-every ``renew`` seconds with compare-and-set on the key's revision, so two relays can never both
-believe a renewal of theirs took. A relay killed stops renewing: its keys expire after ``ttl`` and
-the others create them anew (create fails if the key exists, so only one wins).
+``ttl`` seconds after their last write (the bucket's max age): ``m.<relay>`` says the relay is
+alive, ``p<k>`` says who holds partition k. A relay writes its member key and renews each lease
+it holds every ``renew`` seconds with compare-and-set on the key's revision, so two relays can
+never both believe a renewal of theirs took. A relay killed stops renewing: its keys expire after
+``ttl`` and the others create them anew (create fails if the key exists, so only one wins).
 
 Load is shared by a fair share: with n live members, no relay keeps more than ceil(P / n)
 partitions; one holding more releases the extra (after it stopped consuming them) for the others
 to take. A relay claims nothing in its first ``renew`` seconds, so relays started together see each
 other's member keys and split the partitions without handing any over; one that is stopping
-(``leaving``) keeps renewing while it stops each partition, then gives it back. A lease is trusted only until ``sent + ttl - margin``, where ``sent`` is when the last
-renewal that succeeded was sent (before the server saw it, so before the server's own clock started
-its ttl): a relay cut off from NATS stops consuming a partition before anyone else can take it.
+(``leaving``) keeps renewing while it stops each partition, then gives it back. A lease is
+trusted only until ``sent + ttl - margin``, where ``sent`` is when the last renewal that succeeded
+was sent (before the server saw it, so before the server's own clock started its ttl): a relay cut
+off from NATS stops consuming a partition before anyone else can take it.
 A lease is not what makes a takeover exact (a relay paused past its lease does not know it): the
 central journal's fence is (relay/fleet/central.py); leases keep one relay at a time consuming a
 partition, so that fence is seldom met.
@@ -47,8 +49,8 @@ class Start:
 
 @dataclass(frozen=True)
 class Stop:
-    """Stop consuming ``partition`` now: its lease is lost or may be (``release``: we give it up, and
-    delete the key once stopped)."""
+    """Stop consuming ``partition`` now: its lease is lost or may be (``release``: we give it up,
+    and delete the key once stopped)."""
     partition: int
     release: bool = False
 
@@ -68,7 +70,8 @@ class Held:
 @dataclass
 class Ownership:
     """One relay's view of the leases. ``plan(now, leases, members)`` says what to do; the outcome
-    of each action comes back through ``claimed``, ``renewed``, ``lost``, ``started`` and ``stopped``."""
+    of each action comes back through ``claimed``, ``renewed``, ``lost``, ``started`` and
+    ``stopped``."""
 
     me: str
     partitions: int
@@ -80,7 +83,8 @@ class Ownership:
     leaving: bool = False
     #: each partition's holder as the last plan was told (None: free; "?": could not be read)
     last_read: dict[int, str | None] = field(default_factory=dict)
-    _first: float | None = None  # the first plan's time: claims wait ``renew`` for the others' member keys
+    #: the first plan's time: claims wait ``renew`` for the others' member keys
+    _first: float | None = None
 
     def leave(self) -> None:
         """Stop: every partition is stopped and given back, none is claimed."""
@@ -141,7 +145,8 @@ class Ownership:
         return actions
 
     def claimed(self, partition: int, revision: int, sent: float) -> None:
-        """The create sent at ``sent`` succeeded: the lease is ours (start consuming at the next plan)."""
+        """The create sent at ``sent`` succeeded: the lease is ours (start consuming at the next
+        plan)."""
         self.held[partition] = Held(revision, sent)
 
     def renewed(self, partition: int, revision: int, sent: float) -> None:
@@ -150,7 +155,8 @@ class Ownership:
             held.revision, held.sent, held.renewing = revision, sent, False
 
     def unanswered(self, partition: int) -> None:
-        """A renewal got no answer (NATS away): try again at the next plan; the lease runs out meanwhile."""
+        """A renewal got no answer (NATS away): try again at the next plan; the lease runs out
+        meanwhile."""
         held = self.held.get(partition)
         if held is not None:
             held.renewing = False
@@ -163,8 +169,8 @@ class Ownership:
         return []
 
     def ended(self, partition: int) -> None:
-        """Consuming ``partition`` ended without a Stop (its lease looked expired at a late check, or
-        it failed): the next plan starts it again while the lease is still ours."""
+        """Consuming ``partition`` ended without a Stop (its lease looked expired at a late check,
+        or it failed): the next plan starts it again while the lease is still ours."""
         held = self.held.get(partition)
         if held is not None:
             held.consuming = False

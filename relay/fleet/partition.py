@@ -54,7 +54,8 @@ class PartitionCounters:
     duplicates: int = 0
     bad_lines: int = 0
     applied: int = 0  # lines the view took from the central journal (what another relay committed)
-    withheld: int = 0  # lines written into the view once the lease could not be trusted: not handed to the sinks
+    #: lines written into the view once the lease could not be trusted: not handed to the sinks
+    withheld: int = 0
     conflict: int = 0  # lines refused: a second writer's (relay/fleet/sessions.py)
 
 
@@ -85,7 +86,8 @@ class Partition:
         self._central = ""  # the central journal the position is of (its stream's creation time)
         #: messages, duplicates and refused lines counted by the last take_all (reset uncounts them)
         self._counted = [0, 0, 0]
-        self.pending = 0  # messages of the partition in the stream not yet delivered, after the last fetch
+        #: messages of the partition in the stream not yet delivered, after the last fetch
+        self.pending = 0
         self.published: float | None = None  # unix time of the last message fetched
 
     def open(self, central: str) -> None:
@@ -105,12 +107,14 @@ class Partition:
                 raise
 
     def _start_sinks(self) -> None:
-        """The sinks' fan-out (relay/sinkhost/fan_out.py), always fed: no ingest here to make room for."""
+        """The sinks' fan-out (relay/sinkhost/fan_out.py), always fed: no ingest here to make room
+        for."""
         self.fan_out.idle.set()
         self.fan_out.start(self.sinks, self.journal, self.sink_queue, self.shutdown_timeout, None)
 
     def take_messages(self, msgs: list[Any], now: float) -> None:
-        """A fetch's JetStream messages; the last one says what waits behind it in the stream, and since when."""
+        """A fetch's JetStream messages; the last one says what waits behind it in the stream, and
+        since when."""
         self.take_all([msg.data for msg in msgs], now, [node_of(msg) for msg in msgs])
         if msgs:
             meta = msgs[-1].metadata
@@ -161,7 +165,8 @@ class Partition:
                 states[key].take_run(got[0], len(got))
             taken = [(run, line) for line, (run, _, _) in checked]
         else:
-            taken = [(run, line) for line, (run, rank, seq) in checked if states[(run, rank)].take(seq)]
+            taken = [(run, line) for line, (run, rank, seq) in checked
+                     if states[(run, rank)].take(seq)]
         if taken and len(taken) == len(lines) == body.count(b"\n") + (body[-1:] != b"\n") \
                 and len({run for run, _ in seqs}) == 1:  # every line, and no empty one between them
             self._queue.add(taken[0][0], body if body[-1:] == b"\n" else body + b"\n", len(taken))
@@ -195,7 +200,8 @@ class Partition:
 
     def _bad_line(self, line: bytes, why: str) -> None:
         self.counters.bad_lines += 1
-        log.warning("partition %d: a message line is not an event, skipped (%s): %.200r", self.number, why, line)
+        log.warning("partition %d: a message line is not an event, skipped (%s): %.200r",
+                    self.number, why, line)
 
     def uncommitted(self) -> bytes:
         """The lines ``take`` kept and the view does not hold: what the caller commits centrally."""
@@ -209,7 +215,8 @@ class Partition:
     def settle(self, position: int) -> None:
         """The view holds every commit up to ``position``: say so beside it."""
         self.position = position
-        write_atomic(self._position_path, json.dumps({"central": self._central, "position": position}))
+        kept = {"central": self._central, "position": position}
+        write_atomic(self._position_path, json.dumps(kept))
 
     def apply(self, commits: list[tuple[int, bytes]], now: float) -> None:
         """Commits of the central journal after ``position``, in order, into the view: what another
@@ -238,13 +245,13 @@ class Partition:
             kept = json.loads(self._position_path.read_text())
             if kept.get("central") == self._central:
                 return int(kept["position"])
-            log.info("partition %d: the view was of another central journal (%s): reading this one from its start",
-                     self.number, kept.get("central"))
+            log.info("partition %d: the view was of another central journal (%s): reading this one "
+                     "from its start", self.number, kept.get("central"))
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("partition %d: cannot read %s (%s): reading the central journal from its start",
-                        self.number, self._position_path, exc)
+            log.warning("partition %d: cannot read %s (%s): reading the central journal from its "
+                        "start", self.number, self._position_path, exc)
         return 0
 
     def _journaled(self, lines: bytes, events: int, news: News) -> None:
@@ -258,7 +265,8 @@ class Partition:
             self.fan_out.submit(lines, events, news)
 
     def forget_idle(self, before: float) -> None:
-        """Drop the dedupe state of runs silent since ``before``; the journal rebuilds it if they return."""
+        """Drop the dedupe state of runs silent since ``before``; the journal rebuilds it if they
+        return."""
         for run in self.dedupe.idle_runs(before):
             self.sessions.forget(run, self.dedupe.forget(run))
             self.journal.release(run)

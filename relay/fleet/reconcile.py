@@ -41,7 +41,8 @@ def check_stream(info: Any, cfg: Any) -> None:
     """The stream must take ``<prefix>.>``."""
     subjects = info.config.subjects or []
     if f"{cfg.prefix}.>" not in subjects:
-        raise Mismatch(f"stream {cfg.stream} takes {', '.join(subjects) or 'no subjects'}, not {cfg.prefix}.>: give "
+        taken = ', '.join(subjects) or 'no subjects'
+        raise Mismatch(f"stream {cfg.stream} takes {taken}, not {cfg.prefix}.>: give "
                        f"the --nats-prefix its node relays publish with, or another --nats-stream")
 
 
@@ -54,15 +55,16 @@ async def lease_bucket(js: Any, cfg: Any, replicas: int) -> Any:
         kv = await js.key_value(cfg.bucket)
     except BucketNotFoundError:
         try:
-            return await js.create_key_value(bucket=cfg.bucket, ttl=cfg.ttl, history=1, replicas=replicas,
-                                             storage=StorageType.FILE)
+            return await js.create_key_value(bucket=cfg.bucket, ttl=cfg.ttl, history=1,
+                                             replicas=replicas, storage=StorageType.FILE)
         except BadRequestError:  # another relay created it meanwhile: checked below like any
             kv = await js.key_value(cfg.bucket)
     ttl = (await kv.status()).ttl or 0.0
     if abs(ttl - cfg.ttl) > 1e-3:
-        raise Mismatch(f"--lease-ttl {cfg.ttl:g} differs from the lease bucket {cfg.bucket}'s {ttl:g} s, which every "
-                       f"consuming relay of stream {cfg.stream} uses: give --lease-ttl {ttl:g}, or to change it stop "
-                       f"them all and delete the bucket (nats kv del {cfg.bucket})")
+        raise Mismatch(f"--lease-ttl {cfg.ttl:g} differs from the lease bucket {cfg.bucket}'s "
+                       f"{ttl:g} s, which every consuming relay of stream {cfg.stream} uses: give "
+                       f"--lease-ttl {ttl:g}, or to change it stop them all and delete the bucket "
+                       f"(nats kv del {cfg.bucket})")
     return kv
 
 
@@ -77,19 +79,23 @@ async def update_consumers(js: Any, cfg: Any, partitions: int) -> None:
         except NotFoundError:
             continue  # made with these options when a relay first takes the partition
         if have.filter_subject != want.filter_subject:
-            raise Mismatch(f"consumer {want.durable_name} of stream {cfg.stream} takes {have.filter_subject}, not "
-                           f"{want.filter_subject}: give the stream's --nats-prefix")
+            raise Mismatch(f"consumer {want.durable_name} of stream {cfg.stream} takes "
+                           f"{have.filter_subject}, not {want.filter_subject}: give the stream's "
+                           f"--nats-prefix")
         changed = [f"{name} {old:g} -> {new:g}" for name, old, new in
                    (("ack_wait", have.ack_wait or 0.0, cfg.ack_wait),
-                    ("max_ack_pending", have.max_ack_pending or 0, cfg.max_ack_pending)) if abs(old - new) > 1e-3]
+                    ("max_ack_pending", have.max_ack_pending or 0, cfg.max_ack_pending))
+                   if abs(old - new) > 1e-3]
         if changed:
-            await js.add_consumer(cfg.stream, config=want)  # an existing durable: JetStream updates it
-            log.info("consumer %s: %s (this relay's --ack-wait / --max-ack-pending)", want.durable_name,
-                     ", ".join(changed))
+            # an existing durable: JetStream updates it
+            await js.add_consumer(cfg.stream, config=want)
+            log.info("consumer %s: %s (this relay's --ack-wait / --max-ack-pending)",
+                     want.durable_name, ", ".join(changed))
 
 
 async def bind_consumer(js: Any, cfg: Any, k: int) -> Any:
     """Partition ``k``'s durable pull consumer, created with this relay's options when missing."""
     want = consumer_config(cfg, k)
-    return await js.pull_subscribe(want.filter_subject, durable=want.durable_name, stream=cfg.stream, config=want,
+    return await js.pull_subscribe(want.filter_subject, durable=want.durable_name,
+                                   stream=cfg.stream, config=want,
                                    pending_msgs_limit=cfg.fetch * 4)
