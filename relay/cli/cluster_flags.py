@@ -19,8 +19,8 @@ _OPTIONS = [
                  show_default=True, metavar="FRACTION",
                  help="A rank's logged step is slow when its own work beyond the other ranks' "
                       "median costs the job this fraction of its time per step; named a straggler "
-                      "when 85% of its window's logged steps are slow, cleared when over half "
-                      "costs under half of this (docs/watching.md)."),
+                      "when over half of its window is slow, cleared when over half costs under "
+                      "half of this (docs/watching.md)."),
     click.option("--straggler-min", type=click.FloatRange(0.0), default=0.020, show_default=True,
                  metavar="SECONDS",
                  help="... and that excess is at least this many seconds a step."),

@@ -14,12 +14,8 @@ costs a balanced job 50% of that step, and with two ranks the other rank's is th
 - The window is the rank's last logged steps that span ``window`` training steps (a logged step
   spans the steps its report sums up), and never fewer than 3; steps not yet logged count as
   neither slow nor calm.
-- A rank is named a straggler when more than half the window is logged and at least ``share``
-  (85%) of its logged steps are slow: a slow rank is slow at nearly every step, while a balanced
-  job's ranks on a crowded machine take turns getting less of the cores, each for a few steps (in
-  recorded balanced DDP runs of 600 steps at 3.5-7.5 per core a rank cost the job over 10% at up
-  to 80% of a window's steps, rank 0, which also logs; a rank slow by 0.05 s at 87-100%:
-  tests/straggler_series/). Its episode ends when more than half the window is calm: a rank
+- A rank is named a straggler when more than half the window is slow (the window's median cost
+  and excess pass the bars), and its episode ends when more than half the window is calm: a rank
   hovering between the two bars stays named, so one slowness is one episode.
 
 Also the spread of a figure across the ranks of a step (``spread``: the ``cluster`` figures). Pure
@@ -42,8 +38,6 @@ class StragglerRule:
     min_excess: float = 0.020
     #: the training steps a verdict spans (at least 3 logged steps)
     window: int = 15
-    #: the share of the window's logged steps that must be slow to name a rank
-    share: float = 0.85
 
 
 class Mark:
@@ -83,13 +77,11 @@ class Seen:
         and its median excess and cost."""
         marks, size = self.window(rule)
         if named:
-            calm = sum(m.cost < rule.cost / 2 or m.excess < rule.min_excess / 2 for m in marks)
-            decided = 2 * calm > size
+            hits = sum(m.cost < rule.cost / 2 or m.excess < rule.min_excess / 2 for m in marks)
         else:
-            slow = sum(m.cost >= rule.cost and m.excess >= rule.min_excess for m in marks)
-            decided = 2 * len(marks) > size and slow >= rule.share * len(marks)
+            hits = sum(m.cost >= rule.cost and m.excess >= rule.min_excess for m in marks)
         self.cost = statistics.median(m.cost for m in marks)
-        return decided, statistics.median(m.excess for m in marks), self.cost
+        return 2 * hits > size, statistics.median(m.excess for m in marks), self.cost
 
     def clear(self) -> None:
         self.marks.clear()
