@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import finish, plugin_env, read_jsonl, start_publisher
+from conftest import finish, plugin_env, read_jsonl, start_publisher, wait_for
 from relay.client.publisher import Publisher
 from relay.journal.journal import Journal
 from relay.sinkhost import notices
@@ -128,9 +128,7 @@ def test_a_shipper_is_sent_the_news_of_each_journal_write(relays, tmp_path):
     assert finish(start_publisher(relay.address, "first", 0, 300))["left"] == 0
     assert finish(start_publisher(relay.address, "second", 1, 200))["left"] == 0
     events = read_jsonl(journal)
-    deadline = time.monotonic() + 30
-    while _news_events(got) < len(events) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: _news_events(got) >= len(events), 30, "the news of every journaled event")
     assert relay.stop() == 0
     news = read_jsonl(got)
     assert all(item.keys() == {"run", "events", "offset"} for item in news), news[:3]
