@@ -15,6 +15,10 @@ journal, reduced to ``[step, steps, (step_time, outside_time, own_time) of rank 
   steps 1-20 of 50 in its forward, after the all-reduce, after its optimizer step, in its collator;
   and balanced (600 steps), where the rule does name ranks: see
   ``test_a_balanced_run_on_a_crowded_machine_gets_only_short_marginal_episodes``.
+- ``ddp-noisy-forward``: the straggler tests' forward run (tests/straggler_runs.py) at load 1.2,
+  where rank 1's forward burn slows its peer too (two cores, one physical): its excess came out at
+  0.008-0.095 s a step, under the bar at 4 of the first 11 steps (the rule that counted steps not
+  yet logged as not slow named it at step 12; in CI at step 15).
 - ``fsdp*``: tests/fsdp_rank_job.py beside tests/burn.py's 2 busy loops (load average 2-7): FSDP2
   balanced (80 steps) and rank 1 slow in a layer's forward (20 steps), FSDP1 balanced (30 steps).
 """
@@ -58,7 +62,7 @@ def recorded(name: str) -> list[list[float]]:
     return json.loads((SERIES / f"{name}.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["ddp-balanced", "fsdp2-none", "fsdp1-none"])
+@pytest.mark.parametrize("name", ["ddp-balanced", "fsdp2-none"])
 def test_balanced_recorded_runs_name_nobody(name: str) -> None:
     rows = recorded(name)
     assert findings(rows) == []
@@ -66,19 +70,24 @@ def test_balanced_recorded_runs_name_nobody(name: str) -> None:
     assert name != "ddp-balanced" or any(abs(r[7] - r[4]) > 0.05 for r in rows)
 
 
-@pytest.mark.parametrize("name", ["ddp-forward", "ddp-collator", "ddp-optimizer", "fsdp2-forward",
-                                  "ddp-loaded-forward", "ddp-loaded-allreduce", "ddp-loaded-optimizer",
-                                  "ddp-loaded-collator"])
+#: The recorded slow runs, and the last step rank 1 was slow at (None: to the end).
+SLOW = {"ddp-forward": None, "ddp-collator": None, "ddp-optimizer": 30, "fsdp2-forward": None,
+        "ddp-loaded-forward": 20, "ddp-loaded-allreduce": 20, "ddp-loaded-optimizer": 20,
+        "ddp-loaded-collator": 20, "ddp-noisy-forward": 20}
+
+
+@pytest.mark.parametrize("name", list(SLOW))
 def test_a_rank_slow_by_0_05_s_a_step_is_named_within_10_logged_steps_once(name: str) -> None:
     said = findings(recorded(name))
     (step, event, rank, cost), *rest = said
     assert (event, rank) == ("straggler", 1) and step <= 10 and cost >= 0.1, said
-    if name == "ddp-optimizer" or name.startswith("ddp-loaded"):  # slow at steps 1-30 (1-20) of 50:
-        end = 30 if name == "ddp-optimizer" else 20  # cleared within 2 windows after it ends
+    end = SLOW[name]
+    if end is not None:  # cleared within 2 windows after it ends
         assert [(s, e, r) for s, e, r, _ in rest] == [(rest[0][0], "straggler_cleared", 1)], said
         assert end < rest[0][0] <= min(50, end + 30), said
     else:
         assert rest == [], said  # one slowness, one episode
+    assert name != "ddp-noisy-forward" or step == 8, said  # 6 slow of its first 8 logged steps
 
 
 def test_a_balanced_run_on_a_crowded_machine_gets_only_short_marginal_episodes() -> None:
@@ -118,6 +127,29 @@ def test_the_bars_a_slowness_must_pass(extra: float, named: bool) -> None:
     step_s = 0.1 if extra == 0.015 else 0.3
     rows = [[s, 1, step_s + extra, 0.0, step_s * 0.6, step_s + extra, 0.0, step_s * 0.6 + extra] for s in range(1, 31)]
     assert bool(findings(rows)) is named
+
+
+def test_at_the_start_of_a_run_the_logged_half_of_the_window_decides() -> None:
+    """Before the window is full, over half of the steps logged so far must be slow, and at least half
+    the window must be logged: a rank slow at 5 of its first 8 logged steps is named at step 8 (with
+    the steps not yet logged counted as not slow, it needed 8 slow ones: step 11 here), one slow at 4
+    of 8 is not, and none is named before step 8."""
+    def run(costs: list[float]) -> list[tuple]:
+        return findings([[s, 1, 1.0, 0.0, 0.5, 1.0, 0.0, 0.5 + c] for s, c in enumerate(costs, start=1)])
+
+    assert run([0.2, 0.0, 0.2, 0.2, 0.0, 0.2, 0.0, 0.2, 0.0, 0.2, 0.2])[0][:2] == (8, "straggler")
+    assert run([0.2, 0.0, 0.2, 0.0, 0.2, 0.0, 0.2, 0.0]) == []
+    assert run([0.3] * 7) == []
+    assert run([0.3] * 8)[0][:2] == (8, "straggler")
+
+
+def test_noisy_fsdp1_own_work_names_one_short_episode_at_the_start() -> None:
+    """FSDP1 on two CPU cores beside tests/burn.py: a balanced run whose own work swings by as much as
+    the bar (excess -0.08..0.09 s on 0.15-0.39 s steps). Judged from its first logged steps, rank 1 is
+    named at step 9 (5 of 9 slow, just over the bar) and cleared at 14; the rest of the run names
+    nobody. FSDP2 (``fully_shard``, the issue's) names nothing in the same conditions."""
+    assert findings(recorded("fsdp1-none")) == [(9, "straggler", 1, 0.13), (14, "straggler_cleared", 1, -0.02)]
+    assert findings(recorded("fsdp2-none")) == []
 
 
 def test_noisy_sharded_own_work_is_no_straggler() -> None:

@@ -14,8 +14,11 @@ costs a balanced job 50% of that step, and with two ranks the other rank's is th
 - The window is the rank's last logged steps that span ``window`` training steps (a logged step
   spans the steps its report sums up), and never fewer than 3; steps not yet logged count as
   neither slow nor calm.
-- A rank is named a straggler when more than half the window is slow (the window's median cost
-  and excess pass the bars), and its episode ends when more than half the window is calm: a rank
+- A rank is named a straggler when more than half of the window's logged steps are slow (their
+  median cost and excess pass the bars), judged once at least half the window is logged: at the
+  start of a run, the steps so far decide (8 of 15 logged steps: 5 slow name the rank), rather than
+  counting the steps not yet logged as not slow, which left one noisy step in three able to delay
+  a name past the 15th step. Its episode ends when more than half the (whole) window is calm: a rank
   hovering between the two bars stays named, so one slowness is one episode.
 
 Also the spread of a figure across the ranks of a step (``spread``: the ``cluster`` figures). Pure
@@ -77,11 +80,13 @@ class Seen:
         and its median excess and cost."""
         marks, size = self.window(rule)
         if named:
-            hits = sum(m.cost < rule.cost / 2 or m.excess < rule.min_excess / 2 for m in marks)
+            calm = sum(m.cost < rule.cost / 2 or m.excess < rule.min_excess / 2 for m in marks)
+            verdict = 2 * calm > size
         else:
-            hits = sum(m.cost >= rule.cost and m.excess >= rule.min_excess for m in marks)
+            slow = sum(m.cost >= rule.cost and m.excess >= rule.min_excess for m in marks)
+            verdict = 2 * len(marks) >= size and 2 * slow > len(marks)
         self.cost = statistics.median(m.cost for m in marks)
-        return 2 * hits > size, statistics.median(m.excess for m in marks), self.cost
+        return verdict, statistics.median(m.excess for m in marks), self.cost
 
     def clear(self) -> None:
         self.marks.clear()
