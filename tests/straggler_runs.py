@@ -68,15 +68,17 @@ def load_per_core() -> float:
 
 def assert_balanced(findings: list[dict], load: float, crowded: float = CROWDED) -> None:
     """The straggler findings of a balanced run: none; on a crowded machine (``load`` per core over
-    ``crowded``) only short episodes just over the bar (a slow rank's cost 24-43% until it recovers),
-    each cleared within 40 steps but the last, which the run's end may cut short."""
+    ``crowded``) only short episodes, each cleared within 40 steps but the last, which the run's end
+    may cut short, at a cost under 40%. (The rule names only a rank whose excess is steady, so what
+    a crowded machine still gets named is a rank starved for some seconds on end: at load 6-7 per
+    core FSDP2 episodes of 13-35%, tests/test_straggler_series.py.)"""
     if load <= crowded:
         assert findings == [], (load, findings)
         return
     named = [e for e in findings if e["data"]["event"] == "straggler"]
     cleared = [e for e in findings if e["data"]["event"] == "straggler_cleared"]
     assert len(named) - len(cleared) in (0, 1), (load, findings)
-    assert all(e["data"]["cost"] < 0.25 for e in named), (load, findings)
+    assert all(e["data"]["cost"] < 0.40 for e in named), (load, findings)
     # (the last one named may have no clear)
     pairs = zip(named, cleared, strict=False)
     assert all(0 < end["step"] - start["step"] <= 40 for start, end in pairs), (load, findings)

@@ -62,7 +62,7 @@ def recorded(name: str) -> list[list[float]]:
     return json.loads((SERIES / f"{name}.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["ddp-balanced", "fsdp2-none"])
+@pytest.mark.parametrize("name", ["ddp-balanced", "fsdp2-none", "fsdp1-none"])
 def test_balanced_recorded_runs_name_nobody(name: str) -> None:
     rows = recorded(name)
     assert findings(rows) == []
@@ -92,14 +92,18 @@ def test_a_rank_slow_by_0_05_s_a_step_is_named_within_10_logged_steps_once(name:
 
 def test_a_balanced_run_on_a_crowded_machine_gets_only_short_marginal_episodes() -> None:
     """What the rule cannot tell from a straggler (docs/watching.md): on two cores at load 11 one rank
-    of a balanced job costs it 10-14% of each step for a few seconds on end (descheduled, or rank 0's
+    of a balanced job costs it 10-16% of each step for a few seconds on end (descheduled, or rank 0's
     logging stretched by the load). Each such episode is short and just over the bar, unlike the
     slow runs' 24-31% until the slowness ends."""
     said = findings(recorded("ddp-loaded-balanced"))
     named = [(s, r, c) for s, e, r, c in said if e == "straggler"]
     cleared = [(s, r) for s, e, r, _ in said if e == "straggler_cleared"]
-    assert len(named) == len(cleared) == 6, said
-    assert all(0.10 <= c < 0.15 for _, _, c in named), said
+    assert len(named) == len(cleared) == 4, said
+    # (6 without the steadiness test: two more where the rank's excess swung)
+    assert len([e for _, e, _, _ in findings(recorded("ddp-loaded-balanced"),
+                                             ClusterConfig(StragglerRule(steadiness=0.0)))
+                if e == "straggler"]) == 6
+    assert all(0.10 <= c < 0.20 for _, _, c in named), said
     pairs = zip(named, cleared, strict=True)
     assert all(0 < end - start <= 20 for (start, _, _), (end, _) in pairs), said
 
@@ -143,13 +147,15 @@ def test_at_the_start_of_a_run_the_logged_half_of_the_window_decides() -> None:
     assert run([0.3] * 8)[0][:2] == (8, "straggler")
 
 
-def test_noisy_fsdp1_own_work_names_one_short_episode_at_the_start() -> None:
+def test_a_rank_whose_excess_swings_is_not_named() -> None:
     """FSDP1 on two CPU cores beside tests/burn.py: a balanced run whose own work swings by as much as
-    the bar (excess -0.08..0.09 s on 0.15-0.39 s steps). Judged from its first logged steps, rank 1 is
-    named at step 9 (5 of 9 slow, just over the bar) and cleared at 14; the rest of the run names
-    nobody. FSDP2 (``fully_shard``, the issue's) names nothing in the same conditions."""
-    assert findings(recorded("fsdp1-none")) == [(9, "straggler", 1, 0.13), (14, "straggler_cleared", 1, -0.02)]
-    assert findings(recorded("fsdp2-none")) == []
+    the bar (excess -0.08..0.09 s on 0.15-0.39 s steps). Over its first 9 logged steps 5 are slow,
+    just over the bar, but its median excess (0.036 s) is less than 1.5 times their median distance
+    from it: not steady, not named. Without that test it is named at step 9 and cleared at 14."""
+    unsteady = ClusterConfig(StragglerRule(steadiness=0.0))
+    assert findings(recorded("fsdp1-none"), unsteady) == [(9, "straggler", 1, 0.13),
+                                                          (14, "straggler_cleared", 1, -0.02)]
+    assert findings(recorded("fsdp1-none")) == []
 
 
 def test_noisy_sharded_own_work_is_no_straggler() -> None:

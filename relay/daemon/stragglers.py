@@ -18,8 +18,13 @@ costs a balanced job 50% of that step, and with two ranks the other rank's is th
   median cost and excess pass the bars), judged once at least half the window is logged: at the
   start of a run, the steps so far decide (8 of 15 logged steps: 5 slow name the rank), rather than
   counting the steps not yet logged as not slow, which left one noisy step in three able to delay
-  a name past the 15th step. Its episode ends when more than half the (whole) window is calm: a rank
-  hovering between the two bars stays named, so one slowness is one episode.
+  a name past the 15th step. And the rank must be slow steadily: the window's median excess at
+  least ``steadiness`` (1.5) times the median distance of its excesses from it. A straggler's excess
+  holds step after step; on a crowded machine a rank of a balanced job that the scheduler starves
+  for a few seconds swings from far ahead to far behind, which over the recorded balanced runs
+  halved the episodes named (tests/test_straggler_series.py), while every recorded slow run was
+  still named at its 8th logged step. Its episode ends when more than half the (whole) window is
+  calm: a rank hovering between the two bars stays named, so one slowness is one episode.
 
 Also the spread of a figure across the ranks of a step (``spread``: the ``cluster`` figures). Pure
 functions of the figures given: no clock, no state but each rank's window (``Seen``).
@@ -41,6 +46,9 @@ class StragglerRule:
     min_excess: float = 0.020
     #: the training steps a verdict spans (at least 3 logged steps)
     window: int = 15
+    #: a rank is named only when its window's median excess is at least this many times the median
+    #: distance of its excesses from that median: slow step after step, not swinging
+    steadiness: float = 1.5
 
 
 class Mark:
@@ -79,14 +87,17 @@ class Seen:
         """Whether the window names the rank (``named`` False) or ends its episode (``named`` True),
         and its median excess and cost."""
         marks, size = self.window(rule)
+        excess = statistics.median(m.excess for m in marks)
         if named:
             calm = sum(m.cost < rule.cost / 2 or m.excess < rule.min_excess / 2 for m in marks)
             verdict = 2 * calm > size
         else:
             slow = sum(m.cost >= rule.cost and m.excess >= rule.min_excess for m in marks)
-            verdict = 2 * len(marks) >= size and 2 * slow > len(marks)
+            swing = statistics.median(abs(m.excess - excess) for m in marks)
+            verdict = (2 * len(marks) >= size and 2 * slow > len(marks)
+                       and excess >= rule.steadiness * swing)
         self.cost = statistics.median(m.cost for m in marks)
-        return verdict, statistics.median(m.excess for m in marks), self.cost
+        return verdict, excess, self.cost
 
     def clear(self) -> None:
         self.marks.clear()
