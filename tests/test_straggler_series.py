@@ -19,6 +19,9 @@ journal, reduced to ``[step, steps, (step_time, outside_time, own_time) of rank 
   where rank 1's forward burn slows its peer too (two cores, one physical): its excess came out at
   0.008-0.095 s a step, under the bar at 4 of the first 11 steps (the rule that counted steps not
   yet logged as not slow named it at step 12; in CI at step 15).
+- ``fsdp2-none-start``: the balanced FSDP2 run of tests/test_fsdp_stragglers.py in a fresh-clone
+  ``make test`` (load 1-2.5): rank 0 costs the job 13-37% at steps 2-6 while its embedded relay
+  starts, then nothing for 600 steps.
 - ``fsdp*``: tests/fsdp_rank_job.py beside tests/burn.py's 2 busy loops (load average 2-7): FSDP2
   balanced (80 steps) and rank 1 slow in a layer's forward (20 steps), FSDP1 balanced (30 steps).
 """
@@ -92,13 +95,13 @@ def test_a_rank_slow_by_0_05_s_a_step_is_named_within_10_logged_steps_once(name:
 
 def test_a_balanced_run_on_a_crowded_machine_gets_only_short_marginal_episodes() -> None:
     """What the rule cannot tell from a straggler (docs/watching.md): on two cores at load 11 one rank
-    of a balanced job costs it 10-16% of each step for a few seconds on end (descheduled, or rank 0's
+    of a balanced job costs it 10-14% of each step for a few seconds on end (descheduled, or rank 0's
     logging stretched by the load). Each such episode is short and just over the bar, unlike the
     slow runs' 24-31% until the slowness ends."""
     said = findings(recorded("ddp-loaded-balanced"))
     named = [(s, r, c) for s, e, r, c in said if e == "straggler"]
     cleared = [(s, r) for s, e, r, _ in said if e == "straggler_cleared"]
-    assert len(named) == len(cleared) == 4, said
+    assert len(named) == len(cleared) == 3, said
     # (6 without the steadiness test: two more where the rank's excess swung)
     assert len([e for _, e, _, _ in findings(recorded("ddp-loaded-balanced"),
                                              ClusterConfig(StragglerRule(steadiness=0.0)))
@@ -145,6 +148,19 @@ def test_at_the_start_of_a_run_the_logged_half_of_the_window_decides() -> None:
     assert run([0.2, 0.0, 0.2, 0.0, 0.2, 0.0, 0.2, 0.0]) == []
     assert run([0.3] * 7) == []
     assert run([0.3] * 8)[0][:2] == (8, "straggler")
+
+
+def test_a_rank_slow_only_at_the_start_of_a_run_is_not_named() -> None:
+    """Slow at 5 of its first 8 logged steps, but not at the newest: the majority says slow, the
+    newest step says it is over, and nobody is named; slow at the newest too, it is named at step 8.
+    Recorded: a balanced FSDP2 run whose rank 0 cost the job 13-37% at steps 2-6 while its embedded
+    relay started (named at step 8 without that check), then nothing for 600 steps."""
+    def run(costs: list[float]) -> list[tuple]:
+        return findings([[s, 1, 1.0, 0.0, 0.5, 1.0, 0.0, 0.5 + c] for s, c in enumerate(costs, start=1)])
+
+    assert run([0.3] * 5 + [0.0] * 20) == []
+    assert run([0.3] * 4 + [0.0] * 3 + [0.3])[0][:2] == (8, "straggler")
+    assert findings(recorded("fsdp2-none-start")) == []
 
 
 def test_a_rank_whose_excess_swings_is_not_named() -> None:
