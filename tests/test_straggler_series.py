@@ -217,3 +217,23 @@ def test_with_more_ranks_the_excess_is_over_the_other_ranks_median() -> None:
     assert excess({0: 1.0, 1: 1.0}) == {0: 0.0, 1: 0.0}
     rows = [[s, 1, *[1.0, 0.0, 0.5] * 7, 1.0, 0.0, 0.65] for s in range(1, 16)]  # 8 ranks, rank 7 slow
     assert findings(rows) == [(8, "straggler", 7, 0.15)]
+
+
+def test_every_recording_the_rule_was_chosen_on() -> None:
+    """The rule's three conditions (the logged half of the window decides, the excess steady, the
+    newest step slow) were chosen over these recordings (straggler_series/more/, the same row
+    layout): the straggler tests' launches of 2026-12-07 idle (``ddp-idle-*``), beside tests/burn.py
+    (``ddp-burn-*``, ``ddp-busy-*``) and in a fresh clone's ``make test`` (``fresh-clone-*``), and an
+    earlier session's on a crowded and an overloaded machine (load 6-20). Every slow run (rank 1
+    slow from step 1) is named by its 9th logged step; the balanced ones get 12 episodes in all,
+    where the rule before named 26 and named the slow runs by step 11."""
+    balanced, firsts = 0, []
+    for path in sorted((SERIES / "more").glob("*.json")):
+        said = [(s, r) for s, e, r, _ in findings(json.loads(path.read_text())) if e == "straggler"]
+        if "balanced" in path.stem or "none" in path.stem:
+            balanced += len(said)
+        else:
+            assert said and said[0][1] == 1, (path.stem, said)
+            firsts.append(said[0][0])
+    assert len(firsts) == 32 and max(firsts) <= 9, firsts
+    assert balanced == 12
