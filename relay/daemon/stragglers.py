@@ -17,8 +17,8 @@ costs a balanced job 50% of that step, and with two ranks the other rank's is th
 - A rank is named a straggler when more than half of the window's logged steps are slow (their
   median cost and excess pass the bars), judged once at least half the window is logged: at the
   start of a run, the steps so far decide (8 of 15 logged steps: 5 slow name the rank), rather than
-  counting the steps not yet logged as not slow, which left one noisy step in three able to delay
-  a name past the 15th step. And the rank must be slow steadily: the window's median excess at
+  counting the steps not yet logged as not slow, which let one noisy step in three delay a name
+  to the 15th step. And the rank must be slow steadily: the window's median excess at
   least ``steadiness`` (1.5) times the median distance of its excesses from it. A straggler's excess
   holds step after step; on a crowded machine a rank of a balanced job that the scheduler starves
   for a few seconds swings from far ahead to far behind, which over the recorded balanced runs
