@@ -86,8 +86,6 @@ class Journal:
         self._released: set[str] = set()
         self.ends: dict[str, int] = {}  # run -> where its file ended after the last write of it
 
-    # -- paths beside the journal ---------------------------------------------------------------
-
     def sidecar(self, suffix: str) -> Path:
         """A file next to the journal (dead letters, stats), named so it never clashes with a
         run."""
@@ -108,8 +106,6 @@ class Journal:
     def reader(self, restore: bool = True) -> JournalReader:
         """A reader of this journal, from its start."""
         return JournalReader(self.path, directory=self.directory, restore=restore)
-
-    # -- writing ----------------------------------------------------------------------------------
 
     def open(self) -> None:
         """Create the folder and take the lock; JournalError if either cannot be."""
@@ -244,8 +240,6 @@ class Journal:
         events = (parse_event(line) for line in lines[1 if start else 0:])  # the first may be cut
         return [from_journal(event) for event in events
                 if event is not None and event["run"] == run]
-
-    # -- internals ---------------------------------------------------------------------------------
 
     def _fd(self, run: str | None) -> int:
         key = run or ""
