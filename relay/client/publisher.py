@@ -43,11 +43,8 @@ _FORKED_TAKEN: dict[str, int] = {}
 
 
 class Publisher(ForkHandover, LinkMember):
-    """One rank's connection to the relay.
-
-    Memory is bounded twice over: at most ``max_events`` events wait to be encoded, and at most
-    ``max_events`` events / ``max_bytes`` bytes wait for an acknowledgement.
-    """
+    """One rank's connection to the relay. Memory is bounded twice over: at most ``max_events``
+    events wait to be encoded, and at most ``max_events`` / ``max_bytes`` bytes wait for an ack."""
 
     def __init__(
         self,
@@ -138,10 +135,8 @@ class Publisher(ForkHandover, LinkMember):
 
     def publish(self, type: str, data: Mapping[str, Any], *, step: int | None = None,
                 epoch: float | None = None, stage: str | None = None) -> None:
-        """Queue one event; never blocks, never raises (problems are counted as drops).
-
-        ``data`` is encoded later, on the I/O thread: hand over a dict you will not change.
-        """
+        """Queue one event; never blocks, never raises (problems are counted as drops). ``data`` is
+        encoded later, on the I/O thread: hand over a dict you will not change."""
         try:
             if self._child:
                 self._to_parent((time.time(), type, step, epoch, stage, data))

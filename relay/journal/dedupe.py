@@ -163,12 +163,9 @@ class RankState:
 
 
 class Dedupe:
-    """All ranks of all runs, keyed by (run, rank).
-
-    Runs idle for a while are forgotten so a long-lived relay's memory does not grow with every
-    job it ever served; if one comes back, its state is rebuilt from the journal. ``last_seen`` is
-    kept in order of activity (``touch``), so the least recently active run is found in O(1).
-    """
+    """All ranks of all runs. Runs idle for a while are forgotten so a long-lived relay's memory
+    does not grow with every job it ever served; if one comes back, its state is rebuilt from the
+    journal. ``last_seen`` is kept in order of activity (``touch``): the least recent in O(1)."""
 
     def __init__(self) -> None:
         self.ranks: dict[tuple[str, int], RankState] = {}

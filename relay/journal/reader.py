@@ -105,12 +105,10 @@ class JournalReader:
     """Reads a journal (file or directory) incrementally: each ``read(run)`` yields the events of
     the complete lines written since the previous ``read`` for the same ``run`` (None: every run),
     in file order, remembering a byte offset per (file, run). In the directory layout a run's read
-    opens only that run's file, and new run files are found as they appear.
-
-    Calling the reader is ``read(run)``. ``restore``
-    turns non-finite metric strings back into floats (what a sink gets). ``bad_lines`` counts the
-    lines skipped. (``relay tail`` follows files with ``relay.cli.follow.Follower`` instead: it
-    shows the lines as written, also those that are not events, and notices a file replaced.)"""
+    opens only that run's file, and new run files are found as they appear. ``restore`` turns
+    non-finite metric strings back into floats (what a sink gets). (``relay tail`` follows files
+    with ``relay.cli.follow.Follower`` instead: it shows the lines as written, also those that are
+    not events, and notices a file replaced.)"""
 
     def __init__(self, path: str | Path, *, directory: bool | None = None,
                  restore: bool = True) -> None:

@@ -202,10 +202,8 @@ class _Read(Sequence[dict[str, Any]]):
 
 def decode_frame(frame: bytes) -> list[dict[str, Any]]:
     """Decode and validate one frame: a single event map, an array of them, or a compact batch.
-
-    Raises FrameError with a reason label; a frame is accepted or rejected whole, so a client
-    never sees half a batch acknowledged.
-    """
+    Raises FrameError with a reason label; a frame is accepted or rejected whole, so a client never
+    sees half a batch acknowledged."""
     return decode(frame).events
 
 
