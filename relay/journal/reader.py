@@ -1,18 +1,10 @@
-"""Reading the journal: the one way every reader takes its lines (docs/jsonl.md).
+"""Reading the journal: the one way every reader takes its lines (docs/jsonl.md: "Reading it" says
+which reader serves whom, "Lines that are not events" why every line is checked with
+``parse_event``).
 
-``read_events`` gives one file's events in file order with its unreadable lines counted (``relay
-replay``, the restart scan); ``JournalReader`` reads only what is new since its previous call, per
-run, complete lines only (a sink's catch-up of a run, relay/sinkhost/catch_up.py; ``relay tail
--f`` follows the raw lines with ``relay.cli.follow``); ``LineDecoder`` turns the same lines arriving
-on a pipe into events (a sink's process). Every reader that hands events to a sink restores
-non-finite metrics (``sinks.events.from_journal``), so a live sink and a replayed one see the same.
-
-A journal may have been edited by hand or written by an older relay, so every reader takes a line
-for an event only if ``parse_event`` does: a JSON object that the wire's own rules accept
-(``relay.wire.schema.validate_event``). Any other line is counted as bad, never handed on: no reader
-crashes on it, names a file after it, or writes it anywhere. ``relay tail`` alone shows every JSON
-object, as far as it can. The writer (relay/journal/journal.py) never pays for this: it writes only
-events validated on arrival.
+Every reader that hands events to a sink restores non-finite metrics
+(``sinks.events.from_journal``), so a live sink and a replayed one see the same. The writer
+(relay/journal/journal.py) never pays for the check: it writes only events validated on arrival.
 """
 from __future__ import annotations
 
