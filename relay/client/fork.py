@@ -1,17 +1,13 @@
-"""What a Publisher does across ``fork()``: a forked child's events go to its parent through a pipe.
+"""What a Publisher does across ``fork()``: a forked child's events go to its parent through a pipe
+(docs/trainer.md says what a user sees: the events, ``dropped_forked``, none after ``close()``).
 
-A child (``os.fork``, ``multiprocessing`` with fork, a DataLoader worker) inherits the Publisher but
-not its I/O thread, so what it published used to wait in a queue nobody sends, uncounted. Like
-OpenTelemetry's SDK, which re-creates its exporter's worker after a fork (``os.register_at_fork``),
-the Publisher is told about every fork (relay/client/publisher.py): just before it, the parent
+A child inherits the Publisher but not its I/O thread, so what it published used to wait in a queue
+nobody sends, uncounted. Like OpenTelemetry's SDK, which re-creates its exporter's worker after a
+fork (``os.register_at_fork``), the Publisher is told about every fork: just before it, the parent
 makes a pipe (``ForkPipe``); in the child, ``publish()`` writes each event to it, one record per
 write of at most PIPE_BUF bytes, which POSIX keeps whole however many children write at once, and
-never blocks; the parent's I/O thread reads the records and numbers the events in its own stream,
-so they reach the relay with the parent's rank. What a child cannot hand over (an event over the
-size, a pipe full because the parent is not reading) it counts, and the count goes to the parent
-by the same pipe with its next record: the parent's ``dropped`` and its ``stats`` events say it.
-Once the parent's Publisher is closed, the pipe is closed and a child's events are lost with it
-(as any event published after ``close()``)."""
+never blocks; the parent's I/O thread reads the records and numbers the events in its own stream.
+A child's drop count goes to the parent by the same pipe with its next record."""
 from __future__ import annotations
 
 import collections
@@ -46,8 +42,6 @@ class ForkPipe:
         self.unencodable = 0  # (in a child) events it could not encode, all told: said in its log
         self._rest = b""  # (in the parent) the start of a record not read whole yet
 
-    # -- a child's side -------------------------------------------------------------------------
-
     def in_child(self) -> None:
         """Now in the child (or a child's child, which writes to the same parent): it only
         writes."""
@@ -80,8 +74,6 @@ class ForkPipe:
         except OSError:  # full (the parent is not reading) or closed (it closed its Publisher)
             return False
         return True
-
-    # -- the parent's side ----------------------------------------------------------------------
 
     def receive(self) -> tuple[list[tuple[Any, ...]], int]:
         """What the children wrote since the last call: their events, in order, and how many more

@@ -37,8 +37,6 @@ class LinkMember:
         #: streams whose frames the relay refuses from this link, and why (another writes them)
         self.refused_streams: dict[tuple[str, int], str] = {}
 
-    # -- the hooks ---------------------------------------------------------------------------------
-
     def _link_up(self, now: float) -> None:
         """The link is connecting (ZeroMQ connects in the background): the member is ready."""
 
@@ -65,8 +63,6 @@ class LinkMember:
 
     def _left(self) -> None:
         """The link is closed (its last acks read): the member has left the hub."""
-
-    # -- Member ------------------------------------------------------------------------------------
 
     def _open(self, ctx: zmq.Context) -> Sequence[zmq.Socket]:
         try:

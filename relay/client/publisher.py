@@ -1,11 +1,10 @@
-"""The publisher client every rank uses: non-blocking publish, bounded buffer, acks and resend.
+"""The publisher client every rank uses: non-blocking publish, bounded buffer, acks and resend
+(docs/architecture.md, "The data path": ranks never wait).
 
 publish() only appends a tuple to a deque, so the training loop pays about a microsecond and never
-blocks or raises. The process's one I/O thread (relay/wire/io_thread.py) encodes and numbers the
-events; each Publisher's SendWindow (relay/client/send_window.py) keeps them until the relay
-acknowledges them, resends and drops the oldest, counted, past the bounds. Drop counts travel to the
-relay as ``stats`` events, so the loss shows in every sink. Given a spool directory, close() writes
-what the relay never acknowledged there, for ``relay replay`` to deliver later
+blocks or raises; the process's one I/O thread (relay/wire/io_thread.py) encodes and numbers the
+events, and each Publisher's SendWindow (relay/client/send_window.py) keeps them until the relay
+acknowledges them. Given a spool directory, close() writes what the relay never acknowledged there
 (relay/client/spool.py).
 """
 from __future__ import annotations
@@ -44,11 +43,8 @@ _FORKED_TAKEN: dict[str, int] = {}
 
 
 class Publisher(ForkHandover, LinkMember):
-    """One rank's connection to the relay.
-
-    Memory is bounded twice over: at most ``max_events`` events wait to be encoded, and at most
-    ``max_events`` events / ``max_bytes`` bytes wait for an acknowledgement.
-    """
+    """One rank's connection to the relay. Memory is bounded twice over: at most ``max_events``
+    events wait to be encoded, and at most ``max_events`` / ``max_bytes`` bytes wait for an ack."""
 
     def __init__(
         self,
@@ -137,14 +133,10 @@ class Publisher(ForkHandover, LinkMember):
         """A script that never called close() still gets a bounded last flush and a loss warning."""
         self.close(timeout=float(os.environ.get("RELAY_EXIT_FLUSH_TIMEOUT", "5")))
 
-    # -- caller side ---------------------------------------------------------------------------
-
     def publish(self, type: str, data: Mapping[str, Any], *, step: int | None = None,
                 epoch: float | None = None, stage: str | None = None) -> None:
-        """Queue one event; never blocks, never raises (problems are counted as drops).
-
-        ``data`` is encoded later, on the I/O thread: hand over a dict you will not change.
-        """
+        """Queue one event; never blocks, never raises (problems are counted as drops). ``data`` is
+        encoded later, on the I/O thread: hand over a dict you will not change."""
         try:
             if self._child:
                 self._to_parent((time.time(), type, step, epoch, stage, data))
@@ -284,8 +276,6 @@ class Publisher(ForkHandover, LinkMember):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- background thread (relay.client.link_member.LinkMember) -----------------------------------
 
     _read_monitor = staticmethod(read_monitor)  # where tests find the monitor filter
 

@@ -1,8 +1,5 @@
-"""The relay's counters: what came in, what was written, and every way an event did not make it.
-
-Logged periodically and at shutdown (as the status line of relay/daemon/status.py), and written
-atomically to a JSON file next to the journal so scripts, tests and ``relay status`` can read them
-without parsing logs. Rates and "ranks connected" are figures over time: ``Rate`` keeps the
+"""The relay's counters: what came in, what was written, and every way an event did not make it
+(docs/relay.md, "Counters"). Rates and "ranks connected" are figures over time: ``Rate`` keeps the
 samples for the first, ``run_view`` reads the second off each rank's last activity.
 """
 from __future__ import annotations

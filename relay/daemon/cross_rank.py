@@ -1,43 +1,14 @@
-"""What the relay derives across ranks from every rank's step time and own work: per logged step the
-spread (``cluster`` metrics), a rank that stays slow (``straggler``) and its recovery
-(``straggler_cleared``), a rank that stops while its peers go on or that the run ended without
-(``rank_lost``) and one that returns (``rank_back``). docs/protocol.md has the events' shape.
-
-A straggler is judged by what it costs the job (relay/daemon/stragglers.py: its work beyond the
-other ranks' median, over the job's time per step, over a window of logged steps), said once per
-episode:
-named when the window says so, then not again while it stays slow; the episode ends
-(``straggler_cleared``, ``why="recovered"``) when the window is calm, or when the rank is lost
-(``why="lost"``). Only then can the rank be named again.
-
-Under DDP every rank waits for the slowest in its collectives, so step times come out equal; a
-rank's ``own_time`` (its time with the waits taken out, trainer/collectives.py) tells the
-straggler. A step where a rank sent none (an older or other publisher) is judged by ``step_time``
-for all, so unlike figures are never compared.
+"""What the relay derives across ranks from each rank's step time and own work: the ``cluster``
+metrics, ``straggler``/``straggler_cleared`` and ``rank_lost``/``rank_back`` (docs/protocol.md,
+"Events the relay derives"; the rules in docs/relay.md, "What the relay derives").
 
 No sockets, files or clock of its own: ingest (relay/daemon/ingest.py) hands ``observe`` each new
 ``stage="rank"`` metrics event with the time it arrived, calls ``check`` about once a second, and
 journals what either returns as events of rank RELAY_RANK; after a restart ``restore`` replays the
-run's recent journal lines so nothing is said twice. Runs of one rank get nothing.
-
-A rank killed in a synchronous (DDP) job stops its peers at their next collective, so nobody goes
-on and silence alone never names it; the job then ends (a ``train_end`` from some rank, the daemon
-hands it to ``ended``). A rank that sent no ``train_end`` of its own and stays silent ``end_grace``
-seconds after the end is lost (``why="ended"``) if it is behind the furthest step any rank reported,
-or if the run failed: every rank that lives through a failed job sends its own failed
-``train_end`` (trainer/sft.py), so one that does not died, even at the same step as its peers (it
-was killed mid-step, and they stopped in that step's collective). A rank the relay never heard from
-(killed before its send thread sent a report: its peers' ``world_size`` says it was there) counts as
-behind, with ``last_step`` -1. When the relay forgets the run or
-shuts down it does not wait (``close``). The grace is for the end of a healthy job, where rank 0's
-``train_end`` may arrive before a peer's last step. A run that never
-ended is not judged when the relay stops: a restart mid-run must not call a rank in flight lost.
-
-A logged step is summed up once every rank that is not lost reported it. A rank that reported a
-later step will never report this one (each rank sends in order), so a later step completing
-settles every earlier one with the ranks it has (``ranks`` says how many); a step still waiting
-after ``silence`` seconds, or the oldest once a run holds ``MAX_WAITING`` reports, is settled as it
-stands. A backlog (a late or restarted relay: every rank resends at once) fits well within.
+run's recent journal lines so nothing is said twice. Each rank sends in order, so a later step
+completing settles every earlier one. ``end_grace`` is for a healthy end, where rank 0's
+``train_end`` may arrive before a peer's last step; a run that never ended is not judged when the
+relay stops (a restart mid-run must not call a rank in flight lost).
 """
 from __future__ import annotations
 
@@ -223,8 +194,6 @@ class Cluster:
                         tuple(rank for rank, info in ranks if info.lost),
                         tuple((rank, info.seen.cost) for rank, info in ranks
                               if info.seen.cost is not None and not info.lost))
-
-    # -- internals ---------------------------------------------------------------------------------
 
     def _find_lost(self, name: str, run: ClusterRun, now: float) -> list[Derived]:
         silence = self.config.silence

@@ -1,13 +1,11 @@
 """Who may connect to the relay: CURVE keys from the user's secret by default on TCP, explicit
-certificates, or nobody checked (``--open``, and ``ipc://``, which its 0700 folder guards).
+certificates, or nobody checked (``--open``, and ``ipc://``, which its 0700 folder guards);
+docs/security.md says why CURVE.
 
-With the secret (relay/wire/secret.py) the relay's key pair and the one client key pair are both
-derived from it: a peer without it fails the CURVE handshake before ZeroMQ hands the relay a byte
-of its, and a client never hands its events to a relay without it. The ZAP handler (ZeroMQ's hook
-that admits or refuses each connection's key) is an inproc socket answered on the relay's own
-loop, not zmq.auth's thread; it admits the client key of the secret, or the certificates of
-``--curve-clients``, or (``--curve-cert`` alone) any key. Every failed handshake shows on the
-socket's monitor and is counted, logged and dead-lettered by ingest (``Ingest.refuse_connection``).
+The ZAP handler is an inproc socket answered on the relay's own loop, not zmq.auth's thread; it
+admits the client key of the secret, or the certificates of ``--curve-clients``, or
+(``--curve-cert`` alone) any key. Every failed handshake shows on the socket's monitor and is
+counted, logged and dead-lettered by ingest (``Ingest.refuse_connection``).
 """
 from __future__ import annotations
 

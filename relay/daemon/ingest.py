@@ -1,19 +1,11 @@
-"""Ingest: one client frame in, its new events out as journal lines waiting for the commit step.
+"""Ingest: one client frame in, its new events out as journal lines waiting for the commit step
+(docs/architecture.md, "One event's path"); the ranks' step times go to the cross-rank derivation
+(relay/daemon/cross_rank.py), whose events are queued the same way as rank RELAY_RANK. A refused
+frame is counted and dead-lettered, never acknowledged.
 
-``take_frame`` decodes and validates the frame (relay/wire/schema.py), refuses what no client may
-send (the relay's own rank, a stream another live connection owns, too many new runs), takes each
-event once per (run, rank, seq) through the run table (relay/daemon/runs.py) and queues the new
-ones' lines for the journal (relay/daemon/commit.py); the ranks' step times go to the cross-rank
-derivation (relay/daemon/cross_rank.py), whose events are numbered on and queued the same way as
-rank RELAY_RANK. A frame that is refused is counted and dead-lettered, never acknowledged.
-
-No socket and no clock of its own: the caller passes each frame with its connection's identity
-and the time; the daemon's loop (relay/daemon/loop.py) reads them off its ROUTER socket, the
-fuzzer and the tests hand them in directly. What ingest calls back is given to its constructor:
-``send_acks`` sends a connection its acks, ``fan_out`` hands what the journal took to the other
-sinks, ``connected`` asks whether a stream's owner is still connected, when another connection
-sends for its stream (relay/daemon/peers.py), ``tell`` tells a refused second writer why
-(relay/journal/writers.py); ``refuse_connection`` is how the loop reports a refused handshake.
+No socket and no clock of its own: the caller passes each frame with its connection's identity and
+the time (the loop, relay/daemon/loop.py; the fuzzer and the tests directly), and what ingest calls
+back (``send_acks``, ``fan_out``, ``connected``, ``tell``) is given to its constructor.
 """
 from __future__ import annotations
 

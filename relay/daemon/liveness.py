@@ -1,11 +1,9 @@
 """Whether the relay that left a stats file still runs, so that ``relay status relay-logs/`` never
-shows a killed relay's last rates as if it were alive.
+shows a killed relay's last rates as if it were alive (docs/relay.md, ``relay status``).
 
-A serving relay holds an exclusive ``flock`` on its journal's lock file (relay/journal/journal.py)
-for as long as it lives; the kernel lets it go when the process dies, however it dies. The lock is
-looked up in ``/proc/locks`` (Linux), never taken, so a relay starting at that moment is never
-turned away; where that table cannot be read, whether the stats file's ``pid`` lives decides. A
-relay on another host (a shared file system) cannot be judged from here, and is said to be so.
+The journal's lock (relay/journal/journal.py) is looked up in ``/proc/locks``, never taken, so a
+relay starting at that moment is never turned away. A relay on another host (a shared file system)
+cannot be judged from here, and is said to be so.
 """
 from __future__ import annotations
 

@@ -1,19 +1,14 @@
 """The relay daemon: the loop around one ROUTER socket that receives, journals, acknowledges and
-fans out.
+fans out (docs/architecture.md, "One event's path" and "The data path").
 
-One thread owns the socket and the journal. It reads frames off the socket and hands each, with
-its connection's routing id, to ingest (relay/daemon/ingest.py: validate, de-duplicate through the
-run table, relay/daemon/runs.py, and queue journal lines); every ``flush_interval`` the commit step
-(relay/daemon/commit.py) appends them to the journal in one write, acknowledges cumulatively per
-(run, rank) on this socket, then hands the same lines to each other sink's process
-(relay/sinkhost/process.py). Acks therefore mean "in the journal", and no other sink can slow
-ingest down. What is here is what needs the socket or the clock: who may connect (the ZAP handler
-and refused handshakes, relay/daemon/gate.py), status requests (answered from
-relay/daemon/status.py's budget), multipart rejection, whether a stream's owner is still connected
-(relay/daemon/peers.py), the memory guard (relay/daemon/memory_guard.py), the timers (counters,
-cross-rank checks, forgetting idle runs, the live status line) and shutdown. What it holds between
-receiving and journaling is bounded in bytes (bounds.COMMIT_BYTES, bounds.TURN_BYTES), not only in
-messages.
+One thread owns the socket and the journal; ingest (relay/daemon/ingest.py) and the commit step
+(relay/daemon/commit.py) do the work. What is here is what needs the socket or the clock: who may
+connect (the ZAP handler and refused handshakes, relay/daemon/gate.py), status requests (answered
+from relay/daemon/status.py's budget), multipart rejection, whether a stream's owner is still
+connected (relay/daemon/peers.py), the memory guard (relay/daemon/memory_guard.py), the timers
+(counters, cross-rank checks, forgetting idle runs, the live status line) and shutdown. What it
+holds between receiving and journaling is bounded in bytes (bounds.COMMIT_BYTES,
+bounds.TURN_BYTES), not only in messages.
 """
 from __future__ import annotations
 
@@ -94,8 +89,6 @@ class Relay:
         #: called on this thread (the Prometheus endpoint's snapshot)
         self.each_second: list[Callable[[], None]] = []
 
-    # -- setup -----------------------------------------------------------------------------------
-
     def bind(self) -> str:
         """Bind the socket; raises AddressInUse, BadAddress or gate.AuthError (the relay secret or a
         certificate cannot be used). Returns the actual endpoint."""
@@ -150,8 +143,6 @@ class Relay:
         if path is None:
             return
         write_atomic(path, json.dumps({"address": self.address, "pid": os.getpid()}))
-
-    # -- the loop ---------------------------------------------------------------------------------
 
     def request_stop(self, *_: object) -> None:
         self._stop = True
@@ -328,8 +319,6 @@ class Relay:
         self._sock = rebind(self._listen, self.address)
         trim_heap()
         return True
-
-    # -- shutdown ----------------------------------------------------------------------------------
 
     def follow_health(self, health: RunHealth) -> Cluster | None:
         """Keep each run's health in ``health`` (the Prometheus endpoint, relay/metrics/); returns

@@ -1,17 +1,12 @@
 """Which connection sends each (run, rank) stream: the daemon's to know, beside the dedupe state
-(relay/journal/dedupe.py), which knows only seqs.
+(relay/journal/dedupe.py), which knows only seqs. The rules: docs/protocol.md, "A stream belongs to
+the session sending it".
 
-A stream belongs to one connection at a time, its owner (a ZeroMQ routing id: a client's session
-id, which its reconnections keep, relay/wire/io_thread.py): the first to send for it once no live
-connection owns it. The relay refuses other connections' frames for it and acknowledges only the
-owner (``claim``); ownership passes when another connection sends for it and the relay's socket
-says the owner has no connection (``release``, relay/daemon/peers.py), or once the owner has been
-silent for OWNER_SILENCE, and it passes to the first connection refused it meanwhile (``refused``)
-if that one is still connected (relay/daemon/ingest.py). So while a client is connected, no other
-peer can fill its coming seqs with forged events or take its acks; a client that reconnects keeps
-its streams (same session) or takes them back (a new one, its old connection gone); and which
-connection sends a stream next follows the order its frames came in, never the moment the relay
-learns a connection ended. No socket, no clock: the caller gives the time.
+The owner is a ZeroMQ routing id (a client's session id, which its reconnections keep,
+relay/wire/io_thread.py). While a client is connected no other peer can fill its coming seqs with
+forged events or take its acks; which connection sends a stream next follows the order its frames
+came in, never the moment the relay learns a connection ended. No socket, no clock: the caller
+gives the time.
 """
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """Whether a stream's owner is still connected, asked of the ROUTER socket itself at the moment
-another connection sends for one of its streams.
+another connection sends for one of its streams (docs/protocol.md, "A stream belongs to the session
+sending it": ROUTER_MANDATORY, the empty ack as the question).
 
-The relay's socket is ROUTER_MANDATORY: a message to a routing id that has no connection fails at
-once (EHOSTUNREACH) instead of vanishing. So when a second connection sends for a (run, rank),
-ingest (relay/daemon/ingest.py) asks ``connected`` about the owner, and the socket answers from
-its own table of connections as it stands then, with nothing to reorder: socket-monitor reports
-(which once told this, and could arrive after the frame of the connection that replaced the owner
-and free its live streams) are not used. The question is an empty ack, which a client ignores.
-
-ROUTER_HANDOVER: a link's routing id is its session's (relay/wire/io_thread.py), kept across
-reconnections, so a client that reconnects takes its id, and its streams, back from the connection
-it left, however late the relay notices that one's end.
+Socket-monitor reports (which once told this, and could arrive after the frame of the connection
+that replaced the owner and free its live streams) are not used. ROUTER_HANDOVER: a client that
+reconnects takes its routing id, and its streams, back from the connection it left, however late
+the relay notices that one's end.
 """
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""The relay's own events for a spool replayed into a journal (``relay replay SPOOL --sink jsonl``).
-
-A rank's spool holds what no relay took: a live relay would have derived its cross-rank events
-(relay/daemon/cross_rank.py: per-step figures, stragglers, lost ranks) from those events as they
-came, so the replay derives them with the same code (relay/sinkhost/replay.py numbers and journals
-them). A run met for the first time is restored from the journal's last lines first, as a restarted
-relay restores it, so nothing the live relay said is said again. The replay has no clock of its
-own: each event counts as heard at its own ``ts``, and the timers a live relay runs (a rank silent
-while its peers went on, a step still waiting) are not run while files are read in their order,
-which is not the order the ranks sent in; at the end every waiting step is settled and the ranks an
-ended run left behind are lost, as a relay does once the timers ran out."""
+"""The relay's own events for a spool replayed into a journal (``relay replay SPOOL --sink jsonl``;
+docs/trainer.md says how it differs from a live relay): the live relay's derivation
+(relay/daemon/cross_rank.py), restored first from the journal's last lines, so nothing the live
+relay said is said again. No clock of its own: each event counts as heard at its own ``ts``, and
+the timers are not run, since files are read in their order, not the order the ranks sent in."""
 from __future__ import annotations
 
 from typing import Any

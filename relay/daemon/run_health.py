@@ -1,7 +1,5 @@
-"""Each run's health as the Prometheus endpoint shows it (relay/metrics/): its last step and when it
-came (from its ranks' windows, or from its metrics events for a run that sends none), its recent
-pace, each rank's last step time and own work, its attempt, whether it ended and, opt-in, its last
-loss.
+"""Each run's health as the Prometheus endpoint shows it (relay/metrics/; the series in
+docs/monitoring.md).
 
 Ingest (relay/daemon/ingest.py) hands ``observe`` the events it already looks at for the cross-rank
 derivation (``stage="rank"`` metrics and ``lifecycle`` events) and ``take_frame`` each new frame's

@@ -1,12 +1,9 @@
 """Ingest's judge of second writers: the hellos of a frame held against each stream's writer
-(relay/journal/writers.py says the rule), and a refused frame made loud.
+(relay/journal/writers.py says the rule), and a refused frame made loud (docs/protocol.md, "One
+writer per stream": counted, dead-lettered, told, logged and journaled once as ``conflict``).
 
-A refused frame is counted and dead-lettered as ``conflict`` and never acknowledged; its connection
-is told why (``tell``, an ack message with no acks, relay/wire/encoding.py ``encode_refused``); the
-first time a session is refused a stream, the relay logs it and journals a ``lifecycle``
-``conflict`` event of its own rank (``relay runs`` shows the run's status ``conflict``), and later
-refusals are summed up in the log at most every REFUSED_REPORT_EVERY seconds: a limit of their own,
-so no flood of other refusals hides them. No socket, no clock: ingest gives both.
+Later refusals are summed up in the log at most every REFUSED_REPORT_EVERY seconds: a limit of their
+own, so no flood of other refusals hides them. No socket, no clock: ingest gives both.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""The relay's last steps after SIGTERM: journal what ingest still holds, let every sink's process
-apply what it was handed, all within ``--shutdown-timeout``, and say what is missing. A sink's
-process never outlives its relay (relay/sinkhost/lifeline.py), so this wait is the last chance a
-sink has to be complete: meanwhile the stats file says how far each got (the embedded relay's job
-reads it) and the log says it every few seconds; a sink stopped before it was done is named in the
-final stats and the log, with the events it lacks and the ``relay replay`` command that completes
-it from the journal (relay/sinkhost/behind.py)."""
+"""The relay's last steps after SIGTERM (docs/relay.md, "Sinks at shutdown"): journal what ingest
+still holds, then wait within ``--shutdown-timeout`` for every sink's process to apply what it was
+handed. A sink's process never outlives its relay (relay/sinkhost/lifeline.py), so this wait is the
+last chance a sink has to be complete; one stopped before it is named with what it lacks
+(relay/sinkhost/behind.py)."""
 from __future__ import annotations
 
 import logging

@@ -1,12 +1,9 @@
-"""The relay's one-line status: how it reads, how a live relay answers for it on its own socket,
-and how ``relay status`` gets it (from a live relay, or from the stats file a relay left behind).
+"""The relay's one-line status: how it reads, how a live relay answers for it on its own socket
+(docs/protocol.md, "Status requests"), and how ``relay status`` gets it (from a live relay, or from
+the stats file a relay left behind).
 
 The same line is the live terminal line (relay/daemon/live_line.py), the periodic ``stats:`` log
-line and what ``relay status`` prints, so one format here serves all three. A status request is one
-fixed frame, ``{"status": 1}`` in msgpack, told apart from events by a byte comparison before any
-decoding; the relay answers it from a snapshot at most ``SNAPSHOT_TTL`` old and at most
-``ANSWER_RATE`` times a second (``Answers``), so a flood of requests costs ingest next to nothing
-and is never counted as a rejected frame (docs/protocol.md).
+line and what ``relay status`` prints, so one format here serves all three.
 """
 from __future__ import annotations
 
@@ -46,9 +43,6 @@ class BadTarget(ValueError):
     """An address ZeroMQ refuses, or a stats file missing or not one a relay wrote (exit 2)."""
 
 
-# -- the relay's side ------------------------------------------------------------------------------
-
-
 class Answers:
     """What the relay sends back to a status request: the latest snapshot, taken (``snapshot()``)
     at most once per SNAPSHOT_TTL, and at most ANSWER_RATE answers a second from a token bucket,
@@ -73,9 +67,6 @@ class Answers:
             self._reply = msgpack.packb({"status": self._snapshot()}, use_bin_type=True)
             self._taken = now
         return self._reply
-
-
-# -- the line --------------------------------------------------------------------------------------
 
 
 def format_line(snap: dict[str, Any], *, detail: bool = False, width: int | None = None,
@@ -214,9 +205,6 @@ def _when(ts: float | None) -> str:
     return time.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
-# -- relay status: asking --------------------------------------------------------------------------
-
-
 def status_text(target: str | None, timeout: float, as_json: bool, width: int | None = None) -> str:
     """What ``relay status [TARGET] [--json]`` prints: the line (or the snapshot as JSON) of the
     relay at the address ``target`` (default $RELAY_ADDRESS or the default address), or of the stats
@@ -311,9 +299,6 @@ def _decode_reply(frame: bytes) -> dict[str, Any] | None:
     if isinstance(message, dict) and isinstance(message.get("status"), dict):
         return message["status"]
     return None
-
-
-# -- relay status: reading what a relay left -------------------------------------------------------
 
 
 def stats_file_for(path: Path) -> Path:

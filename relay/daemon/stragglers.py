@@ -1,35 +1,10 @@
-"""Who costs the job, and how much: the straggler rule of the relay's cross-rank derivation
-(relay/daemon/cross_rank.py settles the steps and calls it; docs/watching.md has the figures).
+"""Who costs the job, and how much: the straggler rule (docs/watching.md, "What a straggler costs
+the job"; relay/daemon/cross_rank.py settles the steps and calls it).
 
-A rank's *excess* at a logged step is its own work (its step time where own work is not measured)
-minus the median of the *other* ranks'; its *cost* is that excess over the job's time per step (the
-slowest rank's step time plus its time between steps: under DDP and FSDP every rank waits for the
-slowest, so the job goes at its pace; a cost is then at most 1). A rank's verdict is taken over a
-window of its last logged steps, never step by step: under load one rank descheduled for a step
-costs a balanced job 50% of that step, and with two ranks the other rank's is the opposite figure.
-
-- A step of a rank is *slow* when its cost is at least ``cost`` and its excess at least
-  ``min_excess``; *calm* when its cost is below half of ``cost`` or its excess below half of
-  ``min_excess``.
-- The window is the rank's last logged steps that span ``window`` training steps (a logged step
-  spans the steps its report sums up), and never fewer than 3; steps not yet logged count as
-  neither slow nor calm.
-- A rank is named a straggler when more than half of the window's logged steps are slow (their
-  median cost and excess pass the bars), judged once at least half the window is logged: at the
-  start of a run, the steps so far decide (8 of 15 logged steps: 5 slow name the rank), rather than
-  counting the steps not yet logged as not slow, which let one noisy step in three delay a name
-  to the 15th step. And the rank must be slow steadily: the window's median excess at
-  least ``steadiness`` (1.5) times the median distance of its excesses from it. A straggler's excess
-  holds step after step; on a crowded machine a rank of a balanced job that the scheduler starves
-  for a few seconds swings from far ahead to far behind, which over the recorded balanced runs
-  halved the episodes named (tests/test_straggler_series.py). And it must still be slow: its newest
-  logged step too (at the start of a balanced FSDP2 run, rank 0 cost the job 13-37% at steps 2-6
-  while its embedded relay started, then nothing). Every recorded slow run is named by its 9th
-  logged step (all but one at the 8th). Its episode ends when more than half the (whole) window is
-  calm: a rank hovering between the two bars stays named, so one slowness is one episode.
-
-Also the spread of a figure across the ranks of a step (``spread``: the ``cluster`` figures). Pure
-functions of the figures given: no clock, no state but each rank's window (``Seen``).
+The verdict is taken over a window of a rank's logged steps, never step by step: under load one
+rank descheduled for a step costs a balanced job 50% of that step. Also the spread of a figure
+across the ranks of a step (``spread``). Pure functions of the figures given: no clock, no state
+but each rank's window (``Seen``).
 """
 from __future__ import annotations
 

@@ -1,21 +1,12 @@
-"""Per-(run, rank) memory of which sequence numbers the relay already took.
+"""Per-(run, rank) memory of which sequence numbers the relay already took (docs/protocol.md,
+"Dedupe" and "A drop report binds only its own connection").
 
-Clients resend everything unacknowledged after a reconnect, so duplicates are normal. State per
-rank is a contiguous floor (every seq below it was taken) plus a bounded set of seqs taken above
-it; since clients send in order the set stays tiny, and its bound keeps memory fixed per rank
-whatever a client does.
-
-Which connection sends a stream is the daemon's to know (relay/daemon/owners.py); here a connection
-is only a name on a drop claim.
-
-A client that had to drop events says so (``dropped_upto`` in its ``stats`` event), and the floor
-moves past the gap so acknowledgements go on. Such a claim binds only the connection that made it
-(a claim recovered from the journal binds none, ``JOURNAL``): the seqs it skipped are remembered
-(``DropClaim``), a later event in that range from a later owner is still taken, and that owner is
-acknowledged only as far as the range really is durable, once it has sent into it. So a lying drop
-report cannot make the relay discard a later owner's events, nor make a real client believe events
-were journaled that were not; and a client that reconnects after its own drop report, or after a
-restart that recovered it, is acknowledged past the gap it will never fill.
+Clients resend everything unacknowledged after a reconnect, so duplicates are normal; since clients
+send in order the set of seqs above the floor stays tiny, and its bound keeps memory fixed per rank
+whatever a client does. Which connection sends a stream is the daemon's to know
+(relay/daemon/owners.py); here a connection is only a name on a drop claim, so a lying drop report
+cannot make the relay discard a later owner's events, nor make a real client believe events were
+journaled that were not.
 """
 from __future__ import annotations
 
@@ -172,12 +163,9 @@ class RankState:
 
 
 class Dedupe:
-    """All ranks of all runs, keyed by (run, rank).
-
-    Runs idle for a while are forgotten so a long-lived relay's memory does not grow with every
-    job it ever served; if one comes back, its state is rebuilt from the journal. ``last_seen`` is
-    kept in order of activity (``touch``), so the least recently active run is found in O(1).
-    """
+    """All ranks of all runs. Runs idle for a while are forgotten so a long-lived relay's memory
+    does not grow with every job it ever served; if one comes back, its state is rebuilt from the
+    journal. ``last_seen`` is kept in order of activity (``touch``): the least recent in O(1)."""
 
     def __init__(self) -> None:
         self.ranks: dict[tuple[str, int], RankState] = {}

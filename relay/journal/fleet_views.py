@@ -1,19 +1,11 @@
 """The fleet's journal as readers see it: a consuming relay's folder, or several, read as one
-journal (docs/deployment.md, "Reading a run from the fleet").
+journal (docs/deployment.md, "Reading a run from the fleet"; why views are read in order:
+"Views are read in order, not written in order").
 
-A consuming relay (``relay consume --path ROOT/``) keeps a view of each partition it held,
-``ROOT/p<k>/<run>.jsonl``, and writes ``ROOT/_relay_consume_<name>.json`` every second: the
-partitions it holds and who held each partition when it last read the leases. A view is append-only
-and in the central journal's commit order, which is not each rank's sequence order: a batch
-delivered again after ``--ack-wait`` (the relay it was first delivered to died) is committed after
-the batches that followed it. So the viewers read views in order: ``ordered_lines`` takes a
-run's lines from every view given, each (run, rank, seq) once, and lays each rank's lines in
-sequence order into the places that rank's lines take (other ranks' lines keep theirs), so a view
-already in order reads exactly as written.
-
-``views`` says, for each partition view, whether its relay holds it now and, when it does not, the
-one line a viewer prints: who holds it, as far as the folders given and the relay's last reading of
-the leases tell.
+``ordered_lines`` takes a run's lines from every view given, each (run, rank, seq) once, and lays
+each rank's lines in sequence order into the places that rank's lines take, so a view already in
+order reads exactly as written. ``views`` says, for each partition view, whether its relay holds it
+now and, when it does not, the one line a viewer prints.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Writing the journal: the relay's JSONL source of truth (docs/jsonl.md); reading it is
-relay/journal/reader.py.
+"""Writing the journal: the relay's JSONL source of truth (docs/jsonl.md: line-atomic appends, a
+torn tail cut back to the last newline, bounded lines); reading it is relay/journal/reader.py.
 
-``Journal``, owned by the daemon: one JSON object per event per line, appended with a single write
-per file and batch so readers never see half a line; a torn tail left by a crash is cut back to the
-last newline, however far back, before the file is first read or written (relay/journal/recovery.py;
-those events were never acknowledged, so their clients resend them); a line is at most
-schema.MAX_LINE_BYTES (``check_lines``); the relay acknowledges events only after ``flush()``, and
-after a restart asks ``seen()`` what is already here, so nothing is written twice. One file for
-every run, or a directory of ``<run>.jsonl``.
-
-The journal is not a sink: the relay writes it itself, before it acknowledges anything. What it
-cannot do is a ``JournalError``, one line that says what to do (the command line exits 2 with it).
+``Journal`` is owned by the daemon, which acknowledges events only after ``flush()`` and after a
+restart asks ``seen()`` what is already here, so nothing is written twice. The journal is not a
+sink: the relay writes it itself, before it acknowledges anything. What it cannot do is a
+``JournalError``, one line that says what to do (the command line exits 2 with it).
 """
 from __future__ import annotations
 
@@ -86,8 +80,6 @@ class Journal:
         self._released: set[str] = set()
         self.ends: dict[str, int] = {}  # run -> where its file ended after the last write of it
 
-    # -- paths beside the journal ---------------------------------------------------------------
-
     def sidecar(self, suffix: str) -> Path:
         """A file next to the journal (dead letters, stats), named so it never clashes with a
         run."""
@@ -108,8 +100,6 @@ class Journal:
     def reader(self, restore: bool = True) -> JournalReader:
         """A reader of this journal, from its start."""
         return JournalReader(self.path, directory=self.directory, restore=restore)
-
-    # -- writing ----------------------------------------------------------------------------------
 
     def open(self) -> None:
         """Create the folder and take the lock; JournalError if either cannot be."""
@@ -244,8 +234,6 @@ class Journal:
         events = (parse_event(line) for line in lines[1 if start else 0:])  # the first may be cut
         return [from_journal(event) for event in events
                 if event is not None and event["run"] == run]
-
-    # -- internals ---------------------------------------------------------------------------------
 
     def _fd(self, run: str | None) -> int:
         key = run or ""

@@ -39,12 +39,8 @@ Deliver = Callable[[bytes, int, News], None]
 
 
 class JournalQueue:
-    """Journal lines waiting for one write, and the one way they are written: the daemon's commit
-    step and each partition of a consuming relay (relay/fleet/partition.py) both use it, so both
-    hand on exactly what the journal took, once.
-
-    A write that fails part way (a directory journal where a later run's file fails) leaves the
-    files before it written: those lines are handed on at once and forgotten, so a retry neither
+    """A write that fails part way (a directory journal where a later run's file fails) leaves the
+    files before it written: their lines are handed on at once and forgotten, so a retry neither
     writes them twice nor leaves them out of the other sinks; the rest wait for the next call."""
 
     def __init__(self) -> None:

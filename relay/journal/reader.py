@@ -1,18 +1,10 @@
-"""Reading the journal: the one way every reader takes its lines (docs/jsonl.md).
+"""Reading the journal: the one way every reader takes its lines (docs/jsonl.md: "Reading it" says
+which reader serves whom, "Lines that are not events" why every line is checked with
+``parse_event``).
 
-``read_events`` gives one file's events in file order with its unreadable lines counted (``relay
-replay``, the restart scan); ``JournalReader`` reads only what is new since its previous call, per
-run, complete lines only (a sink's catch-up of a run, relay/sinkhost/catch_up.py; ``relay tail
--f`` follows the raw lines with ``relay.cli.follow``); ``LineDecoder`` turns the same lines arriving
-on a pipe into events (a sink's process). Every reader that hands events to a sink restores
-non-finite metrics (``sinks.events.from_journal``), so a live sink and a replayed one see the same.
-
-A journal may have been edited by hand or written by an older relay, so every reader takes a line
-for an event only if ``parse_event`` does: a JSON object that the wire's own rules accept
-(``relay.wire.schema.validate_event``). Any other line is counted as bad, never handed on: no reader
-crashes on it, names a file after it, or writes it anywhere. ``relay tail`` alone shows every JSON
-object, as far as it can. The writer (relay/journal/journal.py) never pays for this: it writes only
-events validated on arrival.
+Every reader that hands events to a sink restores non-finite metrics
+(``sinks.events.from_journal``), so a live sink and a replayed one see the same. The writer
+(relay/journal/journal.py) never pays for the check: it writes only events validated on arrival.
 """
 from __future__ import annotations
 
@@ -105,12 +97,10 @@ class JournalReader:
     """Reads a journal (file or directory) incrementally: each ``read(run)`` yields the events of
     the complete lines written since the previous ``read`` for the same ``run`` (None: every run),
     in file order, remembering a byte offset per (file, run). In the directory layout a run's read
-    opens only that run's file, and new run files are found as they appear.
-
-    Calling the reader is ``read(run)``. ``restore``
-    turns non-finite metric strings back into floats (what a sink gets). ``bad_lines`` counts the
-    lines skipped. (``relay tail`` follows files with ``relay.cli.follow.Follower`` instead: it
-    shows the lines as written, also those that are not events, and notices a file replaced.)"""
+    opens only that run's file, and new run files are found as they appear. ``restore`` turns
+    non-finite metric strings back into floats (what a sink gets). (``relay tail`` follows files
+    with ``relay.cli.follow.Follower`` instead: it shows the lines as written, also those that are
+    not events, and notices a file replaced.)"""
 
     def __init__(self, path: str | Path, *, directory: bool | None = None,
                  restore: bool = True) -> None:

@@ -18,10 +18,7 @@ CHUNK = 1 << 20  # read backwards this much at a time while looking for the last
 
 
 def cut_torn_tail(fd: int, path: Path) -> None:
-    """A crash mid-write can leave part of a line (of any length: a line may be MAX_LINE_BYTES
-    long); cut exactly the bytes after the last newline, however far back it is, so every line
-    stays whole. Those bytes were never acknowledged (acks follow whole batches), so their clients
-    resend them."""
+    """Cut exactly the bytes after the last newline, however far back it is: never acknowledged."""
     size = os.fstat(fd).st_size
     keep = _whole_lines_end(fd, size)
     if keep == size:

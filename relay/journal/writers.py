@@ -1,23 +1,8 @@
-"""Which session writes each (run, rank) stream, and whether another session may take it over.
+"""Which session writes each (run, rank) stream, and whether another session may take it over: the
+rule of docs/protocol.md, "One writer per stream" (``judge``: ``live``, ``history``).
 
-A publisher's session is named by a random nonce its ``hello`` carries (``data.session``, the hex of
-its link's routing id, relay/wire/io_thread.py), and every frame it sends comes from that link. The
-hello is a session's first event, so it is where a session says who it is: a stream's writer is the
-session of the last hello the relay took for it (or, for a stream written with no hello at all, the
-connection that wrote it). A hello of another session is refused as a ``conflict`` (judge):
-
-- ``live``: the writer's connection is still there (relay/daemon/owners.py says so), or
-- ``history``: the hello's seq is not above every seq the stream holds, so its events would be
-  taken for duplicates of the writer's (two jobs under one run id, or a forger that left).
-
-A hello above the stream's history once the writer has gone (a resumed attempt, an elastic restart:
-sinks/events.py ``session_base``) opens the next session. Once refused, a connection's every frame
-for that stream is refused until one of its hellos passes. A writer whose session is not known (a
-journal written before sessions, an old client's hello) lets any session take over, as before.
-Forwarded hellos keep their nonce, so a central relay judges the same way; a consuming relay of
-the fleet tier judges with these rules too, the publishing node relay as the "connection"
-(relay/fleet/sessions.py). No socket, no clock. Kept with the journal, as the dedupe state is,
-because the node relay (relay/daemon/) and the consuming relay (relay/fleet/) both judge by it.
+No socket, no clock. Kept with the journal, as the dedupe state is, because the node relay
+(relay/daemon/) and the consuming relay (relay/fleet/sessions.py) both judge by it.
 """
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
 """What ``relay serve --metrics-bind`` shows: each run's health and the relay's own, built at scrape
-time from the relay's state, never on the ingest path.
+time from the relay's state, never on the ingest path (docs/monitoring.md, "How it is read, and
+what it costs ingest").
 
 The runs' figures are read live (relay/daemon/run_health.py, relay/daemon/cross_rank.py's
-``standing``: both safe to read from this thread). The relay's counters and its sinks' figures are
-the ingest thread's own (the sinks' lag is computed from samples only it touches), so that thread
-hands over a snapshot once a second (``take``, hooked on ``Relay.each_second``) and a scrape reads
-the latest: a counter is at most a second old. A scrape's work is bounded by ``max_runs`` runs and
-RANK_SERIES ranks in all: per-rank series only for runs of up to ``max_ranks`` ranks, the most
-recent first while RANK_SERIES lasts; the min/median/max over the ranks for every run.
+``standing``: both safe to read from this thread); the relay's counters and its sinks' figures are
+the ingest thread's own, so it hands over a snapshot once a second (``take``, hooked on
+``Relay.each_second``). A scrape's work is bounded by ``max_runs`` runs and RANK_SERIES ranks in
+all, the most recent runs first while RANK_SERIES lasts.
 """
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""The endpoint's HTTP server: ``GET /metrics`` in Prometheus's text format, on a thread of its own.
+"""The endpoint's HTTP server: ``GET /metrics`` in Prometheus's text format, on a thread of its own
+that cannot stall ingest (docs/monitoring.md, "How it is read, and what it costs ingest").
 
-It cannot stall ingest: it runs on its own thread, answers one request at a time (a client that
-sends nothing is dropped after ``TIMEOUT`` seconds; a thread per connection would let a flood of
-them grow without bound), and renders the exposition at most once per ``RENDER_TTL`` seconds however
-often it is asked, each render bounded by the collectors' own limits. It listens on loopback unless
-told otherwise (``[HOST:]PORT``; a bare port is 127.0.0.1's): what it shows names every run, rank
-and sink (docs/security.md), so any other address is logged as a warning.
+It answers one request at a time: a thread per connection would let a flood of them grow without
+bound. It listens on loopback unless told otherwise (``[HOST:]PORT``; a bare port is 127.0.0.1's):
+what it shows names every run, rank and sink (docs/security.md), so any other address is logged as
+a warning.
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Every metric the endpoint may show: name, type, labels and help, in one table (docs/monitoring.md
-shows the same table, and tests/test_metrics.py holds the two and the exposition to each other).
-
-Names follow Prometheus's conventions: a ``relay_`` prefix, base units in the name (``_seconds``,
-``_bytes``), ``_total`` on counters (the client library adds it to a counter's samples), and labels
-for what varies (run, rank, sink, reason, partition). Families of no sample are left out of a
-scrape.
+shows the same table and the naming conventions; tests/test_metrics.py holds the two and the
+exposition to each other). A counter's name ends in ``_total``, which the client library adds to
+its samples too. Families of no sample are left out of a scrape.
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""How a client socket proves itself to a relay, and what it is told when the relay refuses it.
-
-A relay on TCP takes events only from peers holding the user's secret (relay/wire/secret.py): both
-sides derive CURVE keys from it, so the connection is encrypted and each side knows the other holds
-the secret, which neither ever sends. An ``ipc://`` socket relies on its 0700 folder and uses none.
-Explicit CURVE certificates (``relay keygen``, $RELAY_CURVE_SERVER_KEY) replace the secret; and
-$RELAY_OPEN (the relay's ``--open``) turns authentication off on both sides.
+"""How a client socket proves itself to a relay, and what it is told when the relay refuses it
+(docs/security.md: CURVE keys from the user's secret on TCP, explicit certificates, none on
+``ipc://`` or with $RELAY_OPEN).
 
 Every client of a relay goes through ``secure_client``: the Publisher's and the forward sink's link
 (relay/wire/io_thread.py), ``relay status``, the tests' and benchmarks' raw sockets.

@@ -1,9 +1,5 @@
-"""Explicit CURVE certificates, for relays whose clients do not share the user's secret.
-
-Keys are ZeroMQ certificate files (``zmq.auth``): the relay loads its secret certificate, clients
-need only the relay's public key (``RELAY_CURVE_SERVER_KEY``) and, when the relay restricts
-clients, their own secret certificate (``RELAY_CURVE_CLIENT_CERT``). By default a TCP relay needs
-none of this: its keys come from the user's secret (relay/wire/secret.py, relay/daemon/gate.py).
+"""Explicit CURVE certificates (ZeroMQ certificate files, ``zmq.auth``), for relays whose clients do
+not share the user's secret (docs/security.md, "Explicit CURVE certificates").
 """
 from __future__ import annotations
 

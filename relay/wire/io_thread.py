@@ -8,9 +8,8 @@ hundreds. What to send and when lives in relay/client/send_window.py; the Publis
 (relay/client/link_member.py).
 
 Each link is one session to the relay: its routing id is chosen here, at random, and ZeroMQ keeps
-it across reconnections, so the relay knows a reconnected link for the one that owned its streams
-whatever order it learns of the old connection's end in (relay/daemon/peers.py). How it proves
-itself to a TCP relay is relay/wire/auth.py's; a refused handshake is said once, in one line.
+it across reconnections (docs/protocol.md, "A stream belongs to the session sending it"). How it
+proves itself to a TCP relay is relay/wire/auth.py's; a refused handshake is said once, in one line.
 """
 from __future__ import annotations
 

@@ -68,9 +68,6 @@ def fields_of(model: Mapping[str, str], kinds: Mapping[str, Rule]) -> list[Field
     return fields
 
 
-# -- the decider: the rules as msgspec types ------------------------------------------------------
-
-
 def typed(field: Field, finite: bool = False, patterns: bool = True) -> Any:
     """``field``'s rule as a msgspec type (nil too, if the field is nullable). ``finite``: a map's
     floats must be finite too, which no rule asks (a NaN metric is valid) but tells the caller that
@@ -130,9 +127,6 @@ def _map_type(max_key: int, depth: int, finite: bool) -> Any:
     for _ in range(depth - 1):
         value = scalar | list[value] | dict[key, value]
     return dict[key, value]
-
-
-# -- the explainer: the same rules, in plain Python, over a decoded object -----------------------
 
 
 class Repeated(dict[Any, Any]):

@@ -3,12 +3,10 @@ validated, the relay's acks decoded, and the limits. Putting frames on the wire 
 relay/wire/encoding.py; what an event is (its fields and each one's kind of value) is the event
 model's, sinks/events.py; this module imports it and re-exports nothing.
 
-One module owns the rules so the client, the daemon, replay and every test agree on them.
-See docs/protocol.md for the field table and the limits. The rules are one table, ``KINDS``: what
-a valid value of each kind is. relay/wire/rules.py makes the one validation engine from it: msgspec
-types that decide whether a frame (or a journal line, relay/wire/lines.py) is valid as they decode
-it, and one plain-Python explainer that says why the types refused one; a new field of the model
-needs no edit here.
+One module owns the rules so the client, the daemon, replay and every test agree on them
+(docs/protocol.md has the field table and the limits). The rules are one table, ``KINDS``, from
+which relay/wire/rules.py makes the one validation engine; a new field of the model needs no edit
+here.
 """
 from __future__ import annotations
 
@@ -204,10 +202,8 @@ class _Read(Sequence[dict[str, Any]]):
 
 def decode_frame(frame: bytes) -> list[dict[str, Any]]:
     """Decode and validate one frame: a single event map, an array of them, or a compact batch.
-
-    Raises FrameError with a reason label; a frame is accepted or rejected whole, so a client
-    never sees half a batch acknowledged.
-    """
+    Raises FrameError with a reason label; a frame is accepted or rejected whole, so a client never
+    sees half a batch acknowledged."""
     return decode(frame).events
 
 

@@ -1,12 +1,6 @@
-"""The user's relay secret: what a TCP peer proves it holds before the relay takes anything from it.
-
-One secret per user, created on first use (by whichever comes first, the relay or a rank) in
-``$XDG_CONFIG_HOME/metrics-relay/secret`` (``~/.config/...``), mode 0600 in a 0700 folder, so a
-relay started in one terminal and ``torchrun`` in another, same user and machine, agree with no
-step in between. Other machines get it through ``$RELAY_SECRET`` (its value) or
-``$RELAY_SECRET_FILE`` (a path, for a shared file system). Neither side ever sends it: both derive
-CURVE key pairs from it (``curve_keys``), so a peer without it fails the handshake, and so does a
-relay without it, which a client never hands an event (relay/wire/auth.py, docs/security.md).
+"""The user's relay secret: what a TCP peer proves it holds before the relay takes anything from it
+(docs/security.md, "The relay secret": where it is made and found). Neither side ever sends it:
+both derive CURVE key pairs from it (``curve_keys``).
 """
 from __future__ import annotations
 
