@@ -1,13 +1,8 @@
-"""The viewers given the fleet's folders: ``relay runs``, ``tail [-f]``, ``plot``, ``replay`` and
-``status`` on a consuming relay's folder, one of its partition views, or several consuming relays'
-folders (docs/deployment.md, "Reading a run from the fleet").
+"""The viewers given the fleet's folders (docs/deployment.md, "Reading a run from the fleet").
 
 The views are read in order rather than written in order (relay/journal/fleet_views.py says why):
-``FleetRead`` puts each run's lines from every view given, each (run, rank, seq) once and each
-rank's in sequence order, into a private temporary journal folder, which the viewer then reads as
-any journal; it is removed when the viewer is done. That costs a copy of the runs read (on the
-temporary disk) and, per run, its lines in memory while they are put in order. ``relay tail -f``
-then follows the views themselves, showing each line not shown yet once, as it is committed.
+``FleetRead`` puts each run's lines from every view into a private temporary journal folder, which
+the viewer then reads as any journal; ``relay tail -f`` then follows the views themselves.
 """
 
 from __future__ import annotations

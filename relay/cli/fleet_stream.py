@@ -1,11 +1,7 @@
-"""``relay tail --nats-url URL RUN``: a run read from the fleet's central journal itself, no
-consuming relay's folder needed (docs/deployment.md, "Reading a run from the fleet").
-
-The run's partition is the one the fleet stream stored its last message under
-(``<prefix>.<k>.<node>.<run>``); its history is the central journal's subject for that partition
-(relay/fleet/central.py), every event once. Its lines of the run are put in order as a view's are
-(relay/journal/fleet_views.py) into a private temporary journal folder that ``relay tail`` reads;
-with ``-f`` the commits made since are read every POLL_S and each new line shown once.
+"""``relay tail --nats-url URL RUN``: a run read from the fleet's central journal itself
+(docs/deployment.md, "Reading a run from the fleet"): the run's partition is the one its last
+message in the fleet stream was stored under; its lines are put in order as a view's are, into a
+private temporary journal folder; with ``-f`` the commits since are read every POLL_S.
 """
 from __future__ import annotations
 
