@@ -305,9 +305,7 @@ class StepView:
 
 
 def _layouts(heads: list[str]) -> list[Layout]:
-    """The steps view's columns, widest first: every figure; without the slowest own work and step
-    time in seconds; then, one space apart, one spread (own_x, else step_x) and ever fewer of the
-    metric columns, with a short flag."""
+    """The steps view's columns, widest first (docs/watching.md, "One line per step")."""
     time, step = Column("time", "time", 8, left=True), Column("step", "step", 7)
     slowest = Column("slowest", "slowest", 7)
     metrics = [Column(f"metric{i}", head, max(9, len(head))) for i, head in enumerate(heads)]

@@ -107,9 +107,8 @@ class NatsSink(Shipper):
                         "publishes the journal once it is", self.settings.display, down)
 
     async def _check_fleet(self, journal: Path, node: str) -> None:
-        """SinkError (exit 2) for a node another journal folder's relay holds live, or for replicas
-        that a stream this relay would create can never have; a warning for more replicas than the
-        servers seen."""
+        """``check``'s node and replica checks, on the loop: SinkError for what can never work, a
+        warning for more replicas than the servers seen."""
         ours = identity.Claimant.here(journal, os.getpid())
         await identity.check_live(self.settings, self.spec.name, node, ours, self.id_file(journal))
         from nats.js.errors import NotFoundError

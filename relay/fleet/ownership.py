@@ -53,9 +53,8 @@ class Held:
 
 @dataclass
 class Ownership:
-    """One relay's view of the leases. ``plan(now, leases, members)`` says what to do; the outcome
-    of each action comes back through ``claimed``, ``renewed``, ``lost``, ``started`` and
-    ``stopped``."""
+    """One relay's view of the leases: ``plan`` says what to do, and each action's outcome comes
+    back through ``claimed``, ``renewed``, ``lost``, ``started`` and ``stopped``."""
 
     me: str
     partitions: int
