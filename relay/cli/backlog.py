@@ -1,16 +1,10 @@
 """``relay tail``'s first look at a journal: its last N events, or the lines of its last N steps,
-read from the files' ends (relay/cli/backward.py), so the look costs what it shows, not the size of
-the journal (docs/benchmarks.md has the figures).
+read from the files' ends, so the look costs what it shows (docs/watching.md, "One line per step").
 
-The files' lines are merged newest first by their ``ts``; a line whose ts is not a number (a hand
-edit, an older relay's "NaN") takes that of the line after it, so it stays where its file has it
-(reading forwards, the whole journal, it takes that of the line before it: relay/cli/tail.py).
-
-Steps: a step's line is made of several events (each rank's figures, the Trainer's log, the relay's
-cluster figures, a straggler event that may come later), so the last steps are assembled from a
-window of the newest events: a StepView fed from the middle of the journal marks the lines its
-first events may have cut short (relay/cli/step_view.py, ``Row.certain``), and the window doubles
-until every line shown is certain, or the window holds every file whole."""
+A line whose ts is not a number takes that of the line after it, so it stays where its file has it
+(reading forwards, relay/cli/tail.py, it takes that of the line before). The steps window doubles
+until every line shown is certain (``Row.certain``: relay/cli/step_view.py), or holds every file.
+"""
 from __future__ import annotations
 
 import collections

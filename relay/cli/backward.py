@@ -1,9 +1,7 @@
-"""Reading a journal file from its end: its lines before an offset, last first, in blocks that grow
-from a few lines to a MiB, so a viewer that shows the end of a journal (``relay tail -n``, ``relay
-tail -f``, ``relay runs``) reads about what it shows, whatever the file's size.
-
-Lines are split at newlines only (a stray ``\\r`` stays inside its line, as ``relay tail --json``
-prints it) and come back without their newline; empty lines are left out."""
+"""Reading a journal file from its end, in blocks that grow from a few lines to a MiB, so a viewer
+of a journal's end reads about what it shows. Lines are split at newlines only (a stray ``\r`` stays
+inside its line, as ``relay tail --json`` prints it); empty lines are left out.
+"""
 from __future__ import annotations
 
 import os

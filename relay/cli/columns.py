@@ -1,10 +1,8 @@
-"""Tables fitted to the terminal (``relay tail --view steps``, ``relay runs``): the width to fit,
-and the first of a table's layouts, widest first, whose lines fit it.
-
-The width is the terminal's, or ``$COLUMNS`` when set; a pipe or a file without ``$COLUMNS`` gets
-every column (a script reads the widest layout, always the same). A line still too wide (a long
-cell) is cut, with "…" where it was cut (relay/daemon/status.py `cut`, which the status line uses
-too): a line that wraps breaks the table."""
+"""Tables fitted to the terminal or ``$COLUMNS``: the first of a table's layouts, widest first,
+whose lines fit (docs/watching.md). A pipe without ``$COLUMNS`` gets every column, so a script
+always reads the same layout; a line still too wide is cut, since a line that wraps breaks the
+table.
+"""
 from __future__ import annotations
 
 import os

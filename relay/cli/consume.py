@@ -1,9 +1,6 @@
-"""``relay consume``: a relay that takes its events from the fleet's JetStream stream instead of
-from ranks (relay/fleet/consumer.py), journals them and fans them out to its sinks.
-
-A command of its own rather than ``relay serve --from``: none of serve's options (where to listen,
-CURVE, run budgets, memory resets, cross-rank derivation) means anything for a relay that listens on
-no socket, and a consumer's options (stream, leases, fetch size) mean nothing to serve.
+"""``relay consume``: a relay fed by the fleet's JetStream stream instead of ranks
+(relay/fleet/consumer.py). Why a command of its own, not ``relay serve --from``: docs/deployment.md,
+"Consuming relays".
 """
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
-"""A line of a plot in bounded memory: its points as they are read, kept as the lowest and highest
-point of each of at most ``buckets`` runs of consecutive points, so a million points cost what two
-thousand do, and every spike and dip still shows (a mean per bucket would flatten them; keeping
-every n-th point would drop them). A line of at most ``2 * buckets`` points keeps every point.
+"""A line of a plot in bounded memory: the lowest and highest point of each of at most ``buckets``
+runs of consecutive points, so every spike and dip still shows (a mean per bucket would flatten
+them; every n-th point would drop them).
 
-Points wait in a short list and are folded into buckets of ``width`` points a chunk at a time (the
-lowest and highest of a bucket found by ``min`` and ``max`` over it, in C); when the buckets fill
-up, neighbours merge in pairs and each later bucket takes twice the points. A value that is not
-finite (a NaN loss) leaves a gap where its bucket is, as it does undecimated."""
+Points are folded into buckets of ``width`` a chunk at a time (``min``/``max`` in C); when the
+buckets fill up, neighbours merge in pairs and each later bucket takes twice the points. A value
+that is not finite leaves a gap where its bucket is, as it does undecimated.
+"""
 from __future__ import annotations
 
 import math

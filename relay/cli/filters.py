@@ -1,9 +1,7 @@
-"""Which events and which series a reader of the journal wants: the filters ``relay tail`` and
-``relay plot`` share (``--run``, ``--rank``, ``--stage``, ``--type``, ``--since``, ``--metric``),
-their command-line options, and reading a journal value as a number or a time of day.
-
-Both commands read lines as written, also lines no relay would take for an event (a hand edit, an
-older relay's journal), so every test here checks a field's type before it uses it."""
+"""The filters ``relay tail`` and ``relay plot`` share, their options, and reading a journal value
+as a number or a time of day. Both read lines no relay would take for an event (a hand edit, an
+older relay's journal), so every test here checks a field's type before it uses it.
+"""
 from __future__ import annotations
 
 import re

@@ -1,17 +1,14 @@
-"""The viewers given the fleet's folders: ``relay runs``, ``tail [-f]``, ``plot``, ``replay`` and
-``status`` on a consuming relay's folder, one of its partition views, or several consuming relays'
-folders (docs/deployment.md, "Reading a run from the fleet").
+"""The viewers given the fleet's folders (docs/deployment.md, "Reading a run from the fleet").
 
 The views are read in order rather than written in order (relay/journal/fleet_views.py says why):
-``FleetRead`` puts each run's lines from every view given, each (run, rank, seq) once and each
-rank's in sequence order, into a private temporary journal folder, which the viewer then reads as
-any journal; it is removed when the viewer is done. That costs a copy of the runs read (on the
-temporary disk) and, per run, its lines in memory while they are put in order. ``relay tail -f``
-then follows the views themselves, showing each line not shown yet once, as it is committed.
+each run's lines from every view go into a private temporary journal folder (``FleetMirror``, which
+relay/cli/fleet_stream.py shares), which the viewer then reads as any journal; ``relay tail -f``
+then follows the views themselves.
 """
 
 from __future__ import annotations
 
+import abc
 import json
 import shutil
 import tempfile
@@ -19,7 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from relay.cli.follow import Follower
 from relay.cli.runs import RunSummary, summarize
@@ -45,10 +42,41 @@ def wanted(paths: list[Path], several: bool = True) -> bool:
     return is_fleet(paths) or (several and len(paths) > 1)
 
 
-class FleetRead:
-    """The runs of ``paths`` in order, in ``folder`` (a private temporary journal folder) until
-    ``close()``. ``follow``: followers of every folder given, placed at their ends before the runs
-    were read, so ``FleetTail`` shows what is committed after, each line once."""
+_Mirror = TypeVar("_Mirror", bound="FleetMirror")
+
+
+class FleetMirror(abc.ABC):
+    """Runs' lines in order in ``folder``, a private temporary journal folder a viewer reads as any
+    journal, until ``close()``; ``seen`` holds their keys so that ``fresh`` gives each line once."""
+
+    def __init__(self, prefix: str) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix=prefix))
+        self.seen: set[Key] = set()
+
+    def put(self, run: str, lines: list[bytes], remember: bool = True) -> None:
+        if remember:
+            self.seen.update(key for line in lines if (key := key_of(line)) is not None)
+        (self.folder / f"{run}.jsonl").write_bytes(b"".join(lines))
+
+    @abc.abstractmethod
+    def fresh(self) -> Iterator[bytes]:
+        """The lines committed since the last look that were not seen yet."""
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self: _Mirror) -> _Mirror:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class FleetRead(FleetMirror):
+    """The runs of ``paths`` in order. ``follow``: followers of every folder given, placed at their
+    ends before the runs were read, so ``fresh`` gives what is committed after, each line once."""
 
     def __init__(self, paths: list[Path], follow: bool = False) -> None:
         self.paths = paths
@@ -58,14 +86,10 @@ class FleetRead:
         self.followers = [Follower(folder) for folder in followed] if follow else []
         for follower in self.followers:
             follower.skip_to_end()
-        self.folder = Path(tempfile.mkdtemp(prefix="relay-fleet-"))
-        self.seen: set[Key] = set()
+        super().__init__("relay-fleet-")
         try:
             for run, files in self.sources.items():
-                lines = ordered_lines(files)
-                if follow:
-                    self.seen.update(key for line in lines if (key := key_of(line)) is not None)
-                (self.folder / f"{run}.jsonl").write_bytes(b"".join(lines))
+                self.put(run, ordered_lines(files), remember=follow)
         except BaseException:
             self.close()
             raise
@@ -88,32 +112,27 @@ class FleetRead:
             summary.stale = self.stale(summary.run)
         return found
 
+    def fresh(self) -> Iterator[bytes]:
+        for follower in self.followers:
+            for _, lines in follower.poll():
+                yield from (line for line, _ in unseen(lines, self.seen))
+
     def close(self) -> None:
         for follower in self.followers:
             follower.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    def __enter__(self) -> FleetRead:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+        super().close()
 
 
 class FleetTail(Tail):
-    """``relay tail`` over ``FleetRead``: the first look at the runs in order, then (``-f``) each
-    line committed to a view since, once, as it comes."""
+    """``relay tail`` over a FleetMirror: the first look at the runs in order, then (``-f``) each
+    line committed since, once, as it comes."""
 
-    def __init__(self, read: FleetRead, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, read: FleetMirror, *args: Any, **kwargs: Any) -> None:
         super().__init__(read.folder, *args, **kwargs)
         self.read = read
 
     def _fresh_lines(self) -> Iterator[bytes]:
-        for follower in self.read.followers:
-            for _, lines in follower.poll():
-                yield from (line for line, _ in unseen(lines, self.read.seen))
+        return self.read.fresh()
 
 
 def status_lines(path: Path, now: float | None = None, as_json: bool = False) -> list[str]:

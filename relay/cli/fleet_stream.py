@@ -1,48 +1,36 @@
-"""``relay tail --nats-url URL RUN``: a run read from the fleet's central journal itself, no
-consuming relay's folder needed (docs/deployment.md, "Reading a run from the fleet").
-
-The run's partition is the one the fleet stream stored its last message under
-(``<prefix>.<k>.<node>.<run>``); its history is the central journal's subject for that partition
-(relay/fleet/central.py), every event once. Its lines of the run are put in order as a view's are
-(relay/journal/fleet_views.py) into a private temporary journal folder that ``relay tail`` reads;
-with ``-f`` the commits made since are read every POLL_S and each new line shown once.
+"""``relay tail --nats-url URL RUN``: a run read from the fleet's central journal itself
+(docs/deployment.md, "Reading a run from the fleet"): the run's partition is the one its last
+message in the fleet stream was stored under; its lines are put in order as a view's are, into a
+private temporary journal folder; with ``-f`` the commits since are read every POLL_S.
 """
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
-from types import TracebackType
-from typing import Any
 
 import click
 
-from relay.cli.tail import Tail
+from relay.cli.fleet_read import FleetMirror
 from relay.fleet.central import CentralJournal
 from relay.fleet.connection import NatsSettings, connect, describe, failures
 from relay.fleet.loop_thread import LoopThread
 from relay.fleet.stream import run_token
-from relay.journal.fleet_views import Key, in_order, key_of, unseen
+from relay.journal.fleet_views import in_order, key_of, unseen
 
 ASK_S = 10.0  # seconds a question to JetStream waits for its answer
 
 
-class StreamRead:
-    """Run ``run``'s lines from the central journal of ``stream``, in order, in ``folder`` until
-    ``close()``. ClickException (one line, exit 1) when NATS does not answer or has no such run."""
+class StreamRead(FleetMirror):
+    """Run ``run``'s lines from the central journal of ``stream``, in order. ClickException (one
+    line, exit 1) when NATS does not answer or has no such run."""
 
     def __init__(self, settings: NatsSettings, stream: str, prefix: str, run: str) -> None:
         self.settings, self.stream, self.prefix, self.run = settings, stream, prefix, run
         self.loop = LoopThread("relay-tail-nats")
-        self.folder = Path(tempfile.mkdtemp(prefix="relay-stream-"))
-        self.seen: set[Key] = set()
+        super().__init__("relay-stream-")
         self.after = 0
         try:
             self.loop.run(self._open(), 3 * ASK_S)
-            lines = in_order(self.loop.run(self._read(), None))
-            self.seen.update(key for line in lines if (key := key_of(line)) is not None)
-            (self.folder / "run.jsonl").write_bytes(b"".join(lines))
+            self.put("run", in_order(self.loop.run(self._read(), None)))
         except BaseException:
             self.close()
             raise
@@ -80,7 +68,6 @@ class StreamRead:
         return lines
 
     def fresh(self) -> Iterator[bytes]:
-        """The run's lines committed since the last look, each new one once."""
         return (line for line, _ in unseen(self.loop.run(self._read(), 3 * ASK_S), self.seen))
 
     def close(self) -> None:
@@ -91,23 +78,4 @@ class StreamRead:
             except failures() as exc:  # closing a viewer's connection: nothing to keep
                 click.echo(f"relay tail: closing the NATS connection: {describe(exc)}", err=True)
         self.loop.stop()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    def __enter__(self) -> StreamRead:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
-
-class StreamTail(Tail):
-    """``relay tail`` over ``StreamRead``: the run in order, then (``-f``) what is committed
-    since."""
-
-    def __init__(self, read: StreamRead, *args: Any, **kwargs: Any) -> None:
-        super().__init__(read.folder, *args, **kwargs)
-        self.read = read
-
-    def _fresh_lines(self) -> Iterator[bytes]:
-        return self.read.fresh()
+        super().close()

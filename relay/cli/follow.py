@@ -1,17 +1,11 @@
 """Following a journal path the way ``tail -F`` follows a name: the raw complete lines written since
-the last look, for ``relay tail``.
+the last look (docs/relay.md, "Watching a journal: relay tail").
 
-The path (a file, or a directory of run files) may not exist yet; a file renamed away and created
-again (log rotation) is read to its end and the new one from its start; a file cut shorter
-(truncated) is read again from its start; new run files in a directory are picked up. Lines come
-back as written (bytes, newline included), so ``relay tail --json`` prints them byte for byte.
-
-``relay.journal.reader.JournalReader`` reads the same files for sinks; it parses events and keeps
-offsets by name, which is what a sink catching up needs, while a viewer needs the raw bytes and must
-notice a file replaced under the same name, so this keeps its own open files.
-
-A file truncated and written past its old length between two looks is not noticed (``tail -F``
-has the same blind spot); a journal is only appended to, so that takes a hand edit."""
+Not ``relay.journal.reader.JournalReader``: that one parses events and keeps offsets by name, as a
+sink catching up needs, while a viewer needs the raw bytes and must notice a file replaced under the
+same name. A file truncated and written past its old length between two looks is not noticed (``tail
+-F`` has the same blind spot); a journal is only appended to, so that takes a hand edit.
+"""
 from __future__ import annotations
 
 import os

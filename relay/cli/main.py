@@ -1,14 +1,9 @@
 """The ``relay`` command: serve (the default, so ``relay --sink aim --repo PATH`` works as typed),
-``replay`` a JSONL journal into sinks, ``tail`` a journal for humans, ``plot`` its metrics, and
-``status`` of a relay.
+``replay``, ``tail``, ``plot`` and ``status`` (docs/relay.md; exit codes: "Exit codes").
 
-Exit codes: 0 clean stop, 1 runtime failure, 2 bad usage or configuration, 3 address in use, 130
-Ctrl-C.
-
-Every command's options are declared here but those of the viewers (relay/cli/viewers.py) and of
-``relay consume`` (relay/cli/consume.py), which relay/cli/__init__.py adds to the group, and those
-several commands share (relay/cli/command.py); what each command does lives in its own module,
-imported when it runs.
+Every command's options are declared here but the viewers' and ``relay consume``'s, which
+relay/cli/__init__.py adds to the group, and those several commands share (relay/cli/command.py);
+what each command does lives in its own module, imported when it runs.
 """
 from __future__ import annotations
 

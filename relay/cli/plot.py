@@ -1,15 +1,9 @@
-"""``relay plot``: metrics of a journal drawn against the step with matplotlib, one panel per
-``--metric``, one line per run (and per rank with ``--by rank``), for users without a UI.
+"""``relay plot``: metrics of a journal drawn against the step (docs/watching.md, "Plots without a
+UI").
 
-matplotlib is imported only here, when the command runs, with the Agg backend (no display
-needed); without it the command says which extra to install. Like ``relay tail`` it reads lines as
-written, and takes from a JSON object what it needs if it has the right type (run, rank, stage,
-step, data); lines that hold no metric's name are not parsed (unless most lines hold one, where
-the test costs more than it saves). A metric the journal holds as "NaN" or "Infinity" is a gap
-in its line. A line of more than 2,000 points is drawn as the lowest
-and highest point of each of 1,000 buckets (relay/cli/decimate.py): memory stays bounded whatever
-the journal's size, every spike shows, and the plot and the command say so. The image format
-follows the output's extension."""
+matplotlib is imported only here, when the command runs, with the Agg backend. Lines that hold no
+metric's name are not parsed, unless most lines hold one (there the test costs more than it saves).
+"""
 from __future__ import annotations
 
 import math

@@ -1,9 +1,7 @@
-"""How far a long ``relay replay`` has got: a bar redrawn in place on a terminal (events, the share
-of the journal's bytes read, the rate, the time left), a log line every ``every`` seconds elsewhere,
-and what to say when it is stopped part way (Ctrl-C).
-
-The share and the time left are in bytes of the files given (their sizes at the start), the one
-total known before reading: events are counted as they are read."""
+"""How far a long ``relay replay`` has got: a bar on a terminal, a log line every ``every`` seconds
+elsewhere, and what to say when stopped part way. The share and time left are in bytes of the files
+given, the one total known before reading.
+"""
 from __future__ import annotations
 
 import logging

@@ -1,14 +1,10 @@
-"""``relay runs``: each run of a journal in one line (as ``aim runs ls`` or ``mlflow runs search``):
-when it started, how it ended, its attempts, ranks, last step and loss, and how many stragglers
-and lost ranks the relay named.
+"""``relay runs``: each run of a journal in one line (docs/watching.md, "Every run of a journal").
 
-Fast on thousands of runs and on runs of millions of lines, because nothing is parsed whole: a run
-file (the directory layout, or a file of one run) is read once a chunk at a time and its
-relay-written lines counted by their bytes (``"event":"straggler"`` and the like, as the relay
-writes them, in C); only its first line, its last ``train_end`` and its last lines (for the last
-step and train loss: up to LAST_LINES of them) are parsed. A file that holds several runs is read
-line by line once, each line's run taken from its head, and only the same few lines of each run
-parsed (docs/benchmarks.md has the figures)."""
+Nothing is parsed whole: a run file is read a chunk at a time and its relay-written lines counted by
+their bytes, as the relay writes them, in C; only its first line, its last ``train_end`` and up to
+LAST_LINES last lines are parsed. A file of several runs is read once, each line's run taken from
+its head.
+"""
 from __future__ import annotations
 
 import os

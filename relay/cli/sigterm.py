@@ -1,11 +1,9 @@
-"""A SIGTERM while the ``relay`` program starts: its imports, its sinks' plugins loading, its
-checks, before the relay's loop takes signals over (relay/daemon/loop.py). ``relay serve`` then
-stops where it is, leaving nothing behind, with exit 0 (a clean stop, as once it listens); every
+"""A SIGTERM while the ``relay`` program starts, before the relay's loop takes signals over: ``relay
+serve`` stops there, leaving nothing behind, with exit 0 (docs/relay.md, "Sinks at shutdown"); every
 other command dies of it as it always did.
 
-The program's first import (relay/cli/__init__.py) calls ``defer``: a SIGTERM is noted, not acted
-on, until the command is known (``for_command``). Imported into another program (a test, a
-notebook), nothing here changes that program's signals.
+The program's first import (relay/cli/__init__.py) calls ``defer``: a SIGTERM is noted until the
+command is known (``for_command``). Imported into another program, nothing here changes its signals.
 """
 from __future__ import annotations
 

@@ -1,35 +1,13 @@
 """``relay tail --view steps``: one line per logged step of a run, assembled from that step's
-events.
+events; what each column is and where it comes from: docs/relay.md, "Watching a journal: relay
+tail", and docs/watching.md, "One line per step".
 
-A step's line shows the Trainer's loss and learning rate (stage ``train``), the job's tokens per
-second, the slowest rank by its own work (its time with the waits for its peers taken out,
-trainer/collectives.py) with that work and its spread (slowest / median), the slowest step time
-and its spread, and a flag for a straggler. Where each comes from:
-
-- tokens/s: the SFTTrainer logs ``num_tokens``, the tokens seen so far summed over every rank;
-  tokens/s is its growth since the previous logged step over the time between the two log events
-  (``ts``), and for the first logged step since the ``train_begin`` lifecycle event.
-- slowest rank, own_s, own_x: the relay's ``cluster`` metrics of the step (``own_slowest_rank``,
-  ``own_time_max``, ``own_time_spread``); step_s, step_x: its ``step_time_max`` and
-  ``step_time_spread``. Where the ranks sent no own work (not DDP, another publisher), the slowest
-  rank is the one by step time (``slowest_rank``) and own_s, own_x are "-". A journal without
-  cluster metrics (an older relay) gets the same figures from the ranks' own ``stage="rank"``
-  ``own_time`` and ``step_time`` of the step.
-- flag: ``STRAGGLER rN 31% (0.15 s/step)`` from the relay's ``straggler`` event (what the rank
-  costs the job: the fraction of its time per step, and the seconds) and ``cleared rN`` from its
-  ``straggler_cleared`` (the episode's end: recovered, or lost), each shown on that step's line, or
-  the next one if it came after that line; without one, ``slow rN`` where the spread the relay
-  judges by (own_x, else step_x) is at least ``straggler_ratio``. ``rank_lost``, ``rank_back`` and
-  ``train_end`` are lines of their own, and so is a job's word that its ranks' own work is not
-  measured (rank 0's ``params`` of stage ``own_work`` with ``measured`` false: collective timing
-  off, or waits that cannot be timed, trainer/collectives.py), so no level own_s is taken for one.
-
-With ``--metric``, those metrics take the place of loss, learning rate and tokens/s.
-
-A step is complete once a later step of its run has begun or its run ended (``train_end``), and one
-more look found nothing late for it, once its run has been quiet for ``SETTLE_S``, or at the end of
-a one-shot read; data that arrives for a step already shown is not shown. The lines of several runs
-come merged by their steps' times."""
+A job's word that its ranks' own work is not measured (rank 0's ``params`` of stage ``own_work``
+with ``measured`` false) is a line of its own, and no level own_s is taken for it. A step is
+complete once a later step of its run began or the run ended, and one more look found nothing late
+for it; or once its run was quiet for ``SETTLE_S``; or at the end of a one-shot read. Data for a
+step already shown is not shown.
+"""
 from __future__ import annotations
 
 import heapq
@@ -195,8 +173,6 @@ class StepView:
             runs.append(done)
         return [row for _, rows in heapq.merge(*runs, key=itemgetter(0)) for row in rows]
 
-    # -- internals --------------------------------------------------------------------------------
-
     def _show(self, run: str, state: _Run, step: int) -> list[Row]:
         """The rows of a step that is complete: its line, then the notes that came after it
         began."""
@@ -329,9 +305,7 @@ class StepView:
 
 
 def _layouts(heads: list[str]) -> list[Layout]:
-    """The steps view's columns, widest first: every figure; without the slowest own work and step
-    time in seconds; then, one space apart, one spread (own_x, else step_x) and ever fewer of the
-    metric columns, with a short flag."""
+    """The steps view's columns, widest first (docs/watching.md, "One line per step")."""
     time, step = Column("time", "time", 8, left=True), Column("step", "step", 7)
     slowest = Column("slowest", "slowest", 7)
     metrics = [Column(f"metric{i}", head, max(9, len(head))) for i, head in enumerate(heads)]

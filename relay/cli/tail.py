@@ -1,12 +1,9 @@
-"""``relay tail``: a journal for humans (one readable line per event, or per step with ``--view
-steps``) or for ``jq`` (``--json``: the lines as written), optionally following new writes the way
-``tail -F`` does (relay/cli/follow.py).
+"""``relay tail``: a journal for humans, or for ``jq`` with ``--json`` (docs/relay.md, "Watching a
+journal: relay tail").
 
-A viewer, so it shows every JSON object line as far as it can, also those the other readers skip
-as not events (a hand edit, an older relay's "NaN" ts): nothing in a line stops it. The first look
-shows the last ``last`` lines of what is there, read from the files' ends (relay/cli/backlog.py),
-or, with no ``last`` (``--since``), all of it read forwards: each file in its own order, files
-merged by time."""
+A viewer, so it shows every JSON object line as far as it can, also those other readers skip as not
+events: nothing in a line stops it.
+"""
 from __future__ import annotations
 
 import heapq

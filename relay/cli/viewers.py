@@ -160,7 +160,8 @@ def runs(paths: tuple[Path, ...], as_json: bool) -> None:
 def _tail_stream(runs: tuple[Path, ...], nats: dict[str, Any], chosen: Any, options: dict[str, Any],
                  follow: bool, lines: int | None) -> None:
     """``relay tail --nats-url URL RUN`` (relay/cli/fleet_stream.py)."""
-    from relay.cli.fleet_stream import StreamRead, StreamTail
+    from relay.cli.fleet_read import FleetTail
+    from relay.cli.fleet_stream import StreamRead
     from relay.fleet.connection import check_package, settings_from_options
     from sinks.base import SinkError
 
@@ -173,7 +174,7 @@ def _tail_stream(runs: tuple[Path, ...], nats: dict[str, Any], chosen: Any, opti
     except SinkError as exc:
         fail(EXIT_USAGE, str(exc))
     with StreamRead(settings, stream, prefix, str(runs[0])) as read:
-        StreamTail(read, chosen, **options).run(follow=follow, last=lines)
+        FleetTail(read, chosen, **options).run(follow=follow, last=lines)
 
 
 def _need(paths: tuple[Path, ...]) -> None:

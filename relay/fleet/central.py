@@ -1,29 +1,8 @@
-"""The central journal: the fleet tier's record of every event, once, in a JetStream stream of its
-own, written only through a fence.
+"""The central journal: a partition's one history, written only through a fence, so a relay paused
+past its lease cannot add anything its successor did not see (docs/deployment.md, "Exactly once
+without shared storage").
 
-The consuming relays share no disk. What makes a takeover exact is that a partition's history has
-one place, and that a write to it only lands on top of what its writer has read: stream
-``<stream>-journal`` (file storage, the fleet stream's replicas, kept for ever unless an operator
-limits it) has one subject per partition, ``<prefix>-journal.<k>``, and a commit of partition k is
-a message of its new journal lines published with ``Nats-Expected-Last-Subject-Sequence`` set to
-the last sequence of that subject its writer has applied. JetStream stores it only if no other
-message of the subject came in between; otherwise the writer gets ``Fenced`` (nothing written),
-reads what came in and decides again. So a relay paused for minutes after its lease ran out cannot
-add anything its successor did not see: at worst its write lands first and the successor's is
-refused and redone on top of it. Each relay's ``p<k>/`` folder is a view of the subject, rebuilt
-from it (``read``).
-
-A commit longer than a message may be (the servers' ``max_payload``) is cut into several at line
-boundaries and published as one JetStream atomic batch (ADR-50, nats-server 2.12 or later, the
-stream made with ``allow_atomic``): the first message carries the fence, the last one commits, and
-the stream stores all of them or none, at the cost of one round trip instead of one per message
-(the fence's round trips were most of a consuming relay's time per batch). On a server or stream
-without atomic batches each message is fenced on the one before, as a one-message commit always
-is. A one-message commit carries a ``Nats-Msg-Id`` of its writer, partition and expected sequence:
-published again after a lost acknowledgement, a clustered stream answers "duplicate" with its
-sequence; a single server answers ``Fenced``, and the writer rereads. A batch whose answer is lost
-is not sent again: the writer rereads the central journal (whether it landed or not, its lines
-come again and dedupe decides).
+A batch whose answer is lost is never sent again: the writer rereads, and dedupe decides.
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The journal cut into chunks for NATS: each chunk is complete lines of ONE run, the journal's very
-bytes, with the byte range they came from, which names the chunk (its ``Nats-Msg-Id``) and says
-where to resume (``Relay-End``). No network here: relay/fleet/publisher.py publishes what this cuts.
-
-A *source* (relay/ship/sources.py) is a run (the directory layout, its ``<run>.jsonl``) or None
-(one file for every run; there a chunk ends where the next line is of another run, so a chunk is
-still one run's contiguous bytes). The positions of the sources, saved in a state file beside the
-journal (relay/ship/positions.py) once NATS acknowledged them, are where a restarted relay resumes.
+"""The journal cut into chunks for NATS: complete lines of one run, the journal's very bytes, named
+by their byte range (``Nats-Msg-Id``) and saying where to resume (``Relay-End``); see
+docs/sinks/nats.md. No network here: relay/fleet/publisher.py publishes what this cuts.
 """
 from __future__ import annotations
 

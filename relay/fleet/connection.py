@@ -1,15 +1,8 @@
-"""How a relay reaches NATS: the options NATS users expect, their checks and the connection (the
-asyncio loop a synchronous caller runs it on is relay/fleet/loop_thread.py).
+"""How a relay reaches NATS: the options (docs/sinks/nats.md, "Options"), their checks and the
+connection.
 
-    --nats-url nats://[user:password@]host:4222[,nats://...]   (tls:// for TLS; several for a
-    cluster) --nats-user/--nats-password | --nats-token | --nats-creds FILE | --nats-nkey FILE
-    --nats-tls-ca FILE [--nats-tls-cert FILE --nats-tls-key FILE]
-
-Everything wrong that can be seen without a server (a URL that is not one, a file that is not there,
-two kinds of credentials at once, the package missing) is a one-line SinkError from
-``settings_from_options`` or ``check_package``, so the relay exits 2 before it listens. Credentials
-the servers refuse are found by ``probe()``: a single connection attempt that tells "refused"
-(SinkError) from "not reachable now" (None: a NATS down at start is waited for, not fatal).
+Whatever is wrong without a server is a one-line SinkError before the relay listens; ``probe()``
+tells credentials refused (SinkError) from a server not reachable now (None: waited for, not fatal).
 """
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
-"""A relay that consumes the fleet's stream: ``relay consume``. One asyncio loop, one NATS
-connection.
+"""``relay consume``: one asyncio loop, one NATS connection (docs/deployment.md, "Consuming
+relays").
 
-At start it checks its options against the stream, the lease bucket and the partitions' durable
-consumers as they exist (relay/fleet/reconcile.py: what must agree is one line and exit 2, what may
-change is applied) and makes sure of the central journal (relay/fleet/central.py). Then every
-``tick`` it reads the leases and the live members from the KV bucket (relay/fleet/leases.py), lets
-the ownership rules (relay/fleet/ownership.py) say what to do, and does it: claims, renews, and
-starts or stops a task per partition it holds (relay/fleet/holder.py: the partition's view caught
-up from the central journal, its durable pull consumer bound, and each fetched batch committed:
-fenced into the central journal, written into the view, acknowledged). The consumer's
-``max_ack_pending`` and the fetch size bound what is held in memory; a message unacknowledged when
-its relay died is delivered again after ``ack_wait`` to the relay that took the partition over,
-whose dedupe drops what the central journal already has.
-
-A stats file (``_relay_consume_<name>.json`` under ``--path``) says every second which partitions
-this relay holds, who held each partition when it last read the leases (``holders``: a viewer
-given a view this relay no longer holds names its holder, relay/journal/fleet_views.py) and what
-each took.
+At start the options are reconciled with what exists (relay/fleet/reconcile.py) and the central
+journal made sure of; then every ``tick`` the leases are read (relay/fleet/leases.py), the ownership
+rules decide (relay/fleet/ownership.py), and a task per held partition runs
+(relay/fleet/holder.py). The stats file's ``holders`` lets a viewer name who holds a view this
+relay no longer does (relay/journal/fleet_views.py).
 """
 from __future__ import annotations
 
@@ -191,8 +180,6 @@ class Consumer:
             await wait(self._stop, 1.0)
         return False
 
-    # -- leases -----------------------------------------------------------------------------------
-
     async def _tick(self) -> None:
         own = self.own
         assert own is not None
@@ -233,8 +220,6 @@ class Consumer:
                 own.unanswered(action.partition)
             log.debug("lease %s for partition %d: %s", type(action).__name__, action.partition,
                       describe(exc))
-
-    # -- partitions -------------------------------------------------------------------------------
 
     def _start(self, k: int) -> None:
         previous = self._tasks.get(k)
@@ -286,8 +271,6 @@ class Consumer:
         finally:
             if self._holders.get(k) is holder:
                 del self._holders[k]
-
-    # -- the rest ---------------------------------------------------------------------------------
 
     async def _disconnected(self) -> None:
         if not self._closing:

@@ -1,24 +1,10 @@
-"""A partition while this consuming relay holds its lease: ``Holder.run`` opens the partition's view
-(relay/fleet/partition.py), applies what the central journal holds beyond it, binds the partition's
-durable pull consumer, and then fetches and commits until it is told to stop or the lease can no
-longer be trusted.
+"""A partition while this consuming relay holds its lease: its view caught up from the central
+journal, its durable consumer bound, then each batch committed in the order take, fence, write and
+flush, settle, ack (docs/deployment.md, "Exactly once without shared storage").
 
-A commit, for each batch fetched, in this order:
-
-1. **take**: the batch's lines the view does not hold (dedupe by (run, rank, seq)) and no second
-   writer sent (relay/fleet/sessions.py);
-2. **fence**: the lease checked, then those lines appended to the central journal on top of the
-   view's position (relay/fleet/central.py): stored only if nobody committed the partition since.
-   Refused (another relay got in first), the view applies what came in and the batch is taken
-   again; the outcome unknown (NATS away), the batch is left for a later delivery;
-3. **write** and **flush**: the lines into the view, then its sinks;
-4. **settle**: the view's position moves to the commit;
-5. **ack**: the batch's messages acknowledged. Once the central journal has a batch this is
-   safe whatever the view did: a view that failed is rebuilt from the central journal first.
-
-A relay killed or paused between any two steps leaves the central journal with the batch once or
-not at all; what its view or acknowledgements lack, the next holder's view applies from the central
-journal and JetStream delivers again (and ``take`` drops).
+The order is the guarantee: once the central journal has a batch, acknowledging it is safe whatever
+the view did, since a view that failed is rebuilt from the central journal first. A fence whose
+outcome is unknown (NATS away) leaves the batch for a later delivery.
 """
 from __future__ import annotations
 

@@ -1,24 +1,9 @@
-"""A node relay's identity in the fleet tier: unique by construction, and never held by two live
-relays at once.
+"""A node relay's identity in the fleet tier: unique by construction and never held by two live
+relays (docs/sinks/nats.md, "One node, one relay").
 
-Its nats sink publishes to ``<prefix>.<node>.<run>`` and resumes after the stream's last message of
-``<node>`` and a run, so two node relays under one name would read each other's positions and
-their chunks' ids would collide (a job across nodes has one run on every node). So the node is not
-the host name (containers, cloned machines and pods share those): it is ``<host>-<16 hex digits>``,
-made once from a random number and kept beside the journal (``_relay_nats_node.json`` in a journal
-folder, ``<journal>_nats_node.json`` beside one file); the host name is only a readable label.
-``--nats-node NAME`` replaces it with an operator's name.
-
-Whichever it is, a relay holds it live in a JetStream KV bucket, ``<stream>-nodes``, whose entries
-expire ``ttl`` seconds (NODE_TTL) after their last write: key ``n.<node>`` holds who claims it
-(``Claimant``: host, pid, journal folder, boot). A relay creates the key, renews it by
-compare-and-set on its revision, and publishes only while its last renewal is recent enough that
-the key cannot have expired (``valid``). A second relay that finds the key held by another journal
-folder is refused (``relay: error: ...``, exit 2, before it listens); found from this journal folder
-(the same machine, boot and folder, whose lock this relay holds), the claim is its own
-predecessor's, a relay killed on this journal, and is taken over at once. The rules (``verdict``)
-have no sockets; ``NodeClaim`` runs them on the sink's loop, ``check_live`` once before the relay
-listens.
+A claim found from this journal folder (same machine, boot and folder, whose lock this relay
+holds) is a killed predecessor's and is taken over at once. ``verdict`` has no sockets;
+``NodeClaim`` runs it on the sink's loop, ``check_live`` once before the relay listens.
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """The lease bucket as one consuming relay reads it: its member key claimed at start, then every
 tick the live members (its own key written first) and each partition's holder.
-
-relay/fleet/ownership.py decides from what this reads; relay/fleet/consumer.py claims, renews
-and gives back the partitions' leases.
 """
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The ``nats`` shipper (relay/ship/base.py): a relay publishes its journal to a NATS JetStream
-stream, exactly as journaled, for the fleet tier's consuming relays (docs/sinks/nats.md).
-
-    relay --sink nats --nats-url nats://n1:4222,nats://n2:4222 [--nats-creds FILE] [--nats-replicas
-    3]
-
-The relay journals every event first, as always; the shipper publishes the journal's lines in
-chunks of one run to ``<prefix>.<node>.<run>`` (relay/fleet/stream.py), each held until JetStream
-acknowledges it, and resumes after a restart from what was acknowledged (relay/fleet/publisher.py).
-This module is the shipper's face: options, their checks, open/notify/close.
+"""The ``nats`` shipper's face: options, their checks, open/notify/close (docs/sinks/nats.md); the
+work is relay/fleet/publisher.py.
 """
 from __future__ import annotations
 
@@ -115,9 +107,8 @@ class NatsSink(Shipper):
                         "publishes the journal once it is", self.settings.display, down)
 
     async def _check_fleet(self, journal: Path, node: str) -> None:
-        """SinkError (exit 2) for a node another journal folder's relay holds live, or for replicas
-        that a stream this relay would create can never have; a warning for more replicas than the
-        servers seen."""
+        """``check``'s node and replica checks, on the loop: SinkError for what can never work, a
+        warning for more replicas than the servers seen."""
         ours = identity.Claimant.here(journal, os.getpid())
         await identity.check_live(self.settings, self.spec.name, node, ours, self.id_file(journal))
         from nats.js.errors import NotFoundError

@@ -1,26 +1,10 @@
-"""Which partitions of the stream this consuming relay may consume: leases, without clocks or
-sockets.
+"""Which partitions this consuming relay may consume: the lease rules, without clocks or sockets
+(docs/deployment.md, "Stream, consumers and leases"); relay/fleet/consumer.py talks to NATS.
 
-Every consuming relay keeps two kinds of key in one JetStream KV bucket whose entries expire
-``ttl`` seconds after their last write (the bucket's max age): ``m.<relay>`` says the relay is
-alive, ``p<k>`` says who holds partition k. A relay writes its member key and renews each lease
-it holds every ``renew`` seconds with compare-and-set on the key's revision, so two relays can
-never both believe a renewal of theirs took. A relay killed stops renewing: its keys expire after
-``ttl`` and the others create them anew (create fails if the key exists, so only one wins).
-
-Load is shared by a fair share: with n live members, no relay keeps more than ceil(P / n)
-partitions; one holding more releases the extra (after it stopped consuming them) for the others
-to take. A relay claims nothing in its first ``renew`` seconds, so relays started together see each
-other's member keys and split the partitions without handing any over; one that is stopping
-(``leaving``) keeps renewing while it stops each partition, then gives it back. A lease is
-trusted only until ``sent + ttl - margin``, where ``sent`` is when the last renewal that succeeded
-was sent (before the server saw it, so before the server's own clock started its ttl): a relay cut
-off from NATS stops consuming a partition before anyone else can take it.
-A lease is not what makes a takeover exact (a relay paused past its lease does not know it): the
-central journal's fence is (relay/fleet/central.py); leases keep one relay at a time consuming a
-partition, so that fence is seldom met.
-
-This module decides; relay/fleet/consumer.py talks to NATS and feeds the answers back.
+A lease is trusted until ``sent + ttl - margin``, ``sent`` being when the last good renewal was
+sent, before the server started its ttl. A relay claims nothing in its first ``renew`` seconds, so
+relays started together split the partitions without handing any over. Leases keep the central
+journal's fence (relay/fleet/central.py) seldom met; they are not what makes a takeover exact.
 """
 from __future__ import annotations
 
@@ -69,9 +53,8 @@ class Held:
 
 @dataclass
 class Ownership:
-    """One relay's view of the leases. ``plan(now, leases, members)`` says what to do; the outcome
-    of each action comes back through ``claimed``, ``renewed``, ``lost``, ``started`` and
-    ``stopped``."""
+    """One relay's view of the leases: ``plan`` says what to do, and each action's outcome comes
+    back through ``claimed``, ``renewed``, ``lost``, ``started`` and ``stopped``."""
 
     me: str
     partitions: int

@@ -1,25 +1,10 @@
-"""One partition of the stream as a consuming relay holds it: its view of the central journal,
-its dedupe and its sinks.
+"""One partition as a consuming relay holds it: its view of the central journal, its dedupe and its
+sinks (docs/deployment.md, "Exactly once without shared storage").
 
-The partition's history is the central journal's subject for it (relay/fleet/central.py). The
-folder ``<path>/p<k>/`` (one ``<run>.jsonl`` per run; a run is on one partition) is this relay's
-view of it: every commit of the subject up to ``position``, each line once, on a disk of its own.
-``position`` is kept beside the lines (``_relay_view.json``, written after them), so a relay that
-takes the partition (again, or for the first time with an empty folder) applies only the commits
-after it (``apply``): whichever relay holds a partition has its whole history, and its sinks catch
-up from it. A position older than the lines (a kill between the two writes) only means commits
-applied twice, and ``take`` drops what the folder holds already (its dedupe by (run, rank, seq)
-reads the folder); the journal's lock keeps two relays off one folder.
-
-``take`` keeps each fetched message's new lines, byte for byte as the node wrote them, less those of
-a second writer (relay/fleet/sessions.py judges each stream by session, the message's node relay as
-the connection, and says a conflict once in the view as an event of the relay's own);
-``uncommitted`` is what the caller commits to the central journal, and only then does ``write`` put
-the lines in the folder (relay/journal/journal_queue.py's ``JournalQueue``: one write, flushed,
-and every other sink's process gets exactly the lines the folder took) and ``settle`` move the
-position.
-After a failure anywhere in between, ``reset`` forgets what was taken and not written, and the
-caller applies the central journal again: the view is rebuilt from it, never from a guess.
+``position`` is written after the lines, so a kill between the two only applies commits twice, and
+``take`` drops them. Lines reach the folder only once committed centrally; after any failure
+``reset`` forgets what was taken and not written and the caller applies the central journal again:
+the view is rebuilt from it, never from a guess.
 """
 from __future__ import annotations
 

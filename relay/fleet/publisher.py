@@ -1,17 +1,10 @@
-"""The nats sink's work (relay/fleet/nats_sink.py is its face), on an asyncio loop of its own
-thread: keep a connection to NATS (waiting for it however long it is away, at start too), make sure
-the stream is there, and publish each source's journal chunks (relay/fleet/chunks.py), holding each
-until JetStream acknowledges it.
+"""The nats sink's work, on an asyncio loop of its own thread: connect (waiting however long NATS is
+away), make sure of the stream, publish each source's chunks until acknowledged
+(docs/sinks/nats.md, "What it does").
 
-Up to ``--nats-inflight`` chunks are in flight (all sources together): memory is that many chunks
-at most, and the journal is the buffer. A chunk whose ack was lost is published again with the same
-``Nats-Msg-Id`` (JetStream acknowledges it as a duplicate: that counts as acknowledged), and a
-source's position moves past a chunk only once it and every chunk before it are acknowledged. On
-one connection a run's chunks are stored in journal order; only a chunk published again after a
-failure can land after its successors (the consuming relay's dedupe takes seqs in any order). The
-positions are saved (the state file) only once acknowledged; a restarted relay looks in the stream
-for chunks stored past them (relay/fleet/resume.py), and a source the state file does not know
-resumes after the stream's last message for this node and run (its ``Relay-End``).
+A source's position moves past a chunk only once it and every chunk before it are acknowledged,
+and is saved only then; on one connection a run's chunks are stored in journal order, so only a
+chunk published again can land after its successors (dedupe takes seqs in any order).
 """
 from __future__ import annotations
 
@@ -87,7 +80,7 @@ class NatsPublisher:
         self._holding: Any = None  # the node claim's task
         self._down_since: float | None = None
 
-    # -- any thread --------------------------------------------------------------------------------
+    # Called from any thread.
 
     @property
     def state_path(self) -> Path:
@@ -116,7 +109,7 @@ class NatsPublisher:
         finally:
             self.loop.stop()
 
-    # -- the loop ----------------------------------------------------------------------------------
+    # Run on the loop thread.
 
     def _notified(self, runs: set[str]) -> None:
         self._dirty |= self.chunks.of(runs)
@@ -337,8 +330,6 @@ class NatsPublisher:
         counters["bytes"] += len(chunk.body)
         counters["duplicates"] += bool(ack.duplicate)
         counters["skipped"] = self.chunks.skipped
-
-    # -- connection events -------------------------------------------------------------------------
 
     async def _error(self, exc: Exception) -> None:
         if self._down_since is None:

@@ -1,16 +1,9 @@
 """A consuming relay's options against the stream, the durable consumers and the lease bucket as
-they exist, before it takes a partition: what every consuming relay of a stream must agree on is
-checked (one line, exit 2, saying which option differs and how to change it), what may differ is
-applied.
+they exist: what every consuming relay must agree on is one line and exit 2, what may differ is
+applied (docs/deployment.md, "Options the consuming relays share").
 
-- ``--lease-ttl`` is the lease bucket's max age: a lease expires that long after its last renewal,
-  and every relay's ownership rules (relay/fleet/ownership.py) count on it. A relay with another
-  ttl would take a partition its holder still trusts: ``Mismatch``.
-- ``--ack-wait`` and ``--max-ack-pending`` are the partition consumers' own settings, shared by
-  whichever relay holds a partition; JetStream lets them change, so a relay started with other
-  values updates every existing consumer (and says so): the last one started decides.
-- ``--nats-prefix`` must be the stream's: its subjects take ``<prefix>.>``, and each existing
-  consumer filters its partition, ``<prefix>.<k>.>``.
+``--lease-ttl`` must agree because a relay with another ttl would take a partition its holder
+still trusts.
 """
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""Where a restarted nats sink resumes a source, so that nothing the stream already holds goes
-twice.
+"""Where a restarted nats sink resumes a source, so that nothing the stream holds goes twice
+(docs/sinks/nats.md, "What it does"): a chunk cut again rarely has its old bounds, so its id is new.
 
-A chunk's ``Nats-Msg-Id`` names its byte range, and JetStream drops a message id it has seen; but a
-chunk cut again after a restart rarely has the old bounds (the old ones were cut as lines trickled
-in, the new ones from a backlog), so its id is new and its lines would be stored twice. The state
-file lags what JetStream acknowledged (it is saved twice a second, and chunks are in flight when a
-relay is killed), so a restart asks the stream: every message of this node and run stored after
-the state's *floor* (a stream sequence below that of any chunk not yet behind the saved position)
-is read back, a stored range that starts at the position moves it past, and a stored range further
-on (a chunk stored while one before it was still being retried) is a range the new chunks must end
-at and step over (``plan``). ``stored_after`` is the walk; ``plan`` is clock- and socket-free;
-``resume_at`` is the publisher's question (relay/fleet/publisher.py), asked until the stream
-answers.
+``stored_after`` is the walk back from the state's floor; ``plan`` is clock- and socket-free;
+``resume_at`` is the publisher's question, asked until the stream answers.
 """
 from __future__ import annotations
 

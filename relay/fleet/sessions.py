@@ -1,31 +1,10 @@
-"""A consuming relay's judge of second writers: each stream of a partition is held to one session
-by the rules a node relay keeps (relay/journal/writers.py: its table and its ``judge``), the node
-relay that published a message (its ``Relay-Node``) standing for the connection.
+"""A consuming relay's judge of second writers: each stream of a partition held to one session by a
+node relay's rules (relay/journal/writers.py), the publishing node standing for the connection
+(docs/protocol.md, "One writer per stream").
 
-Why here too: a node relay holds its own streams to one writer, but when two jobs on two nodes share
-one run id (or a forger on another node writes a rank's stream) each node relay has one writer and
-publishes it. Dedupe by (run, rank, seq) alone kept the first node's lines and counted the other's
-as duplicates, or merged its tail beyond them, and nothing said so.
-
-The rule, per (run, rank): its writer is the session of the latest hello (by seq) the view holds. A
-hello of another session, from any node, is refused (``history``) when the view holds seqs of the
-session it opens (``free``): its events would be taken for the writer's. ``live`` is not judged
-here: the central sees no connection, and a "still writing" told by a clock (the writer's node
-silent for a while) would let two holders of the partition, or a replay of the central journal,
-judge one message two ways. A later session (a resumed attempt, an elastic restart, on any node)
-takes the stream; if its predecessor still writes, their seqs stay apart (sinks/events.py
-``session_base``) and the predecessor's node relay judged that one on the node. Once a node is
-refused a stream, every line of it from that node is refused until one of its hellos passes.
-
-A refusal is counted, logged at once the first time a session is refused a stream (then summed up
-at most every REFUSED_REPORT_EVERY seconds, a limit of its own) and written into the view, so into
-the central journal, once, as a node relay writes it: a ``lifecycle`` ``conflict`` event of the
-relay's own rank, with the refused ``node`` and ``session`` added; a refused node let in again by a
-later hello, as ``conflict_ended``. Those events are the judge's memory: a relay that takes the
-partition over, or rebuilds its view from the central journal, learns each stream's writer from its
-latest hello and each refusal from them (``recover``), and judges the next message as the last
-holder would have. The refused lines are never lost: they stay in their node's journal. No socket,
-no file: relay/fleet/partition.py hands it each message's lines and the view's dedupe state.
+``live`` is not judged: a clock-told "still writing" would let two holders, or a replay of the
+central journal, judge one message two ways. The conflict events it writes into the view are its
+memory (``recover``). No socket, no file.
 """
 from __future__ import annotations
 

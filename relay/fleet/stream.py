@@ -1,11 +1,8 @@
-"""The stream the fleet tier shares: subjects, partitions and its configuration, so the publishing
-sink and the consuming relay agree on them by calling the same functions.
+"""The stream the fleet tier shares: subjects, partitions and configuration, one set of functions so
+the publishing sink and the consuming relays agree (docs/sinks/nats.md, "What it does").
 
-A relay publishes a run's journal lines to ``<prefix>.<node>.<run_token>``. The stream takes
-``<prefix>.>`` and stores each message as ``<prefix>.<k>.<node>.<run_token>``, where ``k`` is the
-server's ``partition(P, run_token)``: one run is always in one partition, and a consuming relay
-takes partition ``k`` with the filter ``<prefix>.<k>.>``. (The partition is a token of its own: a
-NATS mapping function must be a whole token, ``p{{partition(..)}}`` is kept literally.)
+The partition is a token of its own: a NATS mapping function must be a whole token
+(``p{{partition(..)}}`` is kept literally).
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
-"""The forward sink's reading of journal lines: which lines are events, and each event as what is
-sent, (envelope, compact prefix, row), grouped by envelope. No sockets, no window:
-relay/forward/sender.py holds what this gives.
+"""The forward sink's reading of journal lines: which lines are events (``ChunkCheck``, the
+consuming relays' own answer), each as what is sent, grouped by envelope. No sockets, no window.
 
-Which lines are events is ``relay.wire.lines.ChunkCheck``'s answer (each line decoded and checked
-in C by the wire's types), the consuming relays' own. A line that is not an event is reported
-and never sent: one such line in a batch would make the central refuse the whole batch. Non-finite
-metrics ("NaN" strings in the journal) are sent as the floats the rank sent (``from_json_metrics``),
-so the central's own consumers see numbers and its journal writes the node's very line.
+A line that is not an event is reported and never sent: one in a batch would make the central refuse
+the whole batch. Non-finite metrics go as the floats the rank sent, so the central's journal writes
+the node's very line.
 """
 from __future__ import annotations
 

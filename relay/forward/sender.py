@@ -1,14 +1,10 @@
-"""The forward sink's I/O side (relay/forward/sink.py is the sink): one thread, a member of the
-sink's own ``relay.wire.io_thread.Hub``, that reads the node's journal (its raw lines, checked by
-relay/forward/lines.py, a chunk at a time) into the send window (relay/forward/window.py), sends it
-to the central relay over one ``relay.wire.io_thread.Link``, takes the central's acks, and keeps
-what the central acknowledged in a state file beside the journal.
+"""The forward sink's I/O side: one thread of the sink's own ``Hub`` that reads the node's journal
+into the send window, sends it over one ``Link``, takes the central's acks and saves what was
+acknowledged (docs/deployment.md, "One relay per node").
 
-The journal, not the batches the sink is handed, is what is forwarded: those only say which runs
-have news (``notify``). So nothing can be dropped on the way: when the window is full, reading
-stops, and the journal's reader (relay/ship/sources.py) keeps its place. In the directory layout
-each run's file is read on its own, and a run whose file has not grown since it was read to its
-end (``done`` in the state file) is not read again after a restart.
+The journal, not the batches the sink is handed, is what is forwarded (``notify`` only says which
+runs have news), so nothing is dropped on the way: a full window stops reading, and the reader keeps
+its place.
 """
 from __future__ import annotations
 
@@ -97,7 +93,7 @@ class Forwarder(LinkMember):
         """Events sent and not acknowledged yet (or waiting to be sent again)."""
         return self.window.events
 
-    # -- relay.client.link_member.LinkMember -------------------------------------------------------
+    # The hooks of relay.client.link_member.LinkMember.
 
     def _link_up(self, now: float) -> None:
         self.window.connected(now)
@@ -165,8 +161,6 @@ class Forwarder(LinkMember):
         self._save()
         self._count()
         self.finished.set()
-
-    # -- reading the journal -----------------------------------------------------------------------
 
     def _read(self, now: float) -> None:
         with self._lock:
@@ -277,8 +271,6 @@ class Forwarder(LinkMember):
             log.error("run %s rank %d seq %d is not forwarded (%d so far; it stays in this "
                       "journal): %s", key[0], key[1], seq, self.counters["not_sent"], why)
 
-    # -- the connection ----------------------------------------------------------------------------
-
     def _send(self, prefix: bytes, rows: list[bytes], count: int) -> bool:
         """A compact batch frame of ``count`` events: their rows, back to back in ``rows``."""
         assert self._link is not None
@@ -305,8 +297,6 @@ class Forwarder(LinkMember):
                         "(CURVE: --curve-server-key must be its public key, and this node's "
                         "--curve-client-cert must be in its --curve-clients); the journal keeps "
                         "everything, retrying", self.to, WARN_AFTER, window.events)
-
-    # -- state -------------------------------------------------------------------------------------
 
     def _count(self) -> None:
         window, counters = self.window, self.counters

@@ -1,23 +1,10 @@
-"""The ``forward`` shipper (relay/ship/base.py): a node's relay sends every event of its journal
-to a central relay, with the same guarantee end to end as a rank has with its relay.
+"""The ``forward`` shipper's face: options, their checks, open/notify/close (docs/deployment.md,
+"One relay per node, forwarding to a central relay"); the work is relay/forward/sender.py's.
 
     relay --sink forward --to tcp://central:5557 [--curve-server-key KEY --curve-client-cert CERT]
 
-On TCP the link proves it holds the user's relay secret, as a rank's does (relay/wire/auth.py), so
-the central must share it, or use the certificates named by the options.
-
-It lives in ``relay/`` because it speaks the relay's wire (sinks/ must not know ZeroMQ). The node
-relay journals every event first, as always; the shipper then sends each event of the journal with
-its original envelope, run, rank and seq, as compact batches per (run, rank), over one connection.
-It keeps each event until the central acknowledges it (cumulative acks per (run, rank), as a rank
-does), resends after a lost connection or an ack timeout, and the central's dedupe drops what
-arrives twice: a central killed mid-run loses and duplicates nothing. What the central acknowledged
-is kept in a state file beside the journal, so a restarted node relay sends only from there. Memory
-is bounded: when the central is away, reading the journal pauses. Events of the relay's own rank
-(``RELAY_RANK``) are not forwarded: the central derives its own from every rank.
-
-This module is the shipper's face (options, their checks, open/notify/close); the work is done by
-relay/forward/sender.py on its own thread, with the send window of relay/forward/window.py.
+It lives in ``relay/`` because it speaks the relay's wire (sinks/ must not know ZeroMQ). On TCP the
+link proves it holds the user's relay secret, as a rank's does (relay/wire/auth.py).
 """
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
-"""The forward sink's send window: every (run, rank) stream's events that the central relay has not
-acknowledged yet, with the delivery rules of docs/protocol.md applied to events that keep their
-own seqs.
+"""The forward sink's send window: every (run, rank) stream's events the central has not
+acknowledged, under docs/protocol.md's delivery rules for events that keep their own seqs.
 
-Why not ``relay.client.send_window.SendWindow``: that one numbers its own events without gaps and
-gives up the oldest past its bounds. Forwarded events keep the seqs their rank gave them (a rank
-that dropped events leaves a gap), one window holds many streams behind one connection, and nothing
-is ever given up for room: the journal holds every event, so a full window only means "read no
-further for now". No sockets and no clock (``now`` is an argument), so tests/test_forward_window.py
-runs in milliseconds. Only the forwarder's I/O thread touches it.
+Not ``relay.client.send_window.SendWindow``: that one numbers its own events without gaps and gives
+up the oldest past its bounds, while forwarded events keep their rank's seqs (gaps included), one
+window holds many streams, and nothing is given up: a full window only means "read no further for
+now". No sockets and no clock; only the forwarder's I/O thread touches it.
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""A shipper: a worker of the relay that sends the journal itself onward (the ``forward`` shipper
-to a central relay, the ``nats`` shipper to JetStream), where a sink is handed events.
+"""A shipper: a worker of the relay that sends the journal itself onward, where a sink is handed
+events (docs/architecture.md, "Shippers").
 
-It is told only which runs have new journal lines and how far (``notify``), reads those lines from
-the journal itself, keeps what its far side has not acknowledged, and saves how far that side has
-acknowledged beside the journal, so a restarted relay sends only what is missing. The host runs it
-in a process of its own, as it runs a sink (relay/sinkhost/process.py), but hands it the news of
-each journal write, never events.
-
-``relay --sink NAME`` names a shipper as it names a sink, and shippers are registered in the same
-``metrics_relay.sinks`` entry-point group: users pick destinations from one list, and the host tells
-the two kinds apart by class (``is_shipper``). See docs/architecture.md, "Shippers".
+Shippers are registered in the sinks' entry-point group, so users pick destinations from one list,
+and the host tells the two kinds apart by class (``is_shipper``).
 """
 from __future__ import annotations
 

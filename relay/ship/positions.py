@@ -1,14 +1,9 @@
-"""A shipper's positions: how far its far side has acknowledged the journal, kept in a state file
-beside the journal (``_forward.json``, ``_nats.json``), so that a restarted relay sends only what
-is missing.
+"""A shipper's positions: how far its far side has acknowledged the journal, in a state file beside
+the journal, written whole and atomically and only when it changed.
 
-The file is one JSON object: the keys that name where the positions were shipped to (the forward
-shipper's ``to``, the nats shipper's ``target``) beside the shipper's own keys (its positions),
-written whole and atomically (``sinks.files.write_atomic``) and only when it changed. A file kept
-for another destination, or unreadable, gives no positions: the shipper then sends again what it
-cannot tell was acknowledged, which costs only time (the far side drops what it already holds).
-Each shipper's files keep the layout they had before this store (tests/test_ship.py reads files
-written by the old code).
+A file kept for another destination, or unreadable, gives no positions: resending what cannot be
+told acknowledged costs only time. Each shipper's file keeps the layout it had before this store
+(tests/test_ship.py reads files the old code wrote).
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""The journal as a shipper reads it: *sources*, each with its own place in the journal that moves
-as it is read and is set again from a saved position after a restart. A source is a run (the
-directory layout: its ``<run>.jsonl``) or None (one file for every run).
+"""The journal as a shipper reads it: *sources*, each a run (directory layout) or None (one file),
+with a place that moves as it is read and is set again from a saved position after a restart.
 
-The forward shipper reads a source's lines (``next_lines``); the nats shipper cuts its bytes into
-chunks (relay/fleet/chunks.py, a ``JournalSources`` too). Both ask which sources have news: the
-runs the relay said (``of``), and, since a notice can be lost with a shipper's process, those
-whose file holds more than was read (``behind``).
+Which sources have news: the runs the relay said (``of``), and, since a notice can be lost with a
+shipper's process, those whose file holds more than was read (``behind``).
 """
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""A bounded queue drained by one thread: the one place where a sink's backlog is bounded, and
-what does not fit is counted, never waited for.
+"""A bounded queue drained by one thread: the one place a sink's backlog is bounded, and what does
+not fit is dropped whole and counted, never waited for (it stays in the journal).
 
-Both sides of a sink's process use it (see relay/sinkhost/process.py and relay/sinkhost/child.py):
-in the relay, chunks of journal lines waiting for the pipe to the child; in the child, batches of
-events waiting for the sink's ``write()``. The queue is bounded in events, and in bytes where the
-caller says how big each batch is (the relay's side: chunks of lines of any size); a batch that does
-not fit is dropped whole and counted (it stays in the journal, from which ``relay replay`` rebuilds
-the sink). A batch leaves the queue only once ``handle`` is done with it, so the bound also covers
-the one in hand.
+Used on both sides of a sink's process (relay/sinkhost/process.py, relay/sinkhost/child.py). A
+batch leaves the queue only once ``handle`` is done with it, so the bound covers the one in hand.
 """
 from __future__ import annotations
 

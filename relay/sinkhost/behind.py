@@ -1,11 +1,7 @@
-"""What a stopping relay's sinks still lack, said the way a user can act on it: a progress line
-while the relay waits for them (bounded by its shutdown timeout), and, for those it had to stop
-before they had applied everything, how many events each lacks and the one ``relay replay`` command
-that gives them those events from the journal (every sink skips what it already holds, so the
-command is safe to run whatever it finds).
-
-A sink's process never outlives its relay (relay/sinkhost/lifeline.py), so the relay's exit is the
-last moment a sink can be complete; what it lacks then is only in the journal.
+"""What a stopping relay's sinks still lack, said so a user can act on it: progress while the relay
+waits, then per sink stopped early how many events it lacks and the ``relay replay`` command that
+gives them (safe whatever it finds: every sink skips what it holds). A sink's process never outlives
+its relay, so the relay's exit is the last moment a sink can be complete.
 """
 from __future__ import annotations
 

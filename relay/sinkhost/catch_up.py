@@ -1,23 +1,9 @@
-"""A sink's catch-up from the journal: the one place that reads the journal back into a sink.
+"""A sink's catch-up from the journal: the one place that reads the journal back into a sink
+(docs/relay.md, "Catch-up from the journal").
 
-A sink misses events when its tracker was down and a queue overflowed (the relay's, or its
-process's), the relay was killed before the sink wrote them, or the sink's process was not open yet.
-So the sink's process (relay/sinkhost/child.py), for a sink that is ``CatchesUp``, reads the
-journal back through ``write()`` itself, in two ways. A *pass* reads the recent journal from where
-the previous pass stopped: when the process starts (a finished run sends nothing more that would
-show a hole), whenever its tracker answers after failing, and when its own queue dropped events.
-A *run's read* (``run_batches``) comes before a flush, for each run the sink names in ``holes()``
-(batches the relay dropped for it, state the tool lost): that run's events this process has not
-read yet, the first time all of them. The sink skips what it already applied (its ``(rank, seq)``
-spans), so only what it lacks is written.
-
-What a pass reads is bounded: the journal files written within ``MAX_AGE`` seconds, at most
-``MAX_FILES`` of them, newest first (in the one-file layout, that one file). A state file beside
-the journal (``<journal>_catchup_<sink>.json``, or ``_relay_catchup_<sink>.json`` in a journal
-directory) keeps, per file, the size up to which a pass has delivered every event, so the next
-pass reads only what came after: a restart reads a run's file whole at most once. Older runs are
-rebuilt with ``relay replay``. A run's read keeps its place in memory only (the hole that asked for
-it is in the sink's saved spans: the next process reads that run again).
+A *pass* reads the recent journal from where the previous one stopped (its state file keeps, per
+file, the size up to which every event was delivered); a *run's read* (``run_batches``) keeps its
+place in memory only, since the hole that asked for it is in the sink's saved spans.
 """
 from __future__ import annotations
 

@@ -1,24 +1,13 @@
-"""Inside a sink's process: read journal lines from the relay, write them to the sink; or, for a
-shipper (relay/ship/base.py), read the news of each journal write and hand it to ``notify``.
+"""Inside a sink's process: journal lines from the relay written to the sink, or for a shipper
+(relay/ship/base.py) the news of each journal write handed to ``notify``.
 
     python -m relay.sinkhost.child SPEC_JSON     (started by relay/sinkhost/process.py,
                                                   under relay/sinkhost/lifeline.py)
 
-Relay -> child, on stdin: journal lines (``relay.journal.reader.LineDecoder`` turns them into
-events, as ``relay replay`` would: non-finite metrics restored); for a shipper, which reads the
-journal itself, only the news of each write (relay/sinkhost/notices.py). Child -> relay, one JSON
-object per line on the child's own stdout: ``{"ready": true}`` or ``{"error": MESSAGE}`` once,
-then its counters every ``STATS_PERIOD`` and at exit. The sink's own stdout goes to stderr, which
-is the relay's log.
-
-One thread reads the pipe; one ``BatchWorker`` thread writes to the sink through the
-``SinkDriver`` (relay/sinkhost/driver.py: retry with backoff, ``PermanentError`` bisection to the
-sink's dead-letter file, a flush when the queue empties and every second under load), so reading
-never waits for a slow or failing sink, and the sink is driven as ``relay replay`` drives it.
-
-The process ends within moments of its relay's death, however the relay died, and a sink's process
-opens only once the process of the same sink under an earlier relay of the same journal is gone
-(relay/sinkhost/lifeline.py).
+Child -> relay, one JSON object per line on the child's own stdout: ``{"ready": true}`` or
+``{"error": MESSAGE}`` once, then its counters every ``STATS_PERIOD`` and at exit; the sink's own
+stdout goes to stderr, the relay's log. One thread reads the pipe and one ``BatchWorker`` thread
+drives the sink (relay/sinkhost/driver.py), so reading never waits for a slow or failing sink.
 """
 from __future__ import annotations
 

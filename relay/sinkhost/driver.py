@@ -1,17 +1,8 @@
-"""The one way a sink is driven, by its process (relay/sinkhost/child.py), by ``relay replay``
-(relay/sinkhost/replay.py) and by the tests: so a sink behaves the same live and replayed.
+"""The one way a sink is driven, by its process, by ``relay replay`` and by the tests, so a sink
+behaves the same live and replayed (docs/relay.md, "What the relay does with an event", step 4).
 
-A batch that raises is retried, whole and in order, with backoff (``BACKOFF_START`` doubling to
-``BACKOFF_MAX``); one that raises ``PermanentError`` is narrowed down by halves to the events that
-fail on their own, which go to the dead-letter file with the error's message, and the rest is
-written. Each refused event is dead-lettered once: a catch-up, which reads a run back from the
-journal refused events and all, leaves out what this driver or its dead-letter file (an earlier
-process's) already holds. ``flush()`` follows a batch that leaves nothing waiting, and comes at
-least every ``flush_every`` seconds under steady load; ``finish()`` flushes and closes. Each flush
-and close gets a deadline, and a sink's answer that it did not complete in time is counted and
-logged (``incomplete_flushes``, ``incomplete_closes``); a close that overruns its deadline is left
-running on its own thread. Waiting and the clock are the caller's (``wait``, ``clock``), so the
-state machine runs in tests without sleeping.
+A close that overruns its deadline is left running on its own thread. Waiting and the clock are
+the caller's (``wait``, ``clock``), so the state machine runs in tests without sleeping.
 """
 from __future__ import annotations
 

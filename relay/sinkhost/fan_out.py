@@ -1,6 +1,6 @@
-"""The fan-out: the other sinks' processes (relay/sinkhost/process.py), each handed every batch the
-journal took, and fed only while ingest waits for frames (``idle``), so that under a burst the
-journal, the acks and the relay's CPU are all ingest's and the sinks catch up after it."""
+"""The fan-out: the other sinks' processes, each handed every batch the journal took, and fed only
+while ingest waits for frames (``idle``), so that under a burst the CPU is ingest's.
+"""
 from __future__ import annotations
 
 import os

@@ -1,30 +1,14 @@
-"""A sink's process lives only as long as the relay that started it, and alone on its journal.
+"""A sink's process lives only as long as the relay that started it, and alone on its journal
+(docs/relay.md, "What holds, however the relay dies").
 
-Each sink runs under a small supervisor, ``python -m relay.sinkhost.lifeline RELAY_PID FD NAME
-MODULE ARGS...``, which starts ``python -m MODULE ARGS...`` in its own process group and waits for
-it. When the relay dies, however it died, the supervisor kills the whole group at once (SIGKILL):
-the sink and any process the sink's tool started (Aim runs its schema migrations in a subprocess of
-its own, which outlived a killed sink and migrated on beside the next one). It learns of the death
-two ways:
+    python -m relay.sinkhost.lifeline RELAY_PID FD NAME MODULE ARGS...
 
-* on Linux, from the kernel (``prctl(PR_SET_PDEATHSIG)``), asked between fork and exec so that it
-  holds from the supervisor's first moment; the signal is SIGTERM, and the supervisor acts on it
-  only when the relay is indeed no longer its parent, so a stray SIGTERM (a service manager
-  stopping every process of the relay's service) leaves the sink to drain as the relay says;
-* on any system, from a pipe whose write end only the relay holds and never writes: it reads
-  end-of-file once the kernel has closed the dead relay's end.
-
-Linux sends that signal when the *thread* that started a process ends, and the relay starts sinks
-from threads that end (a sink's opener thread, once the sink is open): the supervisor ignores a
-SIGTERM while its parent is still the relay, so only the relay's death ends it. The sink asks the
-kernel for SIGKILL when its supervisor dies (were the supervisor killed first).
-
-Nothing is drained when the relay is gone: the journal holds every event the sink had not written,
-and the next relay's sink catches it up (relay/sinkhost/catch_up.py); a store survives that kill as
-it survives any, its one-time set-up included (sinks/store_setup.py). ``hold_sink_lock``: a relay
-started again at once can start a sink's process before the dead relay's is gone; the new one
-waits for the old one's lock (and says so in the log), so two sink processes never write the same
-store for one journal together.
+The supervisor starts the sink in its own process group and SIGKILLs the group when the relay
+dies, told by ``PR_SET_PDEATHSIG`` (Linux) and by end-of-file on a pipe only the relay holds. Linux
+sends the signal when the relay's *thread* that started it ends, so a SIGTERM is acted on only once
+the relay is no longer the parent (which also leaves a service manager's stray SIGTERM to the
+relay's drain). The sink asks for SIGKILL when its supervisor dies. Nothing is drained: the journal
+holds what the sink had not written.
 """
 from __future__ import annotations
 
@@ -49,7 +33,7 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 POLL_S = 0.2  # how often the supervisor looks whether its sink exited (the pipe wakes it at once)
 
 
-# -- the relay's side ------------------------------------------------------------------------------
+# Run in the relay's process.
 
 _pipe: tuple[int, int, int] | None = None  # (this process's pid, read end, write end)
 _pipe_lock = threading.Lock()
@@ -89,7 +73,7 @@ def ask_kernel(sig: int) -> Callable[[], None] | None:
     return ask
 
 
-# -- the supervisor --------------------------------------------------------------------------------
+# Run in the supervisor's process.
 
 def supervise(relay_pid: int, fd: int, name: str, command: list[str]) -> None:
     """Run ``command`` (the sink) in this process group until it exits, then exit as it did; kill
@@ -133,8 +117,6 @@ def _end_group(name: str) -> None:
                     "next relay's sink catches it up)\n".encode())
     os.killpg(0, signal.SIGKILL)
 
-
-# -- one sink process per journal ------------------------------------------------------------------
 
 def hold_sink_lock(path: Path, name: str) -> int:
     """Take ``path`` (flock) for this process's lifetime, waiting for the sink process of an earlier

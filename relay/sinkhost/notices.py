@@ -1,10 +1,6 @@
-"""What a shipper (relay/ship/base.py) learns from its relay: it reads the journal itself, so it
-needs to know only which runs have new lines and how far, not the lines. Its process is sent, for
-each write of the journal, one notice per run: ``RUN OFFSET EVENTS`` (where the run's file ends
-after that write, and how many of its events the write held), instead of every line it would read
-again from the journal. The relay writes a few bytes to the pipe per write instead of every line,
-and the shipper's process splits none. The counts keep the host's counters (written, queued, lag)
-in events, as every sink's are.
+"""What a shipper (relay/ship/base.py) learns from its relay: per journal write, one notice per run,
+``RUN OFFSET EVENTS``, not the lines, since it reads the journal itself. The event counts keep the
+host's counters (written, queued, lag) in events, as every sink's are.
 """
 from __future__ import annotations
 

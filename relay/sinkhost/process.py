@@ -1,21 +1,10 @@
-"""Every sink but the journal runs in a child process of the relay (relay/sinkhost/child.py), fed
-the journal's own lines, and so does every shipper (relay/ship/base.py), fed only the news of each
-journal write (relay/sinkhost/notices.py); this is the relay's side of it.
+"""The relay's side of a sink's or shipper's process (relay/sinkhost/child.py; docs/relay.md, "What
+the relay does with an event", step 3).
 
-A process, not a thread, because a sink busy in Python (Aim is) held the interpreter lock for up to
-half of the ingest thread's time, so the journal's rate fell whenever a sink worked. In its own
-process, at a lower CPU priority (``relay.sinkhost.child.NICE``), a sink takes only what ingest
-leaves: under a burst the journal keeps its rate and the sink catches up afterwards. A plugin that
-crashes or leaks takes down only its own process, which is started again. And a sink gets exactly
-what ``relay replay`` would give it (events read back from their JSON lines, non-finite metrics
-restored).
-
-``submit`` queues chunks of lines in a bounded ``BatchWorker`` and never blocks ingest; the worker's
-thread writes them to the child's pipe only while ``ingest_idle`` is set (the ingest thread waits
-for frames), starts the child again with backoff whenever it died, and counts what a dead child
-had not confirmed as dropped. How far a sink is behind (``queued``, and ``lag_s``, how long ago
-the oldest of those events was handed over) comes from the ingest thread's own count of what it
-handed over, sampled every second (``sample``).
+A process, not a thread, because a sink busy in Python (Aim is) held the interpreter lock for up
+to half of the ingest thread's time; at nice 19 it takes only what ingest leaves, and a plugin that
+crashes or leaks takes down only its own process. ``queued`` and ``lag_s`` come from the ingest
+thread's own count of what it handed over, sampled every second (``sample``).
 """
 from __future__ import annotations
 
@@ -104,16 +93,13 @@ class SinkProcess:
             spec.name, self._hand_over, spec.max_events, finish=self._end_input,
             max_bytes=SINK_QUEUE_BYTES)
 
-    # -- the relay's calls -----------------------------------------------------------------------
+    # Called by the relay's threads.
 
     def start(self) -> None:
         """Start the child beside the relay, without waiting: lines queue (bounded) until its sink
-        is open, and it catches up from the journal what did not fit (relay/sinkhost/catch_up.py). A
-        sink that cannot open (SinkError from ``open()``: a server down, a repository locked) is
-        logged with its reason, counted (``open_failures``, ``errors``; ``open_error`` in the stats)
-        and tried again with backoff from RESTART_START to RESTART_MAX seconds, for as long as the
-        relay runs; the relay's ``check_sinks`` (relay/sinkhost/check.py) already refused, before it
-        listened, what can never work."""
+        is open. A sink that cannot open is counted and tried again with backoff from RESTART_START
+        to RESTART_MAX seconds for as long as the relay runs; what can never work was refused before
+        it listened."""
         self._worker.start()
         self._opener = threading.Thread(target=self._open_first, name=f"sink-{self.name}-open",
                                         daemon=True)
@@ -180,13 +166,10 @@ class SinkProcess:
         return out
 
     def close(self, timeout: float) -> None:
-        """Hand the child what is queued and let it drain, all within ``timeout`` seconds. A child
-        still opening its sink then, or still draining, is stopped: it would die with the relay
-        anyway (relay/sinkhost/lifeline.py). What it had not applied counts as dropped
-        (``stats()``), and ``complete`` says whether it applied everything and its close completed
-        (a close that did not, ``incomplete_closes``, may leave what it wrote not durable); the
-        journal holds the rest (relay/sinkhost/behind.py says what is missing and the command that
-        completes it)."""
+        """Hand the child what is queued and let it drain, all within ``timeout`` seconds; a child
+        still opening or draining then is stopped (it would die with the relay anyway). What it had
+        not applied counts as dropped, and ``complete`` says whether it applied everything and
+        closed completely."""
         deadline = time.monotonic() + timeout
         self._worker.stop(timeout)
         # it was handed nothing: no reason to wait for its open
@@ -236,7 +219,7 @@ class SinkProcess:
         since = self._handed.since(self._submitted - queued)
         return 0.0 if since is None else round(time.monotonic() - since, 1)
 
-    # -- the worker's thread ---------------------------------------------------------------------
+    # Run on the worker's thread.
 
     def _hand_over(self, chunk: tuple[bytes, int]) -> bool:
         """Write one chunk of lines to the child, once ingest is idle; start the child again (with
@@ -289,8 +272,6 @@ class SinkProcess:
         self.restarts += 1
         log.info("sink %s started again (pid %d)", self.name, self._pid())
         return True
-
-    # -- the child -------------------------------------------------------------------------------
 
     def _pid(self) -> int:
         return -1 if self._proc is None else self._proc.pid

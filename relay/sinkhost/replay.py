@@ -1,15 +1,11 @@
-"""Rebuild any sink from the JSONL journal: the journal is the source of truth, so a sink that
-was down, added later or lost can be brought back to what it would have been live. Replayed into a
-journal (``--sink jsonl``: a spool into the relay's journal, say), only what that journal lacks is
-written, so replaying twice adds nothing; and a spool's events (a rank's events no relay took) get
-the relay's own events a live relay would have derived from them (a ``Derivation``:
-relay/daemon/rederive.py), numbered on from what the journal holds.
+"""Rebuild any sink from the JSONL journal (docs/relay.md), driven as its process drives it live
+(relay/sinkhost/driver.py), for up to ``RETRY_FOR`` seconds of retries.
 
-Each sink is driven as its process drives it live (relay/sinkhost/driver.py): retried with backoff
-(for up to ``RETRY_FOR`` seconds), events it refuses for good dead-lettered beside the journal
-(``_relay_deadletter_NAME.jsonl``, as the relay's own), flushed every second and at the end. A sink
-that is ``CatchesUp`` is read no run back from the journal here (relay/sinkhost/catch_up.py): it is
-fed all of it, so a hole it names is filled further on, or is one for good."""
+Replayed into a journal, only what it lacks is written, and a spool's events get the relay's own
+events a live relay would have derived (relay/daemon/rederive.py). A ``CatchesUp`` sink is read no
+run back here: it is fed the whole journal, so a hole it names is filled further on or is one for
+good.
+"""
 from __future__ import annotations
 
 import logging
@@ -65,17 +61,13 @@ def replay_files(paths: Iterable[Path], sinks: list[Sink], runs: set[str] | None
                  journal: Journal | None = None, retry_for: float = RETRY_FOR,
                  progress: Callable[[int, int], None] | None = None,
                  derive: Derivation | None = None, deadletters: Path | None = None) -> ReplayResult:
-    """Write every event of ``paths`` (files or journal directories) to ``sinks`` in file order,
-    and to ``journal`` what it lacks, with what ``derive`` derives from what a spool file adds.
+    """Write every event of ``paths`` (files or journal directories) to ``sinks`` in file order, and
+    to ``journal`` what it lacks, with what ``derive`` derives from what a spool file adds.
 
-    Non-finite metric values, stored as "NaN"/"Infinity" strings, become floats again. Sinks are
-    expected to be idempotent, so replaying twice adds nothing. Lines that are not events (see
-    ``relay.wire.lines.event_error``: unparsable, hand-edited, an older relay's "NaN" ts) are
-    skipped and counted in ``bad_lines``, as are events ``journal`` refuses (a run id it cannot name
-    a file after, which the reader already keeps out). SinkError when a sink still fails after
-    ``retry_for`` s. ``progress(events, bytes)`` is told after each batch how many events and bytes
-    were read so far. ``deadletters``: the folder of the sinks' dead-letter files (default: the
-    first file's).
+    Lines that are not events (``relay.wire.lines.event_error``), and events ``journal`` refuses,
+    are skipped and counted in ``bad_lines``. SinkError when a sink still fails after ``retry_for``
+    s. ``progress(events, bytes)`` is told after each batch; ``deadletters``: the folder of the
+    sinks' dead-letter files (default: the first file's).
     """
     result = ReplayResult()
     files = [f for p in paths for f in journal_files(Path(p))]

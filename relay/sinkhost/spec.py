@@ -1,6 +1,5 @@
-"""What a sink's process is started with (``SinkSpec``): made by the CLI, handed on by the fan-out
-and a consuming relay's partitions, sent to the child as JSON (relay/sinkhost/child.py). A module
-of its own, so that those who only name a sink need not import the child's process.
+"""What a sink's process is started with (``SinkSpec``); a module of its own so that those who only
+name a sink need not import the child's process.
 """
 from __future__ import annotations
 
@@ -10,9 +9,8 @@ from typing import Any
 
 @dataclass
 class SinkSpec:
-    """What a child needs to build its sink: its name, what to load (a registry name or
-    ``module:Class``) and the sink's own CLI options; the journal it may read to catch up, and its
-    dead-letter file."""
+    """What a child needs to build its sink: what to load (a registry name or ``module:Class``), its
+    options, the journal it may read to catch up and its dead-letter file."""
 
     name: str
     options: dict[str, Any] = field(default_factory=dict)
