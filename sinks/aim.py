@@ -1,26 +1,9 @@
 """The Aim sink: one Aim run per training run, whatever the number of ranks (docs/aim.md).
 
-Built on the sink-author API (sinks/tracker_base.py), which does the Trainer naming, the rank
-policy, idempotent replay and catch-up from the journal; this module is what is Aim's own:
-
-* **Where the applied spans live.** Inside the Aim run (its own metadata, not a param), so a
-  retried batch, a restarted relay or a second ``relay replay`` skips what is already there.
-  Points carry the event's own timestamp, so a late write looks exactly like a live one.
-* **Failure-safe.** On any Aim error the applied spans fall back to what Aim last stored and the
-  error goes to the relay, which retries the batch with backoff; points already written are
-  written again with the same step, value and time, so nothing is doubled. Local run handles
-  are kept (Aim's RocksDB resumes by itself once the disk is writable again); with a remote
-  server the client and its handles are replaced, since a restarted server forgets them.
-* **Handles.** Opened on demand, closed once the run has said all it will (rank 0's train_end
-  and every client's closing counters, ``run_settled``), after ``IDLE_CLOSE_S`` quiet, or at
-  shutdown, so a run is opened and closed once per relay lifetime; closed runs are indexed at once
-  so Aim's own readers see them.
-* **The job's times.** A new run is created at its first event's ``ts`` and closed at its last
-  one's (sinks/aim_run.py), so a replayed or late-written run has the job's start and duration.
-
-Aim is imported only when the sink opens, so the relay works without the ``[aim]`` extra. Finding
-a run by its relay id and indexing a closed one are in sinks/aim_repo.py, the ``aim_tracker.json``
-export in sinks/tracker_export.py.
+The applied spans live inside the Aim run (its metadata, not a param), so Aim's own store says
+what it holds. Aim is imported only when the sink opens, so the relay works without the ``[aim]``
+extra. Finding and indexing runs: sinks/aim_repo.py; the ``aim_tracker.json`` export:
+sinks/tracker_export.py.
 """
 from __future__ import annotations
 
@@ -132,8 +115,6 @@ class AimSink(TrackerSink):
         self._lookup = RunLookup(self.counters)
         self.idle_close_s = IDLE_CLOSE_S
 
-    # -- lifecycle ------------------------------------------------------------------------------
-
     def check(self, context: SinkContext) -> None:
         """Aim installed; a local repository's directory writable, a remote one's address well
         formed."""
@@ -192,8 +173,6 @@ class AimSink(TrackerSink):
                 self._close_handle(state)
         log.info("aim sink closed: %s", dict(sorted(self.counters.items())))
         return True
-
-    # -- writing --------------------------------------------------------------------------------
 
     def write(self, events: Sequence[Event]) -> None:
         """Apply a batch (sinks/tracker_base.py); then export, close ended runs and idle ones. On an
@@ -256,8 +235,6 @@ class AimSink(TrackerSink):
                 if state.handle is not None:
                     state.handle, state.take_over = None, True
 
-    # -- the sink-author API ----------------------------------------------------------------------
-
     def start_run(self, run: str, params: dict[str, Any]) -> None:
         self._aim.setdefault(run, _RunState(run))
 
@@ -305,8 +282,6 @@ class AimSink(TrackerSink):
         tree = self._handle(run).meta_run_tree
         tree[STATE_KEY] = orjson.dumps(spans, option=orjson.OPT_NON_STR_KEYS).decode()
         tree[LAST_TS_KEY] = self._aim[run].last_ts
-
-    # -- runs -----------------------------------------------------------------------------------
 
     def _handle(self, run: str) -> Any:
         """The open Aim run of ``run``, opened (or created) on demand."""
@@ -368,10 +343,8 @@ class AimSink(TrackerSink):
             index(self._repo, run.hash, self.counters)
 
     def _export(self, state: _RunState) -> None:
-        """Write ``aim_tracker.json`` where the job's scripts look (its output dir), else beside
-        the journal; a failure is counted and logged, never worth retrying the Aim batch for.
-        A replay writes ``<run>.aim_tracker.json`` into its own (local) repo directory instead:
-        the job's file names the live run, which the rebuilt copy must not replace."""
+        """A failure is counted and logged, never worth retrying the Aim batch for; a replay's
+        file goes into its own repo, as the job's names the live run (docs/aim.md)."""
         state.export_due = False
         run = state.handle
         if run is None:

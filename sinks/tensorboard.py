@@ -1,17 +1,9 @@
-"""The TensorBoard sink: one TensorBoard run (``--logdir DIR/<run id>``) per training run, however
-many ranks publish (docs/sinks/tensorboard.md). Built on sinks/tracker_base.py; what is
-TensorBoard's own:
+"""The TensorBoard sink: one TensorBoard run (``--logdir DIR/<run id>``) per training run
+(docs/sinks/tensorboard.md), written with the tensorboard package alone: no torch, no TensorFlow.
 
-* **Names** as transformers' ``TensorBoardCallback`` writes them (``train/loss``, ``eval/loss``; the
-  Trainer's arguments as the text ``args``), the relay's figures in a ``workers`` group after them,
-  params as text and, flattened, as an hparams-plugin session; a resumed job's later attempt purges
-  what the earlier logged past its checkpoint (``supersede``). Written with the tensorboard package
-  alone (its protos, summary builders and ``RecordWriter``): no torch, no TensorFlow.
-* **Exactly once in append-only files.** A batch's records are framed in memory, appended when the
-  batch is done, then the run's state file (applied spans, bytes committed per event file) is
-  replaced atomically. Bytes beyond what it names (a batch that failed halfway, a process killed
-  between the two writes) are cut off before that file is written again (a run's side of it:
-  sinks/tensorboard_run.py).
+Exactly once in append-only files (docs/sinks/tensorboard.md, that section): a batch's records
+are framed in memory and appended when it is done, then the run's state file is replaced; bytes
+past what it names are cut off before the file is written again (sinks/tensorboard_run.py).
 """
 from __future__ import annotations
 
@@ -110,8 +102,6 @@ class TensorBoardSink(TrackerSink):
         self._boards: dict[str, Board] = {}
         self.idle_close_s = IDLE_CLOSE_S
 
-    # -- lifecycle ------------------------------------------------------------------------------
-
     def check(self, context: SinkContext) -> None:
         """TensorBoard installed, the log directory writable."""
         need_package("tensorboard", self.name, "tensorboard",
@@ -148,8 +138,6 @@ class TensorBoardSink(TrackerSink):
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         self._close_quiet()
         return True
-
-    # -- the sink-author API ----------------------------------------------------------------------
 
     def start_run(self, run: str, params: dict[str, Any]) -> None:
         folder = self.logdir / run
@@ -239,8 +227,6 @@ class TensorBoardSink(TrackerSink):
         """Append the run's framed records, then say in its state file that they are there."""
         if self._boards[run].save(spans, self._header, self._file_name):
             self.counters["files_created"] += 1
-
-    # -- internals -------------------------------------------------------------------------------
 
     def _file_name(self, number: int) -> str:
         """This process's ``number``th event file of a run (named as TensorBoard names one)."""
