@@ -72,13 +72,9 @@ class RelayCallback(TrainerCallback):
     ``Trainer(callbacks=[RelayCallback()])``.
 
     With no publisher given and none started in this process, the callback tracks the job itself,
-    as ``python -m trainer`` does: at ``on_train_begin`` every rank takes its place from the
-    Trainer's arguments (rank, local rank and world size as the launcher set them), the ranks agree
-    on a run id (``args.run_name``, else a new one), and they publish to ``RELAY_ADDRESS`` or, when
-    none is given, to a relay rank 0 starts beside the job with its journal in ``args.output_dir``;
-    ``on_train_end`` flushes every rank and stops that relay. ``settings`` are the tracking options
-    of ``python -m trainer`` by their names (``trackers=["aim"], aim_repo=...``; each also read from
-    ``RELAY_<NAME>`` in the environment: trainer/job_settings.py).
+    as ``python -m trainer`` does (docs/trainer.md, "One line in any Trainer"). ``settings`` are
+    the tracking options of ``python -m trainer`` by their names (``trackers=["aim"],
+    aim_repo=...``; each also read from ``RELAY_<NAME>``: trainer/job_settings.py).
     """
 
     def __init__(self, publisher: Publisher | None = None, *, flush_timeout: float = 30.0,
