@@ -22,7 +22,7 @@ from sinks.aim_run import close_at, relay_run_class
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, SinkContext, SinkError
 from sinks.events import Event, json_safe
 from sinks.naming import SYSTEM
-from sinks.preflight import need_package, need_writable_dir
+from sinks.preflight import need_package, need_writable_dir, tool_import
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
 from sinks.tracker_export import export_dir, tracker_file, write_tracker_file
 
@@ -70,12 +70,9 @@ class _RunState:
 
 def _import_aim() -> Any:
     """Import Aim, or say how to get it: the sink is optional and so is the ``[aim]`` extra."""
-    try:
+    with tool_import("aim", "Aim"):
         import aim  # noqa: F401 - imported for its side effect of failing early
         from aim.sdk.repo import Repo
-    except ImportError as exc:
-        raise SinkError(f"the aim sink needs Aim, which is not importable ({exc}): "
-                        "pip install './[aim]' in the metrics-relay checkout") from None
     return Repo
 
 

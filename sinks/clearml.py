@@ -24,7 +24,7 @@ from sinks.clearml_task import Session, whole_task_json
 from sinks.events import Event, json_safe
 from sinks.files import write_atomic
 from sinks.naming import SYSTEM
-from sinks.preflight import need_package, need_writable_dir
+from sinks.preflight import need_package, need_writable_dir, tool_import
 from sinks.tracker_base import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
@@ -89,13 +89,10 @@ class ClearmlSink(TrackerSink):
     def open(self, context: SinkContext) -> None:
         """Import ClearML in offline mode and check the session directory; SinkError if unusable."""
         super().open(context)
-        try:
+        with tool_import("clearml", "ClearML"):
             from clearml import Task
             from clearml.backend_interface.metrics.events import ScalarEvent
             from clearml.config import get_offline_dir
-        except ImportError as exc:
-            raise SinkError(f"the clearml sink needs ClearML, which is not importable ({exc}): "
-                            "pip install './[clearml]' in the metrics-relay checkout") from None
         if self.cache_dir:  # read by ClearML at every call: where each task's offline folder goes
             os.environ["CLEARML_CACHE_DIR"] = str(Path(self.cache_dir).expanduser().resolve())
         Task.set_offline(True)

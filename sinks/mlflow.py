@@ -40,7 +40,7 @@ from sinks.mlflow_tracking import (
     tracker_record,
 )
 from sinks.naming import SYSTEM, system_key
-from sinks.preflight import need_package, need_writable_dir
+from sinks.preflight import need_package, need_writable_dir, tool_import
 from sinks.tracker_base import Spans, TrackerSink
 from sinks.tracker_export import export_dir, tracker_file, write_tracker_file
 
@@ -107,11 +107,8 @@ class MlflowSink(TrackerSink):
         """Reach the store (not a server: it may come up later); SinkError if it cannot be used."""
         super().open(context)
         set_defaults(self.uri)
-        try:
+        with tool_import("mlflow", "MLflow"):
             from mlflow import MlflowClient, entities
-        except ImportError as exc:
-            raise SinkError(f"the mlflow sink needs MLflow, which is not importable ({exc}): "
-                            "pip install './[mlflow]' in the metrics-relay checkout") from None
         self._Metric, self._Param, self._RunTag = entities.Metric, entities.Param, entities.RunTag
         try:
             self._client = reach(self.uri, MlflowClient)

@@ -24,7 +24,7 @@ import click
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, PermanentError, SinkContext, SinkError
 from sinks.events import Event
 from sinks.naming import SYSTEM, WORKERS, system_key
-from sinks.preflight import need_package, need_writable_dir
+from sinks.preflight import need_package, need_writable_dir, tool_import
 from sinks.tensorboard_run import Board, Pending
 from sinks.tracker_base import Spans, TrackerSink
 
@@ -48,14 +48,11 @@ _SAFE_INT = range(-(1 << 53), (1 << 53) + 1)
 
 def _import_tensorboard() -> types.SimpleNamespace:
     """The tensorboard modules the sink writes with, or say how to get them."""
-    try:
+    with tool_import("tensorboard", "TensorBoard"):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2, summary_v2
         from tensorboard.plugins.text.summary_v2 import text_pb
         from tensorboard.summary.writer.record_writer import RecordWriter
-    except ImportError as exc:
-        raise SinkError(f"the tensorboard sink needs TensorBoard, which is not importable ({exc}): "
-                        "pip install './[tensorboard]' in the metrics-relay checkout") from None
     return types.SimpleNamespace(Event=event_pb2.Event, SessionLog=event_pb2.SessionLog,
                                  Summary=summary_pb2.Summary, Value=summary_pb2.Summary.Value,
                                  api=api_pb2, hp_meta=metadata, plugin_data=plugin_data_pb2,
