@@ -299,10 +299,8 @@ def _lock(run: str, folder: Path) -> int:
 #: ``/``) by name and opens the first two: after ``train``, so the Trainer's ``eval`` and ``train``
 #: come first and open, as with transformers' own TensorBoardCallback.
 def _tag(rank: int | None, context: dict[str, Any], name: str) -> str:
-    """The TensorBoard tag of a series, as transformers' ``rewrite_logs`` would name it: the
-    Trainer's ``train/...``, ``eval/...``; a custom metric of rank 0 as the Trainer would log it
-    (``train/<name>``, ``train/<stage>/<name>``); the relay's figures and other ranks' custom
-    metrics in ``workers/...``."""
+    """A series' tag, as transformers' ``rewrite_logs`` would name it; the relay's figures and other
+    ranks' custom metrics in ``workers/...`` (docs/sinks/tensorboard.md)."""
     if context.get(SYSTEM):
         return system_key(context, name)
     subset = context.get("subset")

@@ -270,9 +270,8 @@ class TrackerSink(Sink, CatchesUp):
             self.log_params(state.run, name, fresh)
 
     def _client_stats(self, state: RunState, event: Event) -> None:
-        """A client's cumulative counters: a param per rank (the newest report wins), and the one
-        curve worth drawing, ``relay_dropped``, once it is not zero (stepped by the report's
-        seq)."""
+        """A rank's closing ``stats`` is what ``run_settled`` waits for (rank 0's: after its
+        train_end)."""
         rank, data = event["rank"], event["data"]
         if rank != 0 or (state.end_seq is not None and event["seq"] > state.end_seq):
             state.stats_ranks.add(rank)

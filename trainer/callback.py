@@ -1,13 +1,8 @@
-"""The thin per-rank TrainerCallback: turns Trainer events into relay events, nothing more.
+"""The thin per-rank TrainerCallback: turns Trainer events into relay events, nothing more (what
+each rank publishes: docs/trainer.md, "What is recorded").
 
-It runs on every rank. Global rank 0 publishes what the Trainer already reduced (train and eval
-logs, run metadata, checkpoints, the end of training); every rank adds what only it knows, its
-own step time, samples per second and peak memory, as ``stage="rank"`` metrics on each logging
-step, so a straggler shows up in the log; under DDP and FSDP also how its time splits into its own
-work and waiting for its peers (trainer/collectives.py), so the relay can name a straggler they
-hide, and rank 0 says once what was timed or why nothing could be (stage ``own_work``). Each
-hook builds a small dict and calls ``publish``, which never blocks; no I/O happens here except the
-bounded flush at the end of training.
+Each hook builds a small dict and calls ``publish``, which never blocks; no I/O happens here except
+the bounded flush at the end of training.
 """
 from __future__ import annotations
 
