@@ -1,26 +1,9 @@
 """The Aim sink: one Aim run per training run, whatever the number of ranks (docs/aim.md).
 
-Built on the sink-author API (sinks/tracker_base.py), which does the Trainer naming, the rank
-policy, idempotent replay and catch-up from the journal; this module is what is Aim's own:
-
-* **Where the applied spans live.** Inside the Aim run (its own metadata, not a param), so a
-  retried batch, a restarted relay or a second ``relay replay`` skips what is already there.
-  Points carry the event's own timestamp, so a late write looks exactly like a live one.
-* **Failure-safe.** On any Aim error the applied spans fall back to what Aim last stored and the
-  error goes to the relay, which retries the batch with backoff; points already written are
-  written again with the same step, value and time, so nothing is doubled. Local run handles
-  are kept (Aim's RocksDB resumes by itself once the disk is writable again); with a remote
-  server the client and its handles are replaced, since a restarted server forgets them.
-* **Handles.** Opened on demand, closed once the run has said all it will (rank 0's train_end
-  and every client's closing counters, ``run_settled``), after ``IDLE_CLOSE_S`` quiet, or at
-  shutdown, so a run is opened and closed once per relay lifetime; closed runs are indexed at once
-  so Aim's own readers see them.
-* **The job's times.** A new run is created at its first event's ``ts`` and closed at its last
-  one's (sinks/aim_run.py), so a replayed or late-written run has the job's start and duration.
-
-Aim is imported only when the sink opens, so the relay works without the ``[aim]`` extra. Finding
-a run by its relay id and indexing a closed one are in sinks/aim_repo.py, the ``aim_tracker.json``
-export in sinks/tracker_export.py.
+The applied spans live inside the Aim run (its metadata, not a param), so Aim's own store says
+what it holds. Aim is imported only when the sink opens, so the relay works without the ``[aim]``
+extra. Finding and indexing runs: sinks/aim_repo.py; the ``aim_tracker.json`` export:
+sinks/tracker_export.py.
 """
 from __future__ import annotations
 
@@ -39,7 +22,7 @@ from sinks.aim_run import close_at, relay_run_class
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, SinkContext, SinkError
 from sinks.events import Event, json_safe
 from sinks.naming import SYSTEM
-from sinks.preflight import need_package, need_writable_dir
+from sinks.preflight import need_package, need_writable_dir, tool_import
 from sinks.tracker_base import Spans, TrackerSink, exact_ints
 from sinks.tracker_export import export_dir, tracker_file, write_tracker_file
 
@@ -87,12 +70,9 @@ class _RunState:
 
 def _import_aim() -> Any:
     """Import Aim, or say how to get it: the sink is optional and so is the ``[aim]`` extra."""
-    try:
+    with tool_import("aim", "Aim"):
         import aim  # noqa: F401 - imported for its side effect of failing early
         from aim.sdk.repo import Repo
-    except ImportError as exc:
-        raise SinkError(f"the aim sink needs Aim, which is not importable ({exc}): "
-                        "pip install './[aim]' in the metrics-relay checkout") from None
     return Repo
 
 
@@ -131,8 +111,6 @@ class AimSink(TrackerSink):
         self._aim: dict[str, _RunState] = {}
         self._lookup = RunLookup(self.counters)
         self.idle_close_s = IDLE_CLOSE_S
-
-    # -- lifecycle ------------------------------------------------------------------------------
 
     def check(self, context: SinkContext) -> None:
         """Aim installed; a local repository's directory writable, a remote one's address well
@@ -192,8 +170,6 @@ class AimSink(TrackerSink):
                 self._close_handle(state)
         log.info("aim sink closed: %s", dict(sorted(self.counters.items())))
         return True
-
-    # -- writing --------------------------------------------------------------------------------
 
     def write(self, events: Sequence[Event]) -> None:
         """Apply a batch (sinks/tracker_base.py); then export, close ended runs and idle ones. On an
@@ -256,8 +232,6 @@ class AimSink(TrackerSink):
                 if state.handle is not None:
                     state.handle, state.take_over = None, True
 
-    # -- the sink-author API ----------------------------------------------------------------------
-
     def start_run(self, run: str, params: dict[str, Any]) -> None:
         self._aim.setdefault(run, _RunState(run))
 
@@ -305,8 +279,6 @@ class AimSink(TrackerSink):
         tree = self._handle(run).meta_run_tree
         tree[STATE_KEY] = orjson.dumps(spans, option=orjson.OPT_NON_STR_KEYS).decode()
         tree[LAST_TS_KEY] = self._aim[run].last_ts
-
-    # -- runs -----------------------------------------------------------------------------------
 
     def _handle(self, run: str) -> Any:
         """The open Aim run of ``run``, opened (or created) on demand."""
@@ -368,10 +340,8 @@ class AimSink(TrackerSink):
             index(self._repo, run.hash, self.counters)
 
     def _export(self, state: _RunState) -> None:
-        """Write ``aim_tracker.json`` where the job's scripts look (its output dir), else beside
-        the journal; a failure is counted and logged, never worth retrying the Aim batch for.
-        A replay writes ``<run>.aim_tracker.json`` into its own (local) repo directory instead:
-        the job's file names the live run, which the rebuilt copy must not replace."""
+        """A failure is counted and logged, never worth retrying the Aim batch for; a replay's
+        file goes into its own repo, as the job's names the live run (docs/aim.md)."""
         state.export_due = False
         run = state.handle
         if run is None:

@@ -34,13 +34,8 @@ class SinkError(Exception):
 
 class PermanentError(Exception):
     """Raised by ``write()`` when retrying cannot help: the tool refuses what it was given (a value
-    it cannot store, a name it forbids), not that it is unreachable for now.
-
-    Any other exception is taken as transient: the batch is retried with backoff. On this one the
-    relay narrows the batch down (it writes halves, then quarters...) to the events that fail on
-    their own, sends those to the sink's dead-letter file with this message (counted as
-    ``dead_lettered``) and writes the rest, so one bad event never blocks a sink.
-    """
+    it cannot store, a name it forbids), not that it is unreachable for now. The events that fail
+    on their own are dead-lettered, the rest written (docs/plugins.md, "Permanent errors")."""
 
 
 @dataclass
@@ -92,20 +87,14 @@ class Sink(abc.ABC):
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         """Make everything written so far durable or visible, within ``timeout`` seconds (as
-        OpenTelemetry's ``force_flush``). True when it is; False when the deadline came first: the
-        relay counts and logs it (``incomplete_flushes``), does not take what was written as durable
-        (a catch-up pass does not move past it) and flushes again later. Raise for a failure. Called
-        when the relay has nothing more queued for the sink, and at least every second while batches
-        keep coming."""
+        OpenTelemetry's ``force_flush``). True when it is; False when the deadline came first (never
+        taken as durable); raise for a failure."""
         return True
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
         """Flush and release resources within ``timeout`` seconds; called once at shutdown, also
         after failures. True when everything written is durable and released; False when the
-        deadline came first (a tool that cannot be reached). The relay counts and logs it
-        (``incomplete_closes``); the journal holds every event, for ``relay replay``. A close that
-        overruns its deadline anyway is left running once the relay's own deadline passes, and
-        counted the same way."""
+        deadline came first (a tool that cannot be reached): docs/plugins.md has what follows."""
         return True
 
 

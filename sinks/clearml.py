@@ -1,29 +1,10 @@
-"""The ClearML sink: one ClearML task per training run, as an offline session
-(docs/sinks/clearml.md).
-
-ClearML's offline mode writes a task as files (``task.json``, ``metrics.jsonl``, and a zip of the
-folder on close) that ``clearml-task --import-offline-session`` uploads to a server later; this
-sink produces exactly those files, with ClearML's own code, and never touches the network.
-Built on the sink-author API (sinks/tracker_base.py); what is ClearML's own here:
-
-* **Several tasks in one process.** ``Task.init`` allows one main task per process and
-  ``Task.create`` refuses offline mode, so tasks are built with the constructor both of them use
-  (``Task(private=...)``), which keeps any number of offline tasks apart, and resumes one by its
-  id in a later process.
-* **Synchronous, all-or-nothing scalars.** ClearML's ``Logger`` writes from a background thread
-  that swallows errors, and its ``flush(wait=True)`` can return before the lines are written.
-  The sink builds ClearML's own ``ScalarEvent`` objects and writes each batch with the task's
-  ``Metrics.write_events(..., async_enable=False)``, so a failure raises. The state file records
-  the size of ``metrics.jsonl`` with the applied spans; whatever lies beyond that size (a batch
-  that failed halfway, a crash before the spans were saved) is cut off before the next write and
-  applied again from the relay, so no point is doubled and no line is left half-written.
-* **One writer per directory.** An exclusive lock, taken at open or else at a write: a restarted
-  relay whose previous sink process still drains waits (transient errors, retried) for it.
+"""The ClearML sink: one ClearML task per training run, as an offline session that ClearML's own
+code writes, never touching the network (docs/sinks/clearml.md, "Idempotent, and never doubled",
+"Several runs, one process").
 
 ClearML is imported only when the sink opens, so the relay works without the ``[clearml]`` extra.
-
-It runs over 350 lines because ClearML's offline session has to be built by hand in several places
-(task construction, synchronous scalar writes, session state and its zip), each needing the others.
+It runs over 350 lines because the offline session is built by hand in several places (task
+construction, synchronous scalar writes, session state and its zip), each needing the others.
 """
 from __future__ import annotations
 
@@ -43,7 +24,7 @@ from sinks.clearml_task import Session, whole_task_json
 from sinks.events import Event, json_safe
 from sinks.files import write_atomic
 from sinks.naming import SYSTEM
-from sinks.preflight import need_package, need_writable_dir
+from sinks.preflight import need_package, need_writable_dir, tool_import
 from sinks.tracker_base import Spans, TrackerSink
 
 log = logging.getLogger(__name__)
@@ -97,8 +78,6 @@ class ClearmlSink(TrackerSink):
         self._state: dict[str, dict[str, Any]] = {}
         self._lock_fh: Any = None
 
-    # -- lifecycle ------------------------------------------------------------------------------
-
     def check(self, context: SinkContext) -> None:
         """ClearML installed, the cache directory (where the offline sessions go) writable."""
         need_package("clearml", self.name, "clearml",
@@ -110,13 +89,10 @@ class ClearmlSink(TrackerSink):
     def open(self, context: SinkContext) -> None:
         """Import ClearML in offline mode and check the session directory; SinkError if unusable."""
         super().open(context)
-        try:
+        with tool_import("clearml", "ClearML"):
             from clearml import Task
             from clearml.backend_interface.metrics.events import ScalarEvent
             from clearml.config import get_offline_dir
-        except ImportError as exc:
-            raise SinkError(f"the clearml sink needs ClearML, which is not importable ({exc}): "
-                            "pip install './[clearml]' in the metrics-relay checkout") from None
         if self.cache_dir:  # read by ClearML at every call: where each task's offline folder goes
             os.environ["CLEARML_CACHE_DIR"] = str(Path(self.cache_dir).expanduser().resolve())
         Task.set_offline(True)
@@ -143,8 +119,6 @@ class ClearmlSink(TrackerSink):
 
     def state_path(self) -> Path:
         return self.root / STATE_NAME
-
-    # -- writing --------------------------------------------------------------------------------
 
     def write(self, events: Sequence[Event]) -> None:
         """Apply a batch (sinks/tracker_base.py); on failure drop what was not written, so the retry
@@ -197,8 +171,6 @@ class ClearmlSink(TrackerSink):
             if (session is not None and session.ended and session.handle is not None
                     and self.run_settled(run)):
                 self._close_task(run, session)
-
-    # -- the sink-author API ----------------------------------------------------------------------
 
     def start_run(self, run: str, params: dict[str, Any]) -> None:
         if run in self._sessions:
@@ -294,8 +266,6 @@ class ClearmlSink(TrackerSink):
             self._state[run] = previous
             raise
         session.metrics_bytes = size
-
-    # -- internals ------------------------------------------------------------------------------
 
     def _scalar(self, session: Session, title: str, series: str, step: int | None, value: float,
                 ts: float) -> None:

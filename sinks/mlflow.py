@@ -1,20 +1,12 @@
 """The MLflow sink: one MLflow run per training run, whatever the number of ranks
 (docs/sinks/mlflow.md).
 
-Built on the sink-author API (sinks/tracker_base.py); what is MLflow's own:
-
-* **Names** as HF's ``MLflowCallback`` (``loss``, ``eval_loss``) and fms-hf-tuning
-  (``additional_metrics.model_load_time``) give them; a rank's own series under ``rank/<n>/``.
-* **Batched, failure-safe.** A batch's points, params and tags go out with ``log_batch`` when the
-  base class saves the applied ``(rank, seq)`` spans, which go last, as run tags: a failed batch,
-  retried whole, rewrites identical points, which SQL stores drop. A directory store appends: a
-  failed batch sends only the points it lacks; its spans are in a file of the run's folder, and a
-  killed relay's points past its last save are cut off on resume (sinks/mlflow_applied.py).
-* **Immutable params**: a changed value keeps the first and tags the newest; what MLflow's limits
-  cut is counted and kept whole as an artifact.
-
-MLflow is imported only when the sink opens (the relay works without the ``[mlflow]`` extra); its
-rules for names, keys and batch sizes are in sinks/mlflow_rules.py."""
+A batch's points, params and tags go out with ``log_batch`` when the base class saves the applied
+spans, which go last, as run tags: a retried batch rewrites identical points, which SQL stores
+drop; a directory store appends, so its spans are in a file (sinks/mlflow_applied.py). MLflow is
+imported only when the sink opens; its rules for names, keys and batch sizes are in
+sinks/mlflow_rules.py.
+"""
 from __future__ import annotations
 
 import json
@@ -48,7 +40,7 @@ from sinks.mlflow_tracking import (
     tracker_record,
 )
 from sinks.naming import SYSTEM, system_key
-from sinks.preflight import need_package, need_writable_dir
+from sinks.preflight import need_package, need_writable_dir, tool_import
 from sinks.tracker_base import Spans, TrackerSink
 from sinks.tracker_export import export_dir, tracker_file, write_tracker_file
 
@@ -100,8 +92,6 @@ class MlflowSink(TrackerSink):
         self._keys: dict[tuple, str] = {}
         self._exports: set[str] = set()
 
-    # -- lifecycle ------------------------------------------------------------------------------
-
     def check(self, context: SinkContext) -> None:
         """MLflow installed, and a local store's folder writable (a server is not asked: it may come
         up later)."""
@@ -117,11 +107,8 @@ class MlflowSink(TrackerSink):
         """Reach the store (not a server: it may come up later); SinkError if it cannot be used."""
         super().open(context)
         set_defaults(self.uri)
-        try:
+        with tool_import("mlflow", "MLflow"):
             from mlflow import MlflowClient, entities
-        except ImportError as exc:
-            raise SinkError(f"the mlflow sink needs MLflow, which is not importable ({exc}): "
-                            "pip install './[mlflow]' in the metrics-relay checkout") from None
         self._Metric, self._Param, self._RunTag = entities.Metric, entities.Param, entities.RunTag
         try:
             self._client = reach(self.uri, MlflowClient)
@@ -146,8 +133,6 @@ class MlflowSink(TrackerSink):
             self._experiment_id = experiment_id(self._client, self.experiment, self.uri)
         return self._experiment_id
 
-    # -- writing --------------------------------------------------------------------------------
-
     def write(self, events: Sequence[Event]) -> None:
         ml = self._ml
         for event in events:
@@ -171,8 +156,6 @@ class MlflowSink(TrackerSink):
             if exported is not None and exported.run_id is not None:
                 self._exports.discard(run)
                 self._export(run, exported)
-
-    # -- the sink-author API ----------------------------------------------------------------------
 
     def start_run(self, run: str, params: dict[str, Any]) -> None:
         """Nothing yet: ``load_applied`` next finds the MLflow run (tagged with ``run``) or makes
@@ -280,8 +263,6 @@ class MlflowSink(TrackerSink):
             raise
         r.saved()
 
-    # -- MLflow calls -----------------------------------------------------------------------------
-
     def _deleted(self, r: MlRun) -> bool:
         """Whether the run's MLflow run was deleted (asked after a failed save only). A server's
         or a SQL store's failures, the network's included, come as MlflowException."""
@@ -386,10 +367,8 @@ class MlflowSink(TrackerSink):
         return text[:limit]
 
     def _export(self, run: str, r: MlRun) -> None:
-        """Write ``mlflow_tracker.json`` as fms-hf-tuning does, into the job's output dir (else
-        beside the journal); a failure is counted and logged, never worth retrying a batch for.
-        Not under ``relay replay``: the job's file names its live run, which a rebuilt copy must
-        not replace (the copy is found by its ``relay.run_id`` tag)."""
+        """A failure is counted and logged, never worth retrying a batch for. Not under ``relay
+        replay``: the job's file names its live run, which a rebuilt copy must not replace."""
         target = tracker_file(EXPORT_NAME, run, r.output_dir, self.context.journal)
         if self.context.replay or target is None:
             return

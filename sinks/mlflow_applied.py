@@ -1,15 +1,9 @@
 """Where the MLflow sink (sinks/mlflow.py) keeps its applied spans: in the MLflow run's own tags;
 for a directory store, in a file of the run's folder, with the sizes of the run's metric files.
 
-A directory store appends a batch's points to one file per metric, and writes a tag by truncating
-its file and writing it again. A relay killed between a batch's points and its spans leaves points
-no saved span names, which the next relay, applying those events again from the journal, would
-append a second time; one killed while the tag is rewritten leaves it empty, and every point again.
-So for a directory store the spans go into ``relay_applied.json`` in the run's folder, replaced
-whole (``write_atomic``) once the batch's points are in, with the sizes the metric files had then;
-the process that resumes the run first cuts each file back to its saved size (and removes one no
-save named): what it cut is written again, once. That is how the sinks that write append-only
-files keep exactly once through a kill (sinks/tensorboard.py's event files and state file).
+A directory store appends points and rewrites a tag by truncating its file, so a kill there would
+double points; why and how the saved sizes cut it back: docs/sinks/mlflow.md, "Replay, restarts,
+failures".
 """
 from __future__ import annotations
 

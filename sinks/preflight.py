@@ -1,15 +1,17 @@
 """Cheap checks a sink's ``check()`` makes before the relay listens: no import of the tool (that
 takes seconds: it happens in the sink's own process), no file created, nothing sent anywhere; and
-the same directory probe again at ``open()``, where it may create and write; and, for a sink that
-reaches into a tool's private API, one line when the installed tool is outside the versions the sink
-was tested with."""
+the same directory probe again at ``open()``, where it may create and write, and the tool's
+imports there; and, for a sink that reaches into a tool's private API, one line when the installed
+tool is outside the versions the sink was tested with."""
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import logging
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from sinks.base import SinkError
@@ -28,6 +30,17 @@ def need_package(module: str, sink: str, extra: str, tested: tuple[str, str] | N
     line = untested(*tested) if tested is not None else None
     if line is not None:
         log.warning("%s sink: %s", sink, line)
+
+
+@contextlib.contextmanager
+def tool_import(sink: str, tool: str) -> Iterator[None]:
+    """Around the tool's imports at ``open()``: an ImportError becomes a SinkError that says how to
+    install the extra named as the sink (the relay logs it and opens the sink again later)."""
+    try:
+        yield
+    except ImportError as exc:
+        raise SinkError(f"the {sink} sink needs {tool}, which is not importable ({exc}): "
+                        f"{install_hint(sink)}") from None
 
 
 def package_found(module: str) -> bool:

@@ -1,17 +1,9 @@
-"""The TensorBoard sink: one TensorBoard run (``--logdir DIR/<run id>``) per training run, however
-many ranks publish (docs/sinks/tensorboard.md). Built on sinks/tracker_base.py; what is
-TensorBoard's own:
+"""The TensorBoard sink: one TensorBoard run (``--logdir DIR/<run id>``) per training run
+(docs/sinks/tensorboard.md), written with the tensorboard package alone: no torch, no TensorFlow.
 
-* **Names** as transformers' ``TensorBoardCallback`` writes them (``train/loss``, ``eval/loss``; the
-  Trainer's arguments as the text ``args``), the relay's figures in a ``workers`` group after them,
-  params as text and, flattened, as an hparams-plugin session; a resumed job's later attempt purges
-  what the earlier logged past its checkpoint (``supersede``). Written with the tensorboard package
-  alone (its protos, summary builders and ``RecordWriter``): no torch, no TensorFlow.
-* **Exactly once in append-only files.** A batch's records are framed in memory, appended when the
-  batch is done, then the run's state file (applied spans, bytes committed per event file) is
-  replaced atomically. Bytes beyond what it names (a batch that failed halfway, a process killed
-  between the two writes) are cut off before that file is written again (a run's side of it:
-  sinks/tensorboard_run.py).
+Exactly once in append-only files (docs/sinks/tensorboard.md, that section): a batch's records
+are framed in memory and appended when it is done, then the run's state file is replaced; bytes
+past what it names are cut off before the file is written again (sinks/tensorboard_run.py).
 """
 from __future__ import annotations
 
@@ -32,7 +24,7 @@ import click
 from sinks.base import CLOSE_TIMEOUT, FLUSH_TIMEOUT, PermanentError, SinkContext, SinkError
 from sinks.events import Event
 from sinks.naming import SYSTEM, WORKERS, system_key
-from sinks.preflight import need_package, need_writable_dir
+from sinks.preflight import need_package, need_writable_dir, tool_import
 from sinks.tensorboard_run import Board, Pending
 from sinks.tracker_base import Spans, TrackerSink
 
@@ -56,14 +48,11 @@ _SAFE_INT = range(-(1 << 53), (1 << 53) + 1)
 
 def _import_tensorboard() -> types.SimpleNamespace:
     """The tensorboard modules the sink writes with, or say how to get them."""
-    try:
+    with tool_import("tensorboard", "TensorBoard"):
         from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2, summary_v2
         from tensorboard.plugins.text.summary_v2 import text_pb
         from tensorboard.summary.writer.record_writer import RecordWriter
-    except ImportError as exc:
-        raise SinkError(f"the tensorboard sink needs TensorBoard, which is not importable ({exc}): "
-                        "pip install './[tensorboard]' in the metrics-relay checkout") from None
     return types.SimpleNamespace(Event=event_pb2.Event, SessionLog=event_pb2.SessionLog,
                                  Summary=summary_pb2.Summary, Value=summary_pb2.Summary.Value,
                                  api=api_pb2, hp_meta=metadata, plugin_data=plugin_data_pb2,
@@ -110,8 +99,6 @@ class TensorBoardSink(TrackerSink):
         self._boards: dict[str, Board] = {}
         self.idle_close_s = IDLE_CLOSE_S
 
-    # -- lifecycle ------------------------------------------------------------------------------
-
     def check(self, context: SinkContext) -> None:
         """TensorBoard installed, the log directory writable."""
         need_package("tensorboard", self.name, "tensorboard",
@@ -148,8 +135,6 @@ class TensorBoardSink(TrackerSink):
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> bool:
         self._close_quiet()
         return True
-
-    # -- the sink-author API ----------------------------------------------------------------------
 
     def start_run(self, run: str, params: dict[str, Any]) -> None:
         folder = self.logdir / run
@@ -240,8 +225,6 @@ class TensorBoardSink(TrackerSink):
         if self._boards[run].save(spans, self._header, self._file_name):
             self.counters["files_created"] += 1
 
-    # -- internals -------------------------------------------------------------------------------
-
     def _file_name(self, number: int) -> str:
         """This process's ``number``th event file of a run (named as TensorBoard names one)."""
         return (f"events.out.tfevents.{int(time.time()):010d}.{self._host}.{os.getpid()}."
@@ -316,10 +299,8 @@ def _lock(run: str, folder: Path) -> int:
 #: ``/``) by name and opens the first two: after ``train``, so the Trainer's ``eval`` and ``train``
 #: come first and open, as with transformers' own TensorBoardCallback.
 def _tag(rank: int | None, context: dict[str, Any], name: str) -> str:
-    """The TensorBoard tag of a series, as transformers' ``rewrite_logs`` would name it: the
-    Trainer's ``train/...``, ``eval/...``; a custom metric of rank 0 as the Trainer would log it
-    (``train/<name>``, ``train/<stage>/<name>``); the relay's figures and other ranks' custom
-    metrics in ``workers/...``."""
+    """A series' tag, as transformers' ``rewrite_logs`` would name it; the relay's figures and other
+    ranks' custom metrics in ``workers/...`` (docs/sinks/tensorboard.md)."""
     if context.get(SYSTEM):
         return system_key(context, name)
     subset = context.get("subset")

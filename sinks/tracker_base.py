@@ -1,41 +1,10 @@
 """The sink-author API: a base class for sinks that feed an experiment tracker (Aim, MLflow, ...).
 
-An author writes four methods in the tracker's own terms; this class turns relay events into
-those calls and does, once for every tracker, what each would otherwise rebuild:
-
-* **Trainer naming.** ``train_``/``eval_``/``test_`` prefixes become a ``subset`` context, as the
-  trackers' own Hugging Face callbacks name them; several eval sets (``eval_<set>_loss``) add a
-  ``sub_dataset``; every Trainer log also logs ``epoch`` (run-level), as HF's Trainer adds it to
-  each.
-* **The rank policy.** The Trainer already reduced its metrics across ranks: they are taken from
-  rank 0 once per step (``rank=None``); per-rank figures (stage ``rank``) and custom metrics keep
-  their rank, in the context. Per-rank figures are renamed for display (``step_time`` ->
-  ``rank_step_time_s``, ``RANK_NAMES``), so no tracker draws them in a chart of the Trainer's own
-  ``samples_per_second``; the wire keeps its names. Their context holds ``system`` (``SYSTEM``:
-  ``"rank"``), decided by the event's stage and never by a metric's name, so each tracker puts
-  every figure of those stages, new ones included, where its UI keeps system figures.
-* **The relay's own events** (rank ``RELAY_RANK``): its cross-rank figures (stage ``cluster``) are
-  run-level series (``cluster_step_time_max_s``, ``CLUSTER_NAMES``, context ``system: "cluster"``);
-  its findings (``straggler``, ``straggler_cleared``, ``rank_lost``, ``rank_back``) are params
-  ``relay.cluster.<event>.rank<r>_step<s>``, one per rank and step, so none hides another.
-* **Client counters** (``stats``) are bookkeeping, not curves: params ``relay.client.rank<n>``,
-  plus one series ``relay_dropped`` per rank only once that rank dropped something.
-* **Numbers.** NaN and infinities arrive as floats; ints beyond int64 as floats; non-numbers are
-  skipped, counted and named once in the log.
-* **Idempotent replay.** Every applied event is remembered as its ``(rank, seq)`` in compact spans
-  per run; ``load_applied``/``save_applied`` keep them where the data lands (a state file by
-  default), so a retried batch, a restarted relay or a second ``relay replay`` adds nothing.
-* **Catch-up** (``CatchesUp``). A hole in a rank's seqs means events did not reach this sink (its
-  queue overflowed while the tracker was down, or the tool lost what it held): ``holes()`` names the
-  run until the relay names it back as ``filled``, having written this sink that run's events from
-  the journal before its next flush. A run missed at its end (no later event shows the hole), or
-  while the relay was down, is caught up too: when the sink's process starts and
-  when the tracker answers again, it feeds the journal's recent runs through ``write``. That is
-  relay/sinkhost/catch_up.py, the one reader of the journal for a sink; this class never reads it.
-* **Late params.** A params value older than the one already written (a late catch-up) is skipped.
-* **Attempts.** Each attempt's ``train_begin`` goes to params ``relay.attempts.<N>``; a later
-  attempt's (a job resumed from a checkpoint) calls ``supersede(run, step)`` once what came before
-  it is saved, for a tool that can drop or replace what earlier attempts logged after ``step``.
+An author writes four methods in the tracker's own terms; this class does, once for every tracker,
+the Trainer naming, the rank policy, numbers, the idempotent ``(rank, seq)`` spans, late params,
+attempts and the holes catch-up fills (docs/plugins.md, "The sink-author API: four methods" and
+"What every tracker sink shows"). It never reads the journal: the relay feeds it what it missed
+(relay/sinkhost/catch_up.py).
 """
 from __future__ import annotations
 
@@ -66,12 +35,10 @@ APPENDED = "#appended"
 
 
 class TrackerSink(Sink, CatchesUp):
-    """Subclass this, set ``name``, and write the four abstract methods below (a class that lacks
-    one cannot be built: Python names the missing ones), plus ``options``, ``open`` and ``close`` as
-    for any Sink. What this class keeps is made in ``__init__`` (as Lightning's ``Logger`` does), so
-    an ``__init__`` of your own calls ``super().__init__()`` first; ``open`` needs no ``super()``.
-    Where the tracker cannot keep the applied spans itself, return a file from ``state_path`` and
-    they are kept there."""
+    """Subclass this, set ``name``, write the four abstract methods (plus ``options``, ``open`` and
+    ``close`` as for any Sink). Its state is made in ``__init__``: an ``__init__`` of your own calls
+    ``super().__init__()`` first. ``super().open(context)`` only keeps ``self.context`` for the
+    subclass to read; this class reads nothing of it, so an ``open`` without it still writes."""
 
     def __init__(self) -> None:
         self.context = SinkContext()
@@ -82,8 +49,6 @@ class TrackerSink(Sink, CatchesUp):
         self._sizes: dict[str, int] = {}  # appends_to's files, as far as the saved spans cover them
         self._unwritten = False  # save_applied kept spans the state file does not hold yet
         self._holes: set[str] = set()  # runs with a hole the relay has not caught up yet
-
-    # -- what a sink author writes ---------------------------------------------------------------
 
     @abc.abstractmethod
     def start_run(self, run: str, params: dict[str, Any]) -> None:
@@ -116,14 +81,9 @@ class TrackerSink(Sink, CatchesUp):
         return None
 
     def appends_to(self) -> list[Path]:
-        """Files this sink only appends to (a CSV), with the default ``save_applied`` and a
-        ``state_path``: their sizes are saved with the spans, and each is cut back to its saved
-        size when a batch fails and when a process starts, so what was written and not yet
-        recorded (a batch failed half-way, a process killed before it saved) is written again
-        once, not twice."""
+        """Files this sink only appends to (a CSV): cut back to the size saved with the spans when
+        a batch fails and when a process starts, so no row is written twice (docs/plugins.md)."""
         return []
-
-    # -- the shared part -------------------------------------------------------------------------
 
     def open(self, context: SinkContext) -> None:
         self.context = context
@@ -179,8 +139,6 @@ class TrackerSink(Sink, CatchesUp):
         """Keep ``spans``; the state file is written once the batch's runs are all kept."""
         self._states()[run] = spans
         self._unwritten = True
-
-    # -- internals -------------------------------------------------------------------------------
 
     def _states(self) -> dict[str, Spans]:
         if self._state_file is None:
@@ -312,9 +270,8 @@ class TrackerSink(Sink, CatchesUp):
             self.log_params(state.run, name, fresh)
 
     def _client_stats(self, state: RunState, event: Event) -> None:
-        """A client's cumulative counters: a param per rank (the newest report wins), and the one
-        curve worth drawing, ``relay_dropped``, once it is not zero (stepped by the report's
-        seq)."""
+        """A rank's closing ``stats`` is what ``run_settled`` waits for (rank 0's: after its
+        train_end)."""
         rank, data = event["rank"], event["data"]
         if rank != 0 or (state.end_seq is not None and event["seq"] > state.end_seq):
             state.stats_ranks.add(rank)

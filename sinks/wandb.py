@@ -1,26 +1,5 @@
 """The W&B sink: one Weights & Biases run per training run, offline by default
-(docs/sinks/wandb.md).
-
-On the sink-author API (sinks/tracker_base.py); what is W&B's own:
-
-* **Layout** as W&B's Hugging Face callback writes a run (sinks/wandb_layout.py): named by the job's
-  ``--run_name``, one history row per Trainer log (``train/loss``, ``eval/loss``, x-axis
-  ``train/global_step``), end-of-training scalars in the summary, the config with the model's at the
-  top; the relay's per-rank figures as system stats, out of the history.
-* **A resumed job** (a later attempt of the run) rewinds the run to before its first row past the
-  checkpoint (``resume_from``, W&B's rewind), so each step keeps the last attempt's row.
-* **Steps.** W&B drops a row below its last ``_step``, and the relay hands points out of order, so
-  each row carries its own x value and takes the run's next ``_step``, saved with the applied spans:
-  a retried batch logs the same rows at the same ``_step``s (W&B drops those it has), and a later
-  process goes on after the last one, in a new directory that ``wandb sync`` uploads as a resumed
-  instance of the same run. A replay that adds nothing opens no W&B run.
-* **State** in ``<dir>/wandb/relay-applied/<run>.json`` (spans, next ``_step``, the directory being
-  written), with a lock file that keeps two processes (a restarted relay's sink and the old one,
-  still draining) off one run (sinks/wandb_run.py).
-* **No silent loss.** wandb-core drops records on a write error (full disk) without telling the
-  caller, and if it dies every call fails. On either, the sink exits; the relay starts it again, and
-  the new process moves the open directory to ``relay-discarded/`` and applies its part again from
-  the journal.
+(docs/sinks/wandb.md; its layout: sinks/wandb_layout.py; its state and lock: sinks/wandb_run.py).
 
 wandb is imported only when the sink opens, so the relay works without the ``[wandb]`` extra.
 """
@@ -90,8 +69,6 @@ class WandbSink(TrackerSink):
         self._system_held: list[tuple[Any, Any]] = []
         self._lock = threading.RLock()  # the relay's writer thread and this sink's closer thread
         self._stop = threading.Event()
-
-    # -- lifecycle ------------------------------------------------------------------------------
 
     def check(self, context: SinkContext) -> None:
         """wandb installed, its directory writable; online, an API key where wandb looks for one."""
@@ -176,8 +153,6 @@ class WandbSink(TrackerSink):
                     self._check_core(wb, wb.handle)
         return True
 
-    # -- the sink-author API ----------------------------------------------------------------------
-
     def start_run(self, run: str, params: dict[str, Any]) -> None:
         self._wb.setdefault(run, WbRun(run))
 
@@ -210,11 +185,8 @@ class WandbSink(TrackerSink):
         self._system_held.append((wb.handle._interface, record))
 
     def log_params(self, run: str, name: str, params: dict[str, Any]) -> None:
-        """Config as W&B's HF callback sets it: the Trainer's arguments and the model's config at
-        the top (the arguments win a shared key), PEFT's as ``peft_config``,
-        ``model/num_parameters``; other groups one flat key per value, so a resumed instance never
-        replaces a sibling it did not see. The ``run`` params' ``run_name`` names the W&B run
-        (``--run_name``, as the HF callback does)."""
+        """Config keys as sinks/wandb_layout.py lays them out; the ``run`` params' ``run_name``
+        names the W&B run (``--run_name``, as the HF callback does)."""
         wb = self._handle(run)
         if name == "hparams":
             wb.hparams.update(params)
@@ -288,8 +260,6 @@ class WandbSink(TrackerSink):
             if wb.handle is not None:  # the same disk holds the .wandb file wandb-core is buffering
                 self._data_lost(f"W&B run {run}: cannot save the sink's state ({exc})")
             raise
-
-    # -- W&B runs -------------------------------------------------------------------------------
 
     def _handle(self, run: str) -> WbRun:
         """The run's open W&B run, made (or resumed, as a new instance) on demand."""

@@ -7,18 +7,15 @@ import os
 import urllib.parse
 from typing import Any
 
-from sinks.base import SinkError
+from sinks.preflight import tool_import
 
 
 def import_wandb() -> tuple[Any, tuple[type[Exception], ...]]:
     """wandb and the errors that mean its wandb-core is gone; or how to get it (the ``[wandb]``
     extra)."""
-    try:
+    with tool_import("wandb", "wandb"):
         import wandb
         from wandb.sdk.mailbox import MailboxClosedError
-    except ImportError as exc:
-        raise SinkError(f"the wandb sink needs wandb, which is not importable ({exc}): "
-                        "pip install './[wandb]' in the metrics-relay checkout") from None
     return wandb, (ConnectionError, MailboxClosedError)
 
 

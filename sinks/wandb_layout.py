@@ -1,10 +1,7 @@
 """Where each relay event lands in a W&B run, as W&B's own Hugging Face callback
-(``transformers.integrations.WandbCallback``) lays a run out: the history rows' keys
-(``rewrite_logs``: ``train/loss``, ``eval/loss``) with ``train/global_step``, the end-of-training
-scalars in the summary, the config (the Trainer's arguments and the model's config at the top,
-``peft_config``, ``model/num_parameters``); and, out of the history, the relay's per-rank and
-cross-rank figures as system stats records, which W&B's UI shows in a run's System section (its own
-monitor writes ``gpu.<i>.<metric>`` the same way). No W&B call here: sinks/wandb.py makes them."""
+(``transformers.integrations.WandbCallback``) lays a run out (docs/sinks/wandb.md, "What lands
+where"). No W&B call here: sinks/wandb.py makes them.
+"""
 from __future__ import annotations
 
 import json

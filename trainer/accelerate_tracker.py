@@ -1,15 +1,9 @@
 """``Accelerator(log_with=[RelayTracker()])``: an accelerate loop's run through the relay, from
-every rank, tracked as ``python -m trainer`` tracks a job (trainer/job_tracking.py): the ranks agree
-on a run, publish to ``RELAY_ADDRESS`` or to the relay rank 0 starts beside the job, and
-``end_training`` closes it.
+every rank, tracked as ``python -m trainer`` tracks a job (trainer/job_tracking.py).
 
-accelerate calls the trackers of ``log_with`` on its main process only:
-``Accelerator.init_trackers`` and ``Accelerator.log`` return at once on the other ranks, whatever a
-tracker's ``main_process_only`` says (so up to accelerate 1.16, at least; its ``end_training``
-calls ``accelerator.trackers`` on every rank). A job's tracking is opened by all its ranks together,
-and every rank's figures count, so the first RelayTracker made wraps those two methods, once: on
-the other ranks they also call the Accelerator's RelayTrackers, and no other tracker; on the main
-process they do what they did.
+accelerate calls ``log_with``'s trackers on its main process only, so the first RelayTracker made
+wraps ``init_trackers`` and ``log`` once, for every rank's figures to count (docs/trainer.md,
+"accelerate").
 """
 from __future__ import annotations
 
@@ -37,10 +31,7 @@ _WRAPPED = "_relay_every_rank"  # marks the Accelerator methods wrapped already
 
 
 class RelayTracker(GeneralTracker):
-    """accelerate's ``GeneralTracker`` for the relay: ``init_trackers(project, config)`` opens the
-    run (``config`` becomes its ``hparams`` params), ``accelerator.log(values, step=...)`` publishes
-    each rank's numbers at their step, ``end_training()`` ends the run (rank 0's ``train_end``,
-    every rank flushed, the embedded relay stopped).
+    """accelerate's ``GeneralTracker`` for the relay (docs/trainer.md, "accelerate").
 
     ``run_name``: the run id's base (default: the project given to ``init_trackers``);
     ``output_dir``: the embedded relay's journal folder (default: the Accelerator's

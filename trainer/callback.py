@@ -1,13 +1,8 @@
-"""The thin per-rank TrainerCallback: turns Trainer events into relay events, nothing more.
+"""The thin per-rank TrainerCallback: turns Trainer events into relay events, nothing more (what
+each rank publishes: docs/trainer.md, "What is recorded").
 
-It runs on every rank. Global rank 0 publishes what the Trainer already reduced (train and eval
-logs, run metadata, checkpoints, the end of training); every rank adds what only it knows, its
-own step time, samples per second and peak memory, as ``stage="rank"`` metrics on each logging
-step, so a straggler shows up in the log; under DDP and FSDP also how its time splits into its own
-work and waiting for its peers (trainer/collectives.py), so the relay can name a straggler they
-hide, and rank 0 says once what was timed or why nothing could be (stage ``own_work``). Each
-hook builds a small dict and calls ``publish``, which never blocks; no I/O happens here except the
-bounded flush at the end of training.
+Each hook builds a small dict and calls ``publish``, which never blocks; no I/O happens here except
+the bounded flush at the end of training.
 """
 from __future__ import annotations
 
@@ -72,13 +67,9 @@ class RelayCallback(TrainerCallback):
     ``Trainer(callbacks=[RelayCallback()])``.
 
     With no publisher given and none started in this process, the callback tracks the job itself,
-    as ``python -m trainer`` does: at ``on_train_begin`` every rank takes its place from the
-    Trainer's arguments (rank, local rank and world size as the launcher set them), the ranks agree
-    on a run id (``args.run_name``, else a new one), and they publish to ``RELAY_ADDRESS`` or, when
-    none is given, to a relay rank 0 starts beside the job with its journal in ``args.output_dir``;
-    ``on_train_end`` flushes every rank and stops that relay. ``settings`` are the tracking options
-    of ``python -m trainer`` by their names (``trackers=["aim"], aim_repo=...``; each also read from
-    ``RELAY_<NAME>`` in the environment: trainer/job_settings.py).
+    as ``python -m trainer`` does (docs/trainer.md, "One line in any Trainer"). ``settings`` are
+    the tracking options of ``python -m trainer`` by their names (``trackers=["aim"],
+    aim_repo=...``; each also read from ``RELAY_<NAME>``: trainer/job_settings.py).
     """
 
     def __init__(self, publisher: Publisher | None = None, *, flush_timeout: float = 30.0,

@@ -1,39 +1,12 @@
-"""How long a rank waits for its peers: the waits of a job's collectives, timed where they happen.
-
-Under synchronous data parallelism a straggler makes its peers wait, so their step times grow with
-its; the relay can name it only by what each rank did itself (its *own work*), which is what is
-left of its time once the waits are taken out. The waits are timed on the model the Trainer
-prepared, by what wraps it:
-
-- **DDP's gradient all-reduce, inside the step**: DDP's own (built-in) all-reduce, untouched, and
-  two kinds of timestamps around it. The all-reduce overlaps the backward pass: buckets are sent
-  while gradients of earlier layers are still being computed, so the time from a bucket's launch to
-  its completion is not all waiting. The rank stops computing when its last gradient is ready (a
-  post-accumulate-grad hook on each trainable parameter stamps the time); from then it only
-  waits, and DDP returns from the backward pass only once every bucket's all-reduce has completed
-  (the accelerator's ``backward`` is wrapped to stamp its return). That interval is the wait. A
-  rank whose last gradient is ready late waits least and makes its peers wait as long as it was
-  late, so the straggler is the rank with the *least* wait and the most own work.
-- **every blocking ``torch.distributed`` collective** (trainer/dist_waits.py), DDP or FSDP: the
-  Trainer's token-count gather before each step (a rank slow to load makes its peers wait there),
-  trl's per-batch metric gathers inside the step, the loss and FLOs gathers when the Trainer logs
-  (a rank slow *after* the all-reduce, in its optimizer step, makes its peers wait there when every
-  step is logged), evaluation gathers and checkpoint barriers, and under FSDP (FSDP2's
-  ``fully_shard``, FSDP1) every parameter all-gather before a layer's forward and backward and
-  every gradient reduce-scatter after it: a rank slow anywhere in its step makes its peers wait in
-  the next of these. The wait is the call's wall time (gloo blocks in it until every rank has sent);
-  it counts as inside or outside the step by when it happens (``in_step``, kept by the callback).
+"""How long a rank waits for its peers: the waits of a job's collectives, timed where they happen,
+so the relay can name a straggler by its own work. What is timed where, and why it names the
+straggler: docs/trainer.md, "Per-rank metrics (`stage: rank`)"; the cost: docs/benchmarks.md.
 
 No communication hook: DDP keeps its C++ all-reduce (a Python hook cost about 9% more CPU per
 step than the built-in one on a small model, bench/bench_collectives.py), and a hook of the job's
-own (accelerate's ``comm_hook``) is left alone. Per backward pass this costs one clock read per
-trainable parameter tensor and two per call; no device synchronisation.
-
-Timed only where that is the wait: the gloo backend on the CPU. With NCCL (any accelerator) a
-collective returns once it is queued on the device's stream, so its host-side time is not the wait,
-and timing it there would need a device synchronisation on the hot path: such a job reports no own
-work, and says why (``Timing.what``), so the relay judges it by step time and the steps view says
-so. The GPU path is untested (docs/watching.md).
+own (accelerate's ``comm_hook``) is left alone. Only gloo on the CPU is timed: with NCCL a
+collective returns once queued on the device's stream, so its host-side time is not the wait
+(``Timing.what`` says so). The GPU path is untested (docs/watching.md).
 """
 from __future__ import annotations
 

@@ -1,24 +1,12 @@
-"""The blocking ``torch.distributed`` collectives, timed where they are called, while a job trains.
+"""The blocking ``torch.distributed`` collectives, timed where they are called, while a job trains
+(which calls they reach and which they miss: docs/trainer.md, "Per-rank metrics").
 
-Whatever a rank waits for its peers in outside DDP's gradient all-reduce, it waits in one of these:
-the Trainer's token-count gather before a step and its loss and FLOs gathers when it logs
-(``nested_gather``, ``distributed_broadcast_scalars``: plain ``dist.all_gather``), the accelerator's
-``gather`` (trl's per-batch metrics, evaluation), checkpoint barriers, and under FSDP every
-parameter all-gather and gradient reduce-scatter (FSDP2's default comms call
-``dist.all_gather_single`` and ``dist.reduce_scatter_single``, FSDP1 ``dist.all_gather`` and
-``dist.reduce_scatter_single``; on the CPU with gloo each blocks until every rank has sent). They
-all look these functions up on ``torch.distributed`` when they call them, so :func:`install`
-replaces them there (and in ``torch.distributed.distributed_c10d``, where some callers find them)
-with wrappers that add the call's wall time to a :class:`~trainer.collectives.CollectiveClock`;
-:func:`uninstall` puts the originals back.
-
-Only blocking calls are timed: with ``async_op=True`` the call returns at once and the wait is in
-``Work.wait()`` somewhere else (DDP's gradient all-reduce is issued so, in C++ anyway; its wait is
-timed by the clock around the backward pass). A collective called from inside another
-(``all_gather_object`` calls ``all_gather``) counts once. What is not reached here: a function bound
-before install (``from torch.distributed import all_gather`` at import), and DTensor's functional
-collectives (FSDP2's gradient-norm all-reduce when clipping), whose wait is where the result is
-first read.
+Their callers look these functions up on ``torch.distributed`` when they call them, so
+:func:`install` replaces them there (and in ``torch.distributed.distributed_c10d``, where some
+callers find them) with wrappers that add the call's wall time to a
+:class:`~trainer.collectives.CollectiveClock`; :func:`uninstall` puts the originals back. Only
+blocking calls are timed (with ``async_op=True`` the wait is in ``Work.wait()`` elsewhere), and a
+collective called from inside another (``all_gather_object`` calls ``all_gather``) counts once.
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""The relay started beside the job, and how the ranks of one job agree on who they are.
+"""The relay started beside the job, and how the ranks of one job agree on who they are
+(docs/trainer.md, "The embedded relay (the default)").
 
-Global rank 0 runs the ordinary ``relay`` program as a subprocess (not a thread: a sink that
-stalls or crashes cannot touch the training process), listening on an ``ipc://`` socket inside a
-fresh 0700 directory, and tells the other ranks the run id and address over ``torch.distributed``.
-Only the job's own user can reach that socket, so no other process on the node can write into
-the job's run or spoof its ranks (a loopback TCP port is open to every local user). The relay
-watches rank 0's pid, so a crashed job never leaves it behind.
+A subprocess, not a thread: a sink that stalls or crashes cannot touch the training process. An
+``ipc://`` socket in a 0700 directory, not a loopback TCP port, which is open to every local user.
 """
 from __future__ import annotations
 
@@ -153,13 +150,9 @@ class EmbeddedRelay:
             time.sleep(0.05)
 
     def stop(self) -> int:
-        """SIGTERM: the relay journals what is left, then waits up to ``exit_timeout`` seconds (its
-        ``--shutdown-timeout``) for its sinks to apply it, and exits. Meanwhile a progress line
-        every PROGRESS_EVERY seconds; at the end, which sinks lack how many events and the ``relay
-        replay`` command (for ``run``, once the job set it) that completes them, or that every sink
-        is complete. A relay still running ``STOP_GRACE`` seconds after its own bound is killed (its
-        sinks die with it, and the last progress it wrote says what they lack). Returns the relay's
-        exit status."""
+        """SIGTERM, then wait for the relay and its sinks up to ``exit_timeout`` (its
+        ``--shutdown-timeout``) plus ``STOP_GRACE``, and kill it past that; what is said meanwhile
+        and at the end: docs/trainer.md, "The end of a job". Returns the relay's exit status."""
         started = time.monotonic()
         try:
             if self.proc.poll() is None:

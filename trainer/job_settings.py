@@ -1,12 +1,7 @@
 """A job's tracking options, checked the same way wherever they come from: ``python -m trainer``'s
 flags (trainer/args.py), or, for a job it does not run (the one-line ``RelayCallback()``, the
-accelerate tracker), the same options by their names, given as keyword arguments or read from the
-environment, so a job launched by someone else's script is configured without touching it.
-
-Each option of ``TrackingArguments`` is read from ``RELAY_<NAME>`` (``relay_address`` from
-``RELAY_ADDRESS``, ``relay_flush_timeout`` from ``RELAY_FLUSH_TIMEOUT``; the trackers from
-``RELAY_TRACKERS``, comma separated); a keyword argument wins over the environment. The run's
-metadata (``exp_metadata``) may also be given as a dict, as fms-hf-tuning's ``train()`` takes it.
+accelerate tracker), the same options as keyword arguments or ``RELAY_<NAME>`` variables
+(docs/trainer.md, "One line in any Trainer"); a keyword argument wins over the environment.
 """
 from __future__ import annotations
 

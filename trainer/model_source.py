@@ -1,15 +1,11 @@
 """Where ``--model_name_or_path`` (and ``--tokenizer_name_or_path``) point, checked before anything
 starts: a model the job cannot load used to start the relay, retry the hub five times and end in a
-long traceback a minute later; now it is one line and exit status 2.
+long traceback a minute later; now it is one line and exit status 2 (docs/trainer.md, "Bad input:
+one line, exit 2, before any model loads", says which paths and hub ids pass).
 
-A folder that exists is taken as it is. A path written as one (``/``, ``./``, ``../``, ``~``), or
-whose parent folder exists (``models/tiny-lama`` where ``models/`` is a folder: a typo, not a hub
-id), must exist. Anything else is a Hugging Face hub id: it must be a valid one, and when the hub is
-off (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``, the normal state of a cluster without
-internet) it must be in the local cache. Online, an id the cache lacks is asked about once (no
-retries): a hub that has no such model, or cannot be reached, is one line too, and one it has is
-left to ``from_pretrained`` to download. ``huggingface_hub`` is imported only for a hub id (quickly:
-it is small)."""
+Online, an id the cache lacks is asked about once (no retries); one the hub has is left to
+``from_pretrained`` to download. ``huggingface_hub`` is imported only for a hub id.
+"""
 from __future__ import annotations
 
 import os

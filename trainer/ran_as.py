@@ -1,11 +1,7 @@
-"""What ran, in the run's hyperparameters: the Trainer's arguments say what was asked for, and a job
-asked for FSDP where accelerate cannot shard (no accelerator: it runs plain DDP, trainer/args.py
-says so in one line) would be shown as sharded by every tracker. The callback publishes the
-arguments through :func:`hparams`: where FSDP was asked for and did not run, it moves ``fsdp`` and
-``fsdp_config`` to ``fsdp_requested`` and ``fsdp_config_requested`` (``fsdp`` then says what it says
-when not asked: ``[]``, or ``False`` in transformers versions that record a flag) and adds
-``distributed`` (``ddp`` or ``single``: the model the Trainer prepared). Elsewhere the arguments are
-what ran, and stay as Hugging Face's own callbacks record them.
+"""What ran, in the run's hyperparameters: a job that asked for FSDP where accelerate cannot shard
+runs plain DDP, and every tracker would show it as sharded from the Trainer's arguments alone.
+:func:`hparams` moves ``fsdp``/``fsdp_config`` to ``*_requested`` and adds ``distributed`` there
+(docs/trainer.md, "Flags").
 """
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Which run a job is: a new one, or the next attempt of the run it resumes.
-
-A job resumed from a checkpoint (``--resume_from_checkpoint``) continues the run that wrote the
-checkpoint: same run id in the journal, same run in every tracker. Rank 0 finds it in the run file
-(``tracking_run.json``) that the callback writes into every checkpoint it saves, else in the one in
-``--output_dir``; ``--continue_run ID`` names it outright, ``--new_run`` starts a new run instead.
-Each start of a run is an attempt (0 for its first); attempt N numbers every rank's seqs from
-``attempt_base(N)`` (sinks/events.py), above every earlier attempt's, so the relay's dedupe by
-(run, rank, seq) holds across attempts. The attempt is one more than the highest the run files
-recorded for the run; the output directory's file keeps the highest attempt of every run it saw.
+"""Which run a job is: a new one, or the next attempt of the run it resumes (docs/trainer.md, "A
+resumed job continues its run": where rank 0 finds it, and why attempt N's seqs start at
+``attempt_base(N)``).
 """
 from __future__ import annotations
 
