@@ -229,8 +229,7 @@ def test_a_sink_killed_with_events_only_the_journal_holds_has_them_when_restarte
     relay = relays(args, env=env)
     wait_for(lambda: relay.sink_stats(journal, "ledger").get("open"), 120, "the ledger sink open",
              relay.log_tail)
-    (sink,) = [p for p in psutil.Process(relay.proc.pid).children(recursive=True)
-               if p.cmdline()[1:3] == ["-m", "relay.sinkhost.child"]]
+    (sink,) = relay.sink_processes()
     sink.suspend()  # it writes nothing more: the journal gets ahead of it
     sent = finish(start_publisher(relay.address, run, 0, count))
     assert sent["left"] == 0 and sent["dropped"] == 0, sent
