@@ -242,6 +242,15 @@ class RelayProcess:
         self.proc.kill()
         self.proc.wait(10)
 
+    def sink_processes(self) -> list:
+        """Its sink processes themselves, as psutil.Process (each runs under a supervisor,
+        relay/sinkhost/lifeline.py)."""
+        import psutil
+
+        assert self.proc is not None
+        return [p for p in psutil.Process(self.proc.pid).children(recursive=True)
+                if p.cmdline()[1:3] == ["-m", "relay.sinkhost.child"]]
+
     def stats(self, journal: Path) -> dict:
         """The relay's stats file (written at its first --stats-interval: waited for, up to 30 s)."""
         from relay.journal.journal import Journal

@@ -109,10 +109,15 @@ def node_lines(*journals: Path, skip_rank: int | None = None) -> dict[tuple[str,
 
 def central_journal(urls: str, stream: str) -> dict[tuple[str, int, int], list[bytes]]:
     """(run, rank, seq) -> every line holding it in the central journal of ``stream`` (relay/fleet/central.py)."""
-    from nats_helpers import read_stream
     from relay.fleet.central import journal_stream
+    return stream_events(urls, journal_stream(stream))
+
+
+def stream_events(urls: str, stream: str) -> dict[tuple[str, int, int], list[bytes]]:
+    """(run, rank, seq) -> every journal line holding it in the messages ``stream`` stores."""
+    from nats_helpers import read_stream
     found: dict[tuple[str, int, int], list[bytes]] = {}
-    for msg in asyncio.run(read_stream(urls, journal_stream(stream))):
+    for msg in asyncio.run(read_stream(urls, stream)):
         for line in msg.data.splitlines():
             event = json.loads(line)
             found.setdefault((event["run"], event["rank"], event["seq"]), []).append(line)

@@ -288,6 +288,19 @@ async def read_stream(urls: str, stream: str, subjects: str = ">",
         await nc.close()
 
 
+async def last_message(urls: str, stream: str, subject: str) -> Any:
+    """The last message ``stream`` stores on ``subject`` (wildcards allowed); None when none."""
+    import nats
+    from nats.js.errors import NotFoundError
+    nc = await nats.connect(urls.split(","), connect_timeout=5)
+    try:
+        return await nc.jetstream(timeout=JS_TIMEOUT).get_last_msg(stream, subject)
+    except NotFoundError:
+        return None
+    finally:
+        await nc.close()
+
+
 def stream_lines_or_none(urls: str, stream: str = "RELAY", timeout: float = 10.0) -> list[bytes] | None:
     """The lines stored in ``stream``, for a test that waits for them: None while the cluster does
     not answer within ``timeout`` (a cluster just woken, or electing a leader after a kill; a

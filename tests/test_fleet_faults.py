@@ -7,9 +7,12 @@ Each scenario kills or stops something mid-run, then checks the same things: eve
 journals in the central journal exactly once and byte for byte, each consuming relay's folder a view
 of it (no event twice) and the two together whole, one run in one partition,
 MLflow holding each step once, the publishers acknowledged by their node relays and every partition's
-consumer acknowledged by the consuming relays. Last, a real two-rank torchrun job whose embedded relay
-publishes to the cluster. The cluster is started once for the module; each scenario has its own
-stream, subjects, lease bucket, journals and MLflow store, so it checks only its own.
+consumer acknowledged by the consuming relays. A node relay is killed with its nats shipper behind
+(the stream holding chunks past its saved position, the journal lines past the stream), and there
+the stream itself is read back too: each event stored once. Last, a real two-rank torchrun job
+whose embedded relay publishes to the cluster. The cluster is started once for the module; each
+scenario has its own stream, subjects, lease bucket, journals and MLflow store, so it checks only
+its own.
 """
 from __future__ import annotations
 
@@ -34,11 +37,12 @@ from fleet_helpers import (
     central_lines,
     node_lines,
     stop_all,
+    stream_events,
     wait_acknowledged,
     wait_complete,
     wait_held,
 )
-from nats_helpers import NatsCluster, read_stream
+from nats_helpers import NatsCluster, last_message, read_stream
 from test_sink_mlflow import read_run, template_db  # noqa: F401
 from trainer_fixtures import demo_model, launch_flags, seed_flags, trainer_env  # noqa: F401
 
@@ -206,13 +210,90 @@ def test_stream_leader_killed_mid_run(fleet, cluster):
     f.check()
 
 
+#: Bytes of a node's run file journaled past what the stream holds when the node relay is killed:
+#: lines its restarted nats shipper must publish.
+PAST_THE_STREAM = 2000
+
+
+def _saved_position(journal: Path, run: str) -> int:
+    """The byte of ``run``'s file up to which the node's nats shipper saved its position (its state
+    file, relay/fleet/chunks.py: what JetStream acknowledged, saved twice a second); 0 before."""
+    from relay.fleet.chunks import STATE_SUFFIX, positions
+    from relay.journal.journal import Journal
+    try:
+        state = json.loads(Journal(journal).sidecar(STATE_SUFFIX).read_text())
+    except FileNotFoundError:
+        return 0
+    return positions(state).get(run, ("", 0, None))[1]
+
+
+def _stored_end(f: Fleet, i: int) -> int:
+    """The byte of node ``i``'s run file up to which the stream holds it (its last chunk's end)."""
+    subject = f"{f.prefix}.*.node-{'ab'[i]}.{f.runs()[i]}"
+    msg = asyncio.run(last_message(f.cluster.urls, f.stream, subject))
+    return 0 if msg is None else int(msg.headers["Relay-End"].rpartition(":")[2])
+
+
+def _hold_shipper_behind(f: Fleet, i: int) -> tuple[int, int, int]:
+    """SIGSTOP node ``i``'s nats shipper at a moment when the stream holds chunks past its saved
+    position (a restarted one must step over them, relay/fleet/resume.py), then wait until the node
+    relay journaled lines past what the stream holds (a restarted one must publish them). (saved,
+    stored, journaled), in bytes of the run's file."""
+    (shipper,) = f.nodes[i].sink_processes()
+    journal, run = f.node_dirs[i], f.runs()[i]
+    deadline = time.monotonic() + 60
+    while True:
+        shipper.suspend()
+        saved, stored = _saved_position(journal, run), _stored_end(f, i)
+        if stored > saved:
+            break
+        assert time.monotonic() < deadline, f"the stream never held chunks past byte {saved}"
+        shipper.resume()
+        time.sleep(0.1)
+    path = journal / f"{run}.jsonl"
+    wait_for(lambda: path.stat().st_size > _stored_end(f, i) + PAST_THE_STREAM, 30,
+             "the node relay journaling past what the stream holds")
+    return saved, _stored_end(f, i), path.stat().st_size
+
+
+def _wait_shipped(f: Fleet) -> None:
+    """Until the ranks are done and each node's nats shipper saved its position at the end of its
+    run's file (a cheap poll: a file read, no request to NATS)."""
+    def shipped() -> bool:
+        return all(p.poll() is not None for p in f.pubs) and all(
+            _saved_position(journal, run) == (journal / f"{run}.jsonl").stat().st_size
+            for journal, run in zip(f.node_dirs, f.runs(), strict=True))
+    wait_for(shipped, 180, "every line of the node journals acknowledged by the stream")
+
+
+def assert_stream_once(f: Fleet) -> None:
+    """The stream itself holds every event of the node journals once (the consuming relays drop
+    what it holds twice, so their journals cannot tell)."""
+    stored, expected = stream_events(f.cluster.urls, f.stream), node_lines(*f.node_dirs)
+    twice = sorted(key for key, lines in stored.items() if len(lines) > 1)
+    assert not twice, f"{len(twice)} events stored twice in stream {f.stream}, e.g. {twice[:3]}"
+    missing = set(expected) - set(stored)
+    assert not missing, f"{len(missing)} events not in the stream, e.g. {sorted(missing)[:3]}"
+    assert set(stored) == set(expected), "the stream holds events no node journaled"
+
+
 def test_node_relay_killed_mid_run(fleet):
+    """The kill lands with the node's nats shipper behind: held (SIGSTOP) just before it, when the
+    stream held chunks past the shipper's saved position and the journal lines past the stream. The
+    new relay's shipper publishes those lines and steps over those chunks: the stream holds each
+    event once."""
     f = fleet("nodekill", count=SHORT).start()
     f.wait_first()
     address = f.nodes[0].address
+    saved, stored, journaled = _hold_shipper_behind(f, 0)
+    assert saved < stored < journaled, (saved, stored, journaled)
     f.nodes[0].kill()
+    print(f"nodekill: killed at bytes saved {saved}, stored {stored}, journaled {journaled}",
+          file=sys.stderr)
     time.sleep(1.0)  # its publishers hold what it had not acknowledged, and resend to the new one
     f.start_node(0, address)
+    _wait_shipped(f)
+    assert_stream_once(f)
     f.check()
 
 

@@ -5,7 +5,9 @@ the relay's death however the relay died (a supervisor kills their process group
 parent-death signal or by a pipe only the relay holds, each shown on its own), and a new relay's sink
 process waits for the old one's lock. sinks/store_setup.py: MLflow's and Aim's one-time
 set-up, killed midway, leaves the store as it was, and the next process finishes it; a store that an
-older relay's interrupted set-up broke is mended. The slow test SIGKILLs a relay with MLflow (SQLite),
+older relay's interrupted set-up broke is mended. A sink killed with its relay while the journal
+holds a finished run it never wrote has it from the journal once the next relay starts (catch-up's
+first pass, relay/sinkhost/catch_up.py). The slow test SIGKILLs a relay with MLflow (SQLite),
 Aim and TensorBoard sinks at 50 random moments of its first seconds while one publisher goes on, then
 reads every store back through its own client: every value once, and no sink process outlived a relay
 by more than a second."""
@@ -199,6 +201,50 @@ def test_a_killed_relays_sink_processes_are_gone_within_a_second(relays, tmp_pat
     relay.kill()
     lived = seconds_until_gone(children)
     assert lived <= GONE_WITHIN, f"sink processes outlived their relay by {lived:.2f} s"
+
+
+#: A tracker sink cheap to start (tests/fence_sink.py), named by module and class.
+LEDGER = "fence_sink:LedgerSink"
+
+
+def _caught_up(relay, journal: Path) -> bool:
+    """The relay's ledger sink open, its first catch-up pass done, nothing queued."""
+    stats = relay.sink_stats(journal, "ledger")
+    return bool(stats.get("open")) and stats["catch_up_passes"] >= 1 and stats["queued"] == 0
+
+
+def test_a_sink_killed_with_events_only_the_journal_holds_has_them_when_restarted(relays, tmp_path):
+    """Catch-up's first pass (relay/sinkhost/catch_up.py): a relay and its tracker sink's process
+    are SIGKILLed while the journal holds a whole run the sink never wrote, a run that is over (its
+    publisher was acknowledged: the live feed never sends it again, and the sink has no hole to
+    name). The next relay's sink process reads the run from the journal: the tracker holds every
+    step, each once."""
+    from fence_sink import rows
+
+    run, count, journal, ledger = "killed", 200, tmp_path / "j.jsonl", tmp_path / "ledger.db"
+    args = ["--path", str(journal), "--stats-interval", "0.3", "--sink", LEDGER,
+            "--ledger-db", str(ledger)]
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    relay = relays(args, env=env)
+    wait_for(lambda: relay.sink_stats(journal, "ledger").get("open"), 120, "the ledger sink open",
+             relay.log_tail)
+    (sink,) = relay.sink_processes()
+    sink.suspend()  # it writes nothing more: the journal gets ahead of it
+    sent = finish(start_publisher(relay.address, run, 0, count))
+    assert sent["left"] == 0 and sent["dropped"] == 0, sent
+    journaled = [e for e in read_events(journal) if e["run"] == run and e["type"] == "metrics"]
+    assert len(journaled) == count, "the relay acknowledged what it had not journaled"
+    assert not [key for key in rows(str(ledger)) if key[0] == run], "the sink wrote the run"
+    relay.kill()
+    assert seconds_until_gone([sink.pid]) <= GONE_WITHIN, "the sink process outlived its relay"
+
+    restarted = relays(args, address=relay.address, env=env)  # nothing is published to it
+    wait_for(lambda: _caught_up(restarted, journal), 120, "the first catch-up pass done",
+             restarted.log_tail)
+    assert restarted.stop() == 0
+    held = {key[2]: n for key, n in rows(str(ledger)).items() if key[0] == run}  # step: its values
+    assert held == dict.fromkeys(range(count), 2), f"the tracker holds {len(held)} of {count} steps"
 
 
 # -- a store's one-time set-up, killed midway ----------------------------------------------------------
