@@ -152,12 +152,6 @@ def wait_stats(journal: Path, name: str, ok: Any, timeout: float, relay: Any) ->
     return relay.sink_stats(journal, name)
 
 
-def sink_children(relay: Any) -> list[psutil.Process]:
-    """The relay's sink processes themselves (each runs under a supervisor, relay/sinkhost/lifeline.py)."""
-    return [p for p in psutil.Process(relay.proc.pid).children(recursive=True)
-            if p.cmdline()[1:3] == ["-m", "relay.sinkhost.child"]]
-
-
 @pytest.mark.slow  # two relays, a sink process stopped, Aim or TensorBoard opened twice: 10-40 s
 @pytest.mark.parametrize("name", ["tensorboard", "aim"])
 def test_a_finished_run_the_sink_missed_is_caught_up_after_a_restart(relays, tmp_path: Path, name: str) -> None:
@@ -169,7 +163,7 @@ def test_a_finished_run_the_sink_missed_is_caught_up_after_a_restart(relays, tmp
     args = ["--path", f"{journal}/", "--sink", name, option, str(out), "--stats-interval", "0.3"]
     relay = relays(args)
     wait_stats(journal, name, lambda s: s.get("open"), 120, relay)
-    (child,) = sink_children(relay)
+    (child,) = relay.sink_processes()
     child.suspend()
     finish([start_rank(relay.address, "job-missed", rank, STEPS) for rank in (0, 1)])
     relay.kill()
