@@ -89,15 +89,3 @@ def _open(path: Path, identity: Identity | None) -> tuple[int, int] | None:
         return None
     return fd, stat.st_size
 
-
-def end_of_last_line(fd: int, size: int) -> int:
-    """The offset just after the last newline before ``size`` in the open file ``fd``: where the
-    complete lines end and a line still being written begins (0: there is none)."""
-    pos, block = size, FIRST_BLOCK
-    while pos > 0:
-        start = max(0, pos - block)
-        found = os.pread(fd, pos - start, start).rfind(b"\n")
-        if found >= 0:
-            return start + found + 1
-        pos, block = start, min(block * 2, MAX_BLOCK)
-    return 0

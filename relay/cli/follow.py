@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from relay.cli.backward import Identity, end_of_last_line
+from relay.cli.backward import Identity
 from relay.journal.reader import READ_SIZE, journal_files
+from relay.journal.recovery import end_of_last_line
 
 #: Files kept open at once; past it a file is let go once read, and reopened by name (and
 #: identity) when it grows, so a directory of thousands of runs costs few descriptors.

@@ -14,13 +14,11 @@ from pathlib import Path
 
 log = logging.getLogger("relay.journal.journal")
 
-CHUNK = 1 << 20  # read backwards this much at a time while looking for the last newline
-
 
 def cut_torn_tail(fd: int, path: Path) -> None:
     """Cut exactly the bytes after the last newline, however far back it is: never acknowledged."""
     size = os.fstat(fd).st_size
-    keep = _whole_lines_end(fd, size)
+    keep = end_of_last_line(fd, size)
     if keep == size:
         return
     os.ftruncate(fd, keep)
@@ -28,14 +26,15 @@ def cut_torn_tail(fd: int, path: Path) -> None:
                 "will be resent", size - keep, path)
 
 
-def _whole_lines_end(fd: int, size: int) -> int:
-    """The offset just past the last newline in the file's first ``size`` bytes (0 if none), read
-    backwards a chunk at a time."""
-    end = size
-    while end > 0:
-        start = max(0, end - CHUNK)
-        newline = os.pread(fd, end - start, start).rfind(b"\n")
-        if newline >= 0:
-            return start + newline + 1
-        end = start
+def end_of_last_line(fd: int, size: int) -> int:
+    """The offset just after the last newline before ``size`` in the open file ``fd`` (0: none):
+    where the whole lines end and a torn line, or one still being written, begins. Read backwards
+    in blocks doubling from 8 KiB to a MiB, so a short last line costs one small read."""
+    pos, block = size, 8 << 10
+    while pos > 0:
+        start = max(0, pos - block)
+        found = os.pread(fd, pos - start, start).rfind(b"\n")
+        if found >= 0:
+            return start + found + 1
+        pos, block = start, min(block * 2, 1 << 20)
     return 0
