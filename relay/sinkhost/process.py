@@ -261,13 +261,13 @@ class SinkProcess:
             self._proc = None
         if not self._worker.wait(self._backoff, drain=False):
             return False
-        backoff, self._backoff = self._backoff, min(self._backoff * 2, RESTART_MAX)
+        self._backoff = min(self._backoff * 2, RESTART_MAX)
         try:
             self._spawn()
         except SinkError as exc:
             self._done += ChildCounts(errors=1)
             log.error("sink %s could not be started again (retrying in %.0f s): %s", self.name,
-                      backoff * 2, exc)
+                      self._backoff, exc)
             return True
         self.restarts += 1
         log.info("sink %s started again (pid %d)", self.name, self._pid())
