@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from conftest import RelayProcess, finish, free_port, read_jsonl, start_publisher, wait_for
+from relay.forward.lines import non_finite
 from relay.forward.sender import Forwarder
 from relay.forward.window import STALL_S, ForwardWindow
 from relay.wire.curve import load_secret
@@ -454,3 +455,14 @@ def test_non_finite_metrics_are_sent_as_the_floats_the_rank_sent(tmp_path):
     assert [row[0] for row in rows] == [0, 1, 2]
     assert math.isnan(rows[0][6]["step_time"]) and rows[0][6]["up"] == math.inf
     assert rows[1][6] == {"note": "NaN"} and rows[2][6] == {"step_time": 0.5}  # only metrics are restored
+
+
+@pytest.mark.parametrize(("metric", "found"), [(float("nan"), True), (float("inf"), True),
+                                               (float("-inf"), True), (0.5, False)])
+def test_the_letter_first_look_for_non_finite_metrics_misses_none(metric: float, found: bool) -> None:
+    """relay/forward/lines.py looks for the letters N and I before the words: each way the journal
+    writes a non-finite metric is still found, in a line that has other capitals too."""
+    line = encode_line({"v": 1, "run": "NIGHTLY", "rank": 0, "local_rank": 0, "world_size": 1,
+                        "host": "NODE-I", "seq": 0, "ts": 1.7e9, "type": "metrics", "step": 1,
+                        "epoch": None, "stage": None, "data": {"Loss": metric}})
+    assert non_finite(line) is found, line
