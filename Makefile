@@ -7,11 +7,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup fms-venv demo lint test test-servers test-fast test-loaded bench fuzz soak clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,aim,mlflow,tensorboard,wandb,clearml,nats,test,bench,plot,prometheus]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[train,aim,mlflow,tensorboard,wandb,clearml,nats,test,bench,plot,prometheus]'
 	touch $(STAMP)
 
 setup: $(STAMP)

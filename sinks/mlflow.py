@@ -96,7 +96,7 @@ class MlflowSink(TrackerSink):
         """MLflow installed, and a local store's folder writable (a server is not asked: it may come
         up later)."""
         need_package("mlflow", self.name, "mlflow",
-                     tested=("mlflow>=3.17,<3.18", "mlflow.store.db.utils internals"))
+                     tested=("mlflow>=3.17,<3.19", "mlflow.store.db.utils internals"))
         folder = store_folder(self.uri)
         if folder is not None:
             need_writable_dir(folder, f"--mlflow-tracking-uri {self.uri}: folder",

@@ -34,6 +34,15 @@ def test_each_tracker_sink_was_tested_with_the_release_installed(sink: str) -> N
     assert untested(requirement, uses) is None, untested(requirement, uses)
 
 
+def test_make_setup_installs_each_tracker_within_the_range_its_sink_was_tested_with() -> None:
+    """constraints.txt (``make setup`` installs with it) names each tracker sink's tested range, so a
+    tool's new release on the index changes nothing the suite or CI runs until both are widened."""
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    constraints = {line for line in lines if line and not line.startswith("#")}
+    assert constraints == {_tested(sink)[0] for sink in TRACKER_SINKS}, constraints
+    assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
+
+
 def test_another_release_is_said_in_one_line_with_what_to_do(caplog: pytest.LogCaptureFixture) -> None:
     installed = importlib.metadata.version("msgpack")
     with caplog.at_level(logging.WARNING, logger="sinks.preflight"):
