@@ -218,7 +218,7 @@ def test_a_sink_killed_with_events_only_the_journal_holds_has_them_when_restarte
     are SIGKILLed while the journal holds a whole run the sink never wrote, a run that is over (its
     publisher was acknowledged: the live feed never sends it again, and the sink has no hole to
     name). The next relay's sink process reads the run from the journal: the tracker holds every
-    step, each once."""
+    step (the ledger keeps a value once, so doubles are the 50-kill test's to catch)."""
     from fence_sink import rows
 
     run, count, journal, ledger = "killed", 200, tmp_path / "j.jsonl", tmp_path / "ledger.db"
