@@ -1,5 +1,5 @@
 """Reading a journal file from its end, in blocks that grow from a few lines to a MiB, so a viewer
-of a journal's end reads about what it shows. Lines are split at newlines only (a stray ``\r`` stays
+of a journal's end reads about what it shows. Lines are split at newlines only (a stray ``\\r`` stays
 inside its line, as ``relay tail --json`` prints it); empty lines are left out.
 """
 from __future__ import annotations
@@ -8,10 +8,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-#: The first read at a file's end: a few lines (a directory of thousands of runs reads one each).
-FIRST_BLOCK = 8 << 10
-#: Each further read doubles, up to this.
-MAX_BLOCK = 1 << 20
+from relay.journal.recovery import FIRST_BLOCK, MAX_BLOCK
 
 Identity = tuple[int, int]  # (st_dev, st_ino): which file a name stood for
 
