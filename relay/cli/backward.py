@@ -1,6 +1,6 @@
 """Reading a journal file from its end, in blocks that grow from a few lines to a MiB, so a viewer
-of a journal's end reads about what it shows. Lines are split at newlines only (a stray ``\\r`` stays
-inside its line, as ``relay tail --json`` prints it); empty lines are left out.
+of a journal's end reads about what it shows. Lines are split at newlines only (a stray ``\\r``
+stays inside its line, as ``relay tail --json`` prints it); empty lines are left out.
 """
 from __future__ import annotations
 
