@@ -19,20 +19,20 @@ setup: $(STAMP)
 # The compatibility tier (docs/development.md): fms-hf-tuning 3.2.2 with its own pins, beside the same CPU
 # torch, and this checkout with the [hf] extra alone: what a user of fms-hf-tuning installs. fms itself goes in
 # with --no-deps (it pins torch<2.9, a CUDA build of several GB); its other requirements are installed by hand,
-# at its pins. Built once, like .venv.
+# at its pins, and every package at constraints-fms.txt's version. Built once, like .venv.
 FMS_VENV := .venv-fms
 FMS_PY := $(FMS_VENV)/bin/python
 FMS_STAMP := $(FMS_VENV)/.installed
 FMS_PINS := "transformers==4.55.4" "trl==0.19.1" "peft==0.19.1" "accelerate>=1.9,<2" "datasets>=4,<5" \
 	"tokenizers<=0.22" "numpy<2.2" "sentencepiece<0.3" "simpleeval>=0.9.13,<2" "tqdm<5" "pillow>=12.3" "kernels<=0.9"
 
-$(FMS_STAMP): pyproject.toml
+$(FMS_STAMP): pyproject.toml constraints-fms.txt
 	$(PYTHON) -m venv $(FMS_VENV)
 	$(FMS_PY) -m pip install -q --upgrade pip
 	$(FMS_PY) -m pip install -q torch==2.13.0
 	$(FMS_PY) -m pip install -q --no-deps fms-hf-tuning==3.2.2
-	$(FMS_PY) -m pip install -q $(FMS_PINS)
-	$(FMS_PY) -m pip install -q -e '.[hf]' "pytest>=8" "pytest-timeout>=2.3" "psutil>=5.9"
+	$(FMS_PY) -m pip install -q -c constraints-fms.txt $(FMS_PINS)
+	$(FMS_PY) -m pip install -q -c constraints-fms.txt -e '.[hf]' "pytest>=8" "pytest-timeout>=2.3" "psutil>=5.9"
 	$(FMS_PY) -m pip check 2>&1 | grep -v -e '^fms-hf-tuning 3.2.2 .*torch' -e '^No broken requirements' \
 	  | { ! grep .; } || { echo "the compatibility venv's pins do not hold (pip check above)"; exit 1; }
 	touch $(FMS_STAMP)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import logging
+import re
 
 import pytest
 from packaging.requirements import Requirement
@@ -45,6 +46,23 @@ def test_make_setup_installs_each_tracker_within_the_range_its_sink_was_tested_w
         requirement = Requirement(_tested(sink)[0])
         assert requirement.specifier.contains(pins[requirement.name]), (sink, pins[requirement.name])
     assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
+
+
+def test_make_fms_venv_installs_within_fms_hf_tuning_s_own_pins() -> None:
+    """constraints-fms.txt does for .venv-fms what constraints.txt does for .venv; renewed from the
+    wrong venv (transformers 5, say) it would move the compatibility tier off fms's pins, which this
+    catches before a two-minute venv build does."""
+    makefile = (ROOT / "Makefile").read_text()
+    pins = dict(line.split("==", 1) for line in (ROOT / "constraints-fms.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    fms_pins = re.search(r"^FMS_PINS := (.*?[^\\])$", makefile, re.MULTILINE | re.DOTALL)
+    assert fms_pins is not None, "FMS_PINS not found in the Makefile"
+    requirements = [Requirement(pin) for pin in re.findall(r'"([^"]+)"', fms_pins.group(1))]
+    assert {r.name for r in requirements} >= {"transformers", "trl", "peft"}, requirements
+    for requirement in requirements:
+        assert requirement.specifier.contains(pins[requirement.name]), (requirement, pins[requirement.name])
+    assert "torch" not in pins and "fms-hf-tuning" not in pins, "the Makefile pins both"
+    assert makefile.count("-c constraints-fms.txt") == 2
 
 
 def test_another_release_is_said_in_one_line_with_what_to_do(caplog: pytest.LogCaptureFixture) -> None:
