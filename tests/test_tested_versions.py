@@ -28,6 +28,12 @@ def _tested(sink: str) -> tuple[str, str]:
     return found[0]
 
 
+def _pins(constraints: str) -> dict[str, str]:
+    """A constraints file's ``name==version`` lines, by name."""
+    return dict(line.split("==", 1) for line in (ROOT / constraints).read_text().splitlines()
+                if line and not line.startswith("#"))
+
+
 @pytest.mark.parametrize("sink", TRACKER_SINKS)
 def test_each_tracker_sink_was_tested_with_the_release_installed(sink: str) -> None:
     """The venv the suite runs in is inside each sink's range: a tool upgraded here fails this until
@@ -40,8 +46,7 @@ def test_make_setup_installs_each_tracker_within_the_range_its_sink_was_tested_w
     """constraints.txt (``make setup`` installs with it) pins every package of a venv the suite passed
     in, each tracker within its sink's tested range, so a tool's new release on the index changes
     nothing the suite or CI runs until both are moved."""
-    pins = dict(line.split("==", 1) for line in (ROOT / "constraints.txt").read_text().splitlines()
-                if line and not line.startswith("#"))
+    pins = _pins("constraints.txt")
     for sink in TRACKER_SINKS:
         requirement = Requirement(_tested(sink)[0])
         assert requirement.specifier.contains(pins[requirement.name]), (sink, pins[requirement.name])
@@ -53,8 +58,7 @@ def test_make_fms_venv_installs_within_fms_hf_tuning_s_own_pins() -> None:
     wrong venv (transformers 5, say) it would move the compatibility tier off fms's pins, which this
     catches before a two-minute venv build does."""
     makefile = (ROOT / "Makefile").read_text()
-    pins = dict(line.split("==", 1) for line in (ROOT / "constraints-fms.txt").read_text().splitlines()
-                if line and not line.startswith("#"))
+    pins = _pins("constraints-fms.txt")
     fms_pins = re.search(r"^FMS_PINS := (.*?[^\\])$", makefile, re.MULTILINE | re.DOTALL)
     assert fms_pins is not None, "FMS_PINS not found in the Makefile"
     requirements = [Requirement(pin) for pin in re.findall(r'"([^"]+)"', fms_pins.group(1))]
