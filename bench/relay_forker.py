@@ -1,8 +1,8 @@
 """Relays started warm for bench/crash.py: a process that imported the relay once forks each relay
 the crash run starts, so a start costs the relay's own set-up (binding, recovering its journal),
 not a fresh interpreter's imports (0.15 CPU-s, most of a killed relay's life). Each relay is what
-``python -m relay ARGV`` runs (``relay.cli.main``), in a session of its own, in the checkout, its
-output appended to a log file. The forker reaps its relays: their CPU is its children's, and
+``python -m relay ARGV`` runs (``relay.cli.main``), in a process group of its own, in the checkout,
+its output appended to a log file. The forker reaps its relays: their CPU is its children's, and
 becomes its parent's when the forker ends (``close``).
 
 The forker reads one JSON request a line on stdin (``{"argv": [...], "log": PATH}``) and writes
@@ -32,7 +32,7 @@ def _relay(argv: list[str], log: str) -> None:
     """The forked relay: ``python -m relay argv``'s work, to its exit status (never returns)."""
     from relay.cli.main import main
 
-    os.setsid()
+    os.setpgid(0, 0)  # the forker sets it too: whichever runs first
     os.chdir(ROOT)
     null = os.open(os.devnull, os.O_RDONLY)
     out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
@@ -72,6 +72,10 @@ def serve() -> None:
             pid = os.fork()
             if pid == 0:
                 _relay(request["argv"], request["log"])
+            # its group before its pid is said, as a shell does: a kill_group() the moment the pid
+            # is known found no group while the child was not yet run (a crash round at load 8 hung)
+            with contextlib.suppress(ProcessLookupError):  # it ended already
+                os.setpgid(pid, pid)
             running.add(pid)
             say(pid=pid)
         while running:

@@ -25,6 +25,7 @@ of every process it reaped, its ranks included). Run as ``warm_launch.py FD``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import json
 import os
@@ -158,6 +159,8 @@ def serve(sock: socket.socket) -> None:
             if pid == 0:
                 sock.close()
                 job(request["argv"], request["env"], request["cwd"], fds)
+            with contextlib.suppress(ProcessLookupError):  # its group before its pid is said, as
+                os.setpgid(pid, pid)  # bench/relay_forker.py does: a killpg then finds it
             for fd in fds:
                 os.close(fd)
             running.add(pid)
