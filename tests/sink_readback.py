@@ -10,6 +10,7 @@ import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -216,10 +217,16 @@ class WandbView:
     summary: dict[str, Any] = field(default_factory=dict)
     series: dict[str, dict[Any, float]] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)  # the history as uploaded, in _step order
-    system: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    system: dict[str, list[tuple[datetime, float]]] = field(default_factory=dict)
 
     def points(self) -> set[tuple[str, Any]]:
         return {(k, x) for k, s in self.series.items() for x in s}
+
+
+def instant(text: str) -> datetime:
+    """A time as wandb-core writes it (protobuf's JSON: 0, 3, 6 or 9 decimals), as an instant:
+    as text, a whole millisecond ("...40.277Z") sorts after a later time ("...40.277011Z")."""
+    return datetime.fromisoformat(text)
 
 
 def inspect(path: Path) -> list[dict[str, Any]]:
@@ -237,7 +244,7 @@ def read_wandb(root: Path) -> dict[str, WandbView]:
     for path in {p.resolve() for p in (root / "wandb").glob("*/*.wandb")}:  # latest-run is a link
         records = inspect(path)
         run = next(r["run"] for r in records if r["type"] == "run")
-        files.append((run["start_time"], run["run_id"], path, records))
+        files.append((instant(run["start_time"]), run["run_id"], path, records))
     views: dict[str, WandbView] = {}
     for start, run_id, path, records in sorted(files):
         view = views.setdefault(run_id, WandbView())
@@ -260,7 +267,8 @@ def read_wandb(root: Path) -> dict[str, WandbView]:
                 view.rows.append(body["item"])
             elif kind == "stats":
                 for key, value in body["item"].items():
-                    view.system.setdefault(key, []).append((body["timestamp"], NONFINITE.get(value, value)))
+                    view.system.setdefault(key, []).append((instant(body["timestamp"]),
+                                                            NONFINITE.get(value, value)))
             elif kind == "exit":
                 instance["exit_code"] = body.get("exit_code", 0)
         view.instances.append(instance)

@@ -93,6 +93,20 @@ def test_an_ended_run_is_finished_when_quiet_and_late_events_resume_it(tmp_path:
     check_training_run(view)
 
 
+def test_system_figures_at_a_whole_millisecond_read_back_in_time_order(tmp_path: Path) -> None:
+    """wandb-core writes a figure at a whole millisecond as "...40.277Z" and one 4 us later as
+    "...40.277004Z", which sorts first as text: the reader orders the instants (a CI run failed on
+    it, where one of the twelve per-rank figures fell on a whole millisecond)."""
+    events = training_events("job-ms")
+    first = next(i for i, e in enumerate(events) if e["stage"] == "rank")
+    for i, event in enumerate(events):
+        event["ts"] = (1_796_683_000_277_000 + (i - first) * 4) / 1_000_000
+    run_sink(tmp_path, [events])
+    view = read_wandb(tmp_path)["job-ms"]
+    assert view.system["rank.0.step_time_s"][0][0].microsecond == 277_000
+    check_training_run(view)
+
+
 CRASH = """
 import os, sys
 sys.path[:0] = [{root!r}, {tests!r}]
